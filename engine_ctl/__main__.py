@@ -1,0 +1,3 @@
+from engine_ctl.cli import main
+
+main()

@@ -1,0 +1,67 @@
+"""The command line: the imperative shell around the pure core."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from engine_ctl import __version__
+from engine_ctl.diagnostics import Diagnostic, InputError
+from engine_ctl.output import console, emit_json
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_CHANGES = 2
+
+
+def print_diagnostics(diagnostics: list[Diagnostic]) -> None:
+    err = console(stderr=True)
+    for d in diagnostics:
+        err.print(d.render())
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="engine-ctl", message="%(prog)s %(version)s")
+def cli() -> None:
+    """engine-ctl: plan and apply LLM inference engines (llama.cpp, vLLM, SGLang) on SSH-managed hosts.
+
+    Deployments are YAML documents; `validate` checks them offline.
+    """
+
+
+def _register() -> None:
+    from engine_ctl.commands import validate_cmd
+
+    cli.add_command(validate_cmd.validate)
+    cli.add_command(validate_cmd.schema)
+
+
+_register()
+
+
+def main() -> None:
+    """Entry point: never a traceback for the user; ENGINE_CTL_DEBUG=1 shows one for developers."""
+    try:
+        cli.main(prog_name="engine-ctl", standalone_mode=True)
+    except InputError as exc:
+        print_diagnostics(exc.diagnostics)
+        sys.exit(EXIT_ERROR)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:  # the last line of defence: report, never a traceback
+        if os.environ.get("ENGINE_CTL_DEBUG"):
+            raise
+        click.echo(
+            f"error: internal error: {type(exc).__name__}: {exc}\n"
+            "  hint: this is a bug in engine-ctl; rerun with ENGINE_CTL_DEBUG=1 and report the traceback",
+            err=True,
+        )
+        sys.exit(EXIT_ERROR)
+
+
+__all__ = ["EXIT_CHANGES", "EXIT_ERROR", "EXIT_OK", "cli", "json", "main", "print_diagnostics", "Path"]

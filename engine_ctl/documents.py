@@ -1,0 +1,196 @@
+"""The documents users write, as pydantic models: their shape and types, with the seeds' descriptions.
+
+Range rules (with the seeds' exact messages) live in `rules.py`; these models check shape only,
+so that every refusal can name its field and its place in the file.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+EngineName = Literal["auto", "llama.cpp", "llamacpp", "vllm", "sglang"]
+Capability = Literal[
+    "chat",
+    "embeddings",
+    "vision",
+    "audio",
+    "video",
+    "transcription",
+    "tools",
+    "reasoning",
+    "structured_output",
+    "logprobs",
+]
+
+
+class Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Metadata(Doc):
+    name: str = Field(
+        description="Lowercase letters, digits and -, not starting or ending with -, at most 40 characters. "
+        "It is also what clients put in a request's model."
+    )
+    labels: dict[str, str] = Field(default_factory=dict, description="Your labels.")
+
+
+class Replicas(Doc):
+    min: int = Field(
+        1, description="Fewest replicas. 0 scales to zero when idle; the next request starts one. At most max."
+    )
+    max: int = Field(
+        1, description="Most replicas, 1 to 64. Between min and max the deployment scales with load."
+    )
+    idle_minutes: int | None = Field(
+        None,
+        description="With min: 0, minutes without a request before the last replica stops, 1 to 1440 "
+        "(default 15). Ignored (cleared) when min is above 0.",
+    )
+
+
+class DeploymentSpec(Doc):
+    model: str = Field(
+        description="A Model document (kind: Model) loaded with this one. It must exist; its weights need "
+        "not be on any host yet."
+    )
+    engine: EngineName = Field(
+        "auto",
+        description="auto (the model's: GGUF → llama.cpp, safetensors → vllm), llama.cpp, vllm or sglang.",
+    )
+    replicas: Replicas = Field(default_factory=Replicas, description="How many replicas run.")
+    accelerator: Literal["gpu", "cpu"] = Field(
+        "gpu",
+        description="gpu: whole GPUs of one host per replica. cpu: CPU only, llama.cpp and GGUF only.",
+    )
+    gpus: int | None = Field(
+        None,
+        description="GPUs per replica, all of one host: 1, 2, 4 or 8. When omitted, the fewest that hold the "
+        "model on the largest-GPU host of the inventory. Not allowed with cpu.",
+    )
+    gpu_vendor: Literal["any", "nvidia", "amd"] = Field(
+        "any", description="nvidia or amd to restrict replicas to that vendor's GPUs. any: any GPU the engine runs on."
+    )
+    cpu_cores: int | None = Field(
+        None,
+        description="CPU cores per replica, 1 to 1024. Default with GPUs: 4 per GPU. CPU only: 2 up to 2B "
+        "parameters, 4 up to 9B, 6 above, at most the cores of the largest host.",
+    )
+    context_length: int | None = Field(
+        None,
+        description="The longest context of one request, in tokens; at least 256 and never above the model's. "
+        "Default: llama.cpp the model's, at most 8192; vLLM the model's, at most 32768.",
+    )
+    parallel: int | None = Field(
+        None,
+        description="Requests one replica serves at once, 1 to 1024. Default: llama.cpp on a GPU 4, lowered to "
+        "2 or 1 when that is what fits; llama.cpp on a CPU 2; vLLM 256.",
+    )
+    engine_args: list[str] = Field(
+        default_factory=list, description="Extra engine flags from a fixed allow-list, after the ones the deployment sets."
+    )
+    priority: int = Field(
+        0, description="Replicas of a higher-priority deployment are placed first."
+    )
+    host: str | None = Field(None, description="Restrict replicas to this inventory host.")
+
+
+class DeploymentDocument(Doc):
+    """A deployment in the metadata/spec form."""
+
+    kind: Literal["Deployment"] = "Deployment"
+    metadata: Metadata
+    spec: DeploymentSpec
+
+
+class HfSource(Doc):
+    hf: str = Field(description="A Hugging Face repository, org/repo, or org/repo@<commit> to pin it.")
+    commit: str | None = Field(None, description="The commit to pin (or write org/repo@<commit>).")
+
+
+class FlatMemory(Doc):
+    request: str | int = Field(
+        description="GPU memory the engine may use: weights, KV cache and a margin, e.g. 16GiB."
+    )
+
+
+class FlatLlamaCpp(Doc):
+    gguf_file: str = Field(description="The GGUF file in the model directory to serve.")
+
+
+class FlatEngineConfig(Doc):
+    memory: FlatMemory | None = None
+    context_length: int | None = Field(None, description="As spec.context_length.")
+    cuda_graphs: bool | None = Field(None, description="SGLang: CUDA graphs (on by default).")
+    llamacpp: FlatLlamaCpp | None = None
+    accept_extra_args: bool = Field(False, description="Must be true for extra_args to be passed.")
+    extra_args: list[str] = Field(default_factory=list, description="As spec.engine_args.")
+
+
+class FlatDevice(Doc):
+    id: str = Field(description="A GPU of the host: gpu0, gpu1, … or its UUID.")
+
+
+class FlatResources(Doc):
+    gpu: str | int | None = Field(None, description="GPU memory per replica, e.g. 16GiB.")
+    ram: str | int | None = Field(None, description="Host memory per replica, e.g. 2GiB.")
+
+
+class FlatDeploymentDocument(Doc):
+    """A deployment in the flat form: name, engine, model."""
+
+    name: str = Field(description="The name clients send as model in their requests.")
+    engine: EngineName = Field("auto", description="llamacpp (or llama.cpp), vllm, sglang or auto.")
+    model: str | HfSource = Field(
+        description="A directory under the host's models directory, an absolute path, org/repo@<commit>, "
+        "or {hf: org/repo}."
+    )
+    api: Literal["chat", "decisions"] = Field("chat", description="chat, or decisions (POST /v1/systemone).")
+    residency: Literal["restart_only", "parked", "deep", "host_backed"] = Field(
+        "restart_only", description="restart_only: stop the engine instead of parking it."
+    )
+    devices: list[FlatDevice] = Field(default_factory=list, description="Pin GPUs on a host with several.")
+    host: str | None = Field(None, description="The inventory host to run on.")
+    resources: FlatResources | None = None
+    engine_config: FlatEngineConfig = Field(default_factory=FlatEngineConfig)
+    replicas: int = Field(1, description="How many replicas (min = max).")
+
+
+class ModelMetadata(Doc):
+    name: str = Field(description="The name deployments give as spec.model.")
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class ModelSpecDoc(Doc):
+    format: Literal["gguf", "safetensors"] = Field(description="gguf (llama.cpp) or safetensors (vLLM, SGLang).")
+    path: str | None = Field(
+        None,
+        description="Where the weights are on each host: a .gguf file or a checkpoint directory; relative "
+        "paths are under the host's models_dir.",
+    )
+    hf: str | HfSource | None = Field(None, description="org/repo@<commit>, or {hf: org/repo, commit: …}.")
+    file: str | None = Field(None, description="GGUF: the file in the directory or repository.")
+    context_length: int | None = Field(None, description="The model's maximum context, in tokens.")
+    parameters: int | None = Field(None, description="Parameter count, e.g. 3210000000.")
+    weights_bytes: int | None = Field(None, description="Size of the weights; read from the files when omitted.")
+    chat_template: str | None = Field(None, description="A chat template name or Jinja text.")
+    mmproj: str | None = Field(None, description="GGUF: the multimodal projector file.")
+    capabilities: list[Capability] = Field(default_factory=lambda: ["chat"])
+    pooling: Literal["none", "mean", "cls", "last", "rank"] | None = Field(
+        None, description="Embedding models: the pooling."
+    )
+    tool_call_parser: str | None = Field(None, description="vLLM/SGLang: the tool-call parser.")
+    reasoning_parser: str | None = Field(None, description="vLLM/SGLang: the reasoning parser.")
+
+
+class ModelDocument(Doc):
+    kind: Literal["Model"]
+    metadata: ModelMetadata
+    spec: ModelSpecDoc
+
+
+KnownDocument = Annotated[
+    DeploymentDocument | FlatDeploymentDocument | ModelDocument, Field(description="Any engine-ctl document")
+]

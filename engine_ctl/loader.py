@@ -1,0 +1,391 @@
+"""Load documents of either form into the internal model, keeping where every field was written.
+
+`load_documents` is pure: it takes parsed documents and returns values and diagnostics.
+"""
+
+from __future__ import annotations
+
+import difflib
+import posixpath
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from engine_ctl.diagnostics import Diagnostic, Location
+from engine_ctl.documents import (
+    DeploymentDocument,
+    FlatDeploymentDocument,
+    HfSource,
+    ModelDocument,
+)
+from engine_ctl.inventory import Inventory, inventory_from
+from engine_ctl.model import (
+    DesiredState,
+    Deployment,
+    HfRef,
+    LoadedDeployment,
+    LoadedModel,
+    Model,
+    Origin,
+)
+from engine_ctl.providers import canonical_engine
+from engine_ctl.shape import diagnostics_from
+from engine_ctl.units import parse_size
+from engine_ctl.yamlsource import SourceDocument, expand_paths, read_path
+
+KINDS = ("Deployment", "Model", "Inventory")
+
+
+@dataclass
+class LoadResult:
+    desired: DesiredState
+    inventory: Inventory | None
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    broken_models: set[str] = field(default_factory=set)
+    """Names of models whose documents did not load (so "model exists" is not reported twice)."""
+    documents: dict[str, list[str]] = field(default_factory=dict)
+    """file -> the names of what it defines ('deployment chat', 'model llama-3-2-3b', 'inventory')."""
+
+
+def _fields(doc: SourceDocument, mapping: dict[str, tuple[str | int, ...]]) -> dict[str, tuple[str, int, int]]:
+    """internal field -> (path as written, line, column) for the parts present in the document."""
+    from engine_ctl.diagnostics import format_path
+
+    out: dict[str, tuple[str, int, int]] = {}
+    for internal, path in mapping.items():
+        if path not in doc.value_positions and path not in doc.key_positions:
+            continue
+        loc = doc.locate(path)
+        out[internal] = (format_path(path), loc.line or doc.line, loc.column or doc.column)
+    return out
+
+
+def _items(doc: SourceDocument, internal: str, path: tuple[str | int, ...], n: int) -> dict[str, tuple[str | int, ...]]:
+    return {f"{internal}[{i}]": (*path, i) for i in range(n)}
+
+
+def parse_hf(text: str) -> HfRef:
+    repo, _, commit = text.partition("@")
+    return HfRef(repo=repo, commit=commit or None)
+
+
+def _hf_from(value: str | HfSource) -> HfRef:
+    if isinstance(value, str):
+        return parse_hf(value)
+    ref = parse_hf(value.hf)
+    return HfRef(repo=ref.repo, commit=value.commit or ref.commit)
+
+
+def _spec_deployment(doc: SourceDocument, parsed: DeploymentDocument) -> LoadedDeployment:
+    spec = parsed.spec
+    rep = spec.replicas
+    deployment = Deployment(
+        name=parsed.metadata.name,
+        labels=dict(parsed.metadata.labels),
+        model=spec.model,
+        engine=canonical_engine(spec.engine),  # type: ignore[arg-type]
+        replicas_min=rep.min,
+        replicas_max=rep.max,
+        idle_minutes=(15 if rep.idle_minutes is None else rep.idle_minutes) if rep.min == 0 else None,
+        accelerator=spec.accelerator,
+        gpus=spec.gpus,
+        gpu_vendor=spec.gpu_vendor,
+        cpu_cores=spec.cpu_cores,
+        context_length=spec.context_length,
+        parallel=spec.parallel,
+        engine_args=tuple(spec.engine_args),
+        priority=spec.priority,
+        host=spec.host,
+    )
+    paths: dict[str, tuple[str | int, ...]] = {
+        "name": ("metadata", "name"),
+        "model": ("spec", "model"),
+        "engine": ("spec", "engine"),
+        "replicas_min": ("spec", "replicas", "min"),
+        "replicas_max": ("spec", "replicas", "max"),
+        "idle_minutes": ("spec", "replicas", "idle_minutes"),
+        "accelerator": ("spec", "accelerator"),
+        "gpus": ("spec", "gpus"),
+        "gpu_vendor": ("spec", "gpu_vendor"),
+        "cpu_cores": ("spec", "cpu_cores"),
+        "context_length": ("spec", "context_length"),
+        "parallel": ("spec", "parallel"),
+        "engine_args": ("spec", "engine_args"),
+        "priority": ("spec", "priority"),
+        "host": ("spec", "host"),
+        **_items(doc, "engine_args", ("spec", "engine_args"), len(spec.engine_args)),
+    }
+    origin = Origin(file=doc.file, form="spec", line=doc.line, column=doc.column, fields=_fields(doc, paths))
+    return LoadedDeployment(deployment=deployment, origin=origin)
+
+
+def _flat_model(parsed: FlatDeploymentDocument) -> Model:
+    cfg = parsed.engine_config
+    gguf_file = cfg.llamacpp.gguf_file if cfg.llamacpp else None
+    engine = canonical_engine(parsed.engine)
+    raw = parsed.model
+    hf: HfRef | None = None
+    path: str | None = None
+    if isinstance(raw, HfSource) or ("@" in raw and not raw.startswith("/")):
+        hf = _hf_from(raw)
+        name = hf.repo
+    else:
+        path = raw
+        name = posixpath.basename(raw.rstrip("/")) or raw
+    if gguf_file or engine == "llama.cpp" or (path or "").endswith(".gguf"):
+        fmt = "gguf"
+    else:
+        fmt = "safetensors"
+    return Model(
+        name=name,
+        format=fmt,  # type: ignore[arg-type]
+        path=path,
+        hf=hf,
+        file=gguf_file,
+        context_length=None,
+        capabilities=("chat",),
+    )
+
+
+def _flat_deployment(doc: SourceDocument, parsed: FlatDeploymentDocument) -> tuple[LoadedDeployment, LoadedModel]:
+    cfg = parsed.engine_config
+    model = _flat_model(parsed)
+    res = parsed.resources
+    gpu_mem = cfg.memory.request if cfg.memory else (res.gpu if res else None)
+    deployment = Deployment(
+        name=parsed.name,
+        model=model.name,
+        engine=canonical_engine(parsed.engine),  # type: ignore[arg-type]
+        replicas_min=parsed.replicas,
+        replicas_max=parsed.replicas,
+        context_length=cfg.context_length,
+        engine_args=tuple(cfg.extra_args),
+        host=parsed.host,
+        api=parsed.api,
+        residency=parsed.residency,
+        devices=tuple(d.id for d in parsed.devices),
+        gpu_memory_bytes=_size_or_none(gpu_mem),
+        ram_bytes=_size_or_none(res.ram if res else None),
+        cuda_graphs=cfg.cuda_graphs,
+    )
+    paths: dict[str, tuple[str | int, ...]] = {
+        "name": ("name",),
+        "model": ("model",),
+        "engine": ("engine",),
+        "replicas_min": ("replicas",),
+        "replicas_max": ("replicas",),
+        "context_length": ("engine_config", "context_length"),
+        "engine_args": ("engine_config", "extra_args"),
+        "accept_extra_args": ("engine_config", "accept_extra_args"),
+        "host": ("host",),
+        "api": ("api",),
+        "residency": ("residency",),
+        "devices": ("devices",),
+        "gpu_memory_bytes": ("engine_config", "memory", "request") if cfg.memory else ("resources", "gpu"),
+        "ram_bytes": ("resources", "ram"),
+        "cuda_graphs": ("engine_config", "cuda_graphs"),
+        **_items(doc, "engine_args", ("engine_config", "extra_args"), len(cfg.extra_args)),
+    }
+    fields = _fields(doc, paths)
+    origin = Origin(file=doc.file, form="flat", line=doc.line, column=doc.column, fields=fields)
+    model_origin = Origin(
+        file=doc.file, form="flat", line=doc.line, column=doc.column, fields={"name": fields["model"], "path": fields["model"]}
+    )
+    return LoadedDeployment(deployment=deployment, origin=origin), LoadedModel(model=model, origin=model_origin)
+
+
+def _size_or_none(value: str | int | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError:
+        return None  # reported by rules.check_sizes
+
+
+def _size_problems(doc: SourceDocument, parsed: FlatDeploymentDocument) -> list[Diagnostic]:
+    from engine_ctl.diagnostics import format_path
+
+    candidates: list[tuple[tuple[str | int, ...], str | int | None]] = [
+        (("engine_config", "memory", "request"), parsed.engine_config.memory.request if parsed.engine_config.memory else None),
+        (("resources", "gpu"), parsed.resources.gpu if parsed.resources else None),
+        (("resources", "ram"), parsed.resources.ram if parsed.resources else None),
+    ]
+    out = []
+    for path, value in candidates:
+        if value is None:
+            continue
+        try:
+            parse_size(value)
+        except ValueError as exc:
+            out.append(Diagnostic(doc.locate(path), format_path(path), str(exc), code="INVALID_DEPLOYMENT"))
+    return out
+
+
+def _model(doc: SourceDocument, parsed: ModelDocument) -> LoadedModel:
+    spec = parsed.spec
+    model = Model(
+        name=parsed.metadata.name,
+        format=spec.format,
+        path=spec.path,
+        hf=_hf_from(spec.hf) if spec.hf is not None else None,
+        file=spec.file,
+        context_length=spec.context_length,
+        parameters=spec.parameters,
+        weights_bytes=spec.weights_bytes,
+        chat_template=spec.chat_template,
+        mmproj=spec.mmproj,
+        capabilities=tuple(spec.capabilities),
+        pooling=spec.pooling,
+        tool_call_parser=spec.tool_call_parser,
+        reasoning_parser=spec.reasoning_parser,
+    )
+    paths: dict[str, tuple[str | int, ...]] = {
+        "name": ("metadata", "name"),
+        "format": ("spec", "format"),
+        "path": ("spec", "path"),
+        "hf": ("spec", "hf"),
+        "context_length": ("spec", "context_length"),
+        "parameters": ("spec", "parameters"),
+    }
+    origin = Origin(file=doc.file, form="model", line=doc.line, column=doc.column, fields=_fields(doc, paths))
+    return LoadedModel(model=model, origin=origin)
+
+
+def classify(doc: SourceDocument) -> tuple[str | None, Diagnostic | None]:
+    """Which kind of document this is: Deployment, FlatDeployment, Model or Inventory."""
+    data = doc.data
+    where = Location(doc.file, doc.line, doc.column)
+    if not isinstance(data, dict):
+        kind = "a list" if isinstance(data, list) else f"a scalar ({data!r})"[:80]
+        return None, Diagnostic(
+            where,
+            "",
+            f"a document is a mapping (a deployment, a model or an inventory); this one is {kind}",
+            hint="start with metadata:/spec:, name:/engine:/model:, or kind: Model",
+        )
+    kind = data.get("kind")
+    if kind is not None:
+        if kind in KINDS:
+            return str(kind), None
+        close = difflib.get_close_matches(str(kind), KINDS, n=1)
+        return None, Diagnostic(
+            doc.locate(("kind",)),
+            "kind",
+            f"unknown kind {kind!r}; one of {', '.join(KINDS)}",
+            hint=f"did you mean {close[0]!r}?" if close else None,
+        )
+    if "metadata" in data or "spec" in data:
+        return "Deployment", None
+    if "hosts" in data or "defaults" in data:
+        return "Inventory", None
+    if "name" in data:
+        return "FlatDeployment", None
+    keys = ", ".join(map(str, list(data)[:5]))
+    return None, Diagnostic(
+        where,
+        "",
+        f"not an engine-ctl document (keys: {keys})",
+        hint="a deployment has metadata: and spec: (or name:, engine:, model:); a model has kind: Model",
+    )
+
+
+_SCHEMAS: dict[str, type[BaseModel]] = {
+    "Deployment": DeploymentDocument,
+    "FlatDeployment": FlatDeploymentDocument,
+    "Model": ModelDocument,
+}
+
+
+def load_documents(docs: list[SourceDocument]) -> LoadResult:
+    """Parsed documents -> the internal model and shape diagnostics (rules come after, in rules.py)."""
+    models: list[LoadedModel] = []
+    deployments: list[LoadedDeployment] = []
+    inventory: Inventory | None = None
+    problems: list[Diagnostic] = []
+    described: dict[str, list[str]] = {}
+    broken: set[str] = set()
+    for doc in docs:
+        kind, problem = classify(doc)
+        if problem is not None or kind is None:
+            problems.extend([problem] if problem else [])
+            continue
+        if kind == "Inventory":
+            inventory, found = inventory_from(doc)
+            problems.extend(found)
+            described.setdefault(doc.file, []).append("inventory")
+            continue
+        schema = _SCHEMAS[kind]
+        parsed, found = _validate_shape(doc, schema)
+        problems.extend(found)
+        if parsed is None:
+            if kind == "Model":
+                name = (doc.data.get("metadata") or {}).get("name") if isinstance(doc.data.get("metadata"), dict) else None
+                if isinstance(name, str):
+                    broken.add(name)
+            continue
+        if isinstance(parsed, DeploymentDocument):
+            deployments.append(_spec_deployment(doc, parsed))
+            described.setdefault(doc.file, []).append(f"deployment {parsed.metadata.name}")
+        elif isinstance(parsed, FlatDeploymentDocument):
+            problems.extend(_size_problems(doc, parsed))
+            loaded, model = _flat_deployment(doc, parsed)
+            deployments.append(loaded)
+            models.append(model)
+            described.setdefault(doc.file, []).append(f"deployment {parsed.name}")
+        else:
+            models.append(_model(doc, parsed))
+            described.setdefault(doc.file, []).append(f"model {parsed.metadata.name}")
+    desired = DesiredState(models=tuple(models), deployments=tuple(deployments))
+    return LoadResult(
+        desired=desired, inventory=inventory, diagnostics=problems, documents=described, broken_models=broken
+    )
+
+
+def _strip(data: Any, path: tuple[Any, ...]) -> Any:
+    if not path:
+        return data
+    head, rest = path[0], path[1:]
+    if isinstance(data, dict):
+        if not rest:
+            return {k: v for k, v in data.items() if k != head}
+        return {k: (_strip(v, rest) if k == head else v) for k, v in data.items()}
+    if isinstance(data, list) and isinstance(head, int):
+        return [(_strip(v, rest) if i == head else v) for i, v in enumerate(data)]
+    return data
+
+
+def _validate_shape(doc: SourceDocument, schema: type[BaseModel]) -> tuple[Any, list[Diagnostic]]:
+    """Validate; when the only problems are unknown fields, report them and go on without them,
+    so that the rules still run and the user sees every problem at once."""
+    try:
+        return schema.model_validate(doc.data), []
+    except ValidationError as exc:
+        found = diagnostics_from(exc, doc, schema)
+        raw = exc.errors(include_url=False)
+        if not all(e["type"] == "extra_forbidden" for e in raw):
+            return None, found
+        data = doc.data
+        for e in raw:
+            data = _strip(data, tuple(e["loc"]))
+        try:
+            return schema.model_validate(data), found
+        except ValidationError:
+            return None, found
+
+
+def load_paths(paths: list[Path]) -> LoadResult:
+    """Read files and directories (imperative shell), then load them."""
+    files, problems = expand_paths(paths)
+    docs: list[SourceDocument] = []
+    for path in files:
+        found, file_problems = read_path(path)
+        docs.extend(found)
+        problems.extend(file_problems)
+    result = load_documents(docs)
+    result.diagnostics = problems + result.diagnostics
+    result.files = [str(f) for f in files]
+    return result

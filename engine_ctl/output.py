@@ -1,0 +1,28 @@
+"""Output: rich on a TTY, plain text otherwise or with NO_COLOR; JSON documents for machines."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from rich.console import Console
+
+
+def console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    plain = bool(os.environ.get("NO_COLOR")) or not stream.isatty()
+    return Console(
+        file=stream,
+        no_color=plain,
+        highlight=False,
+        soft_wrap=True,
+        force_terminal=False if plain else None,
+        emoji=False,
+        markup=False,
+    )
+
+
+def emit_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")

