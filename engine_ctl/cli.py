@@ -11,7 +11,7 @@ import click
 
 from engine_ctl import __version__
 from engine_ctl.diagnostics import Diagnostic, InputError
-from engine_ctl.output import console, emit_json
+from engine_ctl.output import console
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -64,4 +64,4 @@ def main() -> None:
         sys.exit(EXIT_ERROR)
 
 
-__all__ = ["EXIT_CHANGES", "EXIT_ERROR", "EXIT_OK", "cli", "json", "main", "print_diagnostics", "Path"]
+__all__ = ["EXIT_CHANGES", "EXIT_ERROR", "EXIT_OK", "Path", "cli", "json", "main", "print_diagnostics"]

@@ -39,11 +39,10 @@ class Metadata(Doc):
 
 class Replicas(Doc):
     min: int = Field(
-        1, description="Fewest replicas. 0 scales to zero when idle; the next request starts one. At most max."
+        1,
+        description="Fewest replicas. 0 scales to zero when idle; the next request starts one. At most max.",
     )
-    max: int = Field(
-        1, description="Most replicas, 1 to 64. Between min and max the deployment scales with load."
-    )
+    max: int = Field(1, description="Most replicas, 1 to 64. Between min and max the deployment scales with load.")
     idle_minutes: int | None = Field(
         None,
         description="With min: 0, minutes without a request before the last replica stops, 1 to 1440 "
@@ -71,7 +70,8 @@ class DeploymentSpec(Doc):
         "model on the largest-GPU host of the inventory. Not allowed with cpu.",
     )
     gpu_vendor: Literal["any", "nvidia", "amd"] = Field(
-        "any", description="nvidia or amd to restrict replicas to that vendor's GPUs. any: any GPU the engine runs on."
+        "any",
+        description="nvidia or amd to restrict replicas to that vendor's GPUs. any: any GPU the engine runs on.",
     )
     cpu_cores: int | None = Field(
         None,
@@ -89,11 +89,10 @@ class DeploymentSpec(Doc):
         "2 or 1 when that is what fits; llama.cpp on a CPU 2; vLLM 256.",
     )
     engine_args: list[str] = Field(
-        default_factory=list, description="Extra engine flags from a fixed allow-list, after the ones the deployment sets."
+        default_factory=list,
+        description="Extra engine flags from a fixed allow-list, after the ones the deployment sets.",
     )
-    priority: int = Field(
-        0, description="Replicas of a higher-priority deployment are placed first."
-    )
+    priority: int = Field(0, description="Replicas of a higher-priority deployment are placed first.")
     host: str | None = Field(None, description="Restrict replicas to this inventory host.")
 
 
@@ -111,9 +110,7 @@ class HfSource(Doc):
 
 
 class FlatMemory(Doc):
-    request: str | int = Field(
-        description="GPU memory the engine may use: weights, KV cache and a margin, e.g. 16GiB."
-    )
+    request: str | int = Field(description="GPU memory the engine may use: weights, KV cache and a margin, e.g. 16GiB.")
 
 
 class FlatLlamaCpp(Doc):
@@ -177,7 +174,7 @@ class ModelSpecDoc(Doc):
     weights_bytes: int | None = Field(None, description="Size of the weights; read from the files when omitted.")
     chat_template: str | None = Field(None, description="A chat template name or Jinja text.")
     mmproj: str | None = Field(None, description="GGUF: the multimodal projector file.")
-    capabilities: list[Capability] = Field(default_factory=lambda: ["chat"])
+    capabilities: list[Capability] = Field(default_factory=lambda: list[Capability](["chat"]))
     pooling: Literal["none", "mean", "cls", "last", "rank"] | None = Field(
         None, description="Embedding models: the pooling."
     )

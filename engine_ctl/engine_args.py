@@ -96,6 +96,7 @@ def check_engine_args(args: Sequence[str], provider: Provider, field: str) -> li
                 problems.append(ArgProblem(i, f"{where} {name}: flags in their long form ({long}, not {name})"))
             else:
                 problems.append(ArgProblem(i, f"{where} {name}: flags in their long form (--name, not -n)"))
+            expecting_value_for = None if "=" in token else name
             continue
         problems.extend(_check_flag(i, where, name, provider))
         expecting_value_for = None if "=" in token else name

@@ -31,7 +31,9 @@ class HostSettings(_Doc):
     port: int | None = Field(None, description="SSH port (22).")
     user: str | None = Field(None, description="SSH user (default: yours, or your ~/.ssh/config's).")
     identity_file: str | None = Field(None, description="SSH private key file; the SSH agent is used too.")
-    known_hosts: str | None = Field(None, description="known_hosts file to check host keys against (~/.ssh/known_hosts).")
+    known_hosts: str | None = Field(
+        None, description="known_hosts file to check host keys against (~/.ssh/known_hosts)."
+    )
     host_key: str | None = Field(None, description="Pinned host key: 'ssh-ed25519 AAAA…' (instead of known_hosts).")
     labels: dict[str, str] | None = Field(None, description="Your labels.")
     roles: list[str] | None = Field(None, description="Roles such as gateway.")

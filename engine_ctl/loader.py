@@ -22,8 +22,8 @@ from engine_ctl.documents import (
 )
 from engine_ctl.inventory import Inventory, inventory_from
 from engine_ctl.model import (
-    DesiredState,
     Deployment,
+    DesiredState,
     HfRef,
     LoadedDeployment,
     LoadedModel,
@@ -192,7 +192,11 @@ def _flat_deployment(doc: SourceDocument, parsed: FlatDeploymentDocument) -> tup
     fields = _fields(doc, paths)
     origin = Origin(file=doc.file, form="flat", line=doc.line, column=doc.column, fields=fields)
     model_origin = Origin(
-        file=doc.file, form="flat", line=doc.line, column=doc.column, fields={"name": fields["model"], "path": fields["model"]}
+        file=doc.file,
+        form="flat",
+        line=doc.line,
+        column=doc.column,
+        fields={"name": fields["model"], "path": fields["model"]},
     )
     return LoadedDeployment(deployment=deployment, origin=origin), LoadedModel(model=model, origin=model_origin)
 
@@ -210,7 +214,10 @@ def _size_problems(doc: SourceDocument, parsed: FlatDeploymentDocument) -> list[
     from engine_ctl.diagnostics import format_path
 
     candidates: list[tuple[tuple[str | int, ...], str | int | None]] = [
-        (("engine_config", "memory", "request"), parsed.engine_config.memory.request if parsed.engine_config.memory else None),
+        (
+            ("engine_config", "memory", "request"),
+            parsed.engine_config.memory.request if parsed.engine_config.memory else None,
+        ),
         (("resources", "gpu"), parsed.resources.gpu if parsed.resources else None),
         (("resources", "ram"), parsed.resources.ram if parsed.resources else None),
     ]
@@ -260,11 +267,11 @@ def classify(doc: SourceDocument) -> tuple[str | None, Diagnostic | None]:
     data = doc.data
     where = Location(doc.file, doc.line, doc.column)
     if not isinstance(data, dict):
-        kind = "a list" if isinstance(data, list) else f"a scalar ({data!r})"[:80]
+        what = "a list" if isinstance(data, list) else f"a scalar ({data!r})"[:80]
         return None, Diagnostic(
             where,
             "",
-            f"a document is a mapping (a deployment, a model or an inventory); this one is {kind}",
+            f"a document is a mapping (a deployment, a model or an inventory); this one is {what}",
             hint="start with metadata:/spec:, name:/engine:/model:, or kind: Model",
         )
     kind = data.get("kind")
@@ -323,7 +330,9 @@ def load_documents(docs: list[SourceDocument]) -> LoadResult:
         problems.extend(found)
         if parsed is None:
             if kind == "Model":
-                name = (doc.data.get("metadata") or {}).get("name") if isinstance(doc.data.get("metadata"), dict) else None
+                name = (
+                    (doc.data.get("metadata") or {}).get("name") if isinstance(doc.data.get("metadata"), dict) else None
+                )
                 if isinstance(name, str):
                     broken.add(name)
             continue

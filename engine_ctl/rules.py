@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from engine_ctl.diagnostics import Diagnostic, Location
 from engine_ctl.engine_args import check_engine_args, split_flags
-from engine_ctl.model import DesiredState, Deployment, LoadedDeployment, LoadedModel, Model, Origin
+from engine_ctl.model import Deployment, DesiredState, LoadedDeployment, LoadedModel, Model, Origin
 from engine_ctl.providers import Provider, provider, provider_for_format
 
 NAME_RULE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
@@ -71,8 +71,8 @@ def check_deployment(
         yield _err(o, "idle_minutes", "spec.replicas.idle_minutes: between 1 and 1440")
     if d.replicas_min > 0 and written(o, "idle_minutes"):
         yield _warn(
-                o,
-                "idle_minutes",
+            o,
+            "idle_minutes",
             "spec.replicas.idle_minutes: ignored (cleared) because spec.replicas.min is above 0",
             hint="idle_minutes applies only with min: 0 (scale to zero)",
         )
@@ -101,7 +101,11 @@ def check_deployment(
     if engine is None:
         return
     if d.accelerator == "cpu" and not engine.runs_on("cpu"):
-        yield _err(o, "accelerator", f"spec.accelerator: cpu is served by llama.cpp; {_engine_title(engine)} needs a GPU")
+        yield _err(
+            o,
+            "accelerator",
+            f"spec.accelerator: cpu is served by llama.cpp; {_engine_title(engine)} needs a GPU",
+        )
     if model is not None and model.format not in engine.formats:
         yield _err(o, "engine", _format_mismatch(engine, model))
     yield from _check_args(loaded, engine)
@@ -170,10 +174,17 @@ def check_model(loaded: LoadedModel) -> Iterator[Diagnostic]:
     m, o = loaded.model, loaded.origin
     if o.form == "model" and not MODEL_NAME_RULE.match(m.name):
         yield _err(
-            o, "name", f"metadata.name {m.name!r}: letters, digits, '.', '_', '-' and '/', at most 128 characters"
+            o,
+            "name",
+            f"metadata.name {m.name!r}: letters, digits, '.', '_', '-' and '/', at most 128 characters",
         )
     if m.path is None and m.hf is None:
-        yield _err(o, "path", "spec.path or spec.hf: say where the weights are", hint="path: a file or directory on the hosts")
+        yield _err(
+            o,
+            "path",
+            "spec.path or spec.hf: say where the weights are",
+            hint="path: a file or directory on the hosts",
+        )
     if m.path is not None and m.hf is not None:
         yield _err(o, "hf", "spec.path and spec.hf: give one of them")
     if m.path is not None and ".." in m.path.split("/"):
@@ -200,31 +211,31 @@ def check(desired: DesiredState, broken_models: frozenset[str] = frozenset()) ->
     for loaded in desired.models:
         out.extend(check_model(loaded))
         first = seen_models.get(loaded.model.name)
-        if first is not None and not (first.origin.form == "flat" and loaded.origin.form == "flat"
-                                      and first.model == loaded.model):
+        if first is not None and not (
+            first.origin.form == "flat" and loaded.origin.form == "flat" and first.model == loaded.model
+        ):
             out.append(
                 _err(
                     loaded.origin,
                     "name",
-                    f"duplicate model name {loaded.model.name!r} (first defined at "
-                    f"{where(first.origin, 'name')[0]})",
+                    f"duplicate model name {loaded.model.name!r} (first defined at {where(first.origin, 'name')[0]})",
                 )
             )
         seen_models.setdefault(loaded.model.name, loaded)
     seen: dict[str, LoadedDeployment] = {}
-    for loaded in desired.deployments:
-        model = desired.model(loaded.deployment.model)
-        out.extend(check_deployment(loaded, model, broken_models))
-        first_d = seen.get(loaded.deployment.name)
+    for loaded_d in desired.deployments:
+        model = desired.model(loaded_d.deployment.model)
+        out.extend(check_deployment(loaded_d, model, broken_models))
+        first_d = seen.get(loaded_d.deployment.name)
         if first_d is not None:
             out.append(
                 _err(
-                    loaded.origin,
+                    loaded_d.origin,
                     "name",
-                    f"duplicate deployment name {loaded.deployment.name!r} (first defined at "
+                    f"duplicate deployment name {loaded_d.deployment.name!r} (first defined at "
                     f"{where(first_d.origin, 'name')[0]})",
                     hint="deployment names are unique across all files: clients call a deployment by its name",
                 )
             )
-        seen.setdefault(loaded.deployment.name, loaded)
+        seen.setdefault(loaded_d.deployment.name, loaded_d)
     return out

@@ -49,12 +49,11 @@ def _clean_loc(loc: tuple[Any, ...], data: Any) -> tuple[str | int, ...]:
     cur = data
     for n, part in enumerate(loc):
         last = n == len(loc) - 1
-        if isinstance(cur, dict) and isinstance(part, str) and part in cur:
+        if (isinstance(cur, dict) and isinstance(part, str) and part in cur) or (
+            isinstance(cur, list) and isinstance(part, int) and 0 <= part < len(cur)
+        ):
             out.append(part)
-            cur = cur[part]
-        elif isinstance(cur, list) and isinstance(part, int) and 0 <= part < len(cur):
-            out.append(part)
-            cur = cur[part]
+            cur = cur[part]  # type: ignore[index]
         elif last and isinstance(part, str) and isinstance(cur, dict):
             out.append(part)  # a missing field
     return tuple(out)
@@ -88,7 +87,7 @@ def diagnostics_from(exc: ValidationError, doc: SourceDocument, model: type[Base
         if shallow_type and deeper:
             continue
         keep.append((path, err))
-    by_path: dict[tuple[str | int, ...], list[dict[str, Any]]] = {}
+    by_path: dict[tuple[str | int, ...], list[Any]] = {}
     for path, err in keep:
         by_path.setdefault(path, []).append(err)
     out: list[Diagnostic] = []
@@ -103,7 +102,12 @@ def diagnostics_from(exc: ValidationError, doc: SourceDocument, model: type[Base
             out.append(Diagnostic(doc.locate(path, key=True), field, f"unknown field {name!r}", hint=hint))
         elif first["type"] == "missing":
             out.append(
-                Diagnostic(doc.locate(path[:-1], key=True), field, "required field is missing", hint=f"add {path[-1]}:")
+                Diagnostic(
+                    doc.locate(path[:-1], key=True),
+                    field,
+                    "required field is missing",
+                    hint=f"add {path[-1]}:",
+                )
             )
         else:
             wanted = "; or ".join(dict.fromkeys(str(e["msg"]).removeprefix("Input should be ") for e in errs))

@@ -12,10 +12,16 @@ from engine_ctl.rules import resolve_engine, written
 FORMAT_VERSION = 1
 
 NOT_CHECKED = (
-    ("host facts", "whether any host has the GPUs, memory and disk a replica needs, and which GPUs are free "
-     "(placement); run `engine-ctl plan` to gather facts over SSH"),
-    ("model files", "whether the weights exist at the model's path under each host's models_dir, and their "
-     "format, context length and size as the files say (GGUF metadata, config.json)"),
+    (
+        "host facts",
+        "whether any host has the GPUs, memory and disk a replica needs, and which GPUs are free "
+        "(placement); run `engine-ctl plan` to gather facts over SSH",
+    ),
+    (
+        "model files",
+        "whether the weights exist at the model's path under each host's models_dir, and their "
+        "format, context length and size as the files say (GGUF metadata, config.json)",
+    ),
     ("engine installed", "whether the engine's executable is on each host and its version accepts the flags"),
     ("hf commit", "whether an hf: commit exists upstream; engine-ctl never downloads at plan time"),
     ("ports", "whether the ports engine-ctl allocates are free on each host"),
@@ -67,14 +73,17 @@ def _defaults(loaded: LoadedDeployment, model: Model | None) -> list[Default]:
     if d.context_length is None and engine is not None:
         cap = engine.default_context_cap
         if model is not None and model.context_length is not None:
-            out.append(
-                Default("spec.context_length", min(cap, model.context_length), f"the model's, at most {cap}")
-            )
+            out.append(Default("spec.context_length", min(cap, model.context_length), f"the model's, at most {cap}"))
         else:
             out.append(Default("spec.context_length", None, f"the model's (read from its files), at most {cap}", True))
     if d.accelerator == "gpu" and d.gpus is None:
         out.append(
-            Default("spec.gpus", None, "the fewest of 1, 2, 4, 8 that hold the model on the largest-GPU host", True)
+            Default(
+                "spec.gpus",
+                None,
+                "the fewest of 1, 2, 4, 8 that hold the model on the largest-GPU host",
+                True,
+            )
         )
     if d.cpu_cores is None:
         if d.accelerator == "gpu":
@@ -84,8 +93,12 @@ def _defaults(loaded: LoadedDeployment, model: Model | None) -> list[Default]:
                 out.append(Default("spec.cpu_cores", None, "4 per GPU, once gpus is chosen", True))
         else:
             out.append(
-                Default("spec.cpu_cores", None, "by size: 2 up to 2B parameters, 4 up to 9B, 6 above, at most the "
-                        "largest host's cores", True)
+                Default(
+                    "spec.cpu_cores",
+                    None,
+                    "by size: 2 up to 2B parameters, 4 up to 9B, 6 above, at most the largest host's cores",
+                    True,
+                )
             )
     if d.parallel is None and engine is not None:
         if engine.name == "llama.cpp" and d.accelerator == "cpu":
@@ -119,7 +132,11 @@ def report_json(result: LoadResult, diagnostics: list[Diagnostic], valid: bool) 
         "format_version": FORMAT_VERSION,
         "valid": valid,
         "files": [
-            {"file": f, "documents": result.documents.get(f, []), "valid": not any(d.location.file == f for d in errors)}
+            {
+                "file": f,
+                "documents": result.documents.get(f, []),
+                "valid": not any(d.location.file == f for d in errors),
+            }
             for f in result.files
         ],
         "deployments": [
@@ -128,7 +145,12 @@ def report_json(result: LoadResult, diagnostics: list[Diagnostic], valid: bool) 
                 "file": r.file,
                 "engine": r.engine,
                 "defaults": [
-                    {"field": x.field, "value": x.value, "why": x.why, "resolved_at": "plan" if x.at_plan else "load"}
+                    {
+                        "field": x.field,
+                        "value": x.value,
+                        "why": x.why,
+                        "resolved_at": "plan" if x.at_plan else "load",
+                    }
                     for x in r.defaults
                 ],
             }

@@ -169,9 +169,7 @@ def parse_text(text: str, file: str) -> tuple[list[SourceDocument], list[Diagnos
         return [], [Diagnostic(Location(file, 1, 1), "", f"cannot read document: {exc}")]
     if not docs:
         return [], [
-            Diagnostic(
-                Location(file, 1, 1), "", "empty file: no document in it", hint="write a deployment document"
-            )
+            Diagnostic(Location(file, 1, 1), "", "empty file: no document in it", hint="write a deployment document")
         ]
     return docs, []
 

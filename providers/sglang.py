@@ -9,7 +9,8 @@ ALLOWED = (
     "--schedule-policy", "--schedule-conservativeness", "--disable-radix-cache", "--disable-cuda-graph",
     "--cuda-graph-max-bs", "--enable-torch-compile", "--torch-compile-max-bs", "--attention-backend",
     "--sampling-backend", "--random-seed", "--tool-call-parser", "--reasoning-parser", "--max-total-tokens",
-    "--stream-interval", "--log-level", "--enable-mixed-chunk", "--enable-dp-attention", "--num-continuous-decode-steps",
+    "--stream-interval", "--log-level", "--enable-mixed-chunk", "--enable-dp-attention",
+    "--num-continuous-decode-steps",
     "--disable-overlap-schedule", "--page-size", "--preferred-sampling-params",
 )  # fmt: skip
 

@@ -56,8 +56,10 @@ def _print_human(result, diagnostics: list[Diagnostic], valid: bool) -> None:  #
         return
     for f in result.files:
         kinds = result.documents.get(f, [])
-        noun = "deployment document" if any(k.startswith("deployment") for k in kinds) else (
-            "inventory" if kinds == ["inventory"] else "model document"
+        noun = (
+            "deployment document"
+            if any(k.startswith("deployment") for k in kinds)
+            else ("inventory" if kinds == ["inventory"] else "model document")
         )
         out.print(f"{f} is a valid {noun}")
     for report in build_report(result):

@@ -1,0 +1,58 @@
+"""Helpers shared by the tests: load documents from text, run the real CLI in-process."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from click.testing import CliRunner, Result
+
+from engine_ctl.cli import cli
+from engine_ctl.diagnostics import Diagnostic
+from engine_ctl.loader import LoadResult, load_documents
+from engine_ctl.rules import check
+from engine_ctl.yamlsource import parse_text
+
+MODEL_GGUF = """
+kind: Model
+metadata: {name: llama-3-2-3b}
+spec: {format: gguf, path: llama/Llama-3.2-3B-Q4_K_M.gguf, context_length: 131072, parameters: 3210000000}
+"""
+MODEL_ST = """
+kind: Model
+metadata: {name: qwen}
+spec: {format: safetensors, path: /srv/models/qwen, context_length: 40960}
+"""
+
+
+def load(*texts: str, file: str = "d.yaml") -> tuple[LoadResult, list[Diagnostic]]:
+    docs = []
+    problems: list[Diagnostic] = []
+    for i, text in enumerate(texts):
+        found, bad = parse_text(textwrap.dedent(text), f"{i}-{file}")
+        docs.extend(found)
+        problems.extend(bad)
+    result = load_documents(docs)
+    return result, problems + result.diagnostics + check(result.desired, frozenset(result.broken_models))
+
+
+def messages(diagnostics: list[Diagnostic], severity: str = "error") -> list[str]:
+    return [d.message for d in diagnostics if d.severity == severity]
+
+
+def deployment(spec: str, name: str = "chat", model: str = MODEL_GGUF) -> tuple[LoadResult, list[Diagnostic]]:
+    body = "metadata: {name: %s}\nspec:\n" % name + textwrap.indent(textwrap.dedent(spec).strip(), "  ") + "\n"
+    return load(model, body)
+
+
+def run(*args: str) -> Result:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=True)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise AssertionError(f"engine-ctl {' '.join(args)} raised {result.exception!r}\n{result.output}")
+    return result
+
+
+def write(tmp: Path, name: str, text: str) -> Path:
+    path = tmp / name
+    path.write_text(textwrap.dedent(text))
+    return path

@@ -1,0 +1,65 @@
+"""Both document forms load into one internal model and mean the same where they overlap."""
+
+from __future__ import annotations
+
+from tests.helpers import load, messages
+
+
+def test_same_meaning_in_both_forms_gives_the_same_internal_model() -> None:
+    spec_form = """
+    kind: Model
+    metadata: {name: Clef-Flash-GGUF}
+    spec: {format: gguf, path: Clef-Flash-GGUF, file: Clef-Flash-Q8_0.gguf}
+    ---
+    metadata: {name: decider}
+    spec:
+      model: Clef-Flash-GGUF
+      engine: llama.cpp
+      context_length: 16384
+      engine_args: [--batch-size, "16384", --ubatch-size, "16384"]
+    """
+    flat_form = """
+    name: decider
+    engine: llamacpp
+    model: Clef-Flash-GGUF
+    engine_config:
+      context_length: 16384
+      llamacpp: {gguf_file: Clef-Flash-Q8_0.gguf}
+      accept_extra_args: true
+      extra_args: [--batch-size, "16384", --ubatch-size, "16384"]
+    """
+    a, da = load(spec_form)
+    b, db = load(flat_form)
+    assert messages(da) == messages(db) == []
+    assert a.desired.deployments[0].deployment == b.desired.deployments[0].deployment
+    assert a.desired.models[0].model == b.desired.models[0].model
+    assert a.desired.deployments[0].origin.form == "spec"
+    assert b.desired.deployments[0].origin.form == "flat"
+
+
+def test_flat_form_hf_reference_with_commit() -> None:
+    result, diags = load("name: q\nengine: vllm\nmodel: Qwen/Qwen3-4B@abc123")
+    assert messages(diags) == []
+    model = result.desired.models[0].model
+    assert model.hf is not None and (model.hf.repo, model.hf.commit) == ("Qwen/Qwen3-4B", "abc123")
+    assert model.format == "safetensors"
+
+
+def test_flat_form_hf_mapping_without_commit_refused() -> None:
+    _, diags = load("name: q\nengine: vllm\nmodel: {hf: Qwen/Qwen3-4B-Instruct-2507}")
+    (msg,) = messages(diags)
+    assert "refuses an hf: reference without a commit" in msg
+
+
+def test_decisions_on_vllm_refused() -> None:
+    _, diags = load("name: d\nengine: vllm\nmodel: Qwen/Q@c\napi: decisions")
+    assert any(m.startswith("capability_missing:decisions") for m in messages(diags))
+
+
+def test_json_documents_load() -> None:
+    result, diags = load(
+        '{"kind": "Model", "metadata": {"name": "m"}, "spec": {"format": "gguf", "path": "m.gguf"}}',
+        '{"metadata": {"name": "chat"}, "spec": {"model": "m", "accelerator": "cpu"}}',
+    )
+    assert messages(diags) == []
+    assert result.desired.deployments[0].deployment.accelerator == "cpu"
