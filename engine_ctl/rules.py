@@ -113,7 +113,7 @@ def check_deployment(
 
 
 def _engine_title(engine: Provider) -> str:
-    return {"vllm": "vLLM", "sglang": "SGLang"}.get(engine.name, engine.name)
+    return engine.title
 
 
 def _format_mismatch(engine: Provider, model: Model) -> str:

@@ -1,9 +1,14 @@
-"""The provider interface: the questions engine-ctl asks of an engine."""
+"""The provider interface: every question engine-ctl asks of an engine."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+from engine_ctl.runspec import ReplicaRun
+
+GIB = 1024**3
 
 # Why a class of flags is refused by design (seed 000, "Not allowed, by design").
 READS_FILE = "reads a file on the host (adapters, grammars, templates, draft models are not allowed, by design)"
@@ -11,12 +16,19 @@ FETCHES = "fetches from the network (not allowed, by design)"
 KEYS = "keys and certificates are not passed as engine arguments (not allowed, by design)"
 OPENS = "opens the server further (not allowed, by design)"
 
+# Bytes per element of KV cache types (ggml block sizes: q8_0 is 34 bytes per 32 values, …).
+CACHE_TYPE_BYTES = {
+    "f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
+    "q4_1": 20 / 32, "q4_0": 18 / 32, "iq4_nl": 18 / 32, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "auto": 2.0,
+}  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Provider:
-    """An engine: its formats, platforms, flags and rules. Subclasses add argv and environment."""
+    """An engine: formats, platforms, flags, argv, health, memory rule, defaults."""
 
     name: str
+    title: str
     formats: frozenset[str]
     auto_for_format: str | None
     platforms: frozenset[str]
@@ -27,12 +39,80 @@ class Provider:
     refused_flags: Mapping[str, str]
     """Flags refused by design -> why."""
     short_flags: Mapping[str, str] = field(default_factory=dict)
-    """Short forms -> long forms, to name the long form in a refusal."""
     health_path: str = "/health"
     metrics_path: str = "/metrics"
     in_flight_metric: str = ""
     default_context_cap: int = 8192
     serves_decisions: bool = False
+    default_executable: str = ""
+    jit_compiles: bool = False
+    """JIT compilers need writable+executable memory: MemoryDenyWriteExecute stays off."""
+    tp_must_divide_heads: bool = False
+    startup_budget_s: int = 600
+    cache_type_flags: tuple[str, str] = ("", "")
 
     def runs_on(self, platform: str) -> bool:
         return platform in self.platforms
+
+    # --- fit -------------------------------------------------------------------------------------------
+    def cache_type_bytes(self, cache_type: str) -> float:
+        return CACHE_TYPE_BYTES.get(cache_type.lower(), 2.0)
+
+    def kv_cache_types(self, engine_args: Sequence[str]) -> tuple[str, str]:
+        """K and V cache types as the user's engine_args set them (f16 by default)."""
+        from engine_ctl.engine_args import split_flags
+
+        k_flag, v_flag = self.cache_type_flags
+        k = v = "f16"
+        for flag, value in split_flags(engine_args):
+            if flag == k_flag and value:
+                k = value
+                if k_flag == v_flag:
+                    v = value
+            elif flag == v_flag and value:
+                v = value
+        return k, v
+
+    def cache_tokens(self, context: int, parallel: int) -> int:
+        """Tokens of KV cache allocated at start."""
+        return context * parallel
+
+    def compute_bytes(self, weights: int, gpus: int) -> int:
+        return 512 * 1024**2
+
+    def gpu_bytes_per_gpu(self, weights: int, kv: int, gpus: int, kv_one_sequence: int) -> int:
+        raise NotImplementedError
+
+    def host_memory_bytes(self, weights: int, estimate: int, gpus: int, accelerator: str) -> int:
+        raise NotImplementedError
+
+    def parallel_candidates(self, accelerator: str) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    # --- what a replica runs ----------------------------------------------------------------------------
+    def argv(self, run: ReplicaRun) -> list[str]:
+        raise NotImplementedError
+
+    def environment(self, run: ReplicaRun) -> dict[str, str]:
+        return {}
+
+    def version_argv(self, executable: str) -> list[str]:
+        return [executable, "--version"]
+
+
+def at_least_2gib(n: int) -> int:
+    return max(n, 2 * GIB)
+
+
+def gpu_env(run: ReplicaRun) -> dict[str, str]:
+    """Visible devices by UUID: CUDA_VISIBLE_DEVICES on NVIDIA, ROCR_VISIBLE_DEVICES on AMD."""
+    if not run.gpus:
+        return {}
+    uuids = ",".join(g.uuid for g in run.gpus)
+    if run.gpus[0].vendor == "amd":
+        return {"ROCR_VISIBLE_DEVICES": uuids}
+    return {"CUDA_VISIBLE_DEVICES": uuids, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+def ceil_div(a: int, b: int) -> int:
+    return math.ceil(a / b)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from engine_ctl.providers.base import FETCHES, KEYS, OPENS, READS_FILE, Provider
+from dataclasses import dataclass
+
+from engine_ctl.providers.base import FETCHES, GIB, KEYS, OPENS, READS_FILE, Provider, at_least_2gib, ceil_div, gpu_env
+from engine_ctl.runspec import ReplicaRun
 
 ALLOWED = (
     "--threads", "--threads-batch", "--batch-size", "--ubatch-size", "--n-predict", "--keep", "--swa-full",
@@ -78,8 +81,57 @@ SHORT = {
     "-mu": "--model-url", "-sp": "--special", "-cram": "--cache-ram",
 }  # fmt: skip
 
-LLAMACPP = Provider(
+
+@dataclass(frozen=True)
+class LlamaCpp(Provider):
+    """llama-server: --ctx-size is the whole cache, split between its --parallel slots."""
+
+    def gpu_bytes_per_gpu(self, weights: int, kv: int, gpus: int, kv_one_sequence: int) -> int:
+        # Layers (weights and their KV) split across the GPUs, plus each GPU's compute buffer and CUDA context.
+        return ceil_div(weights + kv, gpus) + self.compute_bytes(weights, gpus) + 256 * 1024**2
+
+    def host_memory_bytes(self, weights: int, estimate: int, gpus: int, accelerator: str) -> int:
+        if accelerator == "cpu":
+            return at_least_2gib(max(weights + 2 * GIB, estimate + GIB))
+        return at_least_2gib(weights + 2 * GIB)
+
+    def parallel_candidates(self, accelerator: str) -> tuple[int, ...]:
+        return (2,) if accelerator == "cpu" else (4, 2, 1)
+
+    def argv(self, run: ReplicaRun) -> list[str]:
+        plan = run.plan
+        argv = [
+            run.executable,
+            "--model", run.model_path,
+            "--alias", run.deployment,
+            "--ctx-size", str(plan.context_length * plan.parallel),
+            "--parallel", str(plan.parallel),
+        ]  # fmt: skip
+        if plan.accelerator == "gpu":
+            argv += ["--n-gpu-layers", "all"]
+            if plan.gpus > 1:
+                argv += ["--split-mode", "layer"]
+        argv += ["--metrics", "--jinja", "--no-webui"]
+        if plan.kind == "embedding":
+            argv += ["--embeddings"]
+            if run.model.pooling:
+                argv += ["--pooling", run.model.pooling]
+        if run.mmproj_path:
+            argv += ["--mmproj", run.mmproj_path]
+        if run.model.chat_template and "\n" not in run.model.chat_template and "{" not in run.model.chat_template:
+            argv += ["--chat-template", run.model.chat_template]
+        argv += ["--host", run.bind_address, "--port", str(run.port)]
+        if plan.accelerator == "cpu" and run.threads:
+            argv += ["--threads", str(run.threads)]
+        return argv + list(run.engine_args)
+
+    def environment(self, run: ReplicaRun) -> dict[str, str]:
+        return gpu_env(run)
+
+
+LLAMACPP = LlamaCpp(
     name="llama.cpp",
+    title="llama.cpp",
     formats=frozenset({"gguf"}),
     auto_for_format="gguf",
     platforms=frozenset({"nvidia", "amd", "cpu"}),
@@ -90,4 +142,8 @@ LLAMACPP = Provider(
     in_flight_metric="llamacpp:requests_processing",
     default_context_cap=8192,
     serves_decisions=True,
+    default_executable="/usr/local/bin/llama-server",
+    jit_compiles=False,
+    startup_budget_s=600,
+    cache_type_flags=("--cache-type-k", "--cache-type-v"),
 )

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from engine_ctl.providers.base import FETCHES, KEYS, OPENS, READS_FILE, Provider
+from dataclasses import dataclass
+
+from engine_ctl.providers.base import FETCHES, GIB, KEYS, OPENS, READS_FILE, Provider, at_least_2gib, ceil_div, gpu_env
+from engine_ctl.runspec import ReplicaRun
+
+MEM_FRACTION_STATIC = 0.88
 
 ALLOWED = (
     "--dtype", "--quantization", "--kv-cache-dtype", "--chunked-prefill-size", "--max-prefill-tokens",
@@ -46,8 +51,63 @@ REFUSED = {
 
 SHORT = {"-tp": "--tp-size"}
 
-SGLANG = Provider(
+
+@dataclass(frozen=True)
+class SgLang(Provider):
+    """SGLang: `python -m sglang.launch_server`; a static memory fraction of each GPU for weights and KV."""
+
+    def mem_fraction(self, run: ReplicaRun) -> float:
+        total = min((g.memory_total_bytes or 0) for g in run.gpus) if run.gpus else 0
+        if run.gpu_memory_bytes and total:
+            return round(min(0.95, max(0.05, run.gpu_memory_bytes / total)), 2)
+        return MEM_FRACTION_STATIC
+
+    def gpu_bytes_per_gpu(self, weights: int, kv: int, gpus: int, kv_one_sequence: int) -> int:
+        need = ceil_div(weights + kv_one_sequence, gpus) + GIB
+        return ceil_div(need * 100, int(MEM_FRACTION_STATIC * 100))
+
+    def cache_tokens(self, context: int, parallel: int) -> int:
+        return context
+
+    def host_memory_bytes(self, weights: int, estimate: int, gpus: int, accelerator: str) -> int:
+        return at_least_2gib(weights + 8 * GIB + 2 * GIB * max(gpus - 1, 0))
+
+    def parallel_candidates(self, accelerator: str) -> tuple[int, ...]:
+        return (256,)
+
+    def argv(self, run: ReplicaRun) -> list[str]:
+        plan = run.plan
+        argv = [
+            run.executable, "-m", "sglang.launch_server",
+            "--model-path", run.model_path,
+            "--served-model-name", run.deployment,
+            "--context-length", str(plan.context_length),
+            "--max-running-requests", str(plan.parallel),
+            "--mem-fraction-static", f"{self.mem_fraction(run):.2f}",
+        ]  # fmt: skip
+        if plan.gpus > 1:
+            argv += ["--tp-size", str(plan.gpus)]
+        if plan.kind == "embedding":
+            argv += ["--is-embedding"]
+        if "tools" in run.model.capabilities and run.model.tool_call_parser:
+            argv += ["--tool-call-parser", run.model.tool_call_parser]
+        if run.model.reasoning_parser:
+            argv += ["--reasoning-parser", run.model.reasoning_parser]
+        if run.cuda_graphs is False:
+            argv += ["--disable-cuda-graph"]
+        argv += ["--enable-metrics", "--host", run.bind_address, "--port", str(run.port)]
+        return argv + list(run.engine_args)
+
+    def environment(self, run: ReplicaRun) -> dict[str, str]:
+        return {"HF_HUB_OFFLINE": "1", "SGLANG_DISABLE_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **gpu_env(run)}
+
+    def version_argv(self, executable: str) -> list[str]:
+        return [executable, "-c", "import sglang; print(sglang.__version__)"]
+
+
+SGLANG = SgLang(
     name="sglang",
+    title="SGLang",
     formats=frozenset({"safetensors"}),
     auto_for_format=None,
     platforms=frozenset({"nvidia", "amd"}),
@@ -58,4 +118,9 @@ SGLANG = Provider(
     in_flight_metric="sglang:num_running_reqs",
     default_context_cap=32768,
     serves_decisions=True,
+    default_executable="/usr/bin/python3",
+    jit_compiles=True,
+    tp_must_divide_heads=True,
+    startup_budget_s=1200,
+    cache_type_flags=("--kv-cache-dtype", "--kv-cache-dtype"),
 )

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from engine_ctl.providers.base import FETCHES, KEYS, OPENS, READS_FILE, Provider
+from dataclasses import dataclass
+
+from engine_ctl.providers.base import FETCHES, GIB, KEYS, OPENS, READS_FILE, Provider, at_least_2gib, ceil_div, gpu_env
+from engine_ctl.runspec import ReplicaRun
+
+GPU_MEMORY_UTILIZATION = 0.90
 
 ALLOWED = (
     "--dtype", "--quantization", "--kv-cache-dtype", "--enable-prefix-caching", "--no-enable-prefix-caching",
@@ -62,8 +67,55 @@ SHORT = {
     "-dp": "--data-parallel-size",
 }
 
-VLLM = Provider(
+
+@dataclass(frozen=True)
+class Vllm(Provider):
+    """vLLM: takes 90% of each GPU and pages its KV cache between requests; tensor parallel across GPUs."""
+
+    def gpu_bytes_per_gpu(self, weights: int, kv: int, gpus: int, kv_one_sequence: int) -> int:
+        # Its share of the weights and room for at least one whole-context sequence, within 90% of the GPU.
+        need = ceil_div(weights + kv_one_sequence, gpus) + GIB
+        return ceil_div(need * 100, int(GPU_MEMORY_UTILIZATION * 100))
+
+    def cache_tokens(self, context: int, parallel: int) -> int:
+        return context  # paged: the minimum is one whole-context sequence
+
+    def host_memory_bytes(self, weights: int, estimate: int, gpus: int, accelerator: str) -> int:
+        return at_least_2gib(weights + 8 * GIB + 2 * GIB * max(gpus - 1, 0))
+
+    def parallel_candidates(self, accelerator: str) -> tuple[int, ...]:
+        return (256,)
+
+    def argv(self, run: ReplicaRun) -> list[str]:
+        plan = run.plan
+        argv = [
+            run.executable, "serve", run.model_path,
+            "--served-model-name", run.deployment,
+            "--max-model-len", str(plan.context_length),
+            "--max-num-seqs", str(plan.parallel),
+            "--gpu-memory-utilization", f"{GPU_MEMORY_UTILIZATION:.2f}",
+        ]  # fmt: skip
+        if plan.gpus > 1:
+            argv += ["--tensor-parallel-size", str(plan.gpus)]
+        if plan.kind == "embedding":
+            argv += ["--runner", "pooling", "--convert", "embed"]
+        if "tools" in run.model.capabilities and run.model.tool_call_parser:
+            argv += ["--enable-auto-tool-choice", "--tool-call-parser", run.model.tool_call_parser]
+        if run.model.reasoning_parser:
+            argv += ["--reasoning-parser", run.model.reasoning_parser]
+        argv += ["--host", run.bind_address, "--port", str(run.port)]
+        return argv + list(run.engine_args)
+
+    def environment(self, run: ReplicaRun) -> dict[str, str]:
+        return {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **gpu_env(run)}
+
+    def version_argv(self, executable: str) -> list[str]:
+        return [executable, "--version"]
+
+
+VLLM = Vllm(
     name="vllm",
+    title="vLLM",
     formats=frozenset({"safetensors"}),
     auto_for_format="safetensors",
     platforms=frozenset({"nvidia", "amd"}),
@@ -74,4 +126,9 @@ VLLM = Provider(
     in_flight_metric="vllm:num_requests_running",
     default_context_cap=32768,
     serves_decisions=False,
+    default_executable="/usr/local/bin/vllm",
+    jit_compiles=True,
+    tp_must_divide_heads=True,
+    startup_budget_s=1200,
+    cache_type_flags=("--kv-cache-dtype", "--kv-cache-dtype"),
 )
