@@ -173,8 +173,11 @@ def parse_amd_smi(static_json: str, vram_json: str | None = None) -> list[Gpu]:
         asic = entry.get("asic") or {}
         vram = entry.get("vram") or {}
         driver = entry.get("driver") or {}
-        uuid = str(asic.get("asic_serial") or entry.get("uuid") or "")
-        uuid = str(entry.get("uuid") or asic.get("uuid") or uuid)
+        serial = str(asic.get("asic_serial") or "")
+        uuid = str(entry.get("uuid") or asic.get("uuid") or "")
+        if not uuid and serial and serial != "N/A":
+            uuid = "GPU-" + (serial[2:] if serial.lower().startswith("0x") else serial).lower()
+        uuid = uuid or f"amd-gpu-{idx}"
         gpus.append(
             Gpu(
                 index=idx,
@@ -203,7 +206,7 @@ def parse_rocm_smi(text: str) -> list[Gpu]:
         gpus.append(
             Gpu(
                 index=int(key[4:] or 0),
-                uuid=f"GPU-{uid[2:] if uid.startswith('0x') else uid}" if uid and uid != "N/A" else key,
+                uuid=f"GPU-{(uid[2:] if uid.startswith('0x') else uid).lower()}" if uid and uid != "N/A" else key,
                 name=str(card.get("Card Series") or card.get("Card series") or card.get("Device Name") or "AMD GPU"),
                 vendor="amd",
                 memory_total_bytes=int(total) if total is not None else None,

@@ -238,9 +238,8 @@ def place(
             gpus, reason = host_verdict(h, plan, provider, taken, memory[h.host])
             if gpus is None:
                 waiting[h.host] = reason or "cannot run here"
-                continue
-            best = (h, gpus)
-            break
+            elif best is None:
+                best = (h, gpus)
         if best is None:
             reason = _furthest(waiting) if waiting else "Waiting for a machine (no host in the inventory)"
             return FitResult(plan=plan, placements=tuple(placements), waiting=waiting, pending_reason=reason)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine_ctl.providers.base import FETCHES, GIB, KEYS, OPENS, READS_FILE, Provider, at_least_2gib, ceil_div, gpu_env
+
 from engine_ctl.runspec import ReplicaRun
 
 MEM_FRACTION_STATIC = 0.88

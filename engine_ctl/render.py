@@ -1,0 +1,179 @@
+"""Render each replica's systemd unit from its argv (Jinja template, systemd escaping). Pure."""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from functools import cache
+from importlib import resources
+
+import jinja2
+from pydantic import BaseModel, ConfigDict
+
+from engine_ctl.facts import HostFacts
+from engine_ctl.fit import FitResult
+from engine_ctl.inventory import Host
+from engine_ctl.model import Deployment, Model
+from engine_ctl.providers import Provider
+from engine_ctl.runspec import ReplicaRun
+from engine_ctl.systemd import comment_text, env_assignment, exec_line, path_value
+
+UNIT_PREFIX = "engine-ctl-"
+CURL = "/usr/bin/curl"
+NVIDIA_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+
+
+class RenderedUnit(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    host: str
+    index: int
+    slot: str
+    port: int
+    gpus: tuple[str, ...]
+    argv: tuple[str, ...]
+    environment: dict[str, str]
+    text: str
+    sha256: str
+    """sha256 of the whole file as written: what plan compares with the host's file."""
+    content_hash: str
+    """sha256 of the unit without its header line: what the header records."""
+
+
+def unit_name(deployment: str, index: int, slot: str = "a") -> str:
+    """Stable per replica; the slot (a/b) lets a surge run the new unit beside the old one."""
+    return f"{UNIT_PREFIX}{deployment}-{index}{slot}.service"
+
+
+@cache
+def _template() -> jinja2.Template:
+    text = resources.files("engine_ctl.templates").joinpath("engine.service.j2").read_text()
+    env = jinja2.Environment(
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined
+    )
+    env.filters["comment"] = comment_text
+    return env.from_string(text)
+
+
+def model_path_on_host(model: Model, host: Host) -> str:
+    """Absolute path of the weights on a host: the .gguf file, or the checkpoint directory."""
+    if model.path is not None:
+        base = model.path if model.path.startswith("/") else posixpath.join(host.models_dir, model.path)
+    elif model.hf is not None:
+        base = posixpath.join(host.models_dir, "sources", model.hf.repo, model.hf.commit or "main")
+    else:  # pragma: no cover - refused by the rules
+        raise ValueError(f"model {model.name} has no path")
+    if model.file and not base.endswith(".gguf"):
+        return posixpath.join(base, model.file)
+    return posixpath.normpath(base)
+
+
+def device_allow(run: ReplicaRun) -> list[str]:
+    if not run.gpus:
+        return []
+    if run.gpus[0].vendor == "amd":
+        return ["/dev/kfd rw", "char-drm rw"]
+    return [f"{n} rw" for n in NVIDIA_NODES] + [f"/dev/nvidia{g.index} rw" for g in run.gpus]
+
+
+def health_argv(port: int, path: str, budget_s: int) -> list[str]:
+    """Poll GET /health until 200 within the start-up budget (curl retries 503 and refused connections)."""
+    return [
+        CURL, "--silent", "--fail", "--output", "/dev/null",
+        "--retry", str(budget_s), "--retry-delay", "1", "--retry-max-time", str(budget_s),
+        "--retry-connrefused", "--max-time", "5", f"http://127.0.0.1:{port}{path}",
+    ]  # fmt: skip
+
+
+def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit:
+    argv = provider.argv(run)
+    cache_directory = f"engine-ctl/{run.deployment}"
+    environment = {
+        **provider.environment(run),
+        "HOME": f"/var/cache/{cache_directory}",
+        "XDG_CACHE_HOME": f"/var/cache/{cache_directory}",
+    }
+    weights_dir = run.model_path if run.model.format == "safetensors" else posixpath.dirname(run.model_path)
+    deny = "~@privileged" if provider.jit_compiles else "~@privileged @resources"
+    values = {
+        "deployment": run.deployment,
+        "index": run.index,
+        "slot": run.slot,
+        "revision": run.revision,
+        "engine": provider.name,
+        "host": host.name,
+        "port": run.port,
+        "gpus": [g.uuid for g in run.gpus],
+        "start_limit_interval": provider.startup_budget_s * 4 + 120,
+        "exec_start": exec_line(argv),
+        "exec_health": exec_line(health_argv(run.port, provider.health_path, provider.startup_budget_s)),
+        "health_path": provider.health_path,
+        "startup_budget": provider.startup_budget_s,
+        "environment": [env_assignment(k, v) for k, v in sorted(environment.items())],
+        "cache_directory": cache_directory,
+        "weights_path": path_value(weights_dir),
+        "device_allow": device_allow(run),
+        # JIT compilers (vLLM, SGLang; the CUDA and ROCm runtimes for GPU kernels) need writable+executable memory.
+        "mdwe": not provider.jit_compiles and not run.gpus,
+        "syscall_deny": deny,
+    }
+    body = _template().render(**values, content_hash="")
+    content_hash = hashlib.sha256(body.encode()).hexdigest()
+    text = _template().render(**values, content_hash=content_hash)
+    return RenderedUnit(
+        name=unit_name(run.deployment, run.index, run.slot),
+        host=host.name,
+        index=run.index,
+        slot=run.slot,
+        port=run.port,
+        gpus=tuple(g.uuid for g in run.gpus),
+        argv=tuple(argv),
+        environment=environment,
+        text=text,
+        sha256=hashlib.sha256(text.encode()).hexdigest(),
+        content_hash=content_hash,
+    )
+
+
+def replica_runs(
+    d: Deployment,
+    model: Model,
+    provider: Provider,
+    result: FitResult,
+    hosts: dict[str, Host],
+    facts: dict[str, HostFacts] | None = None,
+    revision: int = 1,
+    slot: str = "a",
+) -> list[tuple[ReplicaRun, Host]]:
+    """One ReplicaRun per placement."""
+    assert result.plan is not None
+    runs = []
+    for p in result.placements:
+        host = hosts[p.host]
+        executable = host.engines.get(provider.name) or provider.default_executable
+        runs.append(
+            (
+                ReplicaRun(
+                    deployment=d.name,
+                    revision=revision,
+                    index=p.index,
+                    slot=slot,
+                    model=model,
+                    model_path=model_path_on_host(model, host),
+                    mmproj_path=posixpath.join(posixpath.dirname(model_path_on_host(model, host)), model.mmproj)
+                    if model.mmproj
+                    else None,
+                    executable=executable,
+                    port=p.port,
+                    gpus=p.gpus,
+                    plan=result.plan.model_copy(update={"port": p.port, "threads": p.threads or result.plan.threads}),
+                    threads=p.threads,
+                    engine_args=d.engine_args,
+                    gpu_memory_bytes=d.gpu_memory_bytes,
+                    cuda_graphs=d.cuda_graphs,
+                ),
+                host,
+            )
+        )
+    return runs

@@ -1,0 +1,70 @@
+"""Escaping values for systemd unit files, so that no value can add a word, a line or a directive.
+
+References: systemd.service(5) "Command lines" (quoting, `\\;`, `$$`), systemd.unit(5) "Specifiers" (`%%`),
+systemd.exec(5) Environment= (quoted assignments). Pure functions.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+SAFE_WORD = re.compile(r"^[A-Za-z0-9/._+:=,@-]+$")
+ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class UnsafeValue(ValueError):
+    """A value that cannot be written into a unit file at all (control characters)."""
+
+
+def _refuse_control(value: str, what: str) -> None:
+    for ch in value:
+        if unicodedata.category(ch) in ("Cc", "Zl", "Zp"):
+            raise UnsafeValue(f"{what} {value[:40]!r}: control character U+{ord(ch):04X} cannot go in a unit file")
+
+
+def _quoted(value: str) -> str:
+    """Inside double quotes: backslash and quote escaped (C-style), specifiers `%%`."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%") + '"'
+
+
+def exec_word(arg: str) -> str:
+    """One argv word for ExecStart=: always exactly one word, never a separator or a variable."""
+    _refuse_control(arg, "argument")
+    if arg == ";":
+        return "\\;"
+    return _quoted(arg.replace("$", "$$"))
+
+
+def exec_line(argv: list[str]) -> str:
+    """ExecStart= value: the executable (an absolute path) and its arguments, each one word."""
+    if not argv or not argv[0].startswith("/"):
+        raise UnsafeValue(f"executable {argv[0] if argv else ''!r}: an absolute path is required")
+    exe = argv[0]
+    _refuse_control(exe, "executable")
+    head = exe.replace("%", "%%") if SAFE_WORD.match(exe) and exe[0] == "/" else exec_word(exe)
+    return " ".join([head, *(exec_word(a) for a in argv[1:])])
+
+
+def env_assignment(key: str, value: str) -> str:
+    """Environment= value: one quoted KEY=value assignment."""
+    if not ENV_KEY.match(key):
+        raise UnsafeValue(f"environment variable name {key!r}")
+    _refuse_control(value, f"environment value of {key}")
+    return _quoted(f"{key}={value}")
+
+
+def path_value(path: str) -> str:
+    """A path for ReadOnlyPaths= and friends: absolute, specifiers escaped, quoted when it has spaces."""
+    _refuse_control(path, "path")
+    if not path.startswith("/"):
+        raise UnsafeValue(f"path {path!r}: an absolute path is required")
+    escaped = path.replace("%", "%%")
+    if re.search(r"[\s\"'\\]", path):
+        return _quoted(path)
+    return escaped
+
+
+def comment_text(text: str) -> str:
+    """Text for a `#` comment line: no line breaks, no control characters."""
+    return "".join(ch if unicodedata.category(ch) not in ("Cc", "Zl", "Zp") else "?" for ch in text)

@@ -1,0 +1,47 @@
+"""The GPU recordings parse into the right GPUs, memory and UUIDs."""
+
+from __future__ import annotations
+
+from engine_ctl.facts import parse_amd_smi, parse_nvidia_smi, parse_rocm_smi
+from tests.fleetfacts import recording
+
+MIB = 1024**2
+
+
+def test_nvidia_8x_h100() -> None:
+    gpus = parse_nvidia_smi(recording("nvidia-smi-8xH100.csv"))
+    assert [g.index for g in gpus] == list(range(8))
+    assert {g.name for g in gpus} == {"NVIDIA H100 80GB HBM3"}
+    assert gpus[0].memory_total_bytes == 81559 * MIB and gpus[0].memory_used_bytes == 0
+    assert gpus[7].uuid == "GPU-2f7b6c1e-5a0d-4c3e-9b1f-0a1b2c3d4e57"
+    assert gpus[0].driver_version == "550.54.15" and gpus[0].vendor == "nvidia"
+
+
+def test_nvidia_4x_a100_one_busy() -> None:
+    gpus = parse_nvidia_smi(recording("nvidia-smi-4xA100-one-busy.csv"))
+    assert [g.memory_used_bytes for g in gpus] == [38712 * MIB, 4 * MIB, 4 * MIB, 4 * MIB]
+    assert gpus[0].memory_total_bytes == 40960 * MIB
+
+
+def test_nvidia_na_fields() -> None:
+    a, b = parse_nvidia_smi(recording("nvidia-smi-na-fields.csv"))
+    assert a.memory_total_bytes == 24564 * MIB and a.memory_used_bytes is None
+    assert b.memory_total_bytes is None and b.driver_version is None
+    assert b.uuid == "GPU-5d4c3b2a-1908-4f7e-a6d5-c4b3a2918071"
+
+
+def test_amd_smi_2x_mi300x() -> None:
+    gpus = parse_amd_smi(recording("amd-smi-static-2xMI300X.json"), recording("amd-smi-metric-2xMI300X.json"))
+    assert [g.name for g in gpus] == ["AMD Instinct MI300X"] * 2
+    assert gpus[0].memory_total_bytes == 196592 * MIB
+    assert gpus[0].memory_used_bytes == 283 * MIB and gpus[1].memory_used_bytes is None
+    assert [g.uuid for g in gpus] == ["GPU-3a1f6c2d8e4b5970", "GPU-3a1f6c2d8e4b5971"]
+    assert gpus[0].vendor == "amd" and gpus[0].driver_version == "6.8.5"
+
+
+def test_rocm_smi_json() -> None:
+    gpus = parse_rocm_smi(recording("rocm-smi-2xMI210.json"))
+    assert [g.index for g in gpus] == [0, 1]
+    assert gpus[0].memory_total_bytes == 68702699520 and gpus[1].memory_used_bytes is None
+    assert gpus[0].uuid == "GPU-8c7e5f4a3b2d1e0f" and gpus[0].name == "AMD Instinct MI210"
+    assert gpus[0].driver_version == "6.3.6"
