@@ -99,6 +99,16 @@ class Provider:
     def version_argv(self, executable: str) -> list[str]:
         return [executable, "--version"]
 
+    def version_probe(self) -> dict[str, object]:
+        return {"kind": "argv", "args": ["--version"]}
+
+    def executable_candidates(self, configured: str | None) -> list[str]:
+        """Where the facts probe looks for the engine: the inventory's path, else the usual places."""
+        if configured:
+            return [configured]
+        base = self.default_executable.rsplit("/", 1)[-1]
+        return [self.default_executable, base, f"/opt/{self.name}/bin/{base}"]
+
 
 def at_least_2gib(n: int) -> int:
     return max(n, 2 * GIB)

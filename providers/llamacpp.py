@@ -129,6 +129,10 @@ class LlamaCpp(Provider):
     def environment(self, run: ReplicaRun) -> dict[str, str]:
         return gpu_env(run)
 
+    def version_probe(self) -> dict[str, object]:
+        """How the facts probe reads the installed version without starting the engine."""
+        return {"kind": "argv", "args": ["--version"]}
+
 
 LLAMACPP = LlamaCpp(
     name="llama.cpp",

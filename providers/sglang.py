@@ -105,6 +105,10 @@ class SgLang(Provider):
     def version_argv(self, executable: str) -> list[str]:
         return [executable, "-c", "import sglang; print(sglang.__version__)"]
 
+    def version_probe(self) -> dict[str, object]:
+        """How the facts probe reads the installed version without starting the engine."""
+        return {"kind": "python_dist", "dist": "sglang"}
+
 
 SGLANG = SgLang(
     name="sglang",

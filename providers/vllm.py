@@ -113,6 +113,10 @@ class Vllm(Provider):
     def version_argv(self, executable: str) -> list[str]:
         return [executable, "--version"]
 
+    def version_probe(self) -> dict[str, object]:
+        """How the facts probe reads the installed version without starting the engine."""
+        return {"kind": "python_dist", "dist": "vllm"}
+
 
 VLLM = Vllm(
     name="vllm",

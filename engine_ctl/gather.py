@@ -1,0 +1,146 @@
+"""Gathering host facts: one probe script, one SSH session, one remote process per host."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+from engine_ctl.facts import (
+    Cpu,
+    Disk,
+    EngineInstall,
+    Gpu,
+    HostFacts,
+    Memory,
+    ModelFile,
+    UnitFact,
+    parse_amd_smi,
+    parse_nvidia_smi,
+    parse_rocm_smi,
+)
+from engine_ctl.inventory import Host
+from engine_ctl.providers import PROVIDERS
+from engine_ctl.render import UNIT_PREFIX
+from engine_ctl.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, fan_out
+
+PYTHON = "python3"
+
+
+def probe_source() -> str:
+    return resources.files("engine_ctl.remote").joinpath("facts_probe.py").read_text()
+
+
+def probe_args(host: Host) -> dict[str, Any]:
+    return {
+        "models_dir": host.models_dir,
+        "cache_dir": host.cache_dir,
+        "unit_prefix": UNIT_PREFIX,
+        "engines": {
+            name: {"candidates": p.executable_candidates(host.engines.get(name)), "probe": p.version_probe()}
+            for name, p in PROVIDERS.items()
+        },
+    }
+
+
+def _int(value: object) -> int | None:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def _gpus(raw: dict[str, Any]) -> tuple[list[Gpu], list[str]]:
+    warnings: list[str] = []
+    gpus: list[Gpu] = []
+    nv = raw.get("nvidia_smi")
+    if nv:
+        if nv["code"] == 0:
+            gpus += parse_nvidia_smi(nv["out"])
+        else:
+            warnings.append(f"nvidia-smi failed (exit {nv['code']}): {nv['err'].strip()[:200]}")
+    static = raw.get("amd_smi_static")
+    if static:
+        if static["code"] == 0:
+            metric = raw.get("amd_smi_metric") or {}
+            gpus += parse_amd_smi(static["out"], metric.get("out") if metric.get("code") == 0 else None)
+        else:
+            warnings.append(f"amd-smi failed (exit {static['code']}): {static['err'].strip()[:200]}")
+    rocm = raw.get("rocm_smi")
+    if rocm:
+        if rocm["code"] == 0:
+            gpus += parse_rocm_smi(rocm["out"])
+        else:
+            warnings.append(f"rocm-smi failed (exit {rocm['code']}): {rocm['err'].strip()[:200]}")
+    return gpus, warnings
+
+
+def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
+    """Pure: the probe's JSON -> HostFacts."""
+    gpus, warnings = _gpus(doc.get("gpus") or {})
+    disks = {
+        key: Disk(path=d["path"], total_bytes=d.get("total"), free_bytes=d.get("free"), exists=bool(d.get("exists")))
+        for key, d in (doc.get("disks") or {}).items()
+    }
+    units = tuple(
+        UnitFact(
+            name=u["Id"],
+            sha256=u.get("sha256"),
+            active_state=u.get("ActiveState"),
+            sub_state=u.get("SubState"),
+            n_restarts=_int(u.get("NRestarts")),
+            main_pid=_int(u.get("MainPID")),
+            exec_main_status=_int(u.get("ExecMainStatus")),
+        )
+        for u in doc.get("units") or []
+    )
+    version = doc.get("systemd") or ""
+    if not doc.get("curl"):
+        warnings.append("curl is not installed: engine units' health gate needs /usr/bin/curl")
+    return HostFacts(
+        host=host,
+        hostname=doc.get("hostname"),
+        os=doc.get("os"),
+        kernel=doc.get("kernel"),
+        arch=doc.get("arch"),
+        systemd_version=version.split()[1] if len(version.split()) > 1 else None,
+        cpu=Cpu(
+            cores=int(doc["cpu"]["cores"]), model=doc["cpu"].get("model"), flags=tuple(doc["cpu"].get("flags", ()))
+        ),
+        memory=Memory(total_bytes=int(doc["memory"]["total"]), available_bytes=int(doc["memory"]["available"])),
+        disks=disks,
+        gpus=tuple(gpus),
+        engines={
+            k: EngineInstall(path=v["path"], version=v.get("version")) for k, v in (doc.get("engines") or {}).items()
+        },
+        units=units,
+        ports_in_use=tuple(doc.get("ports") or ()),
+        model_files=tuple(ModelFile(path=f["path"], size_bytes=int(f["size"])) for f in doc.get("model_files") or []),
+        haproxy_version=doc.get("haproxy"),
+        warnings=tuple(warnings),
+    )
+
+
+def gather_one(transport: SSHTransport | LocalTransport) -> HostFacts:
+    host = transport.host
+    argv = ["exec", PYTHON, "-I", "-", json.dumps(probe_args(host), separators=(",", ":"))]
+    if isinstance(transport, LocalTransport):
+        argv = argv[1:]
+    result = transport.run(argv, stdin=probe_source())
+    if result.exit_code != 0:
+        if result.exit_code == 127:
+            raise HostFailure(host.name, "command", "python3 is not installed on the host; the facts probe needs it")
+        raise HostFailure(host.name, "command", f"facts probe failed (exit {result.exit_code}): {result.stderr[-500:]}")
+    try:
+        doc = json.loads(result.stdout)
+    except json.JSONDecodeError as exc:
+        raise HostFailure(host.name, "command", f"facts probe printed no JSON: {exc}") from None
+    return facts_from_probe(host.name, doc)
+
+
+def gather(
+    hosts: Sequence[Host], options: SSHOptions | None = None, parallel: int = 32
+) -> tuple[dict[str, HostFacts], dict[str, HostFailure]]:
+    """Facts of every host in parallel; failures are returned by host, never raised."""
+    return fan_out(hosts, gather_one, options=options, parallel=parallel)
