@@ -34,10 +34,12 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from engine_ctl.commands import validate_cmd
+    from engine_ctl.commands import facts_cmd, render_cmd, validate_cmd
 
     cli.add_command(validate_cmd.validate)
     cli.add_command(validate_cmd.schema)
+    cli.add_command(facts_cmd.facts)
+    cli.add_command(render_cmd.render)
 
 
 _register()

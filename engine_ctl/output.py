@@ -19,6 +19,7 @@ def console(stderr: bool = False) -> Console:
         highlight=False,
         soft_wrap=True,
         force_terminal=False if plain else None,
+        width=160 if plain else None,
         emoji=False,
         markup=False,
     )

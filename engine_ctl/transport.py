@@ -155,7 +155,7 @@ class SSHTransport:
                 h.name,
                 "host_key",
                 f"unknown host key for {h.address}: {exc.key.get_name()} {fingerprint(exc.key)}; nothing was run",
-                hint=f"check the fingerprint, then add it to {known} (ssh-keyscan) or rerun with --accept-new-host-keys",
+                hint=f"check the fingerprint, then add it to {known} (ssh-keyscan), or pass --accept-new-host-keys",
             ) from None
         except AuthenticationException as exc:
             raise HostFailure(
@@ -222,9 +222,9 @@ def _drain(chan: paramiko.Channel, timeout: float) -> tuple[bytes, bytes]:
             out += chan.recv(65536)
         while chan.recv_stderr_ready():
             err += chan.recv_stderr(65536)
-        if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-            if chan.eof_received or chan.closed:
-                break
+        drained = not chan.recv_ready() and not chan.recv_stderr_ready()
+        if chan.exit_status_ready() and drained and (chan.eof_received or chan.closed):
+            break
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError

@@ -10,6 +10,7 @@ From a shell:  python -m tests.fleet up 4   |   python -m tests.fleet down   |  
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -118,10 +119,8 @@ def _kill(pid: int, grace: float = 5.0) -> None:
         except ProcessLookupError:
             return
         time.sleep(0.1)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _prepare_host(i: int, pubkey: str) -> FleetHost:
@@ -182,7 +181,7 @@ def _wait_ssh(host: FleetHost, timeout: float = 60.0) -> str:
     raise RuntimeError(f"{host.name} ({host.address}) did not answer SSH within {timeout:.0f} s")
 
 
-def up(n: int) -> Fleet:
+def up(n: int, engines: dict[str, str] | None = None) -> Fleet:
     clear_leftovers()
     BASE.mkdir(parents=True, exist_ok=True)
     key = BASE / "id_ed25519"
@@ -209,6 +208,7 @@ def up(n: int) -> Fleet:
         f"  identity_file: {fleet.key}",
         f"  known_hosts: {fleet.known_hosts}",
         "  connect_timeout: 5",
+        *([f"  engines: {json.dumps(engines)}"] if engines else []),
         "hosts:",
         *(f"  - {{name: {h.name}, address: {h.address}}}" for h in fleet.hosts),
     ]
@@ -238,7 +238,10 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     if argv[0] == "up":
-        fleet = up(int(argv[1]) if len(argv) > 1 else 4)
+        from tests.llama import llama_server_dir
+
+        llama = str(llama_server_dir() / "bin" / "llama-server")
+        fleet = up(int(argv[1]) if len(argv) > 1 else 4, engines={"llama.cpp": llama})
         print(f"{len(fleet.hosts)} hosts up; inventory: {fleet.inventory}")
         for h in fleet.hosts:
             print(f"  {h.name}  {h.address}   ssh: {' '.join(fleet.ssh_argv(h))}")

@@ -1,0 +1,169 @@
+"""`engine-ctl render`: the fit and the unit(s) a deployment would write, from live host facts."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from engine_ctl.commands.common import (
+    inventory_option,
+    load_checked,
+    report_failures,
+    resolve_inventory,
+    ssh_options,
+    ssh_settings,
+)
+from engine_ctl.diagnostics import Diagnostic, InputError, Location
+from engine_ctl.facts import HostFacts
+from engine_ctl.gather import gather
+from engine_ctl.inventory import Inventory
+from engine_ctl.model import Model
+from engine_ctl.modelfacts import ModelFacts
+from engine_ctl.modelprobe import read_model_facts
+from engine_ctl.output import console, emit_json
+from engine_ctl.pipeline import DeploymentRender, render_deployment
+from engine_ctl.render import model_path_on_host
+from engine_ctl.transport import HostFailure, SSHOptions, transport_for
+from engine_ctl.units import gib
+
+FORMAT_VERSION = 1
+
+
+def model_facts_from_hosts(
+    model: Model, inventory: Inventory, facts: dict[str, HostFacts], options: SSHOptions
+) -> tuple[ModelFacts | None, str | None]:
+    """Read the model's metadata on the first host that has its files; (None, why) when none has them."""
+    for host in inventory.hosts:
+        f = facts.get(host.name)
+        if f is None:
+            continue
+        path = model_path_on_host(model, host)
+        present = any(m.path == path or m.path.startswith(path.rstrip("/") + "/") for m in f.model_files)
+        if not present:
+            continue
+        transport = transport_for(host, options)
+        try:
+            found, problem = read_model_facts(transport, [path])[path]
+        except HostFailure as exc:
+            return None, exc.message
+        finally:
+            transport.close()
+        if found is not None:
+            return found, None
+        return None, f"{host.name}:{path}: {problem}"
+    return None, "the weights are on no reachable host yet; sizes come from the Model document"
+
+
+@click.command()
+@click.argument("deployment")
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--host", "host_names", multiple=True, help="Place on this host only (repeatable).")
+@inventory_option
+@ssh_options
+@click.option("--json", "as_json", is_flag=True, help="The fit object and, per unit, its name, text and argv.")
+def render(
+    deployment: str,
+    paths: tuple[Path, ...],
+    host_names: tuple[str, ...],
+    inventory_path: Path | None,
+    parallel: int,
+    accept_new_host_keys: bool,
+    as_json: bool,
+) -> None:
+    """Print the fit of DEPLOYMENT and the systemd unit(s) its replicas would run, from live host facts.
+
+    PATHS are the documents (default: the current directory)."""
+    loaded = load_checked(paths)
+    found = loaded.desired.deployment(deployment)
+    if found is None:
+        names = ", ".join(d.deployment.name for d in loaded.desired.deployments) or "none"
+        raise InputError(
+            [
+                Diagnostic(
+                    Location(str(paths[0]) if paths else "."),
+                    "",
+                    f"no deployment named {deployment!r}",
+                    hint=f"deployments: {names}",
+                )
+            ]
+        )
+    inventory = resolve_inventory(inventory_path, loaded)
+    selected = inventory.select(list(host_names))
+    scoped = Inventory(file=inventory.file, hosts=tuple(selected))
+    options = ssh_settings(accept_new_host_keys)
+    facts, failures = gather(selected, options, parallel=parallel)
+    model = loaded.desired.model(found.deployment.model)
+    assert model is not None
+    model_facts, note = model_facts_from_hosts(model, scoped, facts, options)
+    result = render_deployment(loaded.desired, deployment, scoped, facts, model_facts)
+    if as_json:
+        emit_json(render_json(result, note, failures))
+    else:
+        print_render(result, note)
+        report_failures(failures)
+    blocked = result.fit.failed_reason is not None or not result.units
+    sys.exit(1 if blocked else 0)
+
+
+def render_json(result: DeploymentRender, note: str | None, failures: dict[str, HostFailure]) -> dict[str, object]:
+    fit = result.fit
+    return {
+        "format_version": FORMAT_VERSION,
+        "deployment": result.deployment,
+        "plan": fit.plan.model_dump(mode="json") if fit.plan else None,
+        "placements": [
+            {"index": p.index, "host": p.host, "port": p.port, "gpus": [g.uuid for g in p.gpus], "threads": p.threads}
+            for p in fit.placements
+        ],
+        "waiting": fit.waiting,
+        "pending_reason": fit.pending_reason,
+        "failed_reason": fit.failed_reason,
+        "model_facts_note": note,
+        "units": [
+            {
+                "name": u.name,
+                "host": u.host,
+                "sha256": u.sha256,
+                "argv": list(u.argv),
+                "environment": u.environment,
+                "text": u.text,
+            }
+            for u in result.units
+        ],
+        "failures": {name: f.as_json() for name, f in sorted(failures.items())},
+    }
+
+
+def print_render(result: DeploymentRender, note: str | None) -> None:
+    out = console()
+    fit = result.fit
+    if fit.failed_reason:
+        out.print(f"Failed: {fit.failed_reason}")
+        return
+    plan = fit.plan
+    assert plan is not None
+    out.print(f"Deployment {result.deployment}: {plan.engine} on {plan.accelerator}")
+    rows = [
+        ("gpus", plan.gpus),
+        ("min_gpu_memory_gb", plan.min_gpu_memory_gb),
+        ("cpu_cores", plan.cpu_cores),
+        ("threads", plan.threads if plan.threads is not None else "-"),
+        ("context_length", plan.context_length),
+        ("parallel", plan.parallel),
+        ("weights", f"{gib(plan.weights_bytes)} ({plan.memory_basis})"),
+        ("kv cache", gib(plan.kv_cache_bytes)),
+        ("host memory", gib(plan.memory_bytes)),
+    ]
+    for key, value in rows:
+        out.print(f"  {key:<18} {value}")
+    if note:
+        out.print(f"  note: {note}")
+    for host, reason in sorted(fit.waiting.items()):
+        out.print(f"  {host}: {reason}")
+    if fit.pending_reason:
+        out.print(f"Pending: {fit.pending_reason}")
+    for unit in result.units:
+        out.print(f"\n# {unit.host}:/etc/systemd/system/{unit.name}")
+        out.print(unit.text, end="")

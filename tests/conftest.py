@@ -1,0 +1,31 @@
+"""Fixtures: the real test fleet (tests/fleet.py), booted once per session and torn down by PID."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine_ctl.inventory import Inventory, load_inventory
+from tests import fleet as fleet_mod
+from tests.llama import llama_server_dir
+
+FLEET_SIZE = int(os.environ.get("ENGINE_CTL_FLEET_SIZE", "4"))
+
+
+@pytest.fixture(scope="session")
+def fleet() -> Iterator[fleet_mod.Fleet]:
+    """N real hosts: systemd as PID 1, sshd, own network namespace. No skip: if it cannot boot, tests fail."""
+    llama = str(llama_server_dir() / "bin" / "llama-server")
+    booted = fleet_mod.up(FLEET_SIZE, engines={"llama.cpp": llama})
+    try:
+        yield booted
+    finally:
+        fleet_mod.down(booted)
+
+
+@pytest.fixture(scope="session")
+def fleet_inventory(fleet: fleet_mod.Fleet) -> Inventory:
+    return load_inventory(Path(fleet.inventory))
