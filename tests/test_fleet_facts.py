@@ -116,7 +116,8 @@ def test_a_unit_started_by_hand_appears_with_its_state_and_file_hash(fleet: Flee
     text = "[Service]\nType=exec\nExecStart=/usr/bin/sleep 600\n"
     fleet.ssh(
         h,
-        f"printf %s {shlex.quote(text)} > /etc/systemd/system/{unit} && systemctl daemon-reload && systemctl start {unit}",
+        f"printf %s {shlex.quote(text)} > /etc/systemd/system/{unit} && systemctl daemon-reload "
+        f"&& systemctl start {unit}",
     )
     try:
         found, _ = gather([fleet_inventory.host(h.name)])  # type: ignore[list-item]
