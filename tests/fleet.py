@@ -36,7 +36,8 @@ MASK = (
 
 
 def sh(*argv: str, check: bool = True, capture: bool = False) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), check=check, text=True, capture_output=capture)
+    """Run a set-up command; a best-effort one (check=False) stays quiet about what is already gone."""
+    return subprocess.run(list(argv), check=check, text=True, capture_output=capture or not check)
 
 
 @dataclass

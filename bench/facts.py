@@ -1,0 +1,104 @@
+"""Facts on 1, 4, 8 and 16 fleet hosts, against the floor (N parallel `ssh host true`) and Ansible's
+`-m setup` on the same hosts. Prints times and ratios. Targets (issue 3): 16 hosts <= 1.5x the floor;
+1 host <= 1.5x one `ssh true`; one SSH connection and one remote process per host.
+
+Run as root:  .venv/bin/python -m bench.facts [--runs 3] [--no-ansible]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from engine_ctl.gather import gather
+from engine_ctl.inventory import load_inventory
+from tests import fleet as fleet_mod
+
+SIZES = (1, 4, 8, 16)
+
+
+def timed(fn) -> float:  # type: ignore[no-untyped-def]
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def median(fn, runs: int) -> float:  # type: ignore[no-untyped-def]
+    return statistics.median(timed(fn) for _ in range(runs))
+
+
+def ssh_true(fleet: fleet_mod.Fleet, hosts: list[fleet_mod.FleetHost]) -> None:
+    def one(h: fleet_mod.FleetHost) -> None:
+        subprocess.run([*fleet.ssh_argv(h), "true"], check=True, capture_output=True)
+
+    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+        list(pool.map(one, hosts))
+
+
+def ansible_setup(inventory: Path, n: int, env: dict[str, str]) -> None:
+    subprocess.run(
+        ["ansible", "all", "-i", str(inventory), "-m", "setup", "-f", str(n), "--limit", f"all[0:{n - 1}]"],
+        check=True, capture_output=True, env=env,
+    )  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--no-ansible", action="store_true")
+    args = parser.parse_args()
+    from tests.llama import llama_server_dir
+
+    fleet = fleet_mod.up(max(SIZES), engines={"llama.cpp": str(llama_server_dir() / "bin" / "llama-server")})
+    try:
+        inv = load_inventory(Path(fleet.inventory))
+        ansible = shutil.which("ansible") and not args.no_ansible
+        env = dict(os.environ)
+        tmp = Path(tempfile.mkdtemp())
+        ini = tmp / "hosts.ini"
+        ini.write_text(
+            "[fleet]\n"
+            + "".join(
+                f"{h.name} ansible_host={h.address} ansible_user=root ansible_ssh_private_key_file={fleet.key} "
+                "ansible_python_interpreter=/usr/bin/python3\n"
+                for h in fleet.hosts
+            )
+        )
+        env["ANSIBLE_HOST_KEY_CHECKING"] = "True"
+        env["ANSIBLE_SSH_ARGS"] = f"-o UserKnownHostsFile={fleet.known_hosts} -o StrictHostKeyChecking=yes"
+        print(f"{'hosts':>5} {'ssh true':>9} {'facts':>8} {'ratio':>6} {'CLI':>7} {'ansible':>8} {'vs ansible':>10}")
+        for n in SIZES:
+            hosts = fleet.hosts[:n]
+            floor = median(lambda hosts=hosts: ssh_true(fleet, hosts), args.runs)
+            selected = list(inv.hosts[:n])
+            ours = median(lambda selected=selected: gather(selected), args.runs)
+            names = [h.name for h in selected]
+            cli = median(
+                lambda names=names: subprocess.run(
+                    [sys.executable, "-m", "engine_ctl", "facts", "--inventory", fleet.inventory, "--json", *names],
+                    check=True,
+                    capture_output=True,
+                ),
+                args.runs,
+            )
+            peer = median(lambda n=n: ansible_setup(ini, n, env), 1) if ansible else float("nan")
+            print(
+                f"{n:>5} {floor:>8.2f}s {ours:>7.2f}s {ours / floor:>5.2f}x {cli:>6.2f}s {peer:>7.2f}s "
+                f"{peer / ours:>9.1f}x"
+            )
+        print("ratio = facts / floor (target <= 1.5); CLI includes Python start-up; vs ansible = ansible / facts")
+    finally:
+        fleet_mod.down(fleet)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
