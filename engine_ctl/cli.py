@@ -24,7 +24,18 @@ def print_diagnostics(diagnostics: list[Diagnostic]) -> None:
         err.print(d.render())
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class EngineCtlGroup(click.Group):
+    """Turns InputError (bad input, with located diagnostics) into its message and exit 1, for every command."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except InputError as exc:
+            print_diagnostics(exc.diagnostics)
+            ctx.exit(EXIT_ERROR)
+
+
+@click.group(cls=EngineCtlGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, "--version", prog_name="engine-ctl", message="%(prog)s %(version)s")
 def cli() -> None:
     """engine-ctl: plan and apply LLM inference engines (llama.cpp, vLLM, SGLang) on SSH-managed hosts.

@@ -186,3 +186,26 @@ def test_remote_commands_are_quoted(fleet_inventory: Inventory) -> None:
         assert re.fullmatch(r"\d+", transport.run(["id", "-u"]).stdout.strip())
     finally:
         transport.close()
+
+
+def test_wrong_key_is_an_auth_failure_named_by_host(fleet_inventory: Inventory, tmp_path: Path) -> None:
+    import subprocess
+
+    key = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    host = fleet_inventory.hosts[0].model_copy(update={"identity_file": str(key)})
+    _, failures = gather([host, *fleet_inventory.hosts[1:2]])
+    assert set(failures) == {host.name} and failures[host.name].kind == "auth"
+
+
+def test_local_transport_facts_without_ssh(tmp_path: Path) -> None:
+    import os
+
+    from engine_ctl.inventory import Host
+
+    found, failures = gather([Host(name="here", address="here", transport="local", models_dir=str(tmp_path))])
+    assert failures == {}
+    assert found["here"].cpu.cores == len(os.sched_getaffinity(0))
+    assert found["here"].disks["models_dir"].exists
+    result = run("facts", "--inventory", str(Path(__file__).parents[1] / "examples/quickstart/hosts.yaml"), "--json")
+    assert result.exit_code == 0 and "localhost" in json.loads(result.stdout)["hosts"]
