@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine_ctl.modelfacts import ModelFacts
+
 FORMAT_VERSION = 1
 MIB = 1024**2
 BUSY_BYTES = 1024 * MIB
@@ -88,6 +90,9 @@ class HostFacts(Fact):
     ports_in_use: tuple[int, ...] = ()
     model_files: tuple[ModelFile, ...] = ()
     haproxy_version: str | None = None
+    models: dict[str, ModelFacts] = Field(default_factory=dict)
+    """Model metadata read on the host, by path (for the paths asked for)."""
+    model_problems: dict[str, str] = Field(default_factory=dict)
     warnings: tuple[str, ...] = ()
 
     @property
@@ -97,7 +102,7 @@ class HostFacts(Fact):
     def fingerprint(self) -> str:
         """A hash of the facts that placement and rendering depend on (not volatile counters)."""
         stable = self.model_dump(
-            include={"host", "arch", "cpu", "gpus", "engines", "units", "model_files"},
+            include={"host", "arch", "cpu", "gpus", "engines", "units", "model_files", "models"},
             exclude={"gpus": {"__all__": {"memory_used_bytes"}}, "units": {"__all__": {"main_pid", "n_restarts"}}},
         )
         stable["memory_total"] = self.memory.total_bytes

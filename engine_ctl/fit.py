@@ -174,7 +174,7 @@ def host_verdict(
     provider: Provider,
     taken_gpus: set[str],
     committed_memory: int,
-    held_by_us: set[str] = frozenset(),  # type: ignore[assignment]
+    held_by_us: set[str] | None = None,
 ) -> tuple[list[Gpu] | None, str | None]:
     """Which GPUs of `host` a replica would take, or why it cannot run there (seed's words)."""
     if plan.accelerator == "cpu":
@@ -201,7 +201,7 @@ def host_verdict(
         return None, f"Waiting for a machine with a GPU with at least {plan.min_gpu_memory_gb} GB"
     free = [
         g for g in big_enough
-        if g.uuid not in taken_gpus and ((g.memory_used_bytes or 0) <= BUSY_BYTES or g.uuid in held_by_us)
+        if g.uuid not in taken_gpus and ((g.memory_used_bytes or 0) <= BUSY_BYTES or g.uuid in (held_by_us or ()))
     ]  # fmt: skip
     if len(free) < plan.gpus:
         return None, (
@@ -221,6 +221,7 @@ def place(
     count: int,
     reserved_ports: dict[str, set[int]] | None = None,
     taken_gpus: set[str] | None = None,
+    ours: set[str] | None = None,
 ) -> FitResult:
     """Spread `count` replicas over hosts: fewest replicas of this deployment first, GPUs whole, by UUID."""
     taken = set(taken_gpus or ())
@@ -235,7 +236,7 @@ def place(
     for index in range(count):
         best: tuple[HostFacts, list[Gpu]] | None = None
         for h in sorted(candidates, key=lambda x: (per_host[x.host], -x.memory.available_bytes)):
-            gpus, reason = host_verdict(h, plan, provider, taken, memory[h.host])
+            gpus, reason = host_verdict(h, plan, provider, taken, memory[h.host], held_by_us=ours or set())
             if gpus is None:
                 waiting[h.host] = reason or "cannot run here"
             elif best is None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 
@@ -21,6 +21,7 @@ from engine_ctl.facts import (
     parse_rocm_smi,
 )
 from engine_ctl.inventory import Host
+from engine_ctl.modelfacts import ModelFacts, facts_from_gguf_fields, facts_from_hf_config
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.render import UNIT_PREFIX
 from engine_ctl.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, fan_out
@@ -32,8 +33,9 @@ def probe_source() -> str:
     return resources.files("engine_ctl.remote").joinpath("facts_probe.py").read_text()
 
 
-def probe_args(host: Host) -> dict[str, Any]:
+def probe_args(host: Host, model_paths: Sequence[str] = ()) -> dict[str, Any]:
     return {
+        "model_paths": list(model_paths),
         "models_dir": host.models_dir,
         "cache_dir": host.cache_dir,
         "unit_prefix": UNIT_PREFIX,
@@ -98,8 +100,18 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
     version = doc.get("systemd") or ""
     if not doc.get("curl"):
         warnings.append("curl is not installed: engine units' health gate needs /usr/bin/curl")
+    models: dict[str, ModelFacts] = {}
+    problems: dict[str, str] = {}
+    for path, entry in (doc.get("models") or {}).items():
+        found = facts_from_model_probe(entry)
+        if found is not None:
+            models[path] = found
+        else:
+            problems[path] = "not found" if entry.get("missing") else str(entry.get("error"))
     return HostFacts(
         host=host,
+        models=models,
+        model_problems=problems,
         hostname=doc.get("hostname"),
         os=doc.get("os"),
         kernel=doc.get("kernel"),
@@ -122,9 +134,9 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
     )
 
 
-def gather_one(transport: SSHTransport | LocalTransport) -> HostFacts:
+def gather_one(transport: SSHTransport | LocalTransport, model_paths: Sequence[str] = ()) -> HostFacts:
     host = transport.host
-    argv = ["exec", PYTHON, "-I", "-", json.dumps(probe_args(host), separators=(",", ":"))]
+    argv = ["exec", PYTHON, "-I", "-", json.dumps(probe_args(host, model_paths), separators=(",", ":"))]
     if isinstance(transport, LocalTransport):
         argv = argv[1:]
     result = transport.run(argv, stdin=probe_source())
@@ -140,7 +152,21 @@ def gather_one(transport: SSHTransport | LocalTransport) -> HostFacts:
 
 
 def gather(
-    hosts: Sequence[Host], options: SSHOptions | None = None, parallel: int = 32
+    hosts: Sequence[Host],
+    options: SSHOptions | None = None,
+    parallel: int = 32,
+    model_paths: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[dict[str, HostFacts], dict[str, HostFailure]]:
-    """Facts of every host in parallel; failures are returned by host, never raised."""
-    return fan_out(hosts, gather_one, options=options, parallel=parallel)
+    """Facts of every host in parallel (and the metadata of the model files asked for, per host, in the same
+    round trip); failures are returned by host, never raised."""
+    paths = model_paths or {}
+    return fan_out(hosts, lambda t: gather_one(t, paths.get(t.host.name, ())), options=options, parallel=parallel)
+
+
+def facts_from_model_probe(entry: dict[str, Any]) -> ModelFacts | None:
+    """Pure: one path's probe result -> ModelFacts (None when missing or unreadable)."""
+    if entry.get("missing") or entry.get("error"):
+        return None
+    if entry.get("format") == "gguf":
+        return facts_from_gguf_fields(entry.get("fields") or {}, weights_bytes=entry.get("data_bytes"))
+    return facts_from_hf_config(entry.get("config") or {}, entry.get("data_bytes"), None)

@@ -6,10 +6,9 @@ import json
 import textwrap
 from pathlib import Path
 
+from engine_ctl.gather import gather
 from engine_ctl.inventory import Host
 from engine_ctl.modelfacts import read_safetensors_dir
-from engine_ctl.modelprobe import read_model_facts
-from engine_ctl.transport import LocalTransport
 from tests.fleet import Fleet
 from tests.helpers import run
 from tests.llama import tiny_model
@@ -65,9 +64,7 @@ def test_safetensors_checkpoint_facts_locally_and_through_the_probe(tmp_path: Pa
     (ckpt / "config.json").write_text(json.dumps(config))
     (ckpt / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 16381470720}}))
     local = read_safetensors_dir(ckpt)
-    probed, problem = read_model_facts(LocalTransport(Host(name="h", address="h", transport="local")), [str(ckpt)])[
-        str(ckpt)
-    ]
-    assert problem is None and probed == local
+    found, failures = gather([Host(name="h", address="h", transport="local")], model_paths={"h": [str(ckpt)]})
+    assert failures == {} and found["h"].models[str(ckpt)] == local
     assert (local.block_count, local.head_count_kv, local.head_dims) == (36, 8, (128, 128))
     assert local.weights_bytes == 16381470720 and local.dtype == "bfloat16" and local.context_length == 40960

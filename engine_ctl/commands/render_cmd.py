@@ -16,44 +16,14 @@ from engine_ctl.commands.common import (
     ssh_settings,
 )
 from engine_ctl.diagnostics import Diagnostic, InputError, Location
-from engine_ctl.facts import HostFacts
-from engine_ctl.gather import gather
 from engine_ctl.inventory import Inventory
-from engine_ctl.model import Model
-from engine_ctl.modelfacts import ModelFacts
-from engine_ctl.modelprobe import read_model_facts
 from engine_ctl.output import console, emit_json
 from engine_ctl.pipeline import DeploymentRender, render_deployment
-from engine_ctl.render import model_path_on_host
-from engine_ctl.transport import HostFailure, SSHOptions, transport_for
+from engine_ctl.transport import HostFailure
 from engine_ctl.units import gib
+from engine_ctl.world import gather_world
 
 FORMAT_VERSION = 1
-
-
-def model_facts_from_hosts(
-    model: Model, inventory: Inventory, facts: dict[str, HostFacts], options: SSHOptions
-) -> tuple[ModelFacts | None, str | None]:
-    """Read the model's metadata on the first host that has its files; (None, why) when none has them."""
-    for host in inventory.hosts:
-        f = facts.get(host.name)
-        if f is None:
-            continue
-        path = model_path_on_host(model, host)
-        present = any(m.path == path or m.path.startswith(path.rstrip("/") + "/") for m in f.model_files)
-        if not present:
-            continue
-        transport = transport_for(host, options)
-        try:
-            found, problem = read_model_facts(transport, [path])[path]
-        except HostFailure as exc:
-            return None, exc.message
-        finally:
-            transport.close()
-        if found is not None:
-            return found, None
-        return None, f"{host.name}:{path}: {problem}"
-    return None, "the weights are on no reachable host yet; sizes come from the Model document"
 
 
 @click.command()
@@ -92,12 +62,10 @@ def render(
     inventory = resolve_inventory(inventory_path, loaded)
     selected = inventory.select(list(host_names))
     scoped = Inventory(file=inventory.file, hosts=tuple(selected))
-    options = ssh_settings(accept_new_host_keys)
-    facts, failures = gather(selected, options, parallel=parallel)
-    model = loaded.desired.model(found.deployment.model)
-    assert model is not None
-    model_facts, note = model_facts_from_hosts(model, scoped, facts, options)
-    result = render_deployment(loaded.desired, deployment, scoped, facts, model_facts)
+    facts, failures, mfacts, notes = gather_world(loaded.desired, scoped, ssh_settings(accept_new_host_keys), parallel)
+    model = found.deployment.model
+    note = notes.get(model)
+    result = render_deployment(loaded.desired, deployment, scoped, facts, mfacts.get(model))
     if as_json:
         emit_json(render_json(result, note, failures))
     else:

@@ -1,0 +1,496 @@
+"""Planning: desired documents + recorded state + live facts -> a Plan. Pure: values in, a value out.
+
+Actions follow Terraform's vocabulary: ["create"], ["update"] (in place), ["delete", "create"] (replace, a
+rolling restart), ["delete"], ["no-op"].
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from deepdiff import DeepDiff
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine_ctl.facts import BUSY_BYTES, HostFacts, UnitFact
+from engine_ctl.fit import FitResult, fit, host_verdict, place
+from engine_ctl.inventory import Inventory
+from engine_ctl.model import Deployment, DesiredState, Model
+from engine_ctl.modelfacts import ModelFacts
+from engine_ctl.providers import Provider
+from engine_ctl.render import UNIT_PREFIX, RenderedUnit, render_unit, replica_runs, unit_name
+from engine_ctl.rules import resolve_engine
+from engine_ctl.runspec import FitPlan, Placement
+from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
+
+FORMAT_VERSION = 1
+Strategy = Literal["surge", "stop-then-start"]
+
+
+class FieldChange(BaseModel):
+    path: str
+    old: Any = None
+    new: Any = None
+
+
+class ReplicaChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    index: int
+    action: list[str]
+    host: str
+    unit: str
+    slot: str
+    port: int
+    gpus: list[str] = Field(default_factory=list)
+    gpu_indexes: list[int] = Field(default_factory=list)
+    revision: int
+    argv: list[str] = Field(default_factory=list)
+    unit_text: str | None = None
+    unit_sha256: str | None = None
+    old_unit: str | None = None
+    old_host: str | None = None
+    old_slot: str | None = None
+    old_argv: list[str] | None = None
+    strategy: Strategy | None = None
+    reason: str = ""
+
+    @property
+    def symbol(self) -> str:
+        return SYMBOLS[tuple(self.action)]
+
+
+class DeploymentChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    action: list[str]
+    reasons: list[str] = Field(default_factory=list)
+    old_revision: int = 0
+    revision: int = 0
+    spec: dict[str, Any] = Field(default_factory=dict)
+    model: dict[str, Any] = Field(default_factory=dict)
+    spec_hash: str = ""
+    fit: dict[str, Any] | None = None
+    field_changes: list[FieldChange] = Field(default_factory=list)
+    strategy: Strategy | None = None
+    warnings: list[str] = Field(default_factory=list)
+    pending_reason: str | None = None
+    failed_reason: str | None = None
+    waiting: dict[str, str] = Field(default_factory=dict)
+    replicas: list[ReplicaChange] = Field(default_factory=list)
+
+    @property
+    def symbol(self) -> str:
+        return SYMBOLS[tuple(self.action)]
+
+    @property
+    def changed(self) -> bool:
+        return self.action != ["no-op"]
+
+
+class Drift(BaseModel):
+    host: str
+    unit: str
+    deployment: str | None = None
+    kind: Literal["edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged"]
+    detail: str
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format_version: int = FORMAT_VERSION
+    created_at: str = ""
+    state_serial: int
+    state_lineage: str
+    host_fingerprints: dict[str, str] = Field(default_factory=dict)
+    unreachable: dict[str, str] = Field(default_factory=dict)
+    targets: list[str] = Field(default_factory=list)
+    refresh_only: bool = False
+    changes: list[DeploymentChange] = Field(default_factory=list)
+    drift: list[Drift] = Field(default_factory=list)
+
+    def summary(self) -> dict[str, int]:
+        add = sum(1 for c in self.changes if c.action == ["create"])
+        change = sum(1 for c in self.changes if c.action in (["update"], ["delete", "create"]))
+        destroy = sum(1 for c in self.changes if c.action == ["delete"])
+        return {"add": add, "change": change, "destroy": destroy}
+
+    @property
+    def has_changes(self) -> bool:
+        return any(c.changed for c in self.changes) or (self.refresh_only and bool(self.drift))
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
+
+
+SYMBOLS = {
+    ("create",): "+",
+    ("update",): "~",
+    ("delete", "create"): "-/+",
+    ("delete",): "-",
+    ("no-op",): " ",
+}
+
+
+def spec_record(d: Deployment, model: Model) -> tuple[dict[str, Any], dict[str, Any], str]:
+    spec = d.model_dump(mode="json")
+    mdl = model.model_dump(mode="json")
+    digest = hashlib.sha256(json.dumps({"spec": spec, "model": mdl}, sort_keys=True).encode()).hexdigest()
+    return spec, mdl, digest
+
+
+def field_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "spec") -> list[FieldChange]:
+    diff = DeepDiff(old, new, ignore_order=False, verbose_level=2)
+    out: list[FieldChange] = []
+    for kind in ("values_changed", "type_changes"):
+        for path, change in diff.get(kind, {}).items():
+            out.append(FieldChange(path=_path(path, prefix), old=change.get("old_value"), new=change.get("new_value")))
+    for path, value in diff.get("dictionary_item_added", {}).items():
+        out.append(FieldChange(path=_path(path, prefix), new=value))
+    for path, value in diff.get("dictionary_item_removed", {}).items():
+        out.append(FieldChange(path=_path(path, prefix), old=value))
+    for kind in ("iterable_item_added", "iterable_item_removed"):
+        for path in diff.get(kind, {}):
+            base = _path(path, prefix).split("[")[0]
+            if not any(c.path == base for c in out):
+                out.append(FieldChange(path=base, old=_get(old, base, prefix), new=_get(new, base, prefix)))
+    return sorted(out, key=lambda c: c.path)
+
+
+def _path(deepdiff_path: str, prefix: str) -> str:
+    text = deepdiff_path.removeprefix("root")
+    text = text.replace("']['", ".").replace("['", ".").replace("']", "")
+    return prefix + text
+
+
+def _get(data: dict[str, Any], dotted: str, prefix: str) -> Any:
+    key = dotted.removeprefix(prefix + ".")
+    return data.get(key)
+
+
+class _Allocation:
+    """Ports and GPUs taken on each host: recorded replicas plus what this plan places."""
+
+    def __init__(self, state: State) -> None:
+        self.ports: dict[str, set[int]] = {}
+        self.gpus: set[str] = set(state.gpus_held())
+        self.ours: set[str] = set(state.gpus_held())
+        for d in state.deployments.values():
+            for r in d.replicas:
+                self.ports.setdefault(r.host, set()).add(r.port)
+
+    def take(self, placement: Placement) -> None:
+        self.ports.setdefault(placement.host, set()).add(placement.port)
+        self.gpus.update(g.uuid for g in placement.gpus)
+
+    def release(self, record: ReplicaRecord) -> None:
+        self.ports.get(record.host, set()).discard(record.port)
+        self.gpus.difference_update(record.gpus)
+
+
+def _unit_fact(facts: HostFacts | None, unit: str) -> UnitFact | None:
+    if facts is None:
+        return None
+    return next((u for u in facts.units if u.name == unit), None)
+
+
+def _is_running(u: UnitFact | None) -> bool:
+    return u is not None and u.active_state == "active"
+
+
+def _other(slot: str) -> str:
+    return "b" if slot == "a" else "a"
+
+
+def _placement_of(record: ReplicaRecord, facts: HostFacts) -> Placement | None:
+    """The recorded placement, if the host still has the GPUs it names."""
+    by_uuid = {g.uuid: g for g in facts.gpus}
+    if any(u not in by_uuid for u in record.gpus):
+        return None
+    return Placement(
+        index=record.index, host=record.host, gpus=tuple(by_uuid[u] for u in record.gpus), port=record.port
+    )
+
+
+def plan_deployment(
+    d: Deployment,
+    model: Model,
+    provider: Provider,
+    model_facts: ModelFacts | None,
+    record: DeploymentRecord | None,
+    inventory: Inventory,
+    facts: Mapping[str, HostFacts],
+    alloc: _Allocation,
+) -> tuple[DeploymentChange, list[Drift]]:
+    spec, mdl, digest = spec_record(d, model)
+    old_revision = record.revision if record else 0
+    revision = old_revision if record and record.spec_hash == digest else old_revision + 1
+    change = DeploymentChange(
+        name=d.name, action=["no-op"], old_revision=old_revision, revision=revision, spec=spec, model=mdl,
+        spec_hash=digest,
+    )  # fmt: skip
+    drift: list[Drift] = []
+    if record is not None and record.spec_hash != digest:
+        change.field_changes = field_changes(record.spec, spec) + field_changes(record.model, mdl, "model")
+    hosts = [facts[h.name] for h in inventory.hosts if h.name in facts]
+    fitted = fit(d, model, model_facts, hosts)
+    if isinstance(fitted, str):
+        change.failed_reason = fitted
+        change.warnings.append(f"{d.name} is Failed: {fitted}; its running replicas are left as they are")
+        return change, drift
+    change.fit = fitted.model_dump(mode="json")
+    by_host = {h.name: h for h in inventory.hosts}
+    count = max(d.replicas_min, 1)
+    records = list(record.replicas) if record else []
+    replicas: list[ReplicaChange] = []
+    # Leftovers of an interrupted apply: pending slots whose unit is not running.
+    live: list[ReplicaRecord] = []
+    for r in records:
+        recorded_unit = _unit_fact(facts.get(r.host), r.unit)
+        if r.status == "pending" and r.host in facts and not _is_running(recorded_unit):
+            replicas.append(_delete(r, "left by an interrupted apply (never became ready)"))
+            alloc.release(r)
+        else:
+            live.append(r)
+    strategies: set[Strategy] = set()
+    for index in range(count):
+        current = _current(live, index, facts)
+        extras = [r for r in live if r.index == index and r is not current]
+        for extra in extras:
+            replicas.append(_delete(extra, "a second slot of this replica (left by an interrupted roll)"))
+            alloc.release(extra)
+        if current is not None and current.host not in facts:
+            change.warnings.append(f"replica {index} is on {current.host}, which is unreachable: left as it is")
+            continue
+        if current is None:
+            result = place(d, fitted, provider, _with_alloc(hosts, alloc), 1, taken_gpus=alloc.gpus, ours=alloc.ours)
+            if not result.placements:
+                change.pending_reason = result.pending_reason
+                change.waiting = result.waiting
+                break
+            p = result.placements[0].model_copy(update={"index": index})
+            alloc.take(p)
+            created = _render(d, model, provider, fitted, p, by_host, revision, "a")
+            replicas.append(_replica(["create"], created, revision, p, reason="new replica"))
+            continue
+        host_facts = facts[current.host]
+        same_place = _placement_of(current, host_facts)
+        unit_now = None
+        if same_place is not None and len(same_place.gpus) == fitted.gpus:
+            unit_now = _render(d, model, provider, fitted, same_place, by_host, current.revision, current.slot)
+        fact = _unit_fact(host_facts, current.unit)
+        if unit_now is not None and same_place is not None and unit_now.sha256 == current.unit_sha256:
+            found = _drift(d.name, current, fact, host_facts)
+            drift.extend(found)
+            if found:
+                why = "; ".join(f.detail for f in found)
+                replicas.append(_replica(["update"], unit_now, current.revision, same_place, reason=why))
+            continue
+        # The content changes: a rolling replace, with a surge when there is room for both.
+        new_slot = _other(current.slot)
+        surge = place(
+            d,
+            fitted,
+            provider,
+            _prefer(_with_alloc(hosts, alloc), current.host),
+            1,
+            taken_gpus=alloc.gpus,
+            ours=alloc.ours,
+        )
+        if surge.placements:
+            p = surge.placements[0].model_copy(update={"index": index})
+            strategy: Strategy = "surge"
+        else:
+            alloc.release(current)
+            stop_start = place(
+                d, fitted, provider, [h for h in _with_alloc(hosts, alloc) if h.host == current.host], 1,
+                taken_gpus=alloc.gpus, ours=alloc.ours,
+            )  # fmt: skip
+            if not stop_start.placements:
+                change.pending_reason = stop_start.pending_reason
+                change.waiting = stop_start.waiting
+                alloc.take(
+                    _placement_of(current, host_facts) or Placement(index=index, host=current.host, port=current.port)
+                )
+                break
+            p = stop_start.placements[0].model_copy(update={"index": index, "port": current.port})
+            strategy = "stop-then-start"
+        alloc.take(p)
+        strategies.add(strategy)
+        rolled = _render(d, model, provider, fitted, p, by_host, revision, new_slot)
+        why = ", ".join(c.path for c in change.field_changes) or "the unit's content changed"
+        rc = _replica(["delete", "create"], rolled, revision, p, reason=why)
+        rc.old_unit, rc.old_host, rc.old_slot, rc.old_argv = current.unit, current.host, current.slot, current.argv
+        rc.strategy = strategy
+        replicas.append(rc)
+    for r in live:
+        if r.index >= count and r.host in facts:
+            replicas.append(_delete(r, f"replicas {len([x for x in live if x.index < count])} → {count}"))
+    change.replicas = replicas
+    actions = {tuple(r.action) for r in replicas}
+    if record is None:
+        change.action = ["create"]
+        change.reasons.append("new deployment")
+    elif ("delete", "create") in actions:
+        change.action = ["delete", "create"]
+        change.reasons.append(
+            "a rolling replace: " + (", ".join(c.path for c in change.field_changes) or "units changed")
+        )
+    elif actions - {("no-op",)} or record.spec_hash != digest:
+        change.action = ["update"]
+        change.reasons.append(
+            "in place: " + (", ".join(c.path for c in change.field_changes) or "repair what changed outside engine-ctl")
+        )
+    if strategies:
+        change.strategy = "stop-then-start" if "stop-then-start" in strategies else "surge"
+        if change.strategy == "stop-then-start":
+            serving_after = count - 1
+            if serving_after < 1:
+                change.warnings.append(
+                    f"{d.name} will have no serving replica during the change: no free "
+                    f"{'GPU' if fitted.accelerator == 'gpu' else 'room'} for a surge, so stop-then-start"
+                )
+    if change.pending_reason and record is None and not replicas:
+        change.action = ["create"]
+    return change, drift
+
+
+def _prefer(hosts: list[HostFacts], first: str) -> list[HostFacts]:
+    return sorted(hosts, key=lambda h: h.host != first)
+
+
+def _with_alloc(hosts: list[HostFacts], alloc: _Allocation) -> list[HostFacts]:
+    """Hosts as placement sees them: ports recorded in state count as in use."""
+    return [
+        h.model_copy(update={"ports_in_use": tuple(sorted(set(h.ports_in_use) | alloc.ports.get(h.host, set())))})
+        for h in hosts
+    ]
+
+
+def _current(records: list[ReplicaRecord], index: int, facts: Mapping[str, HostFacts]) -> ReplicaRecord | None:
+    """The record that serves replica `index`: a running one first, then serving, then the newest."""
+    candidates = [r for r in records if r.index == index]
+    if not candidates:
+        return None
+
+    def rank(r: ReplicaRecord) -> tuple[int, int, int]:
+        running = _is_running(_unit_fact(facts.get(r.host), r.unit))
+        return (int(running), int(r.status == "serving"), r.revision)
+
+    return max(candidates, key=rank)
+
+
+def _drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host: HostFacts) -> list[Drift]:
+    if fact is None or fact.sha256 is None:
+        return [Drift(host=record.host, unit=record.unit, deployment=name, kind="missing",
+                      detail=f"unit file {record.unit} is missing on {record.host}")]  # fmt: skip
+    out = []
+    if fact.sha256 != record.unit_sha256:
+        detail = f"unit file edited by hand (sha256 {fact.sha256[:12]}… ≠ {record.unit_sha256[:12]}…)"
+        out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="edited", detail=detail))
+    if fact.active_state != "active":
+        looping = (fact.n_restarts or 0) >= 3 or fact.active_state == "failed"
+        detail = f"{record.unit} is {fact.active_state}/{fact.sub_state}"
+        if fact.exec_main_status:
+            detail += f" (exit status {fact.exec_main_status})"
+        if (fact.n_restarts or 0) > 0:
+            detail += f" after {fact.n_restarts} restart(s)"
+        out.append(Drift(host=record.host, unit=record.unit, deployment=name,
+                         kind="crash-looping" if looping else "stopped", detail=detail))  # fmt: skip
+        held = [g for g in host.gpus if g.uuid in record.gpus and (g.memory_used_bytes or 0) > BUSY_BYTES]
+        for g in held:
+            out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="gpu-held",
+                             detail=f"GPU {g.index} ({g.uuid}) is held by another process"))  # fmt: skip
+    return out
+
+
+def _render(
+    d: Deployment, model: Model, provider: Provider, fitted: FitPlan, p: Placement,
+    hosts: Mapping[str, Any], revision: int, slot: str,
+) -> RenderedUnit:  # fmt: skip
+    result = FitResult(plan=fitted, placements=(p,))
+    ((run, host),) = replica_runs(d, model, provider, result, dict(hosts), revision=revision, slot=slot)
+    return render_unit(run, provider, host)
+
+
+def _replica(action: list[str], unit: RenderedUnit, revision: int, p: Placement, reason: str) -> ReplicaChange:
+    return ReplicaChange(
+        index=unit.index, action=action, host=unit.host, unit=unit.name, slot=unit.slot, port=unit.port,
+        gpus=list(unit.gpus), gpu_indexes=[g.index for g in p.gpus], revision=revision, argv=list(unit.argv),
+        unit_text=unit.text, unit_sha256=unit.sha256, reason=reason,
+    )  # fmt: skip
+
+
+def _delete(r: ReplicaRecord, reason: str) -> ReplicaChange:
+    return ReplicaChange(
+        index=r.index, action=["delete"], host=r.host, unit=r.unit, slot=r.slot, port=r.port, gpus=list(r.gpus),
+        revision=r.revision, old_unit=r.unit, old_host=r.host, old_slot=r.slot, old_argv=r.argv, reason=reason,
+    )  # fmt: skip
+
+
+def make_plan(
+    desired: DesiredState,
+    state: State,
+    inventory: Inventory,
+    facts: Mapping[str, HostFacts],
+    model_facts: Mapping[str, ModelFacts | None],
+    *,
+    unreachable: Mapping[str, str] | None = None,
+    targets: list[str] | None = None,
+    refresh_only: bool = False,
+    created_at: str = "",
+) -> Plan:
+    plan = Plan(
+        created_at=created_at, state_serial=state.serial, state_lineage=state.lineage,
+        host_fingerprints={name: f.fingerprint() for name, f in sorted(facts.items())},
+        unreachable=dict(unreachable or {}), targets=sorted(targets or []), refresh_only=refresh_only,
+    )  # fmt: skip
+    alloc = _Allocation(state)
+    wanted = {ld.deployment.name: ld for ld in desired.deployments}
+    names = sorted(set(wanted) | set(state.deployments))
+    if targets:
+        names = [n for n in names if n in targets]
+    ordered = sorted(names, key=lambda n: (-(wanted[n].deployment.priority if n in wanted else 0), n))
+    for name in ordered:
+        record = state.deployments.get(name)
+        if name not in wanted:
+            assert record is not None
+            deletes = [_delete(r, "not in the documents") for r in record.replicas]
+            plan.changes.append(
+                DeploymentChange(
+                    name=name,
+                    action=["delete"],
+                    reasons=["removed from the documents"],
+                    old_revision=record.revision,
+                    revision=record.revision,
+                    replicas=deletes,
+                )
+            )
+            continue
+        d = wanted[name].deployment
+        model = desired.model(d.model)
+        provider = resolve_engine(d, model)
+        assert model is not None and provider is not None
+        change, drift = plan_deployment(
+            d, model, provider, model_facts.get(model.name), record, inventory, facts, alloc
+        )
+        plan.changes.append(change)
+        plan.drift.extend(drift)
+    managed = {r.unit for rec in state.deployments.values() for r in rec.replicas}
+    for host, f in sorted(facts.items()):
+        for u in f.units:
+            if u.name.startswith(UNIT_PREFIX) and u.name not in managed:
+                detail = f"{u.name} on {host} is not in this state; engine-ctl leaves it alone"
+                plan.drift.append(Drift(host=host, unit=u.name, kind="unmanaged", detail=detail))
+    if refresh_only:
+        for c in plan.changes:
+            c.action = ["no-op"]
+            c.replicas = []
+    return plan
+
+
+__all__ = ["DeploymentChange", "Drift", "Plan", "ReplicaChange", "host_verdict", "make_plan", "unit_name"]

@@ -1,0 +1,48 @@
+"""Gathering what planning needs from the hosts, in one round trip per host: facts and model metadata."""
+
+from __future__ import annotations
+
+from engine_ctl.facts import HostFacts
+from engine_ctl.gather import gather
+from engine_ctl.inventory import Inventory
+from engine_ctl.model import DesiredState, Model
+from engine_ctl.modelfacts import ModelFacts
+from engine_ctl.render import model_path_on_host
+from engine_ctl.transport import HostFailure, SSHOptions
+
+
+def model_paths(desired: DesiredState, inventory: Inventory) -> dict[str, list[str]]:
+    """The path of every desired model on every host (probed in the facts round trip)."""
+    used = {ld.deployment.model for ld in desired.deployments}
+    models = [m.model for m in desired.models if m.model.name in used]
+    return {h.name: sorted({model_path_on_host(m, h) for m in models}) for h in inventory.hosts}
+
+
+def model_facts_by_name(
+    desired: DesiredState, inventory: Inventory, facts: dict[str, HostFacts]
+) -> tuple[dict[str, ModelFacts | None], dict[str, str]]:
+    """Each model's metadata from the first host (inventory order) that has its files; else why not."""
+    found: dict[str, ModelFacts | None] = {}
+    notes: dict[str, str] = {}
+    for loaded in desired.models:
+        model: Model = loaded.model
+        found[model.name] = None
+        for host in inventory.hosts:
+            f = facts.get(host.name)
+            path = model_path_on_host(model, host)
+            if f is not None and path in f.models:
+                found[model.name] = f.models[path]
+                break
+        if found[model.name] is None:
+            notes[model.name] = (
+                f"the weights of {model.name} are on no reachable host yet; sizes come from its Model document"
+            )
+    return found, notes
+
+
+def gather_world(
+    desired: DesiredState, inventory: Inventory, options: SSHOptions | None, parallel: int
+) -> tuple[dict[str, HostFacts], dict[str, HostFailure], dict[str, ModelFacts | None], dict[str, str]]:
+    facts, failures = gather(list(inventory.hosts), options, parallel, model_paths(desired, inventory))
+    mfacts, notes = model_facts_by_name(desired, inventory, facts)
+    return facts, failures, mfacts, notes
