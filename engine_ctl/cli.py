@@ -45,12 +45,19 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from engine_ctl.commands import facts_cmd, render_cmd, validate_cmd
+    from engine_ctl.commands import facts_cmd, plan_cmd, render_cmd, status_cmd, validate_cmd
 
     cli.add_command(validate_cmd.validate)
     cli.add_command(validate_cmd.schema)
     cli.add_command(facts_cmd.facts)
     cli.add_command(render_cmd.render)
+    cli.add_command(plan_cmd.plan)
+    cli.add_command(plan_cmd.apply)
+    cli.add_command(plan_cmd.destroy)
+    cli.add_command(status_cmd.status)
+    cli.add_command(status_cmd.list_cmd)
+    cli.add_command(status_cmd.state_group)
+    cli.add_command(status_cmd.force_unlock)
 
 
 _register()

@@ -93,6 +93,8 @@ class HostFacts(Fact):
     models: dict[str, ModelFacts] = Field(default_factory=dict)
     """Model metadata read on the host, by path (for the paths asked for)."""
     model_problems: dict[str, str] = Field(default_factory=dict)
+    health: dict[str, str] = Field(default_factory=dict)
+    """port -> HTTP status of GET /health on loopback, or 'down: why' (for the ports asked for)."""
     warnings: tuple[str, ...] = ()
 
     @property

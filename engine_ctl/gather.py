@@ -33,9 +33,10 @@ def probe_source() -> str:
     return resources.files("engine_ctl.remote").joinpath("facts_probe.py").read_text()
 
 
-def probe_args(host: Host, model_paths: Sequence[str] = ()) -> dict[str, Any]:
+def probe_args(host: Host, model_paths: Sequence[str] = (), health: Sequence[tuple[int, str]] = ()) -> dict[str, Any]:
     return {
         "model_paths": list(model_paths),
+        "health": [{"port": port, "path": path} for port, path in health],
         "models_dir": host.models_dir,
         "cache_dir": host.cache_dir,
         "unit_prefix": UNIT_PREFIX,
@@ -112,6 +113,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         host=host,
         models=models,
         model_problems=problems,
+        health={str(k): str(v) for k, v in (doc.get("health") or {}).items()},
         hostname=doc.get("hostname"),
         os=doc.get("os"),
         kernel=doc.get("kernel"),
@@ -134,9 +136,13 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
     )
 
 
-def gather_one(transport: SSHTransport | LocalTransport, model_paths: Sequence[str] = ()) -> HostFacts:
+def gather_one(
+    transport: SSHTransport | LocalTransport,
+    model_paths: Sequence[str] = (),
+    health: Sequence[tuple[int, str]] = (),
+) -> HostFacts:
     host = transport.host
-    argv = ["exec", PYTHON, "-I", "-", json.dumps(probe_args(host, model_paths), separators=(",", ":"))]
+    argv = ["exec", PYTHON, "-I", "-", json.dumps(probe_args(host, model_paths, health), separators=(",", ":"))]
     if isinstance(transport, LocalTransport):
         argv = argv[1:]
     result = transport.run(argv, stdin=probe_source())
@@ -156,11 +162,18 @@ def gather(
     options: SSHOptions | None = None,
     parallel: int = 32,
     model_paths: Mapping[str, Sequence[str]] | None = None,
+    health: Mapping[str, Sequence[tuple[int, str]]] | None = None,
 ) -> tuple[dict[str, HostFacts], dict[str, HostFailure]]:
     """Facts of every host in parallel (and the metadata of the model files asked for, per host, in the same
     round trip); failures are returned by host, never raised."""
     paths = model_paths or {}
-    return fan_out(hosts, lambda t: gather_one(t, paths.get(t.host.name, ())), options=options, parallel=parallel)
+    checks = health or {}
+    return fan_out(
+        hosts,
+        lambda t: gather_one(t, paths.get(t.host.name, ()), checks.get(t.host.name, ())),
+        options=options,
+        parallel=parallel,
+    )
 
 
 def facts_from_model_probe(entry: dict[str, Any]) -> ModelFacts | None:

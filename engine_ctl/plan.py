@@ -112,6 +112,8 @@ class Plan(BaseModel):
     refresh_only: bool = False
     changes: list[DeploymentChange] = Field(default_factory=list)
     drift: list[Drift] = Field(default_factory=list)
+    context: dict[str, Any] = Field(default_factory=dict)
+    """Where the plan came from (documents, inventory, state file, model paths), for `apply PLANFILE`."""
 
     def summary(self) -> dict[str, int]:
         add = sum(1 for c in self.changes if c.action == ["create"])
@@ -331,6 +333,20 @@ def plan_deployment(
         if r.index >= count and r.host in facts:
             replicas.append(_delete(r, f"replicas {len([x for x in live if x.index < count])} → {count}"))
     change.replicas = replicas
+    for host in sorted({r.host for r in replicas if r.action != ["delete"]}):
+        hf = facts.get(host)
+        if hf is None:
+            continue
+        if provider.name not in hf.engines:
+            change.warnings.append(
+                f"{provider.title} is not installed on {host} (engines: in the inventory says where); "
+                "apply fails there until it is"
+            )
+        path = model_path_on_host(model, by_host[host])
+        if path in hf.model_problems:
+            change.warnings.append(
+                f"the weights of {model.name} are not on {host} at {path} ({hf.model_problems[path]})"
+            )
     actions = {tuple(r.action) for r in replicas}
     if record is None:
         change.action = ["create"]

@@ -298,6 +298,24 @@ def model_metadata(path):
         return {"error": str(exc)}
 
 
+def health(checks):
+    """GET each engine's health endpoint on loopback: the HTTP status, or why there was none."""
+    import urllib.error
+    import urllib.request
+
+    out = {}
+    for check in checks:
+        url = "http://127.0.0.1:%d%s" % (int(check["port"]), check["path"])
+        try:
+            with urllib.request.urlopen(url, timeout=3) as response:
+                out[str(check["port"])] = str(response.status)
+        except urllib.error.HTTPError as exc:
+            out[str(check["port"])] = str(exc.code)
+        except (OSError, ValueError) as exc:
+            out[str(check["port"])] = "down: " + str(getattr(exc, "reason", exc))
+    return out
+
+
 def main():
     args = json.loads(sys.argv[1])
     haproxy = shutil.which("haproxy")
@@ -321,6 +339,7 @@ def main():
         "curl": shutil.which("curl"),
         "python": platform.python_version(),
         "models": {p: model_metadata(p) for p in args.get("model_paths", [])},
+        "health": health(args.get("health", [])),
     }
     sys.stdout.write(json.dumps(doc))
 

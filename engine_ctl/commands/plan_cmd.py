@@ -1,0 +1,370 @@
+"""`engine-ctl plan`, `apply` and `destroy`: the reconciler's shell."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import signal
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import click
+
+from engine_ctl.apply import Executor, Recorder
+from engine_ctl.commands.common import (
+    inventory_option,
+    load_checked,
+    report_failures,
+    resolve_inventory,
+    ssh_options,
+    ssh_settings,
+)
+from engine_ctl.diagnostics import Diagnostic, InputError, Location
+from engine_ctl.gather import gather
+from engine_ctl.inventory import Inventory, load_inventory
+from engine_ctl.loader import LoadResult
+from engine_ctl.model import DesiredState
+from engine_ctl.output import console, emit_json
+from engine_ctl.plan import FORMAT_VERSION, Plan, make_plan
+from engine_ctl.planview import plan_json, plan_markdown, render_plan
+from engine_ctl.state import HostRecord, LocalState, Operation, State, StateError
+from engine_ctl.state.local import DEFAULT_NAME, now, who
+from engine_ctl.transport import SSHOptions
+from engine_ctl.world import model_facts_by_name, model_paths
+
+STYLES = {"add": "green", "change": "yellow", "destroy": "red", "warn": "yellow", "bold": "bold", "": ""}
+
+
+def state_option(f: Any) -> Any:
+    return click.option(
+        "--state", "state_path", type=click.Path(path_type=Path),
+        help=f"The state file (default: {DEFAULT_NAME} beside the documents).",
+    )(f)  # fmt: skip
+
+
+def lock_timeout_option(f: Any) -> Any:
+    return click.option("--lock-timeout", default=0.0, show_default=True, help="Seconds to wait for the state lock.")(f)
+
+
+def target_option(f: Any) -> Any:
+    return click.option("--target", "targets", multiple=True, help="Only this deployment (repeatable).")(f)
+
+
+def default_state_path(paths: tuple[Path, ...]) -> Path:
+    first = paths[0] if paths else Path(".")
+    base = first if first.is_dir() else first.parent
+    return base / DEFAULT_NAME
+
+
+def backend_for(explicit: Path | None, paths: tuple[Path, ...]) -> LocalState:
+    return LocalState(explicit or default_state_path(paths))
+
+
+def read_state(backend: LocalState) -> State:
+    try:
+        return backend.read()
+    except StateError as exc:
+        raise InputError([Diagnostic(Location(str(backend.path)), "", str(exc))]) from None
+
+
+def show_plan(plan: Plan) -> None:
+    out = console()
+    for style, line in render_plan(plan):
+        out.print(line, style=STYLES[style] or None)
+
+
+def build_plan(
+    loaded: LoadResult | None,
+    desired: DesiredState,
+    inventory: Inventory,
+    state: State,
+    backend: LocalState,
+    options: SSHOptions,
+    parallel: int,
+    targets: tuple[str, ...],
+    refresh_only: bool = False,
+    documents: tuple[Path, ...] = (),
+) -> tuple[Plan, dict[str, Any]]:
+    paths = model_paths(desired, inventory)
+    facts, failures = gather(list(inventory.hosts), options, parallel, paths)
+    mfacts, _notes = model_facts_by_name(desired, inventory, facts)
+    known = {d.deployment.name for d in desired.deployments} | set(state.deployments)
+    unknown = [t for t in targets if t not in known]
+    if unknown:
+        raise InputError(
+            [Diagnostic(Location(str(backend.path)), "--target", f"no deployment named {t!r}") for t in unknown]
+        )
+    plan = make_plan(
+        desired, state, inventory, facts, mfacts,
+        unreachable={h: f.message for h, f in failures.items()}, targets=list(targets),
+        refresh_only=refresh_only, created_at=now(),
+    )  # fmt: skip
+    plan.context = {
+        "documents": [str(p.resolve()) for p in documents],
+        "inventory": str(Path(inventory.file).resolve()) if inventory.file else None,
+        "state": str(backend.path.resolve()),
+        "model_paths": paths,
+    }
+    return plan, {"failures": failures, "facts": facts}
+
+
+@click.command()
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@inventory_option
+@state_option
+@ssh_options
+@target_option
+@click.option("--out", "out_path", type=click.Path(path_type=Path), help="Save the plan for `apply PLANFILE`.")
+@click.option("--json", "as_json", is_flag=True, help="The plan as versioned JSON (actions as arrays).")
+@click.option("--markdown", is_flag=True, help="The plan as Markdown, for a pull-request comment.")
+@click.option("--detailed-exitcode", is_flag=True, help="Exit 0 no changes, 1 error, 2 changes present.")
+@click.option("--refresh-only", is_flag=True, help="Only record in the state what drifted on the hosts.")
+def plan(
+    paths: tuple[Path, ...], inventory_path: Path | None, state_path: Path | None, parallel: int,
+    accept_new_host_keys: bool, targets: tuple[str, ...], out_path: Path | None, as_json: bool, markdown: bool,
+    detailed_exitcode: bool, refresh_only: bool,
+) -> None:  # fmt: skip
+    """Show what apply would change: documents + recorded state + live host facts.
+
+    PATHS are the documents (default: the current directory); the inventory may be among them."""
+    loaded = load_checked(paths)
+    inventory = resolve_inventory(inventory_path, loaded)
+    backend = backend_for(state_path, paths)
+    state = read_state(backend)
+    result, extra = build_plan(
+        loaded, loaded.desired, inventory, state, backend, ssh_settings(accept_new_host_keys), parallel, targets,
+        refresh_only, paths,
+    )  # fmt: skip
+    if out_path is not None:
+        out_path.write_text(json.dumps(plan_json(result), indent=2) + "\n")
+    if as_json:
+        emit_json(plan_json(result))
+    elif markdown:
+        sys.stdout.write(plan_markdown(result))
+    else:
+        show_plan(result)
+        if out_path is not None:
+            console().print(f"\nSaved the plan to {out_path}; apply exactly it with: engine-ctl apply {out_path}")
+    report_failures(extra["failures"])
+    if extra["failures"]:
+        sys.exit(1)
+    sys.exit(2 if detailed_exitcode and result.has_changes else 0)
+
+
+def _load_plan_file(path: Path) -> Plan | None:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not (isinstance(raw, dict) and "changes" in raw and "state_lineage" in raw):
+        return None
+    if raw.get("format_version", 0) > FORMAT_VERSION:
+        raise InputError([Diagnostic(Location(str(path)), "format_version", "a plan from a newer engine-ctl")])
+    raw.pop("summary", None)
+    raw.pop("has_changes", None)
+    return Plan.model_validate(raw)
+
+
+def _stale(plan: Plan, state: State, facts: dict[str, Any]) -> list[str]:
+    why = []
+    if state.lineage != plan.state_lineage:
+        why.append(f"the state's lineage is {state.lineage}, the plan was made against {plan.state_lineage}")
+    if state.serial != plan.state_serial:
+        why.append(f"the state changed since the plan (serial {plan.state_serial} → {state.serial})")
+    for host, fp in sorted(plan.host_fingerprints.items()):
+        now_fp = facts[host].fingerprint() if host in facts else None
+        if now_fp is None:
+            why.append(f"host {host} is unreachable now")
+        elif now_fp != fp:
+            why.append(f"the facts of host {host} changed since the plan")
+    return why
+
+
+def _confirm(auto_approve: bool) -> None:
+    if auto_approve:
+        return
+    if not sys.stdin.isatty():
+        raise InputError(
+            [
+                Diagnostic(
+                    Location("stdin"),
+                    "",
+                    "apply asks for confirmation, and stdin is not a terminal",
+                    hint="review the plan, then pass --auto-approve (or apply a saved plan file)",
+                )
+            ]
+        )
+    answer = click.prompt("Do you want to perform these actions? Only 'yes' will be accepted", default="")
+    if answer.strip() != "yes":
+        console().print("Apply cancelled; nothing changed.")
+        sys.exit(1)
+
+
+def execute(
+    plan: Plan, inventory: Inventory, backend: LocalState, state: State, options: SSHOptions, command: str
+) -> int:
+    """Run the plan with the state recorded after every step; Ctrl-C finishes the step in flight."""
+    out = console()
+    recorder = Recorder(backend, state)
+    stop = threading.Event()
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        if not stop.is_set():
+            out.print("Interrupted: finishing the step in flight, then recording the state…")
+        stop.set()
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        if plan.refresh_only:
+            recorder.change(lambda s: refresh_state(s, plan))
+            result_text, code = "refreshed", 0
+        else:
+            executor = Executor(plan, {h.name: h for h in inventory.hosts}, recorder, options, out.print, stop)
+            result = executor.run()
+            code = 130 if result.interrupted else (1 if result.failed else 0)
+            failures = "; ".join(f"{k}: {v}" for k, v in sorted(result.failed.items()))
+            result_text = "interrupted" if result.interrupted else (f"failed: {failures}" if failures else "applied")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+    def log(s: State) -> None:
+        for host, fp in plan.host_fingerprints.items():
+            s.hosts[host] = HostRecord(facts_fingerprint=fp)
+        s.operations.append(
+            Operation(
+                id=str(uuid.uuid4()),
+                who=who(),
+                when=now(),
+                command=command,
+                plan_hash=plan.digest(),
+                result=result_text,
+            )
+        )
+        del s.operations[:-200]
+
+    recorder.change(log)
+    s = plan.summary()
+    out.print(f"\nApply {'complete' if code == 0 else 'stopped'}: {result_text}. "
+              f"({s['add']} added, {s['change']} changed, {s['destroy']} destroyed as planned)")  # fmt: skip
+    return code
+
+
+def refresh_state(state: State, plan: Plan) -> None:
+    """--refresh-only: accept into the state what drifted on the hosts."""
+    for d in plan.drift:
+        rec = state.deployments.get(d.deployment or "")
+        if rec is None:
+            continue
+        for r in list(rec.replicas):
+            if r.unit != d.unit or r.host != d.host:
+                continue
+            if d.kind == "missing":
+                rec.replicas.remove(r)
+            elif d.kind == "edited":
+                r.reason = "unit file edited by hand (accepted by refresh-only)"
+                r.unit_sha256 = ""
+            elif d.kind in ("stopped", "crash-looping"):
+                r.status = "failed" if d.kind == "crash-looping" else "stopped"
+                r.reason = d.detail
+
+
+@click.command()
+@click.argument("args", nargs=-1, type=click.Path(path_type=Path))
+@inventory_option
+@state_option
+@ssh_options
+@target_option
+@lock_timeout_option
+@click.option("--auto-approve", is_flag=True, help="Do not ask for confirmation.")
+def apply(
+    args: tuple[Path, ...], inventory_path: Path | None, state_path: Path | None, parallel: int,
+    accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool,
+) -> None:  # fmt: skip
+    """Make the hosts match the documents: plan, confirm, then roll replicas one at a time, health-gated.
+
+    ARGS are the documents, or one saved PLANFILE (from `plan --out`), which is applied exactly as reviewed
+    or refused if the state or a host's facts changed since."""
+    options = ssh_settings(accept_new_host_keys)
+    saved = _load_plan_file(args[0]) if len(args) == 1 and args[0].is_file() else None
+    if saved is not None:
+        ctx = saved.context
+        inventory = load_inventory(Path(inventory_path or ctx["inventory"]))
+        backend = LocalState(Path(state_path or ctx["state"]))
+        try:
+            with backend.lock("apply", timeout=lock_timeout):
+                state = read_state(backend)
+                hosts = [h for h in inventory.hosts if h.name in saved.host_fingerprints]
+                facts, _ = gather(hosts, options, parallel, ctx.get("model_paths") or {})
+                stale = _stale(saved, state, facts)
+                if stale:
+                    raise InputError(
+                        [
+                            Diagnostic(
+                                Location(str(args[0])),
+                                "",
+                                "the saved plan is stale: " + "; ".join(stale),
+                                hint="run engine-ctl plan again and review the new plan",
+                            )
+                        ]
+                    )
+                show_plan(saved)
+                sys.exit(execute(saved, inventory, backend, state, options, "apply " + str(args[0])))
+        except StateError as exc:
+            raise InputError([Diagnostic(Location(str(backend.path)), "", str(exc))]) from None
+    loaded = load_checked(args)
+    inventory = resolve_inventory(inventory_path, loaded)
+    backend = backend_for(state_path, args)
+    try:
+        with backend.lock("apply", timeout=lock_timeout):
+            state = read_state(backend)
+            result, extra = build_plan(
+                loaded, loaded.desired, inventory, state, backend, options, parallel, targets, documents=args
+            )
+            show_plan(result)
+            report_failures(extra["failures"])
+            if not result.has_changes:
+                sys.exit(0)
+            _confirm(auto_approve)
+            code = execute(result, inventory, backend, state, options, "apply")
+            sys.exit(code or (1 if extra["failures"] else 0))
+    except StateError as exc:
+        raise InputError([Diagnostic(Location(str(backend.path)), "", str(exc))]) from None
+
+
+@click.command()
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@inventory_option
+@state_option
+@ssh_options
+@target_option
+@lock_timeout_option
+@click.option("--auto-approve", is_flag=True, help="Do not ask for confirmation.")
+def destroy(
+    paths: tuple[Path, ...], inventory_path: Path | None, state_path: Path | None, parallel: int,
+    accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool,
+) -> None:  # fmt: skip
+    """Stop and remove the units of every deployment in the state (or --target ones). The models stay."""
+    loaded = load_checked(paths) if paths else None
+    inventory = resolve_inventory(inventory_path, loaded)
+    backend = backend_for(state_path, paths)
+    options = ssh_settings(accept_new_host_keys)
+    try:
+        with backend.lock("destroy", timeout=lock_timeout):
+            state = read_state(backend)
+            keep = DesiredState()  # nothing is wanted: every (targeted) deployment in the state is deleted
+            result, extra = build_plan(loaded, keep, inventory, state, backend, options, parallel, targets)
+            result.changes = [c for c in result.changes if c.action == ["delete"]]
+            show_plan(result)
+            report_failures(extra["failures"])
+            if not result.changes:
+                sys.exit(0)
+            _confirm(auto_approve)
+            sys.exit(execute(result, inventory, backend, state, options, "destroy"))
+    except StateError as exc:
+        raise InputError([Diagnostic(Location(str(backend.path)), "", str(exc))]) from None
+
+
+__all__ = ["apply", "datetime", "destroy", "plan"]
