@@ -20,7 +20,7 @@ from engine_ctl.inventory import Inventory
 from engine_ctl.model import Deployment, DesiredState, Model
 from engine_ctl.modelfacts import ModelFacts
 from engine_ctl.providers import Provider
-from engine_ctl.render import UNIT_PREFIX, RenderedUnit, render_unit, replica_runs, unit_name
+from engine_ctl.render import UNIT_PREFIX, RenderedUnit, model_path_on_host, render_unit, replica_runs, unit_name
 from engine_ctl.rules import resolve_engine
 from engine_ctl.runspec import FitPlan, Placement
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
