@@ -222,12 +222,13 @@ def place(
     reserved_ports: dict[str, set[int]] | None = None,
     taken_gpus: set[str] | None = None,
     ours: set[str] | None = None,
+    already: dict[str, int] | None = None,
 ) -> FitResult:
     """Spread `count` replicas over hosts: fewest replicas of this deployment first, GPUs whole, by UUID."""
     taken = set(taken_gpus or ())
     ports = {h.host: set(h.ports_in_use) | set((reserved_ports or {}).get(h.host, ())) for h in hosts}
     memory: dict[str, int] = {h.host: 0 for h in hosts}
-    per_host: dict[str, int] = {h.host: 0 for h in hosts}
+    per_host: dict[str, int] = {h.host: (already or {}).get(h.host, 0) for h in hosts}
     candidates = [h for h in hosts if d.host in (None, h.host)]
     placements: list[Placement] = []
     waiting: dict[str, str] = {}
@@ -250,9 +251,14 @@ def place(
         memory[h.host] += plan.memory_bytes
         per_host[h.host] += 1
         taken.update(g.uuid for g in gpus)
-        threads = min(2 * plan.cpu_cores, h.cpu.cores) if plan.accelerator == "cpu" else None
+        threads = replica_threads(plan, h)
         placements.append(Placement(index=index, host=h.host, gpus=tuple(gpus), port=port, threads=threads))
     return FitResult(plan=plan, placements=tuple(placements), waiting=waiting)
+
+
+def replica_threads(plan: FitPlan, host: HostFacts) -> int | None:
+    """llama.cpp on a CPU: --threads at twice the replica's cores, at most the machine's."""
+    return min(2 * plan.cpu_cores, host.cpu.cores) if plan.accelerator == "cpu" else None
 
 
 def _furthest(waiting: dict[str, str]) -> str:

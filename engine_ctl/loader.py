@@ -274,6 +274,8 @@ def classify(doc: SourceDocument) -> tuple[str | None, Diagnostic | None]:
             f"a document is a mapping (a deployment, a model or an inventory); this one is {what}",
             hint="start with metadata:/spec:, name:/engine:/model:, or kind: Model",
         )
+    if "lineage" in data and "serial" in data or "state_lineage" in data and "changes" in data:
+        return "Skip", None  # an engine-ctl state or plan file beside the documents
     kind = data.get("kind")
     if kind is not None:
         if kind in KINDS:
@@ -319,6 +321,8 @@ def load_documents(docs: list[SourceDocument]) -> LoadResult:
         kind, problem = classify(doc)
         if problem is not None or kind is None:
             problems.extend([problem] if problem else [])
+            continue
+        if kind == "Skip":
             continue
         if kind == "Inventory":
             inventory, found = inventory_from(doc)

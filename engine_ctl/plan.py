@@ -15,7 +15,7 @@ from deepdiff import DeepDiff
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine_ctl.facts import BUSY_BYTES, HostFacts, UnitFact
-from engine_ctl.fit import FitResult, fit, host_verdict, place
+from engine_ctl.fit import FitResult, fit, host_verdict, place, replica_threads
 from engine_ctl.inventory import Inventory
 from engine_ctl.model import Deployment, DesiredState, Model
 from engine_ctl.modelfacts import ModelFacts
@@ -208,13 +208,14 @@ def _other(slot: str) -> str:
     return "b" if slot == "a" else "a"
 
 
-def _placement_of(record: ReplicaRecord, facts: HostFacts) -> Placement | None:
+def _placement_of(record: ReplicaRecord, facts: HostFacts, plan: FitPlan) -> Placement | None:
     """The recorded placement, if the host still has the GPUs it names."""
     by_uuid = {g.uuid: g for g in facts.gpus}
     if any(u not in by_uuid for u in record.gpus):
         return None
+    gpus = tuple(by_uuid[u] for u in record.gpus)
     return Placement(
-        index=record.index, host=record.host, gpus=tuple(by_uuid[u] for u in record.gpus), port=record.port
+        index=record.index, host=record.host, gpus=gpus, port=record.port, threads=replica_threads(plan, facts)
     )
 
 
@@ -259,6 +260,10 @@ def plan_deployment(
         else:
             live.append(r)
     strategies: set[Strategy] = set()
+    on_host: dict[str, int] = {}
+    for r in live:
+        if r.index < count:
+            on_host[r.host] = on_host.get(r.host, 0) + 1
     for index in range(count):
         current = _current(live, index, facts)
         extras = [r for r in live if r.index == index and r is not current]
@@ -269,18 +274,22 @@ def plan_deployment(
             change.warnings.append(f"replica {index} is on {current.host}, which is unreachable: left as it is")
             continue
         if current is None:
-            result = place(d, fitted, provider, _with_alloc(hosts, alloc), 1, taken_gpus=alloc.gpus, ours=alloc.ours)
+            result = place(
+                d, fitted, provider, _with_alloc(hosts, alloc), 1, taken_gpus=alloc.gpus, ours=alloc.ours,
+                already=on_host,
+            )  # fmt: skip
             if not result.placements:
                 change.pending_reason = result.pending_reason
                 change.waiting = result.waiting
                 break
             p = result.placements[0].model_copy(update={"index": index})
             alloc.take(p)
+            on_host[p.host] = on_host.get(p.host, 0) + 1
             created = _render(d, model, provider, fitted, p, by_host, revision, "a")
             replicas.append(_replica(["create"], created, revision, p, reason="new replica"))
             continue
         host_facts = facts[current.host]
-        same_place = _placement_of(current, host_facts)
+        same_place = _placement_of(current, host_facts, fitted)
         unit_now = None
         if same_place is not None and len(same_place.gpus) == fitted.gpus:
             unit_now = _render(d, model, provider, fitted, same_place, by_host, current.revision, current.slot)
@@ -316,7 +325,7 @@ def plan_deployment(
                 change.pending_reason = stop_start.pending_reason
                 change.waiting = stop_start.waiting
                 alloc.take(
-                    _placement_of(current, host_facts) or Placement(index=index, host=current.host, port=current.port)
+                    _placement_of(current, host_facts, fitted) or Placement(index=index, host=current.host, port=current.port)
                 )
                 break
             p = stop_start.placements[0].model_copy(update={"index": index, "port": current.port})

@@ -196,7 +196,12 @@ def expand_paths(paths: list[Path]) -> tuple[list[Path], list[Diagnostic]]:
     problems: list[Diagnostic] = []
     for path in paths:
         if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in DOCUMENT_SUFFIXES)
+            found = sorted(
+                p
+                for p in path.iterdir()
+                if p.is_file() and p.suffix in DOCUMENT_SUFFIXES and not p.name.startswith(".")
+                and not p.name.startswith("engine-ctl.state.json")
+            )
             if not found:
                 problems.append(
                     Diagnostic(Location(str(path)), "", "no *.yaml, *.yml or *.json file in this directory")

@@ -1,0 +1,320 @@
+"""plan and apply on the real fleet, with the real llama-server and the tiny real model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine_ctl.state import LocalState
+from tests.fleet import Fleet
+from tests.llama import tiny_model
+
+MODELS_DIR = "/var/lib/engine-ctl/models"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def weights(fleet: Fleet) -> None:
+    """The tiny model (and a corrupt copy) in every host's models_dir."""
+    for h in fleet.hosts:
+        fleet.ssh(
+            h,
+            f"mkdir -p {MODELS_DIR}/tiny && cp {tiny_model()} {MODELS_DIR}/tiny/tiny.gguf && "
+            f"head -c 2000000 {tiny_model()} > {MODELS_DIR}/tiny/corrupt.gguf",
+        )
+
+
+class Project:
+    """A directory of documents with its own state file, driven through the real CLI in a subprocess."""
+
+    def __init__(self, path: Path, fleet: Fleet, name: str) -> None:
+        self.path, self.fleet, self.name = path, fleet, name
+        self.state_file = path / "engine-ctl.state.json"
+
+    def write(self, spec: str, model_file: str = "tiny.gguf") -> None:
+        (self.path / "docs.yaml").write_text(
+            textwrap.dedent(
+                f"""
+                kind: Model
+                metadata: {{name: tiny}}
+                spec: {{format: gguf, path: tiny/{model_file}, parameters: 4170048}}
+                ---
+                metadata: {{name: {self.name}}}
+                spec:
+                  model: tiny
+                  accelerator: cpu
+                """
+            )
+            + textwrap.indent(textwrap.dedent(spec).strip(), "  ")
+            + "\n"
+        )
+
+    def cli(self, *args: str, check: bool = False, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "engine_ctl", *args]
+        if args[0] in ("plan", "apply", "destroy", "status", "list"):
+            argv += [str(self.path), "--inventory", self.fleet.inventory]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, cwd=ROOT)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        if check:
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc
+
+    def state(self) -> dict:  # type: ignore[type-arg]
+        return json.loads(self.state_file.read_text())
+
+    def replicas(self) -> list[dict]:  # type: ignore[type-arg]
+        return self.state()["deployments"][self.name]["replicas"]
+
+    def address(self, host: str) -> str:
+        return next(h.address for h in self.fleet.hosts if h.name == host)
+
+    def health(self, replica: dict) -> int | None:  # type: ignore[type-arg]
+        try:
+            with urllib.request.urlopen(f"http://{self.address(replica['host'])}:{replica['port']}/health", timeout=2) as r:
+                return int(r.status)
+        except OSError:
+            return None
+
+    def chat(self, replica: dict) -> dict:  # type: ignore[type-arg]
+        body = json.dumps({"model": self.name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        req = urllib.request.Request(
+            f"http://{self.address(replica['host'])}:{replica['port']}/v1/chat/completions",
+            data=body.encode(), headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+
+    def main_pid(self, replica: dict) -> int:  # type: ignore[type-arg]
+        h = next(x for x in self.fleet.hosts if x.name == replica["host"])
+        return int(self.fleet.ssh(h, f"systemctl show -p MainPID --value {replica['unit']}").stdout)
+
+
+@pytest.fixture
+def project(tmp_path: Path, fleet: Fleet, weights: None, request: pytest.FixtureRequest) -> Iterator[Project]:
+    name = "t-" + request.node.name.removeprefix("test_").replace("_", "-")[:30].rstrip("-")
+    p = Project(tmp_path, fleet, name)
+    yield p
+    if p.state_file.exists():
+        lock = p.state_file.with_name(p.state_file.name + ".lock")
+        lock.unlink(missing_ok=True)
+        p.cli("destroy", "--auto-approve")
+
+
+def test_plan_apply_plan_is_empty_and_every_replica_answers(project: Project) -> None:
+    project.write("replicas: {min: 2, max: 2}\ncontext_length: 512")
+    first = project.cli("plan", "--detailed-exitcode")
+    assert first.returncode == 2, first.stdout + first.stderr
+    assert f'+ deployment "{project.name}"' in first.stdout and "Plan: 1 to add, 0 to change, 0 to destroy." in first.stdout
+    project.cli("apply", "--auto-approve", check=True)
+    again = project.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "No changes." in again.stdout
+    replicas = project.replicas()
+    assert len(replicas) == 2 and {r["status"] for r in replicas} == {"serving"}
+    assert len({r["host"] for r in replicas}) == 2  # spread over hosts
+    for r in replicas:
+        assert project.chat(r)["model"] == project.name
+    status = project.cli("status", project.name, "--json", check=True)
+    (dep,) = json.loads(status.stdout)["deployments"]
+    assert dep["state"] == "Ready" and dep["ready"] == 2 and dep["revision"] == 1
+    listed = project.cli("list", check=True).stdout
+    assert project.name in listed and "Ready" in listed and "2/2" in listed
+
+
+def test_a_changed_context_length_rolls_with_the_deployment_answering_throughout(project: Project) -> None:
+    project.write("context_length: 512")
+    project.cli("apply", "--auto-approve", check=True)
+    (old,) = project.replicas()
+    project.write("context_length: 1024")
+    planned = project.cli("plan", "--json", check=True)
+    doc = json.loads(planned.stdout)
+    (change,) = doc["changes"]
+    assert change["action"] == ["delete", "create"] and change["strategy"] == "surge"
+    assert any(f["path"] == "spec.context_length" and f["old"] == 512 and f["new"] == 1024 for f in change["field_changes"])
+    (replica,) = change["replicas"]
+    assert replica["old_unit"] == old["unit"] and replica["unit"] != old["unit"]
+    human = project.cli("plan").stdout
+    assert "-/+" in human and "- --ctx-size 1024" in human and "+ --ctx-size 2048" in human
+
+    samples: list[bool] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            try:
+                serving = [r for r in project.replicas() if r["status"] == "serving"]
+            except (OSError, ValueError, KeyError):
+                continue
+            samples.append(any(project.health(r) == 200 for r in serving))
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        project.cli("apply", "--auto-approve", check=True)
+    finally:
+        done.set()
+        poller.join()
+    assert len(samples) > 10 and all(samples), f"{samples.count(False)} of {len(samples)} samples had no answer"
+    (new,) = project.replicas()
+    assert new["unit"] != old["unit"] and "--ctx-size" in new["argv"]
+    assert new["argv"][new["argv"].index("--ctx-size") + 1] == "2048"
+    assert project.health(old) is None or old["port"] == new["port"] and old["host"] == new["host"]
+    assert project.cli("plan", "--detailed-exitcode").returncode == 0
+
+
+def test_replicas_1_3_1_restart_nothing_that_stays(project: Project) -> None:
+    project.write("replicas: {min: 1, max: 3}")
+    project.cli("apply", "--auto-approve", check=True)
+    (first,) = project.replicas()
+    pid = project.main_pid(first)
+    project.write("replicas: {min: 3, max: 3}")
+    planned = json.loads(project.cli("plan", "--json", check=True).stdout)
+    (change,) = planned["changes"]
+    assert change["action"] == ["update"]
+    assert sorted(r["action"][0] for r in change["replicas"]) == ["create", "create"]
+    project.cli("apply", "--auto-approve", check=True)
+    assert len(project.replicas()) == 3 and all(project.health(r) == 200 for r in project.replicas())
+    assert project.main_pid(first) == pid
+    project.write("replicas: {min: 1, max: 3}")
+    project.cli("apply", "--auto-approve", check=True)
+    (kept,) = project.replicas()
+    assert kept["unit"] == first["unit"] and project.main_pid(kept) == pid
+    assert project.cli("plan", "--detailed-exitcode").returncode == 0
+
+
+def test_a_unit_edited_by_hand_is_drift_and_apply_repairs_it(project: Project) -> None:
+    project.write("context_length: 512")
+    project.cli("apply", "--auto-approve", check=True)
+    (r,) = project.replicas()
+    h = next(x for x in project.fleet.hosts if x.name == r["host"])
+    project.fleet.ssh(h, f"sed -i 's/^RestartSec=5/RestartSec=1/' /etc/systemd/system/{r['unit']}")
+    planned = project.cli("plan", "--detailed-exitcode")
+    assert planned.returncode == 2
+    assert "Changed outside engine-ctl (drift):" in planned.stdout and "edited by hand" in planned.stdout
+    project.cli("apply", "--auto-approve", check=True)
+    text = project.fleet.ssh(h, f"cat /etc/systemd/system/{r['unit']}").stdout
+    assert "RestartSec=5" in text and project.health(project.replicas()[0]) == 200
+    assert project.cli("plan", "--detailed-exitcode").returncode == 0
+
+
+def test_kill_9_of_the_engine_shows_in_status_and_plan_repairs_a_stopped_one(project: Project) -> None:
+    project.write("context_length: 512")
+    project.cli("apply", "--auto-approve", check=True)
+    (r,) = project.replicas()
+    h = next(x for x in project.fleet.hosts if x.name == r["host"])
+    project.fleet.ssh(h, f"kill -9 $(systemctl show -p MainPID --value {r['unit']})")
+    time.sleep(0.5)
+    (dep,) = json.loads(project.cli("status", project.name, "--json").stdout)["deployments"]
+    (inst,) = dep["instances"]
+    assert inst["state"] != "ready" or inst["restarts"] >= 1
+    deadline = time.monotonic() + 30  # systemd restarts it (Restart=on-failure)
+    while time.monotonic() < deadline and project.health(r) != 200:
+        time.sleep(0.5)
+    (dep,) = json.loads(project.cli("status", project.name, "--json").stdout)["deployments"]
+    assert dep["instances"][0]["restarts"] >= 1 and "restarted" in dep["instances"][0]["last_error"]
+    # stopped by hand: drift that plan repairs
+    project.fleet.ssh(h, f"systemctl stop {r['unit']}")
+    planned = project.cli("plan", "--detailed-exitcode")
+    assert planned.returncode == 2 and "inactive" in planned.stdout
+    project.cli("apply", "--auto-approve", check=True)
+    assert project.health(project.replicas()[0]) == 200
+
+
+def test_a_replica_that_cannot_start_halts_the_roll_and_the_previous_one_serves(project: Project) -> None:
+    project.write("context_length: 512")
+    project.cli("apply", "--auto-approve", check=True)
+    (old,) = project.replicas()
+    project.write("context_length: 512", model_file="corrupt.gguf")
+    failed = project.cli("apply", "--auto-approve")
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    (still,) = project.replicas()
+    assert still["unit"] == old["unit"] and project.health(still) == 200
+    assert project.chat(still)["model"] == project.name
+    record = project.state()["deployments"][project.name]
+    assert record["state"] == "Failed" and record["reason"].startswith("launch_failed:")
+    (dep,) = json.loads(project.cli("status", project.name, "--json").stdout)["deployments"]
+    assert dep["ready"] == 1 and "last change failed: launch_failed" in dep["reason"]
+    h = next(x for x in project.fleet.hosts if x.name == old["host"])
+    units = project.fleet.ssh(h, f"ls /etc/systemd/system/ | grep engine-ctl-{project.name}- || true").stdout.split()
+    assert units == [old["unit"]]
+
+
+def test_a_stale_plan_file_is_refused(project: Project, tmp_path: Path) -> None:
+    project.write("context_length: 512")
+    saved = tmp_path / "reviewed.plan.json"
+    project.cli("plan", "--out", str(saved))
+    project.cli("apply", "--auto-approve", check=True)  # the state moves on
+    refused = project.cli("apply", str(saved))
+    assert refused.returncode == 1 and "the saved plan is stale" in refused.stderr and "serial" in refused.stderr
+    project.write("context_length: 1024")
+    fresh = tmp_path / "fresh.plan.json"
+    project.cli("plan", "--out", str(fresh))
+    h = project.fleet.hosts[3 % len(project.fleet.hosts)]
+    project.fleet.ssh(h, "printf '[Service]\\nExecStart=/usr/bin/sleep 600\\n' > /etc/systemd/system/engine-ctl-x-0a.service "
+                         "&& systemctl daemon-reload && systemctl start engine-ctl-x-0a.service")  # fmt: skip
+    try:
+        refused = project.cli("apply", str(fresh))
+        assert refused.returncode == 1 and f"the facts of host {h.name} changed" in refused.stderr
+    finally:
+        project.fleet.ssh(h, "systemctl stop engine-ctl-x-0a.service; rm -f /etc/systemd/system/engine-ctl-x-0a.service; "
+                             "systemctl daemon-reload", check=False)  # fmt: skip
+    again = tmp_path / "again.plan.json"
+    project.cli("plan", "--out", str(again))
+    applied = project.cli("apply", str(again))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+
+
+def test_two_applies_at_once_one_is_refused_with_the_locks_who_and_when(project: Project) -> None:
+    project.write("replicas: {min: 2, max: 2}")
+    lock = project.state_file.with_name(project.state_file.name + ".lock")
+    argv = [sys.executable, "-m", "engine_ctl", "apply", "--auto-approve", str(project.path), "--inventory", project.fleet.inventory]
+    first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    deadline = time.monotonic() + 20
+    while not lock.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert lock.exists()
+    second = project.cli("apply", "--auto-approve")
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, out + err
+    assert second.returncode == 1
+    info = json.loads(lock.read_text()) if lock.exists() else None
+    assert info is None  # released by the first
+    assert "the state is locked by" in second.stderr and " since " in second.stderr and "force-unlock" in second.stderr
+
+
+@pytest.mark.parametrize("delay", [0.4, 1.2, 2.5])
+def test_kill_9_of_apply_mid_roll_loses_nothing_and_the_next_apply_converges(project: Project, delay: float) -> None:
+    project.write("replicas: {min: 2, max: 2}\ncontext_length: 512")
+    project.cli("apply", "--auto-approve", check=True)
+    project.write("replicas: {min: 2, max: 2}\ncontext_length: 1024")
+    argv = [sys.executable, "-m", "engine_ctl", "apply", "--auto-approve", str(project.path), "--inventory", project.fleet.inventory]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    time.sleep(delay)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    state = LocalState(project.state_file).read()  # readable
+    assert project.name in state.deployments
+    held = LocalState(project.state_file).lock_info()
+    if held is not None:
+        project.cli("force-unlock", held.id, str(project.path), check=True)
+    project.cli("plan", check=True)
+    project.cli("apply", "--auto-approve", check=True)
+    assert project.cli("plan", "--detailed-exitcode").returncode == 0
+    replicas = project.replicas()
+    assert len(replicas) == 2 and all(project.health(r) == 200 for r in replicas)
+    assert all(r["argv"][r["argv"].index("--ctx-size") + 1] == "2048" for r in replicas)
+    for h in project.fleet.hosts:  # no leftover unit of this deployment on any host
+        units = set(project.fleet.ssh(h, f"ls /etc/systemd/system/ | grep engine-ctl-{project.name}- || true").stdout.split())
+        assert units == {r["unit"] for r in replicas if r["host"] == h.name}
