@@ -274,7 +274,7 @@ def classify(doc: SourceDocument) -> tuple[str | None, Diagnostic | None]:
             f"a document is a mapping (a deployment, a model or an inventory); this one is {what}",
             hint="start with metadata:/spec:, name:/engine:/model:, or kind: Model",
         )
-    if "lineage" in data and "serial" in data or "state_lineage" in data and "changes" in data:
+    if ("lineage" in data and "serial" in data) or ("state_lineage" in data and "changes" in data):
         return "Skip", None  # an engine-ctl state or plan file beside the documents
     kind = data.get("kind")
     if kind is not None:

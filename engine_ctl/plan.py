@@ -325,7 +325,8 @@ def plan_deployment(
                 change.pending_reason = stop_start.pending_reason
                 change.waiting = stop_start.waiting
                 alloc.take(
-                    _placement_of(current, host_facts, fitted) or Placement(index=index, host=current.host, port=current.port)
+                    _placement_of(current, host_facts, fitted)
+                    or Placement(index=index, host=current.host, port=current.port)
                 )
                 break
             p = stop_start.placements[0].model_copy(update={"index": index, "port": current.port})

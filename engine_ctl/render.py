@@ -20,6 +20,7 @@ from engine_ctl.systemd import comment_text, env_assignment, exec_line, path_val
 
 UNIT_PREFIX = "engine-ctl-"
 CURL = "/usr/bin/curl"
+SH = "/bin/sh"
 NVIDIA_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
 
@@ -78,12 +79,16 @@ def device_allow(run: ReplicaRun) -> list[str]:
 
 
 def health_argv(port: int, path: str, budget_s: int) -> list[str]:
-    """Poll GET /health until 200 within the start-up budget (curl retries 503 and refused connections)."""
-    return [
-        CURL, "--silent", "--fail", "--output", "/dev/null",
-        "--retry", str(budget_s), "--retry-delay", "1", "--retry-max-time", str(budget_s),
-        "--retry-connrefused", "--max-time", "5", f"http://127.0.0.1:{port}{path}",
-    ]  # fmt: skip
+    """The health gate (ExecStartPost): GET /health once a second until it answers 200 within the start-up
+    budget, and fail at once if the engine exits first ($MAINPID is set for control processes)."""
+    script = (
+        f"i=0; while [ $i -lt {budget_s} ]; do "
+        'kill -0 "$MAINPID" 2>/dev/null || { echo "the engine exited before readiness" >&2; exit 1; }; '
+        f"code=$({CURL} -s -o /dev/null -w '%{{http_code}}' --max-time 3 http://127.0.0.1:{port}{path}); "
+        '[ "$code" = 200 ] && exit 0; i=$((i+1)); sleep 1; done; '
+        f'echo "no healthy answer within {budget_s} s" >&2; exit 1'
+    )
+    return [SH, "-c", script]
 
 
 def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit:

@@ -199,7 +199,9 @@ def expand_paths(paths: list[Path]) -> tuple[list[Path], list[Diagnostic]]:
             found = sorted(
                 p
                 for p in path.iterdir()
-                if p.is_file() and p.suffix in DOCUMENT_SUFFIXES and not p.name.startswith(".")
+                if p.is_file()
+                and p.suffix in DOCUMENT_SUFFIXES
+                and not p.name.startswith(".")
                 and not p.name.startswith("engine-ctl.state.json")
             )
             if not found:

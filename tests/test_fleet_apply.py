@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from engine_ctl.state import LocalState
+
 from tests.fleet import Fleet
 from tests.llama import tiny_model
 
@@ -60,9 +60,11 @@ class Project:
             + "\n"
         )
 
-    def cli(self, *args: str, check: bool = False, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, *args: str, check: bool = False, timeout: float = 300, docs: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         argv = [sys.executable, "-m", "engine_ctl", *args]
-        if args[0] in ("plan", "apply", "destroy", "status", "list"):
+        if docs and args[0] in ("plan", "apply", "destroy", "status", "list"):
             argv += [str(self.path), "--inventory", self.fleet.inventory]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, cwd=ROOT)
         assert "Traceback" not in proc.stderr, proc.stderr
@@ -81,7 +83,9 @@ class Project:
 
     def health(self, replica: dict) -> int | None:  # type: ignore[type-arg]
         try:
-            with urllib.request.urlopen(f"http://{self.address(replica['host'])}:{replica['port']}/health", timeout=2) as r:
+            with urllib.request.urlopen(
+                f"http://{self.address(replica['host'])}:{replica['port']}/health", timeout=2
+            ) as r:
                 return int(r.status)
         except OSError:
             return None
@@ -115,7 +119,10 @@ def test_plan_apply_plan_is_empty_and_every_replica_answers(project: Project) ->
     project.write("replicas: {min: 2, max: 2}\ncontext_length: 512")
     first = project.cli("plan", "--detailed-exitcode")
     assert first.returncode == 2, first.stdout + first.stderr
-    assert f'+ deployment "{project.name}"' in first.stdout and "Plan: 1 to add, 0 to change, 0 to destroy." in first.stdout
+    assert (
+        f'+ deployment "{project.name}"' in first.stdout
+        and "Plan: 1 to add, 0 to change, 0 to destroy." in first.stdout
+    )
     project.cli("apply", "--auto-approve", check=True)
     again = project.cli("plan", "--detailed-exitcode")
     assert again.returncode == 0, again.stdout + again.stderr
@@ -141,7 +148,9 @@ def test_a_changed_context_length_rolls_with_the_deployment_answering_throughout
     doc = json.loads(planned.stdout)
     (change,) = doc["changes"]
     assert change["action"] == ["delete", "create"] and change["strategy"] == "surge"
-    assert any(f["path"] == "spec.context_length" and f["old"] == 512 and f["new"] == 1024 for f in change["field_changes"])
+    assert any(
+        f["path"] == "spec.context_length" and f["old"] == 512 and f["new"] == 1024 for f in change["field_changes"]
+    )
     (replica,) = change["replicas"]
     assert replica["old_unit"] == old["unit"] and replica["unit"] != old["unit"]
     human = project.cli("plan").stdout
@@ -170,7 +179,7 @@ def test_a_changed_context_length_rolls_with_the_deployment_answering_throughout
     (new,) = project.replicas()
     assert new["unit"] != old["unit"] and "--ctx-size" in new["argv"]
     assert new["argv"][new["argv"].index("--ctx-size") + 1] == "2048"
-    assert project.health(old) is None or old["port"] == new["port"] and old["host"] == new["host"]
+    assert project.health(old) is None or (old["port"] == new["port"] and old["host"] == new["host"])
     assert project.cli("plan", "--detailed-exitcode").returncode == 0
 
 
@@ -256,7 +265,7 @@ def test_a_stale_plan_file_is_refused(project: Project, tmp_path: Path) -> None:
     saved = tmp_path / "reviewed.plan.json"
     project.cli("plan", "--out", str(saved))
     project.cli("apply", "--auto-approve", check=True)  # the state moves on
-    refused = project.cli("apply", str(saved))
+    refused = project.cli("apply", str(saved), docs=False)
     assert refused.returncode == 1 and "the saved plan is stale" in refused.stderr and "serial" in refused.stderr
     project.write("context_length: 1024")
     fresh = tmp_path / "fresh.plan.json"
@@ -265,21 +274,30 @@ def test_a_stale_plan_file_is_refused(project: Project, tmp_path: Path) -> None:
     project.fleet.ssh(h, "printf '[Service]\\nExecStart=/usr/bin/sleep 600\\n' > /etc/systemd/system/engine-ctl-x-0a.service "
                          "&& systemctl daemon-reload && systemctl start engine-ctl-x-0a.service")  # fmt: skip
     try:
-        refused = project.cli("apply", str(fresh))
+        refused = project.cli("apply", str(fresh), docs=False)
         assert refused.returncode == 1 and f"the facts of host {h.name} changed" in refused.stderr
     finally:
         project.fleet.ssh(h, "systemctl stop engine-ctl-x-0a.service; rm -f /etc/systemd/system/engine-ctl-x-0a.service; "
                              "systemctl daemon-reload", check=False)  # fmt: skip
     again = tmp_path / "again.plan.json"
     project.cli("plan", "--out", str(again))
-    applied = project.cli("apply", str(again))
+    applied = project.cli("apply", str(again), docs=False)
     assert applied.returncode == 0, applied.stdout + applied.stderr
 
 
 def test_two_applies_at_once_one_is_refused_with_the_locks_who_and_when(project: Project) -> None:
     project.write("replicas: {min: 2, max: 2}")
     lock = project.state_file.with_name(project.state_file.name + ".lock")
-    argv = [sys.executable, "-m", "engine_ctl", "apply", "--auto-approve", str(project.path), "--inventory", project.fleet.inventory]
+    argv = [
+        sys.executable,
+        "-m",
+        "engine_ctl",
+        "apply",
+        "--auto-approve",
+        str(project.path),
+        "--inventory",
+        project.fleet.inventory,
+    ]
     first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     deadline = time.monotonic() + 20
     while not lock.exists() and time.monotonic() < deadline:
@@ -299,7 +317,16 @@ def test_kill_9_of_apply_mid_roll_loses_nothing_and_the_next_apply_converges(pro
     project.write("replicas: {min: 2, max: 2}\ncontext_length: 512")
     project.cli("apply", "--auto-approve", check=True)
     project.write("replicas: {min: 2, max: 2}\ncontext_length: 1024")
-    argv = [sys.executable, "-m", "engine_ctl", "apply", "--auto-approve", str(project.path), "--inventory", project.fleet.inventory]
+    argv = [
+        sys.executable,
+        "-m",
+        "engine_ctl",
+        "apply",
+        "--auto-approve",
+        str(project.path),
+        "--inventory",
+        project.fleet.inventory,
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     time.sleep(delay)
     os.kill(proc.pid, signal.SIGKILL)
@@ -316,5 +343,7 @@ def test_kill_9_of_apply_mid_roll_loses_nothing_and_the_next_apply_converges(pro
     assert len(replicas) == 2 and all(project.health(r) == 200 for r in replicas)
     assert all(r["argv"][r["argv"].index("--ctx-size") + 1] == "2048" for r in replicas)
     for h in project.fleet.hosts:  # no leftover unit of this deployment on any host
-        units = set(project.fleet.ssh(h, f"ls /etc/systemd/system/ | grep engine-ctl-{project.name}- || true").stdout.split())
+        units = set(
+            project.fleet.ssh(h, f"ls /etc/systemd/system/ | grep engine-ctl-{project.name}- || true").stdout.split()
+        )
         assert units == {r["unit"] for r in replicas if r["host"] == h.name}
