@@ -271,14 +271,19 @@ def test_a_stale_plan_file_is_refused(project: Project, tmp_path: Path) -> None:
     fresh = tmp_path / "fresh.plan.json"
     project.cli("plan", "--out", str(fresh))
     h = project.fleet.hosts[3 % len(project.fleet.hosts)]
-    project.fleet.ssh(h, "printf '[Service]\\nExecStart=/usr/bin/sleep 600\\n' > /etc/systemd/system/engine-ctl-x-0a.service "
-                         "&& systemctl daemon-reload && systemctl start engine-ctl-x-0a.service")  # fmt: skip
+    unit = "/etc/systemd/system/engine-ctl-x-0a.service"
+    project.fleet.ssh(
+        h,
+        f"printf '[Service]\\nExecStart=/usr/bin/sleep 600\\n' > {unit} && systemctl daemon-reload "
+        "&& systemctl start engine-ctl-x-0a.service",
+    )
     try:
         refused = project.cli("apply", str(fresh), docs=False)
         assert refused.returncode == 1 and f"the facts of host {h.name} changed" in refused.stderr
     finally:
-        project.fleet.ssh(h, "systemctl stop engine-ctl-x-0a.service; rm -f /etc/systemd/system/engine-ctl-x-0a.service; "
-                             "systemctl daemon-reload", check=False)  # fmt: skip
+        project.fleet.ssh(
+            h, f"systemctl stop engine-ctl-x-0a.service; rm -f {unit}; systemctl daemon-reload", check=False
+        )
     again = tmp_path / "again.plan.json"
     project.cli("plan", "--out", str(again))
     applied = project.cli("apply", str(again), docs=False)
