@@ -135,6 +135,10 @@ class StepFailed(Exception):
     pass
 
 
+class Interrupted(Exception):
+    """Ctrl-C: no further step starts; the state is recorded."""
+
+
 class Executor:
     def __init__(
         self,
@@ -185,11 +189,7 @@ class Executor:
                 self.recorder.change(lambda s: self._mark(s, change, "Failed", change.failed_reason))
                 self.result.failed[name] = change.failed_reason
                 return
-            for step in change.replicas:
-                if self.stop.is_set():
-                    self.progress(f"{name}: interrupted before replica {step.index}; state recorded")
-                    return
-                self._step(change, step)
+            self._steps(change)
             if change.action == ["delete"]:
                 self.recorder.change(lambda s: _forget(s, name))
                 self.progress(f"{name}: destroyed")
@@ -198,6 +198,8 @@ class Executor:
                 self.recorder.change(lambda s: self._mark(s, change, state, change.pending_reason, applied=True))
                 self.progress(f"{name}: {state.lower()} at revision {change.revision}")
             self.result.applied.append(name)
+        except Interrupted:
+            return
         except StepFailed as exc:
             reason = str(exc)
             self.recorder.change(lambda s: self._mark(s, change, "Failed", reason))
@@ -209,6 +211,47 @@ class Executor:
             self.result.failed[name] = message
             self.result.host_failures[exc.host] = message
             self.progress(f"{name}: FAILED on {exc.host}: {message}")
+
+    def _steps(self, change: DeploymentChange) -> None:
+        """Steps that keep every serving replica (creates, surges) run in parallel across hosts, one at a time
+        per host; the others (repairs, stop-then-start, deletes) one at a time, in the plan's order."""
+        steps = list(change.replicas)
+        leftovers = [s for s in steps if s.action == ["delete"] and s.reason.startswith("left by")]
+        widening = [
+            s for s in steps
+            if s.action == ["create"] or (s.action == ["delete", "create"] and s.strategy == "surge")
+        ]  # fmt: skip
+        rest = [s for s in steps if s not in leftovers and s not in widening]
+        for step in leftovers:
+            self._guarded(change, step)
+        by_host: dict[str, list[ReplicaChange]] = {}
+        for step in widening:
+            by_host.setdefault(step.host, []).append(step)
+        failure: list[StepFailed] = []
+
+        def host_steps(items: list[ReplicaChange]) -> None:
+            for step in items:
+                if failure:
+                    return
+                try:
+                    self._guarded(change, step)
+                except StepFailed as exc:
+                    failure.append(exc)
+                    return
+
+        if by_host:
+            with ThreadPoolExecutor(max_workers=len(by_host)) as pool:
+                list(pool.map(host_steps, by_host.values()))
+        if failure:
+            raise failure[0]
+        for step in rest:
+            self._guarded(change, step)
+
+    def _guarded(self, change: DeploymentChange, step: ReplicaChange) -> None:
+        if self.stop.is_set():
+            self.progress(f"{change.name}: interrupted before replica {step.index}; state recorded")
+            raise Interrupted
+        self._step(change, step)
 
     @staticmethod
     def _mark(state: State, change: DeploymentChange, status: str, reason: str | None, applied: bool = False) -> None:

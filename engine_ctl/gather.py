@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from engine_ctl.facts import (
@@ -33,8 +35,14 @@ def probe_source() -> str:
     return resources.files("engine_ctl.remote").joinpath("facts_probe.py").read_text()
 
 
-def probe_args(host: Host, model_paths: Sequence[str] = (), health: Sequence[tuple[int, str]] = ()) -> dict[str, Any]:
+def probe_args(
+    host: Host,
+    model_paths: Sequence[str] = (),
+    health: Sequence[tuple[int, str]] = (),
+    known_versions: Mapping[str, list[Any]] | None = None,
+) -> dict[str, Any]:
     return {
+        "known_versions": dict(known_versions or {}),
         "model_paths": list(model_paths),
         "health": [{"port": port, "path": path} for port, path in health],
         "models_dir": host.models_dir,
@@ -142,7 +150,9 @@ def gather_one(
     health: Sequence[tuple[int, str]] = (),
 ) -> HostFacts:
     host = transport.host
-    argv = ["exec", PYTHON, "-I", "-", json.dumps(probe_args(host, model_paths, health), separators=(",", ":"))]
+    cache = VersionCache.for_host(host.name)
+    args = probe_args(host, model_paths, health, cache.known)
+    argv = ["exec", PYTHON, "-I", "-S", "-", json.dumps(args, separators=(",", ":"))]
     if isinstance(transport, LocalTransport):
         argv = argv[1:]
     result = transport.run(argv, stdin=probe_source())
@@ -154,7 +164,39 @@ def gather_one(
         doc = json.loads(result.stdout)
     except json.JSONDecodeError as exc:
         raise HostFailure(host.name, "command", f"facts probe printed no JSON: {exc}") from None
+    cache.remember(doc.get("engines") or {})
     return facts_from_probe(host.name, doc)
+
+
+class VersionCache:
+    """Engine versions already read on a host, keyed by the binary's path, mtime and size, so that the probe
+    runs `llama-server --version` only when the binary changed. Kept in ~/.cache/engine-ctl/ (or
+    $ENGINE_CTL_CACHE_DIR); losing it only costs a re-read."""
+
+    def __init__(self, path: Path, known: dict[str, list[Any]]) -> None:
+        self.path, self.known = path, known
+
+    @classmethod
+    def for_host(cls, host: str) -> VersionCache:
+        base = Path(os.environ.get("ENGINE_CTL_CACHE_DIR") or Path.home() / ".cache" / "engine-ctl")
+        path = base / "engine-versions" / f"{host}.json"
+        try:
+            known = json.loads(path.read_text())
+        except (OSError, ValueError):
+            known = {}
+        return cls(path, known if isinstance(known, dict) else {})
+
+    def remember(self, engines: dict[str, Any]) -> None:
+        fresh = {e["path"]: [*e["stat"], e.get("version")] for e in engines.values() if e.get("stat")}
+        if fresh == self.known:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(fresh))
+            tmp.replace(self.path)
+        except OSError:
+            pass
 
 
 def gather(

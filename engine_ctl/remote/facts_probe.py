@@ -5,9 +5,7 @@ A missing tool is a fact (null), never an error."""
 import hashlib
 import json
 import os
-import platform
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -19,6 +17,37 @@ def run(argv, timeout=10):
         return {"code": p.returncode, "out": p.stdout, "err": p.stderr}
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"code": -1, "out": "", "err": str(exc)}
+
+
+def start(argv):
+    """Start a command now and collect it later (finish), so the probe's slow tools run side by side."""
+    try:
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except OSError as exc:
+        return exc
+
+
+def finish(proc, timeout=15):
+    if isinstance(proc, Exception):
+        return {"code": -1, "out": "", "err": str(proc)}
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        return {"code": -1, "out": out, "err": "timed out"}
+    return {"code": proc.returncode, "out": out, "err": err}
+
+
+def systemd_version():
+    """The version from libsystemd-shared's file name (no process); `systemctl --version` otherwise."""
+    import glob
+
+    for path in glob.glob("/usr/lib/systemd/libsystemd-shared-*.so") + glob.glob("/lib/systemd/libsystemd-shared-*.so"):
+        version = path.rsplit("libsystemd-shared-", 1)[1][: -len(".so")]
+        if version[:1].isdigit():
+            return "systemd " + version
+    return (run(["systemctl", "--version"])["out"].splitlines() or [None])[0]
 
 
 def read(path):
@@ -106,8 +135,10 @@ def gpus():
     return out
 
 
-def engines(spec):
-    found = {}
+def engines(spec, known):
+    """Find each engine and start its version probe, unless the binary is unchanged since engine-ctl last read
+    its version (`known`: path -> [mtime_ns, size, version]); returns {name: (path, probe or version, kind, stat)}."""
+    started = {}  # type: dict[str, tuple]
     for name, entry in spec.items():
         path = None
         for candidate in entry.get("candidates", []):
@@ -117,11 +148,16 @@ def engines(spec):
                 break
         if path is None:
             continue
+        st = os.stat(path)
+        stat = [st.st_mtime_ns, st.st_size]
+        seen = known.get(path)
+        if seen and seen[:2] == stat:
+            started[name] = (path, seen[2], "known", stat)  # type: ignore[assignment]
+            continue
         probe = entry.get("probe") or {}
-        version = None
+        proc = None
         if probe.get("kind") == "argv":
-            result = run([path, *probe.get("args", [])], timeout=15)
-            version = (result["out"] + result["err"]).strip()
+            proc = start([path, *probe.get("args", [])])
         elif probe.get("kind") == "python_dist":
             python = path
             try:
@@ -132,11 +168,23 @@ def engines(spec):
             except OSError:
                 pass
             code = "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))"
-            result = run([python, "-c", code, probe.get("dist", name)], timeout=15)
-            version = result["out"].strip() or None
-            if version is None:
+            proc = start([python, "-c", code, probe.get("dist", name)])
+        started[name] = (path, proc, probe.get("kind"), stat)
+    return started
+
+
+def engine_versions(started):
+    found = {}
+    for name, (path, proc, kind, stat) in started.items():
+        version = None
+        if kind == "known":
+            version = proc
+        elif proc is not None:
+            result = finish(proc)
+            version = (result["out"] + result["err"]).strip() if kind == "argv" else result["out"].strip() or None
+            if kind == "python_dist" and version is None:
                 continue  # the interpreter is there, the engine's package is not
-        found[name] = {"path": path, "version": (version or "")[:400] or None}
+        found[name] = {"path": path, "version": (version or "")[:400] or None, "stat": stat}
     return found
 
 
@@ -151,11 +199,6 @@ def units(prefix):
                     hashes[entry] = hashlib.sha256(f.read()).hexdigest()
     except OSError:
         pass
-    listed = run(["systemctl", "list-units", "--all", "--plain", "--no-legend", "--no-pager", prefix + "*"])
-    for line in listed["out"].splitlines():
-        parts = line.split()
-        if parts and parts[0].startswith(prefix) and parts[0].endswith(".service"):
-            names.add(parts[0])
     out = []
     if names:
         ordered = sorted(names)
@@ -300,6 +343,8 @@ def model_metadata(path):
 
 def health(checks):
     """GET each engine's health endpoint on loopback: the HTTP status, or why there was none."""
+    if not checks:
+        return {}
     import urllib.error
     import urllib.request
 
@@ -318,29 +363,30 @@ def health(checks):
 
 def main():
     args = json.loads(sys.argv[1])
+    started = engines(args.get("engines", {}), args.get("known_versions", {}))
     haproxy = shutil.which("haproxy")
-    systemd = run(["systemctl", "--version"])
+    haproxy_probe = start([haproxy, "-v"]) if haproxy else None
     doc = {
         "probe_version": 1,
-        "hostname": socket.gethostname(),
+        "hostname": os.uname().nodename,
         "os": os_release(),
-        "kernel": platform.release(),
-        "arch": platform.machine(),
-        "systemd": (systemd["out"].splitlines() or [None])[0],
+        "kernel": os.uname().release,
+        "arch": os.uname().machine,
+        "systemd": systemd_version(),
         "cpu": cpu(),
         "memory": memory(),
         "disks": {"models_dir": disk(args["models_dir"]), "cache_dir": disk(args["cache_dir"])},
         "gpus": gpus(),
-        "engines": engines(args.get("engines", {})),
         "units": units(args.get("unit_prefix", "engine-ctl-")),
         "ports": listening_ports(),
         "model_files": model_files(args["models_dir"]),
-        "haproxy": (run([haproxy, "-v"])["out"].splitlines() or [None])[0] if haproxy else None,
         "curl": shutil.which("curl"),
-        "python": platform.python_version(),
+        "python": "%d.%d.%d" % sys.version_info[:3],
         "models": {p: model_metadata(p) for p in args.get("model_paths", [])},
         "health": health(args.get("health", [])),
     }
+    doc["engines"] = engine_versions(started)
+    doc["haproxy"] = (finish(haproxy_probe)["out"].splitlines() or [None])[0] if haproxy_probe else None
     sys.stdout.write(json.dumps(doc))
 
 
