@@ -108,17 +108,15 @@ def main() -> int:
         print(f"plan of 1 deployment:                 {p1:6.2f} s")
         print(f"plan of 200 deployments:              {p200:6.2f} s   ratio {p200 / p1:4.2f}x (target <= 1.5)")
         print(f"engine time to health (tiny model):   {engine:6.2f} s;  CLI start-up {startup:.2f} s")
-        for name, n, wall, planning, overhead in rows:
+        for _name, n, wall, planning, overhead in rows:
             print(
                 f"apply {n:>2} replica(s): {wall:6.2f} s wall = start-up {startup:.2f} + plan {planning:.2f} + "
                 f"engine {engine:.2f} + overhead {overhead:.2f} s (target <= 1 per replica; replicas on "
                 "different hosts roll in parallel)"
             )
         for name in ("single", "wide"):
-            subprocess.run(
-                [sys.executable, "-m", "engine_ctl", "destroy", "--auto-approve", str(dirs[name]), "--inventory", str(inv)],
-                check=False, capture_output=True,
-            )  # fmt: skip
+            argv = ["destroy", "--auto-approve", str(dirs[name]), "--inventory", str(inv)]
+            subprocess.run([sys.executable, "-m", "engine_ctl", *argv], check=False, capture_output=True)
     finally:
         fleet_mod.down(fleet)
     return 0
