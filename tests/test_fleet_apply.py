@@ -352,3 +352,17 @@ def test_kill_9_of_apply_mid_roll_loses_nothing_and_the_next_apply_converges(pro
             project.fleet.ssh(h, f"ls /etc/systemd/system/ | grep engine-ctl-{project.name}- || true").stdout.split()
         )
         assert units == {r["unit"] for r in replicas if r["host"] == h.name}
+
+
+def test_destroy_removes_the_units_and_keeps_the_models(project: Project) -> None:
+    project.write("replicas: {min: 2, max: 2}")
+    project.cli("apply", "--auto-approve", check=True)
+    replicas = project.replicas()
+    gone = project.cli("destroy", "--auto-approve", check=True)
+    assert "will be destroyed" in gone.stdout
+    assert project.state()["deployments"] == {}
+    for r in replicas:
+        h = next(x for x in project.fleet.hosts if x.name == r["host"])
+        assert project.fleet.ssh(h, f"test -e /etc/systemd/system/{r['unit']}", check=False).returncode == 1
+        assert project.fleet.ssh(h, f"test -f {MODELS_DIR}/tiny/tiny.gguf", check=False).returncode == 0
+        assert project.health(r) is None

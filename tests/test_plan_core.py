@@ -1,0 +1,154 @@
+"""The planner on synthetic facts (recorded GPU formats): actions, strategies, drift, targets. No hosts needed."""
+
+from __future__ import annotations
+
+from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
+
+from engine_ctl.facts import HostFacts, UnitFact, parse_nvidia_smi
+from engine_ctl.inventory import Host, Inventory
+from engine_ctl.loader import load_documents
+from engine_ctl.modelfacts import ModelFacts
+from engine_ctl.plan import Plan, ReplicaChange, make_plan
+from engine_ctl.planview import plan_text
+from engine_ctl.yamlsource import parse_text
+from tests.fleetfacts import gpu_host, h100x8, recording
+
+MODEL = "kind: Model\nmetadata: {name: m}\nspec: {format: gguf, path: m/m.gguf, context_length: 32768}\n"
+SHAPE = ModelFacts(block_count=32, head_count=32, head_count_kv=8, embedding_length=4096, weights_bytes=5_000_000_000)
+
+
+def desired(spec: str):  # type: ignore[no-untyped-def]
+    docs, _ = parse_text(MODEL + "---\nmetadata: {name: chat}\nspec: {model: m, " + spec + "}\n", "d.yaml")
+    return load_documents(docs).desired
+
+
+def world(*facts: HostFacts) -> tuple[Inventory, dict[str, HostFacts]]:
+    inv = Inventory(hosts=tuple(Host(name=f.host, address=f.host, models_dir="/srv/models") for f in facts))
+    return inv, {f.host: f for f in facts}
+
+
+def plan_for(spec: str, state: State, *facts: HostFacts, **kw: object) -> Plan:
+    inv, by_name = world(*facts)
+    return make_plan(desired(spec), state, inv, by_name, {"m": SHAPE}, **kw)  # type: ignore[arg-type]
+
+
+def applied(plan: Plan, state: State, facts: dict[str, HostFacts]) -> tuple[State, dict[str, HostFacts]]:
+    """What a successful apply records, and the units the hosts then have (for the next plan)."""
+    new = state.model_copy(deep=True)
+    units: dict[str, list[UnitFact]] = {h: list(f.units) for h, f in facts.items()}
+    for c in plan.changes:
+        rec = new.deployments.setdefault(c.name, DeploymentRecord(name=c.name))
+        for r in c.replicas:
+            if r.action in (["delete"], ["delete", "create"]):
+                rec.replicas = [x for x in rec.replicas if x.unit != r.old_unit]
+                units[r.old_host or r.host] = [u for u in units[r.old_host or r.host] if u.name != r.old_unit]
+            if r.action != ["delete"]:
+                rec.replicas = [x for x in rec.replicas if x.unit != r.unit] + [_record(r)]
+                units[r.host] = [u for u in units[r.host] if u.name != r.unit] + [
+                    UnitFact(name=r.unit, sha256=r.unit_sha256, active_state="active", sub_state="running")
+                ]
+        rec.revision, rec.spec, rec.model, rec.spec_hash, rec.plan = c.revision, c.spec, c.model, c.spec_hash, c.fit
+    return new, {h: f.model_copy(update={"units": tuple(units[h])}) for h, f in facts.items()}
+
+
+def _record(r: ReplicaChange) -> ReplicaRecord:
+    return ReplicaRecord(
+        index=r.index, slot=r.slot, host=r.host, unit=r.unit, port=r.port, gpus=r.gpus, gpu_indexes=r.gpu_indexes,
+        unit_sha256=r.unit_sha256 or "", revision=r.revision, argv=r.argv, status="serving",
+    )  # fmt: skip
+
+
+def test_create_then_no_op() -> None:
+    h = h100x8()
+    first = plan_for("gpus: 1", State(), h)
+    (c,) = first.changes
+    assert c.action == ["create"] and c.replicas[0].action == ["create"] and c.replicas[0].gpus
+    assert first.summary() == {"add": 1, "change": 0, "destroy": 0}
+    assert "Plan: 1 to add, 0 to change, 0 to destroy." in plan_text(first)
+    state, facts = applied(first, State(), {h.host: h})
+    again = make_plan(desired("gpus: 1"), state, world(*facts.values())[0], facts, {"m": SHAPE})
+    assert not again.has_changes and again.changes[0].action == ["no-op"]
+
+
+def test_only_the_replica_count_changes_in_place() -> None:
+    h = h100x8()
+    p1 = plan_for("gpus: 1, replicas: {min: 1, max: 3}", State(), h)
+    state, facts = applied(p1, State(), {h.host: h})
+    p3 = make_plan(
+        desired("gpus: 1, replicas: {min: 3, max: 3}"), state, world(*facts.values())[0], facts, {"m": SHAPE}
+    )
+    (c,) = p3.changes
+    assert c.action == ["update"] and [r.action for r in c.replicas] == [["create"], ["create"]]
+    assert len({g for r in c.replicas for g in r.gpus} | set(state.deployments["chat"].replicas[0].gpus)) == 3
+
+
+def test_context_change_is_a_surge_with_a_free_gpu_and_stop_then_start_without() -> None:
+    h = h100x8()
+    p = plan_for("gpus: 4, context_length: 4096", State(), h)
+    state, facts = applied(p, State(), {h.host: h})
+    roll = make_plan(desired("gpus: 4, context_length: 8192"), state, world(*facts.values())[0], facts, {"m": SHAPE})
+    (c,) = roll.changes
+    assert c.action == ["delete", "create"] and c.strategy == "surge"
+    (r,) = c.replicas
+    assert set(r.gpus).isdisjoint(state.deployments["chat"].replicas[0].gpus)  # the 4 other GPUs
+    assert any(f.path == "spec.context_length" for f in c.field_changes)
+    # with 8 GPUs per replica there is no room for a second: stop-then-start, with a warning
+    p8 = plan_for("gpus: 8, context_length: 4096", State(), h)
+    state8, facts8 = applied(p8, State(), {h.host: h})
+    roll8 = make_plan(
+        desired("gpus: 8, context_length: 8192"), state8, world(*facts8.values())[0], facts8, {"m": SHAPE}
+    )
+    (c8,) = roll8.changes
+    assert c8.strategy == "stop-then-start" and c8.replicas[0].port == state8.deployments["chat"].replicas[0].port
+    assert any("no serving replica during the change" in w for w in c8.warnings)
+
+
+def test_drift_is_listed_and_repaired() -> None:
+    h = h100x8()
+    p = plan_for("gpus: 1", State(), h)
+    state, facts = applied(p, State(), {h.host: h})
+    unit = state.deployments["chat"].replicas[0].unit
+    edited = facts[h.host].model_copy(
+        update={
+            "units": (UnitFact(name=unit, sha256="0" * 64, active_state="failed", sub_state="failed", n_restarts=4),)
+        }
+    )
+    plan = make_plan(desired("gpus: 1"), state, world(edited)[0], {h.host: edited}, {"m": SHAPE})
+    kinds = {d.kind for d in plan.drift}
+    assert kinds == {"edited", "crash-looping"}
+    (c,) = plan.changes
+    assert c.action == ["update"] and c.replicas[0].action == ["update"]
+    missing = facts[h.host].model_copy(update={"units": ()})
+    plan = make_plan(desired("gpus: 1"), state, world(missing)[0], {h.host: missing}, {"m": SHAPE})
+    assert [d.kind for d in plan.drift] == ["missing"]
+    refresh = make_plan(
+        desired("gpus: 1"), state, world(missing)[0], {h.host: missing}, {"m": SHAPE}, refresh_only=True
+    )
+    assert refresh.has_changes and refresh.changes[0].replicas == []
+
+
+def test_unmanaged_units_are_drift_and_left_alone() -> None:
+    h = h100x8().model_copy(update={"units": (UnitFact(name="engine-ctl-other-0a.service", sha256="a" * 64),)})
+    plan = plan_for("gpus: 1", State(), h)
+    assert [d.kind for d in plan.drift] == ["unmanaged"]
+    assert all(r.unit != "engine-ctl-other-0a.service" for c in plan.changes for r in c.replicas)
+
+
+def test_removed_deployment_is_destroyed_and_targets_filter() -> None:
+    h = h100x8()
+    p = plan_for("gpus: 1", State(), h)
+    state, facts = applied(p, State(), {h.host: h})
+    empty = load_documents(parse_text(MODEL, "m.yaml")[0]).desired
+    gone = make_plan(empty, state, world(*facts.values())[0], facts, {})
+    (c,) = gone.changes
+    assert c.action == ["delete"] and gone.summary()["destroy"] == 1
+    assert make_plan(empty, state, world(*facts.values())[0], facts, {}, targets=["other"]).changes == []
+
+
+def test_pending_with_the_reason_per_host() -> None:
+    busy = parse_nvidia_smi(recording("nvidia-smi-4xA100-one-busy.csv"))[:1]  # the GPU another process holds
+    small = gpu_host("small", busy)
+    plan = plan_for("gpus: 1", State(), small)
+    (c,) = plan.changes
+    assert c.pending_reason is not None and c.pending_reason.startswith("Waiting for a machine with")
+    assert "Pending: chat:" in plan_text(plan)
