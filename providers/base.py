@@ -96,9 +96,6 @@ class Provider:
     def environment(self, run: ReplicaRun) -> dict[str, str]:
         return {}
 
-    def version_argv(self, executable: str) -> list[str]:
-        return [executable, "--version"]
-
     def version_probe(self) -> dict[str, object]:
         return {"kind": "argv", "args": ["--version"]}
 
@@ -108,6 +105,28 @@ class Provider:
             return [configured]
         base = self.default_executable.rsplit("/", 1)[-1]
         return [self.default_executable, base, f"/opt/{self.name}/bin/{base}"]
+
+
+@dataclass(frozen=True)
+class PagedProvider(Provider):
+    """Engines with a paged KV cache in a fixed fraction of each GPU (vLLM, SGLang): a replica needs its share
+    of the weights and room for one whole-context sequence within that fraction; host memory is the seed's
+    vLLM rule, weights + 8 GiB + 2 GiB per GPU beyond the first; 256 requests at once."""
+
+    gpu_memory_fraction: float = 0.90
+
+    def gpu_bytes_per_gpu(self, weights: int, kv: int, gpus: int, kv_one_sequence: int) -> int:
+        need = ceil_div(weights + kv_one_sequence, gpus) + GIB
+        return ceil_div(need * 100, int(self.gpu_memory_fraction * 100))
+
+    def cache_tokens(self, context: int, parallel: int) -> int:
+        return context  # paged: the minimum is one whole-context sequence
+
+    def host_memory_bytes(self, weights: int, estimate: int, gpus: int, accelerator: str) -> int:
+        return at_least_2gib(weights + 8 * GIB + 2 * GIB * max(gpus - 1, 0))
+
+    def parallel_candidates(self, accelerator: str) -> tuple[int, ...]:
+        return (256,)
 
 
 def at_least_2gib(n: int) -> int:

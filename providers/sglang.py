@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine_ctl.providers.base import FETCHES, GIB, KEYS, OPENS, READS_FILE, Provider, at_least_2gib, ceil_div, gpu_env
+from engine_ctl.providers.base import FETCHES, KEYS, OPENS, READS_FILE, PagedProvider, gpu_env
 
 from engine_ctl.runspec import ReplicaRun
 
@@ -54,27 +54,14 @@ SHORT = {"-tp": "--tp-size"}
 
 
 @dataclass(frozen=True)
-class SgLang(Provider):
+class SgLang(PagedProvider):
     """SGLang: `python -m sglang.launch_server`; a static memory fraction of each GPU for weights and KV."""
 
     def mem_fraction(self, run: ReplicaRun) -> float:
         total = min((g.memory_total_bytes or 0) for g in run.gpus) if run.gpus else 0
         if run.gpu_memory_bytes and total:
             return round(min(0.95, max(0.05, run.gpu_memory_bytes / total)), 2)
-        return MEM_FRACTION_STATIC
-
-    def gpu_bytes_per_gpu(self, weights: int, kv: int, gpus: int, kv_one_sequence: int) -> int:
-        need = ceil_div(weights + kv_one_sequence, gpus) + GIB
-        return ceil_div(need * 100, int(MEM_FRACTION_STATIC * 100))
-
-    def cache_tokens(self, context: int, parallel: int) -> int:
-        return context
-
-    def host_memory_bytes(self, weights: int, estimate: int, gpus: int, accelerator: str) -> int:
-        return at_least_2gib(weights + 8 * GIB + 2 * GIB * max(gpus - 1, 0))
-
-    def parallel_candidates(self, accelerator: str) -> tuple[int, ...]:
-        return (256,)
+        return self.gpu_memory_fraction
 
     def argv(self, run: ReplicaRun) -> list[str]:
         plan = run.plan
@@ -102,9 +89,6 @@ class SgLang(Provider):
     def environment(self, run: ReplicaRun) -> dict[str, str]:
         return {"HF_HUB_OFFLINE": "1", "SGLANG_DISABLE_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **gpu_env(run)}
 
-    def version_argv(self, executable: str) -> list[str]:
-        return [executable, "-c", "import sglang; print(sglang.__version__)"]
-
     def version_probe(self) -> dict[str, object]:
         """How the facts probe reads the installed version without starting the engine."""
         return {"kind": "python_dist", "dist": "sglang"}
@@ -128,4 +112,5 @@ SGLANG = SgLang(
     tp_must_divide_heads=True,
     startup_budget_s=1200,
     cache_type_flags=("--kv-cache-dtype", "--kv-cache-dtype"),
+    gpu_memory_fraction=MEM_FRACTION_STATIC,
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine_ctl.providers.base import FETCHES, GIB, KEYS, OPENS, READS_FILE, Provider, at_least_2gib, ceil_div, gpu_env
+from engine_ctl.providers.base import FETCHES, KEYS, OPENS, READS_FILE, PagedProvider, gpu_env
 
 from engine_ctl.runspec import ReplicaRun
 
@@ -70,22 +70,8 @@ SHORT = {
 
 
 @dataclass(frozen=True)
-class Vllm(Provider):
+class Vllm(PagedProvider):
     """vLLM: takes 90% of each GPU and pages its KV cache between requests; tensor parallel across GPUs."""
-
-    def gpu_bytes_per_gpu(self, weights: int, kv: int, gpus: int, kv_one_sequence: int) -> int:
-        # Its share of the weights and room for at least one whole-context sequence, within 90% of the GPU.
-        need = ceil_div(weights + kv_one_sequence, gpus) + GIB
-        return ceil_div(need * 100, int(GPU_MEMORY_UTILIZATION * 100))
-
-    def cache_tokens(self, context: int, parallel: int) -> int:
-        return context  # paged: the minimum is one whole-context sequence
-
-    def host_memory_bytes(self, weights: int, estimate: int, gpus: int, accelerator: str) -> int:
-        return at_least_2gib(weights + 8 * GIB + 2 * GIB * max(gpus - 1, 0))
-
-    def parallel_candidates(self, accelerator: str) -> tuple[int, ...]:
-        return (256,)
 
     def argv(self, run: ReplicaRun) -> list[str]:
         plan = run.plan
@@ -110,9 +96,6 @@ class Vllm(Provider):
     def environment(self, run: ReplicaRun) -> dict[str, str]:
         return {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **gpu_env(run)}
 
-    def version_argv(self, executable: str) -> list[str]:
-        return [executable, "--version"]
-
     def version_probe(self) -> dict[str, object]:
         """How the facts probe reads the installed version without starting the engine."""
         return {"kind": "python_dist", "dist": "vllm"}
@@ -136,4 +119,5 @@ VLLM = Vllm(
     tp_must_divide_heads=True,
     startup_budget_s=1200,
     cache_type_flags=("--kv-cache-dtype", "--kv-cache-dtype"),
+    gpu_memory_fraction=GPU_MEMORY_UTILIZATION,
 )

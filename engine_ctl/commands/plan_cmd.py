@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import datetime
+import contextlib
 import json
 import signal
 import sys
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,16 @@ def default_state_path(paths: tuple[Path, ...]) -> Path:
 
 def backend_for(explicit: Path | None, paths: tuple[Path, ...]) -> LocalState:
     return LocalState(explicit or default_state_path(paths))
+
+
+@contextlib.contextmanager
+def locked(backend: LocalState, operation: str, timeout: float) -> Iterator[None]:
+    """Hold the state lock for a writing command; state problems become located errors (exit 1)."""
+    try:
+        with backend.lock(operation, timeout=timeout):
+            yield
+    except StateError as exc:
+        raise InputError([Diagnostic(Location(str(backend.path)), "", str(exc))]) from None
 
 
 def read_state(backend: LocalState) -> State:
@@ -293,45 +304,39 @@ def apply(
         ctx = saved.context
         inventory = load_inventory(Path(inventory_path or ctx["inventory"]))
         backend = LocalState(Path(state_path or ctx["state"]))
-        try:
-            with backend.lock("apply", timeout=lock_timeout):
-                state = read_state(backend)
-                hosts = [h for h in inventory.hosts if h.name in saved.host_fingerprints]
-                facts, _ = gather(hosts, options, parallel, ctx.get("model_paths") or {})
-                stale = _stale(saved, state, facts)
-                if stale:
-                    raise InputError(
-                        [
-                            Diagnostic(
-                                Location(str(args[0])),
-                                "",
-                                "the saved plan is stale: " + "; ".join(stale),
-                                hint="run engine-ctl plan again and review the new plan",
-                            )
-                        ]
-                    )
-                show_plan(saved)
-                sys.exit(execute(saved, inventory, backend, state, options, "apply " + str(args[0])))
-        except StateError as exc:
-            raise InputError([Diagnostic(Location(str(backend.path)), "", str(exc))]) from None
+        with locked(backend, "apply", lock_timeout):
+            state = read_state(backend)
+            hosts = [h for h in inventory.hosts if h.name in saved.host_fingerprints]
+            facts, _ = gather(hosts, options, parallel, ctx.get("model_paths") or {})
+            stale = _stale(saved, state, facts)
+            if stale:
+                raise InputError(
+                    [
+                        Diagnostic(
+                            Location(str(args[0])),
+                            "",
+                            "the saved plan is stale: " + "; ".join(stale),
+                            hint="run engine-ctl plan again and review the new plan",
+                        )
+                    ]
+                )
+            show_plan(saved)
+            sys.exit(execute(saved, inventory, backend, state, options, "apply " + str(args[0])))
     loaded = load_checked(args)
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, args)
-    try:
-        with backend.lock("apply", timeout=lock_timeout):
-            state = read_state(backend)
-            result, extra = build_plan(
-                loaded, loaded.desired, inventory, state, backend, options, parallel, targets, documents=args
-            )
-            show_plan(result)
-            report_failures(extra["failures"])
-            if not result.has_changes:
-                sys.exit(0)
-            _confirm(auto_approve)
-            code = execute(result, inventory, backend, state, options, "apply")
-            sys.exit(code or (1 if extra["failures"] else 0))
-    except StateError as exc:
-        raise InputError([Diagnostic(Location(str(backend.path)), "", str(exc))]) from None
+    with locked(backend, "apply", lock_timeout):
+        state = read_state(backend)
+        result, extra = build_plan(
+            loaded, loaded.desired, inventory, state, backend, options, parallel, targets, documents=args
+        )
+        show_plan(result)
+        report_failures(extra["failures"])
+        if not result.has_changes:
+            sys.exit(0)
+        _confirm(auto_approve)
+        code = execute(result, inventory, backend, state, options, "apply")
+        sys.exit(code or (1 if extra["failures"] else 0))
 
 
 @click.command()
@@ -351,20 +356,17 @@ def destroy(
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, paths)
     options = ssh_settings(accept_new_host_keys)
-    try:
-        with backend.lock("destroy", timeout=lock_timeout):
-            state = read_state(backend)
-            keep = DesiredState()  # nothing is wanted: every (targeted) deployment in the state is deleted
-            result, extra = build_plan(loaded, keep, inventory, state, backend, options, parallel, targets)
-            result.changes = [c for c in result.changes if c.action == ["delete"]]
-            show_plan(result)
-            report_failures(extra["failures"])
-            if not result.changes:
-                sys.exit(0)
-            _confirm(auto_approve)
-            sys.exit(execute(result, inventory, backend, state, options, "destroy"))
-    except StateError as exc:
-        raise InputError([Diagnostic(Location(str(backend.path)), "", str(exc))]) from None
+    with locked(backend, "destroy", lock_timeout):
+        state = read_state(backend)
+        keep = DesiredState()  # nothing is wanted: every (targeted) deployment in the state is deleted
+        result, extra = build_plan(loaded, keep, inventory, state, backend, options, parallel, targets)
+        result.changes = [c for c in result.changes if c.action == ["delete"]]
+        show_plan(result)
+        report_failures(extra["failures"])
+        if not result.changes:
+            sys.exit(0)
+        _confirm(auto_approve)
+        sys.exit(execute(result, inventory, backend, state, options, "destroy"))
 
 
-__all__ = ["apply", "datetime", "destroy", "plan"]
+__all__ = ["apply", "destroy", "plan"]
