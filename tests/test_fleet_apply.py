@@ -366,3 +366,23 @@ def test_destroy_removes_the_units_and_keeps_the_models(project: Project) -> Non
         assert project.fleet.ssh(h, f"test -e /etc/systemd/system/{r['unit']}", check=False).returncode == 1
         assert project.fleet.ssh(h, f"test -f {MODELS_DIR}/tiny/tiny.gguf", check=False).returncode == 0
         assert project.health(r) is None
+
+
+def test_ctrl_c_finishes_the_step_in_flight_records_the_state_and_exits(project: Project) -> None:
+    project.write("replicas: {min: 3, max: 3}\ncontext_length: 512")
+    argv = [sys.executable, "-m", "engine_ctl", "apply", "--auto-approve", str(project.path), "--inventory",
+            project.fleet.inventory]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    lock = project.state_file.with_name(project.state_file.name + ".lock")
+    deadline = time.monotonic() + 30
+    while not project.state_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)  # the first step has been recorded: the roll is under way
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode in (0, 130), out + err
+    assert "Traceback" not in err and not lock.exists()
+    recorded = project.replicas()
+    assert all(r["status"] in ("serving", "pending") for r in recorded)
+    project.cli("apply", "--auto-approve", check=True)
+    assert project.cli("plan", "--detailed-exitcode").returncode == 0
+    assert len(project.replicas()) == 3 and all(project.health(r) == 200 for r in project.replicas())

@@ -152,3 +152,16 @@ def test_pending_with_the_reason_per_host() -> None:
     (c,) = plan.changes
     assert c.pending_reason is not None and c.pending_reason.startswith("Waiting for a machine with")
     assert "Pending: chat:" in plan_text(plan)
+
+
+def test_a_gpu_another_process_holds_is_drift() -> None:
+    h = h100x8()
+    p = plan_for("gpus: 1", State(), h)
+    state, facts = applied(p, State(), {h.host: h})
+    rec = state.deployments["chat"].replicas[0]
+    held = tuple(g.model_copy(update={"memory_used_bytes": 70 * 1024**3}) if g.uuid in rec.gpus else g for g in h.gpus)
+    stopped = (UnitFact(name=rec.unit, sha256=rec.unit_sha256, active_state="inactive", sub_state="dead"),)
+    now = facts[h.host].model_copy(update={"gpus": held, "units": stopped})
+    plan = make_plan(desired("gpus: 1"), state, world(now)[0], {h.host: now}, {"m": SHAPE})
+    assert {d.kind for d in plan.drift} == {"stopped", "gpu-held"}
+    assert any(rec.gpus[0] in d.detail for d in plan.drift if d.kind == "gpu-held")
