@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from pathlib import Path
 
 import click
 
@@ -84,4 +82,4 @@ def main() -> None:
         sys.exit(EXIT_ERROR)
 
 
-__all__ = ["EXIT_CHANGES", "EXIT_ERROR", "EXIT_OK", "Path", "cli", "json", "main", "print_diagnostics"]
+__all__ = ["EXIT_CHANGES", "EXIT_ERROR", "EXIT_OK", "cli", "main", "print_diagnostics"]

@@ -30,7 +30,7 @@ from engine_ctl.model import (
     Model,
     Origin,
 )
-from engine_ctl.providers import canonical_engine
+from engine_ctl.providers import canonical_engine, provider
 from engine_ctl.shape import diagnostics_from
 from engine_ctl.units import parse_size
 from engine_ctl.yamlsource import SourceDocument, expand_paths, read_path
@@ -135,7 +135,8 @@ def _flat_model(parsed: FlatDeploymentDocument) -> Model:
     else:
         path = raw
         name = posixpath.basename(raw.rstrip("/")) or raw
-    if gguf_file or engine == "llama.cpp" or (path or "").endswith(".gguf"):
+    serves_only_gguf = engine != "auto" and provider(engine).formats == {"gguf"}
+    if gguf_file or serves_only_gguf or (path or "").endswith(".gguf"):
         fmt = "gguf"
     else:
         fmt = "safetensors"

@@ -15,12 +15,12 @@ from deepdiff import DeepDiff
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine_ctl.facts import BUSY_BYTES, HostFacts, UnitFact
-from engine_ctl.fit import FitResult, fit, host_verdict, place, replica_threads
+from engine_ctl.fit import FitResult, fit, place, replica_threads
 from engine_ctl.inventory import Inventory
 from engine_ctl.model import Deployment, DesiredState, Model
 from engine_ctl.modelfacts import ModelFacts
 from engine_ctl.providers import Provider
-from engine_ctl.render import UNIT_PREFIX, RenderedUnit, model_path_on_host, render_unit, replica_runs, unit_name
+from engine_ctl.render import UNIT_PREFIX, RenderedUnit, model_path_on_host, render_unit, replica_runs
 from engine_ctl.rules import resolve_engine
 from engine_ctl.runspec import FitPlan, Placement
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
@@ -519,4 +519,4 @@ def make_plan(
     return plan
 
 
-__all__ = ["DeploymentChange", "Drift", "Plan", "ReplicaChange", "host_verdict", "make_plan", "unit_name"]
+__all__ = ["DeploymentChange", "Drift", "Plan", "ReplicaChange", "make_plan"]

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from engine_ctl.diagnostics import Diagnostic, Location
 from engine_ctl.engine_args import check_engine_args, split_flags
 from engine_ctl.model import Deployment, DesiredState, LoadedDeployment, LoadedModel, Model, Origin
-from engine_ctl.providers import Provider, provider, provider_for_format
+from engine_ctl.providers import PROVIDERS, Provider, provider, provider_for_format
 
 NAME_RULE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 NAME_MESSAGE = "lowercase letters, digits and -, not starting or ending with -, at most 40 characters"
@@ -39,7 +39,7 @@ def resolve_engine(deployment: Deployment, model: Model | None) -> Provider | No
     if deployment.engine != "auto":
         return provider(deployment.engine)
     if deployment.accelerator == "cpu":
-        return provider("llama.cpp")
+        return next(p for p in PROVIDERS.values() if p.runs_on("cpu"))
     if model is None:
         return None
     return provider_for_format(model.format)
@@ -166,8 +166,8 @@ def _check_flat(loaded: LoadedDeployment, engine: Provider) -> Iterator[Diagnost
             "residency",
             f"residency {d.residency}: engine-ctl stops engines instead of parking them; treated as restart_only",
         )
-    if d.cuda_graphs is not None and engine.name != "sglang":
-        yield _warn(o, "cuda_graphs", "engine_config.cuda_graphs: only SGLang has this switch; ignored")
+    if d.cuda_graphs is not None and not engine.cuda_graphs_switch:
+        yield _warn(o, "cuda_graphs", f"engine_config.cuda_graphs: {engine.title} has no such switch; ignored")
 
 
 def check_model(loaded: LoadedModel) -> Iterator[Diagnostic]:

@@ -101,12 +101,16 @@ def _defaults(loaded: LoadedDeployment, model: Model | None) -> list[Default]:
                 )
             )
     if d.parallel is None and engine is not None:
-        if engine.name == "llama.cpp" and d.accelerator == "cpu":
-            out.append(Default("spec.parallel", 2, "llama.cpp on a CPU"))
-        elif engine.name == "llama.cpp":
-            out.append(Default("spec.parallel", None, "4 on a GPU, lowered to 2 or 1 when that is what fits", True))
+        options = engine.parallel_candidates(d.accelerator)
+        where = "on a CPU" if d.accelerator == "cpu" else "on GPUs"
+        if len(options) == 1:
+            out.append(Default("spec.parallel", options[0], f"{engine.title} {where}"))
         else:
-            out.append(Default("spec.parallel", 256, f"{engine.name}'s default"))
+            first, *rest = options
+            lowered = " or ".join(map(str, rest))
+            out.append(
+                Default("spec.parallel", None, f"{first} {where}, lowered to {lowered} when that is what fits", True)
+            )
     return out
 
 

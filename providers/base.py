@@ -50,6 +50,8 @@ class Provider:
     tp_must_divide_heads: bool = False
     startup_budget_s: int = 600
     cache_type_flags: tuple[str, str] = ("", "")
+    cuda_graphs_switch: bool = False
+    """Whether engine_config.cuda_graphs means something to this engine."""
 
     def runs_on(self, platform: str) -> bool:
         return platform in self.platforms

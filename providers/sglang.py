@@ -113,4 +113,5 @@ SGLANG = SgLang(
     startup_budget_s=1200,
     cache_type_flags=("--kv-cache-dtype", "--kv-cache-dtype"),
     gpu_memory_fraction=MEM_FRACTION_STATIC,
+    cuda_graphs_switch=True,
 )

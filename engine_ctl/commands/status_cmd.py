@@ -15,7 +15,7 @@ from engine_ctl.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.gather import gather
 from engine_ctl.loader import load_paths
 from engine_ctl.output import console, emit_json
-from engine_ctl.providers import provider
+from engine_ctl.providers import PROVIDERS
 from engine_ctl.state import State, StateError
 from engine_ctl.status import DeploymentStatus, deployment_status
 
@@ -29,8 +29,8 @@ def _live(state: State, inventory_path: Path | None, paths: tuple[Path, ...], op
     hosts = [h for h in inventory.hosts if h.name in used]
     checks: dict[str, list[tuple[int, str]]] = {}
     for d in state.deployments.values():
-        engine = str((d.plan or {}).get("engine") or "llama.cpp")
-        path = provider(engine).health_path
+        engine = PROVIDERS.get(str((d.plan or {}).get("engine")))
+        path = engine.health_path if engine else "/health"
         for r in d.replicas:
             checks.setdefault(r.host, []).append((r.port, path))
     return gather(hosts, options, parallel, health=checks)  # type: ignore[arg-type]
