@@ -131,11 +131,21 @@ def plan_text(plan: Plan) -> str:
 
 
 def plan_markdown(plan: Plan) -> str:
-    """For a pull-request comment: the summary, then the plan as a diff block."""
+    """For a pull-request comment: the summary, then the plan as a diff block whose added and removed lines
+    start with + and - (so that renderers colour them)."""
     s = plan.summary()
     head = f"### engine-ctl plan: {s['add']} to add, {s['change']} to change, {s['destroy']} to destroy\n\n"
-    body = plan_text(plan).replace("```", "ʼʼʼ")
-    return head + "```diff\n" + body + "```\n"
+    lines = []
+    for style, line in render_plan(plan):
+        text = line.replace("```", "ʼʼʼ")
+        stripped = text.lstrip()
+        mark = {"add": "+", "destroy": "-", "change": "!"}.get(style, " ")
+        if stripped[:3] == "-/+":
+            mark = "!"
+        elif stripped[:1] in "+-~" and stripped[1:2] == " ":
+            mark = {"+": "+", "-": "-", "~": "!"}[stripped[0]]
+        lines.append(mark + text)
+    return head + "```diff\n" + "\n".join(lines) + "\n```\n"
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:

@@ -165,3 +165,11 @@ def test_a_gpu_another_process_holds_is_drift() -> None:
     plan = make_plan(desired("gpus: 1"), state, world(now)[0], {h.host: now}, {"m": SHAPE})
     assert {d.kind for d in plan.drift} == {"stopped", "gpu-held"}
     assert any(rec.gpus[0] in d.detail for d in plan.drift if d.kind == "gpu-held")
+
+
+def test_markdown_for_a_pull_request_marks_lines_for_diff_colouring() -> None:
+    from engine_ctl.planview import plan_markdown
+
+    text = plan_markdown(plan_for("gpus: 1", State(), h100x8()))
+    assert text.startswith("### engine-ctl plan: 1 to add, 0 to change, 0 to destroy\n\n```diff\n")
+    assert '\n+  + deployment "chat" {' in text and text.rstrip().endswith("```")

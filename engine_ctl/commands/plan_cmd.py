@@ -234,7 +234,10 @@ def execute(
             result_text, code = "refreshed", 0
         else:
             executor = Executor(plan, {h.name: h for h in inventory.hosts}, recorder, options, out.print, stop)
-            result = executor.run()
+            # On a terminal a live status line shows that the roll is under way; otherwise plain lines only.
+            live = out.status("Applying: one replica at a time per host, health-gated…") if out.is_terminal else None
+            with live or contextlib.nullcontext():
+                result = executor.run()
             code = 130 if result.interrupted else (1 if result.failed else 0)
             failures = "; ".join(f"{k}: {v}" for k, v in sorted(result.failed.items()))
             result_text = "interrupted" if result.interrupted else (f"failed: {failures}" if failures else "applied")
