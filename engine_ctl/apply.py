@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from engine_ctl.inventory import Host
 from engine_ctl.plan import DeploymentChange, Plan, ReplicaChange
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.state.local import LocalState
+from engine_ctl.state.base import StateBackend
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 from engine_ctl.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, transport_for
 
@@ -81,7 +81,7 @@ def failure_reason(output: str) -> str:
 class Recorder:
     """The state in memory; every change is written at once, atomically, under one lock."""
 
-    def __init__(self, backend: LocalState, state: State) -> None:
+    def __init__(self, backend: StateBackend, state: State) -> None:
         self.backend = backend
         self.state = state
         self._lock = threading.Lock()

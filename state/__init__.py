@@ -1,5 +1,8 @@
 """State backends: where engine-ctl records what it did. The local JSON file is the default."""
 
+from pathlib import Path
+
+from engine_ctl.state.base import StateBackend
 from engine_ctl.state.local import LocalState, LockHeld
 from engine_ctl.state.model import (
     DeploymentRecord,
@@ -10,6 +13,16 @@ from engine_ctl.state.model import (
     State,
     StateError,
 )
+from engine_ctl.state.postgres import PostgresState
+
+
+def open_backend(where: str | Path) -> StateBackend:
+    """`postgresql://…[#name]` (or postgres://) for the PostgreSQL backend; anything else is a file path."""
+    text = str(where)
+    if text.startswith(("postgresql://", "postgres://")):
+        return PostgresState(text)
+    return LocalState(Path(text))
+
 
 __all__ = [
     "DeploymentRecord",
@@ -18,7 +31,10 @@ __all__ = [
     "LockHeld",
     "LockInfo",
     "Operation",
+    "PostgresState",
     "ReplicaRecord",
     "State",
+    "StateBackend",
     "StateError",
+    "open_backend",
 ]

@@ -49,6 +49,7 @@ class LocalState:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.location = str(path)
         self.backup = path.with_name(path.name + ".backup")
         self.lock_path = path.with_name(path.name + ".lock")
 

@@ -386,3 +386,16 @@ def test_ctrl_c_finishes_the_step_in_flight_records_the_state_and_exits(project:
     project.cli("apply", "--auto-approve", check=True)
     assert project.cli("plan", "--detailed-exitcode").returncode == 0
     assert len(project.replicas()) == 3 and all(project.health(r) == 200 for r in project.replicas())
+
+
+def test_apply_with_the_state_in_postgresql(project: Project) -> None:
+    dsn = os.environ.get("ENGINE_CTL_TEST_PG", "postgresql:///engine_ctl_test") + f"#{project.name}-{os.getpid()}"
+    project.write("context_length: 512")
+    try:
+        project.cli("apply", "--auto-approve", "--state", dsn, check=True)
+        assert project.cli("plan", "--detailed-exitcode", "--state", dsn).returncode == 0
+        status = json.loads(project.cli("status", project.name, "--json", "--state", dsn, check=True).stdout)
+        (dep,) = status["deployments"]
+        assert dep["state"] == "Ready" and not project.state_file.exists()
+    finally:
+        project.cli("destroy", "--auto-approve", "--state", dsn)

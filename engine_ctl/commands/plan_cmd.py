@@ -31,7 +31,7 @@ from engine_ctl.model import DesiredState
 from engine_ctl.output import console, emit_json
 from engine_ctl.plan import FORMAT_VERSION, Plan, make_plan
 from engine_ctl.planview import plan_json, plan_markdown, render_plan
-from engine_ctl.state import HostRecord, LocalState, Operation, State, StateError
+from engine_ctl.state import HostRecord, LocalState, Operation, State, StateBackend, StateError, open_backend
 from engine_ctl.state.local import DEFAULT_NAME, now, who
 from engine_ctl.transport import SSHOptions
 from engine_ctl.world import model_facts_by_name, model_paths
@@ -41,9 +41,10 @@ STYLES = {"add": "green", "change": "yellow", "destroy": "red", "warn": "yellow"
 
 def state_option(f: Any) -> Any:
     return click.option(
-        "--state", "state_path", type=click.Path(path_type=Path),
-        help=f"The state file (default: {DEFAULT_NAME} beside the documents).",
-    )(f)  # fmt: skip
+        "--state",
+        "state_path",
+        help=f"The state: a file (default: {DEFAULT_NAME} beside the documents) or postgresql://…[#name].",
+    )(f)
 
 
 def lock_timeout_option(f: Any) -> Any:
@@ -60,25 +61,32 @@ def default_state_path(paths: tuple[Path, ...]) -> Path:
     return base / DEFAULT_NAME
 
 
-def backend_for(explicit: Path | None, paths: tuple[Path, ...]) -> LocalState:
-    return LocalState(explicit or default_state_path(paths))
+def backend_for(explicit: str | None, paths: tuple[Path, ...]) -> StateBackend:
+    return open_backend(explicit) if explicit else LocalState(default_state_path(paths))
+
+
+def reopen_string(backend: StateBackend) -> str:
+    """How `apply PLANFILE` finds the same state again (no password: libpq reads PGPASSWORD or ~/.pgpass)."""
+    if isinstance(backend, LocalState):
+        return str(backend.path.resolve())
+    return backend.location
 
 
 @contextlib.contextmanager
-def locked(backend: LocalState, operation: str, timeout: float) -> Iterator[None]:
+def locked(backend: StateBackend, operation: str, timeout: float) -> Iterator[None]:
     """Hold the state lock for a writing command; state problems become located errors (exit 1)."""
     try:
         with backend.lock(operation, timeout=timeout):
             yield
     except StateError as exc:
-        raise InputError([Diagnostic(Location(str(backend.path)), "", str(exc))]) from None
+        raise InputError([Diagnostic(Location(backend.location), "", str(exc))]) from None
 
 
-def read_state(backend: LocalState) -> State:
+def read_state(backend: StateBackend) -> State:
     try:
         return backend.read()
     except StateError as exc:
-        raise InputError([Diagnostic(Location(str(backend.path)), "", str(exc))]) from None
+        raise InputError([Diagnostic(Location(backend.location), "", str(exc))]) from None
 
 
 def show_plan(plan: Plan) -> None:
@@ -92,7 +100,7 @@ def build_plan(
     desired: DesiredState,
     inventory: Inventory,
     state: State,
-    backend: LocalState,
+    backend: StateBackend,
     options: SSHOptions,
     parallel: int,
     targets: tuple[str, ...],
@@ -106,7 +114,7 @@ def build_plan(
     unknown = [t for t in targets if t not in known]
     if unknown:
         raise InputError(
-            [Diagnostic(Location(str(backend.path)), "--target", f"no deployment named {t!r}") for t in unknown]
+            [Diagnostic(Location(backend.location), "--target", f"no deployment named {t!r}") for t in unknown]
         )
     plan = make_plan(
         desired, state, inventory, facts, mfacts,
@@ -116,7 +124,7 @@ def build_plan(
     plan.context = {
         "documents": [str(p.resolve()) for p in documents],
         "inventory": str(Path(inventory.file).resolve()) if inventory.file else None,
-        "state": str(backend.path.resolve()),
+        "state": reopen_string(backend),
         "model_paths": paths,
     }
     return plan, {"failures": failures, "facts": facts}
@@ -134,7 +142,7 @@ def build_plan(
 @click.option("--detailed-exitcode", is_flag=True, help="Exit 0 no changes, 1 error, 2 changes present.")
 @click.option("--refresh-only", is_flag=True, help="Only record in the state what drifted on the hosts.")
 def plan(
-    paths: tuple[Path, ...], inventory_path: Path | None, state_path: Path | None, parallel: int,
+    paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, targets: tuple[str, ...], out_path: Path | None, as_json: bool, markdown: bool,
     detailed_exitcode: bool, refresh_only: bool,
 ) -> None:  # fmt: skip
@@ -215,7 +223,7 @@ def _confirm(auto_approve: bool) -> None:
 
 
 def execute(
-    plan: Plan, inventory: Inventory, backend: LocalState, state: State, options: SSHOptions, command: str
+    plan: Plan, inventory: Inventory, backend: StateBackend, state: State, options: SSHOptions, command: str
 ) -> int:
     """Run the plan with the state recorded after every step; Ctrl-C finishes the step in flight."""
     out = console()
@@ -294,7 +302,7 @@ def refresh_state(state: State, plan: Plan) -> None:
 @lock_timeout_option
 @click.option("--auto-approve", is_flag=True, help="Do not ask for confirmation.")
 def apply(
-    args: tuple[Path, ...], inventory_path: Path | None, state_path: Path | None, parallel: int,
+    args: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool,
 ) -> None:  # fmt: skip
     """Make the hosts match the documents: plan, confirm, then roll replicas one at a time, health-gated.
@@ -306,7 +314,7 @@ def apply(
     if saved is not None:
         ctx = saved.context
         inventory = load_inventory(Path(inventory_path or ctx["inventory"]))
-        backend = LocalState(Path(state_path or ctx["state"]))
+        backend = open_backend(state_path or ctx["state"])
         with locked(backend, "apply", lock_timeout):
             state = read_state(backend)
             hosts = [h for h in inventory.hosts if h.name in saved.host_fingerprints]
@@ -351,7 +359,7 @@ def apply(
 @lock_timeout_option
 @click.option("--auto-approve", is_flag=True, help="Do not ask for confirmation.")
 def destroy(
-    paths: tuple[Path, ...], inventory_path: Path | None, state_path: Path | None, parallel: int,
+    paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool,
 ) -> None:  # fmt: skip
     """Stop and remove the units of every deployment in the state (or --target ones). The models stay."""

@@ -47,7 +47,7 @@ def _statuses(state: State, names: list[str], facts: dict) -> list[DeploymentSta
 @ssh_options
 @click.option("--json", "as_json", is_flag=True)
 def list_cmd(
-    paths: tuple[Path, ...], inventory_path: Path | None, state_path: Path | None, parallel: int,
+    paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, as_json: bool,
 ) -> None:  # fmt: skip
     """Every deployment: NAME STATE READY REVISION HOSTS, from the state and live health."""
@@ -75,7 +75,7 @@ def list_cmd(
 @ssh_options
 @click.option("--json", "as_json", is_flag=True)
 def status(
-    name: str | None, paths: tuple[Path, ...], inventory_path: Path | None, state_path: Path | None, parallel: int,
+    name: str | None, paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, as_json: bool,
 ) -> None:  # fmt: skip
     """A deployment's state and each instance: INSTANCE HOST STATE … LAST ERROR (all deployments without NAME)."""
@@ -123,12 +123,12 @@ def state_group() -> None:
 @state_group.command(name="list")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @state_option
-def state_list(paths: tuple[Path, ...], state_path: Path | None) -> None:
+def state_list(paths: tuple[Path, ...], state_path: str | None) -> None:
     """The deployments in the state, with revision and replicas."""
     backend = backend_for(state_path, paths)
     state = read_state(backend)
     out = console()
-    out.print(f"# {backend.path}: serial {state.serial}, lineage {state.lineage}")
+    out.print(f"# {backend.location}: serial {state.serial}, lineage {state.lineage}")
     for name, rec in sorted(state.deployments.items()):
         out.print(f"{name}  revision {rec.revision}  {rec.state}  {len(rec.replicas)} replica(s)")
 
@@ -137,7 +137,7 @@ def state_list(paths: tuple[Path, ...], state_path: Path | None) -> None:
 @click.argument("name")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @state_option
-def state_show(name: str, paths: tuple[Path, ...], state_path: Path | None) -> None:
+def state_show(name: str, paths: tuple[Path, ...], state_path: str | None) -> None:
     """One deployment's record as JSON."""
     state = read_state(backend_for(state_path, paths))
     if name not in state.deployments:
@@ -149,11 +149,11 @@ def state_show(name: str, paths: tuple[Path, ...], state_path: Path | None) -> N
 @click.argument("lock_id")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @state_option
-def force_unlock(lock_id: str, paths: tuple[Path, ...], state_path: Path | None) -> None:
+def force_unlock(lock_id: str, paths: tuple[Path, ...], state_path: str | None) -> None:
     """Remove the state lock LOCK_ID left by a command that died. Only when no command is running."""
     backend = backend_for(state_path, paths)
     try:
         held = backend.force_unlock(lock_id)
     except StateError as exc:
-        raise InputError([Diagnostic(Location(str(backend.lock_path)), "", str(exc))]) from None
-    console().print(f"Unlocked {backend.path} (the lock of {held.who} since {held.when} for `{held.operation}`)")
+        raise InputError([Diagnostic(Location(backend.location), "", str(exc))]) from None
+    console().print(f"Unlocked {backend.location} (the lock of {held.who} since {held.when} for `{held.operation}`)")

@@ -1,0 +1,185 @@
+"""The PostgreSQL state backend, for teams and CI sharing one state: `--state postgresql://…[#name]`.
+
+One row per named state (its JSON, serial and lineage) with the previous version kept in a history table;
+writes compare-and-swap on the serial inside a transaction, so two writers can never both win; the lock is a
+row (ID, operation, who, when) whose insert either succeeds or shows who holds it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from engine_ctl.state.local import LockHeld, now, who
+from engine_ctl.state.model import FORMAT_VERSION, LockInfo, State, StateError
+from pydantic import ValidationError
+
+from engine_ctl import __version__
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS engine_ctl_state (
+    name text PRIMARY KEY,
+    serial bigint NOT NULL,
+    lineage text NOT NULL,
+    format_version int NOT NULL,
+    body jsonb NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS engine_ctl_state_history (
+    name text NOT NULL,
+    serial bigint NOT NULL,
+    body jsonb NOT NULL,
+    replaced_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (name, serial)
+);
+CREATE TABLE IF NOT EXISTS engine_ctl_lock (
+    name text PRIMARY KEY,
+    id text NOT NULL,
+    operation text NOT NULL,
+    who text NOT NULL,
+    since text NOT NULL
+);
+"""
+HISTORY_KEPT = 20
+
+
+def _connect(dsn: str) -> Any:
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - depends on the install
+        raise StateError("the PostgreSQL backend needs psycopg: pip install 'engine-ctl[postgres]'") from None
+    try:
+        return psycopg.connect(dsn, autocommit=False, connect_timeout=10)
+    except psycopg.Error as exc:
+        raise StateError(f"cannot connect to the state database: {str(exc).strip()}") from None
+
+
+class PostgresState:
+    """A named state in a PostgreSQL database."""
+
+    def __init__(self, url: str) -> None:
+        dsn, _, name = url.partition("#")
+        self.dsn, self.name = dsn, name or "default"
+        parts = urlsplit(dsn)
+        netloc = parts.hostname or ""
+        if parts.username:
+            netloc = f"{parts.username}@{netloc}"
+        if parts.port:
+            netloc += f":{parts.port}"
+        # never the password: libpq finds it in PGPASSWORD or ~/.pgpass when the state is opened again
+        self.location = urlunsplit((parts.scheme, netloc, parts.path, parts.query, "")) + f"#{self.name}"
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[Any]:
+        import psycopg
+
+        conn = _connect(self.dsn)
+        try:
+            with conn.transaction(), conn.cursor() as cur:
+                cur.execute(SCHEMA)
+            with conn.transaction(), conn.cursor() as cur:
+                yield cur
+        except psycopg.Error as exc:
+            raise StateError(f"{self.location}: {str(exc).strip()}") from None
+        finally:
+            conn.close()
+
+    def read(self) -> State:
+        with self._tx() as cur:
+            cur.execute("SELECT format_version, body FROM engine_ctl_state WHERE name = %s", (self.name,))
+            row = cur.fetchone()
+        if row is None:
+            return State(engine_ctl_version=__version__)
+        version, body = row
+        if version > FORMAT_VERSION:
+            raise StateError(
+                f"{self.location}: written by a newer engine-ctl (state format {version}, this one reads "
+                f"{FORMAT_VERSION} and older); upgrade engine-ctl. The state was not changed."
+            )
+        try:
+            return State.model_validate(body)
+        except ValidationError as exc:
+            raise StateError(
+                f"{self.location}: the state does not match its format: {exc.errors()[0]['msg']}"
+            ) from None
+
+    def write(self, state: State) -> State:
+        new = state.model_copy(update={"serial": state.serial + 1, "engine_ctl_version": __version__})
+        body = json.dumps(new.model_dump(mode="json"), sort_keys=True)
+        with self._tx() as cur:
+            cur.execute("SELECT serial, lineage, body FROM engine_ctl_state WHERE name = %s FOR UPDATE", (self.name,))
+            row = cur.fetchone()
+            if row is not None:
+                serial, lineage, old = row
+                if lineage != state.lineage or serial != state.serial:
+                    raise StateError(
+                        f"{self.location}: the state changed under this command (serial {state.serial} → {serial}); "
+                        "nothing was overwritten"
+                    )
+                cur.execute(
+                    "INSERT INTO engine_ctl_state_history (name, serial, body) VALUES (%s, %s, %s) "
+                    "ON CONFLICT DO NOTHING",
+                    (self.name, serial, json.dumps(old)),
+                )
+                cur.execute(
+                    "DELETE FROM engine_ctl_state_history WHERE name = %s AND serial <= %s",
+                    (self.name, serial - HISTORY_KEPT),
+                )
+                cur.execute(
+                    "UPDATE engine_ctl_state SET serial = %s, body = %s, format_version = %s, updated_at = now() "
+                    "WHERE name = %s",
+                    (new.serial, body, FORMAT_VERSION, self.name),
+                )
+            else:
+                cur.execute(
+                    "INSERT INTO engine_ctl_state (name, serial, lineage, format_version, body) "
+                    "VALUES (%s, %s, %s, %s, %s)",
+                    (self.name, new.serial, new.lineage, FORMAT_VERSION, body),
+                )
+        return new
+
+    def lock_info(self) -> LockInfo | None:
+        with self._tx() as cur:
+            cur.execute("SELECT id, operation, who, since FROM engine_ctl_lock WHERE name = %s", (self.name,))
+            row = cur.fetchone()
+        if row is None:
+            return None
+        return LockInfo(id=row[0], operation=row[1], who=row[2], when=row[3], path=self.location)
+
+    @contextlib.contextmanager
+    def lock(self, operation: str, timeout: float = 0.0) -> Iterator[LockInfo]:
+        info = LockInfo(id=str(uuid.uuid4()), operation=operation, who=who(), when=now(), path=self.location)
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._tx() as cur:
+                cur.execute(
+                    "INSERT INTO engine_ctl_lock (name, id, operation, who, since) VALUES (%s, %s, %s, %s, %s) "
+                    "ON CONFLICT (name) DO NOTHING",
+                    (self.name, info.id, info.operation, info.who, info.when),
+                )
+                got = cur.rowcount == 1
+            if got:
+                break
+            if time.monotonic() >= deadline:
+                held = self.lock_info()
+                raise LockHeld(held or LockInfo(id="?", operation="?", who="?", when="?"))
+            time.sleep(0.2)
+        try:
+            yield info
+        finally:
+            with self._tx() as cur:
+                cur.execute("DELETE FROM engine_ctl_lock WHERE name = %s AND id = %s", (self.name, info.id))
+
+    def force_unlock(self, lock_id: str) -> LockInfo:
+        held = self.lock_info()
+        if held is None:
+            raise StateError(f"{self.location}: the state is not locked")
+        if held.id != lock_id:
+            raise StateError(f"the lock's ID is {held.id} (held by {held.who} since {held.when}), not {lock_id}")
+        with self._tx() as cur:
+            cur.execute("DELETE FROM engine_ctl_lock WHERE name = %s AND id = %s", (self.name, lock_id))
+        return held
