@@ -6,7 +6,7 @@ so that every refusal can name its field and its place in the file.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -186,8 +186,3 @@ class ModelDocument(Doc):
     kind: Literal["Model"]
     metadata: ModelMetadata
     spec: ModelSpecDoc
-
-
-KnownDocument = Annotated[
-    DeploymentDocument | FlatDeploymentDocument | ModelDocument, Field(description="Any engine-ctl document")
-]

@@ -31,10 +31,6 @@ class Gpu(Fact):
     memory_used_bytes: int | None = None
     driver_version: str | None = None
 
-    @property
-    def memory_gb(self) -> float:
-        return (self.memory_total_bytes or 0) / 1000**3
-
 
 class Cpu(Fact):
     cores: int
@@ -119,9 +115,6 @@ def _num(text: str) -> float | None:
         return float(text)
     except ValueError:
         return None
-
-
-NVIDIA_QUERY = "index,uuid,name,memory.total,memory.used,driver_version"
 
 
 def parse_nvidia_smi(text: str) -> list[Gpu]:

@@ -95,7 +95,28 @@ def fit(
     facts: ModelFacts | None,
     hosts: Sequence[HostFacts],
 ) -> FitPlan | str:
-    """The plan object for one replica, or why the specification does not fit (Failed)."""
+    """The plan object for one replica, or why the specification does not fit (Failed). Memory the deployment
+    states itself (flat form: resources.ram, resources.gpu or engine_config.memory.request) replaces the
+    estimate."""
+    result = _fit(d, model, facts, hosts)
+    if isinstance(result, str):
+        return result
+    update: dict[str, object] = {}
+    if d.ram_bytes:
+        update["memory_bytes"] = d.ram_bytes
+    if d.gpu_memory_bytes and result.gpus:
+        update["min_gpu_memory_gb"] = math.ceil(d.gpu_memory_bytes / result.gpus / 1000**3)
+    if update:
+        update["memory_basis"] = "catalog" if result.memory_basis == "estimate" else result.memory_basis
+    return result.model_copy(update=update) if update else result
+
+
+def _fit(
+    d: Deployment,
+    model: Model,
+    facts: ModelFacts | None,
+    hosts: Sequence[HostFacts],
+) -> FitPlan | str:
     provider = resolve_engine(d, model)
     assert provider is not None
     weights, basis = weights_and_basis(model, facts)

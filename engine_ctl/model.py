@@ -6,7 +6,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-Engine = Literal["llama.cpp", "vllm", "sglang"]
 EngineChoice = Literal["auto", "llama.cpp", "vllm", "sglang"]
 Format = Literal["gguf", "safetensors"]
 

@@ -164,3 +164,11 @@ def test_cpu_host_without_enough_memory() -> None:
     assert not isinstance(plan, str)
     result = place(d, plan, LLAMA, [small], 1)
     assert result.pending_reason is not None and result.pending_reason.startswith("Waiting for a machine with 10")
+
+
+def test_memory_the_deployment_states_replaces_the_estimate() -> None:
+    m = Model(name="m", format="gguf", path="m.gguf", weights_bytes=8_000_000_000)
+    d = Deployment(name="x", model="m", gpus=1, ram_bytes=2 * GIB, gpu_memory_bytes=16 * GIB)
+    plan = fit(d, m, None, [h100x8()])
+    assert not isinstance(plan, str)
+    assert plan.memory_bytes == 2 * GIB and plan.min_gpu_memory_gb == math.ceil(16 * GIB / 1e9)
