@@ -55,6 +55,20 @@ def target_option(f: Any) -> Any:
     return click.option("--target", "targets", multiple=True, help="Only this deployment (repeatable).")(f)
 
 
+def writing_options(f: Any) -> Any:
+    """The options of the commands that change hosts and state (apply, destroy)."""
+    for option in (
+        click.option("--auto-approve", is_flag=True, help="Do not ask for confirmation."),
+        lock_timeout_option,
+        target_option,
+        ssh_options,
+        state_option,
+        inventory_option,
+    ):
+        f = option(f)
+    return f
+
+
 def default_state_path(paths: tuple[Path, ...]) -> Path:
     first = paths[0] if paths else Path(".")
     base = first if first.is_dir() else first.parent
@@ -295,12 +309,7 @@ def refresh_state(state: State, plan: Plan) -> None:
 
 @click.command()
 @click.argument("args", nargs=-1, type=click.Path(path_type=Path))
-@inventory_option
-@state_option
-@ssh_options
-@target_option
-@lock_timeout_option
-@click.option("--auto-approve", is_flag=True, help="Do not ask for confirmation.")
+@writing_options
 def apply(
     args: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool,
@@ -352,12 +361,7 @@ def apply(
 
 @click.command()
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
-@inventory_option
-@state_option
-@ssh_options
-@target_option
-@lock_timeout_option
-@click.option("--auto-approve", is_flag=True, help="Do not ask for confirmation.")
+@writing_options
 def destroy(
     paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool,
