@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine_ctl.facts import HostFacts, UnitFact, parse_nvidia_smi
 from engine_ctl.inventory import Host, Inventory
@@ -173,3 +177,37 @@ def test_markdown_for_a_pull_request_marks_lines_for_diff_colouring() -> None:
     text = plan_markdown(plan_for("gpus: 1", State(), h100x8()))
     assert text.startswith("### engine-ctl plan: 1 to add, 0 to change, 0 to destroy\n\n```diff\n")
     assert '\n+  + deployment "chat" {' in text and text.rstrip().endswith("```")
+
+
+def test_apply_never_prompts_without_a_terminal(tmp_path: Path) -> None:
+    from tests.helpers import run
+
+    quickstart = Path(__file__).resolve().parents[1] / "examples/quickstart"
+    state = tmp_path / "state.json"
+    result = run("apply", str(quickstart), "--state", str(state))
+    assert result.exit_code == 1
+    assert "stdin is not a terminal" in result.stderr and "--auto-approve" in result.stderr
+    assert not state.exists() and not Path(str(state) + ".lock").exists()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    specs=st.lists(st.tuples(st.sampled_from([1, 2, 4]), st.integers(min_value=1, max_value=4)), min_size=1, max_size=5)
+)
+def test_placement_never_shares_a_gpu_or_a_port(specs: list[tuple[int, int]]) -> None:
+    docs = MODEL + "".join(
+        f"---\nmetadata: {{name: d{i}}}\nspec: {{model: m, gpus: {g}, replicas: {{min: {n}, max: {n}}}}}\n"
+        for i, (g, n) in enumerate(specs)
+    )
+    wanted = load_documents(parse_text(docs, "d.yaml")[0]).desired
+    hosts = (h100x8("h1"), h100x8("h2").model_copy(update={"gpus": tuple(
+        g.model_copy(update={"uuid": g.uuid.replace("GPU-2f", "GPU-3f")}) for g in h100x8().gpus)}))  # fmt: skip
+    inv, facts = world(*hosts)
+    plan = make_plan(wanted, State(), inv, facts, {"m": SHAPE})
+    placed = [r for c in plan.changes for r in c.replicas if r.action == ["create"]]
+    gpus = [g for r in placed for g in r.gpus]
+    assert len(gpus) == len(set(gpus)) <= 16
+    assert len({(r.host, r.port) for r in placed}) == len(placed)
+    for c, (g, n) in zip(plan.changes, specs, strict=True):
+        assert all(len(r.gpus) == g for r in c.replicas)
+        assert len(c.replicas) == n or c.pending_reason is not None
