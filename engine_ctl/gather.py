@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -62,28 +62,27 @@ def _int(value: object) -> int | None:
         return None
 
 
+def _ok_output(result: dict[str, Any] | None) -> str | None:
+    return result["out"] if result and result.get("code") == 0 else None
+
+
 def _gpus(raw: dict[str, Any]) -> tuple[list[Gpu], list[str]]:
-    warnings: list[str] = []
+    """Parse whichever GPU tools answered; a tool that failed is a warning, never an error."""
+    tools: list[tuple[str, str, Callable[[str], list[Gpu]]]] = [
+        ("nvidia_smi", "nvidia-smi", parse_nvidia_smi),
+        ("amd_smi_static", "amd-smi", lambda out: parse_amd_smi(out, _ok_output(raw.get("amd_smi_metric")))),
+        ("rocm_smi", "rocm-smi", parse_rocm_smi),
+    ]
     gpus: list[Gpu] = []
-    nv = raw.get("nvidia_smi")
-    if nv:
-        if nv["code"] == 0:
-            gpus += parse_nvidia_smi(nv["out"])
+    warnings: list[str] = []
+    for key, tool, parse in tools:
+        result = raw.get(key)
+        if not result:
+            continue
+        if result["code"] == 0:
+            gpus += parse(result["out"])
         else:
-            warnings.append(f"nvidia-smi failed (exit {nv['code']}): {nv['err'].strip()[:200]}")
-    static = raw.get("amd_smi_static")
-    if static:
-        if static["code"] == 0:
-            metric = raw.get("amd_smi_metric") or {}
-            gpus += parse_amd_smi(static["out"], metric.get("out") if metric.get("code") == 0 else None)
-        else:
-            warnings.append(f"amd-smi failed (exit {static['code']}): {static['err'].strip()[:200]}")
-    rocm = raw.get("rocm_smi")
-    if rocm:
-        if rocm["code"] == 0:
-            gpus += parse_rocm_smi(rocm["out"])
-        else:
-            warnings.append(f"rocm-smi failed (exit {rocm['code']}): {rocm['err'].strip()[:200]}")
+            warnings.append(f"{tool} failed (exit {result['code']}): {result['err'].strip()[:200]}")
     return gpus, warnings
 
 

@@ -45,3 +45,19 @@ def test_rocm_smi_json() -> None:
     assert gpus[0].memory_total_bytes == 68702699520 and gpus[1].memory_used_bytes is None
     assert gpus[0].uuid == "GPU-8c7e5f4a3b2d1e0f" and gpus[0].name == "AMD Instinct MI210"
     assert gpus[0].driver_version == "6.3.6"
+
+
+def test_a_failing_gpu_tool_is_a_warning_and_the_others_still_parse() -> None:
+    from engine_ctl.gather import _gpus
+
+    gpus, warnings = _gpus(
+        {
+            "nvidia_smi": {"code": 0, "out": recording("nvidia-smi-8xH100.csv"), "err": ""},
+            "amd_smi_static": {"code": 0, "out": recording("amd-smi-static-2xMI300X.json"), "err": ""},
+            "amd_smi_metric": {"code": 0, "out": recording("amd-smi-metric-2xMI300X.json"), "err": ""},
+            "rocm_smi": {"code": 2, "out": "", "err": "rocm-smi: no devices\n"},
+        }
+    )
+    assert [g.vendor for g in gpus] == ["nvidia"] * 8 + ["amd"] * 2
+    assert gpus[8].memory_used_bytes == 283 * MIB
+    assert warnings == ["rocm-smi failed (exit 2): rocm-smi: no devices"]
