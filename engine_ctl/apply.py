@@ -216,7 +216,7 @@ class Executor:
         """Steps that keep every serving replica (creates, surges) run in parallel across hosts, one at a time
         per host; the others (repairs, stop-then-start, deletes) one at a time, in the plan's order."""
         steps = list(change.replicas)
-        leftovers = [s for s in steps if s.action == ["delete"] and s.reason.startswith("left by")]
+        leftovers = [s for s in steps if s.cleanup]
         widening = [
             s for s in steps
             if s.action == ["create"] or (s.action == ["delete", "create"] and s.strategy == "surge")

@@ -244,6 +244,7 @@ def place(
     taken_gpus: set[str] | None = None,
     ours: set[str] | None = None,
     already: dict[str, int] | None = None,
+    prefer: str | None = None,
 ) -> FitResult:
     """Spread `count` replicas over hosts: fewest replicas of this deployment first, GPUs whole, by UUID."""
     taken = set(taken_gpus or ())
@@ -257,7 +258,7 @@ def place(
         return FitResult(plan=plan, pending_reason=f"Waiting for host {d.host} (not in the inventory or unreachable)")
     for index in range(count):
         best: tuple[HostFacts, list[Gpu]] | None = None
-        for h in sorted(candidates, key=lambda x: (per_host[x.host], -x.memory.available_bytes)):
+        for h in sorted(candidates, key=lambda x: (per_host[x.host], x.host != prefer, -x.memory.available_bytes)):
             gpus, reason = host_verdict(h, plan, provider, taken, memory[h.host], held_by_us=ours or set())
             if gpus is None:
                 waiting[h.host] = reason or "cannot run here"

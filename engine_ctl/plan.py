@@ -56,6 +56,8 @@ class ReplicaChange(BaseModel):
     old_argv: list[str] | None = None
     strategy: Strategy | None = None
     reason: str = ""
+    cleanup: bool = False
+    """Removes what an interrupted apply left (a never-ready or second slot): done before anything else."""
 
     @property
     def symbol(self) -> str:
@@ -255,7 +257,7 @@ def plan_deployment(
     for r in records:
         recorded_unit = _unit_fact(facts.get(r.host), r.unit)
         if r.status == "pending" and r.host in facts and not _is_running(recorded_unit):
-            replicas.append(_delete(r, "left by an interrupted apply (never became ready)"))
+            replicas.append(_delete(r, "left by an interrupted apply (never became ready)", cleanup=True))
             alloc.release(r)
         else:
             live.append(r)
@@ -268,7 +270,7 @@ def plan_deployment(
         current = _current(live, index, facts)
         extras = [r for r in live if r.index == index and r is not current]
         for extra in extras:
-            replicas.append(_delete(extra, "a second slot of this replica (left by an interrupted roll)"))
+            replicas.append(_delete(extra, "a second slot of this replica (left by an interrupted roll)", cleanup=True))
             alloc.release(extra)
         if current is not None and current.host not in facts:
             change.warnings.append(f"replica {index} is on {current.host}, which is unreachable: left as it is")
@@ -303,15 +305,11 @@ def plan_deployment(
             continue
         # The content changes: a rolling replace, with a surge when there is room for both.
         new_slot = _other(current.slot)
+        others = {h: n - (1 if h == current.host else 0) for h, n in on_host.items()}
         surge = place(
-            d,
-            fitted,
-            provider,
-            _prefer(_with_alloc(hosts, alloc), current.host),
-            1,
-            taken_gpus=alloc.gpus,
-            ours=alloc.ours,
-        )
+            d, fitted, provider, _with_alloc(hosts, alloc), 1, taken_gpus=alloc.gpus, ours=alloc.ours,
+            already=others, prefer=current.host,
+        )  # fmt: skip
         if surge.placements:
             p = surge.placements[0].model_copy(update={"index": index})
             strategy: Strategy = "surge"
@@ -332,6 +330,9 @@ def plan_deployment(
             p = stop_start.placements[0].model_copy(update={"index": index, "port": current.port})
             strategy = "stop-then-start"
         alloc.take(p)
+        if p.host != current.host:
+            on_host[current.host] = on_host.get(current.host, 1) - 1
+            on_host[p.host] = on_host.get(p.host, 0) + 1
         strategies.add(strategy)
         rolled = _render(d, model, provider, fitted, p, by_host, revision, new_slot)
         why = ", ".join(c.path for c in change.field_changes) or "the unit's content changed"
@@ -383,10 +384,6 @@ def plan_deployment(
     if change.pending_reason and record is None and not replicas:
         change.action = ["create"]
     return change, drift
-
-
-def _prefer(hosts: list[HostFacts], first: str) -> list[HostFacts]:
-    return sorted(hosts, key=lambda h: h.host != first)
 
 
 def _with_alloc(hosts: list[HostFacts], alloc: _Allocation) -> list[HostFacts]:
@@ -451,10 +448,11 @@ def _replica(action: list[str], unit: RenderedUnit, revision: int, p: Placement,
     )  # fmt: skip
 
 
-def _delete(r: ReplicaRecord, reason: str) -> ReplicaChange:
+def _delete(r: ReplicaRecord, reason: str, cleanup: bool = False) -> ReplicaChange:
     return ReplicaChange(
         index=r.index, action=["delete"], host=r.host, unit=r.unit, slot=r.slot, port=r.port, gpus=list(r.gpus),
         revision=r.revision, old_unit=r.unit, old_host=r.host, old_slot=r.slot, old_argv=r.argv, reason=reason,
+        cleanup=cleanup,
     )  # fmt: skip
 
 

@@ -317,7 +317,7 @@ def test_two_applies_at_once_one_is_refused_with_the_locks_who_and_when(project:
     assert "the state is locked by" in second.stderr and " since " in second.stderr and "force-unlock" in second.stderr
 
 
-@pytest.mark.parametrize("delay", [0.4, 1.2, 2.5])
+@pytest.mark.parametrize("delay", [0.4, 1.2, 2.0, 2.5, 3.0])
 def test_kill_9_of_apply_mid_roll_loses_nothing_and_the_next_apply_converges(project: Project, delay: float) -> None:
     project.write("replicas: {min: 2, max: 2}\ncontext_length: 512")
     project.cli("apply", "--auto-approve", check=True)
