@@ -211,3 +211,29 @@ def test_placement_never_shares_a_gpu_or_a_port(specs: list[tuple[int, int]]) ->
     for c, (g, n) in zip(plan.changes, specs, strict=True):
         assert all(len(r.gpus) == g for r in c.replicas)
         assert len(c.replicas) == n or c.pending_reason is not None
+
+
+def test_after_an_interrupted_roll_the_second_slot_is_cleaned_up_first() -> None:
+    h = h100x8()
+    p = plan_for("gpus: 1, context_length: 4096", State(), h)
+    state, facts = applied(p, State(), {h.host: h})
+    roll = make_plan(desired("gpus: 1, context_length: 8192"), state, world(*facts.values())[0], facts, {"m": SHAPE})
+    # the apply was killed after starting the new slot, before recording it as serving
+    state2, facts2 = applied(roll, state, facts)
+    new = roll.changes[0].replicas[0]
+    rec = state2.deployments["chat"]
+    old = state.deployments["chat"].replicas[0]
+    rec.replicas = [old, *[r.model_copy(update={"status": "pending"}) for r in rec.replicas if r.unit == new.unit]]
+    rec.spec_hash, rec.revision = state.deployments["chat"].spec_hash, 1
+    running = facts2[h.host].model_copy(update={"units": (
+        UnitFact(name=old.unit, sha256=old.unit_sha256, active_state="active", sub_state="running"),
+        UnitFact(name=new.unit, sha256=new.unit_sha256, active_state="active", sub_state="running"),
+    )})  # fmt: skip
+    again = make_plan(
+        desired("gpus: 1, context_length: 8192"), state2, world(running)[0], {h.host: running}, {"m": SHAPE}
+    )
+    (c,) = again.changes
+    cleanup = [r for r in c.replicas if r.cleanup]
+    assert [r.unit for r in cleanup] == [new.unit] and cleanup[0].action == ["delete"]
+    (replace,) = [r for r in c.replicas if r.action == ["delete", "create"]]
+    assert replace.old_unit == old.unit and replace.host == h.host
