@@ -44,7 +44,7 @@ def plan_seconds(docs: Path, inventory: Path, runs: int = 3) -> float:
         loaded = load_paths([docs])
         inv = load_inventory(inventory)
         backend = LocalState(docs / "engine-ctl.state.json")
-        build_plan(loaded, loaded.desired, inv, backend.read(), backend, SSHOptions(), 32, ())
+        build_plan(loaded.desired, inv, backend.read(), backend, SSHOptions(), 32, ())
 
     return median(once, runs)
 

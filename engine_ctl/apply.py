@@ -264,8 +264,12 @@ class Executor:
             rec.revision = change.revision
             rec.spec, rec.model, rec.spec_hash, rec.plan = change.spec, change.model, change.spec_hash, change.fit
 
-    def _budget(self) -> float:
-        return max(p.startup_budget_s for p in PROVIDERS.values()) + 60
+    @staticmethod
+    def _budget(change: DeploymentChange) -> float:
+        """The deployment's engine's start-up budget, plus a margin for systemd and SSH."""
+        engine = PROVIDERS.get(str((change.fit or {}).get("engine")))
+        budget = engine.startup_budget_s if engine else max(p.startup_budget_s for p in PROVIDERS.values())
+        return budget + 60
 
     def _replica_record(self, step: ReplicaChange, status: str) -> ReplicaRecord:
         return ReplicaRecord(
@@ -274,13 +278,14 @@ class Executor:
             argv=step.argv, status=status,  # type: ignore[arg-type]
         )  # fmt: skip
 
-    def _start_new(self, t: SSHTransport | LocalTransport, name: str, step: ReplicaChange) -> None:
+    def _start_new(self, t: SSHTransport | LocalTransport, change: DeploymentChange, step: ReplicaChange) -> None:
         """Record (pending), upload, start behind the health gate; on failure remove it again and raise."""
+        name = change.name
         self.recorder.change(lambda s: _put_replica(s, name, self._replica_record(step, "pending")))
         assert step.unit_text is not None
         t.put(f"{UNIT_DIR}/{step.unit}", step.unit_text.encode(), 0o644)
         began = time.monotonic()
-        result = t.run(start_argv(step.unit), timeout=self._budget())
+        result = t.run(start_argv(step.unit), timeout=self._budget(change))
         if result.exit_code != 0:
             reason = failure_reason(t.run(failure_argv(step.unit)).stdout)
             t.run(remove_argv(step.unit))
@@ -302,7 +307,7 @@ class Executor:
         action = tuple(step.action)
         if action == ("create",):
             with self._on(step.host) as t:
-                self._start_new(t[step.host], name, step)
+                self._start_new(t[step.host], change, step)
         elif action == ("delete",):
             host, unit = step.old_host or step.host, step.old_unit or step.unit
             with self._on(host) as t:
@@ -312,7 +317,7 @@ class Executor:
                 tr = t[step.host]
                 assert step.unit_text is not None
                 tr.put(f"{UNIT_DIR}/{step.unit}", step.unit_text.encode(), 0o644)
-                result = tr.run(restart_argv(step.unit), timeout=self._budget())
+                result = tr.run(restart_argv(step.unit), timeout=self._budget(change))
                 if result.exit_code != 0:
                     reason = failure_reason(tr.run(failure_argv(step.unit)).stdout)
                     self.recorder.change(lambda s: _set_status(s, name, step.host, step.unit, "failed", reason))
@@ -320,14 +325,15 @@ class Executor:
                 self.recorder.change(lambda s: _put_replica(s, name, self._replica_record(step, "serving")))
                 self.progress(f"{name}: replica {step.index} on {step.host}: {step.unit} repaired ({step.reason})")
         elif action == ("delete", "create"):
-            self._replace(name, step)
+            self._replace(change, step)
 
-    def _replace(self, name: str, step: ReplicaChange) -> None:
+    def _replace(self, change: DeploymentChange, step: ReplicaChange) -> None:
+        name = change.name
         old_host, old_unit = step.old_host or step.host, step.old_unit or step.unit
         with self._on(step.host, old_host) as t:
             new_t, old_t = t[step.host], t[old_host]
             if step.strategy == "surge":
-                self._start_new(new_t, name, step)  # raises StepFailed with the old replica untouched
+                self._start_new(new_t, change, step)  # raises StepFailed with the old replica untouched
                 self._remove_old(old_t, name, old_host, old_unit)
                 return
             # stop-then-start: no room for both; the old unit is kept to be restored if the new one fails
@@ -335,9 +341,9 @@ class Executor:
             self.recorder.change(lambda s: _set_status(s, name, old_host, old_unit, "stopped"))
             self.progress(f"{name}: {old_unit} on {old_host} stopped (no room for a surge)")
             try:
-                self._start_new(new_t, name, step)
+                self._start_new(new_t, change, step)
             except StepFailed:
-                restored = old_t.run(start_argv(old_unit), timeout=self._budget())
+                restored = old_t.run(start_argv(old_unit), timeout=self._budget(change))
                 status = "serving" if restored.exit_code == 0 else "failed"
                 self.recorder.change(lambda s: _set_status(s, name, old_host, old_unit, status))
                 self.progress(f"{name}: {old_unit} on {old_host} restored ({status})")

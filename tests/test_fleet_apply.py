@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from engine_ctl.state import LocalState
 
-from tests.fleet import Fleet
+from tests.fleet import Fleet, FleetHost
 from tests.llama import tiny_model
 
 MODELS_DIR = "/var/lib/engine-ctl/models"
@@ -99,8 +99,11 @@ class Project:
         with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read())
 
+    def host_of(self, replica: dict) -> FleetHost:  # type: ignore[type-arg]
+        return next(x for x in self.fleet.hosts if x.name == replica["host"])
+
     def main_pid(self, replica: dict) -> int:  # type: ignore[type-arg]
-        h = next(x for x in self.fleet.hosts if x.name == replica["host"])
+        h = self.host_of(replica)
         return int(self.fleet.ssh(h, f"systemctl show -p MainPID --value {replica['unit']}").stdout)
 
 
@@ -207,7 +210,7 @@ def test_a_unit_edited_by_hand_is_drift_and_apply_repairs_it(project: Project) -
     project.write("context_length: 512")
     project.cli("apply", "--auto-approve", check=True)
     (r,) = project.replicas()
-    h = next(x for x in project.fleet.hosts if x.name == r["host"])
+    h = project.host_of(r)
     project.fleet.ssh(h, f"sed -i 's/^RestartSec=5/RestartSec=1/' /etc/systemd/system/{r['unit']}")
     planned = project.cli("plan", "--detailed-exitcode")
     assert planned.returncode == 2
@@ -222,7 +225,7 @@ def test_kill_9_of_the_engine_shows_in_status_and_plan_repairs_a_stopped_one(pro
     project.write("context_length: 512")
     project.cli("apply", "--auto-approve", check=True)
     (r,) = project.replicas()
-    h = next(x for x in project.fleet.hosts if x.name == r["host"])
+    h = project.host_of(r)
     project.fleet.ssh(h, f"kill -9 $(systemctl show -p MainPID --value {r['unit']})")
     time.sleep(0.5)
     (dep,) = json.loads(project.cli("status", project.name, "--json").stdout)["deployments"]
@@ -255,7 +258,7 @@ def test_a_replica_that_cannot_start_halts_the_roll_and_the_previous_one_serves(
     assert record["state"] == "Failed" and record["reason"].startswith("launch_failed:")
     (dep,) = json.loads(project.cli("status", project.name, "--json").stdout)["deployments"]
     assert dep["ready"] == 1 and "last change failed: launch_failed" in dep["reason"]
-    h = next(x for x in project.fleet.hosts if x.name == old["host"])
+    h = project.host_of(old)
     units = project.fleet.ssh(h, f"ls /etc/systemd/system/ | grep engine-ctl-{project.name}- || true").stdout.split()
     assert units == [old["unit"]]
 
@@ -362,7 +365,7 @@ def test_destroy_removes_the_units_and_keeps_the_models(project: Project) -> Non
     assert "will be destroyed" in gone.stdout
     assert project.state()["deployments"] == {}
     for r in replicas:
-        h = next(x for x in project.fleet.hosts if x.name == r["host"])
+        h = project.host_of(r)
         assert project.fleet.ssh(h, f"test -e /etc/systemd/system/{r['unit']}", check=False).returncode == 1
         assert project.fleet.ssh(h, f"test -f {MODELS_DIR}/tiny/tiny.gguf", check=False).returncode == 0
         assert project.health(r) is None

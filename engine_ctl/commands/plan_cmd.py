@@ -26,14 +26,13 @@ from engine_ctl.commands.common import (
 from engine_ctl.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.gather import gather
 from engine_ctl.inventory import Inventory, load_inventory
-from engine_ctl.loader import LoadResult
 from engine_ctl.model import DesiredState
 from engine_ctl.output import console, emit_json
 from engine_ctl.plan import FORMAT_VERSION, Plan, make_plan
 from engine_ctl.planview import plan_json, plan_markdown, render_plan
 from engine_ctl.state import HostRecord, LocalState, Operation, State, StateBackend, StateError, open_backend
 from engine_ctl.state.local import DEFAULT_NAME, now, who
-from engine_ctl.transport import SSHOptions
+from engine_ctl.transport import HostFailure, SSHOptions
 from engine_ctl.world import model_facts_by_name, model_paths
 
 STYLES = {"add": "green", "change": "yellow", "destroy": "red", "warn": "yellow", "bold": "bold", "": ""}
@@ -110,7 +109,6 @@ def show_plan(plan: Plan) -> None:
 
 
 def build_plan(
-    loaded: LoadResult | None,
     desired: DesiredState,
     inventory: Inventory,
     state: State,
@@ -120,7 +118,8 @@ def build_plan(
     targets: tuple[str, ...],
     refresh_only: bool = False,
     documents: tuple[Path, ...] = (),
-) -> tuple[Plan, dict[str, Any]]:
+) -> tuple[Plan, dict[str, HostFailure]]:
+    """Gather (one round trip per host) and plan; returns the plan and the hosts that could not be reached."""
     paths = model_paths(desired, inventory)
     facts, failures = gather(list(inventory.hosts), options, parallel, paths)
     mfacts, _notes = model_facts_by_name(desired, inventory, facts)
@@ -141,7 +140,7 @@ def build_plan(
         "state": reopen_string(backend),
         "model_paths": paths,
     }
-    return plan, {"failures": failures, "facts": facts}
+    return plan, failures
 
 
 @click.command()
@@ -167,8 +166,8 @@ def plan(
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, paths)
     state = read_state(backend)
-    result, extra = build_plan(
-        loaded, loaded.desired, inventory, state, backend, ssh_settings(accept_new_host_keys), parallel, targets,
+    result, failures = build_plan(
+        loaded.desired, inventory, state, backend, ssh_settings(accept_new_host_keys), parallel, targets,
         refresh_only, paths,
     )  # fmt: skip
     if out_path is not None:
@@ -181,8 +180,8 @@ def plan(
         show_plan(result)
         if out_path is not None:
             console().print(f"\nSaved the plan to {out_path}; apply exactly it with: engine-ctl apply {out_path}")
-    report_failures(extra["failures"])
-    if extra["failures"]:
+    report_failures(failures)
+    if failures:
         sys.exit(1)
     sys.exit(2 if detailed_exitcode and result.has_changes else 0)
 
@@ -347,16 +346,16 @@ def apply(
     backend = backend_for(state_path, args)
     with locked(backend, "apply", lock_timeout):
         state = read_state(backend)
-        result, extra = build_plan(
-            loaded, loaded.desired, inventory, state, backend, options, parallel, targets, documents=args
+        result, failures = build_plan(
+            loaded.desired, inventory, state, backend, options, parallel, targets, documents=args
         )
         show_plan(result)
-        report_failures(extra["failures"])
+        report_failures(failures)
         if not result.has_changes:
             sys.exit(0)
         _confirm(auto_approve)
         code = execute(result, inventory, backend, state, options, "apply")
-        sys.exit(code or (1 if extra["failures"] else 0))
+        sys.exit(code or (1 if failures else 0))
 
 
 @click.command()
@@ -374,10 +373,10 @@ def destroy(
     with locked(backend, "destroy", lock_timeout):
         state = read_state(backend)
         keep = DesiredState()  # nothing is wanted: every (targeted) deployment in the state is deleted
-        result, extra = build_plan(loaded, keep, inventory, state, backend, options, parallel, targets)
+        result, failures = build_plan(keep, inventory, state, backend, options, parallel, targets)
         result.changes = [c for c in result.changes if c.action == ["delete"]]
         show_plan(result)
-        report_failures(extra["failures"])
+        report_failures(failures)
         if not result.changes:
             sys.exit(0)
         _confirm(auto_approve)
