@@ -17,8 +17,9 @@ from engine_ctl.model import Deployment, Model
 from engine_ctl.providers import Provider
 from engine_ctl.runspec import ReplicaRun
 from engine_ctl.systemd import comment_text, env_assignment, exec_line, path_value
+from engine_ctl.unitnames import UNIT_PREFIX as UNIT_PREFIX  # re-exported: plan and gather use it
+from engine_ctl.unitnames import unit_name
 
-UNIT_PREFIX = "engine-ctl-"
 CURL = "/usr/bin/curl"
 SH = "/bin/sh"
 NVIDIA_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
@@ -40,11 +41,6 @@ class RenderedUnit(BaseModel):
     """sha256 of the whole file as written: what plan compares with the host's file."""
     content_hash: str
     """sha256 of the unit without its header line: what the header records."""
-
-
-def unit_name(deployment: str, index: int, slot: str = "a") -> str:
-    """Stable per replica; the slot (a/b) lets a surge run the new unit beside the old one."""
-    return f"{UNIT_PREFIX}{deployment}-{index}{slot}.service"
 
 
 @cache

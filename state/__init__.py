@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from engine_ctl.state.base import StateBackend
-from engine_ctl.state.local import LocalState, LockHeld
+from engine_ctl.state.base import LockHeld, StateBackend
+from engine_ctl.state.local import LocalState
 from engine_ctl.state.model import (
     DeploymentRecord,
     HostRecord,
@@ -17,7 +17,8 @@ from engine_ctl.state.postgres import PostgresState
 
 
 def open_backend(where: str | Path) -> StateBackend:
-    """`postgresql://…[#name]` (or postgres://) for the PostgreSQL backend; anything else is a file path."""
+    """`postgresql://…[#name]` (or postgres://) for the PostgreSQL backend; anything else is a file path.
+    Opening never fails: the first use says what is wrong (psycopg missing, the server unreachable)."""
     text = str(where)
     if text.startswith(("postgresql://", "postgres://")):
         return PostgresState(text)

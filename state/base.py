@@ -1,11 +1,21 @@
-"""What a state backend offers: read, atomic write (serial up by one), a lock that records who holds it."""
+"""What a state backend offers: read, atomic write (serial up by one), a lock that records who holds it.
+
+Also what every backend says about a lock: who holds it, whether that holder is a process that has died on
+this same machine (then the lock is stale), and the exact command that clears it."""
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import getpass
+import os
+import shlex
+import socket
 from typing import Protocol
 
-from engine_ctl.state.model import LockInfo, State
+from engine_ctl.state.model import LockInfo, State, StateError
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
 class StateBackend(Protocol):
@@ -21,3 +31,116 @@ class StateBackend(Protocol):
     def lock(self, operation: str, timeout: float = 0.0) -> contextlib.AbstractContextManager[LockInfo]: ...
 
     def force_unlock(self, lock_id: str) -> LockInfo: ...
+
+
+def who() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()} pid {os.getpid()}"
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def boot_id() -> str | None:
+    """The kernel's ID of this boot: two locks with the same one were taken on the same machine, same boot."""
+    try:
+        with open(BOOT_ID) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks since boot) of a process; None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    fields = text.rpartition(")")[2].split()
+    return fields[0], int(fields[19])
+
+
+def process_start(pid: int) -> int | None:
+    try:
+        stat = _proc_stat(pid)
+    except (OSError, ValueError, IndexError):
+        return None
+    return stat[1] if stat else None
+
+
+def process_alive(pid: int, start: int | None = None) -> bool:
+    """Whether `pid` still runs here and is the same process (same start time, when known); a zombie is dead."""
+    if pid <= 0:
+        return False
+    try:
+        stat = _proc_stat(pid)
+    except (OSError, ValueError, IndexError):  # no /proc as we know it: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    if stat is None:
+        return False
+    state, started = stat
+    return state not in ("Z", "X") and (start is None or start == started)
+
+
+def new_lock(lock_id: str, operation: str, path: str) -> LockInfo:
+    """A lock for this process, with what tells later whether it still runs."""
+    pid = os.getpid()
+    return LockInfo(
+        id=lock_id, operation=operation, who=who(), when=now(), path=path,
+        host=socket.gethostname(), boot_id=boot_id(), pid=pid, pid_start=process_start(pid),
+    )  # fmt: skip
+
+
+def stale_reason(info: LockInfo) -> str | None:
+    """Why the holder is known to be gone: same host name and boot as this process, and its pid not running.
+    None when it may still run (or runs elsewhere, or the lock predates these fields)."""
+    if info.host is None or info.boot_id is None or info.pid is None:
+        return None
+    if info.host != socket.gethostname() or info.boot_id != boot_id():
+        return None
+    if process_alive(info.pid, info.pid_start):
+        return None
+    return f"its process (pid {info.pid} on {info.host}, this machine, since this boot) is no longer running"
+
+
+def unlock_command(lock_id: str, location: str) -> str:
+    return f"engine-ctl force-unlock {shlex.quote(lock_id)} --state {shlex.quote(location)}"
+
+
+class LockHeld(StateError):
+    """Another holder has the lock; the message says who, whether it is stale, and how to clear it."""
+
+    def __init__(self, info: LockInfo, location: str | None = None, lock_file: str | None = None) -> None:
+        self.info = info
+        self.stale = stale_reason(info)
+        clear = unlock_command(info.id, location) if location else f"engine-ctl force-unlock {info.id}"
+        if info.unreadable is not None:
+            where = lock_file or "the lock"
+            message = (
+                f"the state is locked, but its lock file {where} is unreadable ({info.unreadable}), so who holds "
+                f"it is unknown; if no engine-ctl command is running on this state, clear it with: {clear}"
+            )
+            if lock_file:
+                message += f" (or: rm {shlex.quote(lock_file)})"
+        elif self.stale is not None:
+            message = (
+                f"the state is locked by {info.who} since {info.when} for `{info.operation}` (lock ID {info.id}), "
+                f"but the lock is stale: {self.stale}; clear it with: {clear}"
+            )
+        else:
+            message = (
+                f"the state is locked by {info.who} since {info.when} for `{info.operation}` (lock ID {info.id}); "
+                f"wait for it to finish, pass --lock-timeout, or if it died: {clear}"
+            )
+        super().__init__(message)

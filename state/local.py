@@ -1,57 +1,66 @@
 """The local state file: atomic writes (temporary file, fsync, rename), a backup of the previous state,
-and a lock file that records who holds it."""
+and a lock file that records who holds it.
+
+A state file reached through a symlink is locked, backed up and written where it really is, so the link stays
+a link and two commands through different paths to one file exclude each other."""
 
 from __future__ import annotations
 
 import contextlib
-import datetime
-import getpass
+import hashlib
 import json
 import os
 import shutil
-import socket
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from engine_ctl.state.model import FORMAT_VERSION, LockInfo, State, StateError
+from engine_ctl.state.base import LockHeld, new_lock, now, stale_reason, unlock_command, who
+from engine_ctl.state.model import FORMAT_VERSION, LockInfo, State, StateError, parse_state
 from pydantic import ValidationError
 
 from engine_ctl import __version__
 
 DEFAULT_NAME = "engine-ctl.state.json"
+UNREADABLE_PREFIX = "unreadable-"
+"""The ID of a lock file that cannot be read: this prefix and the first 12 hex digits of the sha256 of its
+bytes, so `force-unlock` clears exactly the file that was reported, never one written since."""
 
 
-class LockHeld(StateError):
-    def __init__(self, info: LockInfo) -> None:
-        self.info = info
-        super().__init__(
-            f"the state is locked by {info.who} since {info.when} for `{info.operation}` (lock ID {info.id}); "
-            f"wait for it to finish, pass --lock-timeout, or if it died: engine-ctl force-unlock {info.id}"
-        )
+def unreadable_id(data: bytes) -> str:
+    return UNREADABLE_PREFIX + hashlib.sha256(data).hexdigest()[:12]
 
 
-def who() -> str:
+def real_path(path: Path) -> Path:
+    """The file itself when `path` is (or goes through) a symlink; `path` unchanged otherwise."""
+    real = Path(os.path.realpath(path))
+    return path if real == Path(os.path.abspath(path)) else real
+
+
+def writable(state: State, location: str) -> None:
+    """Never write a state this engine-ctl would refuse to read back."""
     try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname()} pid {os.getpid()}"
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        parse_state(state.model_dump(mode="json"), location)
+    except StateError as exc:
+        raise StateError(f"refusing to write a state it could not read back (a bug in engine-ctl): {exc}") from None
 
 
 class LocalState:
     """A JSON file beside the documents (engine-ctl.state.json), its backup and its lock."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self.location = str(path)
-        self.backup = path.with_name(path.name + ".backup")
-        self.lock_path = path.with_name(path.name + ".lock")
+        self.given = path
+        self.path = real_path(path)
+        self.location = str(path) if self.path == path else f"{path} (→ {self.path})"
+        self.backup = self.path.with_name(self.path.name + ".backup")
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
+
+    def recovery(self) -> str | None:
+        """Where the previous state is, only when there is one to name."""
+        if not self.backup.is_file():
+            return None
+        return f"The previous state is in {self.backup}; to go back to it: cp {self.backup} {self.path}"
 
     def read(self) -> State:
         if not self.path.exists():
@@ -59,8 +68,9 @@ class LocalState:
         try:
             raw = json.loads(self.path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            recovery = self.recovery()
             raise StateError(
-                f"{self.path}: cannot read the state ({exc}); the previous state is in {self.backup}"
+                f"{self.path}: cannot read the state ({exc})" + (f". {recovery}" if recovery else "")
             ) from None
         version = raw.get("format_version") if isinstance(raw, dict) else None
         if not isinstance(version, int):
@@ -70,14 +80,12 @@ class LocalState:
                 f"{self.path}: written by a newer engine-ctl (state format {version}, this one reads "
                 f"{FORMAT_VERSION} and older); upgrade engine-ctl. The file was not changed."
             )
-        try:
-            return State.model_validate(raw)
-        except ValidationError as exc:
-            raise StateError(f"{self.path}: the state does not match its format: {exc.errors()[0]['msg']}") from None
+        return parse_state(raw, str(self.path), self.recovery())
 
     def write(self, state: State) -> State:
         """Write atomically with a backup of the previous state; the serial goes up by one."""
         new = state.model_copy(update={"serial": state.serial + 1, "engine_ctl_version": __version__})
+        writable(new, self.location)
         data = json.dumps(new.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
@@ -98,27 +106,57 @@ class LocalState:
         return new
 
     def lock_info(self) -> LockInfo | None:
+        """Who holds the lock; None when nobody does. A lock file that cannot be read is reported as such,
+        with an ID (unreadable-…) that force-unlock accepts."""
         try:
-            return LockInfo.model_validate_json(self.lock_path.read_text())
-        except (OSError, ValidationError, ValueError):
+            data = self.lock_path.read_bytes()
+        except FileNotFoundError:
             return None
+        except OSError as exc:
+            return self._unreadable(b"", exc.strerror or str(exc))
+        try:
+            return LockInfo.model_validate_json(data)
+        except (ValidationError, ValueError):
+            return self._unreadable(data, "empty" if not data.strip() else "not an engine-ctl lock")
+
+    def _unreadable(self, data: bytes, why: str) -> LockInfo:
+        try:
+            since = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.lock_path.stat().st_mtime))
+        except OSError:
+            since = "?"
+        return LockInfo(id=unreadable_id(data), operation="?", who="?", when=since, path=str(self.path), unreadable=why)
+
+    def _held(self, info: LockInfo) -> LockHeld:
+        return LockHeld(info, str(self.path), str(self.lock_path))
+
+    def _create_lock_file(self, info: LockInfo) -> bool:
+        """Create the lock file with its content in one step (a hard link of a complete file), so nobody ever
+        sees it empty; False when it exists already."""
+        tmp = self.lock_path.with_name(f".{self.lock_path.name}.{os.getpid()}.{info.id[:8]}.tmp")
+        with open(tmp, "w") as f:
+            f.write(info.model_dump_json(exclude_none=True))
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, self.lock_path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
 
     @contextlib.contextmanager
     def lock(self, operation: str, timeout: float = 0.0) -> Iterator[LockInfo]:
-        info = LockInfo(id=str(uuid.uuid4()), operation=operation, who=who(), when=now(), path=str(self.path))
+        info = new_lock(str(uuid.uuid4()), operation, str(self.path))
         deadline = time.monotonic() + timeout
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-        while True:
-            try:
-                fd = os.open(self.lock_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                break
-            except FileExistsError:
-                held = self.lock_info()
-                if time.monotonic() >= deadline:
-                    raise LockHeld(held or LockInfo(id="?", operation="?", who="?", when="?")) from None
-                time.sleep(0.2)
-        with os.fdopen(fd, "w") as f:
-            f.write(info.model_dump_json())
+        while not self._create_lock_file(info):
+            held = self.lock_info()
+            if held is None:  # released between the two looks: try again at once
+                continue
+            if stale_reason(held) is not None or time.monotonic() >= deadline:
+                raise self._held(held)  # a stale lock is never released: no use waiting for it
+            time.sleep(0.2)
         try:
             yield info
         finally:
@@ -129,8 +167,14 @@ class LocalState:
     def force_unlock(self, lock_id: str) -> LockInfo:
         held = self.lock_info()
         if held is None:
-            raise StateError(f"{self.path}: the state is not locked")
+            raise StateError(f"{self.path}: the state is not locked (there is no {self.lock_path})")
         if held.id != lock_id:
-            raise StateError(f"the lock's ID is {held.id} (held by {held.who} since {held.when}), not {lock_id}")
+            raise StateError(
+                f"the lock's ID is {held.id} (held by {held.who} since {held.when}), not {lock_id}; "
+                f"to clear it, once its command is no longer running: {unlock_command(held.id, str(self.path))}"
+            )
         self.lock_path.unlink()
         return held
+
+
+__all__ = ["DEFAULT_NAME", "LocalState", "LockHeld", "now", "who"]

@@ -1,18 +1,110 @@
-"""The recorded state: versioned JSON with serial and lineage (Terraform's discipline). Values only."""
+"""The recorded state: versioned JSON with serial and lineage (Terraform's discipline). Values only.
+
+A state is input like any document: whoever can write it (a shared PostgreSQL state, say) must not be able to
+make engine-ctl stop, overwrite or delete anything it did not create. So every name, path and port read back
+is held to the rules engine-ctl itself names things by (engine_ctl.unitnames, the inventory's host names),
+and a record that breaks them is refused, with its field path, before anything acts on it."""
 
 from __future__ import annotations
 
+import re
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
+
+from engine_ctl.inventory import HOST_NAME
+from engine_ctl.unitnames import (
+    MAX_REPLICA_INDEX,
+    NAME_MESSAGE,
+    UNIT_FORM,
+    deployment_name_ok,
+    parse_unit_name,
+    unit_name,
+)
 
 FORMAT_VERSION = 1
 ReplicaStatus = Literal["pending", "serving", "stopped", "failed", "removing"]
+ERRORS_SHOWN = 5
+MAX_GPU_INDEX = 1023
+GPU_UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+"""What the GPU tools report: GPU-<hex>… (NVIDIA, AMD's unique id), amd-gpu-<n> or card<n> when there is none."""
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class StateError(Exception):
     """The state cannot be used as it is; the message says why and what to do."""
+
+
+def refuse(message: str, *tail: str | int) -> PydanticCustomError:
+    """A validation error whose message is ours; `tail` continues the field path below the validated field."""
+    return PydanticCustomError("state_value", "{message}", {"message": message, "tail": tail})
+
+
+def _deployment_name(name: str) -> str:
+    if not deployment_name_ok(name):
+        raise refuse(f"{name!r} is not a deployment name ({NAME_MESSAGE})")
+    return name
+
+
+def _host_name(name: str) -> str:
+    if not HOST_NAME.fullmatch(name):
+        raise refuse(f"{name!r} is not a host name (letters, digits, '.', '_' and '-', at most 63 characters)")
+    return name
+
+
+def _unit(name: str) -> str:
+    if parse_unit_name(name) is None:
+        raise refuse(f"{name!r} is not a unit engine-ctl names ({UNIT_FORM})")
+    return name
+
+
+def _port(port: int) -> int:
+    if not 1 <= port <= 65535:
+        raise refuse(f"{port}: a port is between 1 and 65535")
+    return port
+
+
+def _replica_index(index: int) -> int:
+    if not 0 <= index <= MAX_REPLICA_INDEX:
+        raise refuse(f"{index}: a replica index is between 0 and {MAX_REPLICA_INDEX}")
+    return index
+
+
+def _gpu_uuid(value: str) -> str:
+    if not GPU_UUID.fullmatch(value):
+        raise refuse(f"{value!r} is not a GPU UUID (letters, digits, '-', '_', '.' and ':', at most 128)")
+    return value
+
+
+def _gpu_index(index: int) -> int:
+    if not 0 <= index <= MAX_GPU_INDEX:
+        raise refuse(f"{index}: a GPU index is between 0 and {MAX_GPU_INDEX}")
+    return index
+
+
+def _sha256(value: str) -> str:
+    if value and not SHA256.fullmatch(value):
+        raise refuse(f"{value!r} is not a sha256 (64 lowercase hex digits), nor empty")
+    return value
+
+
+def _not_negative(value: int) -> int:
+    if value < 0:
+        raise refuse(f"{value}: at least 0")
+    return value
+
+
+DeploymentName = Annotated[str, AfterValidator(_deployment_name)]
+HostName = Annotated[str, AfterValidator(_host_name)]
+UnitFile = Annotated[str, AfterValidator(_unit)]
+Port = Annotated[int, AfterValidator(_port)]
+ReplicaIndex = Annotated[int, AfterValidator(_replica_index)]
+GpuUuid = Annotated[str, AfterValidator(_gpu_uuid)]
+GpuIndex = Annotated[int, AfterValidator(_gpu_index)]
+Sha256 = Annotated[str, AfterValidator(_sha256)]
+Count = Annotated[int, AfterValidator(_not_negative)]
 
 
 class Record(BaseModel):
@@ -20,31 +112,54 @@ class Record(BaseModel):
 
 
 class ReplicaRecord(Record):
-    index: int
-    slot: str = "a"
-    host: str
-    unit: str
-    port: int
-    gpus: list[str] = Field(default_factory=list)
+    index: ReplicaIndex
+    slot: Literal["a", "b"] = "a"
+    host: HostName
+    unit: UnitFile
+    port: Port
+    gpus: list[GpuUuid] = Field(default_factory=list)
     """GPU UUIDs."""
-    gpu_indexes: list[int] = Field(default_factory=list)
-    unit_sha256: str
-    revision: int
+    gpu_indexes: list[GpuIndex] = Field(default_factory=list)
+    unit_sha256: Sha256
+    revision: Count
     argv: list[str] = Field(default_factory=list)
     status: ReplicaStatus = "pending"
     reason: str | None = None
 
 
 class DeploymentRecord(Record):
-    name: str
-    revision: int = 0
+    name: DeploymentName
+    revision: Count = 0
     spec: dict[str, Any] = Field(default_factory=dict)
     model: dict[str, Any] = Field(default_factory=dict)
     spec_hash: str = ""
     plan: dict[str, Any] | None = None
     state: Literal["Pending", "Starting", "Ready", "ScaledToZero", "Failed"] = "Pending"
     reason: str | None = None
+    last_error: str | None = None
+    """Why the last change failed (cleared by the next apply that completes)."""
+    chosen: dict[str, int] = Field(default_factory=dict)
+    """Fields the documents leave out that engine-ctl chose (gpus, parallel; the values are in `plan`), each with
+    the revision it was chosen at: kept until the documents change, so hosts joining do not move them."""
     replicas: list[ReplicaRecord] = Field(default_factory=list)
+
+    @field_validator("replicas")
+    @classmethod
+    def _units_are_this_deployments(cls, replicas: list[ReplicaRecord], info: ValidationInfo) -> list[ReplicaRecord]:
+        """Each replica's unit is the one engine-ctl names for this deployment, index and slot: never another's."""
+        name = info.data.get("name")
+        if name is None:  # the name itself was refused, and says so
+            return replicas
+        for i, r in enumerate(replicas):
+            expected = unit_name(name, r.index, r.slot)
+            if r.unit != expected:
+                raise refuse(
+                    f"{r.unit!r} is not the unit of replica {r.index}{r.slot} of deployment {name!r} "
+                    f"(that is {expected!r})",
+                    i,
+                    "unit",
+                )
+        return replicas
 
     def replica(self, index: int, slot: str | None = None) -> ReplicaRecord | None:
         for r in self.replicas:
@@ -72,6 +187,15 @@ class LockInfo(Record):
     who: str
     when: str
     path: str | None = None
+    host: str | None = None
+    """The machine of the holder (its host name), and below, what tells whether the holder still runs there:
+    the kernel's boot ID, the pid and the pid's start time (so a reused pid is not taken for the holder).
+    Lock files from before these fields read as they are, and are never called stale."""
+    boot_id: str | None = None
+    pid: int | None = None
+    pid_start: int | None = None
+    unreadable: str | None = Field(None, exclude=True)
+    """Set (never written) when the lock file exists but cannot be read: why."""
 
 
 class State(Record):
@@ -79,12 +203,62 @@ class State(Record):
     serial: int = 0
     lineage: str = Field(default_factory=lambda: str(uuid.uuid4()))
     engine_ctl_version: str = ""
-    deployments: dict[str, DeploymentRecord] = Field(default_factory=dict)
-    hosts: dict[str, HostRecord] = Field(default_factory=dict)
+    deployments: dict[DeploymentName, DeploymentRecord] = Field(default_factory=dict)
+    hosts: dict[HostName, HostRecord] = Field(default_factory=dict)
     operations: list[Operation] = Field(default_factory=list)
+
+    @field_validator("deployments")
+    @classmethod
+    def _keys_are_names(cls, deployments: dict[str, DeploymentRecord]) -> dict[str, DeploymentRecord]:
+        for key, rec in deployments.items():
+            if rec.name != key:
+                raise refuse(f"{rec.name!r}: the record under {key!r} must be named {key!r}", key, "name")
+        return deployments
 
     def ports_on(self, host: str) -> set[int]:
         return {r.port for d in self.deployments.values() for r in d.replicas if r.host == host}
 
     def gpus_held(self) -> set[str]:
         return {g for d in self.deployments.values() for r in d.replicas for g in r.gpus}
+
+
+def _path_part(part: str | int) -> str:
+    if isinstance(part, int):
+        return f"[{part}]"
+    if part == "[key]":
+        return " (the key)"
+    if re.fullmatch(r"[A-Za-z0-9_-]+", part):
+        return f".{part}"
+    return f"[{part!r}]"
+
+
+def field_path(loc: tuple[str | int, ...]) -> str:
+    """('deployments', 'chat', 'replicas', 0, 'unit') -> 'deployments.chat.replicas[0].unit'."""
+    return "".join(_path_part(p) for p in loc).lstrip(".") or "(the whole state)"
+
+
+def describe(error: Any) -> str:
+    """One pydantic error as `field.path: what is wrong`."""
+    ctx = error.get("ctx") or {}
+    loc = tuple(error["loc"]) + tuple(ctx.get("tail", ()))
+    if error["type"] == "state_value":
+        return f"{field_path(loc)}: {error['msg']}"
+    value = error.get("input")
+    got = f" (got {value!r})" if isinstance(value, str | int | float | bool) and len(repr(value)) <= 80 else ""
+    return f"{field_path(loc)}: {error['msg']}{got}"
+
+
+def parse_state(raw: object, location: str, recovery: str | None = None) -> State:
+    """Validate a state read back (file or database); a record that breaks the rules raises StateError
+    naming each field (the first few), and nothing has been acted on. `recovery` says where a previous
+    version is, when one exists."""
+    try:
+        return State.model_validate(raw)
+    except ValidationError as exc:
+        problems = [describe(e) for e in exc.errors()]
+        shown = "; ".join(problems[:ERRORS_SHOWN])
+        more = f"; and {len(problems) - ERRORS_SHOWN} more" if len(problems) > ERRORS_SHOWN else ""
+        tail = f" {recovery}" if recovery else ""
+        raise StateError(
+            f"{location}: the state does not match its format, so engine-ctl did nothing: {shown}{more}.{tail}"
+        ) from None

@@ -2,7 +2,8 @@
 
 One row per named state (its JSON, serial and lineage) with the previous version kept in a history table;
 writes compare-and-swap on the serial inside a transaction, so two writers can never both win; the lock is a
-row (ID, operation, who, when) whose insert either succeeds or shows who holds it."""
+row (ID, operation, who, when, and the holder's machine, boot and pid) whose insert either succeeds or shows
+who holds it. psycopg is an extra (`pip install 'engine-ctl[postgres]'`); without it every use says so."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
-from engine_ctl.state.local import LockHeld, now, who
-from engine_ctl.state.model import FORMAT_VERSION, LockInfo, State, StateError
-from pydantic import ValidationError
+from engine_ctl.state.base import LockHeld, new_lock, stale_reason, unlock_command
+from engine_ctl.state.local import writable
+from engine_ctl.state.model import FORMAT_VERSION, LockInfo, State, StateError, parse_state
 
 from engine_ctl import __version__
 
@@ -43,15 +44,27 @@ CREATE TABLE IF NOT EXISTS engine_ctl_lock (
     who text NOT NULL,
     since text NOT NULL
 );
+ALTER TABLE engine_ctl_lock ADD COLUMN IF NOT EXISTS holder jsonb;
 """
+HOLDER_FIELDS = ("host", "boot_id", "pid", "pid_start")
+INSTALL_HINT = "pip install 'engine-ctl[postgres]'"
 HISTORY_KEPT = 20
 
 
-def _connect(dsn: str) -> Any:
+def _psycopg() -> Any:
+    """psycopg, or a StateError that says how to install it (it is the `postgres` extra)."""
     try:
         import psycopg
-    except ImportError:  # pragma: no cover - depends on the install
-        raise StateError("the PostgreSQL backend needs psycopg: pip install 'engine-ctl[postgres]'") from None
+    except ImportError:
+        raise StateError(
+            f"a postgresql:// state needs the PostgreSQL driver psycopg, which is not installed; "
+            f"install engine-ctl with its postgres extra: {INSTALL_HINT}"
+        ) from None
+    return psycopg
+
+
+def _connect(dsn: str) -> Any:
+    psycopg = _psycopg()
     try:
         return psycopg.connect(dsn, autocommit=False, connect_timeout=10)
     except psycopg.Error as exc:
@@ -71,16 +84,20 @@ class PostgresState:
         if parts.port:
             netloc += f":{parts.port}"
         # never the password: libpq finds it in PGPASSWORD or ~/.pgpass when the state is opened again
-        self.location = urlunsplit((parts.scheme, netloc, parts.path, parts.query, "")) + f"#{self.name}"
+        # built by hand: urlunsplit drops the // of postgresql:///db (no host), and that would read as a file path
+        query = f"?{parts.query}" if parts.query else ""
+        self.location = f"{parts.scheme}://{netloc}{parts.path}{query}#{self.name}"
+        self._schema_ready = False
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[Any]:
-        import psycopg
-
+        psycopg = _psycopg()
         conn = _connect(self.dsn)
         try:
-            with conn.transaction(), conn.cursor() as cur:
-                cur.execute(SCHEMA)
+            if not self._schema_ready:
+                with conn.transaction(), conn.cursor() as cur:
+                    cur.execute(SCHEMA)
+                self._schema_ready = True
             with conn.transaction(), conn.cursor() as cur:
                 yield cur
         except psycopg.Error as exc:
@@ -100,15 +117,23 @@ class PostgresState:
                 f"{self.location}: written by a newer engine-ctl (state format {version}, this one reads "
                 f"{FORMAT_VERSION} and older); upgrade engine-ctl. The state was not changed."
             )
-        try:
-            return State.model_validate(body)
-        except ValidationError as exc:
-            raise StateError(
-                f"{self.location}: the state does not match its format: {exc.errors()[0]['msg']}"
-            ) from None
+        return parse_state(body, self.location, self._recovery())
+
+    def _recovery(self) -> str | None:
+        """Where the previous version is, only when the history holds one."""
+        with self._tx() as cur:
+            cur.execute("SELECT max(serial) FROM engine_ctl_state_history WHERE name = %s", (self.name,))
+            row = cur.fetchone()
+        if row is None or row[0] is None:
+            return None
+        return (
+            f"The previous version (serial {row[0]}) is kept in the table engine_ctl_state_history "
+            f"(name {self.name!r}, serial {row[0]})."
+        )
 
     def write(self, state: State) -> State:
         new = state.model_copy(update={"serial": state.serial + 1, "engine_ctl_version": __version__})
+        writable(new, self.location)
         body = json.dumps(new.model_dump(mode="json"), sort_keys=True)
         with self._tx() as cur:
             cur.execute("SELECT serial, lineage, body FROM engine_ctl_state WHERE name = %s FOR UPDATE", (self.name,))
@@ -144,29 +169,37 @@ class PostgresState:
 
     def lock_info(self) -> LockInfo | None:
         with self._tx() as cur:
-            cur.execute("SELECT id, operation, who, since FROM engine_ctl_lock WHERE name = %s", (self.name,))
+            cur.execute("SELECT id, operation, who, since, holder FROM engine_ctl_lock WHERE name = %s", (self.name,))
             row = cur.fetchone()
         if row is None:
             return None
-        return LockInfo(id=row[0], operation=row[1], who=row[2], when=row[3], path=self.location)
+        holder = row[4] if isinstance(row[4], dict) else {}
+        known = {k: holder[k] for k in HOLDER_FIELDS if k in holder}
+        try:
+            return LockInfo(id=row[0], operation=row[1], who=row[2], when=row[3], path=self.location, **known)
+        except ValueError:  # a holder column someone wrote by hand: the lock is still shown, never stale
+            return LockInfo(id=row[0], operation=row[1], who=row[2], when=row[3], path=self.location)
 
     @contextlib.contextmanager
     def lock(self, operation: str, timeout: float = 0.0) -> Iterator[LockInfo]:
-        info = LockInfo(id=str(uuid.uuid4()), operation=operation, who=who(), when=now(), path=self.location)
+        info = new_lock(str(uuid.uuid4()), operation, self.location)
+        holder = json.dumps(info.model_dump(include=set(HOLDER_FIELDS)))
         deadline = time.monotonic() + timeout
         while True:
             with self._tx() as cur:
                 cur.execute(
-                    "INSERT INTO engine_ctl_lock (name, id, operation, who, since) VALUES (%s, %s, %s, %s, %s) "
-                    "ON CONFLICT (name) DO NOTHING",
-                    (self.name, info.id, info.operation, info.who, info.when),
+                    "INSERT INTO engine_ctl_lock (name, id, operation, who, since, holder) "
+                    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (name) DO NOTHING",
+                    (self.name, info.id, info.operation, info.who, info.when, holder),
                 )
                 got = cur.rowcount == 1
             if got:
                 break
-            if time.monotonic() >= deadline:
-                held = self.lock_info()
-                raise LockHeld(held or LockInfo(id="?", operation="?", who="?", when="?"))
+            held = self.lock_info()
+            if held is None:  # released between the two looks: try again at once
+                continue
+            if stale_reason(held) is not None or time.monotonic() >= deadline:
+                raise LockHeld(held, self.location)
             time.sleep(0.2)
         try:
             yield info
@@ -179,7 +212,10 @@ class PostgresState:
         if held is None:
             raise StateError(f"{self.location}: the state is not locked")
         if held.id != lock_id:
-            raise StateError(f"the lock's ID is {held.id} (held by {held.who} since {held.when}), not {lock_id}")
+            raise StateError(
+                f"the lock's ID is {held.id} (held by {held.who} since {held.when}), not {lock_id}; "
+                f"to clear it, once its command is no longer running: {unlock_command(held.id, self.location)}"
+            )
         with self._tx() as cur:
             cur.execute("DELETE FROM engine_ctl_lock WHERE name = %s AND id = %s", (self.name, lock_id))
         return held

@@ -35,9 +35,13 @@ def test_a_newer_state_is_refused_and_never_overwritten(tmp_path: Path) -> None:
 
 def test_corrupt_state_says_where_the_backup_is(tmp_path: Path) -> None:
     path = tmp_path / "engine-ctl.state.json"
+    backend = LocalState(path)
+    backend.write(backend.write(State()))
     path.write_text("{not json")
-    with pytest.raises(StateError, match="backup"):
-        LocalState(path).read()
+    with pytest.raises(StateError) as err:
+        backend.read()
+    assert f"The previous state is in {backend.backup}" in str(err.value)
+    assert json.loads(backend.backup.read_text())["serial"] == 1
 
 
 def test_lock_records_who_and_refuses_a_second_holder(tmp_path: Path) -> None:
