@@ -8,20 +8,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from deepdiff import DeepDiff
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine_ctl.facts import BUSY_BYTES, HostFacts, UnitFact
-from engine_ctl.fit import FitResult, fit, place, replica_threads
+from engine_ctl.fit import FitResult, FitUnknown, Taken, fit, place, replica_threads
 from engine_ctl.inventory import Inventory
 from engine_ctl.model import Deployment, DesiredState, Model
 from engine_ctl.modelfacts import ModelFacts
 from engine_ctl.providers import Provider
 from engine_ctl.render import UNIT_PREFIX, RenderedUnit, model_path_on_host, render_unit, replica_runs
-from engine_ctl.rules import resolve_engine
+from engine_ctl.rules import field_name, resolve_engine
 from engine_ctl.runspec import FitPlan, Placement
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 
@@ -58,6 +58,9 @@ class ReplicaChange(BaseModel):
     reason: str = ""
     cleanup: bool = False
     """Removes what an interrupted apply left (a never-ready or second slot): done before anything else."""
+    placement: Placement | None = None
+    """Where the unit was rendered for (host, GPUs, port, threads): apply renders it again from this to prove a
+    saved plan's unit is engine-ctl's own."""
 
     @property
     def symbol(self) -> str:
@@ -82,6 +85,14 @@ class DeploymentChange(BaseModel):
     pending_reason: str | None = None
     failed_reason: str | None = None
     waiting: dict[str, str] = Field(default_factory=dict)
+    blocked: list[str] = Field(default_factory=list)
+    """Replicas that could not be checked or changed (their host is unreachable or left the inventory): apply
+    leaves them as they are, records them at the revision they run, and exits 1."""
+    chosen: dict[str, int] = Field(default_factory=dict)
+    """Fields the documents leave out that engine-ctl chose (gpus, parallel), each with the revision it was
+    chosen at; kept until the documents change."""
+    adopt: list[str] = Field(default_factory=list)
+    """Units recorded pending that run (they became ready before an apply was interrupted): recorded serving."""
     replicas: list[ReplicaChange] = Field(default_factory=list)
 
     @property
@@ -91,6 +102,11 @@ class DeploymentChange(BaseModel):
     @property
     def changed(self) -> bool:
         return self.action != ["no-op"]
+
+    @property
+    def state_only(self) -> bool:
+        """An update that changes only the state: nothing on the hosts changes."""
+        return self.action == ["update"] and not self.replicas
 
 
 class Drift(BaseModel):
@@ -127,6 +143,15 @@ class Plan(BaseModel):
     def has_changes(self) -> bool:
         return any(c.changed for c in self.changes) or (self.refresh_only and bool(self.drift))
 
+    @property
+    def problems(self) -> list[str]:
+        """What makes plan and apply exit 1: deployments that cannot be served as asked, replicas that could
+        not be checked, hosts that could not be reached."""
+        out = [f"{c.name} is Failed: {c.failed_reason}" for c in self.changes if c.failed_reason]
+        out += [f"{c.name}: {b}" for c in self.changes for b in c.blocked]
+        out += [f"host {h} could not be checked: {why}" for h, why in sorted(self.unreachable.items())]
+        return out
+
     def digest(self) -> str:
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
 
@@ -147,7 +172,22 @@ def spec_record(d: Deployment, model: Model) -> tuple[dict[str, Any], dict[str, 
     return spec, mdl, digest
 
 
-def field_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "spec") -> list[FieldChange]:
+def field_changes(
+    old: dict[str, Any], new: dict[str, Any], prefix: str = "spec", names: Callable[[str], str] | None = None
+) -> list[FieldChange]:
+    """The fields that differ, named as the document names them (`names` maps an internal field to that)."""
+    changes = _field_changes(old, new, prefix)
+    if names is None:
+        return changes
+    out = []
+    for c in changes:
+        head, dot, rest = c.path.removeprefix(prefix + ".").partition(".")
+        key, bracket, index = head.partition("[")
+        out.append(c.model_copy(update={"path": names(key) + bracket + index + dot + rest}))
+    return sorted(out, key=lambda c: c.path)
+
+
+def _field_changes(old: dict[str, Any], new: dict[str, Any], prefix: str) -> list[FieldChange]:
     diff = DeepDiff(old, new, ignore_order=False, verbose_level=2)
     out: list[FieldChange] = []
     for kind in ("values_changed", "type_changes"):
@@ -177,23 +217,25 @@ def _get(data: dict[str, Any], dotted: str, prefix: str) -> Any:
 
 
 class _Allocation:
-    """Ports and GPUs taken on each host: recorded replicas plus what this plan places."""
+    """Ports, GPUs, cores and memory taken on each host: recorded replicas (with their recorded plan's cores and
+    memory) plus what this plan places. `taken` is what place() counts."""
 
     def __init__(self, state: State) -> None:
-        self.ports: dict[str, set[int]] = {}
-        self.gpus: set[str] = set(state.gpus_held())
-        self.ours: set[str] = set(state.gpus_held())
+        self.taken = Taken(ours=set(state.gpus_held()))
+        self.ports, self.gpus, self.ours = self.taken.ports, self.taken.gpus, self.taken.ours
+        self.shares: dict[str, tuple[int, int]] = {}
         for d in state.deployments.values():
+            share = (int((d.plan or {}).get("cpu_cores") or 0), int((d.plan or {}).get("memory_bytes") or 0))
             for r in d.replicas:
-                self.ports.setdefault(r.host, set()).add(r.port)
+                self.shares[r.unit] = share
+                self.taken.hold(r.host, port=r.port, gpus=r.gpus, cores=share[0], memory=share[1])
 
     def take(self, placement: Placement) -> None:
-        self.ports.setdefault(placement.host, set()).add(placement.port)
-        self.gpus.update(g.uuid for g in placement.gpus)
+        self.taken.take(placement)
 
     def release(self, record: ReplicaRecord) -> None:
-        self.ports.get(record.host, set()).discard(record.port)
-        self.gpus.difference_update(record.gpus)
+        cores, memory = self.shares.pop(record.unit, (0, 0))
+        self.taken.free(record.host, port=record.port, gpus=record.gpus, cores=cores, memory=memory)
 
 
 def _unit_fact(facts: HostFacts | None, unit: str) -> UnitFact | None:
@@ -217,8 +259,9 @@ def _placement_of(record: ReplicaRecord, facts: HostFacts, plan: FitPlan) -> Pla
         return None
     gpus = tuple(by_uuid[u] for u in record.gpus)
     return Placement(
-        index=record.index, host=record.host, gpus=gpus, port=record.port, threads=replica_threads(plan, facts)
-    )
+        index=record.index, host=record.host, gpus=gpus, port=record.port, threads=replica_threads(plan, facts),
+        cpu_cores=plan.cpu_cores, memory_bytes=plan.memory_bytes,
+    )  # fmt: skip
 
 
 def plan_deployment(
@@ -230,6 +273,7 @@ def plan_deployment(
     inventory: Inventory,
     facts: Mapping[str, HostFacts],
     alloc: _Allocation,
+    names: Callable[[str], str] | None = None,
 ) -> tuple[DeploymentChange, list[Drift]]:
     spec, mdl, digest = spec_record(d, model)
     old_revision = record.revision if record else 0
@@ -240,23 +284,32 @@ def plan_deployment(
     )  # fmt: skip
     drift: list[Drift] = []
     if record is not None and record.spec_hash != digest:
-        change.field_changes = field_changes(record.spec, spec) + field_changes(record.model, mdl, "model")
+        change.field_changes = field_changes(record.spec, spec, names=names) + field_changes(record.model, mdl, "model")
     hosts = [facts[h.name] for h in inventory.hosts if h.name in facts]
-    fitted = fit(d, model, model_facts, hosts)
+    sized, change.chosen = _keep_chosen(d, record, digest, revision)
+    fitted = fit(sized, model, model_facts, hosts)
     if isinstance(fitted, str):
         change.failed_reason = fitted
         change.warnings.append(f"{d.name} is Failed: {fitted}; its running replicas are left as they are")
         return change, drift
+    if isinstance(fitted, FitUnknown):  # Pending: nothing to size a replica from yet
+        change.pending_reason = fitted.reason
+        change.action = ["create"] if record is None else change.action
+        return change, drift
     change.fit = fitted.model_dump(mode="json")
+    d = sized
     by_host = {h.name: h for h in inventory.hosts}
     count = max(d.replicas_min, 1)
     records = list(record.replicas) if record else []
     replicas: list[ReplicaChange] = []
-    # Leftovers of an interrupted apply: pending slots whose unit is not running.
+    # Leftovers of an interrupted apply: pending slots whose unit is not running, units being removed.
     live: list[ReplicaRecord] = []
     for r in records:
         recorded_unit = _unit_fact(facts.get(r.host), r.unit)
-        if r.status == "pending" and r.host in facts and not _is_running(recorded_unit):
+        if r.host in facts and r.status == "removing":
+            replicas.append(_delete(r, "left by an interrupted apply (was being removed)", cleanup=True))
+            alloc.release(r)
+        elif r.status == "pending" and r.host in facts and not _is_running(recorded_unit):
             replicas.append(_delete(r, "left by an interrupted apply (never became ready)", cleanup=True))
             alloc.release(r)
         else:
@@ -273,12 +326,13 @@ def plan_deployment(
             replicas.append(_delete(extra, "a second slot of this replica (left by an interrupted roll)", cleanup=True))
             alloc.release(extra)
         if current is not None and current.host not in facts:
-            change.warnings.append(f"replica {index} is on {current.host}, which is unreachable: left as it is")
+            change.blocked.append(_out_of_reach(current, by_host))
             continue
+        if current is not None and current.status == "pending":
+            change.adopt.append(current.unit)  # it runs: it passed its health gate before the apply was cut off
         if current is None:
             result = place(
-                d, fitted, provider, _with_alloc(hosts, alloc), 1, taken_gpus=alloc.gpus, ours=alloc.ours,
-                already=on_host,
+                d, fitted, provider, _with_alloc(hosts, alloc), 1, taken=alloc.taken, already=on_host,
             )  # fmt: skip
             if not result.placements:
                 change.pending_reason = result.pending_reason
@@ -287,14 +341,14 @@ def plan_deployment(
             p = result.placements[0].model_copy(update={"index": index})
             alloc.take(p)
             on_host[p.host] = on_host.get(p.host, 0) + 1
-            created = _render(d, model, provider, fitted, p, by_host, revision, "a")
+            created = render_replica(d, model, provider, fitted, p, by_host, revision, "a")
             replicas.append(_replica(["create"], created, revision, p, reason="new replica"))
             continue
         host_facts = facts[current.host]
         same_place = _placement_of(current, host_facts, fitted)
         unit_now = None
         if same_place is not None and len(same_place.gpus) == fitted.gpus:
-            unit_now = _render(d, model, provider, fitted, same_place, by_host, current.revision, current.slot)
+            unit_now = render_replica(d, model, provider, fitted, same_place, by_host, current.revision, current.slot)
         fact = _unit_fact(host_facts, current.unit)
         if unit_now is not None and same_place is not None and unit_now.sha256 == current.unit_sha256:
             found = _drift(d.name, current, fact, host_facts)
@@ -307,8 +361,7 @@ def plan_deployment(
         new_slot = _other(current.slot)
         others = {h: n - (1 if h == current.host else 0) for h, n in on_host.items()}
         surge = place(
-            d, fitted, provider, _with_alloc(hosts, alloc), 1, taken_gpus=alloc.gpus, ours=alloc.ours,
-            already=others, prefer=current.host,
+            d, fitted, provider, _with_alloc(hosts, alloc), 1, taken=alloc.taken, already=others, prefer=current.host,
         )  # fmt: skip
         if surge.placements:
             p = surge.placements[0].model_copy(update={"index": index})
@@ -317,7 +370,7 @@ def plan_deployment(
             alloc.release(current)
             stop_start = place(
                 d, fitted, provider, [h for h in _with_alloc(hosts, alloc) if h.host == current.host], 1,
-                taken_gpus=alloc.gpus, ours=alloc.ours,
+                taken=alloc.taken,
             )  # fmt: skip
             if not stop_start.placements:
                 change.pending_reason = stop_start.pending_reason
@@ -334,7 +387,7 @@ def plan_deployment(
             on_host[current.host] = on_host.get(current.host, 1) - 1
             on_host[p.host] = on_host.get(p.host, 0) + 1
         strategies.add(strategy)
-        rolled = _render(d, model, provider, fitted, p, by_host, revision, new_slot)
+        rolled = render_replica(d, model, provider, fitted, p, by_host, revision, new_slot)
         why = ", ".join(c.path for c in change.field_changes) or "the unit's content changed"
         rc = _replica(["delete", "create"], rolled, revision, p, reason=why)
         rc.old_unit, rc.old_host, rc.old_slot, rc.old_argv = current.unit, current.host, current.slot, current.argv
@@ -343,6 +396,8 @@ def plan_deployment(
     for r in live:
         if r.index >= count and r.host in facts:
             replicas.append(_delete(r, f"replicas {len([x for x in live if x.index < count])} → {count}"))
+        elif r.index >= count:
+            change.blocked.append(_out_of_reach(r, by_host))
     change.replicas = replicas
     for host in sorted({r.host for r in replicas if r.action != ["delete"]}):
         hf = facts.get(host)
@@ -367,11 +422,24 @@ def plan_deployment(
         change.reasons.append(
             "a rolling replace: " + (", ".join(c.path for c in change.field_changes) or "units changed")
         )
-    elif actions - {("no-op",)} or record.spec_hash != digest:
+    elif replicas and all(r.cleanup for r in replicas):
+        change.action = ["update"]
+        change.reasons.append("finish an interrupted apply: remove what it left")
+    elif actions - {("no-op",)}:
         change.action = ["update"]
         change.reasons.append(
             "in place: " + (", ".join(c.path for c in change.field_changes) or "repair what changed outside engine-ctl")
         )
+    elif record.spec_hash != digest:
+        change.action = ["update"]
+        what = ", ".join(c.path for c in change.field_changes)
+        change.reasons.append(f"records revision {revision}" + (f" ({what})" if what else "")
+                              + ": nothing changes on the hosts")  # fmt: skip
+    elif change.adopt or _needs_clearing(record, change):
+        change.action = ["update"]
+        why = f" (the last change had failed: {record.last_error or record.reason})" if record.last_error else ""
+        change.reasons.append(f"records what runs: every replica matches the documents{why}; nothing changes on "
+                              "the hosts")  # fmt: skip
     if strategies:
         change.strategy = "stop-then-start" if "stop-then-start" in strategies else "surge"
         if change.strategy == "stop-then-start":
@@ -384,6 +452,32 @@ def plan_deployment(
     if change.pending_reason and record is None and not replicas:
         change.action = ["create"]
     return change, drift
+
+
+def _keep_chosen(
+    d: Deployment, record: DeploymentRecord | None, digest: str, revision: int
+) -> tuple[Deployment, dict[str, int]]:
+    """gpus and parallel, when the documents leave them out, are chosen once and kept with the revision ("so it
+    does not move as machines come and go"): chosen again only when the deployment's documents change."""
+    open_fields = [f for f in ("gpus", "parallel") if getattr(d, f) is None]
+    if d.accelerator == "cpu" and "gpus" in open_fields:
+        open_fields.remove("gpus")
+    if record is None or record.spec_hash != digest or not record.plan:
+        return d, {f: revision for f in open_fields}
+    kept = {f: record.plan[f] for f in open_fields if isinstance(record.plan.get(f), int)}
+    return d.model_copy(update=kept), {f: record.chosen.get(f, record.revision) for f in kept}
+
+
+def _out_of_reach(r: ReplicaRecord, hosts: Mapping[str, Any]) -> str:
+    why = "is not in the inventory" if r.host not in hosts else "could not be reached"
+    return f"replica {r.index} on {r.host} ({r.host} {why}) is left as it is, at revision {r.revision}"
+
+
+def _needs_clearing(record: DeploymentRecord, change: DeploymentChange) -> bool:
+    """A recorded failure, or a state that is not Ready, while every replica matches and runs: apply records it."""
+    if change.blocked or change.pending_reason or change.replicas:
+        return False
+    return record.last_error is not None or record.state != "Ready"
 
 
 def _with_alloc(hosts: list[HostFacts], alloc: _Allocation) -> list[HostFacts]:
@@ -401,8 +495,10 @@ def _current(records: list[ReplicaRecord], index: int, facts: Mapping[str, HostF
         return None
 
     def rank(r: ReplicaRecord) -> tuple[int, int, int]:
+        # An active unit has passed its health gate (ExecStartPost), so a running newer slot wins: after an
+        # interrupted roll it is kept, and the older one is the leftover.
         running = _is_running(_unit_fact(facts.get(r.host), r.unit))
-        return (int(running), int(r.status == "serving"), r.revision)
+        return (int(running), r.revision, int(r.status == "serving"))
 
     return max(candidates, key=rank)
 
@@ -431,7 +527,7 @@ def _drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host: HostFa
     return out
 
 
-def _render(
+def render_replica(
     d: Deployment, model: Model, provider: Provider, fitted: FitPlan, p: Placement,
     hosts: Mapping[str, Any], revision: int, slot: str,
 ) -> RenderedUnit:  # fmt: skip
@@ -444,7 +540,7 @@ def _replica(action: list[str], unit: RenderedUnit, revision: int, p: Placement,
     return ReplicaChange(
         index=unit.index, action=action, host=unit.host, unit=unit.name, slot=unit.slot, port=unit.port,
         gpus=list(unit.gpus), gpu_indexes=[g.index for g in p.gpus], revision=revision, argv=list(unit.argv),
-        unit_text=unit.text, unit_sha256=unit.sha256, reason=reason,
+        unit_text=unit.text, unit_sha256=unit.sha256, reason=reason, placement=p,
     )  # fmt: skip
 
 
@@ -483,7 +579,7 @@ def make_plan(
         record = state.deployments.get(name)
         if name not in wanted:
             assert record is not None
-            deletes = [_delete(r, "not in the documents") for r in record.replicas]
+            by_host = {h.name: h for h in inventory.hosts}
             plan.changes.append(
                 DeploymentChange(
                     name=name,
@@ -491,7 +587,8 @@ def make_plan(
                     reasons=["removed from the documents"],
                     old_revision=record.revision,
                     revision=record.revision,
-                    replicas=deletes,
+                    replicas=[_delete(r, "not in the documents") for r in record.replicas if r.host in facts],
+                    blocked=[_out_of_reach(r, by_host) for r in record.replicas if r.host not in facts],
                 )
             )
             continue
@@ -499,9 +596,11 @@ def make_plan(
         model = desired.model(d.model)
         provider = resolve_engine(d, model)
         assert model is not None and provider is not None
+        origin = wanted[name].origin
         change, drift = plan_deployment(
-            d, model, provider, model_facts.get(model.name), record, inventory, facts, alloc
-        )
+            d, model, provider, model_facts.get(model.name), record, inventory, facts, alloc,
+            names=lambda internal, o=origin: field_name(o, internal),  # type: ignore[misc]
+        )  # fmt: skip
         plan.changes.append(change)
         plan.drift.extend(drift)
     managed = {r.unit for rec in state.deployments.values() for r in rec.replicas}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import shlex
 from typing import Any
 
 from engine_ctl.plan import DeploymentChange, Plan, ReplicaChange
@@ -18,14 +19,19 @@ def _value(path: str, value: Any) -> str:
 
 
 def argv_groups(argv: list[str]) -> list[str]:
-    """['--ctx-size', '4096', '--jinja'] -> ['--ctx-size 4096', '--jinja'] (the executable first)."""
-    groups: list[str] = []
+    """['--ctx-size', '4096', '--jinja'] -> ['--ctx-size 4096', '--jinja'] (the executable first), each word
+    shell-quoted, so a reviewer sees where each word begins and ends."""
+    groups: list[list[str]] = []
     for token in argv:
-        if groups and not token.startswith("--") and groups[-1].startswith("--") and " " not in groups[-1]:
-            groups[-1] += " " + token
+        if groups and not token.startswith("--") and groups[-1][0].startswith("--") and len(groups[-1]) == 1:
+            groups[-1].append(token)
         else:
-            groups.append(token)
-    return groups
+            groups.append([token])
+    return [shlex.join(g) for g in groups]
+
+
+def argv_line(argv: list[str]) -> str:
+    return shlex.join(argv)
 
 
 def argv_diff(old: list[str], new: list[str]) -> list[str]:
@@ -43,17 +49,26 @@ def _header(c: DeploymentChange) -> str:
         return f"# {c.name} will be destroyed"
     if c.action == ["delete", "create"]:
         how = c.strategy or "rolling"
-        return f"# {c.name} will be replaced, one replica at a time ({how}), revision {c.old_revision} → {c.revision}"
+        return (
+            f"# {c.name} will be replaced one replica at a time ({how}), revision {c.old_revision} → {c.revision}: "
+            "the next replica only once the previous one serves; a failure halts the roll"
+        )
+    if c.state_only:
+        return f"# {c.name}: the state is updated (revision {c.revision}); nothing changes on the hosts"
     if c.action == ["update"]:
         return f"# {c.name} will be updated in place (revision {c.old_revision} → {c.revision})"
     return f"# {c.name}: no changes"
+
+
+def _chosen(c: DeploymentChange, key: str) -> str:
+    return f"  (chosen at revision {c.chosen[key]})" if key in c.chosen else ""
 
 
 def _replica_lines(r: ReplicaChange) -> list[str]:
     gpus = f", GPUs {','.join(map(str, r.gpu_indexes))}" if r.gpu_indexes else ""
     action = tuple(r.action)
     if action == ("create",):
-        lines = [f"+ replica {r.index} on {r.host}: {r.unit} (port {r.port}{gpus})", f"    argv: {' '.join(r.argv)}"]
+        lines = [f"+ replica {r.index} on {r.host}: {r.unit} (port {r.port}{gpus})", f"    argv: {argv_line(r.argv)}"]
     elif action == ("delete",):
         lines = [f"- replica {r.index} on {r.old_host or r.host}: {r.old_unit or r.unit} ({r.reason})"]
     elif action == ("update",):
@@ -100,7 +115,7 @@ def render_plan(plan: Plan) -> list[tuple[str, str]]:
                 out.append(("change", f"      ~ {f.path} = {_value(f.path, f.old)} -> {_value(f.path, f.new)}"))
         if c.action == ["create"] and c.fit:
             for key in ("engine", "accelerator", "gpus", "cpu_cores", "context_length", "parallel"):
-                out.append(("add", f"      + {key:<15} = {_value(key, c.fit.get(key))}"))
+                out.append(("add", f"      + {key:<15} = {_value(key, c.fit.get(key))}{_chosen(c, key)}"))
             memory = c.fit.get("memory_bytes") or 0
             out.append(
                 ("add", f"      + {'host memory':<15} = {memory / 1024**3:.1f} GiB ({c.fit.get('memory_basis')})")
@@ -110,6 +125,12 @@ def render_plan(plan: Plan) -> list[tuple[str, str]]:
                 out.append((style if line[0] in "+-~" else "", f"      {line}"))
         out.append((style, "    }"))
     for c in plan.changes:
+        chosen = [(k, r) for k, r in sorted(c.chosen.items()) if c.fit and k in c.fit and c.action != ["create"]]
+        if chosen and c.fit:
+            said = ", ".join(f"{k} {c.fit[k]}, chosen at revision {r}" for k, r in chosen)
+            out.append(("", f"{c.name}: {said} (the documents leave them out; chosen again when they change)"))
+        for b in c.blocked:
+            out.append(("destroy", f"Not reconciled: {c.name}: {b}"))
         if c.pending_reason:
             out.append(("warn", f"Pending: {c.name}: {c.pending_reason}"))
             for host, why in sorted(c.waiting.items()):
@@ -120,8 +141,11 @@ def render_plan(plan: Plan) -> list[tuple[str, str]]:
             out.append(("warn", f"Warning: {w}"))
     s = plan.summary()
     out.append(("", ""))
-    if not changed:
+    if not changed and not plan.problems:
         out.append(("bold", "No changes. The hosts match the documents."))
+    elif not changed:
+        out.append(("destroy", "No changes can be made; but the hosts do not match the documents:"))
+        out += [("destroy", f"  {p}") for p in plan.problems]
     out.append(("bold", f"Plan: {s['add']} to add, {s['change']} to change, {s['destroy']} to destroy."))
     return out
 

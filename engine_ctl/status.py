@@ -63,30 +63,64 @@ def instance_status(r: ReplicaRecord, facts: HostFacts | None) -> InstanceStatus
     return InstanceStatus(**base, state=state, restarts=restarts, last_error=error)  # type: ignore[arg-type]
 
 
+class Verdict(BaseModel):
+    state: DeploymentState
+    reason: str | None = None
+
+
+def verdict(
+    serving: list[int], others: list[str], wanted: int, target: int, *,
+    failure: str | None = None, pending: str | None = None, fit_failed: bool = False,
+) -> Verdict:  # fmt: skip
+    """The seed's deployment state from its replicas: `serving` holds the revision of each serving replica,
+    `others` the state of each one that does not serve. One rule for what apply records and what status shows.
+    Ready means at least one replica serves (seed 000, States); the reason says how many, at which revision,
+    and why the last change failed."""
+    if fit_failed:
+        return Verdict(state="Failed", reason=failure)
+    ready = len(serving)
+    total = max(wanted, ready + len(others))
+    if ready == 0:
+        if any(o in ("starting", "pending") for o in others):
+            return Verdict(state="Starting", reason=pending or "a replica is starting")
+        if failure or any(o == "failed" for o in others):
+            return Verdict(state="Failed", reason=failure or "no replica serves")
+        if not others:
+            return Verdict(state="Pending", reason=pending)
+        return Verdict(state="Failed", reason=pending or "no replica serves")
+    parts = ["1 replica serving" if ready == 1 and total == 1 else f"{ready} of {total} replicas serving"]
+    at_target = sum(1 for r in serving if r == target)
+    if at_target < total:
+        parts.append(f"{at_target} of {total} at revision {target}")
+    if pending:
+        parts.append(pending)
+    if failure:
+        parts.append(f"last change failed: {failure}")
+    return Verdict(state="Ready", reason="; ".join(parts))
+
+
+def recorded_verdict(
+    replicas: list[ReplicaRecord], wanted: int, target: int, *,
+    failure: str | None = None, pending: str | None = None, fit_failed: bool = False,
+) -> Verdict:  # fmt: skip
+    """The verdict from the replicas as the state records them (what apply writes)."""
+    serving = [r.revision for r in replicas if r.status == "serving"]
+    others = ["starting" if r.status == "pending" else r.status for r in replicas if r.status != "serving"]
+    return verdict(serving, others, wanted, target, failure=failure, pending=pending, fit_failed=fit_failed)
+
+
 def deployment_status(rec: DeploymentRecord, facts: dict[str, HostFacts]) -> DeploymentStatus:
-    instances = [instance_status(r, facts.get(r.host)) for r in sorted(rec.replicas, key=lambda x: (x.index, x.slot))]
-    ready = sum(1 for i in instances if i.state == "ready")
+    ordered = sorted(rec.replicas, key=lambda x: (x.index, x.slot))
+    instances = [instance_status(r, facts.get(r.host)) for r in ordered]
     wanted = int(rec.spec.get("replicas_min", len(instances)) or 1) if rec.spec else len(instances)
-    reason = rec.reason
-    if rec.state == "Failed" and ready == 0:
-        state: DeploymentState = "Failed"
-    elif ready > 0:
-        state = "Ready"
-        reason = (
-            f"{ready} replica serving"
-            if ready == 1 and wanted == 1
-            else f"{ready} of {max(wanted, len(instances))} replicas serving"
-        )
-        if rec.state == "Failed":
-            reason += f"; last change failed: {rec.reason}"
-    elif any(i.state == "starting" for i in instances):
-        state = "Starting"
-    elif not instances:
-        state = "Pending"
-    else:
-        state = "Failed"
-        reason = next((i.last_error for i in instances if i.last_error), "no replica serves")
+    serving = [r.revision for r, i in zip(ordered, instances, strict=True) if i.state == "ready"]
+    others = [i.state for i in instances if i.state != "ready"]
+    # "cannot be served as asked" (the fit failed) stays Failed whatever still runs; apply records it so
+    fit_failed = rec.state == "Failed" and rec.last_error is not None and rec.reason == rec.last_error
+    failure = rec.last_error or (rec.reason if rec.state == "Failed" else None)
+    found = verdict(serving, others, wanted, rec.revision, failure=failure, fit_failed=fit_failed)
     return DeploymentStatus(
-        name=rec.name, state=state, reason=reason, ready=ready, replicas=max(wanted, len(instances)),
-        revision=rec.revision, hosts=sorted({r.host for r in rec.replicas}), instances=instances,
+        name=rec.name, state=found.state, reason=found.reason, ready=len(serving),
+        replicas=max(wanted, len(instances)), revision=rec.revision, hosts=sorted({r.host for r in rec.replicas}),
+        instances=instances,
     )  # fmt: skip

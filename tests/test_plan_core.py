@@ -52,6 +52,7 @@ def applied(plan: Plan, state: State, facts: dict[str, HostFacts]) -> tuple[Stat
                     UnitFact(name=r.unit, sha256=r.unit_sha256, active_state="active", sub_state="running")
                 ]
         rec.revision, rec.spec, rec.model, rec.spec_hash, rec.plan = c.revision, c.spec, c.model, c.spec_hash, c.fit
+        rec.state, rec.chosen = "Ready", dict(c.chosen)
     return new, {h: f.model_copy(update={"units": tuple(units[h])}) for h, f in facts.items()}
 
 
@@ -213,7 +214,8 @@ def test_placement_never_shares_a_gpu_or_a_port(specs: list[tuple[int, int]]) ->
         assert len(c.replicas) == n or c.pending_reason is not None
 
 
-def test_after_an_interrupted_roll_the_second_slot_is_cleaned_up_first() -> None:
+def test_after_an_interrupted_roll_the_new_slot_that_serves_is_kept_and_the_old_one_cleaned_up() -> None:
+    """Killed after the new slot passed its health gate, before it was recorded serving: no needless roll."""
     h = h100x8()
     p = plan_for("gpus: 1, context_length: 4096", State(), h)
     state, facts = applied(p, State(), {h.host: h})
@@ -231,6 +233,30 @@ def test_after_an_interrupted_roll_the_second_slot_is_cleaned_up_first() -> None
     )})  # fmt: skip
     again = make_plan(
         desired("gpus: 1, context_length: 8192"), state2, world(running)[0], {h.host: running}, {"m": SHAPE}
+    )
+    (c,) = again.changes
+    assert [(r.action, r.unit, r.cleanup) for r in c.replicas] == [(["delete"], old.unit, True)]
+    assert c.adopt == [new.unit]
+    assert "update in place" not in plan_text(again)
+
+
+def test_after_an_interrupted_roll_a_new_slot_that_never_started_is_cleaned_up_first() -> None:
+    h = h100x8()
+    p = plan_for("gpus: 1, context_length: 4096", State(), h)
+    state, facts = applied(p, State(), {h.host: h})
+    roll = make_plan(desired("gpus: 1, context_length: 8192"), state, world(*facts.values())[0], facts, {"m": SHAPE})
+    state2, facts2 = applied(roll, state, facts)
+    new = roll.changes[0].replicas[0]
+    rec = state2.deployments["chat"]
+    old = state.deployments["chat"].replicas[0]
+    rec.replicas = [old, *[r.model_copy(update={"status": "pending"}) for r in rec.replicas if r.unit == new.unit]]
+    rec.spec_hash, rec.revision = state.deployments["chat"].spec_hash, 1
+    starting = facts2[h.host].model_copy(update={"units": (
+        UnitFact(name=old.unit, sha256=old.unit_sha256, active_state="active", sub_state="running"),
+        UnitFact(name=new.unit, sha256=new.unit_sha256, active_state="activating", sub_state="start-post"),
+    )})  # fmt: skip
+    again = make_plan(
+        desired("gpus: 1, context_length: 8192"), state2, world(starting)[0], {h.host: starting}, {"m": SHAPE}
     )
     (c,) = again.changes
     cleanup = [r for r in c.replicas if r.cleanup]

@@ -28,8 +28,9 @@ from engine_ctl.gather import gather
 from engine_ctl.inventory import Inventory, load_inventory
 from engine_ctl.model import DesiredState
 from engine_ctl.output import console, emit_json
-from engine_ctl.plan import FORMAT_VERSION, Plan, make_plan
+from engine_ctl.plan import Plan, make_plan
 from engine_ctl.planview import plan_json, plan_markdown, render_plan
+from engine_ctl.savedplan import PlanFileError, decode_plan, stale_reasons, state_for_plan, tampering
 from engine_ctl.state import HostRecord, LocalState, Operation, State, StateBackend, StateError, open_backend
 from engine_ctl.state.local import DEFAULT_NAME, now, who
 from engine_ctl.transport import HostFailure, SSHOptions
@@ -181,38 +182,20 @@ def plan(
         if out_path is not None:
             console().print(f"\nSaved the plan to {out_path}; apply exactly it with: engine-ctl apply {out_path}")
     report_failures(failures)
-    if failures:
+    if failures or result.problems:
         sys.exit(1)
     sys.exit(2 if detailed_exitcode and result.has_changes else 0)
 
 
 def _load_plan_file(path: Path) -> Plan | None:
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
         return None
-    if not (isinstance(raw, dict) and "changes" in raw and "state_lineage" in raw):
-        return None
-    if raw.get("format_version", 0) > FORMAT_VERSION:
-        raise InputError([Diagnostic(Location(str(path)), "format_version", "a plan from a newer engine-ctl")])
-    raw.pop("summary", None)
-    raw.pop("has_changes", None)
-    return Plan.model_validate(raw)
-
-
-def _stale(plan: Plan, state: State, facts: dict[str, Any]) -> list[str]:
-    why = []
-    if state.lineage != plan.state_lineage:
-        why.append(f"the state's lineage is {state.lineage}, the plan was made against {plan.state_lineage}")
-    if state.serial != plan.state_serial:
-        why.append(f"the state changed since the plan (serial {plan.state_serial} → {state.serial})")
-    for host, fp in sorted(plan.host_fingerprints.items()):
-        now_fp = facts[host].fingerprint() if host in facts else None
-        if now_fp is None:
-            why.append(f"host {host} is unreachable now")
-        elif now_fp != fp:
-            why.append(f"the facts of host {host} changed since the plan")
-    return why
+    try:
+        return decode_plan(text)
+    except PlanFileError as exc:
+        raise InputError([Diagnostic(Location(str(path)), "", str(exc))]) from None
 
 
 def _confirm(auto_approve: bool) -> None:
@@ -252,14 +235,15 @@ def execute(
     try:
         if plan.refresh_only:
             recorder.change(lambda s: refresh_state(s, plan))
-            result_text, code = "refreshed", 0
+            result_text, code, unrecorded = "refreshed", 0, list[str]()
         else:
             executor = Executor(plan, {h.name: h for h in inventory.hosts}, recorder, options, out.print, stop)
             # On a terminal a live status line shows that the roll is under way; otherwise plain lines only.
-            live = out.status("Applying: one replica at a time per host, health-gated…") if out.is_terminal else None
+            live = out.status("Applying: one replica at a time per deployment, health-gated…") if out.is_terminal else None
             with live or contextlib.nullcontext():
                 result = executor.run()
-            code = 130 if result.interrupted else (1 if result.failed else 0)
+            unrecorded = result.unrecorded
+            code = 130 if result.interrupted else (1 if result.failed or unrecorded else 0)
             failures = "; ".join(f"{k}: {v}" for k, v in sorted(result.failed.items()))
             result_text = "interrupted" if result.interrupted else (f"failed: {failures}" if failures else "applied")
     finally:
@@ -280,7 +264,13 @@ def execute(
         )
         del s.operations[:-200]
 
-    recorder.change(log)
+    try:
+        recorder.change(log)
+    except Exception as exc:  # the backend's own failure: reported, never an internal error
+        out.print(f"error: the operation could not be logged in the state: {exc}")
+        code = code or 1
+    for what in unrecorded:
+        out.print(f"error: not recorded in the state: {what}; run engine-ctl plan to see what the hosts run")
     s = plan.summary()
     out.print(f"\nApply {'complete' if code == 0 else 'stopped'}: {result_text}. "
               f"({s['add']} added, {s['change']} changed, {s['destroy']} destroyed as planned)")  # fmt: skip
@@ -306,6 +296,36 @@ def refresh_state(state: State, plan: Plan) -> None:
                 r.reason = d.detail
 
 
+def _refuse_plan(path: Path, message: str, hint: str) -> InputError:
+    return InputError([Diagnostic(Location(str(path)), "", message, hint=hint)])
+
+
+def _apply_saved(
+    saved: Plan, path: Path, inventory_path: Path | None, state_path: str | None, options: SSHOptions,
+    parallel: int, lock_timeout: float,
+) -> int:  # fmt: skip
+    """`apply PLANFILE`: exactly what was reviewed, or a refusal that says why."""
+    ctx = saved.context
+    inventory = load_inventory(Path(inventory_path or ctx["inventory"]))
+    forged = tampering(saved, {h.name: h for h in inventory.hosts})
+    if forged:
+        raise _refuse_plan(
+            path, "the saved plan is not what engine-ctl renders from its own recorded inputs: " + "; ".join(forged),
+            "it was edited, or the inventory changed since; run engine-ctl plan again and review the new plan",
+        )
+    backend = open_backend(state_path or ctx["state"])
+    with locked(backend, "apply", lock_timeout):
+        state = state_for_plan(saved, read_state(backend))
+        hosts = [h for h in inventory.hosts if h.name in saved.host_fingerprints]
+        facts, _ = gather(hosts, options, parallel, ctx.get("model_paths") or {})
+        stale = stale_reasons(saved, state, {h: f.fingerprint() for h, f in facts.items()})
+        if stale:
+            hint = "run engine-ctl plan again and review the new plan"
+            raise _refuse_plan(path, "the saved plan is stale: " + "; ".join(stale), hint)
+        show_plan(saved)
+        return execute(saved, inventory, backend, state, options, "apply " + str(path))
+
+
 @click.command()
 @click.argument("args", nargs=-1, type=click.Path(path_type=Path))
 @writing_options
@@ -320,27 +340,7 @@ def apply(
     options = ssh_settings(accept_new_host_keys)
     saved = _load_plan_file(args[0]) if len(args) == 1 and args[0].is_file() else None
     if saved is not None:
-        ctx = saved.context
-        inventory = load_inventory(Path(inventory_path or ctx["inventory"]))
-        backend = open_backend(state_path or ctx["state"])
-        with locked(backend, "apply", lock_timeout):
-            state = read_state(backend)
-            hosts = [h for h in inventory.hosts if h.name in saved.host_fingerprints]
-            facts, _ = gather(hosts, options, parallel, ctx.get("model_paths") or {})
-            stale = _stale(saved, state, facts)
-            if stale:
-                raise InputError(
-                    [
-                        Diagnostic(
-                            Location(str(args[0])),
-                            "",
-                            "the saved plan is stale: " + "; ".join(stale),
-                            hint="run engine-ctl plan again and review the new plan",
-                        )
-                    ]
-                )
-            show_plan(saved)
-            sys.exit(execute(saved, inventory, backend, state, options, "apply " + str(args[0])))
+        sys.exit(_apply_saved(saved, args[0], inventory_path, state_path, options, parallel, lock_timeout))
     loaded = load_checked(args)
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, args)
@@ -352,10 +352,10 @@ def apply(
         show_plan(result)
         report_failures(failures)
         if not result.has_changes:
-            sys.exit(0)
+            sys.exit(1 if failures or result.problems else 0)
         _confirm(auto_approve)
         code = execute(result, inventory, backend, state, options, "apply")
-        sys.exit(code or (1 if failures else 0))
+        sys.exit(code or (1 if failures or result.problems else 0))
 
 
 @click.command()
