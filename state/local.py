@@ -124,7 +124,10 @@ class LocalState:
             since = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.lock_path.stat().st_mtime))
         except OSError:
             since = "?"
-        return LockInfo(id=unreadable_id(data), operation="?", who="?", when=since, path=str(self.path), unreadable=why)
+        return LockInfo(
+            id=unreadable_id(data), operation="unknown", who=f"an unreadable lock file ({why})", when=since,
+            path=str(self.path), unreadable=why,
+        )  # fmt: skip
 
     def _held(self, info: LockInfo) -> LockHeld:
         return LockHeld(info, str(self.path), str(self.lock_path))
