@@ -111,15 +111,11 @@ def _check_flag(i: int, where: str, name: str, provider: Provider) -> list[ArgPr
                 f"{where} {name}: set by the deployment; set it with {provider.deployment_flags[name]}",
             )
         ]
+    off_list = f"not on {provider.name}'s allow-list: {', '.join(provider.allowed_flags)}"
     if name in provider.refused_flags:
-        return [ArgProblem(i, f"{where} {name}: {provider.refused_flags[name]}")]
+        return [ArgProblem(i, f"{where} {name}: {provider.refused_flags[name]}; {off_list}")]
     if name not in provider.allowed_flags:
-        return [
-            ArgProblem(
-                i,
-                f"{where} {name}: not on {provider.name}'s allow-list: {', '.join(provider.allowed_flags)}",
-            )
-        ]
+        return [ArgProblem(i, f"{where} {name}: {off_list}")]
     return []
 
 

@@ -33,7 +33,7 @@ from engine_ctl.model import (
 from engine_ctl.providers import canonical_engine, provider
 from engine_ctl.shape import diagnostics_from
 from engine_ctl.units import parse_size
-from engine_ctl.yamlsource import SourceDocument, expand_paths, read_path
+from engine_ctl.yamlsource import SourceDocument, expand_paths, read_path, text_problems
 
 KINDS = ("Deployment", "Model", "Inventory")
 
@@ -197,9 +197,36 @@ def _flat_deployment(doc: SourceDocument, parsed: FlatDeploymentDocument) -> tup
         form="flat",
         line=doc.line,
         column=doc.column,
-        fields={"name": fields["model"], "path": fields["model"]},
+        fields=_fields(doc, _flat_model_paths(parsed.model)),
     )
     return LoadedDeployment(deployment=deployment, origin=origin), LoadedModel(model=model, origin=model_origin)
+
+
+def _flat_model_paths(raw: str | HfSource) -> dict[str, tuple[str | int, ...]]:
+    if isinstance(raw, HfSource):
+        return {"name": ("model",), "hf": ("model", "hf"), "commit": ("model", "commit")}
+    return {"name": ("model",), "path": ("model",), "hf": ("model",)}
+
+
+def _hf_problems(doc: SourceDocument, path: tuple[str | int, ...], value: object) -> list[Diagnostic]:
+    """{hf: org/repo@a, commit: b} names two commits: refused as ambiguous rather than one silently winning."""
+    from engine_ctl.diagnostics import format_path
+
+    if not isinstance(value, HfSource) or value.commit is None:
+        return []
+    pinned = parse_hf(value.hf).commit
+    if pinned is None or pinned == value.commit:
+        return []
+    return [
+        Diagnostic(
+            doc.locate((*path, "commit")),
+            format_path((*path, "commit")),
+            f"{format_path((*path, 'commit'))} {value.commit}: ambiguous, {format_path((*path, 'hf'))} "
+            f"{value.hf} already names commit {pinned}",
+            hint="give the commit once: org/repo@<commit>, or hf: org/repo with commit: <commit>",
+            code="INVALID_DEPLOYMENT",
+        )
+    ]
 
 
 def _size_or_none(value: str | int | None) -> int | None:
@@ -256,6 +283,7 @@ def _model(doc: SourceDocument, parsed: ModelDocument) -> LoadedModel:
         "format": ("spec", "format"),
         "path": ("spec", "path"),
         "hf": ("spec", "hf"),
+        "commit": ("spec", "hf", "commit"),
         "context_length": ("spec", "context_length"),
         "parameters": ("spec", "parameters"),
     }
@@ -325,6 +353,11 @@ def load_documents(docs: list[SourceDocument]) -> LoadResult:
             continue
         if kind == "Skip":
             continue
+        unsafe = text_problems(doc)
+        if unsafe:  # refused whole: no part of it may reach a unit, an argv or the state
+            problems.extend(unsafe)
+            broken.update(_model_name(doc) if kind == "Model" else ())
+            continue
         if kind == "Inventory":
             inventory, found = inventory_from(doc)
             problems.extend(found)
@@ -334,29 +367,32 @@ def load_documents(docs: list[SourceDocument]) -> LoadResult:
         parsed, found = _validate_shape(doc, schema)
         problems.extend(found)
         if parsed is None:
-            if kind == "Model":
-                name = (
-                    (doc.data.get("metadata") or {}).get("name") if isinstance(doc.data.get("metadata"), dict) else None
-                )
-                if isinstance(name, str):
-                    broken.add(name)
+            broken.update(_model_name(doc) if kind == "Model" else ())
             continue
         if isinstance(parsed, DeploymentDocument):
             deployments.append(_spec_deployment(doc, parsed))
             described.setdefault(doc.file, []).append(f"deployment {parsed.metadata.name}")
         elif isinstance(parsed, FlatDeploymentDocument):
-            problems.extend(_size_problems(doc, parsed))
+            problems.extend(_size_problems(doc, parsed) + _hf_problems(doc, ("model",), parsed.model))
             loaded, model = _flat_deployment(doc, parsed)
             deployments.append(loaded)
             models.append(model)
             described.setdefault(doc.file, []).append(f"deployment {parsed.name}")
         else:
+            problems.extend(_hf_problems(doc, ("spec", "hf"), parsed.spec.hf))
             models.append(_model(doc, parsed))
             described.setdefault(doc.file, []).append(f"model {parsed.metadata.name}")
     desired = DesiredState(models=tuple(models), deployments=tuple(deployments))
     return LoadResult(
         desired=desired, inventory=inventory, diagnostics=problems, documents=described, broken_models=broken
     )
+
+
+def _model_name(doc: SourceDocument) -> set[str]:
+    """The name a Model document gives itself, if it gives one (to mark it broken, not missing)."""
+    metadata = doc.data.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    return {name} if isinstance(name, str) else set()
 
 
 def _strip(data: Any, path: tuple[Any, ...]) -> Any:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from engine_ctl.diagnostics import Diagnostic, Location
 from engine_ctl.engine_args import check_engine_args, split_flags
-from engine_ctl.model import Deployment, DesiredState, LoadedDeployment, LoadedModel, Model, Origin
+from engine_ctl.model import Deployment, DesiredState, HfRef, LoadedDeployment, LoadedModel, Model, Origin
 from engine_ctl.providers import PROVIDERS, Provider, provider, provider_for_format
 
 NAME_RULE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
@@ -16,12 +16,41 @@ MODEL_NAME_RULE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 INVALID = "INVALID_DEPLOYMENT"
 
 
+COMMIT_RULE = re.compile(r"^[0-9a-f]{40}$")
+
+SPEC_NAMES = {
+    "name": "metadata.name",
+    "replicas_min": "spec.replicas.min",
+    "replicas_max": "spec.replicas.max",
+    "idle_minutes": "spec.replicas.idle_minutes",
+}
+FLAT_NAMES = {
+    "replicas_min": "replicas",
+    "replicas_max": "replicas",
+    "context_length": "engine_config.context_length",
+    "engine_args": "engine_config.extra_args",
+    "cuda_graphs": "engine_config.cuda_graphs",
+    "accept_extra_args": "engine_config.accept_extra_args",
+    "gpu_memory_bytes": "engine_config.memory.request",
+    "ram_bytes": "resources.ram",
+    "hf": "model",
+    "path": "model",
+}
+
+
+def field_name(origin: Origin, internal: str) -> str:
+    """An internal field as the document's own form names it: spec.replicas.max, or the flat form's replicas."""
+    if origin.form == "flat":
+        return FLAT_NAMES.get(internal, internal)
+    return SPEC_NAMES.get(internal, f"spec.{internal}")
+
+
 def where(origin: Origin, internal: str) -> tuple[Location, str]:
     """The location and written path of an internal field (the document's start when not written)."""
     if internal in origin.fields:
         path, line, column = origin.fields[internal]
         return Location(origin.file, line, column), path
-    return Location(origin.file, origin.line, origin.column), internal
+    return Location(origin.file, origin.line, origin.column), field_name(origin, internal)
 
 
 def _err(origin: Origin, internal: str, message: str, hint: str | None = None) -> Diagnostic:
@@ -53,9 +82,8 @@ def check_deployment(
     loaded: LoadedDeployment, model: Model | None, broken_models: frozenset[str] = frozenset()
 ) -> Iterator[Diagnostic]:
     d, o = loaded.deployment, loaded.origin
-    name_field = "metadata.name" if o.form == "spec" else "name"
     if len(d.name) > 40 or not NAME_RULE.match(d.name):
-        yield _err(o, "name", f"{name_field} {d.name!r}: {NAME_MESSAGE}")
+        yield _err(o, "name", f"{field_name(o, 'name')} {d.name!r}: {NAME_MESSAGE}")
     if model is None and d.model not in broken_models:
         yield _err(
             o,
@@ -63,10 +91,35 @@ def check_deployment(
             f'spec.model "{d.model}": a model of the deployment\'s own workspace',
             hint=f"no Model document named {d.model!r} was loaded; add one (kind: Model) or pass its file too",
         )
+    yield from _check_replicas(loaded)
+    yield from _check_numbers(loaded, model)
+    engine = resolve_engine(d, model)
+    if engine is None:
+        return
+    if d.accelerator == "cpu" and not engine.runs_on("cpu"):
+        yield _err(
+            o,
+            "accelerator",
+            f"spec.accelerator: cpu is served by llama.cpp; {_engine_title(engine)} needs a GPU",
+        )
+    if model is not None and model.format not in engine.formats:
+        yield _format_mismatch(loaded, engine, model)
+    yield from _check_args(loaded, engine)
+    yield from _check_flat(loaded, engine)
+
+
+def _check_replicas(loaded: LoadedDeployment) -> Iterator[Diagnostic]:
+    d, o = loaded.deployment, loaded.origin
     if not 1 <= d.replicas_max <= 64:
-        yield _err(o, "replicas_max", "spec.replicas.max: between 1 and 64")
-    if d.replicas_min < 0 or d.replicas_min > d.replicas_max:
+        yield _err(o, "replicas_max", f"{field_name(o, 'replicas_max')}: between 1 and 64")
+    if o.form == "flat":
+        return  # one number: min = max
+    if d.replicas_min < 0:
+        yield _err(o, "replicas_min", "spec.replicas.min: at least 0")
+    elif d.replicas_min > d.replicas_max:
         yield _err(o, "replicas_min", "spec.replicas.min: at most spec.replicas.max")
+    elif 1 <= d.replicas_max <= 64:
+        yield from _scaling_warnings(loaded)
     if d.idle_minutes is not None and not 1 <= d.idle_minutes <= 1440:
         yield _err(o, "idle_minutes", "spec.replicas.idle_minutes: between 1 and 1440")
     if d.replicas_min > 0 and written(o, "idle_minutes"):
@@ -76,15 +129,43 @@ def check_deployment(
             "spec.replicas.idle_minutes: ignored (cleared) because spec.replicas.min is above 0",
             hint="idle_minutes applies only with min: 0 (scale to zero)",
         )
+
+
+def _scaling_warnings(loaded: LoadedDeployment) -> Iterator[Diagnostic]:
+    """Until the gateway and the scaler exist, say exactly what will run: min replicas, at least one."""
+    d, o = loaded.deployment, loaded.origin
+    runs = max(d.replicas_min, 1)
+    what = f"engine-ctl runs {runs} replica" + ("s" if runs > 1 else "")
+    hint = "set min and max to the number of replicas to run"
+    if d.replicas_min == 0:
+        also = " and scaling between min and max need" if d.replicas_max > 1 else " needs"
+        yield _warn(
+            o,
+            "replicas_min",
+            f"spec.replicas.min 0: scale to zero{also} the gateway, which is not built yet; {what}",
+            hint=hint,
+        )
+    elif d.replicas_max > d.replicas_min:
+        yield _warn(
+            o,
+            "replicas_max",
+            f"spec.replicas.max {d.replicas_max}: scaling between min ({d.replicas_min}) and max needs the "
+            f"gateway, which is not built yet; {what}",
+            hint=hint,
+        )
+
+
+def _check_numbers(loaded: LoadedDeployment, model: Model | None) -> Iterator[Diagnostic]:
+    d, o = loaded.deployment, loaded.origin
     if d.context_length is not None:
+        ctx = field_name(o, "context_length")
         if d.context_length < 256:
-            yield _err(o, "context_length", "spec.context_length: at least 256 tokens")
+            yield _err(o, "context_length", f"{ctx}: at least 256 tokens")
         elif model is not None and model.context_length is not None and d.context_length > model.context_length:
             yield _err(
                 o,
                 "context_length",
-                f"spec.context_length {d.context_length}: model {model.name} takes at most "
-                f"{model.context_length} tokens",
+                f"{ctx} {d.context_length}: model {model.name} takes at most {model.context_length} tokens",
             )
     if d.parallel is not None and not 1 <= d.parallel <= 1024:
         yield _err(o, "parallel", "spec.parallel: between 1 and 1024")
@@ -97,40 +178,56 @@ def check_deployment(
             yield _err(o, "gpus", "spec.gpus: 1, 2, 4 or 8 GPUs of one machine per replica")
     if d.priority < -1000 or d.priority > 1000:
         yield _err(o, "priority", "spec.priority: between -1000 and 1000")
-    engine = resolve_engine(d, model)
-    if engine is None:
-        return
-    if d.accelerator == "cpu" and not engine.runs_on("cpu"):
-        yield _err(
-            o,
-            "accelerator",
-            f"spec.accelerator: cpu is served by llama.cpp; {_engine_title(engine)} needs a GPU",
-        )
-    if model is not None and model.format not in engine.formats:
-        yield _err(o, "engine", _format_mismatch(engine, model))
-    yield from _check_args(loaded, engine)
-    yield from _check_flat(loaded, engine)
 
 
 def _engine_title(engine: Provider) -> str:
     return engine.title
 
 
-def _format_mismatch(engine: Provider, model: Model) -> str:
+def _format_mismatch(loaded: LoadedDeployment, engine: Provider, model: Model) -> Diagnostic:
+    """The seed's message, at the deployment's model line; a CPU deployment is never pointed at vLLM."""
+    o = loaded.origin
     if model.format == "gguf":
-        return (
+        message = (
             f"model {model.name} is GGUF: serve it with llama.cpp "
             f"({_engine_title(engine)} serves safetensors checkpoints here)"
         )
-    return f"llama.cpp serves GGUF; model {model.name} is a safetensors checkpoint: serve it with vllm"
+        return _err(o, "model", message)
+    if loaded.deployment.accelerator == "cpu":
+        return _err(
+            o,
+            "model",
+            f"llama.cpp serves GGUF; model {model.name} is a safetensors checkpoint: a CPU-only deployment "
+            "is served by llama.cpp, so it needs a GGUF model",
+            hint="point the deployment at a GGUF build of the model (kind: Model with format: gguf)",
+        )
+    return _err(
+        o, "model", f"llama.cpp serves GGUF; model {model.name} is a safetensors checkpoint: serve it with vllm"
+    )
 
 
 def _check_args(loaded: LoadedDeployment, engine: Provider) -> Iterator[Diagnostic]:
     d, o = loaded.deployment, loaded.origin
-    field = "spec.engine_args" if o.form == "spec" else "engine_config.extra_args"
-    for problem in check_engine_args(d.engine_args, engine, field):
+    for problem in check_engine_args(d.engine_args, engine, field_name(o, "engine_args")):
         internal = "engine_args" if problem.index is None else f"engine_args[{problem.index}]"
-        yield _err(o, internal, problem.message, problem.hint)
+        yield _err(o, internal, _set_it_with(o, problem.message), problem.hint)
+
+
+SET_IT_WITH = re.compile(r"set it with spec\.([a-z_]+)")
+
+
+def _set_it_with(origin: Origin, message: str) -> str:
+    """The flat form's own name in "set it with spec.context_length" (or that the field is the spec form's)."""
+    if origin.form != "flat":
+        return message
+
+    def name(match: re.Match[str]) -> str:
+        internal = match.group(1)
+        if internal in FLAT_NAMES:
+            return f"set it with {FLAT_NAMES[internal]}"
+        return f"set it with spec.{internal} (a field of the metadata/spec form)"
+
+    return SET_IT_WITH.sub(name, message)
 
 
 def _check_flat(loaded: LoadedDeployment, engine: Provider) -> Iterator[Diagnostic]:
@@ -189,19 +286,36 @@ def check_model(loaded: LoadedModel) -> Iterator[Diagnostic]:
         yield _err(o, "hf", "spec.path and spec.hf: give one of them")
     if m.path is not None and ".." in m.path.split("/"):
         yield _err(o, "path", f"{m.path!r}: '..' is not allowed in a model path")
-    if m.hf is not None and not m.hf.commit:
-        yield _err(
-            o,
-            "hf",
-            f"hf: {m.hf.repo}: no commit; validate works offline, so it refuses an hf: reference without a commit",
-            hint=f"pin it: {m.hf.repo}@<commit>",
-        )
-    if m.hf is not None and m.hf.repo.count("/") != 1:
-        yield _err(o, "hf", f"hf: {m.hf.repo!r}: a Hugging Face repository is org/repo")
+    if m.hf is not None:
+        yield from _check_hf(o, m.hf)
     if m.context_length is not None and m.context_length < 256:
         yield _err(o, "context_length", "spec.context_length: at least 256 tokens")
     if m.parameters is not None and m.parameters <= 0:
         yield _err(o, "parameters", "spec.parameters: a positive count")
+
+
+def _check_hf(o: Origin, hf: HfRef) -> Iterator[Diagnostic]:
+    """An hf: reference is org/repo pinned to a full commit (validate works offline: nothing resolves it)."""
+    field = where(o, "hf")[1]
+    if hf.repo.count("/") != 1:
+        yield _err(o, "hf", f"{field} {hf.repo!r}: a Hugging Face repository is org/repo")
+    if not hf.commit:
+        yield _err(
+            o,
+            "hf",
+            f"{field} {hf.repo}: no commit; validate works offline, so it refuses an hf: reference without a commit",
+            hint=f"pin it: {hf.repo}@<commit>",
+        )
+    elif not COMMIT_RULE.match(hf.commit):
+        at = "commit" if "commit" in o.fields else "hf"
+        written_as = hf.commit if at == "commit" else str(hf)
+        yield _err(
+            o,
+            at,
+            f"{where(o, at)[1]} {written_as}: a commit is 40 hexadecimal digits (0-9, a-f), not {hf.commit!r}",
+            hint=f"pin the full commit id from {hf.repo}'s history on huggingface.co; "
+            "a branch, a tag or a short id is not a pin",
+        )
 
 
 def check(desired: DesiredState, broken_models: frozenset[str] = frozenset()) -> list[Diagnostic]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from engine_ctl.diagnostics import Diagnostic
 from engine_ctl.loader import LoadResult
 from engine_ctl.model import LoadedDeployment, Model
-from engine_ctl.rules import resolve_engine, written
+from engine_ctl.rules import field_name, resolve_engine, written
 
 FORMAT_VERSION = 1
 
@@ -54,9 +54,14 @@ def _defaults(loaded: LoadedDeployment, model: Model | None) -> list[Default]:
     def unset(internal: str) -> bool:
         return not written(o, internal)
 
+    def name(internal: str) -> str:
+        return field_name(o, internal)
+
     if unset("engine") and engine is not None:
         why = "the model's format" if model else "cpu"
-        out.append(Default("spec.engine", f"auto → {engine.name}", f"from {why} ({model.format if model else 'cpu'})"))
+        out.append(Default(name("engine"), f"auto → {engine.name}", f"from {why} ({model.format if model else 'cpu'})"))
+    if o.form == "flat" and unset("replicas_max"):
+        out.append(Default("replicas", d.replicas_max, "default"))
     if o.form == "spec":
         if unset("replicas_min"):
             out.append(Default("spec.replicas.min", d.replicas_min, "default"))
@@ -73,13 +78,13 @@ def _defaults(loaded: LoadedDeployment, model: Model | None) -> list[Default]:
     if d.context_length is None and engine is not None:
         cap = engine.default_context_cap
         if model is not None and model.context_length is not None:
-            out.append(Default("spec.context_length", min(cap, model.context_length), f"the model's, at most {cap}"))
+            out.append(Default(name("context_length"), min(cap, model.context_length), f"the model's, at most {cap}"))
         else:
-            out.append(Default("spec.context_length", None, f"the model's (read from its files), at most {cap}", True))
+            out.append(Default(name("context_length"), None, f"the model's (read from its files), at most {cap}", True))
     if d.accelerator == "gpu" and d.gpus is None:
         out.append(
             Default(
-                "spec.gpus",
+                name("gpus"),
                 None,
                 "the fewest of 1, 2, 4, 8 that hold the model on the largest-GPU host",
                 True,
@@ -88,13 +93,13 @@ def _defaults(loaded: LoadedDeployment, model: Model | None) -> list[Default]:
     if d.cpu_cores is None:
         if d.accelerator == "gpu":
             if d.gpus is not None:
-                out.append(Default("spec.cpu_cores", 4 * d.gpus, "4 per GPU"))
+                out.append(Default(name("cpu_cores"), 4 * d.gpus, "4 per GPU"))
             else:
-                out.append(Default("spec.cpu_cores", None, "4 per GPU, once gpus is chosen", True))
+                out.append(Default(name("cpu_cores"), None, "4 per GPU, once gpus is chosen", True))
         else:
             out.append(
                 Default(
-                    "spec.cpu_cores",
+                    name("cpu_cores"),
                     None,
                     "by size: 2 up to 2B parameters, 4 up to 9B, 6 above, at most the largest host's cores",
                     True,
@@ -104,12 +109,12 @@ def _defaults(loaded: LoadedDeployment, model: Model | None) -> list[Default]:
         options = engine.parallel_candidates(d.accelerator)
         where = "on a CPU" if d.accelerator == "cpu" else "on GPUs"
         if len(options) == 1:
-            out.append(Default("spec.parallel", options[0], f"{engine.title} {where}"))
+            out.append(Default(name("parallel"), options[0], f"{engine.title} {where}"))
         else:
             first, *rest = options
             lowered = " or ".join(map(str, rest))
             out.append(
-                Default("spec.parallel", None, f"{first} {where}, lowered to {lowered} when that is what fits", True)
+                Default(name("parallel"), None, f"{first} {where}, lowered to {lowered} when that is what fits", True)
             )
     return out
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from tests.helpers import load, messages
 
+COMMIT = "b968826d9c46dd6066d109eabc6255188de91218"
+
 
 def test_same_meaning_in_both_forms_gives_the_same_internal_model() -> None:
     spec_form = """
@@ -38,10 +40,10 @@ def test_same_meaning_in_both_forms_gives_the_same_internal_model() -> None:
 
 
 def test_flat_form_hf_reference_with_commit() -> None:
-    result, diags = load("name: q\nengine: vllm\nmodel: Qwen/Qwen3-4B@abc123")
+    result, diags = load(f"name: q\nengine: vllm\nmodel: Qwen/Qwen3-4B@{COMMIT}")
     assert messages(diags) == []
     model = result.desired.models[0].model
-    assert model.hf is not None and (model.hf.repo, model.hf.commit) == ("Qwen/Qwen3-4B", "abc123")
+    assert model.hf is not None and (model.hf.repo, model.hf.commit) == ("Qwen/Qwen3-4B", COMMIT)
     assert model.format == "safetensors"
 
 
@@ -52,7 +54,7 @@ def test_flat_form_hf_mapping_without_commit_refused() -> None:
 
 
 def test_decisions_on_vllm_refused() -> None:
-    _, diags = load("name: d\nengine: vllm\nmodel: Qwen/Q@c\napi: decisions")
+    _, diags = load(f"name: d\nengine: vllm\nmodel: Qwen/Q@{COMMIT}\napi: decisions")
     assert any(m.startswith("capability_missing:decisions") for m in messages(diags))
 
 

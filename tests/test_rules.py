@@ -48,9 +48,9 @@ def test_idle_minutes_between_1_and_1440(value: int) -> None:
 def test_idle_minutes_cleared_with_a_warning_when_min_above_zero() -> None:
     result, diags = deployment("model: llama-3-2-3b\nreplicas: {min: 1, max: 2, idle_minutes: 30}")
     assert messages(diags) == []
-    assert messages(diags, "warning") == [
-        "spec.replicas.idle_minutes: ignored (cleared) because spec.replicas.min is above 0"
-    ]
+    assert "spec.replicas.idle_minutes: ignored (cleared) because spec.replicas.min is above 0" in messages(
+        diags, "warning"
+    )
     assert result.desired.deployments[0].deployment.idle_minutes is None
 
 

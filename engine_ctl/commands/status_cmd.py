@@ -12,28 +12,53 @@ from rich.table import Table
 from engine_ctl.commands.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
 from engine_ctl.commands.plan_cmd import backend_for, read_state, state_option
 from engine_ctl.diagnostics import Diagnostic, InputError, Location
+from engine_ctl.facts import HostFacts
 from engine_ctl.gather import gather
 from engine_ctl.loader import load_paths
 from engine_ctl.output import console, emit_json
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.state import State, StateError
+from engine_ctl.state import DeploymentRecord, State, StateError
 from engine_ctl.status import DeploymentStatus, deployment_status
+from engine_ctl.transport import HostFailure, SSHOptions
 
 FORMAT_VERSION = 1
 
 
-def _live(state: State, inventory_path: Path | None, paths: tuple[Path, ...], options: object, parallel: int):  # type: ignore[no-untyped-def]
+DOCUMENT_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def is_path(arg: str) -> bool:
+    """status's NAME is a path when it looks like one (a / or a document suffix, `.`, `..`) or exists here.
+
+    Deployment names are lowercase letters, digits and -, so a path-looking argument is never one."""
+    looks = "/" in arg or arg in (".", "..") or arg.endswith(DOCUMENT_SUFFIXES)
+    return looks or Path(arg).exists()
+
+
+def name_and_paths(name: str | None, paths: tuple[Path, ...]) -> tuple[str | None, tuple[Path, ...]]:
+    if name is not None and is_path(name):
+        return None, (Path(name), *paths)
+    return name, paths
+
+
+def _live(
+    records: list[DeploymentRecord], inventory_path: Path | None, paths: tuple[Path, ...], options: SSHOptions,
+    parallel: int,
+) -> tuple[dict[str, HostFacts], dict[str, HostFailure]]:  # fmt: skip
+    """Facts and health of the hosts the shown deployments run on; none (and no inventory) when they run nowhere."""
+    used = {r.host for d in records for r in d.replicas}
+    if not used:
+        return {}, {}
     loaded = load_paths(list(paths)) if paths else None
     inventory = resolve_inventory(inventory_path, loaded)
-    used = {r.host for d in state.deployments.values() for r in d.replicas}
     hosts = [h for h in inventory.hosts if h.name in used]
     checks: dict[str, list[tuple[int, str]]] = {}
-    for d in state.deployments.values():
+    for d in records:
         engine = PROVIDERS.get(str((d.plan or {}).get("engine")))
         path = engine.health_path if engine else "/health"
         for r in d.replicas:
             checks.setdefault(r.host, []).append((r.port, path))
-    return gather(hosts, options, parallel, health=checks)  # type: ignore[arg-type]
+    return gather(hosts, options, parallel, health=checks)
 
 
 def _statuses(state: State, names: list[str], facts: dict) -> list[DeploymentStatus]:  # type: ignore[type-arg]
@@ -51,9 +76,12 @@ def list_cmd(
     accept_new_host_keys: bool, as_json: bool,
 ) -> None:  # fmt: skip
     """Every deployment: NAME STATE READY REVISION HOSTS, from the state and live health."""
-    state = read_state(backend_for(state_path, paths))
-    facts, failures = _live(state, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel)
-    statuses = _statuses(state, sorted(state.deployments), facts)
+    backend = backend_for(state_path, paths)
+    state = read_state(backend)
+    names = sorted(state.deployments)
+    records = [state.deployments[n] for n in names]
+    facts, failures = _live(records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel)
+    statuses = _statuses(state, names, facts)
     if as_json:
         emit_json({"format_version": FORMAT_VERSION, "deployments": [s.model_dump(mode="json") for s in statuses]})
     else:
@@ -62,7 +90,7 @@ def list_cmd(
             table.add_column(col)
         for s in statuses:
             table.add_row(s.name, s.state, f"{s.ready}/{s.replicas}", str(s.revision), ",".join(s.hosts) or "-")
-        console().print(table)
+        console().print(table if statuses else _no_deployments(backend.location))
         report_failures(failures)
     sys.exit(1 if failures else 0)
 
@@ -78,8 +106,15 @@ def status(
     name: str | None, paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, as_json: bool,
 ) -> None:  # fmt: skip
-    """A deployment's state and each instance: INSTANCE HOST STATE … LAST ERROR (all deployments without NAME)."""
-    state = read_state(backend_for(state_path, paths))
+    """A deployment's state and each instance: INSTANCE HOST STATE … LAST ERROR (all deployments without NAME).
+
+    NAME is read as a path, not a deployment, when it looks like one (it has a / or ends in .yaml, .yml or .json,
+    or is . or ..) or is an existing file or directory: `engine-ctl status .` shows every deployment of the
+    state beside the documents in the current directory.
+    """
+    name, paths = name_and_paths(name, paths)
+    backend = backend_for(state_path, paths)
+    state = read_state(backend)
     names = [name] if name else sorted(state.deployments)
     if name and name not in state.deployments:
         known = ", ".join(sorted(state.deployments)) or "none"
@@ -87,12 +122,15 @@ def status(
             Location("state"), "", f"no deployment named {name!r} in the state", hint=f"deployments: {known}"
         )
         raise InputError([problem])
-    facts, failures = _live(state, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel)
+    records = [state.deployments[n] for n in names]
+    facts, failures = _live(records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel)
     statuses = _statuses(state, names, facts)
     if as_json:
         emit_json({"format_version": FORMAT_VERSION, "deployments": [s.model_dump(mode="json") for s in statuses]})
         sys.exit(1 if failures else 0)
     out = console()
+    if not statuses:
+        out.print(_no_deployments(backend.location))
     for s in statuses:
         head = Table(box=None, pad_edge=False)
         for col in ("NAME", "STATE", "READY", "REVISION", "HOSTS", "REASON"):
@@ -113,6 +151,10 @@ def status(
         out.print("")
     report_failures(failures)
     sys.exit(1 if failures else 0)
+
+
+def _no_deployments(location: str) -> str:
+    return f"No deployments in the state ({location}); `engine-ctl apply` records them."
 
 
 @click.group(name="state")
