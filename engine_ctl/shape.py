@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from typing import Any
@@ -43,8 +44,9 @@ def fields_at(model: type[BaseModel], path: tuple[str | int, ...]) -> list[str]:
     return names
 
 
-def _clean_loc(loc: tuple[Any, ...], data: Any) -> tuple[str | int, ...]:
-    """Drop pydantic's union-member tags from a loc, keeping only the parts that exist in the data."""
+def _clean_loc(loc: tuple[Any, ...], data: Any, missing: bool = False) -> tuple[str | int, ...]:
+    """Drop pydantic's union-member tags ('str', 'HfSource') from a loc, keeping only the parts that exist in the
+    data, and the absent last key of a missing field."""
     out: list[str | int] = []
     cur = data
     for n, part in enumerate(loc):
@@ -54,9 +56,17 @@ def _clean_loc(loc: tuple[Any, ...], data: Any) -> tuple[str | int, ...]:
         ):
             out.append(part)
             cur = cur[part]  # type: ignore[index]
-        elif last and isinstance(part, str) and isinstance(cur, dict):
-            out.append(part)  # a missing field
+        elif last and missing and isinstance(part, str) and isinstance(cur, dict):
+            out.append(part)
     return tuple(out)
+
+
+INSTANCE_OF = re.compile(r"a valid dictionary or instance of \w+")
+
+
+def _wanted(message: str) -> str:
+    """pydantic's "Input should be …", without its prefix or the names of engine-ctl's classes."""
+    return INSTANCE_OF.sub("a mapping", message.removeprefix("Input should be "))
 
 
 def _describe(value: Any) -> str:
@@ -79,7 +89,7 @@ def _describe(value: Any) -> str:
 
 def diagnostics_from(exc: ValidationError, doc: SourceDocument, model: type[BaseModel]) -> list[Diagnostic]:
     raw = exc.errors(include_url=False)
-    cleaned = [(_clean_loc(tuple(e["loc"]), doc.data), e) for e in raw]
+    cleaned = [(_clean_loc(tuple(e["loc"]), doc.data, e["type"] == "missing"), e) for e in raw]
     keep = []
     for path, err in cleaned:
         shallow_type = err["type"].endswith("_type") or err["type"] in ("model_type", "dict_type")
@@ -110,7 +120,7 @@ def diagnostics_from(exc: ValidationError, doc: SourceDocument, model: type[Base
                 )
             )
         else:
-            wanted = "; or ".join(dict.fromkeys(str(e["msg"]).removeprefix("Input should be ") for e in errs))
+            wanted = "; or ".join(dict.fromkeys(_wanted(str(e["msg"])) for e in errs))
             value = first.get("input")
             got = _describe(value)
             if isinstance(value, str | int | float) and not isinstance(value, bool) and len(str(value)) <= 60:

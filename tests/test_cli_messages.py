@@ -261,3 +261,22 @@ def test_plan_shows_the_same_warning(tmp_path: Path) -> None:
     path = write(tmp_path, "d.yaml", text)
     result = run("plan", str(path), "--inventory", str(tmp_path / "missing-hosts.yaml"))
     assert f"{path}:8:19: warning: spec.replicas.min 0: scale to zero needs the gateway" in result.stderr
+
+
+# Shape errors name the document's own fields, never engine-ctl's classes or pydantic's union tags
+
+
+def test_unknown_field_in_an_hf_mapping_is_the_only_error(tmp_path: Path) -> None:
+    path, err, code = validate(tmp_path, f"name: q\nengine: vllm\nmodel: {{hf: Qwen/Q, comit: {COMMIT_A}}}\n")
+    assert code == 1
+    assert err.splitlines()[:2] == [
+        f"{path}:3:21: error: model.comit: unknown field 'comit'",
+        "  hint: did you mean 'commit'?",
+    ]
+    assert err.count("error:") == 1
+
+
+def test_wrong_type_of_model_names_no_class(tmp_path: Path) -> None:
+    path, err, _ = validate(tmp_path, "name: q\nmodel: 5\n")
+    wanted = "should be a valid string; or a mapping; got an integer (5)"
+    assert err.splitlines()[0] == f"{path}:2:8: error: model: {wanted}"
