@@ -42,10 +42,15 @@ CREATE TABLE IF NOT EXISTS engine_ctl_lock (
     id text NOT NULL,
     operation text NOT NULL,
     who text NOT NULL,
-    since text NOT NULL
+    since text NOT NULL,
+    holder jsonb
 );
-ALTER TABLE engine_ctl_lock ADD COLUMN IF NOT EXISTS holder jsonb;
 """
+HAS_HOLDER = (
+    "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+    "AND table_name = 'engine_ctl_lock' AND column_name = 'holder'"
+)
+ADD_HOLDER = "ALTER TABLE engine_ctl_lock ADD COLUMN IF NOT EXISTS holder jsonb"
 HOLDER_FIELDS = ("host", "boot_id", "pid", "pid_start")
 INSTALL_HINT = "pip install 'engine-ctl[postgres]'"
 HISTORY_KEPT = 20
@@ -88,6 +93,8 @@ class PostgresState:
         query = f"?{parts.query}" if parts.query else ""
         self.location = f"{parts.scheme}://{netloc}{parts.path}{query}#{self.name}"
         self._schema_ready = False
+        self._holder = False
+        """Whether the lock table has the holder column (a table from before it gets it when this role may)."""
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[Any]:
@@ -95,15 +102,40 @@ class PostgresState:
         conn = _connect(self.dsn)
         try:
             if not self._schema_ready:
-                with conn.transaction(), conn.cursor() as cur:
-                    cur.execute(SCHEMA)
-                self._schema_ready = True
+                self._prepare(conn, psycopg)
             with conn.transaction(), conn.cursor() as cur:
                 yield cur
         except psycopg.Error as exc:
             raise StateError(f"{self.location}: {str(exc).strip()}") from None
         finally:
             conn.close()
+
+    def _insert_lock(self, info: LockInfo) -> tuple[str, tuple[str, ...]]:
+        """The lock row's insert, with the holder when the table has the column."""
+        columns = ["name", "id", "operation", "who", "since"]
+        values = [self.name, info.id, info.operation, info.who, info.when]
+        if self._holder:
+            columns.append("holder")
+            values.append(json.dumps(info.model_dump(include=set(HOLDER_FIELDS))))
+        marks = ", ".join(["%s"] * len(values))
+        query = f"INSERT INTO engine_ctl_lock ({', '.join(columns)}) VALUES ({marks}) ON CONFLICT (name) DO NOTHING"
+        return query, tuple(values)
+
+    def _prepare(self, conn: Any, psycopg: Any) -> None:
+        """The tables, once per command; the lock's holder column added to an older table when this role owns
+        it (without it, locks still work but are never called stale)."""
+        with conn.transaction(), conn.cursor() as cur:
+            cur.execute(SCHEMA)
+            cur.execute(HAS_HOLDER)
+            self._holder = cur.fetchone() is not None
+        if not self._holder:
+            try:
+                with conn.transaction(), conn.cursor() as cur:
+                    cur.execute(ADD_HOLDER)
+                self._holder = True
+            except psycopg.Error:
+                pass
+        self._schema_ready = True
 
     def read(self) -> State:
         with self._tx() as cur:
@@ -169,7 +201,10 @@ class PostgresState:
 
     def lock_info(self) -> LockInfo | None:
         with self._tx() as cur:
-            cur.execute("SELECT id, operation, who, since, holder FROM engine_ctl_lock WHERE name = %s", (self.name,))
+            holder_column = "holder" if self._holder else "NULL"
+            cur.execute(
+                f"SELECT id, operation, who, since, {holder_column} FROM engine_ctl_lock WHERE name = %s", (self.name,)
+            )
             row = cur.fetchone()
         if row is None:
             return None
@@ -183,15 +218,10 @@ class PostgresState:
     @contextlib.contextmanager
     def lock(self, operation: str, timeout: float = 0.0) -> Iterator[LockInfo]:
         info = new_lock(str(uuid.uuid4()), operation, self.location)
-        holder = json.dumps(info.model_dump(include=set(HOLDER_FIELDS)))
         deadline = time.monotonic() + timeout
         while True:
             with self._tx() as cur:
-                cur.execute(
-                    "INSERT INTO engine_ctl_lock (name, id, operation, who, since, holder) "
-                    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (name) DO NOTHING",
-                    (self.name, info.id, info.operation, info.who, info.when, holder),
-                )
+                cur.execute(*self._insert_lock(info))
                 got = cur.rowcount == 1
             if got:
                 break

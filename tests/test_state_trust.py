@@ -464,3 +464,35 @@ def test_plan_with_postgres_without_psycopg_says_how_to_install_it(tmp_path: Pat
     )  # fmt: skip
     assert result.returncode == 1 and "pip install 'engine-ctl[postgres]'" in result.stderr, result
     assert "internal error" not in result.stderr
+
+
+def test_a_lock_table_from_before_the_holder_column_is_upgraded(tmp_path: Path) -> None:
+    """A database made by an earlier engine-ctl (no holder column) keeps working, and gains the column."""
+    import psycopg
+
+    schema = f"trust_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(DSN.partition("#")[0], autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(
+            f"CREATE TABLE {schema}.engine_ctl_lock (name text PRIMARY KEY, id text NOT NULL, "
+            "operation text NOT NULL, who text NOT NULL, since text NOT NULL)"
+        )
+    try:
+        b = open_backend(f"{DSN}?options=-csearch_path%3D{schema}#old")
+        assert isinstance(b, PostgresState)
+        with b.lock("apply") as info:
+            held = b.lock_info()
+            assert held is not None and held.id == info.id and held.pid == os.getpid()
+        assert b.lock_info() is None
+    finally:
+        with psycopg.connect(DSN.partition("#")[0], autocommit=True) as conn:
+            columns = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_schema = %s "
+                    "AND table_name = 'engine_ctl_lock'",
+                    (schema,),
+                )
+            ]
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    assert "holder" in columns
