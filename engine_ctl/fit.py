@@ -2,12 +2,17 @@
 
 The rules are seed 000's ("Memory per replica", defaults of gpus, cpu_cores, context_length and parallel)
 and seed 001's ("GPUs per replica", "GPU vendors"). Engine-specific arithmetic is asked of the provider.
+
+One unit throughout: every comparison is in bytes. GB figures exist only in messages (and in the seed's
+min_gpu_memory_gb field, for people), formatted so that a need and a size never read as equal when one
+does not fit the other.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -22,6 +27,7 @@ from engine_ctl.units import GIB
 
 GPU_CHOICES = (1, 2, 4, 8)
 BASE_PORT = 8000
+GB = 1000**3
 
 
 class FitResult(BaseModel):
@@ -35,6 +41,97 @@ class FitResult(BaseModel):
     failed_reason: str | None = None
 
 
+class FitUnknown(BaseModel):
+    """The fit cannot be computed yet (the weights are on no host and nothing else gives their shape): the
+    deployment is Pending for this reason. Never a guess that could under-estimate."""
+
+    model_config = ConfigDict(frozen=True)
+
+    reason: str
+
+
+@dataclass
+class Taken:
+    """What is already given away on each host, as placement counts it: replicas recorded in the state (which
+    run, or will run again) and replicas placed earlier in the same plan. `ours` are the GPUs engine-ctl's own
+    replicas hold, whose memory in use is not another process's."""
+
+    gpus: set[str] = field(default_factory=set)
+    ours: set[str] = field(default_factory=set)
+    ports: dict[str, set[int]] = field(default_factory=dict)
+    cores: dict[str, int] = field(default_factory=dict)
+    memory: dict[str, int] = field(default_factory=dict)
+    """Host memory (bytes) given to every replica counted here, against the host's total."""
+    placed_memory: dict[str, int] = field(default_factory=dict)
+    """Host memory (bytes) given to replicas placed by this plan: not yet gone from the host's available memory."""
+
+    def hold(
+        self, host: str, *, port: int | None = None, gpus: Iterable[str] = (), cores: int = 0, memory: int = 0,
+        placed: bool = False,
+    ) -> None:  # fmt: skip
+        if port is not None:
+            self.ports.setdefault(host, set()).add(port)
+        self.gpus.update(gpus)
+        self.cores[host] = self.cores.get(host, 0) + cores
+        self.memory[host] = self.memory.get(host, 0) + memory
+        if placed:
+            self.placed_memory[host] = self.placed_memory.get(host, 0) + memory
+
+    def free(
+        self, host: str, *, port: int | None = None, gpus: Iterable[str] = (), cores: int = 0, memory: int = 0
+    ) -> None:
+        """Give back what a replica that goes away held (its memory counts as available only once it stopped)."""
+        if port is not None:
+            self.ports.get(host, set()).discard(port)
+        self.gpus.difference_update(gpus)
+        self.cores[host] = max(self.cores.get(host, 0) - cores, 0)
+        self.memory[host] = max(self.memory.get(host, 0) - memory, 0)
+
+    def take(self, p: Placement) -> None:
+        self.hold(p.host, port=p.port, gpus=[g.uuid for g in p.gpus], cores=p.cpu_cores, memory=p.memory_bytes,
+                  placed=True)  # fmt: skip
+
+    def copy(self) -> Taken:
+        return Taken(
+            gpus=set(self.gpus), ours=set(self.ours), ports={h: set(p) for h, p in self.ports.items()},
+            cores=dict(self.cores), memory=dict(self.memory), placed_memory=dict(self.placed_memory),
+        )  # fmt: skip
+
+    def free_cores(self, host: HostFacts) -> int:
+        return host.cpu.cores - self.cores.get(host.host, 0)
+
+    def free_memory(self, host: HostFacts) -> int:
+        """Memory really free for one more replica: the host's total less what every counted replica takes, and
+        its available memory now less what this plan has placed there."""
+        by_total = host.memory.total_bytes - self.memory.get(host.host, 0)
+        by_available = host.memory.available_bytes - self.placed_memory.get(host.host, 0)
+        return min(by_total, by_available)
+
+
+# --- formatting (messages only) ---------------------------------------------------------------------------
+
+
+def gb_up(n_bytes: int) -> str:
+    """A need, in GB rounded up to 0.1: never shows less than is needed."""
+    return f"{math.ceil(n_bytes / GB * 10) / 10:g} GB"
+
+
+def gb_down(n_bytes: int) -> str:
+    """A size, in GB rounded down to 0.1: never shows more than there is."""
+    return f"{math.floor(n_bytes / GB * 10) / 10:g} GB"
+
+
+def gib_up(n_bytes: int) -> str:
+    return f"{math.ceil(n_bytes / GIB * 10) / 10:.1f} GiB"
+
+
+def gib_down(n_bytes: int) -> str:
+    return f"{math.floor(max(n_bytes, 0) / GIB * 10) / 10:.1f} GiB"
+
+
+# --- what the model is ------------------------------------------------------------------------------------
+
+
 def kv_bytes_per_token(facts: ModelFacts, type_k: str, type_v: str, provider: Provider) -> int:
     """K and V bytes for one token across all layers: KV heads × head dims × bytes per element."""
     if not facts.has_shape:
@@ -44,6 +141,13 @@ def kv_bytes_per_token(facts: ModelFacts, type_k: str, type_v: str, provider: Pr
     layers = facts.block_count or 0
     per_layer = kv_heads * (k_dim * provider.cache_type_bytes(type_k) + v_dim * provider.cache_type_bytes(type_v))
     return math.ceil(layers * per_layer)
+
+
+def model_shape(model: Model, facts: ModelFacts | None) -> ModelFacts | None:
+    """The shape the KV cache is sized from: the weights' own metadata once a host has them."""
+    if facts is not None and facts.has_shape:
+        return facts
+    return None
 
 
 def weights_and_basis(model: Model, facts: ModelFacts | None) -> tuple[int, MemoryBasis]:
@@ -58,11 +162,36 @@ def weights_and_basis(model: Model, facts: ModelFacts | None) -> tuple[int, Memo
     return 0, "estimate"
 
 
+def context_maximum(model: Model, facts: ModelFacts | None) -> int | None:
+    """The model's longest context: the Model document's, the weights' own metadata's, the lower of both."""
+    known = [n for n in (model.context_length, facts.context_length if facts else None) if n]
+    return min(known) if known else None
+
+
 def default_context(d: Deployment, model: Model, facts: ModelFacts | None, provider: Provider) -> int:
     if d.context_length is not None:
         return d.context_length
-    own = model.context_length or (facts.context_length if facts else None) or provider.default_context_cap
+    own = context_maximum(model, facts) or provider.default_context_cap
     return min(own, provider.default_context_cap)
+
+
+def context_refusal(d: Deployment, model: Model, facts: ModelFacts | None) -> str | None:
+    """Seed 000's rule "context_length ≤ the model's", wherever the model's maximum comes from."""
+    most = context_maximum(model, facts)
+    if d.context_length is not None and most is not None and d.context_length > most:
+        return f"spec.context_length {d.context_length}: model {model.name} takes at most {most} tokens"
+    return None
+
+
+def unknown_reason(model: Model, facts: ModelFacts | None, what: str) -> FitUnknown:
+    if facts is None:
+        where = f"the weights of {model.name} are on no reachable host yet"
+    else:
+        where = f"the files of {model.name} do not give {what}"
+    return FitUnknown(
+        reason=f"the fit is not known yet: {where}, so its {what} cannot be sized (put the weights on a host, "
+        "or state the memory a replica takes: engine_config.memory.request and resources.ram)"
+    )
 
 
 def cpu_cores_by_size(parameters: int | None, largest_cores: int) -> int:
@@ -72,21 +201,61 @@ def cpu_cores_by_size(parameters: int | None, largest_cores: int) -> int:
     return max(1, min(cores, largest_cores)) if largest_cores else cores
 
 
-def compatible_gpus(host: HostFacts, provider: Provider, vendor: str) -> list[Gpu]:
-    return [g for g in host.gpus if provider.runs_on(g.vendor) and vendor in ("any", g.vendor)]
+# --- which GPUs a deployment may use ----------------------------------------------------------------------
 
 
-def largest_gpu_host(hosts: Sequence[HostFacts], provider: Provider, vendor: str) -> HostFacts | None:
+def pins(gpu: Gpu, devices: Sequence[str]) -> bool:
+    """Whether `gpu` is one of the pinned devices: gpuN (its index) or its UUID."""
+    return any(d == gpu.uuid or d == f"gpu{gpu.index}" for d in devices)
+
+
+def compatible_gpus(host: HostFacts, provider: Provider, vendor: str, devices: Sequence[str] = ()) -> list[Gpu]:
+    """The GPUs of `host` a replica may take: its engine has a build for them, the vendor and the pins allow."""
+    return [
+        g for g in host.gpus
+        if provider.gpu_refusal(g) is None and vendor in ("any", g.vendor) and (not devices or pins(g, devices))
+    ]  # fmt: skip
+
+
+def sizing_hosts(d: Deployment, hosts: Sequence[HostFacts]) -> list[HostFacts]:
+    """The machines the deployment may use: spec.host (flat host:) narrows them to one."""
+    return [h for h in hosts if d.host in (None, h.host)]
+
+
+def largest_gpu_host(
+    hosts: Sequence[HostFacts], provider: Provider, vendor: str, devices: Sequence[str] = ()
+) -> HostFacts | None:
     best: tuple[int, int] | None = None
     chosen = None
     for h in hosts:
-        gpus = compatible_gpus(h, provider, vendor)
+        gpus = compatible_gpus(h, provider, vendor, devices)
         if not gpus:
             continue
-        key = (max(g.memory_total_bytes or 0 for g in gpus), len(gpus))
+        sizes = [g.memory_total_bytes or 0 for g in gpus]
+        key = (min(sizes) if devices else max(sizes), len(gpus))  # pinned: the smallest of them must hold it
         if best is None or key > best:
             best, chosen = key, h
     return chosen
+
+
+def devices_refusal(d: Deployment) -> str | None:
+    """devices: [{id: gpu1}] pins GPUs of one machine: as many as a replica takes, each once."""
+    if not d.devices:
+        return None
+    if d.accelerator == "cpu":
+        return "devices: a CPU-only deployment has no GPUs to pin"
+    twice = sorted({x for x in d.devices if d.devices.count(x) > 1})
+    if twice:
+        return f"devices: {', '.join(twice)} listed more than once"
+    n = len(d.devices)
+    if d.gpus is not None and d.gpus != n:
+        return f"devices: {n} GPU{'s' if n > 1 else ''} pinned, but gpus is {d.gpus}; pin as many as a replica takes"
+    if n not in GPU_CHOICES:
+        return f"devices: {n} GPUs pinned; a replica takes 1, 2, 4 or 8 GPUs of one machine"
+    return None
+
+
+# --- the fit ----------------------------------------------------------------------------------------------
 
 
 def fit(
@@ -94,92 +263,137 @@ def fit(
     model: Model,
     facts: ModelFacts | None,
     hosts: Sequence[HostFacts],
-) -> FitPlan | str:
-    """The plan object for one replica, or why the specification does not fit (Failed). Memory the deployment
-    states itself (flat form: resources.ram, resources.gpu or engine_config.memory.request) replaces the
-    estimate."""
-    result = _fit(d, model, facts, hosts)
-    if isinstance(result, str):
-        return result
-    update: dict[str, object] = {}
-    if d.ram_bytes:
-        update["memory_bytes"] = d.ram_bytes
-    if d.gpu_memory_bytes and result.gpus:
-        update["min_gpu_memory_gb"] = math.ceil(d.gpu_memory_bytes / result.gpus / 1000**3)
-    if update:
-        update["memory_basis"] = "catalog" if result.memory_basis == "estimate" else result.memory_basis
-    return result.model_copy(update=update) if update else result
-
-
-def _fit(
-    d: Deployment,
-    model: Model,
-    facts: ModelFacts | None,
-    hosts: Sequence[HostFacts],
-) -> FitPlan | str:
+) -> FitPlan | FitUnknown | str:
+    """The plan object for one replica; FitUnknown when it cannot be sized yet (Pending); or why the
+    specification cannot be served as asked (Failed). Memory the deployment states itself (flat form:
+    resources.ram, resources.gpu or engine_config.memory.request) replaces the estimate."""
+    refusal = context_refusal(d, model, facts) or devices_refusal(d)
+    if refusal:
+        return refusal
     provider = resolve_engine(d, model)
     assert provider is not None
     weights, basis = weights_and_basis(model, facts)
-    context = default_context(d, model, facts, provider)
-    type_k, type_v = provider.kv_cache_types(d.engine_args)
-    per_token = kv_bytes_per_token(facts, type_k, type_v, provider) if facts else 0
-    kind: Literal["chat", "embedding"] = "embedding" if model.is_embedding else "chat"
-    largest_cores = max((h.cpu.cores for h in hosts), default=0)
+    if not weights and not (d.ram_bytes and (d.accelerator == "cpu" or d.gpu_memory_bytes)):
+        return unknown_reason(model, facts, "weights")
+    shape = model_shape(model, facts)
+    stated = d.ram_bytes if d.accelerator == "cpu" else d.gpu_memory_bytes
+    if shape is None and not stated:
+        return unknown_reason(model, facts, "KV cache (layers, KV heads and head size)")
+    usable = sizing_hosts(d, hosts)
+    result: FitPlan | FitUnknown | str
     if d.accelerator == "cpu":
-        parallel = d.parallel or provider.parallel_candidates("cpu")[0]
-        kv = per_token * provider.cache_tokens(context, parallel)
-        estimate = weights + kv + provider.compute_bytes(weights, 0)
-        cores = d.cpu_cores or cpu_cores_by_size(
-            model.parameters or (facts.parameters if facts else None), largest_cores
+        result = _fit_cpu(d, model, facts, shape, usable, provider, weights, basis)
+    else:
+        result = _fit_gpu(d, model, facts, shape, usable, provider, weights, basis)
+    if not isinstance(result, FitPlan):
+        return result
+    if d.ram_bytes:
+        result = result.model_copy(update={"memory_bytes": d.ram_bytes})
+    if d.ram_bytes or d.gpu_memory_bytes:
+        result = result.model_copy(
+            update={"memory_basis": "catalog" if result.memory_basis == "estimate" else result.memory_basis}
         )
-        threads = min(2 * cores, largest_cores) if largest_cores else 2 * cores
-        return FitPlan(
-            engine=provider.name, gpu_vendor="any", accelerator="cpu", kind=kind, gpus=0, min_gpu_memory_gb=0,
-            memory_basis=basis, cpu_cores=cores, threads=threads,
-            memory_bytes=provider.host_memory_bytes(weights, estimate, 0, "cpu"), context_length=context,
-            parallel=parallel, weights_bytes=weights, kv_cache_bytes=kv, capabilities=model.capabilities,
-        )  # fmt: skip
-    biggest = largest_gpu_host(hosts, provider, d.gpu_vendor)
-    biggest_gpu = (
-        max((g.memory_total_bytes or 0 for g in compatible_gpus(biggest, provider, d.gpu_vendor)), default=0)
-        if biggest
-        else 0
-    )
-    max_gpus = len(compatible_gpus(biggest, provider, d.gpu_vendor)) if biggest else 8
-    gpu_options = (d.gpus,) if d.gpus else tuple(n for n in GPU_CHOICES if n <= max(max_gpus, 1))
+    return result
+
+
+def _kv_per_token(d: Deployment, shape: ModelFacts | None, provider: Provider) -> int | None:
+    if shape is None:
+        return None
+    type_k, type_v = provider.kv_cache_types(d.engine_args)
+    return kv_bytes_per_token(shape, type_k, type_v, provider)
+
+
+def _fit_cpu(
+    d: Deployment, model: Model, facts: ModelFacts | None, shape: ModelFacts | None, hosts: Sequence[HostFacts],
+    provider: Provider, weights: int, basis: MemoryBasis,
+) -> FitPlan:  # fmt: skip
+    context = default_context(d, model, facts, provider)
+    parallel = d.parallel or provider.parallel_candidates("cpu")[0]
+    per_token = _kv_per_token(d, shape, provider)
+    if per_token is None:  # the stated memory (resources.ram) holds it: what is left after the weights
+        kv = max((d.ram_bytes or 0) - weights, 0)
+    else:
+        kv = per_token * provider.cache_tokens(context, parallel)
+    estimate = weights + kv + provider.compute_bytes(weights, 0)
+    largest_cores = max((h.cpu.cores for h in hosts), default=0)
+    cores = d.cpu_cores or cpu_cores_by_size(model.parameters or (facts.parameters if facts else None), largest_cores)
+    threads = min(2 * cores, largest_cores) if largest_cores else 2 * cores
+    return FitPlan(
+        engine=provider.name, gpu_vendor="any", accelerator="cpu", kind=_kind(model), gpus=0, min_gpu_memory_gb=0,
+        memory_basis=basis, cpu_cores=cores, threads=threads,
+        memory_bytes=provider.host_memory_bytes(weights, estimate, 0, "cpu"), context_length=context,
+        parallel=parallel, weights_bytes=weights, kv_cache_bytes=kv, capabilities=model.capabilities,
+    )  # fmt: skip
+
+
+def _kind(model: Model) -> Literal["chat", "embedding"]:
+    return "embedding" if model.is_embedding else "chat"
+
+
+def _fit_gpu(
+    d: Deployment, model: Model, facts: ModelFacts | None, shape: ModelFacts | None, hosts: Sequence[HostFacts],
+    provider: Provider, weights: int, basis: MemoryBasis,
+) -> FitPlan | FitUnknown | str:  # fmt: skip
+    context = default_context(d, model, facts, provider)
+    per_token = _kv_per_token(d, shape, provider)
+    biggest = largest_gpu_host(hosts, provider, d.gpu_vendor, d.devices)
+    gpus_there = compatible_gpus(biggest, provider, d.gpu_vendor, d.devices) if biggest else []
+    sizes = [g.memory_total_bytes or 0 for g in gpus_there]
+    biggest_gpu = (min(sizes) if d.devices else max(sizes)) if sizes else 0
+    fixed = d.gpus or (len(d.devices) if d.devices else None)
+    if fixed is None and biggest is None:
+        where = f"host {d.host} (not in the inventory or unreachable)" if d.host else "a machine"
+        return FitUnknown(reason=f"Waiting for {where} with GPUs {provider.title} runs on, to choose gpus there")
+    gpu_options = (fixed,) if fixed else tuple(n for n in GPU_CHOICES if n <= max(len(gpus_there), 1))
     parallel_options = (d.parallel,) if d.parallel else provider.parallel_candidates("gpu")
-    heads = facts.head_count if facts else None
+    heads = shape.head_count if shape else (facts.head_count if facts else None)
     chosen: tuple[int, int, int, int] | None = None
     smallest_need: tuple[int, int, int, int] | None = None
     for n in gpu_options:
         if provider.tp_must_divide_heads and heads and n > 1 and heads % n:
             continue
         for p in parallel_options:
-            kv = per_token * provider.cache_tokens(context, p)
-            per_gpu = provider.gpu_bytes_per_gpu(weights, kv, n, per_token * context)
-            candidate = (n, p, per_gpu, kv)
-            if smallest_need is None or per_gpu < smallest_need[2]:
+            candidate = _candidate(d, provider, weights, per_token, context, n, p)
+            if smallest_need is None or candidate[2] < smallest_need[2]:
                 smallest_need = candidate
-            if biggest is None or per_gpu <= biggest_gpu:
+            if biggest is None or candidate[2] <= biggest_gpu:
                 chosen = candidate
                 break
         if chosen:
             break
     if chosen is None:
-        assert smallest_need is not None
-        need_gb = math.ceil(smallest_need[2] / 1000**3)
+        if smallest_need is None:
+            return f"does not fit: no count of 1, 2, 4 or 8 GPUs divides the {heads} attention heads of {model.name}"
         return (
-            f"does not fit: {model.name} needs at least {need_gb} GB on each of {smallest_need[0]} GPUs "
-            f"(the largest GPU in the inventory has {biggest_gpu / 1000**3:.0f} GB)"
+            f"does not fit: {model.name} needs at least {gb_up(smallest_need[2])} on each of {smallest_need[0]} "
+            f"GPU{'s' if smallest_need[0] > 1 else ''} (the largest GPU it may use has {gb_down(biggest_gpu)})"
         )
     n, p, per_gpu, kv = chosen
     estimate = weights + kv + provider.compute_bytes(weights, n)
     return FitPlan(
-        engine=provider.name, gpu_vendor=d.gpu_vendor, accelerator="gpu", kind=kind, gpus=n,
-        min_gpu_memory_gb=math.ceil(per_gpu / 1000**3), memory_basis=basis, cpu_cores=d.cpu_cores or 4 * n,
-        threads=None, memory_bytes=provider.host_memory_bytes(weights, estimate, n, "gpu"), context_length=context,
-        parallel=p, weights_bytes=weights, kv_cache_bytes=kv, capabilities=model.capabilities,
+        engine=provider.name, gpu_vendor=d.gpu_vendor, accelerator="gpu", kind=_kind(model), gpus=n,
+        min_gpu_memory_gb=math.ceil(per_gpu / GB), min_gpu_memory_bytes=per_gpu, memory_basis=basis,
+        cpu_cores=d.cpu_cores or 4 * n, threads=None,
+        memory_bytes=provider.host_memory_bytes(weights, estimate, n, "gpu"), context_length=context,
+        parallel=p, weights_bytes=weights, kv_cache_bytes=kv, capabilities=model.capabilities, devices=d.devices,
     )  # fmt: skip
+
+
+def _candidate(
+    d: Deployment, provider: Provider, weights: int, per_token: int | None, context: int, n: int, p: int
+) -> tuple[int, int, int, int]:
+    """(gpus, parallel, bytes each GPU needs, KV cache bytes) for one choice. A stated memory request (split
+    over the GPUs) is what each GPU needs; else the engine's rule from the weights and the KV cache."""
+    if per_token is None:  # the stated request holds the KV cache: what is left after the weights
+        assert d.gpu_memory_bytes
+        return n, p, math.ceil(d.gpu_memory_bytes / n), max(d.gpu_memory_bytes - weights, 0)
+    kv = per_token * provider.cache_tokens(context, p)
+    if d.gpu_memory_bytes:
+        return n, p, math.ceil(d.gpu_memory_bytes / n), kv
+    return n, p, provider.gpu_bytes_per_gpu(weights, kv, n, per_token * context), kv
+
+
+# --- placement --------------------------------------------------------------------------------------------
 
 
 def free_port(used: set[int], start: int = BASE_PORT) -> int:
@@ -189,49 +403,73 @@ def free_port(used: set[int], start: int = BASE_PORT) -> int:
     return port
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def cpu_verdict(host: HostFacts, plan: FitPlan, taken: Taken) -> str | None:
+    """Why one more replica's cores or host memory are not free on `host` (seed's kind of reason), or None."""
+    cores = taken.free_cores(host)
+    if cores < plan.cpu_cores:
+        return (
+            f"Waiting for a machine with {_plural(plan.cpu_cores, 'free CPU core')} "
+            f"({max(cores, 0)} of {host.cpu.cores} free here)"
+        )
+    memory = taken.free_memory(host)
+    if memory < plan.memory_bytes:
+        what = "free memory" if plan.accelerator == "cpu" else "free host memory"
+        return f"Waiting for a machine with {gib_up(plan.memory_bytes)} of {what} ({gib_down(memory)} free here)"
+    return None
+
+
+def gpu_verdict(host: HostFacts, plan: FitPlan, provider: Provider, taken: Taken) -> tuple[list[Gpu] | None, str]:
+    """The free GPUs of `host` a replica may take (all of them, in index order), or why there are none."""
+    if not host.gpus:
+        return None, "Waiting for a machine with a GPU (this one has none)"
+    if plan.gpu_vendor != "any" and not any(g.vendor == plan.gpu_vendor for g in host.gpus):
+        return None, f"Waiting for a machine with {plan.gpu_vendor} GPUs (this one has {host.gpus[0].vendor})"
+    usable = compatible_gpus(host, provider, plan.gpu_vendor)
+    if not usable:
+        refusal = provider.gpu_refusal(host.gpus[0]) or f"{provider.name} does not run on these GPUs"
+        return None, f"Waiting for a machine with GPUs {provider.title} runs on ({refusal})"
+    if plan.devices:
+        usable = [g for g in usable if pins(g, plan.devices)]
+        if len(usable) < len(plan.devices):
+            have = ", ".join(f"gpu{g.index}" for g in host.gpus)
+            return None, f"Waiting for a machine with the pinned GPUs {', '.join(plan.devices)} (this one has {have})"
+    need = plan.min_gpu_memory_bytes
+    big_enough = [g for g in usable if (g.memory_total_bytes or 0) >= need]
+    if not big_enough:
+        largest = max((g.memory_total_bytes or 0) for g in usable)
+        return None, (
+            f"Waiting for a machine with a GPU with at least {gb_up(need)} (the largest here has {gb_down(largest)})"
+        )
+    free = [
+        g for g in big_enough
+        if g.uuid not in taken.gpus and ((g.memory_used_bytes or 0) <= BUSY_BYTES or g.uuid in taken.ours)
+    ]  # fmt: skip
+    if len(free) < plan.gpus:
+        return None, (
+            f"Waiting for a machine with {_plural(plan.gpus, 'free GPU')} with at least {gb_up(need)} "
+            f"({len(free)} free here)"
+        )
+    return sorted(free, key=lambda g: g.index)[: plan.gpus], ""
+
+
 def host_verdict(
-    host: HostFacts,
-    plan: FitPlan,
-    provider: Provider,
-    taken_gpus: set[str],
-    committed_memory: int,
-    held_by_us: set[str] | None = None,
+    host: HostFacts, plan: FitPlan, provider: Provider, taken: Taken
 ) -> tuple[list[Gpu] | None, str | None]:
     """Which GPUs of `host` a replica would take, or why it cannot run there (seed's words)."""
     if plan.accelerator == "cpu":
         if not provider.runs_on("cpu"):
             return None, f"{provider.name} does not run on CPUs"
-        free_bytes = host.memory.available_bytes - committed_memory
-        if free_bytes < plan.memory_bytes:
-            return None, (
-                f"Waiting for a machine with {plan.memory_bytes / GIB:.1f} GiB of free memory "
-                f"({max(free_bytes, 0) / GIB:.1f} GiB free)"
-            )
-        return [], None
-    if not host.gpus:
-        return None, "Waiting for a machine with a GPU (this one has none)"
-    usable = compatible_gpus(host, provider, plan.gpu_vendor)
-    if not usable:
-        vendor = host.gpus[0].vendor
-        if plan.gpu_vendor not in ("any", vendor):
-            return None, f"Waiting for a machine with {plan.gpu_vendor} GPUs (this one has {vendor})"
-        return None, f"{provider.name} does not run on {vendor} GPUs here"
-    need = plan.min_gpu_memory_gb * 1000**3
-    big_enough = [g for g in usable if (g.memory_total_bytes or 0) >= need]
-    if not big_enough:
-        return None, f"Waiting for a machine with a GPU with at least {plan.min_gpu_memory_gb} GB"
-    free = [
-        g for g in big_enough
-        if g.uuid not in taken_gpus and ((g.memory_used_bytes or 0) <= BUSY_BYTES or g.uuid in (held_by_us or ()))
-    ]  # fmt: skip
-    if len(free) < plan.gpus:
-        return None, (
-            f"Waiting for a machine with {plan.gpus} free GPU{'s' if plan.gpus > 1 else ''} with at least "
-            f"{plan.min_gpu_memory_gb} GB ({len(free)} free here)"
-        )
-    if host.memory.available_bytes - committed_memory < plan.memory_bytes:
-        return None, f"Waiting for a machine with {plan.memory_bytes / GIB:.1f} GiB of free host memory"
-    return sorted(free, key=lambda g: g.index)[: plan.gpus], None
+        reason = cpu_verdict(host, plan, taken)
+        return (None, reason) if reason else ([], None)
+    gpus, why = gpu_verdict(host, plan, provider, taken)
+    if gpus is None:
+        return None, why
+    reason = cpu_verdict(host, plan, taken)
+    return (None, reason) if reason else (gpus, None)
 
 
 def place(
@@ -240,16 +478,13 @@ def place(
     provider: Provider,
     hosts: Sequence[HostFacts],
     count: int,
-    reserved_ports: dict[str, set[int]] | None = None,
-    taken_gpus: set[str] | None = None,
-    ours: set[str] | None = None,
+    taken: Taken | None = None,
     already: dict[str, int] | None = None,
     prefer: str | None = None,
 ) -> FitResult:
-    """Spread `count` replicas over hosts: fewest replicas of this deployment first, GPUs whole, by UUID."""
-    taken = set(taken_gpus or ())
-    ports = {h.host: set(h.ports_in_use) | set((reserved_ports or {}).get(h.host, ())) for h in hosts}
-    memory: dict[str, int] = {h.host: 0 for h in hosts}
+    """Spread `count` replicas over hosts: fewest replicas of this deployment first, GPUs whole, by UUID.
+    `taken` (not changed) is what other replicas already hold; each replica placed here is counted too."""
+    held = taken.copy() if taken is not None else Taken()
     per_host: dict[str, int] = {h.host: (already or {}).get(h.host, 0) for h in hosts}
     candidates = [h for h in hosts if d.host in (None, h.host)]
     placements: list[Placement] = []
@@ -258,8 +493,8 @@ def place(
         return FitResult(plan=plan, pending_reason=f"Waiting for host {d.host} (not in the inventory or unreachable)")
     for index in range(count):
         best: tuple[HostFacts, list[Gpu]] | None = None
-        for h in sorted(candidates, key=lambda x: (per_host[x.host], x.host != prefer, -x.memory.available_bytes)):
-            gpus, reason = host_verdict(h, plan, provider, taken, memory[h.host], held_by_us=ours or set())
+        for h in sorted(candidates, key=lambda x: (per_host[x.host], x.host != prefer, -held.free_memory(x))):
+            gpus, reason = host_verdict(h, plan, provider, held)
             if gpus is None:
                 waiting[h.host] = reason or "cannot run here"
             elif best is None:
@@ -268,13 +503,15 @@ def place(
             reason = _furthest(waiting) if waiting else "Waiting for a machine (no host in the inventory)"
             return FitResult(plan=plan, placements=tuple(placements), waiting=waiting, pending_reason=reason)
         h, gpus = best
-        port = free_port(ports[h.host])
-        ports[h.host].add(port)
-        memory[h.host] += plan.memory_bytes
+        waiting.pop(h.host, None)
+        port = free_port(set(h.ports_in_use) | held.ports.get(h.host, set()))
+        placement = Placement(
+            index=index, host=h.host, gpus=tuple(gpus), port=port, threads=replica_threads(plan, h),
+            cpu_cores=plan.cpu_cores, memory_bytes=plan.memory_bytes,
+        )  # fmt: skip
+        held.take(placement)
         per_host[h.host] += 1
-        taken.update(g.uuid for g in gpus)
-        threads = replica_threads(plan, h)
-        placements.append(Placement(index=index, host=h.host, gpus=tuple(gpus), port=port, threads=threads))
+        placements.append(placement)
     return FitResult(plan=plan, placements=tuple(placements), waiting=waiting)
 
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pydantic import BaseModel, ConfigDict
 
 from engine_ctl.facts import HostFacts
-from engine_ctl.fit import FitResult, fit, place
+from engine_ctl.fit import FitResult, FitUnknown, Taken, fit, place
 from engine_ctl.inventory import Inventory
 from engine_ctl.model import DesiredState
 from engine_ctl.modelfacts import ModelFacts
@@ -32,8 +32,7 @@ def render_deployment(
     *,
     count: int | None = None,
     revision: int = 1,
-    reserved_ports: dict[str, set[int]] | None = None,
-    taken_gpus: set[str] | None = None,
+    taken: Taken | None = None,
 ) -> DeploymentRender:
     loaded = desired.deployment(name)
     if loaded is None:
@@ -47,8 +46,10 @@ def render_deployment(
     plan = fit(d, model, model_facts, hosts)
     if isinstance(plan, str):
         return DeploymentRender(deployment=name, fit=FitResult(failed_reason=plan))
+    if isinstance(plan, FitUnknown):
+        return DeploymentRender(deployment=name, fit=FitResult(pending_reason=plan.reason))
     replicas = count if count is not None else max(d.replicas_min, 1)
-    result = place(d, plan, provider, hosts, replicas, reserved_ports=reserved_ports, taken_gpus=taken_gpus)
+    result = place(d, plan, provider, hosts, replicas, taken=taken)
     by_name = {h.name: h for h in inventory.hosts}
     units = tuple(
         render_unit(run, provider, host)

@@ -15,6 +15,7 @@ from engine_ctl.fit import FitResult
 from engine_ctl.inventory import Host
 from engine_ctl.model import Deployment, Model
 from engine_ctl.providers import Provider
+from engine_ctl.providers.base import is_template_name
 from engine_ctl.runspec import ReplicaRun
 from engine_ctl.systemd import comment_text, env_assignment, exec_line, path_value
 from engine_ctl.unitnames import UNIT_PREFIX as UNIT_PREFIX  # re-exported: plan and gather use it
@@ -22,6 +23,9 @@ from engine_ctl.unitnames import unit_name
 
 CURL = "/usr/bin/curl"
 SH = "/bin/sh"
+VAR_CACHE = "/var/cache"
+CREDENTIALS_DIR = "/run/credentials"
+TEMPLATE_CREDENTIAL = "chat-template"
 NVIDIA_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
 
@@ -87,14 +91,54 @@ def health_argv(port: int, path: str, budget_s: int) -> list[str]:
     return [SH, "-c", script]
 
 
+def cache_path(host: Host, deployment: str) -> str:
+    """The replica's engine cache on the host: the inventory's cache_dir, one directory per deployment."""
+    return posixpath.join(posixpath.normpath(host.cache_dir), deployment)
+
+
+def chat_template_path(unit: str) -> str:
+    """Where systemd puts the unit's chat-template credential (SetCredential=): $CREDENTIALS_DIRECTORY."""
+    return f"{CREDENTIALS_DIR}/{unit}/{TEMPLATE_CREDENTIAL}"
+
+
+def credential_value(text: str) -> str:
+    """Text for SetCredential=ID:VALUE on one line: systemd resolves C-style escapes in it (systemd.exec(5)).
+    Everything but printable ASCII is escaped, and so are `\\`, `%` and the spaces at either end (which the unit
+    parser would strip)."""
+    out = []
+    for i, ch in enumerate(text):
+        code = ord(ch)
+        edge = i == 0 or i == len(text) - 1
+        if (0x21 <= code <= 0x7E and ch not in "\\%") or (ch == " " and not edge):
+            out.append(ch)
+        elif ch in "\n\t":
+            out.append("\\n" if ch == "\n" else "\\t")
+        elif code < 0x80:
+            out.append(f"\\x{code:02x}")
+        else:
+            out.append(f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+    return "".join(out)
+
+
+def _cache_directives(cache: str) -> tuple[str | None, str | None]:
+    """(CacheDirectory=, ReadWritePaths=): systemd makes and owns a cache under /var/cache for the unit's dynamic
+    user; a cache_dir elsewhere is made writable in the unit and must exist on the host."""
+    if cache.startswith(VAR_CACHE + "/"):
+        return cache.removeprefix(VAR_CACHE + "/"), None
+    return None, path_value(cache)
+
+
 def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit:
     argv = provider.argv(run)
-    cache_directory = f"engine-ctl/{run.deployment}"
+    cache = run.cache_dir or cache_path(host, run.deployment)
+    cache_directory, cache_rw = _cache_directives(cache)
     environment = {
         **provider.environment(run),
-        "HOME": f"/var/cache/{cache_directory}",
-        "XDG_CACHE_HOME": f"/var/cache/{cache_directory}",
+        "HOME": cache,
+        "XDG_CACHE_HOME": cache,
+        "HF_HOME": posixpath.join(cache, "huggingface"),
     }
+    template = run.model.chat_template if run.chat_template_file else None
     weights_dir = run.model_path if run.model.format == "safetensors" else posixpath.dirname(run.model_path)
     deny = "~@privileged" if provider.jit_compiles else "~@privileged @resources"
     values = {
@@ -113,6 +157,9 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
         "startup_budget": provider.startup_budget_s,
         "environment": [env_assignment(k, v) for k, v in sorted(environment.items())],
         "cache_directory": cache_directory,
+        "cache_rw": cache_rw,
+        "working_directory": path_value(cache),
+        "credentials": [f"{TEMPLATE_CREDENTIAL}:{credential_value(template)}"] if template else [],
         "weights_path": path_value(weights_dir),
         "device_allow": device_allow(run),
         # JIT compilers (vLLM, SGLang; the CUDA and ROCm runtimes for GPU kernels) need writable+executable memory.
@@ -150,9 +197,11 @@ def replica_runs(
     """One ReplicaRun per placement."""
     assert result.plan is not None
     runs = []
+    jinja = bool(model.chat_template) and not is_template_name(model.chat_template or "")
     for p in result.placements:
         host = hosts[p.host]
         executable = host.engines.get(provider.name) or provider.default_executable
+        unit = unit_name(d.name, p.index, slot)
         runs.append(
             (
                 ReplicaRun(
@@ -173,6 +222,8 @@ def replica_runs(
                     engine_args=d.engine_args,
                     gpu_memory_bytes=d.gpu_memory_bytes,
                     cuda_graphs=d.cuda_graphs,
+                    chat_template_file=chat_template_path(unit) if jinja else None,
+                    cache_dir=cache_path(host, d.name),
                 ),
                 host,
             )

@@ -23,6 +23,7 @@ class FitPlan(BaseModel):
     kind: Literal["chat", "embedding"]
     gpus: int
     min_gpu_memory_gb: int
+    """The seed's figure, for people: min_gpu_memory_bytes in GB, rounded up. Placement never compares it."""
     memory_basis: MemoryBasis
     cpu_cores: int
     threads: int | None
@@ -33,6 +34,10 @@ class FitPlan(BaseModel):
     kv_cache_bytes: int
     port: int | None = None
     capabilities: tuple[str, ...] = ()
+    min_gpu_memory_bytes: int = 0
+    """What each GPU of a replica must have, in bytes: the one figure the fit and placement compare."""
+    devices: tuple[str, ...] = ()
+    """The GPUs the deployment pins (gpu0, gpu1, … or UUIDs); empty: any free ones."""
 
 
 class Placement(BaseModel):
@@ -43,6 +48,9 @@ class Placement(BaseModel):
     gpus: tuple[Gpu, ...] = ()
     port: int
     threads: int | None = None
+    cpu_cores: int = 0
+    """Cores and host memory this replica takes on its host (what later placements count as taken)."""
+    memory_bytes: int = 0
 
 
 class ReplicaRun(BaseModel):
@@ -67,3 +75,7 @@ class ReplicaRun(BaseModel):
     engine_args: tuple[str, ...] = ()
     gpu_memory_bytes: int | None = None
     cuda_graphs: bool | None = None
+    chat_template_file: str | None = None
+    """Where the unit provides the model's Jinja chat template as a file (a systemd credential), if it has one."""
+    cache_dir: str | None = None
+    """The replica's engine cache directory on the host (the inventory's cache_dir / the deployment)."""

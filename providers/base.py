@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from engine_ctl.facts import Gpu
 from engine_ctl.runspec import ReplicaRun
 
 GIB = 1024**3
@@ -16,11 +18,32 @@ FETCHES = "fetches from the network (not allowed, by design)"
 KEYS = "keys and certificates are not passed as engine arguments (not allowed, by design)"
 OPENS = "opens the server further (not allowed, by design)"
 
+# Engines whose builds run on no AMD GPU outside the seed's ROCm rows for vLLM (GPU vendors table).
+PAGED_AMD_WITHOUT_BUILD = frozenset({"instinct-mi100", "radeon-rocm-llamacpp", "radeon-other"})
+
 # Bytes per element of KV cache types (ggml block sizes: q8_0 is 34 bytes per 32 values, …).
 CACHE_TYPE_BYTES = {
     "f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
     "q4_1": 20 / 32, "q4_0": 18 / 32, "iq4_nl": 18 / 32, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "auto": 2.0,
 }  # fmt: skip
+
+
+# AMD GPU families as seed 001's "GPU vendors" table groups them, matched on the name the GPU tools print
+# (amd-smi's market_name, rocm-smi's card series). First match wins; a name that matches none is not refused.
+AMD_FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("instinct-mi350", re.compile(r"\bmi35[05]")),
+    ("instinct-mi100", re.compile(r"\bmi100\b")),
+    ("instinct", re.compile(r"\bmi(300|325|250|210)")),
+    ("radeon-rocm", re.compile(r"rx\s*(7900|7800|7700|9070|9060)|pro\s*w7[89]00|ryzen\s*ai|gfx115[01]")),
+    ("radeon-rocm-llamacpp", re.compile(r"rx\s*(7600|6800|6900|6950)")),
+    ("radeon-other", re.compile(r"radeon")),
+)
+
+
+def amd_family(name: str) -> str | None:
+    """The seed's GPU-vendors row an AMD GPU's name falls in, or None when it names none of them."""
+    lowered = name.lower()
+    return next((family for family, pattern in AMD_FAMILIES if pattern.search(lowered)), None)
 
 
 @dataclass(frozen=True)
@@ -52,9 +75,33 @@ class Provider:
     cache_type_flags: tuple[str, str] = ("", "")
     cuda_graphs_switch: bool = False
     """Whether engine_config.cuda_graphs means something to this engine."""
+    takes_flag_equals_value: bool = True
+    """Whether the engine reads `--flag=value` as one word (argparse does: vLLM, SGLang). When not (llama.cpp's
+    llama-server refuses `--seed=42`), the user's engine_args are passed as `--flag value`."""
+
+    amd_without_build: frozenset[str] = frozenset()
+    """AMD families (see AMD_FAMILIES) that no build of this engine runs on (seed 001, GPU vendors)."""
+
+    def engine_args_argv(self, args: Sequence[str]) -> list[str]:
+        """The deployment's engine_args (already checked) in the form this engine accepts."""
+        if self.takes_flag_equals_value:
+            return list(args)
+        out: list[str] = []
+        for token in args:
+            name, eq, value = token.partition("=")
+            out += [name, value] if eq and name.startswith("--") else [token]
+        return out
 
     def runs_on(self, platform: str) -> bool:
         return platform in self.platforms
+
+    def gpu_refusal(self, gpu: Gpu) -> str | None:
+        """Why this engine cannot run on `gpu`, or None when one of its builds does (seed 001, GPU vendors)."""
+        if not self.runs_on(gpu.vendor):
+            return f"{self.title} does not run on {gpu.vendor} GPUs"
+        if gpu.vendor == "amd" and amd_family(gpu.name) in self.amd_without_build:
+            return f"no {self.title} build runs on the {gpu.name} (GPU vendors table)"
+        return None
 
     # --- fit -------------------------------------------------------------------------------------------
     def cache_type_bytes(self, cache_type: str) -> float:
@@ -117,6 +164,15 @@ class PagedProvider(Provider):
 
     gpu_memory_fraction: float = 0.90
 
+    def memory_fraction(self, run: ReplicaRun) -> float:
+        """The share of each GPU the engine takes: the deployment's memory request (engine_config.memory.request,
+        split over the replica's GPUs) against the smallest of them, rounded down to 0.01; else the default."""
+        total = min((g.memory_total_bytes or 0) for g in run.gpus) if run.gpus else 0
+        if not run.gpu_memory_bytes or not total:
+            return self.gpu_memory_fraction
+        share = run.gpu_memory_bytes / max(len(run.gpus), 1) / total
+        return min(0.95, max(0.05, math.floor(share * 100) / 100))
+
     def gpu_bytes_per_gpu(self, weights: int, kv: int, gpus: int, kv_one_sequence: int) -> int:
         need = ceil_div(weights + kv_one_sequence, gpus) + GIB
         return ceil_div(need * 100, int(self.gpu_memory_fraction * 100))
@@ -143,6 +199,31 @@ def gpu_env(run: ReplicaRun) -> dict[str, str]:
     if run.gpus[0].vendor == "amd":
         return {"ROCR_VISIBLE_DEVICES": uuids}
     return {"CUDA_VISIBLE_DEVICES": uuids, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def is_template_name(template: str) -> bool:
+    """A built-in template's name (chatml, llama3, …) rather than Jinja text."""
+    return bool(TEMPLATE_NAME.fullmatch(template))
+
+
+def chat_template_argv(run: ReplicaRun, name_flag: str, file_flag: str) -> list[str]:
+    """The model's chat_template: a name as it is, Jinja text as the file the unit provides."""
+    template = run.model.chat_template
+    if not template:
+        return []
+    if is_template_name(template):
+        return [name_flag, template]
+    if run.chat_template_file is None:
+        raise ValueError(f"model {run.model.name}: its Jinja chat template needs the unit's file (chat_template_file)")
+    return [file_flag, run.chat_template_file]
+
+
+def cache_env(run: ReplicaRun, *names: str) -> dict[str, str]:
+    """The engine's own cache variables, pointed at the replica's cache directory."""
+    return {name: run.cache_dir for name in names} if run.cache_dir else {}
 
 
 def ceil_div(a: int, b: int) -> int:

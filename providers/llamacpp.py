@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine_ctl.providers.base import FETCHES, GIB, KEYS, OPENS, READS_FILE, Provider, at_least_2gib, ceil_div, gpu_env
+from engine_ctl.providers.base import (
+    FETCHES,
+    GIB,
+    KEYS,
+    OPENS,
+    READS_FILE,
+    Provider,
+    at_least_2gib,
+    cache_env,
+    ceil_div,
+    chat_template_argv,
+    gpu_env,
+)
 
 from engine_ctl.runspec import ReplicaRun
 
@@ -119,15 +131,14 @@ class LlamaCpp(Provider):
                 argv += ["--pooling", run.model.pooling]
         if run.mmproj_path:
             argv += ["--mmproj", run.mmproj_path]
-        if run.model.chat_template and "\n" not in run.model.chat_template and "{" not in run.model.chat_template:
-            argv += ["--chat-template", run.model.chat_template]
+        argv += chat_template_argv(run, "--chat-template", "--chat-template-file")
         argv += ["--host", run.bind_address, "--port", str(run.port)]
         if plan.accelerator == "cpu" and run.threads:
             argv += ["--threads", str(run.threads)]
-        return argv + list(run.engine_args)
+        return argv + self.engine_args_argv(run.engine_args)
 
     def environment(self, run: ReplicaRun) -> dict[str, str]:
-        return gpu_env(run)
+        return {**gpu_env(run), **cache_env(run, "LLAMA_CACHE")}
 
     def version_probe(self) -> dict[str, object]:
         """How the facts probe reads the installed version without starting the engine."""
@@ -151,4 +162,6 @@ LLAMACPP = LlamaCpp(
     jit_compiles=False,
     startup_budget_s=600,
     cache_type_flags=("--cache-type-k", "--cache-type-v"),
+    takes_flag_equals_value=False,
+    amd_without_build=frozenset({"instinct-mi350"}),
 )

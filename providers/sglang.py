@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine_ctl.providers.base import FETCHES, KEYS, OPENS, READS_FILE, PagedProvider, gpu_env
+from engine_ctl.providers.base import (
+    FETCHES,
+    KEYS,
+    OPENS,
+    PAGED_AMD_WITHOUT_BUILD,
+    READS_FILE,
+    PagedProvider,
+    chat_template_argv,
+    gpu_env,
+)
 
 from engine_ctl.runspec import ReplicaRun
 
@@ -57,12 +66,6 @@ SHORT = {"-tp": "--tp-size"}
 class SgLang(PagedProvider):
     """SGLang: `python -m sglang.launch_server`; a static memory fraction of each GPU for weights and KV."""
 
-    def mem_fraction(self, run: ReplicaRun) -> float:
-        total = min((g.memory_total_bytes or 0) for g in run.gpus) if run.gpus else 0
-        if run.gpu_memory_bytes and total:
-            return round(min(0.95, max(0.05, run.gpu_memory_bytes / total)), 2)
-        return self.gpu_memory_fraction
-
     def argv(self, run: ReplicaRun) -> list[str]:
         plan = run.plan
         argv = [
@@ -71,7 +74,7 @@ class SgLang(PagedProvider):
             "--served-model-name", run.deployment,
             "--context-length", str(plan.context_length),
             "--max-running-requests", str(plan.parallel),
-            "--mem-fraction-static", f"{self.mem_fraction(run):.2f}",
+            "--mem-fraction-static", f"{self.memory_fraction(run):.2f}",
         ]  # fmt: skip
         if plan.gpus > 1:
             argv += ["--tp-size", str(plan.gpus)]
@@ -83,8 +86,9 @@ class SgLang(PagedProvider):
             argv += ["--reasoning-parser", run.model.reasoning_parser]
         if run.cuda_graphs is False:
             argv += ["--disable-cuda-graph"]
+        argv += chat_template_argv(run, "--chat-template", "--chat-template")
         argv += ["--enable-metrics", "--host", run.bind_address, "--port", str(run.port)]
-        return argv + list(run.engine_args)
+        return argv + self.engine_args_argv(run.engine_args)
 
     def environment(self, run: ReplicaRun) -> dict[str, str]:
         return {"HF_HUB_OFFLINE": "1", "SGLANG_DISABLE_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **gpu_env(run)}
@@ -114,4 +118,5 @@ SGLANG = SgLang(
     cache_type_flags=("--kv-cache-dtype", "--kv-cache-dtype"),
     gpu_memory_fraction=MEM_FRACTION_STATIC,
     cuda_graphs_switch=True,
+    amd_without_build=PAGED_AMD_WITHOUT_BUILD,
 )

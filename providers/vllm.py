@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine_ctl.providers.base import FETCHES, KEYS, OPENS, READS_FILE, PagedProvider, gpu_env
+from engine_ctl.providers.base import (
+    FETCHES,
+    KEYS,
+    OPENS,
+    PAGED_AMD_WITHOUT_BUILD,
+    READS_FILE,
+    PagedProvider,
+    cache_env,
+    chat_template_argv,
+    gpu_env,
+)
 
 from engine_ctl.runspec import ReplicaRun
 
@@ -71,7 +81,8 @@ SHORT = {
 
 @dataclass(frozen=True)
 class Vllm(PagedProvider):
-    """vLLM: takes 90% of each GPU and pages its KV cache between requests; tensor parallel across GPUs."""
+    """vLLM: takes 90% of each GPU (or the share engine_config.memory.request asks for) and pages its KV cache
+    between requests; tensor parallel across GPUs."""
 
     def argv(self, run: ReplicaRun) -> list[str]:
         plan = run.plan
@@ -80,7 +91,7 @@ class Vllm(PagedProvider):
             "--served-model-name", run.deployment,
             "--max-model-len", str(plan.context_length),
             "--max-num-seqs", str(plan.parallel),
-            "--gpu-memory-utilization", f"{GPU_MEMORY_UTILIZATION:.2f}",
+            "--gpu-memory-utilization", f"{self.memory_fraction(run):.2f}",
         ]  # fmt: skip
         if plan.gpus > 1:
             argv += ["--tensor-parallel-size", str(plan.gpus)]
@@ -90,11 +101,13 @@ class Vllm(PagedProvider):
             argv += ["--enable-auto-tool-choice", "--tool-call-parser", run.model.tool_call_parser]
         if run.model.reasoning_parser:
             argv += ["--reasoning-parser", run.model.reasoning_parser]
+        argv += chat_template_argv(run, "--chat-template", "--chat-template")
         argv += ["--host", run.bind_address, "--port", str(run.port)]
-        return argv + list(run.engine_args)
+        return argv + self.engine_args_argv(run.engine_args)
 
     def environment(self, run: ReplicaRun) -> dict[str, str]:
-        return {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **gpu_env(run)}
+        env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **gpu_env(run)}
+        return {**env, **cache_env(run, "VLLM_CACHE_ROOT")}
 
     def version_probe(self) -> dict[str, object]:
         """How the facts probe reads the installed version without starting the engine."""
@@ -120,4 +133,5 @@ VLLM = Vllm(
     startup_budget_s=1200,
     cache_type_flags=("--kv-cache-dtype", "--kv-cache-dtype"),
     gpu_memory_fraction=GPU_MEMORY_UTILIZATION,
+    amd_without_build=PAGED_AMD_WITHOUT_BUILD,
 )

@@ -83,7 +83,10 @@ def test_gpus_fewest_that_hold_the_model_on_the_largest_gpu_host_of_a_mixed_inve
     assert plan.memory_bytes == 141_100_000_000 + 8 * GIB + 2 * GIB  # vLLM: + 8 GiB, + 2 GiB per extra GPU
     result = place(d, plan, provider("vllm"), hosts, 1)
     assert result.placements[0].host == "gpu-h100"
-    assert result.waiting["gpu-a100"] == f"Waiting for a machine with a GPU with at least {plan.min_gpu_memory_gb} GB"
+    need = math.ceil(plan.min_gpu_memory_bytes / 1e8) / 10
+    assert result.waiting["gpu-a100"] == (
+        f"Waiting for a machine with a GPU with at least {need:g} GB (the largest here has 42.9 GB)"
+    )
 
 
 def test_vllm_tensor_parallel_must_divide_the_heads() -> None:
@@ -100,10 +103,12 @@ def test_cpu_cores_by_size_and_threads() -> None:
     mid = Model(name="m", format="gguf", path="m.gguf", parameters=8_000_000_000, weights_bytes=5_000_000_000)
     big = Model(name="b", format="gguf", path="b.gguf", parameters=14_000_000_000, weights_bytes=9_000_000_000)
     hosts = [cpu_host(cores=16)]
-    cores = [fit(Deployment(name="x", model=m.name, accelerator="cpu"), m, None, hosts) for m in (small, mid, big)]
+    cores = [
+        fit(Deployment(name="x", model=m.name, accelerator="cpu"), m, LLAMA_32_3B, hosts) for m in (small, mid, big)
+    ]
     assert [c.cpu_cores for c in cores if not isinstance(c, str)] == [2, 4, 6]
     tiny_host = [cpu_host(cores=3)]
-    capped = fit(Deployment(name="x", model="b", accelerator="cpu"), big, None, tiny_host)
+    capped = fit(Deployment(name="x", model="b", accelerator="cpu"), big, LLAMA_32_3B, tiny_host)
     assert not isinstance(capped, str) and capped.cpu_cores == 3 and capped.threads == 3
     assert not isinstance(cores[0], str) and cores[0].threads == 4 and cores[0].parallel == 2
 
@@ -149,7 +154,7 @@ def test_gpu_vendor_and_engine_platform() -> None:
 def test_no_gpu_host_reason() -> None:
     m = Model(name="m", format="gguf", path="m.gguf", weights_bytes=10_000_000_000)
     d = Deployment(name="x", model="m")
-    plan = fit(d, m, None, [h100x8()])
+    plan = fit(d, m, LLAMA_31_8B, [h100x8()])
     assert not isinstance(plan, str)
     result = place(d, plan, LLAMA, [cpu_host()], 1)
     assert result.pending_reason == "Waiting for a machine with a GPU (this one has none)"
@@ -160,7 +165,7 @@ def test_cpu_host_without_enough_memory() -> None:
     m = Model(name="m", format="gguf", path="m.gguf", weights_bytes=100 * GIB)
     d = Deployment(name="x", model="m", accelerator="cpu")
     small = HostFacts(host="small", cpu=Cpu(cores=8), memory=Memory(total_bytes=64 * GIB, available_bytes=60 * GIB))
-    plan = fit(d, m, None, [small])
+    plan = fit(d, m, LLAMA_31_8B, [small])
     assert not isinstance(plan, str)
     result = place(d, plan, LLAMA, [small], 1)
     assert result.pending_reason is not None and result.pending_reason.startswith("Waiting for a machine with 10")

@@ -111,7 +111,9 @@ def print_render(result: DeploymentRender, note: str | None) -> None:
         out.print(f"Failed: {fit.failed_reason}")
         return
     plan = fit.plan
-    assert plan is not None
+    if plan is None:  # the fit is not known yet
+        out.print(f"Pending: {fit.pending_reason}")
+        return
     out.print(f"Deployment {result.deployment}: {plan.engine} on {plan.accelerator}")
     rows = [
         ("gpus", plan.gpus),
