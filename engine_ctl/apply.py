@@ -3,6 +3,7 @@ health-gated, recording the state after every step so that a crash or Ctrl-C los
 
 from __future__ import annotations
 
+import re
 import shlex
 import threading
 import time
@@ -18,6 +19,7 @@ from engine_ctl.state.base import StateBackend
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 from engine_ctl.status import recorded_verdict
 from engine_ctl.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, transport_for
+from engine_ctl.unitnames import UNIT_FORM, parse_unit_name
 
 UNIT_DIR = "/etc/systemd/system"
 Progress = Callable[[str], None]
@@ -65,6 +67,8 @@ def failure_argv(unit: str) -> list[str]:
 
 # Lines the health gate itself writes: a fallback only, the engine's own words come first.
 GATE_LINES = ("the engine exited before readiness", "no healthy answer within")
+LOG_PREFIX = re.compile(r"^[\d.:]+\s+[A-Z]\s+")
+"""A leading timestamp and level (llama.cpp's `0.00.014.738 E `), dropped from the reason."""
 ERROR_WORDS = ("error", "failed", "invalid", "unable", "cannot", "exception", "abort", "fatal")
 
 
@@ -72,10 +76,12 @@ def failure_reason(output: str) -> str:
     """Pure: the systemctl show + journal tail -> one line for LAST ERROR, in the engine's own words."""
     head, _, log = output.partition("---")
     props = dict(line.split("=", 1) for line in head.splitlines() if "=" in line)
-    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    lines = [LOG_PREFIX.sub("", ln.strip()) for ln in log.splitlines() if ln.strip()]
     engine = [ln for ln in lines if not ln.startswith(GATE_LINES)]
     interesting = [ln for ln in engine if any(w in ln.lower() for w in ERROR_WORDS)]
-    last = (interesting or engine or lines or [""])[-1][:240]
+    # the first error is the cause (invalid magic …), the last what the engine made of it (exiting …)
+    cause, final = (interesting[0], interesting[-1]) if interesting else ("", (engine or lines or [""])[-1])
+    last = (f"{cause} … {final}" if cause and cause != final else final)[:400]
     result = props.get("Result", "unknown")
     status = props.get("ExecMainStatus", "")
     what = {
@@ -362,7 +368,18 @@ class Executor:
         self._record(lambda s: _drop_replica(s, name, host, unit), name)
         self.progress(f"{name}: {unit} on {host} stopped and removed")
 
+    @staticmethod
+    def _check_names(change: DeploymentChange, step: ReplicaChange) -> None:
+        """The last guard before anything runs as root: every unit named is one engine-ctl names, of this
+        deployment (whatever the state or a plan file says)."""
+        for unit in {step.unit, step.old_unit} - {None}:
+            parsed = parse_unit_name(str(unit))
+            if parsed is None or parsed.deployment != change.name:
+                raise StepFailed(f"refused to act on {unit!r}: not a unit engine-ctl names for {change.name} "
+                                 f"({UNIT_FORM})")  # fmt: skip
+
     def _step(self, change: DeploymentChange, step: ReplicaChange) -> None:
+        self._check_names(change, step)
         name = change.name
         action = tuple(step.action)
         if action == ("create",):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel
@@ -69,7 +70,7 @@ class Verdict(BaseModel):
 
 
 def verdict(
-    serving: list[int], others: list[str], wanted: int, target: int, *,
+    serving: Sequence[int], others: Sequence[str], wanted: int, target: int, *,
     failure: str | None = None, pending: str | None = None, fit_failed: bool = False,
 ) -> Verdict:  # fmt: skip
     """The seed's deployment state from its replicas: `serving` holds the revision of each serving replica,

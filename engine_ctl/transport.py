@@ -158,6 +158,11 @@ class SSHTransport:
                 hint=f"check the fingerprint, then add it to {known} (ssh-keyscan), or pass --accept-new-host-keys",
             ) from None
         except AuthenticationException as exc:
+            if _cut_off(client, exc):
+                raise HostFailure(
+                    h.name, "unreachable", f"the connection to {h.address}:{h.port} was cut during authentication "
+                    f"({exc}); nothing was run on this host", hint="check the network path to the host",
+                ) from None  # fmt: skip
             raise HostFailure(
                 h.name,
                 "auth",
@@ -198,16 +203,27 @@ class SSHTransport:
 
     def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
         conn = self._connection()
-        sftp = conn.sftp()
         tmp = f"{path}.engine-ctl-tmp"
-        sftp.putfo(io.BytesIO(data), tmp)
-        sftp.chmod(tmp, mode)
-        sftp.posix_rename(tmp, path)
+        try:
+            sftp = conn.sftp()
+            sftp.putfo(io.BytesIO(data), tmp)
+            sftp.chmod(tmp, mode)
+            sftp.posix_rename(tmp, path)
+        except (OSError, SSHException, EOFError, paramiko.SFTPError) as exc:
+            why = f"uploading {path} failed: {exc or type(exc).__name__}"
+            raise HostFailure(self.host.name, "command", why) from None
 
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _cut_off(client: paramiko.SSHClient, exc: AuthenticationException) -> bool:
+    """paramiko reports a connection that died mid-authentication (a network outage) as an authentication
+    failure: a timeout, or a transport that is no longer up, is the network, not the key."""
+    transport = client.get_transport()
+    return "timeout" in str(exc).lower() or transport is None or not transport.is_active()
 
 
 def _drain(chan: paramiko.Channel, timeout: float) -> tuple[bytes, bytes]:

@@ -10,6 +10,7 @@ import pytest
 
 from engine_ctl.inventory import Inventory, load_inventory
 from tests import fleet as fleet_mod
+from tests.fleetproject import project, weights  # noqa: F401 (fixtures of the fleet tests)
 from tests.llama import llama_server_dir
 
 FLEET_SIZE = int(os.environ.get("ENGINE_CTL_FLEET_SIZE", "4"))

@@ -230,3 +230,14 @@ def test_a_failure_reason_is_the_engines_own_words_not_systemds() -> None:
 def test_argv_is_shown_shell_quoted() -> None:
     groups = argv_groups(["/opt/llama-server", "--alias", "a b", "--chat-template", "{{ x }}", "--jinja"])
     assert groups == ["/opt/llama-server", "--alias 'a b'", "--chat-template '{{ x }}'", "--jinja"]
+
+
+def test_a_connection_cut_during_authentication_is_the_network_not_the_key() -> None:
+    """paramiko raises AuthenticationException('Authentication timeout.') when the link dies mid-handshake."""
+    import paramiko
+
+    from engine_ctl.transport import _cut_off
+
+    client = paramiko.SSHClient()  # never connected: no transport, as after a cut
+    assert _cut_off(client, paramiko.AuthenticationException("Authentication timeout."))
+    assert _cut_off(client, paramiko.AuthenticationException("Authentication failed."))  # the transport is gone
