@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine_ctl.providers.base import Provider
+from engine_ctl.yamlsource import bad_character
 
 MAX_ARGS = 64
 MAX_ARG_CHARS = 4096
@@ -29,13 +29,6 @@ def _is_flag(token: str) -> bool:
     return not (body[:1].isdigit() or (body[:1] == "." and body[1:2].isdigit()))
 
 
-def _control(token: str) -> str | None:
-    for ch in token:
-        if unicodedata.category(ch) == "Cc":
-            return f"U+{ord(ch):04X}"
-    return None
-
-
 def flag_name(token: str) -> str:
     return token.split("=", 1)[0]
 
@@ -51,7 +44,7 @@ def check_engine_args(args: Sequence[str], provider: Provider, field: str) -> li
         if len(token) > MAX_ARG_CHARS:
             problems.append(ArgProblem(i, f"{where}: at most {MAX_ARG_CHARS} characters (found {len(token)})"))
             continue
-        bad = _control(token)
+        bad = bad_character(token)
         if bad:
             problems.append(ArgProblem(i, f"{where}: no control characters (found {bad})"))
             continue

@@ -8,13 +8,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine_ctl.diagnostics import Diagnostic, InputError
+from engine_ctl.diagnostics import Diagnostic, InputError, format_path
 from engine_ctl.shape import diagnostics_from
-from engine_ctl.yamlsource import SourceDocument, read_path
+from engine_ctl.yamlsource import SourceDocument, read_path, text_problems
 
 DEFAULT_MODELS_DIR = "/var/lib/engine-ctl/models"
 DEFAULT_CACHE_DIR = "/var/cache/engine-ctl"
-HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,62})$")
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+EXECUTABLE = re.compile(r"/[A-Za-z0-9/._+:=,@-]*")
+"""An engine's executable: systemd runs it as ExecStart's first word, where `$` cannot be escaped (`$$` stays
+two characters there and the unit fails with 203/EXEC), so only characters that need no escaping at all."""
+EXECUTABLE_MESSAGE = "an absolute path of letters, digits and / . _ + : = , @ - (no spaces, $, % or quotes)"
 
 
 class _Doc(BaseModel):
@@ -115,17 +119,43 @@ def _expand(path: str | None, base: Path | None) -> str | None:
     return str(p)
 
 
+def _path_problems(doc: SourceDocument, where: tuple[str | int, ...], settings: HostSettings) -> list[Diagnostic]:
+    """Paths a unit or an argv is built from: absolute, and executables in the characters ExecStart takes."""
+    out: list[Diagnostic] = []
+    for key in ("models_dir", "cache_dir"):
+        value = getattr(settings, key)
+        if value is not None and not value.startswith("/"):
+            path = (*where, key)
+            out.append(Diagnostic(doc.locate(path), format_path(path), f"{value!r}: an absolute path on the host"))
+    for engine, exe in (settings.engines or {}).items():
+        if not EXECUTABLE.fullmatch(exe):
+            path = (*where, "engines", engine)
+            out.append(
+                Diagnostic(
+                    doc.locate(path),
+                    format_path(path),
+                    f"executable {exe!r}: {EXECUTABLE_MESSAGE}",
+                    hint="install or link the engine under such a path, e.g. /opt/llama.cpp/bin/llama-server",
+                )
+            )
+    return out
+
+
 def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
     """Build an Inventory from a parsed document. Pure apart from path expansion."""
+    unsafe = text_problems(doc)
+    if unsafe:
+        return Inventory(file=doc.file), unsafe
     try:
         parsed = InventoryDocument.model_validate(doc.data)
     except ValidationError as exc:
         return Inventory(file=doc.file), diagnostics_from(exc, doc, InventoryDocument)
     base = Path(doc.file).parent
     defaults = (parsed.defaults or HostSettings()).model_dump(exclude_none=True)
-    problems: list[Diagnostic] = []
+    problems: list[Diagnostic] = _path_problems(doc, ("defaults",), parsed.defaults or HostSettings())
     hosts: list[Host] = []
     seen: dict[str, int] = {}
+    addresses: dict[str, int] = {}
     for i, raw in enumerate(parsed.hosts):
         try:
             entry = HostEntry.model_validate(raw)
@@ -144,7 +174,8 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
                     Diagnostic(d.location, f"hosts[{i}].{d.field}" if d.field else f"hosts[{i}]", d.message, d.hint)
                 )
             continue
-        if not HOST_NAME.match(entry.name):
+        problems.extend(_path_problems(doc, ("hosts", i), entry))
+        if not HOST_NAME.fullmatch(entry.name):
             problems.append(
                 Diagnostic(
                     doc.locate(("hosts", i, "name")),
@@ -168,6 +199,18 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
         if entry.port is not None and not 1 <= entry.port <= 65535:
             problems.append(Diagnostic(doc.locate(("hosts", i, "port")), f"hosts[{i}].port", "between 1 and 65535"))
         values.setdefault("address", entry.name)
+        same = addresses.setdefault(str(values["address"]).lower(), i)
+        if same != i:
+            problems.append(
+                Diagnostic(
+                    doc.locate(("hosts", i, "address")),
+                    f"hosts[{i}].address",
+                    f"address {values['address']!r} is also hosts[{same}]'s: one machine listed twice would have "
+                    "its GPUs, cores and memory counted twice",
+                    hint="list each machine once",
+                )
+            )
+            continue
         engines = values.get("engines", {})
         values["engines"] = {("llama.cpp" if k == "llamacpp" else k): v for k, v in engines.items()}
         for key in ("identity_file", "known_hosts"):

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
 import pytest
 from engine_ctl.providers import provider
 from engine_ctl.providers.llamacpp import ALLOWED as LLAMA_ALLOWED
 from engine_ctl.providers.vllm import ALLOWED as VLLM_ALLOWED
 
 from engine_ctl.engine_args import check_engine_args
-from tests.helpers import deployment, messages
+from engine_ctl.inventory import Host, Inventory
+from engine_ctl.modelfacts import ModelFacts
+from engine_ctl.pipeline import render_deployment
+from tests.fleetfacts import cpu_host
+from tests.helpers import deployment, load, messages
+from tests.llama import llama_server_dir, tiny_model
 
 LLAMA = provider("llama.cpp")
 VLLM = provider("vllm")
@@ -33,10 +45,11 @@ def test_each_argument_at_most_4096_characters() -> None:
     assert problems(["--override-kv", "a" * 4096]) == []
 
 
-@pytest.mark.parametrize("ch", ["\n", "\t", "\x00", "\x1b", "\x7f"])
+@pytest.mark.parametrize("ch", ["\n", "\t", "\x00", "\x1b", "\x7f", "\x85", "\u2028", "\u2029", "\u202e", "\u200b"])
 def test_no_control_characters(ch: str) -> None:
+    """Cc, and the line/paragraph separators and invisible format characters (Zl, Zp, Cf) systemd refuses too."""
     (msg,) = problems(["--override-kv", f"a{ch}b"])
-    assert msg == f"spec.engine_args[1]: no control characters (found U+{ord(ch):04X})"
+    assert msg.startswith(f"spec.engine_args[1]: no control characters (found U+{ord(ch):04X} (")
 
 
 @pytest.mark.parametrize("ch", list("`$|&<>\\"))
@@ -139,3 +152,83 @@ def test_flat_form_extra_args_need_accept_extra_args() -> None:
     assert messages(diags) == [
         "engine_config.extra_args: set engine_config.accept_extra_args: true to pass extra engine arguments"
     ]
+
+
+# --- the form each engine takes: llama-server refuses --flag=value, argparse (vLLM, SGLang) takes both ----------
+
+ARGS = ["--seed=42", "--temp", "0.7", "--override-kv=tokenizer.ggml.add_bos_token=bool:false", "--rope-freq-scale=-0.5"]
+
+
+def test_llamacpp_gets_flag_space_value() -> None:
+    assert LLAMA.engine_args_argv(ARGS) == [
+        "--seed", "42", "--temp", "0.7", "--override-kv", "tokenizer.ggml.add_bos_token=bool:false",
+        "--rope-freq-scale", "-0.5",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_argparse_engines_get_the_arguments_as_written(engine: str) -> None:
+    args = ["--seed=42", "--dtype", "bfloat16", '--compilation-config={"level": 3}']
+    assert provider(engine).engine_args_argv(args) == args
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rendered_argv(args: str) -> list[str]:
+    model = tiny_model()
+    result, diags = load(
+        f"kind: Model\nmetadata: {{name: tiny}}\nspec: {{format: gguf, path: {model}, context_length: 2048}}\n",
+        f"metadata: {{name: seeded}}\nspec: {{model: tiny, accelerator: cpu, context_length: 256, parallel: 1, "
+        f"engine_args: {args}}}\n",
+    )
+    assert messages(diags) == []
+    facts = cpu_host(cores=2)
+    host = Host(
+        name=facts.host, address="127.0.0.1", engines={"llama.cpp": str(llama_server_dir() / "bin/llama-server")}
+    )
+    shape = ModelFacts(block_count=2, head_count=4, head_count_kv=2, embedding_length=64, weights_bytes=17_000_000)
+    rendered = render_deployment(result.desired, "seeded", Inventory(hosts=(host,)), {facts.host: facts}, shape)
+    (unit,) = rendered.units
+    return list(unit.argv)
+
+
+def _serves(argv: list[str], log: Path) -> bool:
+    """Run argv on 127.0.0.1 and wait for GET /health to answer 200 (False when the server exits first)."""
+    argv[argv.index("--host") + 1] = "127.0.0.1"
+    port = _free_port()
+    argv[argv.index("--port") + 1] = str(port)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        return True
+            except (OSError, urllib.error.HTTPError):
+                pass
+            time.sleep(0.25)
+        return False
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_flag_equals_value_runs_on_the_real_llama_server(tmp_path: Path) -> None:
+    """The rendered argv of a deployment with engine_args [--seed=42] starts the real llama-server, which serves."""
+    argv = _rendered_argv("[--seed=42, --temp=0.5]")
+    assert argv[-4:] == ["--seed", "42", "--temp", "0.5"]
+    assert _serves(argv, tmp_path / "llama.log"), (tmp_path / "llama.log").read_text()[-2000:]
+    # the control: the form as written is what llama-server refuses
+    joined = [*argv[:-4], "--seed=42", "--temp=0.5"]
+    assert not _serves(joined, tmp_path / "joined.log")
+    assert "invalid argument: --seed=42" in (tmp_path / "joined.log").read_text()
