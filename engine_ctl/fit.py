@@ -11,7 +11,7 @@ does not fit the other.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -175,23 +175,26 @@ def default_context(d: Deployment, model: Model, facts: ModelFacts | None, provi
     return min(own, provider.default_context_cap)
 
 
-def context_refusal(d: Deployment, model: Model, facts: ModelFacts | None) -> str | None:
+def context_refusal(
+    d: Deployment, model: Model, facts: ModelFacts | None, field_name: str = "spec.context_length"
+) -> str | None:
     """Seed 000's rule "context_length ≤ the model's", wherever the model's maximum comes from."""
     most = context_maximum(model, facts)
     if d.context_length is not None and most is not None and d.context_length > most:
-        return f"spec.context_length {d.context_length}: model {model.name} takes at most {most} tokens"
+        return f"{field_name} {d.context_length}: model {model.name} takes at most {most} tokens"
     return None
 
 
-def unknown_reason(model: Model, facts: ModelFacts | None, what: str) -> FitUnknown:
+def unknown_reason(model: Model, facts: ModelFacts | None, what: str, names: Callable[[str], str] | None) -> FitUnknown:
     if facts is None:
         where = f"the weights of {model.name} are on no reachable host yet"
     else:
-        where = f"the files of {model.name} do not give {what}"
-    return FitUnknown(
-        reason=f"the fit is not known yet: {where}, so its {what} cannot be sized (put the weights on a host, "
-        "or state the memory a replica takes: engine_config.memory.request and resources.ram)"
-    )
+        where = f"the files of {model.name} do not give them"
+    todo = "put the weights on a host"
+    stated = [names(f) for f in ("gpu_memory_bytes", "ram_bytes")] if names else []
+    if stated and not any(f.startswith("spec.") for f in stated):  # a form that can state memory (flat)
+        todo += f", or state the memory a replica takes ({' and '.join(stated)})"
+    return FitUnknown(reason=f"the fit is not known yet: {where}, so its {what} cannot be sized ({todo})")
 
 
 def cpu_cores_by_size(parameters: int | None, largest_cores: int) -> int:
@@ -263,22 +266,25 @@ def fit(
     model: Model,
     facts: ModelFacts | None,
     hosts: Sequence[HostFacts],
+    names: Callable[[str], str] | None = None,
 ) -> FitPlan | FitUnknown | str:
     """The plan object for one replica; FitUnknown when it cannot be sized yet (Pending); or why the
     specification cannot be served as asked (Failed). Memory the deployment states itself (flat form:
-    resources.ram, resources.gpu or engine_config.memory.request) replaces the estimate."""
-    refusal = context_refusal(d, model, facts) or devices_refusal(d)
+    resources.ram, resources.gpu or engine_config.memory.request) replaces the estimate. `names` gives a field's
+    name in the deployment's own document form (rules.field_name), for the messages."""
+    context_field = names("context_length") if names else "spec.context_length"
+    refusal = context_refusal(d, model, facts, context_field) or devices_refusal(d)
     if refusal:
         return refusal
     provider = resolve_engine(d, model)
     assert provider is not None
     weights, basis = weights_and_basis(model, facts)
     if not weights and not (d.ram_bytes and (d.accelerator == "cpu" or d.gpu_memory_bytes)):
-        return unknown_reason(model, facts, "weights")
+        return unknown_reason(model, facts, "weights", names)
     shape = model_shape(model, facts)
     stated = d.ram_bytes if d.accelerator == "cpu" else d.gpu_memory_bytes
     if shape is None and not stated:
-        return unknown_reason(model, facts, "KV cache (layers, KV heads and head size)")
+        return unknown_reason(model, facts, "KV cache (layers, KV heads and head size)", names)
     usable = sizing_hosts(d, hosts)
     result: FitPlan | FitUnknown | str
     if d.accelerator == "cpu":

@@ -12,7 +12,7 @@ from engine_ctl.inventory import Inventory
 from engine_ctl.model import DesiredState
 from engine_ctl.modelfacts import ModelFacts
 from engine_ctl.render import RenderedUnit, render_unit, replica_runs
-from engine_ctl.rules import resolve_engine
+from engine_ctl.rules import field_name, resolve_engine
 
 
 class DeploymentRender(BaseModel):
@@ -43,7 +43,7 @@ def render_deployment(
     if model is None or provider is None:
         raise KeyError(d.model)
     hosts = [facts[h.name] for h in inventory.hosts if h.name in facts]
-    plan = fit(d, model, model_facts, hosts)
+    plan = fit(d, model, model_facts, hosts, lambda internal: field_name(loaded.origin, internal))
     if isinstance(plan, str):
         return DeploymentRender(deployment=name, fit=FitResult(failed_reason=plan))
     if isinstance(plan, FitUnknown):

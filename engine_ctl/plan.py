@@ -287,7 +287,7 @@ def plan_deployment(
         change.field_changes = field_changes(record.spec, spec, names=names) + field_changes(record.model, mdl, "model")
     hosts = [facts[h.name] for h in inventory.hosts if h.name in facts]
     sized, change.chosen = _keep_chosen(d, record, digest, revision)
-    fitted = fit(sized, model, model_facts, hosts)
+    fitted = fit(sized, model, model_facts, hosts, names)
     if isinstance(fitted, str):
         change.failed_reason = fitted
         change.warnings.append(f"{d.name} is Failed: {fitted}; its running replicas are left as they are")

@@ -163,9 +163,10 @@ def test_flat_form_ctx_size_500000_never_renders() -> None:
     inv, facts = world(h100x8())
     rendered = render_deployment(d, "chat", inv, facts, GGUF_OWN)
     assert rendered.units == ()
-    assert rendered.fit.failed_reason == "spec.context_length 500000: model L.gguf takes at most 131072 tokens"
+    message = "engine_config.context_length 500000: model L.gguf takes at most 131072 tokens"  # the flat form's name
+    assert rendered.fit.failed_reason == message
     change = planned(make_plan(d, State(), inv, facts, {"L.gguf": GGUF_OWN}), "chat")
-    assert change.failed_reason is not None and not any("--ctx-size" in r.argv for r in change.replicas)
+    assert change.failed_reason == message and change.replicas == []
 
 
 def test_the_lower_of_the_documents_and_the_files_maximum_holds() -> None:
@@ -192,7 +193,10 @@ def test_without_the_weights_on_a_host_the_fit_is_not_known_yet_never_parallel_4
     d = Deployment(name="c", model="llama-70b", gpus=1)
     unknown = fit(d, model, None, [l40s])
     assert isinstance(unknown, FitUnknown)
-    assert unknown.reason.startswith("the fit is not known yet: the weights of llama-70b are on no reachable host yet")
+    assert unknown.reason == (
+        "the fit is not known yet: the weights of llama-70b are on no reachable host yet, so its KV cache (layers, KV "
+        "heads and head size) cannot be sized (put the weights on a host)"
+    )
     known = fit(d, model, ModelFacts(block_count=80, head_count=64, head_count_kv=8, embedding_length=8192), [l40s])
     assert isinstance(known, FitPlan) and known.parallel == 1 and known.kv_cache_bytes == 8192 * 80 * 8 * 256 * 2
 
@@ -208,7 +212,20 @@ def test_the_plan_says_the_fit_is_not_known_yet_and_places_nothing() -> None:
 def test_files_without_a_shape_are_not_counted_as_no_kv_cache() -> None:
     model = Model(name="m", format="gguf", path="m.gguf")
     unknown = fit(Deployment(name="c", model="m", gpus=1), model, ModelFacts(weights_bytes=4 * GIB), [h100x8()])
-    assert isinstance(unknown, FitUnknown) and "the files of m do not give" in unknown.reason
+    assert isinstance(unknown, FitUnknown) and "the files of m do not give them, so its KV cache" in unknown.reason
+
+
+def test_the_flat_form_is_told_it_may_state_the_memory_instead() -> None:
+    d = desired("name: chat\nengine: llamacpp\nmodel: m/m.gguf\n")
+    inv, facts = world(h100x8())
+    change = planned(make_plan(d, State(), inv, facts, {"m.gguf": None}), "chat")
+    assert change.pending_reason is not None and change.pending_reason.endswith(
+        "(put the weights on a host, or state the memory a replica takes (engine_config.memory.request and "
+        "resources.ram))"
+    )
+    stated = desired("name: chat\nengine: llamacpp\nmodel: m/m.gguf\nresources: {gpu: 8GiB, ram: 4GiB}\n")
+    known = planned(make_plan(stated, State(), inv, facts, {"m.gguf": None}), "chat")
+    assert known.pending_reason is None and [r.action for r in known.replicas] == [["create"]]
 
 
 # --- devices pin GPUs -----------------------------------------------------------------------------------------
