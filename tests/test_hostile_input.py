@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine_ctl.diagnostics import Diagnostic
-from engine_ctl.inventory import Host, Inventory
+from engine_ctl.inventory import Host, Inventory, inventory_from
 from engine_ctl.loader import LoadResult, load_documents
 from engine_ctl.modelfacts import ModelFacts
 from engine_ctl.pipeline import DeploymentRender, render_deployment
@@ -43,10 +43,17 @@ def errors(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
     return [d for d in diagnostics if d.severity == "error"]
 
 
-def render(result: LoadResult, name: str) -> DeploymentRender:
+def render(result: LoadResult, name: str, host: Host | None = None) -> DeploymentRender:
     facts = cpu_host()
-    host = Host(name=facts.host, address="198.18.0.11", models_dir="/srv/models")
+    host = host or Host(name=facts.host, address="198.18.0.11", models_dir="/srv/models")
     return render_deployment(result.desired, name, Inventory(hosts=(host,)), {facts.host: facts}, TINY)
+
+
+def inventory_with(field: str, value: str) -> tuple[Host | None, list[Diagnostic]]:
+    """A one-host inventory, through the real reader, with `field` set to `value`."""
+    (doc,), problems = parse_text(f"hosts:\n  - {{name: cpu-01, {field}: {q(value)}}}\n", "hosts.yaml")
+    inventory, found = inventory_from(doc)
+    return (inventory.hosts[0] if inventory.hosts and not found else None), problems + found
 
 
 def chat(spec: str = "", labels: str = "{}", name: str = "chat") -> str:
@@ -118,13 +125,32 @@ def test_validate_and_plan_refuse_it_with_the_place_and_no_internal_error(tmp_pa
 
 @settings(max_examples=300, deadline=None)
 @given(
-    where=st.sampled_from(["path", "arg", "label", "name", "parser"]),
+    where=st.sampled_from(["path", "arg", "label", "name", "parser", "models_dir", "cache_dir"]),
     value=st.text(st.characters(codec="utf-8"), min_size=1, max_size=8),
 )
 def test_what_validate_passes_render_can_handle(where: str, value: str) -> None:
     """The contract: a document validate accepts renders, and no value adds a line (or a word) to the unit."""
-    model, spec, labels, name = MODEL, "", "{}", "chat"
-    if where == "path":
+    result, host, diags = with_value(where, value)
+    refused = errors(diags)
+    if any(unicodedata.category(c) in FORBIDDEN_CATEGORIES for c in value):
+        assert refused, f"{value!r} in {where} passed validate"
+    if refused:
+        assert all(d.location.line for d in refused)
+        return
+    (unit,) = render(result, value if where == "name" else "chat", host).units
+    plain, plain_host, _ = with_value(where, "x")
+    baseline = render(plain, "x" if where == "name" else "chat", plain_host).units[0]
+    assert unit.text.count("\n") == baseline.text.count("\n")
+    assert len(unit.argv) == len(baseline.argv)
+
+
+def with_value(where: str, value: str) -> tuple[LoadResult, Host | None, list[Diagnostic]]:
+    """The quickstart-sized documents (and inventory) with `value` written where `where` says."""
+    model, spec, labels, name, host = MODEL, "", "{}", "chat", None
+    problems: list[Diagnostic] = []
+    if where in ("models_dir", "cache_dir"):
+        host, problems = inventory_with(where, f"/srv/{value}")
+    elif where == "path":
         model = MODEL.replace("tiny/tiny.gguf", q(f"tiny/{value}.gguf"))
     elif where == "arg":
         spec = f", engine_args: [--temp, {q(value)}]"
@@ -135,15 +161,7 @@ def test_what_validate_passes_render_can_handle(where: str, value: str) -> None:
     else:
         model = MODEL.replace("context_length: 2048", f"context_length: 2048, reasoning_parser: {q(value)}")
     result, diags = load(model, chat(spec, labels, name))
-    refused = errors(diags)
-    if any(unicodedata.category(c) in FORBIDDEN_CATEGORIES for c in value):
-        assert refused, f"{value!r} in {where} passed validate"
-    if refused:
-        assert all(d.location.line for d in refused)
-        return
-    (unit,) = render(result, value if where == "name" else "chat").units
-    baseline = render(load(MODEL, chat())[0], "chat").units[0]
-    assert unit.text.count("\n") == baseline.text.count("\n")
+    return result, host, diags + problems
 
 
 # --- bounds on YAML: size, depth, aliases, nodes --------------------------------------------------------------
