@@ -53,6 +53,14 @@ metadata: {name: llama-70b}
 spec: {format: safetensors, path: /srv/models/Llama-3.1-70B-Instruct, context_length: 131072}
 ---
 kind: Model
+metadata: {name: tiny-jinja}
+spec:
+  format: gguf
+  path: tiny/tiny.gguf
+  context_length: 2048
+  chat_template: "{%- for m in messages %}<|{{ m.role }}|>\\n{{ m.content }} 100%\\n{% endfor %}<|assistant|>\\n"
+---
+kind: Model
 metadata: {name: bge-m3}
 spec: {format: gguf, path: bge-m3/bge-m3-F16.gguf, context_length: 8192, capabilities: [embeddings], pooling: cls}
 """
@@ -64,6 +72,8 @@ SHAPES = {
                                weights_bytes=42_520_398_432),
     "llama-405b-q4": ModelFacts(block_count=126, head_count=128, head_count_kv=8, embedding_length=16384,
                                 weights_bytes=243_000_000_000),
+    "tiny-jinja": ModelFacts(block_count=2, head_count=4, head_count_kv=2, embedding_length=64,
+                             weights_bytes=17_000_000),
     "tiny": ModelFacts(block_count=2, head_count=4, head_count_kv=2, embedding_length=64, weights_bytes=17_000_000),
     "qwen3-8b": ModelFacts(block_count=36, head_count=32, head_count_kv=8, embedding_length=4096, key_length=128,
                            value_length=128, weights_bytes=16_381_470_720),
@@ -83,6 +93,8 @@ CASES = {
     "vllm-4gpu": ("model: llama-70b\ngpus: 4\ncontext_length: 32768", h100x8),
     "embedding": ("model: bge-m3", h100x8),
     "sglang": ("model: qwen3-8b\nengine: sglang\ngpus: 2", h100x8),
+    # the Model's Jinja chat template, provided to llama.cpp as a file (a systemd credential)
+    "llamacpp-jinja": ("model: tiny-jinja\naccelerator: cpu\ncontext_length: 1024", cpu_host),
 }
 
 
