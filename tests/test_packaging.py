@@ -23,8 +23,7 @@ def test_every_subpackage_in_the_tree_is_declared() -> None:
         for init in (ROOT / folder).rglob("__init__.py"):
             relative = init.parent.relative_to(ROOT / folder)
             found.add(".".join([package, *relative.parts]))
-    # engine_ctl's own mapping also finds the mapped folders' packages under their real names
-    assert found - packages == set(), f"subpackages not listed in pyproject's [tool.setuptools] packages: {found - packages}"
+    assert found - packages == set(), f"subpackages not listed in pyproject's packages: {found - packages}"
     assert packages - found == set(), f"listed packages that do not exist: {packages - found}"
 
 

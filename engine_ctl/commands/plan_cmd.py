@@ -239,7 +239,8 @@ def execute(
         else:
             executor = Executor(plan, {h.name: h for h in inventory.hosts}, recorder, options, out.print, stop)
             # On a terminal a live status line shows that the roll is under way; otherwise plain lines only.
-            live = out.status("Applying: one replica at a time per deployment, health-gated…") if out.is_terminal else None
+            busy = "Applying: one replica at a time per deployment, health-gated…"
+            live = out.status(busy) if out.is_terminal else None
             with live or contextlib.nullcontext():
                 result = executor.run()
             unrecorded = result.unrecorded
