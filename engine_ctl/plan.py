@@ -563,7 +563,10 @@ def make_plan(
     targets: list[str] | None = None,
     refresh_only: bool = False,
     created_at: str = "",
+    hold_absent: str | None = None,
 ) -> Plan:
+    """`hold_absent`, when set, says why deployments absent from the documents are not destroyed (some
+    documents could not be read: a deployment whose document is broken is never taken as removed)."""
     plan = Plan(
         created_at=created_at, state_serial=state.serial, state_lineage=state.lineage,
         host_fingerprints={name: f.fingerprint() for name, f in sorted(facts.items())},
@@ -577,6 +580,15 @@ def make_plan(
     ordered = sorted(names, key=lambda n: (-(wanted[n].deployment.priority if n in wanted else 0), n))
     for name in ordered:
         record = state.deployments.get(name)
+        if name not in wanted and hold_absent:
+            assert record is not None
+            plan.changes.append(
+                DeploymentChange(
+                    name=name, old_revision=record.revision, revision=record.revision, action=["no-op"],
+                    blocked=[f"not destroyed, though no valid document names it: {hold_absent}"],
+                )
+            )
+            continue
         if name not in wanted:
             assert record is not None
             by_host = {h.name: h for h in inventory.hosts}

@@ -5,6 +5,9 @@ own words in a failure. Synthetic facts from recorded GPU tool output (tests/rec
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 from engine_ctl.state.model import State
 
@@ -241,3 +244,27 @@ def test_a_connection_cut_during_authentication_is_the_network_not_the_key() -> 
     client = paramiko.SSHClient()  # never connected: no transport, as after a cut
     assert _cut_off(client, paramiko.AuthenticationException("Authentication timeout."))
     assert _cut_off(client, paramiko.AuthenticationException("Authentication failed."))  # the transport is gone
+
+
+# --- one bad document never blocks the others' plan -----------------------------------------------------------
+def test_one_bad_document_never_blocks_the_others_plan_and_nothing_is_destroyed_for_it(tmp_path: Path) -> None:
+    """The real CLI in a subprocess, on this machine (transport: local)."""
+    from engine_ctl.state.local import LocalState
+    from engine_ctl.state.model import DeploymentRecord
+
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  - {name: localhost, transport: local}\n")
+    model = ("kind: Model\nmetadata: {name: m}\nspec: {format: gguf, path: /srv/m.gguf, context_length: 2048, "
+             "parameters: 4300000}\n")  # fmt: skip
+    (tmp_path / "good.yaml").write_text(model + "---\nmetadata: {name: good}\nspec: {model: m, accelerator: cpu, "
+                                        "context_length: 1024}\n")  # fmt: skip
+    (tmp_path / "bad.yaml").write_text("metadata: {name: bad}\nspec: {model: m, accelerator: cpu, "
+                                       "context_length: 9000}\n")  # fmt: skip
+    state_file = tmp_path / "engine-ctl.state.json"
+    LocalState(state_file).write(State(deployments={"bad": DeploymentRecord(name="bad", revision=1)}))
+    argv = [sys.executable, "-m", "engine_ctl", "plan", str(tmp_path), "--out", str(tmp_path / "p.json")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and "bad.yaml:2:" in proc.stderr and "context_length" in proc.stderr
+    assert 'deployment "good"' in proc.stdout  # the good document is planned
+    assert "Not reconciled: bad: not destroyed" in proc.stdout and 'deployment "bad"' not in proc.stdout
+    assert not (tmp_path / "p.json").exists() and "was not saved" in proc.stderr

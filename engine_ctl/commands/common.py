@@ -11,6 +11,7 @@ import click
 from engine_ctl.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.inventory import Inventory, load_inventory
 from engine_ctl.loader import LoadResult, load_paths
+from engine_ctl.model import LoadedDeployment
 from engine_ctl.output import console
 from engine_ctl.rules import check
 from engine_ctl.transport import HostFailure, SSHOptions
@@ -53,6 +54,29 @@ def load_checked(paths: tuple[Path, ...]) -> LoadResult:
     if errors:
         raise InputError(errors)
     return result
+
+
+def load_for_plan(paths: tuple[Path, ...]) -> tuple[LoadResult, list[Diagnostic]]:
+    """Load documents for `plan`: one bad document never blocks the others' plan. The errors are printed and
+    returned; the deployments they touch are left out of what is planned (and, being absent, held: the planner
+    destroys nothing while any document has errors)."""
+    result = load_paths(list(paths) or [Path(".")])
+    diagnostics = result.diagnostics + check(result.desired, frozenset(result.broken_models))
+    errors = [d for d in diagnostics if d.severity == "error"]
+    err = console(stderr=True)
+    for d in sorted(diagnostics, key=lambda d: d.severity != "error"):
+        err.print(d.render())
+    if not errors:
+        return result, []
+    models = frozenset(result.broken_models)
+
+    def sound(ld: LoadedDeployment) -> bool:
+        alone = result.desired.model_copy(update={"deployments": (ld,)})
+        return not any(d.severity == "error" for d in check(alone, models))
+
+    good = tuple(ld for ld in result.desired.deployments if sound(ld))
+    result.desired = result.desired.model_copy(update={"deployments": good})
+    return result, errors
 
 
 def resolve_inventory(explicit: Path | None, loaded: LoadResult | None) -> Inventory:

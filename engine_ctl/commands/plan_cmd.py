@@ -18,6 +18,7 @@ from engine_ctl.apply import Executor, Recorder
 from engine_ctl.commands.common import (
     inventory_option,
     load_checked,
+    load_for_plan,
     report_failures,
     resolve_inventory,
     ssh_options,
@@ -119,6 +120,7 @@ def build_plan(
     targets: tuple[str, ...],
     refresh_only: bool = False,
     documents: tuple[Path, ...] = (),
+    hold_absent: str | None = None,
 ) -> tuple[Plan, dict[str, HostFailure]]:
     """Gather (one round trip per host) and plan; returns the plan and the hosts that could not be reached."""
     paths = model_paths(desired, inventory)
@@ -133,7 +135,7 @@ def build_plan(
     plan = make_plan(
         desired, state, inventory, facts, mfacts,
         unreachable={h: f.message for h, f in failures.items()}, targets=list(targets),
-        refresh_only=refresh_only, created_at=now(),
+        refresh_only=refresh_only, created_at=now(), hold_absent=hold_absent,
     )  # fmt: skip
     plan.context = {
         "documents": [str(p.resolve()) for p in documents],
@@ -163,15 +165,18 @@ def plan(
     """Show what apply would change: documents + recorded state + live host facts.
 
     PATHS are the documents (default: the current directory); the inventory may be among them."""
-    loaded = load_checked(paths)
+    loaded, errors = load_for_plan(paths)
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, paths)
     state = read_state(backend)
+    held = f"{len(errors)} error(s) in the documents (above)" if errors else None
     result, failures = build_plan(
         loaded.desired, inventory, state, backend, ssh_settings(accept_new_host_keys), parallel, targets,
-        refresh_only, paths,
+        refresh_only, paths, hold_absent=held,
     )  # fmt: skip
-    if out_path is not None:
+    if out_path is not None and errors:
+        console(stderr=True).print(f"error: the plan was not saved to {out_path}: the documents have errors")
+    elif out_path is not None:
         out_path.write_text(json.dumps(plan_json(result), indent=2) + "\n")
     if as_json:
         emit_json(plan_json(result))
@@ -179,10 +184,10 @@ def plan(
         sys.stdout.write(plan_markdown(result))
     else:
         show_plan(result)
-        if out_path is not None:
+        if out_path is not None and not errors:
             console().print(f"\nSaved the plan to {out_path}; apply exactly it with: engine-ctl apply {out_path}")
     report_failures(failures)
-    if failures or result.problems:
+    if failures or result.problems or errors:
         sys.exit(1)
     sys.exit(2 if detailed_exitcode and result.has_changes else 0)
 
