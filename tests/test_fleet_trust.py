@@ -237,3 +237,28 @@ def test_kill_9_of_apply_at_ten_points_loses_nothing_and_never_goes_dark(project
           f"without a healthy replica: {poller.dark}")  # fmt: skip
     assert len(figures) == len(KILL_POINTS)
     assert poller.samples > 100 and poller.dark == 0
+
+
+def test_a_deployment_that_cannot_be_served_as_asked_is_failed_and_the_others_are_applied(project: Project) -> None:
+    """The weights' own maximum (the tiny GGUF takes 2048 tokens) refuses a larger context at plan; the other
+    deployment in the same documents is still planned and applied."""
+    other = f"{project.name[:30]}-ok"
+    (project.path / "docs.yaml").write_text(
+        "kind: Model\nmetadata: {name: tiny}\nspec: {format: gguf, path: tiny/tiny.gguf, parameters: 4170048}\n"
+        f"---\nmetadata: {{name: {project.name}}}\nspec: {{model: tiny, accelerator: cpu, context_length: 4096}}\n"
+        f"---\nmetadata: {{name: {other}}}\nspec: {{model: tiny, accelerator: cpu, context_length: 512}}\n"
+    )
+    planned = project.cli("plan")
+    assert planned.returncode == 1, planned.stdout + planned.stderr
+    reason = "spec.context_length 4096: model tiny takes at most 2048 tokens"
+    assert f"Failed: {project.name}: {reason}" in planned.stdout and f'deployment "{other}"' in planned.stdout
+    assert "No changes. The hosts match the documents." not in planned.stdout
+    applied = project.cli("apply", "--auto-approve")
+    assert applied.returncode == 1, applied.stdout + applied.stderr
+    state = project.state()["deployments"]
+    assert state[project.name]["state"] == "Failed" and state[project.name]["reason"] == reason
+    assert state[other]["state"] == "Ready" and project.health(state[other]["replicas"][0]) == 200
+    status = json.loads(project.cli("status", "--json").stdout)["deployments"]
+    by_name = {d["name"]: d for d in status}
+    assert by_name[project.name]["state"] == "Failed" and by_name[project.name]["reason"] == reason
+    assert by_name[other]["state"] == "Ready"
