@@ -214,26 +214,29 @@ def test_placement_never_shares_a_gpu_or_a_port(specs: list[tuple[int, int]]) ->
         assert len(c.replicas) == n or c.pending_reason is not None
 
 
-def test_after_an_interrupted_roll_the_new_slot_that_serves_is_kept_and_the_old_one_cleaned_up() -> None:
-    """Killed after the new slot passed its health gate, before it was recorded serving: no needless roll."""
+def _interrupted_roll(new_state: str, new_sub: str):  # type: ignore[no-untyped-def]
+    """A roll killed after starting the new slot, before recording it serving; the new unit is `new_state`."""
     h = h100x8()
     p = plan_for("gpus: 1, context_length: 4096", State(), h)
     state, facts = applied(p, State(), {h.host: h})
     roll = make_plan(desired("gpus: 1, context_length: 8192"), state, world(*facts.values())[0], facts, {"m": SHAPE})
-    # the apply was killed after starting the new slot, before recording it as serving
     state2, facts2 = applied(roll, state, facts)
     new = roll.changes[0].replicas[0]
     rec = state2.deployments["chat"]
     old = state.deployments["chat"].replicas[0]
     rec.replicas = [old, *[r.model_copy(update={"status": "pending"}) for r in rec.replicas if r.unit == new.unit]]
     rec.spec_hash, rec.revision = state.deployments["chat"].spec_hash, 1
-    running = facts2[h.host].model_copy(update={"units": (
+    host = facts2[h.host].model_copy(update={"units": (
         UnitFact(name=old.unit, sha256=old.unit_sha256, active_state="active", sub_state="running"),
-        UnitFact(name=new.unit, sha256=new.unit_sha256, active_state="active", sub_state="running"),
+        UnitFact(name=new.unit, sha256=new.unit_sha256, active_state=new_state, sub_state=new_sub),
     )})  # fmt: skip
-    again = make_plan(
-        desired("gpus: 1, context_length: 8192"), state2, world(running)[0], {h.host: running}, {"m": SHAPE}
-    )
+    again = make_plan(desired("gpus: 1, context_length: 8192"), state2, world(host)[0], {h.host: host}, {"m": SHAPE})
+    return again, old, new, h
+
+
+def test_after_an_interrupted_roll_the_new_slot_that_serves_is_kept_and_the_old_one_cleaned_up() -> None:
+    """Killed after the new slot passed its health gate, before it was recorded serving: no needless roll."""
+    again, old, new, _ = _interrupted_roll("active", "running")
     (c,) = again.changes
     assert [(r.action, r.unit, r.cleanup) for r in c.replicas] == [(["delete"], old.unit, True)]
     assert c.adopt == [new.unit]
@@ -241,23 +244,7 @@ def test_after_an_interrupted_roll_the_new_slot_that_serves_is_kept_and_the_old_
 
 
 def test_after_an_interrupted_roll_a_new_slot_that_never_started_is_cleaned_up_first() -> None:
-    h = h100x8()
-    p = plan_for("gpus: 1, context_length: 4096", State(), h)
-    state, facts = applied(p, State(), {h.host: h})
-    roll = make_plan(desired("gpus: 1, context_length: 8192"), state, world(*facts.values())[0], facts, {"m": SHAPE})
-    state2, facts2 = applied(roll, state, facts)
-    new = roll.changes[0].replicas[0]
-    rec = state2.deployments["chat"]
-    old = state.deployments["chat"].replicas[0]
-    rec.replicas = [old, *[r.model_copy(update={"status": "pending"}) for r in rec.replicas if r.unit == new.unit]]
-    rec.spec_hash, rec.revision = state.deployments["chat"].spec_hash, 1
-    starting = facts2[h.host].model_copy(update={"units": (
-        UnitFact(name=old.unit, sha256=old.unit_sha256, active_state="active", sub_state="running"),
-        UnitFact(name=new.unit, sha256=new.unit_sha256, active_state="activating", sub_state="start-post"),
-    )})  # fmt: skip
-    again = make_plan(
-        desired("gpus: 1, context_length: 8192"), state2, world(starting)[0], {h.host: starting}, {"m": SHAPE}
-    )
+    again, old, new, h = _interrupted_roll("activating", "start-post")
     (c,) = again.changes
     cleanup = [r for r in c.replicas if r.cleanup]
     assert [r.unit for r in cleanup] == [new.unit] and cleanup[0].action == ["delete"]
