@@ -1,3 +1,27 @@
-from engine_ctl.cli import main
+"""The `engine-ctl` script and `python -m engine_ctl`.
 
-main()
+`engine-ctl --version` is answered here, before click and the commands are imported: click alone costs as
+much as starting Python, and a version check should cost no more than the interpreter (issue 10). Everything
+else is engine_ctl.cli's; tests/test_startup.py checks that both print the same version line.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from engine_ctl import __version__
+
+VERSION_LINE = f"engine-ctl {__version__}"
+
+
+def main() -> None:
+    if sys.argv[1:] == ["--version"]:
+        print(VERSION_LINE)
+        return
+    from engine_ctl.cli import main as cli_main
+
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()

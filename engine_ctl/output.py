@@ -1,16 +1,22 @@
-"""Output: rich on a TTY, plain text otherwise or with NO_COLOR; JSON documents for machines."""
+"""Output: rich on a TTY, plain text otherwise or with NO_COLOR; JSON documents for machines.
+
+rich is imported when a console is made, not with this module: `--version` and `--help` never pay for it.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def console(stderr: bool = False) -> Console:
+    from rich.console import Console
+
     stream = sys.stderr if stderr else sys.stdout
     plain = bool(os.environ.get("NO_COLOR")) or not stream.isatty()
     return Console(

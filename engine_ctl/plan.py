@@ -11,7 +11,6 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from deepdiff import DeepDiff
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine_ctl.facts import BUSY_BYTES, HostFacts, UnitFact
@@ -188,6 +187,8 @@ def field_changes(
 
 
 def _field_changes(old: dict[str, Any], new: dict[str, Any], prefix: str) -> list[FieldChange]:
+    from deepdiff import DeepDiff  # imported here: it pulls in numpy (~0.1 s), which only a diff needs
+
     diff = DeepDiff(old, new, ignore_order=False, verbose_level=2)
     out: list[FieldChange] = []
     for kind in ("values_changed", "type_changes"):

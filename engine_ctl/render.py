@@ -6,8 +6,8 @@ import hashlib
 import posixpath
 from functools import cache
 from importlib import resources
+from typing import TYPE_CHECKING
 
-import jinja2
 from pydantic import BaseModel, ConfigDict
 
 from engine_ctl.facts import HostFacts
@@ -20,6 +20,9 @@ from engine_ctl.runspec import ReplicaRun
 from engine_ctl.systemd import comment_text, env_assignment, exec_line, path_value
 from engine_ctl.unitnames import UNIT_PREFIX as UNIT_PREFIX  # re-exported: plan and gather use it
 from engine_ctl.unitnames import unit_name
+
+if TYPE_CHECKING:
+    import jinja2
 
 CURL = "/usr/bin/curl"
 SH = "/bin/sh"
@@ -49,6 +52,8 @@ class RenderedUnit(BaseModel):
 
 @cache
 def _template() -> jinja2.Template:
+    import jinja2  # imported when the first unit is rendered: commands that render nothing never load it
+
     text = resources.files("engine_ctl.templates").joinpath("engine.service.j2").read_text()
     env = jinja2.Environment(
         trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined

@@ -1,0 +1,144 @@
+"""Start-up as a user feels it: whole engine-ctl processes, each against its floor measured in the same run
+(issue 10). Each figure and its floor run in turn (floor, figure, floor, figure, ...), so a machine that slows
+down mid-run slows both; the ratio is median / median.
+
+| figure                                    | floor                          | target |
+| engine-ctl --version                      | python -c pass (same python)   | <= 2x  |
+| engine-ctl --help                         | python -c pass                 | (none) |
+| engine-ctl validate examples/quickstart   | python -c pass                 | <= 5x  |
+| engine-ctl facts, 1 host (--fleet)        | one `ssh host true`            | <= 2x  |
+| engine-ctl facts, 16 hosts (--fleet)      | 16 parallel `ssh host true`    | <= 1.3x |
+
+Run:  .venv/bin/python -m bench.startup [--runs 15] [--fleet]   (--fleet boots 16 fleet hosts: root)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FLEET_HOSTS = 16
+
+
+@dataclass(frozen=True)
+class Row:
+    figure: str
+    floor: str
+    run_figure: Callable[[], None]
+    run_floor: Callable[[], None]
+    target: float | None
+
+
+@dataclass(frozen=True)
+class Timing:
+    figure: list[float]
+    floor: list[float]
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(self.figure) / statistics.median(self.floor)
+
+
+def engine_ctl() -> list[str]:
+    """engine-ctl as a user runs it: the console script next to this interpreter (or `python -m engine_ctl`)."""
+    script = Path(sys.executable).with_name("engine-ctl")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "engine_ctl"]
+
+
+def process(argv: Sequence[str], ok: tuple[int, ...] = (0,)) -> Callable[[], None]:
+    """One whole process, its output thrown away; an unexpected exit status stops the benchmark."""
+
+    def run() -> None:
+        code = subprocess.run(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, check=False).returncode
+        if code not in ok:
+            raise SystemExit(f"{' '.join(argv)} exited {code}")
+
+    return run
+
+
+def seconds(fn: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measure(row: Row, runs: int) -> Timing:
+    row.run_floor()  # warm-up, not counted: page cache and bytecode
+    row.run_figure()
+    figure, floor = [], []
+    for _ in range(runs):
+        floor.append(seconds(row.run_floor))
+        figure.append(seconds(row.run_figure))
+    return Timing(figure, floor)
+
+
+def local_rows() -> list[Row]:
+    cli = engine_ctl()
+    python = process([sys.executable, "-c", "pass"])
+    validate = process([*cli, "validate", str(ROOT / "examples" / "quickstart")])
+    return [
+        Row("engine-ctl --version", "python -c pass", process([*cli, "--version"]), python, 2.0),
+        Row("engine-ctl --help", "python -c pass", process([*cli, "--help"]), python, None),
+        Row("engine-ctl validate examples/quickstart", "python -c pass", validate, python, 5.0),
+    ]
+
+
+@contextmanager
+def fleet_rows() -> Iterator[list[Row]]:
+    """facts on 1 and on 16 fleet hosts, against OpenSSH itself on the same hosts (boots the fleet)."""
+    from bench.facts import ssh_true
+    from tests import fleet as fleet_mod
+    from tests.llama import llama_server_dir
+
+    fleet = fleet_mod.up(FLEET_HOSTS, engines={"llama.cpp": str(llama_server_dir() / "bin" / "llama-server")})
+    try:
+        facts = [*engine_ctl(), "facts", "--inventory", fleet.inventory]
+        one = fleet.hosts[:1]
+        yield [
+            Row("engine-ctl facts, 1 host", "1 ssh host true", process([*facts, one[0].name]),
+                lambda: ssh_true(fleet, one), 2.0),
+            Row(f"engine-ctl facts, {FLEET_HOSTS} hosts", f"{FLEET_HOSTS} parallel ssh host true", process(facts),
+                lambda: ssh_true(fleet, fleet.hosts), 1.3),
+        ]  # fmt: skip
+    finally:
+        fleet_mod.down(fleet)
+
+
+def print_row(row: Row, t: Timing) -> None:
+    target = f"<= {row.target:g}x" if row.target is not None else "-"
+    verdict = "" if row.target is None else ("met" if t.ratio <= row.target else "NOT MET")
+    print(
+        f"{row.figure:<40} {min(t.figure):>6.3f} {statistics.median(t.figure):>7.3f}   "
+        f"{row.floor:<25} {min(t.floor):>6.3f} {statistics.median(t.floor):>7.3f}   "
+        f"{t.ratio:>5.2f}x {target:>8} {verdict}"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15, help="timed runs of each figure and of its floor")
+    parser.add_argument("--fleet", action="store_true", help=f"also facts on 1 and {FLEET_HOSTS} fleet hosts (root)")
+    args = parser.parse_args(argv)
+    print(f"{'figure':<40} {'min s':>6} {'median':>7}   {'floor':<25} {'min s':>6} {'median':>7}   ratio   target")
+    for row in local_rows():
+        print_row(row, measure(row, args.runs))
+    if args.fleet:
+        with fleet_rows() as rows:
+            for row in rows:
+                print_row(row, measure(row, max(3, args.runs // 3)))
+    else:
+        print(f"(facts on 1 and {FLEET_HOSTS} hosts against ssh: run with --fleet, as root)")
+    print(f"ratio = median figure / median floor, both timed in turn in this run; {sys.executable}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
