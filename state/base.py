@@ -32,6 +32,11 @@ class StateBackend(Protocol):
 
     def force_unlock(self, lock_id: str) -> LockInfo: ...
 
+    def put(self, state: State, replacing: State) -> None:
+        """Write `state` exactly as it is (its serial and lineage kept, as `state push` and `pull` move it), in
+        place of `replacing` (what was read under the lock), leaving the replaced version as the backup."""
+        ...
+
 
 def who() -> str:
     try:
@@ -121,11 +126,22 @@ def unlock_command(lock_id: str, location: str) -> str:
 class LockHeld(StateError):
     """Another holder has the lock; the message says who, whether it is stale, and how to clear it."""
 
-    def __init__(self, info: LockInfo, location: str | None = None, lock_file: str | None = None) -> None:
+    def __init__(
+        self, info: LockInfo, location: str | None = None, lock_file: str | None = None, session: int | None = None
+    ) -> None:
+        """`session`: the database session (its server pid) that holds the lock, when the lock lives as long as
+        its holder's connection: then the holder is alive, and the lock needs no clearing when it dies."""
         self.info = info
-        self.stale = stale_reason(info)
+        self.stale = None if session is not None else stale_reason(info)
         clear = unlock_command(info.id, location) if location else f"engine-ctl force-unlock {info.id}"
-        if info.unreadable is not None:
+        if session is not None:
+            message = (
+                f"the state is locked by {info.who} since {info.when} for `{info.operation}` (lock ID {info.id}); "
+                "wait for it to finish, or pass --lock-timeout: the lock is released when that command ends, even "
+                f"if it is killed (its database session, server pid {session}, holds it; if that command hangs, "
+                f"ending the session releases it: SELECT pg_terminate_backend({session}))"
+            )
+        elif info.unreadable is not None:
             where = lock_file or "the lock"
             message = (
                 f"the state is locked, but its lock file {where} is unreadable ({info.unreadable}), so who holds "

@@ -85,6 +85,15 @@ class LocalState:
     def write(self, state: State) -> State:
         """Write atomically with a backup of the previous state; the serial goes up by one."""
         new = state.model_copy(update={"serial": state.serial + 1, "engine_ctl_version": __version__})
+        self._store(new)
+        return new
+
+    def put(self, state: State, replacing: State) -> None:
+        """Write `state` as it is (serial and lineage kept), with the file it replaces as the backup. The caller
+        holds the lock and read `replacing` under it, so nobody else wrote in between."""
+        self._store(state)
+
+    def _store(self, new: State) -> None:
         writable(new, self.location)
         data = json.dumps(new.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,7 +112,6 @@ class LocalState:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-        return new
 
     def lock_info(self) -> LockInfo | None:
         """Who holds the lock; None when nobody does. A lock file that cannot be read is reported as such,

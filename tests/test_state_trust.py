@@ -420,7 +420,10 @@ def test_an_old_lock_file_still_reads(tmp_path: Path) -> None:
     assert run("force-unlock", "1234", "--state", str(backend.path)).exit_code == 0
 
 
-def test_a_postgres_lock_whose_process_died_here_is_stale(pg: PostgresState) -> None:
+def test_a_postgres_lock_whose_process_died_here_is_stale(
+    pg: PostgresState, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The holder died: its database session ended, so the next lock clears the row and proceeds, no force-unlock."""
     code = (
         "import os, sys; from engine_ctl.state import open_backend; "
         "held = open_backend(sys.argv[1]).lock('apply'); held.__enter__(); os._exit(0)"
@@ -428,12 +431,30 @@ def test_a_postgres_lock_whose_process_died_here_is_stale(pg: PostgresState) -> 
     subprocess.run([sys.executable, "-c", code, f"{pg.dsn}#{pg.name}"], check=True)
     held = pg.lock_info()
     assert held is not None and held.pid is not None and held.boot_id == boot_id()
+    with pg.lock("apply", timeout=0) as mine:
+        assert mine.id != held.id
+    assert f"(lock ID {held.id}) was stale" in capsys.readouterr().err
+    assert pg.lock_info() is None and held.id in pg.read().operations[-1].result  # type: ignore[operator]
+
+
+def test_a_row_lock_of_an_older_engine_ctl_whose_process_died_here_is_stale(pg: PostgresState) -> None:
+    """A row with no database session in it (an engine-ctl from before advisory locks) is still a lock."""
+    import psycopg
+
+    pg.lock_info()  # the tables
+    holder = {"host": socket.gethostname(), "boot_id": boot_id(), "pid": 2**22 + 1}
+    with psycopg.connect(pg.dsn) as conn:
+        conn.execute(
+            "INSERT INTO engine_ctl_lock (name, id, operation, who, since, holder) VALUES (%s, 'old', 'apply', "
+            "'ops@box pid 4194305', '2024-01-01T00:00:00+00:00', %s)",
+            (pg.name, json.dumps(holder)),
+        )
     with pytest.raises(LockHeld) as err, pg.lock("apply", timeout=30):
         pass
     assert "the lock is stale" in str(err.value)
     assert pg.location == f"{DSN}#{pg.name}"  # the same state again, never a file path
-    assert f"engine-ctl force-unlock {held.id} --state {shlex.quote(pg.location)}" in str(err.value)
-    assert run("force-unlock", held.id, "--state", pg.location).exit_code == 0
+    assert f"engine-ctl force-unlock old --state {shlex.quote(pg.location)}" in str(err.value)
+    assert run("force-unlock", "old", "--state", pg.location).exit_code == 0
     assert pg.lock_info() is None
 
 
