@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from engine_ctl.commands import state_move
 from engine_ctl.commands.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
 from engine_ctl.commands.plan_cmd import backend_for, read_state, state_option
 from engine_ctl.diagnostics import Diagnostic, InputError, Location
@@ -159,7 +160,11 @@ def _no_deployments(location: str) -> str:
 
 @click.group(name="state")
 def state_group() -> None:
-    """Inspect the recorded state."""
+    """Inspect the recorded state, or move it between backends (push, pull)."""
+
+
+state_group.add_command(state_move.state_push)
+state_group.add_command(state_move.state_pull)
 
 
 @state_group.command(name="list")
