@@ -1,9 +1,15 @@
-"""State backends: where engine-ctl records what it did. The local JSON file is the default."""
+"""State backends: where engine-ctl records what it did. The local JSON file is the default.
 
+The data model (`engine_ctl.state.model`) is values only and is what the pure core imports; the backends (the
+file, PostgreSQL) are the shell's, loaded on first use through this package's attributes, so importing the
+planner loads neither."""
+
+from __future__ import annotations
+
+import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from engine_ctl.state.base import LockHeld, StateBackend
-from engine_ctl.state.local import LocalState
 from engine_ctl.state.model import (
     DeploymentRecord,
     HostRecord,
@@ -13,7 +19,24 @@ from engine_ctl.state.model import (
     State,
     StateError,
 )
-from engine_ctl.state.postgres import PostgresState
+
+if TYPE_CHECKING:
+    from engine_ctl.state.base import LockHeld, StateBackend
+    from engine_ctl.state.local import LocalState
+    from engine_ctl.state.postgres import PostgresState
+
+_BACKENDS = {
+    "LockHeld": "engine_ctl.state.base",
+    "StateBackend": "engine_ctl.state.base",
+    "LocalState": "engine_ctl.state.local",
+    "PostgresState": "engine_ctl.state.postgres",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _BACKENDS:
+        return getattr(importlib.import_module(_BACKENDS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def open_backend(where: str | Path) -> StateBackend:
@@ -21,7 +44,11 @@ def open_backend(where: str | Path) -> StateBackend:
     Opening never fails: the first use says what is wrong (psycopg missing, the server unreachable)."""
     text = str(where)
     if text.startswith(("postgresql://", "postgres://")):
+        from engine_ctl.state.postgres import PostgresState
+
         return PostgresState(text)
+    from engine_ctl.state.local import LocalState
+
     return LocalState(Path(text))
 
 
