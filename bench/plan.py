@@ -20,10 +20,10 @@ from pathlib import Path
 from engine_ctl.state import LocalState
 
 from bench.facts import median, ssh_true
-from engine_ctl.commands.plan_cmd import build_plan
 from engine_ctl.inventory import load_inventory
 from engine_ctl.loader import load_paths
 from engine_ctl.transport import SSHOptions
+from engine_ctl.world import plan_world
 from tests import fleet as fleet_mod
 from tests.llama import llama_server_dir, tiny_model
 
@@ -44,7 +44,7 @@ def plan_seconds(docs: Path, inventory: Path, runs: int = 3) -> float:
         loaded = load_paths([docs])
         inv = load_inventory(inventory)
         backend = LocalState(docs / "engine-ctl.state.json")
-        build_plan(loaded.desired, inv, backend.read(), backend, SSHOptions(), 32, ())
+        plan_world(loaded.desired, inv, backend.read(), backend.location, backend.location, SSHOptions(), 32, ())
 
     return median(once, runs)
 

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from engine_ctl.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.facts import HostFacts
 from engine_ctl.gather import gather
 from engine_ctl.inventory import Inventory
 from engine_ctl.model import DesiredState, Model
 from engine_ctl.modelfacts import ModelFacts
+from engine_ctl.plan import Plan, make_plan
 from engine_ctl.render import model_path_on_host
+from engine_ctl.state.base import now
+from engine_ctl.state.model import State
 from engine_ctl.transport import HostFailure, SSHOptions
 
 
@@ -46,3 +52,41 @@ def gather_world(
     facts, failures = gather(list(inventory.hosts), options, parallel, model_paths(desired, inventory))
     mfacts, notes = model_facts_by_name(desired, inventory, facts)
     return facts, failures, mfacts, notes
+
+
+def plan_world(
+    desired: DesiredState,
+    inventory: Inventory,
+    state: State,
+    state_location: str,
+    reopen: str,
+    options: SSHOptions,
+    parallel: int,
+    targets: tuple[str, ...],
+    refresh_only: bool = False,
+    documents: tuple[Path, ...] = (),
+    hold_absent: str | None = None,
+) -> tuple[Plan, dict[str, HostFailure]]:
+    """Gather (one round trip per host), then plan with the pure core; returns the plan and the hosts that could
+    not be reached. `state_location` names the state in messages, `reopen` is how `apply PLANFILE` finds it."""
+    paths = model_paths(desired, inventory)
+    facts, failures = gather(list(inventory.hosts), options, parallel, paths)
+    mfacts, _notes = model_facts_by_name(desired, inventory, facts)
+    known = {d.deployment.name for d in desired.deployments} | set(state.deployments)
+    unknown = [t for t in targets if t not in known]
+    if unknown:
+        raise InputError(
+            [Diagnostic(Location(state_location), "--target", f"no deployment named {t!r}") for t in unknown]
+        )
+    plan = make_plan(
+        desired, state, inventory, facts, mfacts,
+        unreachable={h: f.message for h, f in failures.items()}, targets=list(targets),
+        refresh_only=refresh_only, created_at=now(), hold_absent=hold_absent,
+    )  # fmt: skip
+    plan.context = {
+        "documents": [str(p.resolve()) for p in documents],
+        "inventory": str(Path(inventory.file).resolve()) if inventory.file else None,
+        "state": reopen,
+        "model_paths": paths,
+    }
+    return plan, failures

@@ -16,6 +16,7 @@ import click
 
 from engine_ctl.apply import Executor, Recorder
 from engine_ctl.commands.common import (
+    ENVIRONMENT,
     inventory_option,
     load_checked,
     load_for_plan,
@@ -29,13 +30,14 @@ from engine_ctl.gather import gather
 from engine_ctl.inventory import Inventory, load_inventory
 from engine_ctl.model import DesiredState
 from engine_ctl.output import console, emit_json
-from engine_ctl.plan import Plan, make_plan
+from engine_ctl.plan import Plan, destroy_refusals
 from engine_ctl.planview import plan_json, plan_markdown, render_plan
+from engine_ctl.refresh import refresh_state
 from engine_ctl.savedplan import PlanFileError, decode_plan, stale_reasons, state_for_plan, tampering
 from engine_ctl.state import HostRecord, LocalState, Operation, State, StateBackend, StateError, open_backend
 from engine_ctl.state.local import DEFAULT_NAME, now, who
 from engine_ctl.transport import HostFailure, SSHOptions
-from engine_ctl.world import model_facts_by_name, model_paths
+from engine_ctl.world import plan_world
 
 STYLES = {"add": "green", "change": "yellow", "destroy": "red", "warn": "yellow", "bold": "bold", "": ""}
 
@@ -44,16 +46,24 @@ def state_option(f: Any) -> Any:
     return click.option(
         "--state",
         "state_path",
+        envvar=ENVIRONMENT["--state"],
+        show_envvar=True,
         help=f"The state: a file (default: {DEFAULT_NAME} beside the documents) or postgresql://…[#name].",
     )(f)
 
 
 def lock_timeout_option(f: Any) -> Any:
-    return click.option("--lock-timeout", default=0.0, show_default=True, help="Seconds to wait for the state lock.")(f)
+    return click.option(
+        "--lock-timeout", default=0.0, show_default=True, type=click.FloatRange(min=0),
+        envvar=ENVIRONMENT["--lock-timeout"], show_envvar=True, help="Seconds to wait for the state lock.",
+    )(f)  # fmt: skip
 
 
 def target_option(f: Any) -> Any:
-    return click.option("--target", "targets", multiple=True, help="Only this deployment (repeatable).")(f)
+    return click.option(
+        "--target", "targets", multiple=True, envvar=ENVIRONMENT["--target"], show_envvar=True,
+        help="Only this deployment (repeatable; the variable takes names separated by spaces).",
+    )(f)  # fmt: skip
 
 
 def writing_options(f: Any) -> Any:
@@ -110,42 +120,6 @@ def show_plan(plan: Plan) -> None:
         out.print(line, style=STYLES[style] or None)
 
 
-def build_plan(
-    desired: DesiredState,
-    inventory: Inventory,
-    state: State,
-    backend: StateBackend,
-    options: SSHOptions,
-    parallel: int,
-    targets: tuple[str, ...],
-    refresh_only: bool = False,
-    documents: tuple[Path, ...] = (),
-    hold_absent: str | None = None,
-) -> tuple[Plan, dict[str, HostFailure]]:
-    """Gather (one round trip per host) and plan; returns the plan and the hosts that could not be reached."""
-    paths = model_paths(desired, inventory)
-    facts, failures = gather(list(inventory.hosts), options, parallel, paths)
-    mfacts, _notes = model_facts_by_name(desired, inventory, facts)
-    known = {d.deployment.name for d in desired.deployments} | set(state.deployments)
-    unknown = [t for t in targets if t not in known]
-    if unknown:
-        raise InputError(
-            [Diagnostic(Location(backend.location), "--target", f"no deployment named {t!r}") for t in unknown]
-        )
-    plan = make_plan(
-        desired, state, inventory, facts, mfacts,
-        unreachable={h: f.message for h, f in failures.items()}, targets=list(targets),
-        refresh_only=refresh_only, created_at=now(), hold_absent=hold_absent,
-    )  # fmt: skip
-    plan.context = {
-        "documents": [str(p.resolve()) for p in documents],
-        "inventory": str(Path(inventory.file).resolve()) if inventory.file else None,
-        "state": reopen_string(backend),
-        "model_paths": paths,
-    }
-    return plan, failures
-
-
 @click.command()
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @inventory_option
@@ -170,7 +144,7 @@ def plan(
     backend = backend_for(state_path, paths)
     state = read_state(backend)
     held = f"{len(errors)} error(s) in the documents (above)" if errors else None
-    result, failures = build_plan(
+    result, failures = _plan_for(
         loaded.desired, inventory, state, backend, ssh_settings(accept_new_host_keys), parallel, targets,
         refresh_only, paths, hold_absent=held,
     )  # fmt: skip
@@ -228,6 +202,9 @@ def execute(
 ) -> int:
     """Run the plan with the state recorded after every step; Ctrl-C finishes the step in flight."""
     out = console()
+    refused = destroy_refusals(plan, state)  # also for a saved plan: the state says what may not be destroyed
+    if refused:
+        raise InputError([Diagnostic(Location(backend.location), "", r) for r in refused])
     recorder = Recorder(backend, state)
     stop = threading.Event()
 
@@ -283,23 +260,15 @@ def execute(
     return code
 
 
-def refresh_state(state: State, plan: Plan) -> None:
-    """--refresh-only: accept into the state what drifted on the hosts."""
-    for d in plan.drift:
-        rec = state.deployments.get(d.deployment or "")
-        if rec is None:
-            continue
-        for r in list(rec.replicas):
-            if r.unit != d.unit or r.host != d.host:
-                continue
-            if d.kind == "missing":
-                rec.replicas.remove(r)
-            elif d.kind == "edited":
-                r.reason = "unit file edited by hand (accepted by refresh-only)"
-                r.unit_sha256 = ""
-            elif d.kind in ("stopped", "crash-looping"):
-                r.status = "failed" if d.kind == "crash-looping" else "stopped"
-                r.reason = d.detail
+def _plan_for(
+    desired: DesiredState, inventory: Inventory, state: State, backend: StateBackend, options: SSHOptions,
+    parallel: int, targets: tuple[str, ...], refresh_only: bool = False, documents: tuple[Path, ...] = (),
+    hold_absent: str | None = None,
+) -> tuple[Plan, dict[str, HostFailure]]:  # fmt: skip
+    return plan_world(
+        desired, inventory, state, backend.location, reopen_string(backend), options, parallel, targets,
+        refresh_only, documents, hold_absent,
+    )  # fmt: skip
 
 
 def _refuse_plan(path: Path, message: str, hint: str) -> InputError:
@@ -352,12 +321,12 @@ def apply(
     backend = backend_for(state_path, args)
     with locked(backend, "apply", lock_timeout):
         state = read_state(backend)
-        result, failures = build_plan(
+        result, failures = _plan_for(
             loaded.desired, inventory, state, backend, options, parallel, targets, documents=args
         )
         show_plan(result)
         report_failures(failures)
-        if not result.has_changes:
+        if not result.has_changes or result.refused:  # refused (prevent_destroy): nothing is applied
             sys.exit(1 if failures or result.problems else 0)
         _confirm(auto_approve)
         code = execute(result, inventory, backend, state, options, "apply")
@@ -372,19 +341,20 @@ def destroy(
     accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool,
 ) -> None:  # fmt: skip
     """Stop and remove the units of every deployment in the state (or --target ones). The models stay."""
-    loaded = load_checked(paths) if paths else None
+    loaded = load_checked(paths, documents_required=False) if paths else None
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, paths)
     options = ssh_settings(accept_new_host_keys)
     with locked(backend, "destroy", lock_timeout):
         state = read_state(backend)
         keep = DesiredState()  # nothing is wanted: every (targeted) deployment in the state is deleted
-        result, failures = build_plan(keep, inventory, state, backend, options, parallel, targets)
+        result, failures = _plan_for(keep, inventory, state, backend, options, parallel, targets)
         result.changes = [c for c in result.changes if c.action == ["delete"]]
+        result.absent = []  # destroyed because destroy was asked for, not because documents are absent
         show_plan(result)
         report_failures(failures)
-        if not result.changes:
-            sys.exit(0)
+        if not result.changes or result.refused:  # refused (prevent_destroy): nothing is destroyed
+            sys.exit(1 if result.refused else 0)
         _confirm(auto_approve)
         sys.exit(execute(result, inventory, backend, state, options, "destroy"))
 
