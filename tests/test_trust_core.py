@@ -268,3 +268,22 @@ def test_one_bad_document_never_blocks_the_others_plan_and_nothing_is_destroyed_
     assert 'deployment "good"' in proc.stdout  # the good document is planned
     assert "Not reconciled: bad: not destroyed" in proc.stdout and 'deployment "bad"' not in proc.stdout
     assert not (tmp_path / "p.json").exists() and "was not saved" in proc.stderr
+
+
+def test_refresh_only_accepts_what_drifted_into_the_state() -> None:
+    from engine_ctl.facts import UnitFact
+    from engine_ctl.refresh import refresh_state
+
+    h = cpu_host()
+    first = plan_for(CPU + ", replicas: {min: 2, max: 2}", State(), h)
+    state, facts = applied(first, State(), {h.host: h})
+    a, _ = state.deployments["chat"].replicas
+    drifted = facts[h.host].model_copy(update={"units": (
+        UnitFact(name=a.unit, sha256="0" * 64, active_state="active", sub_state="running"),
+    )})  # fmt: skip
+    plan = make_plan(desired(CPU + ", replicas: {min: 2, max: 2}"), state, world(drifted)[0], {h.host: drifted},
+                     {"m": SHAPE}, refresh_only=True)  # fmt: skip
+    assert {d.kind for d in plan.drift} == {"edited", "missing"}
+    refresh_state(state, plan)
+    (kept,) = state.deployments["chat"].replicas
+    assert kept.unit == a.unit and kept.unit_sha256 == "" and "accepted by refresh-only" in (kept.reason or "")
