@@ -9,12 +9,16 @@ down mid-run slows both; the ratio is median / median.
 | engine-ctl facts, 1 host (--fleet)        | one `ssh host true`            | <= 2x  |
 | engine-ctl facts, 16 hosts (--fleet)      | 16 parallel `ssh host true`    | <= 1.3x |
 
+Python runs with its bytecode cache, as an installed package has it (pip compiles at install): the children run
+without PYTHONDONTWRITEBYTECODE, so the warm-up run writes __pycache__ and the timed runs read it.
+
 Run:  .venv/bin/python -m bench.startup [--runs 15] [--fleet]   (--fleet boots 16 fleet hosts: root)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -26,6 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FLEET_HOSTS = 16
+# What a user's shell has: no PYTHONDONTWRITEBYTECODE (set here, every run would recompile engine-ctl's modules).
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,8 @@ def process(argv: Sequence[str], ok: tuple[int, ...] = (0,)) -> Callable[[], Non
     """One whole process, its output thrown away; an unexpected exit status stops the benchmark."""
 
     def run() -> None:
-        code = subprocess.run(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, check=False).returncode
+        quiet = subprocess.DEVNULL
+        code = subprocess.run(list(argv), stdin=quiet, stdout=quiet, env=ENV, check=False).returncode
         if code not in ok:
             raise SystemExit(f"{' '.join(argv)} exited {code}")
 
