@@ -357,8 +357,14 @@ class PostgresState:
         start = time.monotonic()
         while True:
             if session.execute("SELECT pg_try_advisory_lock(%s)", (self.key,)).fetchone()[0]:
-                self._take_row(session, info, psycopg)
-                return
+                try:
+                    self._take_row(session, info, psycopg)
+                    return
+                except LockHeld as held:  # an older engine-ctl's row lock: waited for as it was then
+                    if held.stale is not None or time.monotonic() - start >= timeout:
+                        raise
+                time.sleep(POLL)
+                continue
             found = self._row(session.cursor())
             waited = time.monotonic() - start
             if waited >= timeout and (found is not None or waited >= ROW_GRACE):

@@ -7,11 +7,14 @@ holder killed with SIGKILL, and the next command going on at once, saying that t
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,6 +23,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from engine_ctl.state import LockHeld, PostgresState, State, StateError, open_backend
+from engine_ctl.state.base import boot_id, process_start
 from engine_ctl.state.model import DeploymentRecord
 from engine_ctl.state.postgres import advisory_key
 
@@ -269,3 +273,36 @@ def test_an_advisory_lock_without_its_row_is_refused_after_a_grace(backend: Post
         with pytest.raises(StateError, match="no lock row says who yet"), backend.lock("apply"):
             pass
         assert time.monotonic() - start >= 2
+
+
+def test_a_row_lock_of_an_older_engine_ctl_is_still_a_lock_and_lock_timeout_waits_for_it(
+    backend: PostgresState,
+) -> None:
+    """An engine-ctl from before advisory locks holds the state with its row alone (no database session in it)."""
+    backend.lock_info()  # the tables
+    holder = {
+        "host": socket.gethostname(),
+        "boot_id": boot_id(),
+        "pid": os.getpid(),
+        "pid_start": process_start(os.getpid()),
+    }
+    with psycopg.connect(backend.dsn) as conn:
+        conn.execute(
+            "INSERT INTO engine_ctl_lock (name, id, operation, who, since, holder) "
+            "VALUES (%s, 'old-one', 'apply', 'ops@box', 'then', %s)",
+            (backend.name, json.dumps(holder)),
+        )
+    with pytest.raises(LockHeld, match="locked by ops@box since then") as err, backend.lock("apply"):
+        pass
+    assert err.value.stale is None
+
+    def release_in_a_second() -> None:
+        time.sleep(1)
+        with psycopg.connect(backend.dsn) as conn:
+            conn.execute("DELETE FROM engine_ctl_lock WHERE name = %s", (backend.name,))
+
+    releaser = threading.Thread(target=release_in_a_second)
+    releaser.start()
+    with backend.lock("apply", timeout=30) as mine:
+        assert backend.lock_info() == mine
+    releaser.join()
