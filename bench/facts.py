@@ -18,6 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench.startup import ENV
 from engine_ctl.gather import gather
 from engine_ctl.inventory import load_inventory
 from tests import fleet as fleet_mod
@@ -86,6 +87,7 @@ def main() -> int:
                     [sys.executable, "-m", "engine_ctl", "facts", "--inventory", fleet.inventory, "--json", *names],
                     check=True,
                     capture_output=True,
+                    env=ENV,
                 ),
                 args.runs,
             )
