@@ -160,6 +160,24 @@ class ModelMetadata(Doc):
     labels: dict[str, str] = Field(default_factory=dict)
 
 
+class ArchitectureDoc(Doc):
+    layers: int = Field(description="Layers (config.json num_hidden_layers; GGUF <arch>.block_count).")
+    kv_heads: int = Field(
+        description="KV heads per layer (config.json num_key_value_heads; GGUF <arch>.attention.head_count_kv)."
+    )
+    heads: int | None = Field(
+        None, description="Attention heads (config.json num_attention_heads; GGUF <arch>.attention.head_count)."
+    )
+    head_dim: int | None = Field(
+        None,
+        description="Size of one head (config.json head_dim; GGUF <arch>.attention.key_length). "
+        "When omitted: embedding_length / heads.",
+    )
+    embedding_length: int | None = Field(
+        None, description="Embedding size (config.json hidden_size; GGUF <arch>.embedding_length)."
+    )
+
+
 class ModelSpecDoc(Doc):
     format: Literal["gguf", "safetensors"] = Field(description="gguf (llama.cpp) or safetensors (vLLM, SGLang).")
     path: str | None = Field(
@@ -180,6 +198,12 @@ class ModelSpecDoc(Doc):
     )
     tool_call_parser: str | None = Field(None, description="vLLM/SGLang: the tool-call parser.")
     reasoning_parser: str | None = Field(None, description="vLLM/SGLang: the reasoning parser.")
+    architecture: ArchitectureDoc | None = Field(
+        None,
+        description="The model's shape, to size the KV cache before any host has the weights: layers, kv_heads "
+        "and head_dim (or embedding_length and heads). The weights' own metadata wins once a host has them.",
+    )
+
 
 
 class ModelDocument(Doc):

@@ -144,15 +144,55 @@ def kv_bytes_per_token(facts: ModelFacts, type_k: str, type_v: str, provider: Pr
 
 
 def model_shape(model: Model, facts: ModelFacts | None) -> ModelFacts | None:
-    """The shape the KV cache is sized from: the weights' own metadata once a host has them."""
+    """The shape the KV cache is sized from: the weights' own metadata once a host has them, else the Model
+    document's spec.architecture; None when neither gives it (the fit is not known yet)."""
     if facts is not None and facts.has_shape:
         return facts
-    return None
+    return declared_shape(model)
+
+
+def declared_shape(model: Model) -> ModelFacts | None:
+    """spec.architecture as the shape the files would give (block_count, head counts, head sizes)."""
+    arch = model.architecture
+    if arch is None or arch.head_size is None:
+        return None
+    return ModelFacts(
+        block_count=arch.layers, head_count=arch.heads, head_count_kv=arch.kv_heads,
+        embedding_length=arch.embedding_length, key_length=arch.head_size, value_length=arch.head_size,
+        context_length=model.context_length, parameters=model.parameters, weights_bytes=model.weights_bytes,
+    )  # fmt: skip
+
+
+def shape_disagreement(model: Model, facts: ModelFacts | None) -> str | None:
+    """A warning when the weights' metadata and spec.architecture give different shapes (the weights win)."""
+    declared = declared_shape(model)
+    if declared is None or facts is None or not facts.has_shape:
+        return None
+    files = (facts.block_count, facts.head_count_kv, facts.head_dims)
+    stated = (declared.block_count, declared.head_count_kv, declared.head_dims)
+    if files == stated:
+        return None
+
+    def shape(layers: int | None, kv: int | None, dims: tuple[int, int] | None) -> str:
+        k, v = dims or (0, 0)
+        return f"{layers} layers, {kv} KV heads, head size {k if k == v else f'{k}/{v}'}"
+
+    return (
+        f"model {model.name}: its weights give {shape(*files)}, spec.architecture says {shape(*stated)}; "
+        "the KV cache is sized from the weights"
+    )
 
 
 def weights_and_basis(model: Model, facts: ModelFacts | None) -> tuple[int, MemoryBasis]:
     if facts is not None and facts.weights_bytes:
         return facts.weights_bytes, ("arch" if facts.has_shape else "weights")
+    if declared_shape(model) is not None:  # the KV cache is sized from spec.architecture
+        weights, _ = _weights_without_files(model, facts)
+        return weights, "arch"
+    return _weights_without_files(model, facts)
+
+
+def _weights_without_files(model: Model, facts: ModelFacts | None) -> tuple[int, MemoryBasis]:
     if model.weights_bytes:
         return model.weights_bytes, "catalog"
     params = model.parameters or (facts.parameters if facts else None)

@@ -22,6 +22,7 @@ from engine_ctl.documents import (
 )
 from engine_ctl.inventory import Inventory, inventory_from
 from engine_ctl.model import (
+    Architecture,
     Deployment,
     DesiredState,
     HfRef,
@@ -229,6 +230,21 @@ def _hf_problems(doc: SourceDocument, path: tuple[str | int, ...], value: object
     ]
 
 
+def _architecture_problems(doc: SourceDocument, model: Model) -> list[Diagnostic]:
+    """spec.architecture: positive counts, a whole shape (a head size), KV heads that divide the heads."""
+    from engine_ctl.diagnostics import format_path
+
+    if model.architecture is None:
+        return []
+    out = []
+    for name, message, hint in model.architecture.problems():
+        path = ("spec", "architecture", name)
+        field = format_path(path)
+        at = doc.locate(path) if path in doc.value_positions else doc.locate(path[:-1], key=True)
+        out.append(Diagnostic(at, field, f"{field} {message}", hint=hint, code="INVALID_DEPLOYMENT"))
+    return out
+
+
 def _size_or_none(value: str | int | None) -> int | None:
     if value is None:
         return None
@@ -277,6 +293,7 @@ def _model(doc: SourceDocument, parsed: ModelDocument) -> LoadedModel:
         pooling=spec.pooling,
         tool_call_parser=spec.tool_call_parser,
         reasoning_parser=spec.reasoning_parser,
+        architecture=Architecture(**spec.architecture.model_dump()) if spec.architecture else None,
     )
     paths: dict[str, tuple[str | int, ...]] = {
         "name": ("metadata", "name"),
@@ -286,6 +303,7 @@ def _model(doc: SourceDocument, parsed: ModelDocument) -> LoadedModel:
         "commit": ("spec", "hf", "commit"),
         "context_length": ("spec", "context_length"),
         "parameters": ("spec", "parameters"),
+        "architecture": ("spec", "architecture"),
     }
     origin = Origin(file=doc.file, form="model", line=doc.line, column=doc.column, fields=_fields(doc, paths))
     return LoadedModel(model=model, origin=origin)
@@ -380,7 +398,9 @@ def load_documents(docs: list[SourceDocument]) -> LoadResult:
             described.setdefault(doc.file, []).append(f"deployment {parsed.name}")
         else:
             problems.extend(_hf_problems(doc, ("spec", "hf"), parsed.spec.hf))
-            models.append(_model(doc, parsed))
+            loaded_model = _model(doc, parsed)
+            problems.extend(_architecture_problems(doc, loaded_model.model))
+            models.append(loaded_model)
             described.setdefault(doc.file, []).append(f"model {parsed.metadata.name}")
     desired = DesiredState(models=tuple(models), deployments=tuple(deployments))
     return LoadResult(

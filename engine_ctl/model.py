@@ -22,6 +22,54 @@ class HfRef(Value):
         return f"{self.repo}@{self.commit}" if self.commit else self.repo
 
 
+class Architecture(Value):
+    """The model's shape as its Model document states it, to size the KV cache before any host has the weights:
+    layers × KV heads × head size (head_dim, or embedding_length / heads)."""
+
+    layers: int
+    kv_heads: int
+    heads: int | None = None
+    head_dim: int | None = None
+    embedding_length: int | None = None
+
+    @property
+    def head_size(self) -> int | None:
+        if self.head_dim:
+            return self.head_dim
+        if self.embedding_length and self.heads:
+            return self.embedding_length // self.heads
+        return None
+
+    def problems(self) -> list[tuple[str, str, str]]:
+        """(field, message, hint) for each rule the values break; empty when the shape is whole and consistent."""
+        out: list[tuple[str, str, str]] = []
+        for name in ("layers", "kv_heads", "heads", "head_dim", "embedding_length"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                out.append((name, f"{value}: a positive count", f"write the model's {_ARCH_SOURCES[name]}"))
+        if out:
+            return out
+        if self.head_dim is None and not (self.embedding_length and self.heads):
+            out.append(("head_dim", "missing: give head_dim, or embedding_length and heads",
+                        "head_dim is config.json's head_dim, or its hidden_size / num_attention_heads"))  # fmt: skip
+        if self.heads is not None and (self.kv_heads > self.heads or self.heads % self.kv_heads):
+            out.append(("kv_heads", f"{self.kv_heads}: the KV heads divide the {self.heads} attention heads",
+                        "kv_heads is config.json's num_key_value_heads (GGUF: attention.head_count_kv)"))  # fmt: skip
+        if self.head_dim is None and self.embedding_length and self.heads and self.embedding_length % self.heads:
+            out.append(("embedding_length", f"{self.embedding_length}: not a multiple of the {self.heads} heads",
+                        "give head_dim (config.json's head_dim) when the heads do not divide it"))  # fmt: skip
+        return out
+
+
+_ARCH_SOURCES = {
+    "layers": "number of layers (config.json num_hidden_layers, GGUF block_count)",
+    "kv_heads": "KV heads (config.json num_key_value_heads, GGUF attention.head_count_kv)",
+    "heads": "attention heads (config.json num_attention_heads, GGUF attention.head_count)",
+    "head_dim": "head size (config.json head_dim, GGUF attention.key_length)",
+    "embedding_length": "embedding size (config.json hidden_size, GGUF embedding_length)",
+}
+
+
 class Model(Value):
     """A model: where its weights are and what it is."""
 
@@ -39,6 +87,7 @@ class Model(Value):
     pooling: str | None = None
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    architecture: Architecture | None = None
 
     @property
     def is_embedding(self) -> bool:

@@ -65,3 +65,24 @@ def test_json_documents_load() -> None:
     )
     assert messages(diags) == []
     assert result.desired.deployments[0].deployment.accelerator == "cpu"
+
+
+def test_architecture_means_the_same_in_yaml_and_json() -> None:
+    yaml_doc = """
+    kind: Model
+    metadata: {name: m}
+    spec:
+      format: gguf
+      path: m.gguf
+      architecture: {layers: 28, heads: 24, kv_heads: 8, head_dim: 128}
+    """
+    json_doc = (
+        '{"kind": "Model", "metadata": {"name": "m"}, "spec": {"format": "gguf", "path": "m.gguf", '
+        '"architecture": {"layers": 28, "heads": 24, "kv_heads": 8, "head_dim": 128}}}'
+    )
+    a, da = load(yaml_doc)
+    b, db = load(json_doc)
+    assert messages(da) == messages(db) == []
+    arch = a.desired.models[0].model.architecture
+    assert arch is not None and (arch.layers, arch.kv_heads, arch.head_size) == (28, 8, 128)
+    assert a.desired.models[0].model == b.desired.models[0].model
