@@ -51,11 +51,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "engine_ctl.commands.render_cmd:render",
         "Print the fit of DEPLOYMENT and the systemd unit(s) its replicas would run, from live host facts.",
     ),
+    "show": ("engine_ctl.commands.show_cmd:show", "Show a saved plan without touching hosts or state."),
     "schema": (
         "engine_ctl.commands.validate_cmd:schema",
         "Print the JSON Schema of engine-ctl documents (for editors' YAML language servers).",
     ),
-    "state": ("engine_ctl.commands.status_cmd:state_group", "Inspect the recorded state."),
+    "state": (
+        "engine_ctl.commands.status_cmd:state_group",
+        "Inspect the recorded state, or move it between backends (push, pull).",
+    ),
     "status": (
         "engine_ctl.commands.status_cmd:status",
         "A deployment's state and each instance: INSTANCE HOST STATE … LAST ERROR (all deployments without NAME).",

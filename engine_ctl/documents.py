@@ -94,6 +94,11 @@ class DeploymentSpec(Doc):
     )
     priority: int = Field(0, description="Replicas of a higher-priority deployment are placed first.")
     host: str | None = Field(None, description="Restrict replicas to this inventory host.")
+    prevent_destroy: bool = Field(
+        False,
+        description="true: any plan that would destroy this deployment is refused (Terraform's lifecycle "
+        "prevent_destroy), also when its document is left out. Changing it changes nothing on the hosts.",
+    )
 
 
 class DeploymentDocument(Doc):
@@ -150,6 +155,11 @@ class FlatDeploymentDocument(Doc):
     )
     devices: list[FlatDevice] = Field(default_factory=list, description="Pin GPUs on a host with several.")
     host: str | None = Field(None, description="The inventory host to run on.")
+    prevent_destroy: bool = Field(
+        False,
+        description="true: any plan that would destroy this deployment is refused (Terraform's lifecycle "
+        "prevent_destroy), also when its document is left out. Changing it changes nothing on the hosts.",
+    )
     resources: FlatResources | None = None
     engine_config: FlatEngineConfig = Field(default_factory=FlatEngineConfig)
     replicas: int = Field(1, description="How many replicas (min = max).")
@@ -203,7 +213,6 @@ class ModelSpecDoc(Doc):
         description="The model's shape, to size the KV cache before any host has the weights: layers, kv_heads "
         "and head_dim (or embedding_length and heads). The weights' own metadata wins once a host has them.",
     )
-
 
 
 class ModelDocument(Doc):

@@ -11,7 +11,7 @@ does not fit the other.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -527,9 +527,13 @@ def place(
     taken: Taken | None = None,
     already: dict[str, int] | None = None,
     prefer: str | None = None,
+    no_weights: Mapping[str, str] | None = None,
 ) -> FitResult:
-    """Spread `count` replicas over hosts: fewest replicas of this deployment first, GPUs whole, by UUID.
-    `taken` (not changed) is what other replicas already hold; each replica placed here is counted too."""
+    """Spread `count` replicas over hosts, GPUs whole, by UUID. `taken` (not changed) is what other replicas
+    already hold; each replica placed here is counted too. `no_weights` maps a host to why the model's weights are
+    not usable there (missing, not a valid file): no replica is placed there, and it waits for them.
+
+    The order is deterministic (the same documents, state and facts give the same placement): see host_order."""
     held = taken.copy() if taken is not None else Taken()
     per_host: dict[str, int] = {h.host: (already or {}).get(h.host, 0) for h in hosts}
     candidates = [h for h in hosts if d.host in (None, h.host)]
@@ -539,7 +543,10 @@ def place(
         return FitResult(plan=plan, pending_reason=f"Waiting for host {d.host} (not in the inventory or unreachable)")
     for index in range(count):
         best: tuple[HostFacts, list[Gpu]] | None = None
-        for h in sorted(candidates, key=lambda x: (per_host[x.host], x.host != prefer, -held.free_memory(x))):
+        for h in host_order(candidates, per_host, held, prefer):
+            if no_weights and h.host in no_weights:
+                waiting[h.host] = no_weights[h.host]
+                continue
             gpus, reason = host_verdict(h, plan, provider, held)
             if gpus is None:
                 waiting[h.host] = reason or "cannot run here"
@@ -559,6 +566,30 @@ def place(
         per_host[h.host] += 1
         placements.append(placement)
     return FitResult(plan=plan, placements=tuple(placements), waiting=waiting)
+
+
+def free_room(host: HostFacts, taken: Taken) -> tuple[int, int, int]:
+    """A host's room as placement ranks it, from stable facts only: GPUs not given to a replica, CPU cores and host
+    memory (of its total) not given to a replica. Never the memory available now or a GPU's memory in use, which
+    change from one gathering of facts to the next (and so would move a placement between two plans)."""
+    gpus = sum(1 for g in host.gpus if g.uuid not in taken.gpus)
+    memory = host.memory.total_bytes - taken.memory.get(host.host, 0)
+    return gpus, taken.free_cores(host), memory
+
+
+def host_order(
+    hosts: Sequence[HostFacts], per_host: Mapping[str, int], taken: Taken, prefer: str | None = None
+) -> list[HostFacts]:
+    """The order hosts are tried for one replica: fewest replicas of this deployment first; then `prefer` (the
+    host of the replica a surge replaces); then the most free room (free_room: GPUs, then cores, then memory);
+    then inventory order. The first host where the replica fits is chosen."""
+    position = {h.host: i for i, h in enumerate(hosts)}
+
+    def key(h: HostFacts) -> tuple[int, bool, tuple[int, int, int], int]:
+        gpus, cores, memory = free_room(h, taken)
+        return per_host.get(h.host, 0), h.host != prefer, (-gpus, -cores, -memory), position[h.host]
+
+    return sorted(hosts, key=key)
 
 
 def replica_threads(plan: FitPlan, host: HostFacts) -> int | None:

@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import difflib
+import os
 import posixpath
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,13 @@ from engine_ctl.units import parse_size
 from engine_ctl.yamlsource import SourceDocument, expand_paths, read_path, text_problems
 
 KINDS = ("Deployment", "Model", "Inventory")
+STATE_NAME = "engine-ctl.state.json"
+OWN_KINDS = {"Plan": "a saved plan", "State": "an engine-ctl state"}
+OWN_NAMES = {
+    STATE_NAME: "the state",
+    STATE_NAME + ".backup": "the state's backup",
+    STATE_NAME + ".lock": "the state's lock",
+}
 
 
 @dataclass
@@ -49,6 +58,24 @@ class LoadResult:
     """Names of models whose documents did not load (so "model exists" is not reported twice)."""
     documents: dict[str, list[str]] = field(default_factory=dict)
     """file -> the names of what it defines ('deployment chat', 'model llama-3-2-3b', 'inventory')."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    """file -> what engine-ctl file it is ('a saved plan', 'the state's backup'): never read as documents."""
+    searched: list[str] = field(default_factory=list)
+    """The paths the documents were looked for in, as given."""
+
+    @property
+    def has_documents(self) -> bool:
+        """Whether any deployment or model document was loaded (an inventory alone is not a set of documents)."""
+        return bool(self.desired.deployments or self.desired.models or self.broken_models) or any(
+            k != ["inventory"] for k in self.documents.values()
+        )
+
+    def skipped_note(self) -> str | None:
+        """The one line that says which of engine-ctl's own files were left out, or None."""
+        if not self.skipped:
+            return None
+        listed = ", ".join(f"{f} ({what})" for f, what in sorted(self.skipped.items()))
+        return f"Skipped engine-ctl's own files, not documents: {listed}"
 
 
 def _fields(doc: SourceDocument, mapping: dict[str, tuple[str | int, ...]]) -> dict[str, tuple[str, int, int]]:
@@ -100,6 +127,7 @@ def _spec_deployment(doc: SourceDocument, parsed: DeploymentDocument) -> LoadedD
         engine_args=tuple(spec.engine_args),
         priority=spec.priority,
         host=spec.host,
+        prevent_destroy=spec.prevent_destroy,
     )
     paths: dict[str, tuple[str | int, ...]] = {
         "name": ("metadata", "name"),
@@ -117,6 +145,7 @@ def _spec_deployment(doc: SourceDocument, parsed: DeploymentDocument) -> LoadedD
         "engine_args": ("spec", "engine_args"),
         "priority": ("spec", "priority"),
         "host": ("spec", "host"),
+        "prevent_destroy": ("spec", "prevent_destroy"),
         **_items(doc, "engine_args", ("spec", "engine_args"), len(spec.engine_args)),
     }
     origin = Origin(file=doc.file, form="spec", line=doc.line, column=doc.column, fields=_fields(doc, paths))
@@ -172,6 +201,7 @@ def _flat_deployment(doc: SourceDocument, parsed: FlatDeploymentDocument) -> tup
         gpu_memory_bytes=_size_or_none(gpu_mem),
         ram_bytes=_size_or_none(res.ram if res else None),
         cuda_graphs=cfg.cuda_graphs,
+        prevent_destroy=parsed.prevent_destroy,
     )
     paths: dict[str, tuple[str | int, ...]] = {
         "name": ("name",),
@@ -189,6 +219,7 @@ def _flat_deployment(doc: SourceDocument, parsed: FlatDeploymentDocument) -> tup
         "gpu_memory_bytes": ("engine_config", "memory", "request") if cfg.memory else ("resources", "gpu"),
         "ram_bytes": ("resources", "ram"),
         "cuda_graphs": ("engine_config", "cuda_graphs"),
+        "prevent_destroy": ("prevent_destroy",),
         **_items(doc, "engine_args", ("engine_config", "extra_args"), len(cfg.extra_args)),
     }
     fields = _fields(doc, paths)
@@ -321,8 +352,9 @@ def classify(doc: SourceDocument) -> tuple[str | None, Diagnostic | None]:
             f"a document is a mapping (a deployment, a model or an inventory); this one is {what}",
             hint="start with metadata:/spec:, name:/engine:/model:, or kind: Model",
         )
-    if ("lineage" in data and "serial" in data) or ("state_lineage" in data and "changes" in data):
-        return "Skip", None  # an engine-ctl state or plan file beside the documents
+    own = own_file_kind(data)
+    if own is not None:
+        return own, None  # an engine-ctl state or plan file beside the documents
     kind = data.get("kind")
     if kind is not None:
         if kind in KINDS:
@@ -364,12 +396,14 @@ def load_documents(docs: list[SourceDocument]) -> LoadResult:
     problems: list[Diagnostic] = []
     described: dict[str, list[str]] = {}
     broken: set[str] = set()
+    skipped: dict[str, str] = {}
     for doc in docs:
         kind, problem = classify(doc)
         if problem is not None or kind is None:
             problems.extend([problem] if problem else [])
             continue
-        if kind == "Skip":
+        if kind in OWN_KINDS:
+            skipped[doc.file] = OWN_KINDS[kind]
             continue
         unsafe = text_problems(doc)
         if unsafe:  # refused whole: no part of it may reach a unit, an argv or the state
@@ -404,8 +438,9 @@ def load_documents(docs: list[SourceDocument]) -> LoadResult:
             described.setdefault(doc.file, []).append(f"model {parsed.metadata.name}")
     desired = DesiredState(models=tuple(models), deployments=tuple(deployments))
     return LoadResult(
-        desired=desired, inventory=inventory, diagnostics=problems, documents=described, broken_models=broken
-    )
+        desired=desired, inventory=inventory, diagnostics=problems, documents=described, broken_models=broken,
+        skipped=skipped,
+    )  # fmt: skip
 
 
 def _model_name(doc: SourceDocument) -> set[str]:
@@ -447,15 +482,63 @@ def _validate_shape(doc: SourceDocument, schema: type[BaseModel]) -> tuple[Any, 
             return None, found
 
 
+def own_file_kind(data: dict[Any, Any]) -> str | None:
+    """'Plan' for a saved plan (`plan --out`, `plan --json`: format_version with changes or state_lineage, as
+    savedplan.decode_plan reads it), 'State' for a state file; None for anything else."""
+    if "format_version" in data and ("changes" in data or "state_lineage" in data):
+        return "Plan"
+    if "state_lineage" in data and "changes" in data:
+        return "Plan"
+    if "lineage" in data and "serial" in data:
+        return "State"
+    return None
+
+
+def _own_names(paths: list[Path]) -> dict[str, str]:
+    """The state file, its backup and its lock in the directories given (never read as documents)."""
+    out = {}
+    for path in paths:
+        if path.is_dir():
+            for name, what in OWN_NAMES.items():
+                if (path / name).exists():
+                    out[str(path / name)] = what
+    return out
+
+
+def _is_own_output(path: Path) -> bool:
+    """Whether `path` is this process's stdout or stderr (`plan . --json > plan.json` creates it, empty, first)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    for fd in (1, 2):
+        try:
+            out = os.fstat(fd)
+        except OSError:
+            continue
+        if (out.st_dev, out.st_ino) == (st.st_dev, st.st_ino) and stat.S_ISREG(out.st_mode):
+            return True
+    return False
+
+
 def load_paths(paths: list[Path]) -> LoadResult:
-    """Read files and directories (imperative shell), then load them."""
+    """Read files and directories (imperative shell), then load them. engine-ctl's own files (saved plans,
+    state files, their backups and locks, this command's own output) are skipped and listed in `skipped`."""
     files, problems = expand_paths(paths)
+    skipped = _own_names(paths)
     docs: list[SourceDocument] = []
+    read: list[Path] = []
     for path in files:
+        if _is_own_output(path):
+            skipped[str(path)] = "this command's own output"
+            continue
         found, file_problems = read_path(path)
         docs.extend(found)
         problems.extend(file_problems)
+        read.append(path)
     result = load_documents(docs)
     result.diagnostics = problems + result.diagnostics
-    result.files = [str(f) for f in files]
+    result.skipped = {**skipped, **result.skipped}
+    result.files = [str(f) for f in read if str(f) not in result.skipped]
+    result.searched = [str(p) for p in paths]
     return result

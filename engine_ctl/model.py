@@ -119,6 +119,8 @@ class Deployment(Value):
     gpu_memory_bytes: int | None = None
     ram_bytes: int | None = None
     cuda_graphs: bool | None = None
+    prevent_destroy: bool = False
+    """Any plan that would destroy the deployment is refused (recorded in the state, never a new revision)."""
 
 
 class Origin(Value):

@@ -131,6 +131,10 @@ class Plan(BaseModel):
     drift: list[Drift] = Field(default_factory=list)
     context: dict[str, Any] = Field(default_factory=dict)
     """Where the plan came from (documents, inventory, state file, model paths), for `apply PLANFILE`."""
+    absent: list[str] = Field(default_factory=list)
+    """Deployments this plan destroys because their documents are not among those passed (shown first)."""
+    refused: list[str] = Field(default_factory=list)
+    """Why the plan may not be applied at all (a deployment with prevent_destroy: true would be destroyed)."""
 
     def summary(self) -> dict[str, int]:
         add = sum(1 for c in self.changes if c.action == ["create"])
@@ -146,7 +150,8 @@ class Plan(BaseModel):
     def problems(self) -> list[str]:
         """What makes plan and apply exit 1: deployments that cannot be served as asked, replicas that could
         not be checked, hosts that could not be reached."""
-        out = [f"{c.name} is Failed: {c.failed_reason}" for c in self.changes if c.failed_reason]
+        out = list(self.refused)
+        out += [f"{c.name} is Failed: {c.failed_reason}" for c in self.changes if c.failed_reason]
         out += [f"{c.name}: {b}" for c in self.changes for b in c.blocked]
         out += [f"host {h} could not be checked: {why}" for h, why in sorted(self.unreachable.items())]
         return out
@@ -165,10 +170,36 @@ SYMBOLS = {
 
 
 def spec_record(d: Deployment, model: Model) -> tuple[dict[str, Any], dict[str, Any], str]:
-    spec = d.model_dump(mode="json")
+    spec = d.model_dump(mode="json", exclude={"prevent_destroy"})
     mdl = model.model_dump(mode="json")
     digest = hashlib.sha256(json.dumps({"spec": spec, "model": mdl}, sort_keys=True).encode()).hexdigest()
+    if d.prevent_destroy:  # recorded (a plan without the document still refuses), never a new revision
+        spec["prevent_destroy"] = True
     return spec, mdl, digest
+
+
+def weights_missing(model: Model, hosts: list[HostFacts], inventory: Mapping[str, Any]) -> dict[str, str]:
+    """host -> why a replica waits there: the model's weights are missing, or not a valid file (the facts'
+    model_problems). No replica is placed on such a host (seed: Pending, waiting for the weights)."""
+    out = {}
+    for h in hosts:
+        path = model_path_on_host(model, inventory[h.host])
+        if path in h.model_problems:
+            out[h.host] = f"Waiting for the weights of {model.name} at {path} ({h.model_problems[path]})"
+    return out
+
+
+def destroy_refusals(plan: Plan, state: State) -> list[str]:
+    """prevent_destroy: true (recorded from the deployment's document) refuses every plan that destroys it."""
+    out = []
+    for c in plan.changes:
+        record = state.deployments.get(c.name)
+        if c.action == ["delete"] and record is not None and record.spec.get("prevent_destroy") is True:
+            out.append(
+                f"{c.name} has prevent_destroy: true, and this plan destroys it; nothing is applied "
+                "(to destroy it, set prevent_destroy: false in its document and apply that first)"
+            )
+    return out
 
 
 def field_changes(
@@ -300,6 +331,7 @@ def plan_deployment(
     change.fit = fitted.model_dump(mode="json")
     d = sized
     by_host = {h.name: h for h in inventory.hosts}
+    no_weights = weights_missing(model, hosts, by_host)
     count = max(d.replicas_min, 1)
     records = list(record.replicas) if record else []
     replicas: list[ReplicaChange] = []
@@ -334,6 +366,7 @@ def plan_deployment(
         if current is None:
             result = place(
                 d, fitted, provider, _with_alloc(hosts, alloc), 1, taken=alloc.taken, already=on_host,
+                no_weights=no_weights,
             )  # fmt: skip
             if not result.placements:
                 change.pending_reason = result.pending_reason
@@ -347,8 +380,9 @@ def plan_deployment(
             continue
         host_facts = facts[current.host]
         same_place = _placement_of(current, host_facts, fitted)
+        moving = d.host not in (None, current.host)  # spec.host changed: a replacement onto the new host
         unit_now = None
-        if same_place is not None and len(same_place.gpus) == fitted.gpus:
+        if same_place is not None and len(same_place.gpus) == fitted.gpus and not moving:
             unit_now = render_replica(d, model, provider, fitted, same_place, by_host, current.revision, current.slot)
         fact = _unit_fact(host_facts, current.unit)
         if unit_now is not None and same_place is not None and unit_now.sha256 == current.unit_sha256:
@@ -363,6 +397,7 @@ def plan_deployment(
         others = {h: n - (1 if h == current.host else 0) for h, n in on_host.items()}
         surge = place(
             d, fitted, provider, _with_alloc(hosts, alloc), 1, taken=alloc.taken, already=others, prefer=current.host,
+            no_weights=no_weights,
         )  # fmt: skip
         if surge.placements:
             p = surge.placements[0].model_copy(update={"index": index})
@@ -370,8 +405,8 @@ def plan_deployment(
         else:
             alloc.release(current)
             stop_start = place(
-                d, fitted, provider, [h for h in _with_alloc(hosts, alloc) if h.host == current.host], 1,
-                taken=alloc.taken,
+                d, fitted, provider, [h for h in _with_alloc(hosts, alloc) if moving or h.host == current.host], 1,
+                taken=alloc.taken, no_weights=no_weights,
             )  # fmt: skip
             if not stop_start.placements:
                 change.pending_reason = stop_start.pending_reason
@@ -381,7 +416,8 @@ def plan_deployment(
                     or Placement(index=index, host=current.host, port=current.port)
                 )
                 break
-            p = stop_start.placements[0].model_copy(update={"index": index, "port": current.port})
+            kept = {} if moving else {"port": current.port}
+            p = stop_start.placements[0].model_copy(update={"index": index, **kept})
             strategy = "stop-then-start"
         alloc.take(p)
         if p.host != current.host:
@@ -436,6 +472,11 @@ def plan_deployment(
         what = ", ".join(c.path for c in change.field_changes)
         change.reasons.append(f"records revision {revision}" + (f" ({what})" if what else "")
                               + ": nothing changes on the hosts")  # fmt: skip
+    elif record.spec.get("prevent_destroy", False) != d.prevent_destroy:
+        change.action = ["update"]
+        path = names("prevent_destroy") if names else "spec.prevent_destroy"
+        change.field_changes.append(FieldChange(path=path, old=not d.prevent_destroy, new=d.prevent_destroy))
+        change.reasons.append(f"records {path}: {str(d.prevent_destroy).lower()}; nothing changes on the hosts")
     elif change.adopt or _needs_clearing(record, change):
         change.action = ["update"]
         why = f" (the last change had failed: {record.last_error or record.reason})" if record.last_error else ""
@@ -626,6 +667,8 @@ def make_plan(
         for c in plan.changes:
             c.action = ["no-op"]
             c.replicas = []
+    plan.absent = [c.name for c in plan.changes if c.action == ["delete"]]
+    plan.refused = destroy_refusals(plan, state)
     return plan
 
 

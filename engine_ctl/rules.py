@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from engine_ctl.diagnostics import Diagnostic, Location
 from engine_ctl.engine_args import check_engine_args, split_flags
@@ -352,4 +353,20 @@ def check(desired: DesiredState, broken_models: frozenset[str] = frozenset()) ->
                 )
             )
         seen.setdefault(loaded_d.deployment.name, loaded_d)
+    return out
+
+
+def check_hosts(desired: DesiredState, hosts: Sequence[str], inventory_file: str | None = None) -> list[Diagnostic]:
+    """spec.host (the flat form's host:) names a host of the inventory; otherwise an error with a did-you-mean."""
+    out: list[Diagnostic] = []
+    where_from = f" ({inventory_file})" if inventory_file else ""
+    for loaded in desired.deployments:
+        d, o = loaded.deployment, loaded.origin
+        if d.host is None or d.host in hosts:
+            continue
+        close = difflib.get_close_matches(d.host, list(hosts), n=1)
+        known = ", ".join(hosts) or "(none)"
+        hint = (f"did you mean {close[0]!r}? " if close else "") + f"the inventory's hosts: {known}"
+        message = f'{field_name(o, "host")} "{d.host}": no host of that name in the inventory{where_from}'
+        out.append(_err(o, "host", message, hint=hint))
     return out

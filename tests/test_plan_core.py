@@ -176,8 +176,9 @@ def test_markdown_for_a_pull_request_marks_lines_for_diff_colouring() -> None:
     from engine_ctl.planview import plan_markdown
 
     text = plan_markdown(plan_for("gpus: 1", State(), h100x8()))
-    assert text.startswith("### engine-ctl plan: 1 to add, 0 to change, 0 to destroy\n\n```diff\n")
-    assert '\n+  + deployment "chat" {' in text and text.rstrip().endswith("```")
+    assert text.startswith("### engine-ctl plan: 1 to add, 0 to change, 0 to destroy\n\n> [!WARNING]\n")
+    assert "<details><summary><code>+</code> <b>chat</b>: will be created" in text
+    assert "```diff\n+ /usr/local/bin/llama-server\n+ --model /srv/models/m/m.gguf\n" in text
 
 
 def test_apply_never_prompts_without_a_terminal(tmp_path: Path) -> None:

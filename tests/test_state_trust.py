@@ -169,6 +169,7 @@ def test_plan_and_destroy_refuse_a_tampered_state_before_touching_any_host(tmp_p
     host is an address nobody answers at, so a host contacted would show as unreachable instead)."""
     inventory = tmp_path / "hosts.yaml"
     inventory.write_text("hosts:\n  - {name: gpu-1, address: 127.0.0.1, port: 9}\n")
+    (tmp_path / "models.yaml").write_text("kind: Model\nmetadata: {name: m}\nspec: {format: gguf, path: m.gguf}\n")
     state = tmp_path / "engine-ctl.state.json"
     state.write_text(json.dumps(tampered(_set_unit("../../canary-engine-ctl"))))
     before = state.read_bytes()

@@ -115,7 +115,7 @@ def load_for_plan(paths: tuple[Path, ...]) -> tuple[LoadResult, list[Diagnostic]
         err.print(note)
     for d in sorted(diagnostics, key=lambda d: d.severity != "error"):
         err.print(d.render())
-    if not errors and not result.has_documents:
+    if not result.has_documents:  # nothing to plan: never "No changes"
         raise InputError([no_documents(result)])
     if not errors:
         return result, []

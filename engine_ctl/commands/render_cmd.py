@@ -15,6 +15,7 @@ from engine_ctl.commands.common import (
     ssh_options,
     ssh_settings,
 )
+from engine_ctl.commands.plan_cmd import backend_for, read_state, state_option
 from engine_ctl.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.inventory import Inventory
 from engine_ctl.output import console, emit_json
@@ -29,8 +30,13 @@ FORMAT_VERSION = 1
 @click.command()
 @click.argument("deployment")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
-@click.option("--host", "host_names", multiple=True, help="Place on this host only (repeatable).")
+@click.option(
+    "--host", "host_names", multiple=True,
+    help="Place on this host only (repeatable): the deployment as it would be created there, whatever the state "
+    "records for it.",
+)  # fmt: skip
 @inventory_option
+@state_option
 @ssh_options
 @click.option("--json", "as_json", is_flag=True, help="The fit object and, per unit, its name, text and argv.")
 def render(
@@ -38,13 +44,15 @@ def render(
     paths: tuple[Path, ...],
     host_names: tuple[str, ...],
     inventory_path: Path | None,
+    state_path: str | None,
     parallel: int,
     accept_new_host_keys: bool,
     as_json: bool,
 ) -> None:
     """Print the fit of DEPLOYMENT and the systemd unit(s) its replicas would run, from live host facts.
 
-    PATHS are the documents (default: the current directory)."""
+    PATHS are the documents (default: the current directory). The placement is the plan's: the same documents,
+    state and facts give the same hosts, ports and GPUs as `engine-ctl plan`."""
     loaded = load_checked(paths)
     found = loaded.desired.deployment(deployment)
     if found is None:
@@ -62,10 +70,16 @@ def render(
     inventory = resolve_inventory(inventory_path, loaded)
     selected = inventory.select(list(host_names))
     scoped = Inventory(file=inventory.file, hosts=tuple(selected))
+    state = read_state(backend_for(state_path, paths))
+    if host_names:  # a preview of a new placement on these hosts: this deployment's record is left out
+        others = {k: v for k, v in state.deployments.items() if k != deployment}
+        state = state.model_copy(update={"deployments": others})
     facts, failures, mfacts, notes = gather_world(loaded.desired, scoped, ssh_settings(accept_new_host_keys), parallel)
     model = found.deployment.model
     note = notes.get(model)
-    result = render_deployment(loaded.desired, deployment, scoped, facts, mfacts.get(model))
+    result = render_deployment(
+        loaded.desired, deployment, scoped, facts, mfacts.get(model), state=state, all_model_facts=mfacts
+    )
     if as_json:
         emit_json(render_json(result, note, failures))
     else:

@@ -8,18 +8,22 @@ from pathlib import Path
 
 import click
 
+from engine_ctl.commands.common import no_documents
 from engine_ctl.diagnostics import Diagnostic, InputError
 from engine_ctl.inventory import load_inventory
-from engine_ctl.loader import load_paths
+from engine_ctl.loader import OWN_KINDS, load_paths
 from engine_ctl.output import console, emit_json
-from engine_ctl.rules import check
+from engine_ctl.rules import check, check_hosts
 from engine_ctl.schema import document_schema
 from engine_ctl.validate import NOT_CHECKED, build_report, report_json
 
 
 @click.command()
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
-@click.option("--inventory", "inventory_path", type=click.Path(path_type=Path), help="Also check this hosts.yaml.")
+@click.option(
+    "--inventory", "inventory_path", type=click.Path(path_type=Path), envvar="ENGINE_CTL_INVENTORY", show_envvar=True,
+    help="Also check this hosts.yaml.",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print a versioned JSON result.")
 def validate(paths: tuple[Path, ...], inventory_path: Path | None, as_json: bool) -> None:
     """Check deployment, model and inventory documents offline.
@@ -30,16 +34,23 @@ def validate(paths: tuple[Path, ...], inventory_path: Path | None, as_json: bool
     """
     result = load_paths(list(paths) or [Path(".")])
     diagnostics = list(result.diagnostics)
+    inventory = result.inventory
     if inventory_path is not None:
         try:
-            load_inventory(inventory_path)
+            inventory = load_inventory(inventory_path)
         except InputError as exc:
             diagnostics.extend(exc.diagnostics)
     diagnostics.extend(check(result.desired, frozenset(result.broken_models)))
+    if inventory is not None:  # spec.host names a host of the inventory
+        diagnostics.extend(check_hosts(result.desired, [h.name for h in inventory.hosts], inventory.file))
+    if not result.documents and not diagnostics:  # nothing at all: never "valid"
+        diagnostics.append(no_documents(result))
     errors = [d for d in diagnostics if d.severity == "error"]
     valid = not errors
     if as_json:
-        emit_json(report_json(result, diagnostics, valid))
+        doc = report_json(result, diagnostics, valid)
+        doc["skipped"] = [{"file": f, "what": what} for f, what in sorted(result.skipped.items())]
+        emit_json(doc)
         sys.exit(0 if valid else 1)
     _print_human(result, diagnostics, valid)
     sys.exit(0 if valid else 1)
@@ -48,6 +59,9 @@ def validate(paths: tuple[Path, ...], inventory_path: Path | None, as_json: bool
 def _print_human(result, diagnostics: list[Diagnostic], valid: bool) -> None:  # type: ignore[no-untyped-def]
     out = console()
     err = console(stderr=True)
+    for f, what in sorted(result.skipped.items()):  # what each of engine-ctl's own files is
+        todo = f"; apply it with: engine-ctl apply {f}" if what == OWN_KINDS["Plan"] else ""
+        out.print(f"{f} is {what}, engine-ctl's own file, not a document: skipped{todo}")
     for d in diagnostics:
         err.print(d.render())
     if not valid:
