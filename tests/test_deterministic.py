@@ -37,7 +37,8 @@ def docs(*deployments: str) -> DesiredState:
     text = MODEL
     for d in deployments:
         name, _, extra = d.partition(":")
-        text += f"---\nmetadata: {{name: {name}}}\nspec: {{model: m, accelerator: cpu, cpu_cores: 2{extra}}}\n"
+        cores = "" if "cpu_cores" in extra else ", cpu_cores: 2"
+        text += f"---\nmetadata: {{name: {name}}}\nspec: {{model: m, accelerator: cpu{cores}{extra}}}\n"
     found, problems = parse_text(text, "d.yaml")
     assert not problems
     return load_documents(found).desired
@@ -57,10 +58,13 @@ def plan(desired: DesiredState, state: State, *facts: HostFacts) -> Plan:
     return make_plan(desired, state, inventory(*facts), {f.host: f for f in facts}, {"m": SHAPE})
 
 
-def applied_state(desired: DesiredState, *facts: HostFacts, state: State | None = None) -> State:
+def applied_state(
+    desired: DesiredState, *facts: HostFacts, state: State | None = None
+) -> tuple[State, tuple[HostFacts, ...]]:
+    """What a successful apply records, and the hosts' facts afterwards (with the units it wrote)."""
     first = plan(desired, state or State(), *facts)
-    new, _ = applied(first, state or State(), {f.host: f for f in facts})
-    return new
+    new, after = applied(first, state or State(), {f.host: f for f in facts})
+    return new, tuple(after[f.host] for f in facts)
 
 
 def hosts_of(p: Plan, name: str) -> list[str]:
@@ -74,7 +78,8 @@ def hosts_of(p: Plan, name: str) -> list[str]:
 def test_the_memory_available_now_never_moves_a_replica() -> None:
     """Identical hosts, no state: the replica goes to the first host of the inventory, however much memory
     each host has available at the moment the facts are gathered; the plans are the same byte for byte."""
-    plans = [plan(docs("chat:"), State(), host("h1", a), host("h2", b)) for a, b in ((10, 50), (50, 10), (30, 31))]
+    fresh = State()
+    plans = [plan(docs("chat:"), fresh, host("h1", a), host("h2", b)) for a, b in ((10, 50), (50, 10), (30, 31))]
     assert [hosts_of(p, "chat") for p in plans] == [["h1"]] * 3
     texts = {p.model_dump_json(exclude={"created_at"}) for p in plans}
     assert len(texts) == 1
@@ -90,8 +95,7 @@ def test_spread_is_fewest_replicas_of_the_deployment_then_most_free_room_then_in
 def test_render_places_where_plan_places_given_the_state() -> None:
     """Another deployment recorded on h1 takes cores there: plan puts the new one on h2, and render (the same
     planning path, the same state) shows the unit plan would write, on h2."""
-    facts = (host("h1"), host("h2"))
-    state = applied_state(docs("other:, cpu_cores: 8"), *facts)
+    state, facts = applied_state(docs("other:, cpu_cores: 8"), host("h1"), host("h2"))
     assert state.deployments["other"].replicas[0].host == "h1"
     both = docs("other:, cpu_cores: 8", "chat:")
     planned = plan(both, state, *facts)
@@ -101,7 +105,7 @@ def test_render_places_where_plan_places_given_the_state() -> None:
     (unit,) = rendered.units
     assert (unit.host, unit.sha256, list(unit.argv)) == ("h2", step.unit_sha256, step.argv)
     # Once applied, render shows what runs (the recorded unit), not a fresh placement.
-    after = applied_state(both, *facts, state=state)
+    after, facts = applied_state(both, *facts, state=state)
     again = render_deployment(both, "chat", inventory(*facts), {f.host: f for f in facts}, SHAPE, state=after)
     (kept,) = again.units
     assert (kept.host, kept.sha256) == ("h2", after.deployments["chat"].replicas[0].unit_sha256)
@@ -111,8 +115,7 @@ def test_render_places_where_plan_places_given_the_state() -> None:
 
 
 def test_changing_spec_host_replaces_the_replica_onto_the_new_host() -> None:
-    facts = (host("h1"), host("h2"))
-    state = applied_state(docs("chat:, host: h1"), *facts)
+    state, facts = applied_state(docs("chat:, host: h1"), host("h1"), host("h2"))
     assert state.deployments["chat"].replicas[0].host == "h1"
     moved = plan(docs("chat:, host: h2"), state, *facts)
     (change,) = moved.changes
@@ -123,9 +126,8 @@ def test_changing_spec_host_replaces_the_replica_onto_the_new_host() -> None:
     assert "h1 → h2" in plan_text(moved)
 
 
-def test_a_host_move_without_room_for_a_surge_is_stop_then_start_on_the_new_host() -> None:
-    facts = (host("h1"), host("h2", cores=2))
-    state = applied_state(docs("chat:, host: h1", "other:, host: h2"), *facts)
+def test_a_host_move_onto_a_full_host_waits_and_the_old_replica_keeps_serving() -> None:
+    state, facts = applied_state(docs("chat:, host: h1", "other:, host: h2"), host("h1"), host("h2", cores=2))
     moved = plan(docs("chat:, host: h2", "other:, host: h2"), state, *facts)
     change = next(c for c in moved.changes if c.name == "chat")
     assert change.pending_reason is not None and not change.replicas  # h2 is full: it waits, h1 keeps serving
@@ -140,7 +142,7 @@ SPEC_HOST = """
     spec: {model: m, accelerator: cpu, host: gpu-3}
 """
 FLAT_HOST = "name: flat\nengine: llamacpp\nmodel: m/m.gguf\nhost: gpu-3\n"
-HOSTS = "hosts:\n  - {name: gpu-1, address: 127.0.0.1, port: 9}\n  - {name: gpu-2, address: 127.0.0.1, port: 9}\n"
+HOSTS = "hosts:\n  - {name: gpu-1, address: 127.0.0.1, port: 9}\n  - {name: gpu-2, address: 127.0.0.2, port: 9}\n"
 
 
 def test_a_host_not_in_the_inventory_is_an_error_at_validate_plan_and_apply(tmp_path: Path) -> None:
@@ -151,7 +153,8 @@ def test_a_host_not_in_the_inventory_is_an_error_at_validate_plan_and_apply(tmp_
         result = run(*args, "--inventory", str(hosts))
         assert result.exit_code == 1, result.output
         assert 'spec.host "gpu-3": no host of that name in the inventory' in result.stderr
-        assert 'd.yaml:6:' in result.stderr and 'host "gpu-3": no host' in result.stderr  # flat form, located
+        assert "d.yaml:7:" in result.stderr and "flat.yaml:4:" in result.stderr  # located, in each form's words
+        assert 'error: host "gpu-3": no host' in result.stderr
         assert "did you mean 'gpu-" in result.stderr and "unreachable" not in result.output
     assert run("validate", str(tmp_path)).exit_code == 0  # without an inventory it cannot be checked
 
@@ -256,6 +259,7 @@ def test_plan_json_into_a_file_of_the_directory_works_twice_in_a_row(tmp_path: P
         saved = json.loads((project / "plan.json").read_text())
         assert [c["name"] for c in saved["changes"]] == ["chat"]
         saved.pop("created_at")
+        saved.pop("state_lineage")  # no state yet: each plan offers a new one (apply PLANFILE adopts it)
         outputs.append(saved)
     assert outputs[0] == outputs[1]  # the same plan, apart from the time
 
@@ -264,8 +268,7 @@ def test_plan_json_into_a_file_of_the_directory_works_twice_in_a_row(tmp_path: P
 
 
 def test_destroying_by_absence_is_stated_first() -> None:
-    facts = (host("h1"), host("h2"))
-    state = applied_state(docs("a:", "b:", "c:"), *facts)
+    state, facts = applied_state(docs("a:", "b:", "c:"), host("h1"), host("h2"))
     p = plan(docs("a:"), state, *facts)
     assert p.absent == ["b", "c"]
     first = plan_text(p).splitlines()[0]
@@ -276,20 +279,18 @@ def test_destroying_by_absence_is_stated_first() -> None:
 
 
 def test_prevent_destroy_is_recorded_without_a_new_revision() -> None:
-    facts = (host("h1"),)
-    plain = applied_state(docs("b:"), *facts)
+    plain, facts = applied_state(docs("b:"), host("h1"))
     guarded = plan(docs("b:, prevent_destroy: true"), plain, *facts)
     (change,) = guarded.changes
     assert change.action == ["update"] and change.state_only and change.revision == change.old_revision
     assert change.spec_hash == plain.deployments["b"].spec_hash and change.spec["prevent_destroy"] is True
     assert "records spec.prevent_destroy: true; nothing changes on the hosts" in change.reasons
-    after = applied_state(docs("b:, prevent_destroy: true"), *facts, state=plain)
+    after, facts = applied_state(docs("b:, prevent_destroy: true"), *facts, state=plain)
     assert not plan(docs("b:, prevent_destroy: true"), after, *facts).has_changes
 
 
 def test_a_plan_that_destroys_a_prevent_destroy_deployment_is_refused() -> None:
-    facts = (host("h1"),)
-    state = applied_state(docs("a:", "b:, prevent_destroy: true"), *facts)
+    state, facts = applied_state(docs("a:", "b:, prevent_destroy: true"), host("h1"))
     p = plan(docs("a:"), state, *facts)
     assert p.refused and "b has prevent_destroy: true, and this plan destroys it" in p.refused[0]
     assert p.refused[0] in p.problems  # plan exits 1
@@ -305,7 +306,7 @@ def test_the_flat_form_carries_prevent_destroy() -> None:
 def test_destroy_and_apply_do_nothing_when_refused(tmp_path: Path) -> None:
     project = _local_project(tmp_path)
     local = cpu_host("localhost")
-    state = applied_state(docs("b:, prevent_destroy: true"), local)
+    state, _ = applied_state(docs("b:, prevent_destroy: true"), local)
     state_file = project / "engine-ctl.state.json"
     state_file.write_text(state.model_dump_json())
     before = state_file.read_bytes()
