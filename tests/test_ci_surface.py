@@ -316,8 +316,7 @@ def test_summary_and_warnings_come_before_any_deployment_section() -> None:
 
 def test_the_argv_diff_marks_the_words_that_changed_within_the_whole_argv() -> None:
     old = ["/bin/llama-server", "--model", "/m.gguf", "--ctx-size", "1024", "--jinja", "--port", "8000"]
-    new = ["/bin/llama-server", "--model", "/m.gguf", "--ctx-size", "2048", "--jinja", "--temp", "0.7",
-           "--port", "8000"]
+    new = [*old[:4], "2048", "--jinja", "--temp", "0.7", "--port", "8000"]
     assert argv_word_diff(old, new) == [
         "  /bin/llama-server", "  --model /m.gguf", "- --ctx-size 1024", "+ --ctx-size 2048", "  --jinja",
         "+ --temp 0.7", "  --port 8000",
@@ -329,6 +328,7 @@ def test_the_argv_diff_marks_the_words_that_changed_within_the_whole_argv() -> N
 
 def test_a_plan_past_the_comment_limit_is_cut_with_where_the_full_plan_is() -> None:
     engine = {"llama.cpp": EngineInstall(path="/usr/local/bin/llama-server")}
+
     def host(i: int):  # type: ignore[no-untyped-def]
         """The recorded 8×H100, with UUIDs of its own (GPUs are addressed by UUID across the fleet)."""
         h = h100x8(f"gpu-{i:02d}")
