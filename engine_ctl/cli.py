@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "engine_ctl.commands.status_cmd:force_unlock",
         "Remove the state lock LOCK_ID left by a command that died.",
     ),
+    "logs": ("engine_ctl.commands.logs_cmd:logs", "Each replica's engine log, lines prefixed by host and instance."),
     "list": (
         "engine_ctl.commands.status_cmd:list_cmd",
         "Every deployment: NAME STATE READY REVISION HOSTS, from the state and live health.",

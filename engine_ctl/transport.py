@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
+from typing import IO, TYPE_CHECKING, Literal, Protocol, TypeVar
 
 from engine_ctl.inventory import Host
 
@@ -53,6 +53,8 @@ class Transport(Protocol):
     def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None) -> CommandResult: ...
 
     def put(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
+
+    def stream(self, argv: Sequence[str], on_line: Callable[[str], None], stop: threading.Event) -> int | None: ...
 
     def close(self) -> None: ...
 
@@ -211,6 +213,27 @@ class SSHTransport:
             raise HostFailure(self.host.name, "unreachable", f"connection lost: {exc}") from None
         return CommandResult(code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
+    def stream(self, argv: Sequence[str], on_line: Callable[[str], None], stop: threading.Event) -> int | None:
+        """Run argv and hand each line of its output (stdout and stderr together) to on_line as it comes. Returns
+        its exit status, or None once `stop` is set: the channel is closed, and since the command runs on a
+        pseudo-terminal the remote side hangs up on it (SIGHUP), so nothing is left running there."""
+        from paramiko.ssh_exception import SSHException
+
+        conn = self._connection()
+        limit = self.options.command_timeout or self.host.command_timeout
+        chan = None
+        try:
+            chan = conn.client.get_transport().open_session(timeout=limit)  # type: ignore[union-attr]
+            chan.get_pty(term="dumb", width=4096)
+            chan.exec_command(shlex.join(argv))
+            ended = _pump(chan, on_line, stop)
+            return chan.recv_exit_status() if ended else None
+        except (SSHException, OSError, EOFError) as exc:
+            raise HostFailure(self.host.name, "unreachable", f"connection lost: {exc}") from None
+        finally:
+            if chan is not None:
+                chan.close()
+
     def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
         import paramiko
         from paramiko.ssh_exception import SSHException
@@ -261,6 +284,26 @@ def _drain(chan: paramiko.Channel, timeout: float) -> tuple[bytes, bytes]:
     return bytes(out), bytes(err)
 
 
+def _pump(source: paramiko.Channel | IO[bytes], on_line: Callable[[str], None], stop: threading.Event) -> bool:
+    """Read `source` line by line into on_line until it ends (True) or `stop` is set (False)."""
+    import select
+
+    pending = b""
+    while not stop.is_set():
+        ready, _, _ = select.select([source], [], [], 0.25)
+        if not ready:
+            continue
+        data = source.recv(65536) if hasattr(source, "recv") else os.read(source.fileno(), 65536)
+        if not data:
+            break
+        *lines, pending = (pending + data).split(b"\n")
+        for line in lines:
+            on_line(line.rstrip(b"\r").decode("utf-8", "replace"))
+    if pending and not stop.is_set():
+        on_line(pending.rstrip(b"\r").decode("utf-8", "replace"))
+    return not stop.is_set()
+
+
 def _b64(text: str) -> bytes:
     import base64
 
@@ -287,6 +330,27 @@ class LocalTransport:
         except subprocess.TimeoutExpired:
             raise HostFailure(self.host.name, "timeout", f"{argv[0]} did not finish in time") from None
         return CommandResult(proc.returncode, proc.stdout, proc.stderr)
+
+    def stream(self, argv: Sequence[str], on_line: Callable[[str], None], stop: threading.Event) -> int | None:
+        """As SSHTransport.stream, with a subprocess: ended (SIGTERM, then SIGKILL) once `stop` is set."""
+        try:
+            proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        except OSError as exc:
+            on_line(f"{argv[0]}: {exc.strerror or exc}")
+            return 127
+        assert proc.stdout is not None
+        try:
+            ended = _pump(proc.stdout, on_line, stop)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            proc.stdout.close()
+        return proc.wait() if ended else None
 
     def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
         target = Path(path)

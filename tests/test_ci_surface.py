@@ -369,3 +369,106 @@ def test_markdown_from_hostile_text_cannot_break_out_of_its_place() -> None:
 def test_the_old_diff_test_for_colours_still_holds_in_the_new_layout() -> None:
     text = plan_markdown(plan_create())
     assert "```diff\n+ /usr/local/bin/llama-server\n" in text
+
+
+# --- replica logs, without hosts (tests/test_fleet_logs.py reads the real journal) ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "passed"),
+    [("30s", "-30s"), ("10m", "-600s"), ("1h30m", "-5400s"), ("2d", "-172800s"), ("today", "today"),
+     ("2024-05-01T12:00:00+00:00", "@1714564800"), ("2024-05-01 14:00:00+02:00", "@1714564800")],
+)  # fmt: skip
+def test_since_becomes_what_journalctl_parses(given: str, passed: str) -> None:
+    from engine_ctl.commands.logs_cmd import since_argument
+
+    assert since_argument(given) == passed
+
+
+def test_journal_entries_are_the_replicas_lines_with_time_and_nothing_else() -> None:
+    from engine_ctl.commands.logs_cmd import Replica, format_line, parse_entry
+
+    r = Replica("fleet-1", "engine-ctl-chat-0a.service", 0)
+    units = {r.unit: r}
+
+    def entry(**fields: object) -> str:
+        return json.dumps({"__REALTIME_TIMESTAMP": "1714564800123456", **fields})
+
+    own = parse_entry(entry(MESSAGE="main: server is listening", _SYSTEMD_UNIT=r.unit), units)
+    assert own == (1714564800123456, r, "main: server is listening")
+    assert format_line(*own, 20) == "fleet-1 instance 0   | 2024-05-01T12:00:00.123Z main: server is listening"
+    said = parse_entry(
+        entry(MESSAGE="Started engine-ctl-chat-0a.service", _SYSTEMD_UNIT="init.scope", UNIT=r.unit), units
+    )
+    assert said is not None and said[2] == "systemd: Started engine-ctl-chat-0a.service"
+    raw = parse_entry(entry(MESSAGE=[104, 105, 255], _SYSTEMD_UNIT=r.unit), units)  # not UTF-8: a list of bytes
+    assert raw is not None and raw[2] == "hi\ufffd"
+    hostile = parse_entry(entry(MESSAGE="\x1b[2J\x1b]0;owned\x07x", _SYSTEMD_UNIT=r.unit), units)
+    assert hostile is not None and hostile[2] == "\\x1b[2J\\x1b]0;owned\\x07x"  # no escape reaches the terminal
+    assert parse_entry(entry(MESSAGE="x", _SYSTEMD_UNIT="engine-ctl-other-0a.service"), units) is None
+    assert parse_entry("No journal files were found.", units) is None
+
+
+def test_the_local_stream_hands_over_lines_as_they_come_and_ends_the_process_on_stop(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    from engine_ctl.inventory import Host
+    from engine_ctl.transport import LocalTransport
+
+    transport = LocalTransport(Host(name="localhost", address="127.0.0.1", transport="local"))
+    stop = threading.Event()
+    lines: list[str] = []
+
+    def on_line(line: str) -> None:
+        lines.append(line)
+        if len(lines) == 2:
+            stop.set()
+
+    started = time.monotonic()
+    code = transport.stream(["sh", "-c", "echo $$; echo two; sleep 60; echo never"], on_line, stop)
+    assert code is None and lines == [lines[0], "two"] and time.monotonic() - started < 10
+    time.sleep(0.2)
+    assert not Path(f"/proc/{lines[0]}").exists() or "zombie" in Path(f"/proc/{lines[0]}/status").read_text()
+    ended: list[str] = []
+    assert (
+        transport.stream(
+            ["sh", "-c", "echo a; printf 'b\\r\\nno newline'; exit 3"], ended.append, stop=threading.Event()
+        )
+        == 3
+    )
+    assert ended == ["a", "b", "no newline"]
+
+
+def write_state(path: Path, host: str = "fleet-1") -> None:
+    from engine_ctl.state.local import LocalState
+
+    replicas = [ReplicaRecord(index=i, host=host, unit=f"engine-ctl-chat-{i}a.service", port=8000 + i,
+                              unit_sha256="a" * 64, revision=1, status="serving") for i in (0, 1)]  # fmt: skip
+    LocalState(path).write(State(deployments={"chat": DeploymentRecord(name="chat", revision=1, replicas=replicas)}))
+
+
+def test_logs_refuses_what_it_cannot_read_with_a_hint(tmp_path: Path) -> None:
+    state = tmp_path / "engine-ctl.state.json"
+    write_state(state)
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("hosts:\n  - {name: other, address: 198.18.0.99}\n")
+    base = ("--state", str(state), "--inventory", str(inventory))
+    unknown = run("logs", "nope", *base)
+    assert unknown.exit_code == 1 and "no deployment named 'nope' in the state" in unknown.stderr
+    assert "hint: deployments: chat" in unknown.stderr
+    instance = run("logs", "chat", "--instance", "7", *base)
+    assert (
+        instance.exit_code == 1
+        and "chat has no instance 7" in instance.stderr
+        and "its instances: 0, 1" in instance.stderr
+    )
+    since = run("logs", "chat", "--since", "last tuesday", *base)
+    assert since.exit_code == 1 and "--since: 'last tuesday' is not a duration or a time" in since.stderr
+    missing = run("logs", "chat", *base)
+    assert (
+        missing.exit_code == 1
+        and "host fleet-1 (where the state says replicas run) is not in the inventory" in missing.stderr
+    )
+    for result in (unknown, instance, since, missing):
+        assert "Traceback" not in result.output
