@@ -133,6 +133,11 @@ def cli() -> None:
     """
 
 
+# A bad flag or ENGINE_CTL_* value is an error (exit 1), never click's usage status 2, which `--detailed-exitcode`
+# gives "changes present".
+click.exceptions.UsageError.exit_code = EXIT_ERROR
+
+
 def main() -> None:
     """Entry point: never a traceback for the user; ENGINE_CTL_DEBUG=1 shows one for developers."""
     try:

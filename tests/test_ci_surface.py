@@ -472,3 +472,15 @@ def test_logs_refuses_what_it_cannot_read_with_a_hint(tmp_path: Path) -> None:
     )
     for result in (unknown, instance, since, missing):
         assert "Traceback" not in result.output
+
+
+def test_a_bad_variable_is_an_error_never_changes_present() -> None:
+    """click exits 2 on a usage error, which --detailed-exitcode means as "changes present": engine-ctl says 1."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ENGINE_CTL_PARALLEL": "abc"}
+    proc = subprocess.run([sys.executable, "-m", "engine_ctl", "plan", "examples/quickstart", "--detailed-exitcode"],
+                          capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert proc.returncode == 1 and "ENGINE_CTL_PARALLEL" in proc.stderr

@@ -155,7 +155,8 @@ def plan(
     if as_json:
         emit_json(plan_json(result))
     elif markdown:
-        sys.stdout.write(plan_markdown(result))
+        saved = str(out_path) if out_path is not None and not errors else None
+        sys.stdout.write(plan_markdown(result, full_plan=saved))
     else:
         show_plan(result)
         if out_path is not None and not errors:
