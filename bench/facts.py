@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.startup import ENV
-from engine_ctl.gather import gather
-from engine_ctl.inventory import load_inventory
+from engine_ctl.core.documents.inventory import load_inventory
+from engine_ctl.shell.gather import gather
 from tests import fleet as fleet_mod
 
 SIZES = (1, 4, 8, 16)

@@ -21,10 +21,10 @@ from engine_ctl.state import LocalState
 
 from bench.facts import median, ssh_true
 from bench.startup import ENV
-from engine_ctl.inventory import load_inventory
-from engine_ctl.loader import load_paths
-from engine_ctl.transport import SSHOptions
-from engine_ctl.world import plan_world
+from engine_ctl.core.documents.inventory import load_inventory
+from engine_ctl.core.documents.loader import load_paths
+from engine_ctl.shell.transport import SSHOptions
+from engine_ctl.shell.world import plan_world
 from tests import fleet as fleet_mod
 from tests.llama import llama_server_dir, tiny_model
 

@@ -2,7 +2,7 @@
 
 `engine-ctl --version` is answered here, before click and the commands are imported: click alone costs as
 much as starting Python, and a version check should cost no more than the interpreter (issue 10). Everything
-else is engine_ctl.cli's; tests/test_startup.py checks that both print the same version line.
+else is engine_ctl.cli.main's; tests/test_startup.py checks that both print the same version line.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def main() -> None:
     if sys.argv[1:] == ["--version"]:
         print(VERSION_LINE)
         return
-    from engine_ctl.cli import main as cli_main
+    from engine_ctl.cli.main import main as cli_main
 
     cli_main()
 

@@ -7,8 +7,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from engine_ctl.facts import Gpu
-from engine_ctl.runspec import ReplicaRun
+from engine_ctl.core.fit.hostfacts import Gpu
+from engine_ctl.core.fit.runspec import ReplicaRun
 
 GIB = 1024**3
 
@@ -109,7 +109,7 @@ class Provider:
 
     def kv_cache_types(self, engine_args: Sequence[str]) -> tuple[str, str]:
         """K and V cache types as the user's engine_args set them (f16 by default)."""
-        from engine_ctl.engine_args import split_flags
+        from engine_ctl.core.documents.engine_args import split_flags
 
         k_flag, v_flag = self.cache_type_flags
         k = v = "f16"

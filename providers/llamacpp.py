@@ -18,7 +18,7 @@ from engine_ctl.providers.base import (
     gpu_env,
 )
 
-from engine_ctl.runspec import ReplicaRun
+from engine_ctl.core.fit.runspec import ReplicaRun
 
 ALLOWED = (
     "--threads", "--threads-batch", "--batch-size", "--ubatch-size", "--n-predict", "--keep", "--swa-full",

@@ -15,7 +15,7 @@ from engine_ctl.providers.base import (
     gpu_env,
 )
 
-from engine_ctl.runspec import ReplicaRun
+from engine_ctl.core.fit.runspec import ReplicaRun
 
 MEM_FRACTION_STATIC = 0.88
 

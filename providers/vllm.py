@@ -16,7 +16,7 @@ from engine_ctl.providers.base import (
     gpu_env,
 )
 
-from engine_ctl.runspec import ReplicaRun
+from engine_ctl.core.fit.runspec import ReplicaRun
 
 GPU_MEMORY_UTILIZATION = 0.90
 

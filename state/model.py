@@ -2,7 +2,7 @@
 
 A state is input like any document: whoever can write it (a shared PostgreSQL state, say) must not be able to
 make engine-ctl stop, overwrite or delete anything it did not create. So every name, path and port read back
-is held to the rules engine-ctl itself names things by (engine_ctl.unitnames, the inventory's host names),
+is held to the rules engine-ctl itself names things by (engine_ctl.core.names, the inventory's host names),
 and a record that breaks them is refused, with its field path, before anything acts on it."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from engine_ctl.inventory import HOST_NAME
-from engine_ctl.unitnames import (
+from engine_ctl.core.documents.inventory import HOST_NAME
+from engine_ctl.core.names import (
     MAX_REPLICA_INDEX,
     NAME_MESSAGE,
     UNIT_FORM,

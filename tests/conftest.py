@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_ctl.inventory import Inventory, load_inventory
+from engine_ctl.core.documents.inventory import Inventory, load_inventory
 from tests import fleet as fleet_mod
 from tests.fleetproject import project, weights  # noqa: F401 (fixtures of the fleet tests)
 from tests.llama import llama_server_dir

@@ -5,6 +5,9 @@ llama-server built here is visible inside), gets its own SSH host keys and the f
 answers SSH on 198.18.0.(10+i) (RFC 2544's benchmarking range) behind the bridge `ectl-br0`.
 Everything it creates is named with the prefix `ectl`, and leftovers with that prefix are cleared first.
 
+Several fleets can run side by side (one per working tree): ENGINE_CTL_FLEET_ID=N (1 to 9) names everything
+`ect<letter>` (ecta, ectb, ...), uses 198.18.N.0/24 and /var/tmp/engine-ctl-fleet-N. The default, 0, is `ectl`.
+
 From a shell:  python -m tests.fleet up 4   |   python -m tests.fleet down   |   python -m tests.fleet status
 """
 
@@ -22,10 +25,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-PREFIX = "ectl"
+FLEET_ID = int(os.environ.get("ENGINE_CTL_FLEET_ID", "0"))
+if not 0 <= FLEET_ID <= 9:
+    raise SystemExit(f"ENGINE_CTL_FLEET_ID={FLEET_ID}: write 0 to 9")
+PREFIX = "ectl" if FLEET_ID == 0 else f"ect{chr(ord('a') + FLEET_ID - 1)}"  # all four letters: none prefixes another
 BRIDGE = f"{PREFIX}-br0"
-SUBNET = "198.18.0"
-BASE = Path(os.environ.get("ENGINE_CTL_FLEET_DIR", "/var/tmp/engine-ctl-fleet"))
+SUBNET = f"198.18.{FLEET_ID}"
+BASE = Path(os.environ.get("ENGINE_CTL_FLEET_DIR", "/var/tmp/engine-ctl-fleet" + (f"-{FLEET_ID}" if FLEET_ID else "")))
 STATE = BASE / "fleet.json"
 MASK = (
     "systemd-firstboot.service", "postgresql.service", "cron.service", "exim4.service", "getty@tty1.service",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine_ctl.facts import Cpu, Gpu, HostFacts, Memory, parse_amd_smi, parse_nvidia_smi, parse_rocm_smi
-from engine_ctl.units import GIB
+from engine_ctl.core.fit.hostfacts import Cpu, Gpu, HostFacts, Memory, parse_amd_smi, parse_nvidia_smi, parse_rocm_smi
+from engine_ctl.core.sizes import GIB
 
 RECORDINGS = Path(__file__).parent / "recordings"
 

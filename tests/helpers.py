@@ -7,11 +7,11 @@ from pathlib import Path
 
 from click.testing import CliRunner, Result
 
-from engine_ctl.cli import cli
-from engine_ctl.diagnostics import Diagnostic
-from engine_ctl.loader import LoadResult, load_documents
-from engine_ctl.rules import check
-from engine_ctl.yamlsource import parse_text
+from engine_ctl.cli.main import cli
+from engine_ctl.core.diagnostics import Diagnostic
+from engine_ctl.core.documents.loader import LoadResult, load_documents
+from engine_ctl.core.documents.rules import check
+from engine_ctl.core.documents.yamlsource import parse_text
 
 MODEL_GGUF = """
 kind: Model

@@ -12,14 +12,14 @@ import click
 import pytest
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 
-from engine_ctl.cli import COMMANDS, load_command
-from engine_ctl.commands.common import ENVIRONMENT
-from engine_ctl.facts import EngineInstall, UnitFact
-from engine_ctl.loader import load_documents
-from engine_ctl.plan import DeploymentChange, Drift, FieldChange, Plan, make_plan
-from engine_ctl.planview import COMMENT_LIMIT, argv_word_diff, plan_markdown
-from engine_ctl.savedplan import decode_plan
-from engine_ctl.yamlsource import parse_text
+from engine_ctl.cli.common import ENVIRONMENT
+from engine_ctl.cli.main import COMMANDS, load_command
+from engine_ctl.cli.planview import COMMENT_LIMIT, argv_word_diff, plan_markdown
+from engine_ctl.core.documents.loader import load_documents
+from engine_ctl.core.documents.yamlsource import parse_text
+from engine_ctl.core.fit.hostfacts import EngineInstall, UnitFact
+from engine_ctl.core.plan.planner import DeploymentChange, Drift, FieldChange, Plan, make_plan
+from engine_ctl.core.plan.savedplan import decode_plan
 from tests.fleetfacts import h100x8
 from tests.helpers import run
 from tests.test_plan_core import MODEL, SHAPE, applied, world
@@ -380,13 +380,13 @@ def test_the_old_diff_test_for_colours_still_holds_in_the_new_layout() -> None:
      ("2024-05-01T12:00:00+00:00", "@1714564800"), ("2024-05-01 14:00:00+02:00", "@1714564800")],
 )  # fmt: skip
 def test_since_becomes_what_journalctl_parses(given: str, passed: str) -> None:
-    from engine_ctl.commands.logs_cmd import since_argument
+    from engine_ctl.cli.logs_cmd import since_argument
 
     assert since_argument(given) == passed
 
 
 def test_journal_entries_are_the_replicas_lines_with_time_and_nothing_else() -> None:
-    from engine_ctl.commands.logs_cmd import Replica, format_line, parse_entry
+    from engine_ctl.cli.logs_cmd import Replica, format_line, parse_entry
 
     r = Replica("fleet-1", "engine-ctl-chat-0a.service", 0)
     units = {r.unit: r}
@@ -413,8 +413,8 @@ def test_the_local_stream_hands_over_lines_as_they_come_and_ends_the_process_on_
     import threading
     import time
 
-    from engine_ctl.inventory import Host
-    from engine_ctl.transport import LocalTransport
+    from engine_ctl.core.documents.inventory import Host
+    from engine_ctl.shell.transport import LocalTransport
 
     transport = LocalTransport(Host(name="localhost", address="127.0.0.1", transport="local"))
     stop = threading.Event()

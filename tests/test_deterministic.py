@@ -12,16 +12,16 @@ from pathlib import Path
 
 from engine_ctl.state.model import State
 
-from engine_ctl.facts import HostFacts
-from engine_ctl.inventory import Host, Inventory
-from engine_ctl.loader import load_documents, load_paths
-from engine_ctl.model import DesiredState
-from engine_ctl.modelfacts import ModelFacts
-from engine_ctl.pipeline import render_deployment
-from engine_ctl.plan import Plan, make_plan
-from engine_ctl.planview import plan_text
-from engine_ctl.units import GIB
-from engine_ctl.yamlsource import parse_text
+from engine_ctl.cli.planview import plan_text
+from engine_ctl.core.documents.inventory import Host, Inventory
+from engine_ctl.core.documents.loader import load_documents, load_paths
+from engine_ctl.core.documents.yamlsource import parse_text
+from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.fit.modelfacts import ModelFacts
+from engine_ctl.core.model import DesiredState
+from engine_ctl.core.plan.pipeline import render_deployment
+from engine_ctl.core.plan.planner import Plan, make_plan
+from engine_ctl.core.sizes import GIB
 from tests.fleetfacts import cpu_host
 from tests.helpers import run, write
 from tests.test_plan_core import applied

@@ -14,10 +14,10 @@ from engine_ctl.providers import provider
 from engine_ctl.providers.llamacpp import ALLOWED as LLAMA_ALLOWED
 from engine_ctl.providers.vllm import ALLOWED as VLLM_ALLOWED
 
-from engine_ctl.engine_args import check_engine_args
-from engine_ctl.inventory import Host, Inventory
-from engine_ctl.modelfacts import ModelFacts
-from engine_ctl.pipeline import render_deployment
+from engine_ctl.core.documents.engine_args import check_engine_args
+from engine_ctl.core.documents.inventory import Host, Inventory
+from engine_ctl.core.fit.modelfacts import ModelFacts
+from engine_ctl.core.plan.pipeline import render_deployment
 from tests.fleetfacts import cpu_host
 from tests.helpers import deployment, load, messages
 from tests.llama import llama_server_dir, tiny_model

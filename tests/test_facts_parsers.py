@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine_ctl.facts import parse_amd_smi, parse_nvidia_smi, parse_rocm_smi
+from engine_ctl.core.fit.hostfacts import parse_amd_smi, parse_nvidia_smi, parse_rocm_smi
 from tests.fleetfacts import recording
 
 MIB = 1024**2
@@ -48,7 +48,7 @@ def test_rocm_smi_json() -> None:
 
 
 def test_a_failing_gpu_tool_is_a_warning_and_the_others_still_parse() -> None:
-    from engine_ctl.gather import _gpus
+    from engine_ctl.shell.gather import _gpus
 
     gpus, warnings = _gpus(
         {

@@ -7,11 +7,11 @@ import math
 import pytest
 from engine_ctl.providers import provider
 
-from engine_ctl.facts import Cpu, HostFacts, Memory, parse_nvidia_smi
-from engine_ctl.fit import fit, kv_bytes_per_token, place
-from engine_ctl.model import Deployment, Model
-from engine_ctl.modelfacts import ModelFacts, estimate_weights_bytes
-from engine_ctl.units import GIB
+from engine_ctl.core.fit.fitting import fit, kv_bytes_per_token, place
+from engine_ctl.core.fit.hostfacts import Cpu, HostFacts, Memory, parse_nvidia_smi
+from engine_ctl.core.fit.modelfacts import ModelFacts, estimate_weights_bytes
+from engine_ctl.core.model import Deployment, Model
+from engine_ctl.core.sizes import GIB
 from tests.fleetfacts import a100x4, cpu_host, gpu_host, h100x8, mi300x2
 from tests.helpers import deployment as load_deployment
 from tests.helpers import messages

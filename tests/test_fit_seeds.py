@@ -15,17 +15,17 @@ import pytest
 from engine_ctl.providers import provider
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 
-from engine_ctl.facts import Cpu, HostFacts, Memory, parse_nvidia_smi, parse_rocm_smi
-from engine_ctl.fit import FitUnknown, Taken, fit, gb_down, gb_up, gib_down, gib_up, place
-from engine_ctl.inventory import Host, Inventory, inventory_from
-from engine_ctl.loader import load_documents
-from engine_ctl.model import Deployment, DesiredState, Model
-from engine_ctl.modelfacts import ModelFacts
-from engine_ctl.pipeline import render_deployment
-from engine_ctl.plan import Plan, make_plan
-from engine_ctl.runspec import FitPlan
-from engine_ctl.units import GIB
-from engine_ctl.yamlsource import parse_text
+from engine_ctl.core.documents.inventory import Host, Inventory, inventory_from
+from engine_ctl.core.documents.loader import load_documents
+from engine_ctl.core.documents.yamlsource import parse_text
+from engine_ctl.core.fit.fitting import FitUnknown, Taken, fit, gb_down, gb_up, gib_down, gib_up, place
+from engine_ctl.core.fit.hostfacts import Cpu, HostFacts, Memory, parse_nvidia_smi, parse_rocm_smi
+from engine_ctl.core.fit.modelfacts import ModelFacts
+from engine_ctl.core.fit.runspec import FitPlan
+from engine_ctl.core.model import Deployment, DesiredState, Model
+from engine_ctl.core.plan.pipeline import render_deployment
+from engine_ctl.core.plan.planner import Plan, make_plan
+from engine_ctl.core.sizes import GIB
 from tests.fleetfacts import a100x4, cpu_host, gpu_host, h100x8, mi210x2, mi300x2, recording
 from tests.helpers import load, messages
 from tests.llama import llama_server_dir
@@ -341,7 +341,7 @@ def test_a_request_is_split_over_a_replicas_gpus() -> None:
     plan = fit(d, model, SHAPE_8B.model_copy(update={"weights_bytes": 8 * 10**9}), [h100x8()])
     assert isinstance(plan, FitPlan) and plan.min_gpu_memory_bytes == 16 * GIB
     result = place(d, plan, VLLM, [h100x8()], 1)
-    from engine_ctl.runspec import ReplicaRun
+    from engine_ctl.core.fit.runspec import ReplicaRun
 
     run = ReplicaRun(deployment="x", model=model, model_path="/q", executable="/usr/bin/vllm", port=8000,
                      gpus=result.placements[0].gpus, plan=plan, gpu_memory_bytes=32 * GIB)  # fmt: skip

@@ -7,9 +7,10 @@ import re
 import shlex
 from pathlib import Path
 
-from engine_ctl.gather import gather
-from engine_ctl.inventory import Host, Inventory
-from engine_ctl.transport import SSHOptions, SSHTransport
+from engine_ctl.core.documents.inventory import Host, Inventory
+from engine_ctl.shell.gather import gather
+from engine_ctl.shell.transport import SSHOptions, SSHTransport
+from tests import fleet as fleet_mod
 from tests.fleet import Fleet
 from tests.fleetfacts import RECORDINGS
 from tests.helpers import run
@@ -42,7 +43,7 @@ def test_facts_match_what_each_host_says_by_other_means(fleet: Fleet, fleet_inve
 def test_a_host_that_is_down_is_reported_by_name_and_the_others_still_answer(
     fleet: Fleet, fleet_inventory: Inventory, tmp_path: Path
 ) -> None:
-    down = Host(name="ghost", address="198.18.0.250", connect_timeout=2, known_hosts=fleet.known_hosts)
+    down = Host(name="ghost", address=f"{fleet_mod.SUBNET}.250", connect_timeout=2, known_hosts=fleet.known_hosts)
     inventory = Inventory(hosts=(*fleet_inventory.hosts, down))
     found, failures = gather(list(inventory.hosts))
     assert set(found) == {h.name for h in fleet.hosts}
@@ -50,7 +51,8 @@ def test_a_host_that_is_down_is_reported_by_name_and_the_others_still_answer(
     # through the CLI: exit 1, the others' facts still shown
     path = tmp_path / "hosts.yaml"
     path.write_text(
-        Path(fleet.inventory).read_text() + "  - {name: ghost, address: 198.18.0.250, connect_timeout: 2}\n"
+        Path(fleet.inventory).read_text()
+        + f"  - {{name: ghost, address: {fleet_mod.SUBNET}.250, connect_timeout: 2}}\n"
     )
     result = run("facts", "--inventory", str(path), "--json")
     assert result.exit_code == 1
@@ -59,7 +61,11 @@ def test_a_host_that_is_down_is_reported_by_name_and_the_others_still_answer(
     assert set(doc["hosts"]) == {h.name for h in fleet.hosts}
     assert doc["failures"]["ghost"]["host"] == "ghost"
     human = run("facts", "--inventory", str(path))
-    assert human.exit_code == 1 and "error: host ghost:" in human.stderr and "ectl1 (ectl1)" in human.stdout
+    assert (
+        human.exit_code == 1
+        and "error: host ghost:" in human.stderr
+        and f"{fleet_mod.PREFIX}1 ({fleet_mod.PREFIX}1)" in human.stdout
+    )
 
 
 def test_a_changed_host_key_is_refused_and_nothing_runs(
@@ -75,7 +81,7 @@ def test_a_changed_host_key_is_refused_and_nothing_runs(
         transport.run(["touch", marker])
         raise AssertionError("a changed host key was accepted")
     except Exception as exc:
-        from engine_ctl.transport import HostFailure
+        from engine_ctl.shell.transport import HostFailure
 
         assert isinstance(exc, HostFailure) and exc.kind == "host_key"
         assert "CHANGED" in exc.message and "SHA256:" in exc.message and host.name == exc.host
@@ -201,7 +207,7 @@ def test_wrong_key_is_an_auth_failure_named_by_host(fleet_inventory: Inventory, 
 def test_local_transport_facts_without_ssh(tmp_path: Path) -> None:
     import os
 
-    from engine_ctl.inventory import Host
+    from engine_ctl.core.documents.inventory import Host
 
     found, failures = gather([Host(name="here", address="here", transport="local", models_dir=str(tmp_path))])
     assert failures == {}

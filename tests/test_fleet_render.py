@@ -6,9 +6,10 @@ import json
 import textwrap
 from pathlib import Path
 
-from engine_ctl.gather import gather
-from engine_ctl.inventory import Host
-from engine_ctl.modelfacts import read_safetensors_dir
+from engine_ctl.core.documents.inventory import Host
+from engine_ctl.core.fit.modelfacts import read_safetensors_dir
+from engine_ctl.shell.gather import gather
+from tests import fleet as fleet_mod
 from tests.fleet import Fleet
 from tests.helpers import run
 from tests.llama import tiny_model
@@ -46,7 +47,7 @@ def test_render_on_the_fleet_reads_the_model_on_the_host(fleet: Fleet, tmp_path:
         assert unit["argv"][-2:] == ["--temp", "0.7"]
         assert "ExecStart=" in unit["text"]
         human = run("render", "tiny-chat", str(tmp_path), "--inventory", fleet.inventory, "--host", host.name)
-        assert "# ectl1:/etc/systemd/system/engine-ctl-tiny-chat-0a.service" in human.stdout
+        assert f"# {fleet_mod.PREFIX}1:/etc/systemd/system/engine-ctl-tiny-chat-0a.service" in human.stdout
         missing = run("render", "nope", str(tmp_path), "--inventory", fleet.inventory)
         assert missing.exit_code == 1 and "no deployment named 'nope'" in missing.stderr
     finally:

@@ -7,11 +7,11 @@ import json
 
 from engine_ctl.providers import provider
 
-from engine_ctl.inventory import Inventory
-from engine_ctl.model import Model
-from engine_ctl.render import chat_template_path, render_unit, unit_name
-from engine_ctl.runspec import FitPlan, ReplicaRun
-from engine_ctl.transport import SSHTransport
+from engine_ctl.core.documents.inventory import Inventory
+from engine_ctl.core.fit.runspec import FitPlan, ReplicaRun
+from engine_ctl.core.model import Model
+from engine_ctl.core.render.units import chat_template_path, render_unit, unit_name
+from engine_ctl.shell.transport import SSHTransport
 from tests.llama import llama_server_dir, tiny_model
 
 LLAMA = provider("llama.cpp")

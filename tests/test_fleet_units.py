@@ -11,12 +11,12 @@ from engine_ctl.providers import provider
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine_ctl.engine_args import SHELL_CHARS
-from engine_ctl.inventory import Inventory
-from engine_ctl.model import Model
-from engine_ctl.render import render_unit
-from engine_ctl.runspec import FitPlan, ReplicaRun
-from engine_ctl.transport import SSHTransport
+from engine_ctl.core.documents.engine_args import SHELL_CHARS
+from engine_ctl.core.documents.inventory import Inventory
+from engine_ctl.core.fit.runspec import FitPlan, ReplicaRun
+from engine_ctl.core.model import Model
+from engine_ctl.core.render.units import render_unit
+from engine_ctl.shell.transport import SSHTransport
 from tests.fleetfacts import h100x8
 from tests.llama import llama_server_dir, tiny_model
 

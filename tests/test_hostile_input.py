@@ -17,13 +17,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine_ctl.diagnostics import Diagnostic
-from engine_ctl.inventory import Host, Inventory, inventory_from
-from engine_ctl.loader import LoadResult, load_documents
-from engine_ctl.modelfacts import ModelFacts
-from engine_ctl.pipeline import DeploymentRender, render_deployment
-from engine_ctl.rules import check
-from engine_ctl.yamlsource import FORBIDDEN_CATEGORIES, MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES, parse_text
+from engine_ctl.core.diagnostics import Diagnostic
+from engine_ctl.core.documents.inventory import Host, Inventory, inventory_from
+from engine_ctl.core.documents.loader import LoadResult, load_documents
+from engine_ctl.core.documents.rules import check
+from engine_ctl.core.documents.yamlsource import FORBIDDEN_CATEGORIES, MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES, parse_text
+from engine_ctl.core.fit.modelfacts import ModelFacts
+from engine_ctl.core.plan.pipeline import DeploymentRender, render_deployment
 from tests.fleetfacts import cpu_host
 from tests.helpers import load, run, write
 

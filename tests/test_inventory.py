@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from engine_ctl.diagnostics import InputError
-from engine_ctl.inventory import DEFAULT_MODELS_DIR, load_inventory
+from engine_ctl.core.diagnostics import InputError
+from engine_ctl.core.documents.inventory import DEFAULT_MODELS_DIR, load_inventory
 from tests.helpers import run, write
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,13 +15,13 @@ from pathlib import Path
 
 from engine_ctl.state.model import State
 
-from engine_ctl.facts import parse_nvidia_smi
-from engine_ctl.fit import FitUnknown, fit, model_shape, shape_disagreement
-from engine_ctl.inventory import Host, Inventory
-from engine_ctl.model import Architecture, Deployment, Model
-from engine_ctl.modelfacts import ModelFacts
-from engine_ctl.plan import make_plan
-from engine_ctl.runspec import FitPlan
+from engine_ctl.core.documents.inventory import Host, Inventory
+from engine_ctl.core.fit.fitting import FitUnknown, fit, model_shape, shape_disagreement
+from engine_ctl.core.fit.hostfacts import parse_nvidia_smi
+from engine_ctl.core.fit.modelfacts import ModelFacts
+from engine_ctl.core.fit.runspec import FitPlan
+from engine_ctl.core.model import Architecture, Deployment, Model
+from engine_ctl.core.plan.planner import make_plan
 from tests.fleetfacts import cpu_host, gpu_host, h100x8
 from tests.helpers import load, messages, run
 
@@ -178,7 +178,7 @@ def test_files_without_a_shape_leave_the_architecture_to_size_it() -> None:
 
 
 def test_the_seed_example_is_sized_from_its_architecture_before_its_weights_are_anywhere() -> None:
-    from engine_ctl.loader import load_paths
+    from engine_ctl.core.documents.loader import load_paths
 
     result = load_paths([ROOT / "examples/seed"])
     assert not [d for d in result.diagnostics if d.severity == "error"]

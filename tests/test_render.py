@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from engine_ctl.facts import HostFacts
-from engine_ctl.inventory import Host, Inventory
-from engine_ctl.modelfacts import ModelFacts
-from engine_ctl.pipeline import DeploymentRender, render_deployment
+from engine_ctl.core.documents.inventory import Host, Inventory
+from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.fit.modelfacts import ModelFacts
+from engine_ctl.core.plan.pipeline import DeploymentRender, render_deployment
 from tests.fleetfacts import cpu_host, h100x8, mi300x2
 from tests.helpers import load, messages
 from tests.llama import llama_server_dir

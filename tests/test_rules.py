@@ -124,7 +124,7 @@ def test_good_names(name: str) -> None:
 
 
 def test_auto_engine_follows_the_format() -> None:
-    from engine_ctl.rules import resolve_engine
+    from engine_ctl.core.documents.rules import resolve_engine
 
     result, _ = load(
         MODEL_GGUF,

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from engine_ctl.__main__ import VERSION_LINE
-from engine_ctl.cli import COMMANDS, cli, load_command
+from engine_ctl.cli.main import COMMANDS, cli, load_command
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("pydantic", "paramiko", "fabric", "invoke", "deepdiff", "numpy", "rich", "jinja2", "ruamel")
@@ -85,6 +85,8 @@ def test_a_command_loads_when_it_runs(tmp_path: Path) -> None:
 
 
 def test_a_registry_entry_that_is_not_a_command_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(COMMANDS, "broken", ("engine_ctl.cli:COMMANDS", "Not a command."))
-    with pytest.raises(TypeError, match=r"COMMANDS\['broken'\] names engine_ctl.cli:COMMANDS, which is not a click"):
+    monkeypatch.setitem(COMMANDS, "broken", ("engine_ctl.cli.main:COMMANDS", "Not a command."))
+    with pytest.raises(
+        TypeError, match=r"COMMANDS\['broken'\] names engine_ctl.cli.main:COMMANDS, which is not a click"
+    ):
         load_command("broken")

@@ -21,7 +21,7 @@ from engine_ctl.state import LocalState, LockHeld, PostgresState, State, StateEr
 from engine_ctl.state.base import boot_id, process_alive, process_start
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, field_path
 
-from engine_ctl.unitnames import UnitName, parse_unit_name, unit_name
+from engine_ctl.core.names import UnitName, parse_unit_name, unit_name
 from tests.helpers import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -463,7 +463,7 @@ def test_a_row_lock_of_an_older_engine_ctl_whose_process_died_here_is_stale(pg: 
 
 NO_PSYCOPG = (
     "import sys; sys.modules['psycopg'] = None; sys.argv = ['engine-ctl', *sys.argv[1:]]; "
-    "from engine_ctl.cli import main; main()"
+    "from engine_ctl.cli.main import main; main()"
 )
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 from engine_ctl.state.model import State
 
-from engine_ctl.apply import failure_reason
-from engine_ctl.facts import HostFacts
-from engine_ctl.plan import Plan, make_plan
-from engine_ctl.planview import argv_groups, plan_text
-from engine_ctl.savedplan import decode_plan, stale_reasons, state_for_plan, tampering
-from engine_ctl.status import verdict
+from engine_ctl.cli.planview import argv_groups, plan_text
+from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.plan.planner import Plan, make_plan
+from engine_ctl.core.plan.savedplan import decode_plan, stale_reasons, state_for_plan, tampering
+from engine_ctl.core.plan.status import verdict
+from engine_ctl.shell.apply import failure_reason
 from tests.fleetfacts import cpu_host, gpu_host, h100x8
 from tests.test_plan_core import SHAPE, applied, desired, plan_for, world
 
@@ -239,7 +239,7 @@ def test_a_connection_cut_during_authentication_is_the_network_not_the_key() -> 
     """paramiko raises AuthenticationException('Authentication timeout.') when the link dies mid-handshake."""
     import paramiko
 
-    from engine_ctl.transport import _cut_off
+    from engine_ctl.shell.transport import _cut_off
 
     client = paramiko.SSHClient()  # never connected: no transport, as after a cut
     assert _cut_off(client, paramiko.AuthenticationException("Authentication timeout."))
@@ -271,8 +271,8 @@ def test_one_bad_document_never_blocks_the_others_plan_and_nothing_is_destroyed_
 
 
 def test_refresh_only_accepts_what_drifted_into_the_state() -> None:
-    from engine_ctl.facts import UnitFact
-    from engine_ctl.refresh import refresh_state
+    from engine_ctl.core.fit.hostfacts import UnitFact
+    from engine_ctl.core.plan.refresh import refresh_state
 
     h = cpu_host()
     first = plan_for(CPU + ", replicas: {min: 2, max: 2}", State(), h)

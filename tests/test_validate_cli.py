@@ -125,7 +125,7 @@ def test_schema_is_generated_from_the_models_and_committed() -> None:
 
 
 def test_every_command_has_help() -> None:
-    from engine_ctl.cli import cli
+    from engine_ctl.cli.main import cli
 
     for name in cli.list_commands(None):  # type: ignore[arg-type]
         result = run(name, "--help")

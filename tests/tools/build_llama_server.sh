@@ -9,6 +9,13 @@ DEST="$CACHE_ROOT/llama-server-$VERSION"
 if [ -x "$DEST/bin/llama-server" ] && [ -f "$DEST/models/ggml-vocab-llama-spm.gguf" ]; then
   echo "$DEST"; exit 0
 fi
+# One build at a time per machine: a second caller waits for the first and then finds the cache.
+mkdir -p "$CACHE_ROOT"
+exec 9>"$CACHE_ROOT/.build-$VERSION.lock"
+flock 9
+if [ -x "$DEST/bin/llama-server" ] && [ -f "$DEST/models/ggml-vocab-llama-spm.gguf" ]; then
+  echo "$DEST"; exit 0
+fi
 PY="${PYTHON:-python3}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT

@@ -1,0 +1,284 @@
+"""`engine-ctl logs DEPLOYMENT`: each replica's engine log from its host's journal, every line prefixed by host
+and instance (as `kamal app logs` does); `--follow` streams from every host at once until Ctrl-C.
+
+The state says where each replica runs (host, unit); the inventory says how to reach the host. What to run
+(journalctl's argv) and how to show a journal entry are plain functions, apart from running them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+
+from engine_ctl.cli.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
+from engine_ctl.cli.plan_cmd import backend_for, read_state, state_option
+from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
+from engine_ctl.core.documents.inventory import Host
+from engine_ctl.core.documents.loader import load_paths
+from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, fan_out, transport_for
+from engine_ctl.state import ReplicaRecord
+
+DEFAULT_LINES = 100
+FIELDS = "MESSAGE,_SYSTEMD_UNIT,UNIT,SYSLOG_IDENTIFIER"
+DURATION = re.compile(r"(?:(\d+)([smhd]))+")
+DURATION_PART = re.compile(r"(\d+)([smhd])")
+SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+KEYWORDS = ("today", "yesterday", "now")
+SINCE_HINT = (
+    "a duration back from now (30s, 10m, 2h, 1d, 1h30m), a time (2024-05-01T12:00, 2024-05-01 12:00:00+02:00), "
+    "today or yesterday"
+)
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One replica to read: where it runs and how its lines are prefixed."""
+
+    host: str
+    unit: str
+    index: int
+
+    def label(self, width: int) -> str:
+        return f"{self.host} instance {self.index}".ljust(width)
+
+
+def since_argument(value: str) -> str:
+    """--since as journalctl takes it: a duration back from the host's own clock, or an absolute time (epoch)."""
+    text = value.strip()
+    if text in KEYWORDS:
+        return text
+    if DURATION.fullmatch(text):
+        seconds = sum(int(n) * SECONDS[u] for n, u in DURATION_PART.findall(text))
+        return f"-{seconds}s"
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise InputError(
+            [Diagnostic(Location("--since"), "--since", f"{value!r} is not a duration or a time", hint=SINCE_HINT)]
+        ) from None
+    return f"@{int(moment.timestamp())}"
+
+
+def journal_argv(units: list[str], since: str | None, lines: int | None, follow: bool) -> list[str]:
+    """journalctl for these units, one JSON entry a line (so each line is known to be the unit's, and when)."""
+    argv = ["journalctl", "--no-pager", "--output=json", f"--output-fields={FIELDS}"]
+    argv += [f"--unit={u}" for u in units]
+    if since is not None:
+        argv.append(f"--since={since}")
+    if lines is not None:
+        argv.append(f"--lines={lines}")
+    if follow:
+        argv.append("--follow")
+    return argv
+
+
+def _message(value: object) -> str:
+    """MESSAGE is a string, or a list of bytes when it is not valid UTF-8; control characters are shown escaped,
+    so a log line cannot move the cursor or recolour the reader's terminal."""
+    if isinstance(value, list):
+        value = bytes(b for b in value if isinstance(b, int) and 0 <= b < 256).decode("utf-8", "replace")
+    text = "" if value is None else str(value)
+    return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text.replace("\n", " "))
+
+
+def parse_entry(raw: str, by_unit: dict[str, Replica]) -> tuple[int, Replica, str] | None:
+    """One journal entry (a JSON line) -> (microseconds since the epoch, its replica, its text); None when the
+    line is not an entry of one of these units."""
+    try:
+        entry = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(entry, dict):
+        return None
+    unit = entry.get("_SYSTEMD_UNIT")
+    replica = by_unit.get(str(unit))
+    text = _message(entry.get("MESSAGE"))
+    if replica is None:  # systemd's own words about the unit (started, stopped, failed)
+        replica = by_unit.get(str(entry.get("UNIT")))
+        text = f"systemd: {text}"
+    if replica is None:
+        return None
+    try:
+        micros = int(entry.get("__REALTIME_TIMESTAMP", 0))
+    except (TypeError, ValueError):
+        micros = 0
+    return micros, replica, text
+
+
+def format_line(micros: int, replica: Replica, text: str, width: int) -> str:
+    when = datetime.fromtimestamp(micros / 1e6, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return f"{replica.label(width)} | {when} {text}"
+
+
+def _replicas(name: str, instance: int | None, records: list[ReplicaRecord]) -> list[Replica]:
+    chosen = [Replica(r.host, r.unit, r.index) for r in records if instance is None or r.index == instance]
+    if not records:
+        raise InputError([Diagnostic(Location("state"), "", f"{name} has no replicas recorded: nothing runs",
+                                     hint="engine-ctl apply starts them")])  # fmt: skip
+    if not chosen:
+        known = ", ".join(str(i) for i in sorted({r.index for r in records}))
+        raise InputError([Diagnostic(Location("--instance"), "--instance", f"{name} has no instance {instance}",
+                                     hint=f"its instances: {known}")])  # fmt: skip
+    return sorted(chosen, key=lambda r: (r.index, r.host, r.unit))
+
+
+def _hosts(replicas: list[Replica], inventory_path: Path | None, paths: tuple[Path, ...]) -> list[Host]:
+    loaded = load_paths(list(paths)) if paths else None
+    inventory = resolve_inventory(inventory_path, loaded)
+    by_name = {h.name: h for h in inventory.hosts}
+    missing = sorted({r.host for r in replicas} - set(by_name))
+    if missing:
+        where = Location(inventory.file or "inventory")
+        why = f"host {', '.join(missing)} (where the state says replicas run) is not in the inventory"
+        raise InputError([Diagnostic(where, "", why, hint="pass the inventory it was applied with (--inventory)")])
+    return [by_name[h] for h in sorted({r.host for r in replicas})]
+
+
+class Printer:
+    """Lines to stdout from many threads, one whole line at a time; a closed pipe (`| head`) stops everything."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop, self.lock, self.closed = stop, threading.Lock(), False
+
+    def line(self, text: str) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            try:
+                sys.stdout.write(text + "\n")
+                sys.stdout.flush()
+            except BrokenPipeError:
+                self.closed = True
+                self.stop.set()
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _show(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | None, lines: int | None,
+          options: SSHOptions, parallel: int) -> dict[str, HostFailure]:  # fmt: skip
+    """Each replica's log (its own journalctl, one connection per host), all lines merged in time order."""
+    width = max(len(r.label(0)) for rs in by_host.values() for r in rs)
+
+    def read(transport: SSHTransport | LocalTransport) -> list[tuple[int, str]]:
+        out: list[tuple[int, str]] = []
+        for replica in by_host[transport.host.name]:
+            result = transport.run(journal_argv([replica.unit], since, lines, follow=False))
+            if result.exit_code != 0:
+                said = (result.stderr or result.stdout).strip().splitlines()
+                why = said[-1] if said else f"exit status {result.exit_code}"
+                raise HostFailure(transport.host.name, "command", f"journalctl for {replica.unit}: {_message(why)}")
+            before = len(out)
+            for raw in result.stdout.splitlines():
+                parsed = parse_entry(raw, {replica.unit: replica})
+                if parsed is not None:
+                    out.append((parsed[0], format_line(*parsed, width)))
+            if len(out) == before and result.stderr.strip():  # e.g. "No journal files were found."
+                print(f"{transport.host.name}: journalctl: {_message(result.stderr.strip())}", file=sys.stderr)
+        return out
+
+    found, failures = fan_out(hosts, read, options=options, parallel=parallel)
+    printer = Printer(threading.Event())
+    for _, text in sorted((e for entries in found.values() for e in entries), key=lambda e: e[0]):
+        printer.line(text)
+    return failures
+
+
+def _follow(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | None, lines: int | None,
+            options: SSHOptions) -> dict[str, HostFailure]:  # fmt: skip
+    """One thread per host, one journalctl --follow for the host's replicas, lines printed as they come."""
+    width = max(len(r.label(0)) for rs in by_host.values() for r in rs)
+    stop = threading.Event()
+    printer = Printer(stop)
+    failures: dict[str, HostFailure] = {}
+
+    def one(host: Host) -> None:
+        units = {r.unit: r for r in by_host[host.name]}
+        transport = transport_for(host, options)
+
+        def on_line(raw: str) -> None:
+            parsed = parse_entry(raw, units)
+            if parsed is not None:
+                printer.line(format_line(*parsed, width))
+            elif raw.strip() and not raw.startswith("{"):
+                print(f"{host.name}: journalctl: {_message(raw)}", file=sys.stderr, flush=True)
+
+        try:
+            code = transport.stream(journal_argv(list(units), since, lines, follow=True), on_line, stop)
+            if code is not None:
+                failures[host.name] = HostFailure(host.name, "command", f"journalctl ended (exit status {code})")
+        except HostFailure as exc:
+            failures[host.name] = exc
+        finally:
+            transport.close()
+
+    threads = [threading.Thread(target=one, args=(h,), name=f"logs-{h.name}", daemon=True) for h in hosts]
+    for t in threads:
+        t.start()
+    try:
+        while any(t.is_alive() for t in threads) and not stop.is_set():
+            for t in threads:
+                t.join(timeout=0.2)
+    except KeyboardInterrupt:
+        stop.set()
+        for t in threads:
+            t.join(timeout=5)
+        sys.exit(130)
+    return failures
+
+
+@click.command()
+@click.argument("deployment")
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--instance", type=click.IntRange(min=0), help="Only this instance (as status numbers them).")
+@click.option("--since", help="Only lines since T: 30s, 10m, 2h, 1d, or a time such as 2024-05-01T12:00.")
+@click.option(
+    "--lines",
+    "-n",
+    type=click.IntRange(min=0),
+    help=f"The last N lines of each replica (default "
+    f"{DEFAULT_LINES}, or all since --since); with --follow, of each host, then new lines as they come.",
+)
+@click.option("--follow", "-f", is_flag=True, help="Stream new lines from every replica at once, until Ctrl-C.")
+@inventory_option
+@state_option
+@ssh_options
+def logs(
+    deployment: str, paths: tuple[Path, ...], instance: int | None, since: str | None, lines: int | None,
+    follow: bool, inventory_path: Path | None, state_path: str | None, parallel: int, accept_new_host_keys: bool,
+) -> None:  # fmt: skip
+    """Each replica's engine log, lines prefixed by host and instance.
+
+    The log is the unit's journal on its host, read over SSH. The state says where each replica runs; PATHS
+    (or --state) find the state as for status. Lines of all replicas are merged in time order; --follow
+    streams from all of them at once and stops on Ctrl-C."""
+    since_arg = since_argument(since) if since is not None else None
+    count = lines if lines is not None else (None if since_arg else DEFAULT_LINES)
+    state = read_state(backend_for(state_path, paths))
+    record = state.deployments.get(deployment)
+    if record is None:
+        known = ", ".join(sorted(state.deployments)) or "none"
+        raise InputError([Diagnostic(Location("state"), "", f"no deployment named {deployment!r} in the state",
+                                     hint=f"deployments: {known}")])  # fmt: skip
+    replicas = _replicas(deployment, instance, record.replicas)
+    hosts = _hosts(replicas, inventory_path, paths)
+    by_host: dict[str, list[Replica]] = {}
+    for r in replicas:
+        by_host.setdefault(r.host, []).append(r)
+    options = ssh_settings(accept_new_host_keys)
+    if follow:
+        failures = _follow(by_host, hosts, since_arg, count, options)
+    else:
+        failures = _show(by_host, hosts, since_arg, count, options, parallel)
+    report_failures(failures)
+    sys.exit(1 if failures else 0)
+
+
+__all__ = ["journal_argv", "logs", "parse_entry", "since_argument"]

@@ -1,0 +1,162 @@
+"""The command line: the imperative shell around the pure core.
+
+Start-up is part of what a user feels, so a command's module is imported only when that command runs:
+`engine-ctl --help` and `--version` import click and this module, not pydantic, paramiko, rich or jinja2.
+A command is one line of COMMANDS (tests/test_startup.py checks the help there against the command's own).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+
+from engine_ctl import __version__
+from engine_ctl.core.diagnostics import Diagnostic, InputError
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_CHANGES = 2
+
+# name -> ("module:attribute" of the click command, its short help as `engine-ctl --help` lists it).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "apply": (
+        "engine_ctl.cli.plan_cmd:apply",
+        "Make the hosts match the documents: plan, confirm, then roll replicas one at a time, health-gated.",
+    ),
+    "destroy": (
+        "engine_ctl.cli.plan_cmd:destroy",
+        "Stop and remove the units of every deployment in the state (or --target ones).",
+    ),
+    "facts": (
+        "engine_ctl.cli.facts_cmd:facts",
+        "Gather facts from HOSTS (default: every host of the inventory): OS, CPU, memory, disks, GPUs, engines, "
+        "engine-ctl's units, ports in use, model files, HAProxy.",
+    ),
+    "force-unlock": (
+        "engine_ctl.cli.status_cmd:force_unlock",
+        "Remove the state lock LOCK_ID left by a command that died.",
+    ),
+    "logs": ("engine_ctl.cli.logs_cmd:logs", "Each replica's engine log, lines prefixed by host and instance."),
+    "list": (
+        "engine_ctl.cli.status_cmd:list_cmd",
+        "Every deployment: NAME STATE READY REVISION HOSTS, from the state and live health.",
+    ),
+    "plan": (
+        "engine_ctl.cli.plan_cmd:plan",
+        "Show what apply would change: documents + recorded state + live host facts.",
+    ),
+    "render": (
+        "engine_ctl.cli.render_cmd:render",
+        "Print the fit of DEPLOYMENT and the systemd unit(s) its replicas would run, from live host facts.",
+    ),
+    "show": ("engine_ctl.cli.show_cmd:show", "Show a saved plan without touching hosts or state."),
+    "schema": (
+        "engine_ctl.cli.validate_cmd:schema",
+        "Print the JSON Schema of engine-ctl documents (for editors' YAML language servers).",
+    ),
+    "state": (
+        "engine_ctl.cli.status_cmd:state_group",
+        "Inspect the recorded state, or move it between backends (push, pull).",
+    ),
+    "status": (
+        "engine_ctl.cli.status_cmd:status",
+        "A deployment's state and each instance: INSTANCE HOST STATE … LAST ERROR (all deployments without NAME).",
+    ),
+    "validate": (
+        "engine_ctl.cli.validate_cmd:validate",
+        "Check deployment, model and inventory documents offline.",
+    ),
+}
+
+
+def print_diagnostics(diagnostics: list[Diagnostic]) -> None:
+    from engine_ctl.cli.output import console
+
+    err = console(stderr=True)
+    for d in diagnostics:
+        err.print(d.render())
+
+
+def load_command(name: str) -> click.Command:
+    """Import the module of COMMANDS[name] and return its click command."""
+    module_name, _, attribute = COMMANDS[name][0].partition(":")
+    command = getattr(importlib.import_module(module_name), attribute)
+    if not isinstance(command, click.Command):
+        raise TypeError(f"COMMANDS[{name!r}] names {COMMANDS[name][0]}, which is not a click command")
+    return command
+
+
+class EngineCtlGroup(click.Group):
+    """Loads a command from COMMANDS when it runs (click's lazy-group pattern), lists them from COMMANDS
+    alone, and turns InputError (bad input, with located diagnostics) into its message and exit 1."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            self.add_command(load_command(cmd_name), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list of --help, from COMMANDS' short help: no command's module is imported."""
+        names = self.list_commands(ctx)
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows = [(name, self._listed(ctx, name).get_short_help_str(limit)) for name in names]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def _listed(self, ctx: click.Context, name: str) -> click.Command:
+        """The command as --help lists it: a stand-in with COMMANDS' help until the real one is loaded."""
+        command = super().get_command(ctx, name)
+        return command or click.Command(name, help=COMMANDS[name][1])
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except InputError as exc:
+            print_diagnostics(exc.diagnostics)
+            ctx.exit(EXIT_ERROR)
+
+
+@click.group(cls=EngineCtlGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="engine-ctl", message="%(prog)s %(version)s")
+def cli() -> None:
+    """engine-ctl: plan and apply LLM inference engines (llama.cpp, vLLM, SGLang) on SSH-managed hosts.
+
+    Deployments are YAML documents; `validate` checks them offline.
+    """
+
+
+# A bad flag or ENGINE_CTL_* value is an error (exit 1), never click's usage status 2, which `--detailed-exitcode`
+# gives "changes present".
+click.exceptions.UsageError.exit_code = EXIT_ERROR
+
+
+def main() -> None:
+    """Entry point: never a traceback for the user; ENGINE_CTL_DEBUG=1 shows one for developers."""
+    try:
+        cli.main(prog_name="engine-ctl", standalone_mode=True)
+    except InputError as exc:
+        print_diagnostics(exc.diagnostics)
+        sys.exit(EXIT_ERROR)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:  # the last line of defence: report, never a traceback
+        if os.environ.get("ENGINE_CTL_DEBUG"):
+            raise
+        click.echo(
+            f"error: internal error: {type(exc).__name__}: {exc}\n"
+            "  hint: this is a bug in engine-ctl; rerun with ENGINE_CTL_DEBUG=1 and report the traceback",
+            err=True,
+        )
+        sys.exit(EXIT_ERROR)
+
+
+__all__ = ["COMMANDS", "EXIT_CHANGES", "EXIT_ERROR", "EXIT_OK", "cli", "load_command", "main", "print_diagnostics"]

@@ -1,0 +1,364 @@
+"""`engine-ctl plan`, `apply` and `destroy`: the reconciler's shell."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from engine_ctl.cli.common import (
+    ENVIRONMENT,
+    inventory_option,
+    load_checked,
+    load_for_plan,
+    report_failures,
+    resolve_inventory,
+    ssh_options,
+    ssh_settings,
+)
+from engine_ctl.cli.output import console, emit_json
+from engine_ctl.cli.planview import plan_json, plan_markdown, render_plan
+from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
+from engine_ctl.core.documents.inventory import Inventory, load_inventory
+from engine_ctl.core.model import DesiredState
+from engine_ctl.core.plan.planner import Plan, destroy_refusals
+from engine_ctl.core.plan.refresh import refresh_state
+from engine_ctl.core.plan.savedplan import PlanFileError, decode_plan, stale_reasons, state_for_plan, tampering
+from engine_ctl.shell.apply import Executor, Recorder
+from engine_ctl.shell.gather import gather
+from engine_ctl.shell.transport import HostFailure, SSHOptions
+from engine_ctl.shell.world import plan_world
+from engine_ctl.state import HostRecord, LocalState, Operation, State, StateBackend, StateError, open_backend
+from engine_ctl.state.local import DEFAULT_NAME, now, who
+
+STYLES = {"add": "green", "change": "yellow", "destroy": "red", "warn": "yellow", "bold": "bold", "": ""}
+
+
+def state_option(f: Any) -> Any:
+    return click.option(
+        "--state",
+        "state_path",
+        envvar=ENVIRONMENT["--state"],
+        show_envvar=True,
+        help=f"The state: a file (default: {DEFAULT_NAME} beside the documents) or postgresql://…[#name].",
+    )(f)
+
+
+def lock_timeout_option(f: Any) -> Any:
+    return click.option(
+        "--lock-timeout", default=0.0, show_default=True, type=click.FloatRange(min=0),
+        envvar=ENVIRONMENT["--lock-timeout"], show_envvar=True, help="Seconds to wait for the state lock.",
+    )(f)  # fmt: skip
+
+
+def target_option(f: Any) -> Any:
+    return click.option(
+        "--target", "targets", multiple=True, envvar=ENVIRONMENT["--target"], show_envvar=True,
+        help="Only this deployment (repeatable; the variable takes names separated by spaces).",
+    )(f)  # fmt: skip
+
+
+def writing_options(f: Any) -> Any:
+    """The options of the commands that change hosts and state (apply, destroy)."""
+    for option in (
+        click.option("--auto-approve", is_flag=True, help="Do not ask for confirmation."),
+        lock_timeout_option,
+        target_option,
+        ssh_options,
+        state_option,
+        inventory_option,
+    ):
+        f = option(f)
+    return f
+
+
+def default_state_path(paths: tuple[Path, ...]) -> Path:
+    first = paths[0] if paths else Path(".")
+    base = first if first.is_dir() else first.parent
+    return base / DEFAULT_NAME
+
+
+def backend_for(explicit: str | None, paths: tuple[Path, ...]) -> StateBackend:
+    return open_backend(explicit) if explicit else LocalState(default_state_path(paths))
+
+
+def reopen_string(backend: StateBackend) -> str:
+    """How `apply PLANFILE` finds the same state again (no password: libpq reads PGPASSWORD or ~/.pgpass)."""
+    if isinstance(backend, LocalState):
+        return str(backend.path.resolve())
+    return backend.location
+
+
+@contextlib.contextmanager
+def locked(backend: StateBackend, operation: str, timeout: float) -> Iterator[None]:
+    """Hold the state lock for a writing command; state problems become located errors (exit 1)."""
+    try:
+        with backend.lock(operation, timeout=timeout):
+            yield
+    except StateError as exc:
+        raise InputError([Diagnostic(Location(backend.location), "", str(exc))]) from None
+
+
+def read_state(backend: StateBackend) -> State:
+    try:
+        return backend.read()
+    except StateError as exc:
+        raise InputError([Diagnostic(Location(backend.location), "", str(exc))]) from None
+
+
+def show_plan(plan: Plan) -> None:
+    out = console()
+    for style, line in render_plan(plan):
+        out.print(line, style=STYLES[style] or None)
+
+
+@click.command()
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@inventory_option
+@state_option
+@ssh_options
+@target_option
+@click.option("--out", "out_path", type=click.Path(path_type=Path), help="Save the plan for `apply PLANFILE`.")
+@click.option("--json", "as_json", is_flag=True, help="The plan as versioned JSON (actions as arrays).")
+@click.option("--markdown", is_flag=True, help="The plan as Markdown, for a pull-request comment.")
+@click.option("--detailed-exitcode", is_flag=True, help="Exit 0 no changes, 1 error, 2 changes present.")
+@click.option("--refresh-only", is_flag=True, help="Only record in the state what drifted on the hosts.")
+def plan(
+    paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
+    accept_new_host_keys: bool, targets: tuple[str, ...], out_path: Path | None, as_json: bool, markdown: bool,
+    detailed_exitcode: bool, refresh_only: bool,
+) -> None:  # fmt: skip
+    """Show what apply would change: documents + recorded state + live host facts.
+
+    PATHS are the documents (default: the current directory); the inventory may be among them."""
+    loaded, errors = load_for_plan(paths)
+    inventory = resolve_inventory(inventory_path, loaded)
+    backend = backend_for(state_path, paths)
+    state = read_state(backend)
+    held = f"{len(errors)} error(s) in the documents (above)" if errors else None
+    result, failures = _plan_for(
+        loaded.desired, inventory, state, backend, ssh_settings(accept_new_host_keys), parallel, targets,
+        refresh_only, paths, hold_absent=held,
+    )  # fmt: skip
+    if out_path is not None and errors:
+        console(stderr=True).print(f"error: the plan was not saved to {out_path}: the documents have errors")
+    elif out_path is not None:
+        out_path.write_text(json.dumps(plan_json(result), indent=2) + "\n")
+    if as_json:
+        emit_json(plan_json(result))
+    elif markdown:
+        saved = str(out_path) if out_path is not None and not errors else None
+        sys.stdout.write(plan_markdown(result, full_plan=saved))
+    else:
+        show_plan(result)
+        if out_path is not None and not errors:
+            console().print(f"\nSaved the plan to {out_path}; apply exactly it with: engine-ctl apply {out_path}")
+    report_failures(failures)
+    if failures or result.problems or errors:
+        sys.exit(1)
+    sys.exit(2 if detailed_exitcode and result.has_changes else 0)
+
+
+def _load_plan_file(path: Path) -> Plan | None:
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    try:
+        return decode_plan(text)
+    except PlanFileError as exc:
+        raise InputError([Diagnostic(Location(str(path)), "", str(exc))]) from None
+
+
+def _confirm(auto_approve: bool) -> None:
+    if auto_approve:
+        return
+    if not sys.stdin.isatty():
+        raise InputError(
+            [
+                Diagnostic(
+                    Location("stdin"),
+                    "",
+                    "apply asks for confirmation, and stdin is not a terminal",
+                    hint="review the plan, then pass --auto-approve (or apply a saved plan file)",
+                )
+            ]
+        )
+    answer = click.prompt("Do you want to perform these actions? Only 'yes' will be accepted", default="")
+    if answer.strip() != "yes":
+        console().print("Apply cancelled; nothing changed.")
+        sys.exit(1)
+
+
+def execute(
+    plan: Plan, inventory: Inventory, backend: StateBackend, state: State, options: SSHOptions, command: str
+) -> int:
+    """Run the plan with the state recorded after every step; Ctrl-C finishes the step in flight."""
+    out = console()
+    refused = destroy_refusals(plan, state)  # also for a saved plan: the state says what may not be destroyed
+    if refused:
+        raise InputError([Diagnostic(Location(backend.location), "", r) for r in refused])
+    recorder = Recorder(backend, state)
+    stop = threading.Event()
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        if not stop.is_set():
+            out.print("Interrupted: finishing the step in flight, then recording the state…")
+        stop.set()
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        if plan.refresh_only:
+            recorder.change(lambda s: refresh_state(s, plan))
+            result_text, code, unrecorded = "refreshed", 0, list[str]()
+        else:
+            executor = Executor(plan, {h.name: h for h in inventory.hosts}, recorder, options, out.print, stop)
+            # On a terminal a live status line shows that the roll is under way; otherwise plain lines only.
+            busy = "Applying: one replica at a time per deployment, health-gated…"
+            live = out.status(busy) if out.is_terminal else None
+            with live or contextlib.nullcontext():
+                result = executor.run()
+            unrecorded = result.unrecorded
+            code = 130 if result.interrupted else (1 if result.failed or unrecorded else 0)
+            failures = "; ".join(f"{k}: {v}" for k, v in sorted(result.failed.items()))
+            result_text = "interrupted" if result.interrupted else (f"failed: {failures}" if failures else "applied")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+    def log(s: State) -> None:
+        for host, fp in plan.host_fingerprints.items():
+            s.hosts[host] = HostRecord(facts_fingerprint=fp)
+        s.operations.append(
+            Operation(
+                id=str(uuid.uuid4()),
+                who=who(),
+                when=now(),
+                command=command,
+                plan_hash=plan.digest(),
+                result=result_text,
+            )
+        )
+        del s.operations[:-200]
+
+    try:
+        recorder.change(log)
+    except Exception as exc:  # the backend's own failure: reported, never an internal error
+        out.print(f"error: the operation could not be logged in the state: {exc}")
+        code = code or 1
+    for what in unrecorded:
+        out.print(f"error: not recorded in the state: {what}; run engine-ctl plan to see what the hosts run")
+    s = plan.summary()
+    out.print(f"\nApply {'complete' if code == 0 else 'stopped'}: {result_text}. "
+              f"({s['add']} added, {s['change']} changed, {s['destroy']} destroyed as planned)")  # fmt: skip
+    return code
+
+
+def _plan_for(
+    desired: DesiredState, inventory: Inventory, state: State, backend: StateBackend, options: SSHOptions,
+    parallel: int, targets: tuple[str, ...], refresh_only: bool = False, documents: tuple[Path, ...] = (),
+    hold_absent: str | None = None,
+) -> tuple[Plan, dict[str, HostFailure]]:  # fmt: skip
+    return plan_world(
+        desired, inventory, state, backend.location, reopen_string(backend), options, parallel, targets,
+        refresh_only, documents, hold_absent,
+    )  # fmt: skip
+
+
+def _refuse_plan(path: Path, message: str, hint: str) -> InputError:
+    return InputError([Diagnostic(Location(str(path)), "", message, hint=hint)])
+
+
+def _apply_saved(
+    saved: Plan, path: Path, inventory_path: Path | None, state_path: str | None, options: SSHOptions,
+    parallel: int, lock_timeout: float,
+) -> int:  # fmt: skip
+    """`apply PLANFILE`: exactly what was reviewed, or a refusal that says why."""
+    ctx = saved.context
+    inventory = load_inventory(Path(inventory_path or ctx["inventory"]))
+    forged = tampering(saved, {h.name: h for h in inventory.hosts})
+    if forged:
+        raise _refuse_plan(
+            path,
+            "the saved plan is not what engine-ctl renders from its own recorded inputs: " + "; ".join(forged),
+            "it was edited, or the inventory changed since; run engine-ctl plan again and review the new plan",
+        )
+    backend = open_backend(state_path or ctx["state"])
+    with locked(backend, "apply", lock_timeout):
+        state = state_for_plan(saved, read_state(backend))
+        hosts = [h for h in inventory.hosts if h.name in saved.host_fingerprints]
+        facts, _ = gather(hosts, options, parallel, ctx.get("model_paths") or {})
+        stale = stale_reasons(saved, state, {h: f.fingerprint() for h, f in facts.items()})
+        if stale:
+            hint = "run engine-ctl plan again and review the new plan"
+            raise _refuse_plan(path, "the saved plan is stale: " + "; ".join(stale), hint)
+        show_plan(saved)
+        return execute(saved, inventory, backend, state, options, "apply " + str(path))
+
+
+@click.command()
+@click.argument("args", nargs=-1, type=click.Path(path_type=Path))
+@writing_options
+def apply(
+    args: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
+    accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool,
+) -> None:  # fmt: skip
+    """Make the hosts match the documents: plan, confirm, then roll replicas one at a time, health-gated.
+
+    ARGS are the documents, or one saved PLANFILE (from `plan --out`), which is applied exactly as reviewed
+    or refused if the state or a host's facts changed since."""
+    options = ssh_settings(accept_new_host_keys)
+    saved = _load_plan_file(args[0]) if len(args) == 1 and args[0].is_file() else None
+    if saved is not None:
+        sys.exit(_apply_saved(saved, args[0], inventory_path, state_path, options, parallel, lock_timeout))
+    loaded = load_checked(args)
+    inventory = resolve_inventory(inventory_path, loaded)
+    backend = backend_for(state_path, args)
+    with locked(backend, "apply", lock_timeout):
+        state = read_state(backend)
+        result, failures = _plan_for(
+            loaded.desired, inventory, state, backend, options, parallel, targets, documents=args
+        )
+        show_plan(result)
+        report_failures(failures)
+        if not result.has_changes or result.refused:  # refused (prevent_destroy): nothing is applied
+            sys.exit(1 if failures or result.problems else 0)
+        _confirm(auto_approve)
+        code = execute(result, inventory, backend, state, options, "apply")
+        sys.exit(code or (1 if failures or result.problems else 0))
+
+
+@click.command()
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@writing_options
+def destroy(
+    paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
+    accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool,
+) -> None:  # fmt: skip
+    """Stop and remove the units of every deployment in the state (or --target ones). The models stay."""
+    loaded = load_checked(paths, documents_required=False) if paths else None
+    inventory = resolve_inventory(inventory_path, loaded)
+    backend = backend_for(state_path, paths)
+    options = ssh_settings(accept_new_host_keys)
+    with locked(backend, "destroy", lock_timeout):
+        state = read_state(backend)
+        keep = DesiredState()  # nothing is wanted: every (targeted) deployment in the state is deleted
+        result, failures = _plan_for(keep, inventory, state, backend, options, parallel, targets)
+        result.changes = [c for c in result.changes if c.action == ["delete"]]
+        result.absent = []  # destroyed because destroy was asked for, not because documents are absent
+        show_plan(result)
+        report_failures(failures)
+        if not result.changes or result.refused:  # refused (prevent_destroy): nothing is destroyed
+            sys.exit(1 if result.refused else 0)
+        _confirm(auto_approve)
+        sys.exit(execute(result, inventory, backend, state, options, "destroy"))
+
+
+__all__ = ["apply", "destroy", "plan"]

@@ -1,0 +1,397 @@
+"""Showing a plan: Terraform's symbols, field diffs, argv diffs, drift, and the closing summary. Pure."""
+
+from __future__ import annotations
+
+import difflib
+import html
+import json
+import re
+import shlex
+from typing import Any
+
+from engine_ctl.core.plan.planner import DeploymentChange, Plan, ReplicaChange
+
+SENSITIVE_WORDS = ("key", "token", "secret", "password")
+
+
+def _value(path: str, value: Any) -> str:
+    if any(w in path.lower() for w in SENSITIVE_WORDS):
+        return "(sensitive)"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def argv_groups(argv: list[str]) -> list[str]:
+    """['--ctx-size', '4096', '--jinja'] -> ['--ctx-size 4096', '--jinja'] (the executable first), each word
+    shell-quoted, so a reviewer sees where each word begins and ends."""
+    groups: list[list[str]] = []
+    for token in argv:
+        if groups and not token.startswith("--") and groups[-1][0].startswith("--") and len(groups[-1]) == 1:
+            groups[-1].append(token)
+        else:
+            groups.append([token])
+    return [shlex.join(g) for g in groups]
+
+
+def argv_line(argv: list[str]) -> str:
+    return shlex.join(argv)
+
+
+def argv_diff(old: list[str], new: list[str]) -> list[str]:
+    lines = []
+    for line in difflib.ndiff(argv_groups(old), argv_groups(new)):
+        if line.startswith(("- ", "+ ")):
+            lines.append(line)
+    return lines
+
+
+def _header(c: DeploymentChange) -> str:
+    if c.action == ["create"]:
+        return f"# {c.name} will be created (revision {c.revision})"
+    if c.action == ["delete"]:
+        return f"# {c.name} will be destroyed"
+    if c.action == ["delete", "create"]:
+        how = c.strategy or "rolling"
+        return (
+            f"# {c.name} will be replaced one replica at a time ({how}), revision {c.old_revision} → {c.revision}: "
+            "the next replica only once the previous one serves; a failure halts the roll"
+        )
+    if c.state_only:
+        return f"# {c.name}: the state is updated (revision {c.revision}); nothing changes on the hosts"
+    if c.action == ["update"]:
+        return f"# {c.name} will be updated in place (revision {c.old_revision} → {c.revision})"
+    return f"# {c.name}: no changes"
+
+
+def _chosen(c: DeploymentChange, key: str) -> str:
+    return f"  (chosen at revision {c.chosen[key]})" if key in c.chosen else ""
+
+
+def _replica_lines(r: ReplicaChange) -> list[str]:
+    gpus = f", GPUs {','.join(map(str, r.gpu_indexes))}" if r.gpu_indexes else ""
+    action = tuple(r.action)
+    if action == ("create",):
+        lines = [f"+ replica {r.index} on {r.host}: {r.unit} (port {r.port}{gpus})", f"    argv: {argv_line(r.argv)}"]
+    elif action == ("delete",):
+        lines = [f"- replica {r.index} on {r.old_host or r.host}: {r.old_unit or r.unit} ({r.reason})"]
+    elif action == ("update",):
+        lines = [f"~ replica {r.index} on {r.host}: {r.unit} rewritten and restarted ({r.reason})"]
+    else:
+        where = r.host if r.host == r.old_host else f"{r.old_host} → {r.host}"
+        lines = [f"-/+ replica {r.index} on {where}: {r.old_unit} → {r.unit} ({r.strategy}, port {r.port}{gpus})"]
+        diff = argv_diff(r.old_argv or [], r.argv)
+        if diff:
+            lines.append("    argv:")
+            lines += [f"      {d}" for d in diff]
+    return lines
+
+
+def render_plan(plan: Plan) -> list[tuple[str, str]]:
+    """(style, line) pairs; style is one of '', 'add', 'change', 'destroy', 'warn', 'bold'."""
+    out: list[tuple[str, str]] = []
+    changed = [c for c in plan.changes if c.changed]
+    if plan.absent:  # first: with --auto-approve this is an outage nobody asked for by name
+        n = len(plan.absent)
+        out.append(("destroy", f"This plan destroys {n} deployment{'s' if n != 1 else ''} because "
+                    f"{'their documents are' if n != 1 else 'its document is'} absent: {', '.join(plan.absent)} "
+                    "(pass the documents to keep them)"))  # fmt: skip
+    for r in plan.refused:
+        out.append(("destroy", f"Refused: {r}"))
+    for host, why in sorted(plan.unreachable.items()):
+        out.append(("warn", f"Warning: host {host} is unreachable: {why}; its replicas are not checked"))
+    if plan.drift:
+        out.append(("bold", "Changed outside engine-ctl (drift):"))
+        for d in plan.drift:
+            out.append(("warn", f"  ~ {d.host} {d.unit}: {d.detail}"))
+        out.append(("", ""))
+    if plan.refresh_only:
+        out.append(("bold", "Refresh only: apply records what drifted into the state; nothing on the hosts changes."))
+        return out
+    if changed:
+        out.append(("bold", "engine-ctl will perform the following actions:"))
+    for c in changed:
+        style = {"+": "add", "-": "destroy", "~": "change", "-/+": "change"}[c.symbol]
+        out.append(("", ""))
+        out.append(("bold", f"  {_header(c)}"))
+        for reason in c.reasons:
+            out.append(("", f"  #   {reason}"))
+        out.append((style, f'{c.symbol:>3} deployment "{c.name}" {{'))
+        for f in c.field_changes:
+            if f.old is None:
+                out.append(("add", f"      + {f.path} = {_value(f.path, f.new)}"))
+            elif f.new is None:
+                out.append(("destroy", f"      - {f.path} = {_value(f.path, f.old)}"))
+            else:
+                out.append(("change", f"      ~ {f.path} = {_value(f.path, f.old)} -> {_value(f.path, f.new)}"))
+        if c.action == ["create"] and c.fit:
+            for key in ("engine", "accelerator", "gpus", "cpu_cores", "context_length", "parallel"):
+                out.append(("add", f"      + {key:<15} = {_value(key, c.fit.get(key))}{_chosen(c, key)}"))
+            memory = c.fit.get("memory_bytes") or 0
+            out.append(
+                ("add", f"      + {'host memory':<15} = {memory / 1024**3:.1f} GiB ({c.fit.get('memory_basis')})")
+            )
+        for step in c.replicas:
+            for line in _replica_lines(step):
+                out.append((style if line[0] in "+-~" else "", f"      {line}"))
+        out.append((style, "    }"))
+    for c in plan.changes:
+        chosen = [(k, r) for k, r in sorted(c.chosen.items()) if c.fit and k in c.fit and c.action != ["create"]]
+        if chosen and c.fit:
+            said = ", ".join(f"{k} {c.fit[k]}, chosen at revision {r}" for k, r in chosen)
+            out.append(("", f"{c.name}: {said} (the documents leave them out; chosen again when they change)"))
+        for b in c.blocked:
+            out.append(("destroy", f"Not reconciled: {c.name}: {b}"))
+        if c.pending_reason:
+            out.append(("warn", f"Pending: {c.name}: {c.pending_reason}"))
+            for host, why in sorted(c.waiting.items()):
+                out.append(("warn", f"  {host}: {why}"))
+        if c.failed_reason:
+            out.append(("destroy", f"Failed: {c.name}: {c.failed_reason}"))
+        for w in c.warnings:
+            out.append(("warn", f"Warning: {w}"))
+    s = plan.summary()
+    out.append(("", ""))
+    if not changed and not plan.problems:
+        out.append(("bold", "No changes. The hosts match the documents."))
+    elif not changed:
+        out.append(("destroy", "No changes can be made; but the hosts do not match the documents:"))
+        out += [("destroy", f"  {p}") for p in plan.problems]
+    out.append(("bold", f"Plan: {s['add']} to add, {s['change']} to change, {s['destroy']} to destroy."))
+    return out
+
+
+def plan_text(plan: Plan) -> str:
+    return "\n".join(line for _, line in render_plan(plan)) + "\n"
+
+
+RICH_STYLES = {"add": "green", "change": "yellow", "destroy": "red", "warn": "yellow", "bold": "bold", "": ""}
+"""render_plan's styles as rich styles, for the terminal."""
+
+COMMENT_LIMIT = 65_536
+"""GitHub's limit on a comment's body, in characters."""
+
+DOWNTIME = "no serving replica during the change"
+
+
+def plan_markdown(plan: Plan, full_plan: str | None = None, limit: int = COMMENT_LIMIT) -> str:
+    """For a pull-request comment: the summary line and the warnings (downtime, pending, failed, not reconciled,
+    drift) first; then one collapsible section per changed deployment with its field changes and an argv diff
+    word by word. Past `limit` (GitHub's comment limit) it is cut between pieces, with a note saying where the
+    full plan is: `full_plan` is the saved plan's path (`engine-ctl show FULL_PLAN` prints it)."""
+    pieces = [_Piece("head", _md_head(plan))]
+    pieces += [_Piece("warning", text) for text in _md_warnings(plan)]
+    pieces += [_Piece("deployment", _md_section(c)) for c in plan.changes if c.changed]
+    foot = _md_foot(plan, full_plan)
+    whole = "".join(p.text for p in pieces) + foot
+    return whole if _length(whole) <= limit else _cut(pieces, foot, full_plan, limit)
+
+
+class _Piece:
+    def __init__(self, kind: str, text: str) -> None:
+        self.kind, self.text = kind, text
+
+
+def _length(text: str) -> int:
+    """Characters as a browser counts them (UTF-16 code units): never fewer than Python's, so never too long."""
+    return len(text.encode("utf-16-le")) // 2
+
+
+def _cut(pieces: list[_Piece], foot: str, full_plan: str | None, limit: int) -> str:
+    """The pieces that fit, in order, then a note of what was left out and where the whole plan is."""
+    kept: list[str] = []
+    used = 0
+    for i, piece in enumerate(pieces):
+        after = _cut_note(pieces[i + 1 :], full_plan, limit) + foot
+        if used + _length(piece.text + after) > limit:
+            break
+        kept.append(piece.text)
+        used += _length(piece.text)
+    while kept and used + _length(_cut_note(pieces[len(kept) :], full_plan, limit) + foot) > limit:
+        used -= _length(kept.pop())
+    return "".join(kept) + _cut_note(pieces[len(kept) :], full_plan, limit) + foot
+
+
+def _cut_note(left_out: list[_Piece], full_plan: str | None, limit: int) -> str:
+    warnings = sum(1 for p in left_out if p.kind == "warning")
+    sections = sum(1 for p in left_out if p.kind == "deployment")
+    parts = [f"{warnings} warning(s)"] * bool(warnings) + [f"{sections} deployment section(s)"] * bool(sections)
+    missing = " and ".join(parts) or "the rest"
+    where = (
+        f"`engine-ctl show {_code_text(full_plan)}`"
+        if full_plan
+        else "`engine-ctl plan --out FILE`, then `engine-ctl show FILE`"
+    )
+    return (
+        f"\n---\n**The plan is cut here:** it is longer than a GitHub comment ({limit:,} characters); "
+        f"{missing} not shown. The full plan: {where}.\n\n"
+    )
+
+
+def _md_head(plan: Plan) -> str:
+    s = plan.summary()
+    head = f"### engine-ctl plan: {s['add']} to add, {s['change']} to change, {s['destroy']} to destroy\n\n"
+    if plan.refresh_only:
+        head += "Refresh only: apply records what drifted into the state; nothing on the hosts changes.\n\n"
+    elif not any(c.changed for c in plan.changes) and not plan.problems:
+        head += "No changes. The hosts match the documents.\n\n"
+    elif not any(c.changed for c in plan.changes):
+        head += "No changes can be made; but the hosts do not match the documents.\n\n"
+    if plan.targets:
+        head += "Only " + ", ".join(_code(t) for t in plan.targets) + " (`--target`).\n\n"
+    return head
+
+
+def _md_warnings(plan: Plan) -> list[str]:
+    """The warnings as alert items: CAUTION (refused, destroyed for absent documents, unreachable, failed, not
+    reconciled) above WARNING (downtime, pending, drift, then the rest). Each item is one piece; the first of a
+    group opens its alert."""
+    return _alert("CAUTION", _cautions(plan)) + _alert("WARNING", _warnings(plan))
+
+
+def _cautions(plan: Plan) -> list[str]:
+    out = [f"**Refused:** {_text(r)}" for r in plan.refused]
+    if plan.absent:
+        names = ", ".join(_code(n) for n in plan.absent)
+        out.append(f"**Destroyed because the documents are absent:** {names} (pass the documents to keep them)")
+    for host, why in sorted(plan.unreachable.items()):
+        out.append(f"**Unreachable:** host {_code(host)}: {_text(why)}; its replicas are not checked")
+    for c in plan.changes:
+        if c.failed_reason:
+            out.append(f"**Failed:** {_code(c.name)}: {_text(c.failed_reason)}")
+        out += [f"**Not reconciled:** {_code(c.name)}: {_text(b)}" for b in c.blocked]
+    return out
+
+
+def _warnings(plan: Plan) -> list[str]:
+    downtime: list[str] = []
+    pending: list[str] = []
+    other: list[str] = []
+    for c in plan.changes:
+        for w in c.warnings:
+            if c.failed_reason and c.failed_reason in w:
+                continue  # the Failed caution says it
+            (downtime if DOWNTIME in w else other).append(w)
+        if c.pending_reason:
+            waiting = [(h, y) for h, y in sorted(c.waiting.items()) if y != c.pending_reason or len(c.waiting) > 1]
+            hosts = "".join(f"\n>   - {_code(h)}: {_text(why)}" for h, why in waiting)
+            pending.append(f"**Pending:** {_code(c.name)}: {_text(c.pending_reason)}{hosts}")
+    drift = [f"**Drift** (changed outside engine-ctl): {_code(d.host)} {_code(d.unit)}: {_text(d.detail)}"
+             for d in plan.drift]  # fmt: skip
+    rest = [f"**Warning:** {_text(w)}" for w in other]
+    return [f"**Downtime:** {_text(w)}" for w in downtime] + pending + drift + rest
+
+
+def _alert(kind: str, items: list[str]) -> list[str]:
+    out = [f"> - {item}\n" for item in items]
+    if out:
+        out[0] = f"> [!{kind}]\n" + out[0]
+        out[-1] += "\n"
+    return out
+
+
+def _md_section(c: DeploymentChange) -> str:
+    """One collapsible section: what happens, why, the field changes, each replica and its argv diff."""
+    summary = f"<code>{html.escape(c.symbol)}</code> <b>{html.escape(c.name)}</b>: "
+    summary += html.escape(_header(c).removeprefix("# ").removeprefix(c.name).lstrip(": "))
+    body = [f"<details><summary>{summary}</summary>\n\n"]
+    body += [f"- {_text(r)}\n" for r in c.reasons]
+    if c.reasons:
+        body.append("\n")
+    if c.field_changes:
+        body.append("| Field | Before | After |\n|---|---|---|\n")
+        for f in c.field_changes:
+            before = "" if f.old is None else _code(_value(f.path, f.old), cell=True)
+            after = "" if f.new is None else _code(_value(f.path, f.new), cell=True)
+            body.append(f"| {_code(f.path, cell=True)} | {before} | {after} |\n")
+        body.append("\n")
+    if c.action == ["create"] and c.fit:
+        body.append(_fit_table(c))
+    for r in c.replicas:
+        body.append(_md_replica(r))
+    body.append("</details>\n\n")
+    return "".join(body)
+
+
+def _fit_table(c: DeploymentChange) -> str:
+    assert c.fit is not None
+    rows = ["| Fit | Value |\n|---|---|\n"]
+    for key in ("engine", "accelerator", "gpus", "cpu_cores", "context_length", "parallel"):
+        chosen = f" (chosen at revision {c.chosen[key]})" if key in c.chosen else ""
+        rows.append(f"| {key} | {_code(_value(key, c.fit.get(key)), cell=True)}{chosen} |\n")
+    memory = (c.fit.get("memory_bytes") or 0) / 1024**3
+    rows.append(f"| host memory | {memory:.1f} GiB ({_text(str(c.fit.get('memory_basis')))}) |\n")
+    return "".join(rows) + "\n"
+
+
+def _md_replica(r: ReplicaChange) -> str:
+    line = _replica_lines(r)[0]
+    symbol, _, rest = line.partition(" ")
+    text = f"- {_code(symbol)} {_text(rest)}\n"
+    action = tuple(r.action)
+    if action == ("create",):
+        diff = [f"+ {g}" for g in argv_groups(r.argv)]
+    elif action == ("delete", "create"):
+        diff = argv_word_diff(r.old_argv or [], r.argv)
+    else:
+        return text
+    return text + "\n" + _fenced("diff", diff) + "\n"
+
+
+def argv_word_diff(old: list[str], new: list[str]) -> list[str]:
+    """The whole argv, one flag and its value a line (shell-quoted): unchanged lines start with two spaces,
+    removed ones with `- `, added ones with `+ `, so a reviewer sees which words changed and where."""
+    a, b = argv_groups(old), argv_groups(new)
+    out: list[str] = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            out += [f"  {g}" for g in a[i1:i2]]
+            continue
+        out += [f"- {g}" for g in a[i1:i2]]
+        out += [f"+ {g}" for g in b[j1:j2]]
+    return out
+
+
+def _fenced(language: str, lines: list[str]) -> str:
+    """A fenced code block no line can close: the fence is longer than any run of backticks inside."""
+    longest = max((len(run) for line in lines for run in re.findall(r"`+", line)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{language}\n" + "".join(f"{line}\n" for line in lines) + f"{fence}\n"
+
+
+def _md_foot(plan: Plan, full_plan: str | None) -> str:
+    made = f" at {_text(plan.created_at)}" if plan.created_at else ""
+    where = f"; apply exactly it with `engine-ctl apply {_code_text(full_plan)}`" if full_plan else ""
+    return (
+        f"<sub>Planned against state serial {plan.state_serial} (lineage {_text(plan.state_lineage)}){made}; "
+        f"plan sha256 {plan.digest()[:16]}{where}.</sub>\n"
+    )
+
+
+def _code(text: str, cell: bool = False) -> str:
+    """An inline code span holding `text` exactly: a fence longer than any backtick run in it; `|` escaped in a
+    table cell (GitHub splits cells on it even inside code)."""
+    text = text.replace("\n", " ")
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or not text.strip() else ""
+    body = text.replace("|", "\\|") if cell else text
+    return f"{fence}{pad}{body}{pad}{fence}"
+
+
+def _code_text(text: str | None) -> str:
+    """A path inside a code span the note already opened: no backticks or line breaks in it."""
+    return (text or "").replace("`", "'").replace("\n", " ")
+
+
+MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>~|])")
+
+
+def _text(text: str) -> str:
+    """Plain text from messages and hosts, shown as written: Markdown and HTML characters escaped, one line."""
+    return MARKDOWN_SPECIAL.sub(r"\\\1", text.replace("&", "&amp;").replace("\n", " "))
+
+
+def plan_json(plan: Plan) -> dict[str, Any]:
+    doc = plan.model_dump(mode="json")
+    doc["summary"] = plan.summary()
+    doc["has_changes"] = plan.has_changes
+    return doc

@@ -1,0 +1,206 @@
+"""`engine-ctl status`, `list`, `state list|show` and `force-unlock`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from engine_ctl.cli import state_move
+from engine_ctl.cli.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
+from engine_ctl.cli.output import console, emit_json
+from engine_ctl.cli.plan_cmd import backend_for, read_state, state_option
+from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
+from engine_ctl.core.documents.loader import load_paths
+from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.plan.status import DeploymentStatus, deployment_status
+from engine_ctl.providers import PROVIDERS
+from engine_ctl.shell.gather import gather
+from engine_ctl.shell.transport import HostFailure, SSHOptions
+from engine_ctl.state import DeploymentRecord, State, StateError
+
+FORMAT_VERSION = 1
+
+
+DOCUMENT_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def is_path(arg: str) -> bool:
+    """status's NAME is a path when it looks like one (a / or a document suffix, `.`, `..`) or exists here.
+
+    Deployment names are lowercase letters, digits and -, so a path-looking argument is never one."""
+    looks = "/" in arg or arg in (".", "..") or arg.endswith(DOCUMENT_SUFFIXES)
+    return looks or Path(arg).exists()
+
+
+def name_and_paths(name: str | None, paths: tuple[Path, ...]) -> tuple[str | None, tuple[Path, ...]]:
+    if name is not None and is_path(name):
+        return None, (Path(name), *paths)
+    return name, paths
+
+
+def _live(
+    records: list[DeploymentRecord], inventory_path: Path | None, paths: tuple[Path, ...], options: SSHOptions,
+    parallel: int,
+) -> tuple[dict[str, HostFacts], dict[str, HostFailure]]:  # fmt: skip
+    """Facts and health of the hosts the shown deployments run on; none (and no inventory) when they run nowhere."""
+    used = {r.host for d in records for r in d.replicas}
+    if not used:
+        return {}, {}
+    loaded = load_paths(list(paths)) if paths else None
+    inventory = resolve_inventory(inventory_path, loaded)
+    hosts = [h for h in inventory.hosts if h.name in used]
+    checks: dict[str, list[tuple[int, str]]] = {}
+    for d in records:
+        engine = PROVIDERS.get(str((d.plan or {}).get("engine")))
+        path = engine.health_path if engine else "/health"
+        for r in d.replicas:
+            checks.setdefault(r.host, []).append((r.port, path))
+    return gather(hosts, options, parallel, health=checks)
+
+
+def _statuses(state: State, names: list[str], facts: dict) -> list[DeploymentStatus]:  # type: ignore[type-arg]
+    return [deployment_status(state.deployments[n], facts) for n in names]
+
+
+@click.command(name="list")
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@inventory_option
+@state_option
+@ssh_options
+@click.option("--json", "as_json", is_flag=True)
+def list_cmd(
+    paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
+    accept_new_host_keys: bool, as_json: bool,
+) -> None:  # fmt: skip
+    """Every deployment: NAME STATE READY REVISION HOSTS, from the state and live health."""
+    backend = backend_for(state_path, paths)
+    state = read_state(backend)
+    names = sorted(state.deployments)
+    records = [state.deployments[n] for n in names]
+    facts, failures = _live(records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel)
+    statuses = _statuses(state, names, facts)
+    if as_json:
+        emit_json({"format_version": FORMAT_VERSION, "deployments": [s.model_dump(mode="json") for s in statuses]})
+    else:
+        table = Table(box=None, pad_edge=False)
+        for col in ("NAME", "STATE", "READY", "REVISION", "HOSTS"):
+            table.add_column(col)
+        for s in statuses:
+            table.add_row(s.name, s.state, f"{s.ready}/{s.replicas}", str(s.revision), ",".join(s.hosts) or "-")
+        console().print(table if statuses else _no_deployments(backend.location))
+        report_failures(failures)
+    sys.exit(1 if failures else 0)
+
+
+@click.command()
+@click.argument("name", required=False)
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@inventory_option
+@state_option
+@ssh_options
+@click.option("--json", "as_json", is_flag=True)
+def status(
+    name: str | None, paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
+    accept_new_host_keys: bool, as_json: bool,
+) -> None:  # fmt: skip
+    """A deployment's state and each instance: INSTANCE HOST STATE … LAST ERROR (all deployments without NAME).
+
+    NAME is read as a path, not a deployment, when it looks like one (it has a / or ends in .yaml, .yml or .json,
+    or is . or ..) or is an existing file or directory: `engine-ctl status .` shows every deployment of the
+    state beside the documents in the current directory.
+    """
+    name, paths = name_and_paths(name, paths)
+    backend = backend_for(state_path, paths)
+    state = read_state(backend)
+    names = [name] if name else sorted(state.deployments)
+    if name and name not in state.deployments:
+        known = ", ".join(sorted(state.deployments)) or "none"
+        problem = Diagnostic(
+            Location("state"), "", f"no deployment named {name!r} in the state", hint=f"deployments: {known}"
+        )
+        raise InputError([problem])
+    records = [state.deployments[n] for n in names]
+    facts, failures = _live(records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel)
+    statuses = _statuses(state, names, facts)
+    if as_json:
+        emit_json({"format_version": FORMAT_VERSION, "deployments": [s.model_dump(mode="json") for s in statuses]})
+        sys.exit(1 if failures else 0)
+    out = console()
+    if not statuses:
+        out.print(_no_deployments(backend.location))
+    for s in statuses:
+        head = Table(box=None, pad_edge=False)
+        for col in ("NAME", "STATE", "READY", "REVISION", "HOSTS", "REASON"):
+            head.add_column(col)
+        head.add_row(
+            s.name, s.state, f"{s.ready}/{s.replicas}", str(s.revision), ",".join(s.hosts) or "-", s.reason or "-"
+        )
+        out.print(head)
+        table = Table(box=None, pad_edge=False)
+        for col in ("INSTANCE", "HOST", "STATE", "UNIT", "PORT", "GPUS", "RESTARTS", "LAST ERROR"):
+            table.add_column(col)
+        for i in s.instances:
+            table.add_row(
+                str(i.index), i.host, i.state, i.unit, str(i.port), ",".join(map(str, i.gpus)) or "-",
+                str(i.restarts if i.restarts is not None else "-"), i.last_error or "-",
+            )  # fmt: skip
+        out.print(table)
+        out.print("")
+    report_failures(failures)
+    sys.exit(1 if failures else 0)
+
+
+def _no_deployments(location: str) -> str:
+    return f"No deployments in the state ({location}); `engine-ctl apply` records them."
+
+
+@click.group(name="state")
+def state_group() -> None:
+    """Inspect the recorded state, or move it between backends (push, pull)."""
+
+
+state_group.add_command(state_move.state_push)
+state_group.add_command(state_move.state_pull)
+
+
+@state_group.command(name="list")
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@state_option
+def state_list(paths: tuple[Path, ...], state_path: str | None) -> None:
+    """The deployments in the state, with revision and replicas."""
+    backend = backend_for(state_path, paths)
+    state = read_state(backend)
+    out = console()
+    out.print(f"# {backend.location}: serial {state.serial}, lineage {state.lineage}")
+    for name, rec in sorted(state.deployments.items()):
+        out.print(f"{name}  revision {rec.revision}  {rec.state}  {len(rec.replicas)} replica(s)")
+
+
+@state_group.command(name="show")
+@click.argument("name")
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@state_option
+def state_show(name: str, paths: tuple[Path, ...], state_path: str | None) -> None:
+    """One deployment's record as JSON."""
+    state = read_state(backend_for(state_path, paths))
+    if name not in state.deployments:
+        raise InputError([Diagnostic(Location("state"), "", f"no deployment named {name!r} in the state")])
+    sys.stdout.write(json.dumps(state.deployments[name].model_dump(mode="json"), indent=2) + "\n")
+
+
+@click.command(name="force-unlock")
+@click.argument("lock_id")
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@state_option
+def force_unlock(lock_id: str, paths: tuple[Path, ...], state_path: str | None) -> None:
+    """Remove the state lock LOCK_ID left by a command that died. Only when no command is running."""
+    backend = backend_for(state_path, paths)
+    try:
+        held = backend.force_unlock(lock_id)
+    except StateError as exc:
+        raise InputError([Diagnostic(Location(backend.location), "", str(exc))]) from None
+    console().print(f"Unlocked {backend.location} (the lock of {held.who} since {held.when} for `{held.operation}`)")

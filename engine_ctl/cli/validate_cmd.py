@@ -1,0 +1,107 @@
+"""`engine-ctl validate` and `engine-ctl schema`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from engine_ctl.cli.common import no_documents
+from engine_ctl.cli.output import console, emit_json
+from engine_ctl.core.diagnostics import Diagnostic, InputError
+from engine_ctl.core.documents.inventory import load_inventory
+from engine_ctl.core.documents.loader import OWN_KINDS, load_paths
+from engine_ctl.core.documents.rules import check, check_hosts
+from engine_ctl.core.documents.schema import document_schema
+from engine_ctl.core.documents.validate import NOT_CHECKED, build_report, report_json
+
+
+@click.command()
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.option(
+    "--inventory", "inventory_path", type=click.Path(path_type=Path), envvar="ENGINE_CTL_INVENTORY", show_envvar=True,
+    help="Also check this hosts.yaml.",
+)  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print a versioned JSON result.")
+def validate(paths: tuple[Path, ...], inventory_path: Path | None, as_json: bool) -> None:
+    """Check deployment, model and inventory documents offline.
+
+    PATHS are files or directories (every *.yaml, *.yml and *.json in them), validated together:
+    models in one file, deployments in another. Default: the current directory.
+    Exit 0 valid, 1 invalid.
+    """
+    result = load_paths(list(paths) or [Path(".")])
+    diagnostics = list(result.diagnostics)
+    inventory = result.inventory
+    if inventory_path is not None:
+        try:
+            inventory = load_inventory(inventory_path)
+        except InputError as exc:
+            diagnostics.extend(exc.diagnostics)
+    diagnostics.extend(check(result.desired, frozenset(result.broken_models)))
+    if inventory is not None:  # spec.host names a host of the inventory
+        diagnostics.extend(check_hosts(result.desired, [h.name for h in inventory.hosts], inventory.file))
+    if not result.documents and not diagnostics:  # nothing at all: never "valid"
+        diagnostics.append(no_documents(result))
+    errors = [d for d in diagnostics if d.severity == "error"]
+    valid = not errors
+    if as_json:
+        doc = report_json(result, diagnostics, valid)
+        doc["skipped"] = [{"file": f, "what": what} for f, what in sorted(result.skipped.items())]
+        emit_json(doc)
+        sys.exit(0 if valid else 1)
+    _print_human(result, diagnostics, valid)
+    sys.exit(0 if valid else 1)
+
+
+def _print_human(result, diagnostics: list[Diagnostic], valid: bool) -> None:  # type: ignore[no-untyped-def]
+    out = console()
+    err = console(stderr=True)
+    for f, what in sorted(result.skipped.items()):  # what each of engine-ctl's own files is
+        todo = f"; apply it with: engine-ctl apply {f}" if what == OWN_KINDS["Plan"] else ""
+        out.print(f"{f} is {what}, engine-ctl's own file, not a document: skipped{todo}")
+    for d in diagnostics:
+        err.print(d.render())
+    if not valid:
+        n = sum(1 for d in diagnostics if d.severity == "error")
+        err.print(f"400 INVALID_DEPLOYMENT: {n} problem(s); nothing was changed")
+        return
+    for f in result.files:
+        kinds = result.documents.get(f, [])
+        noun = (
+            "deployment document"
+            if any(k.startswith("deployment") for k in kinds)
+            else ("inventory" if kinds == ["inventory"] else "model document")
+        )
+        out.print(f"{f} is a valid {noun}")
+    for report in build_report(result):
+        now = [x for x in report.defaults if not x.at_plan]
+        later = [x for x in report.defaults if x.at_plan]
+        out.print(f"\nDeployment {report.name} ({report.engine or 'engine chosen at plan'})")
+        if now:
+            out.print("  Filled in")
+            for x in now:
+                out.print(f"    {x.field:<28} {x.value}   ({x.why})")
+        if later:
+            out.print("  Resolved at plan (needs host facts)")
+            for x in later:
+                out.print(f"    {x.field:<28} {x.why}")
+    out.print("\nNot checked")
+    for what, detail in NOT_CHECKED:
+        out.print(f"  {what}: {detail}")
+
+
+@click.command()
+@click.option("--out", "out_path", type=click.Path(path_type=Path), help="Write to a file instead of stdout.")
+def schema(out_path: Path | None) -> None:
+    """Print the JSON Schema of engine-ctl documents (for editors' YAML language servers).
+
+    Put `# yaml-language-server: $schema=<path or URL>` at the top of a document to use it.
+    """
+    text = json.dumps(document_schema(), indent=2) + "\n"
+    if out_path is None:
+        sys.stdout.write(text)
+    else:
+        out_path.write_text(text)

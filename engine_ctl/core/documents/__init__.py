@@ -1,0 +1,1 @@
+"""Documents: YAML with positions, the forms users write, the rules, engine arguments, the inventory."""

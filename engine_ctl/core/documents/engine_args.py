@@ -1,0 +1,124 @@
+"""engine_args / extra_args: the seed's rules, checked against a provider's allow-list. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine_ctl.core.documents.yamlsource import bad_character
+from engine_ctl.providers.base import Provider
+
+MAX_ARGS = 64
+MAX_ARG_CHARS = 4096
+SHELL_CHARS = "`$|&<>\\"
+
+
+@dataclass(frozen=True)
+class ArgProblem:
+    index: int | None
+    """Which argument (None: the list as a whole)."""
+    message: str
+    hint: str | None = None
+
+
+def _is_flag(token: str) -> bool:
+    if not token.startswith("-") or token in ("-", "--"):
+        return False
+    # Negative numbers are values: --seed -1, --rope-freq-scale -0.5
+    body = token[1:]
+    return not (body[:1].isdigit() or (body[:1] == "." and body[1:2].isdigit()))
+
+
+def flag_name(token: str) -> str:
+    return token.split("=", 1)[0]
+
+
+def check_engine_args(args: Sequence[str], provider: Provider, field: str) -> list[ArgProblem]:
+    """All problems with `args` for `provider`; `field` is how the list is named in messages."""
+    problems: list[ArgProblem] = []
+    if len(args) > MAX_ARGS:
+        problems.append(ArgProblem(None, f"{field}: at most {MAX_ARGS} arguments (found {len(args)})"))
+    expecting_value_for: str | None = None
+    for i, token in enumerate(args):
+        where = f"{field}[{i}]"
+        if len(token) > MAX_ARG_CHARS:
+            problems.append(ArgProblem(i, f"{where}: at most {MAX_ARG_CHARS} characters (found {len(token)})"))
+            continue
+        bad = bad_character(token)
+        if bad:
+            problems.append(ArgProblem(i, f"{where}: no control characters (found {bad})"))
+            continue
+        shell = sorted({c for c in token if c in SHELL_CHARS})
+        if shell:
+            problems.append(
+                ArgProblem(
+                    i,
+                    f"{where} {token!r}: no shell characters (` $ | & < > \\); found {' '.join(shell)}",
+                    hint="arguments are passed to the engine as they are, never to a shell",
+                )
+            )
+            continue
+        if not _is_flag(token):
+            if i == 0:
+                problems.append(
+                    ArgProblem(i, f"{where} {token!r}: the first argument is a flag", hint="write --flag value")
+                )
+            elif expecting_value_for is None:
+                problems.append(
+                    ArgProblem(
+                        i,
+                        f"{where} {token!r}: a value with no flag before it",
+                        hint="each flag takes at most one value: --flag value or --flag=value",
+                    )
+                )
+            expecting_value_for = None
+            continue
+        name = flag_name(token)
+        if " " in name:
+            problems.append(
+                ArgProblem(
+                    i,
+                    f"{where} {token!r}: one argument per item",
+                    hint=f"write {name.split()[0]!r} and its value as two items, or --flag=value",
+                )
+            )
+            continue
+        if not name.startswith("--"):
+            long = provider.short_flags.get(name)
+            if long:
+                problems.append(ArgProblem(i, f"{where} {name}: flags in their long form ({long}, not {name})"))
+            else:
+                problems.append(ArgProblem(i, f"{where} {name}: flags in their long form (--name, not -n)"))
+            expecting_value_for = None if "=" in token else name
+            continue
+        problems.extend(_check_flag(i, where, name, provider))
+        expecting_value_for = None if "=" in token else name
+    return problems
+
+
+def _check_flag(i: int, where: str, name: str, provider: Provider) -> list[ArgProblem]:
+    if name in provider.deployment_flags:
+        return [
+            ArgProblem(
+                i,
+                f"{where} {name}: set by the deployment; set it with {provider.deployment_flags[name]}",
+            )
+        ]
+    off_list = f"not on {provider.name}'s allow-list: {', '.join(provider.allowed_flags)}"
+    if name in provider.refused_flags:
+        return [ArgProblem(i, f"{where} {name}: {provider.refused_flags[name]}; {off_list}")]
+    if name not in provider.allowed_flags:
+        return [ArgProblem(i, f"{where} {name}: {off_list}")]
+    return []
+
+
+def split_flags(args: Sequence[str]) -> list[tuple[str, str | None]]:
+    """[('--temp', '0.7'), ('--jinja', None)] from a checked argument list."""
+    out: list[tuple[str, str | None]] = []
+    for token in args:
+        if _is_flag(token):
+            name, eq, value = token.partition("=")
+            out.append((name, value if eq else None))
+        elif out and out[-1][1] is None:
+            out[-1] = (out[-1][0], token)
+    return out

@@ -1,0 +1,237 @@
+"""The host inventory (hosts.yaml): where engine-ctl reaches each host and what it may use there."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from engine_ctl.core.diagnostics import Diagnostic, InputError, format_path
+from engine_ctl.core.documents.shape import diagnostics_from
+from engine_ctl.core.documents.yamlsource import SourceDocument, read_path, text_problems
+
+DEFAULT_MODELS_DIR = "/var/lib/engine-ctl/models"
+DEFAULT_CACHE_DIR = "/var/cache/engine-ctl"
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+EXECUTABLE = re.compile(r"/[A-Za-z0-9/._+:=,@-]*")
+"""An engine's executable: systemd runs it as ExecStart's first word, where `$` cannot be escaped (`$$` stays
+two characters there and the unit fails with 203/EXEC), so only characters that need no escaping at all."""
+EXECUTABLE_MESSAGE = "an absolute path of letters, digits and / . _ + : = , @ - (no spaces, $, % or quotes)"
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+EngineKey = Literal["llama.cpp", "llamacpp", "vllm", "sglang", "haproxy"]
+
+
+class HostSettings(_Doc):
+    """Fields a host entry and the defaults block share."""
+
+    address: str | None = Field(None, description="IP address or DNS name; defaults to the name.")
+    port: int | None = Field(None, description="SSH port (22).")
+    user: str | None = Field(None, description="SSH user (default: yours, or your ~/.ssh/config's).")
+    identity_file: str | None = Field(None, description="SSH private key file; the SSH agent is used too.")
+    known_hosts: str | None = Field(
+        None, description="known_hosts file to check host keys against (~/.ssh/known_hosts)."
+    )
+    host_key: str | None = Field(None, description="Pinned host key: 'ssh-ed25519 AAAA…' (instead of known_hosts).")
+    labels: dict[str, str] | None = Field(None, description="Your labels.")
+    roles: list[str] | None = Field(None, description="Roles such as gateway.")
+    models_dir: str | None = Field(None, description=f"Where model weights live on the host ({DEFAULT_MODELS_DIR}).")
+    cache_dir: str | None = Field(None, description=f"The engine cache directory ({DEFAULT_CACHE_DIR}).")
+    engines: dict[EngineKey, str] | None = Field(None, description="Engine name -> its executable on the host.")
+    transport: Literal["ssh", "local"] | None = Field(None, description="local: this machine, without SSH.")
+    connect_timeout: float | None = Field(None, description="Seconds to connect (10).")
+    command_timeout: float | None = Field(None, description="Seconds a remote command may take (120).")
+
+
+class HostEntry(HostSettings):
+    name: str = Field(description="The host's name in engine-ctl.")
+
+
+class InventoryDocument(_Doc):
+    kind: Literal["Inventory"] = "Inventory"
+    defaults: HostSettings | None = None
+    hosts: list[dict[str, object]] = Field(description="The hosts.")
+
+
+class Host(BaseModel):
+    """A host, with the defaults applied."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    address: str
+    port: int = 22
+    user: str | None = None
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    host_key: str | None = None
+    labels: dict[str, str] = {}
+    roles: tuple[str, ...] = ()
+    models_dir: str = DEFAULT_MODELS_DIR
+    cache_dir: str = DEFAULT_CACHE_DIR
+    engines: dict[str, str] = {}
+    transport: Literal["ssh", "local"] = "ssh"
+    connect_timeout: float = 10.0
+    command_timeout: float = 120.0
+
+
+class Inventory(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    file: str | None = None
+    hosts: tuple[Host, ...] = ()
+
+    def host(self, name: str) -> Host | None:
+        return next((h for h in self.hosts if h.name == name), None)
+
+    def select(self, names: list[str]) -> list[Host]:
+        """Hosts by name, in inventory order; raise InputError naming the unknown ones."""
+        unknown = [n for n in names if self.host(n) is None]
+        if unknown:
+            from engine_ctl.core.diagnostics import Location
+
+            raise InputError(
+                [
+                    Diagnostic(
+                        Location(self.file or "inventory"),
+                        "hosts",
+                        f"no host named {n!r} in the inventory",
+                        hint=f"hosts: {', '.join(h.name for h in self.hosts) or '(none)'}",
+                    )
+                    for n in unknown
+                ]
+            )
+        return [h for h in self.hosts if not names or h.name in names]
+
+
+def _expand(path: str | None, base: Path | None) -> str | None:
+    if path is None:
+        return None
+    p = Path(path).expanduser()
+    if not p.is_absolute() and base is not None:
+        p = base / p
+    return str(p)
+
+
+def _path_problems(doc: SourceDocument, where: tuple[str | int, ...], settings: HostSettings) -> list[Diagnostic]:
+    """Paths a unit or an argv is built from: absolute, and executables in the characters ExecStart takes."""
+    out: list[Diagnostic] = []
+    for key in ("models_dir", "cache_dir"):
+        value = getattr(settings, key)
+        if value is not None and not value.startswith("/"):
+            path = (*where, key)
+            out.append(Diagnostic(doc.locate(path), format_path(path), f"{value!r}: an absolute path on the host"))
+    for engine, exe in (settings.engines or {}).items():
+        if not EXECUTABLE.fullmatch(exe):
+            path = (*where, "engines", engine)
+            out.append(
+                Diagnostic(
+                    doc.locate(path),
+                    format_path(path),
+                    f"executable {exe!r}: {EXECUTABLE_MESSAGE}",
+                    hint="install or link the engine under such a path, e.g. /opt/llama.cpp/bin/llama-server",
+                )
+            )
+    return out
+
+
+def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
+    """Build an Inventory from a parsed document. Pure apart from path expansion."""
+    unsafe = text_problems(doc)
+    if unsafe:
+        return Inventory(file=doc.file), unsafe
+    try:
+        parsed = InventoryDocument.model_validate(doc.data)
+    except ValidationError as exc:
+        return Inventory(file=doc.file), diagnostics_from(exc, doc, InventoryDocument)
+    base = Path(doc.file).parent
+    defaults = (parsed.defaults or HostSettings()).model_dump(exclude_none=True)
+    problems: list[Diagnostic] = _path_problems(doc, ("defaults",), parsed.defaults or HostSettings())
+    hosts: list[Host] = []
+    seen: dict[str, int] = {}
+    addresses: dict[str, int] = {}
+    for i, raw in enumerate(parsed.hosts):
+        try:
+            entry = HostEntry.model_validate(raw)
+        except ValidationError as exc:
+            shifted = SourceDocument(
+                file=doc.file,
+                index=doc.index,
+                data=raw,
+                line=doc.locate(("hosts", i)).line or 1,
+                column=doc.locate(("hosts", i)).column or 1,
+                value_positions={k[2:]: v for k, v in doc.value_positions.items() if k[:2] == ("hosts", i)},
+                key_positions={k[2:]: v for k, v in doc.key_positions.items() if k[:2] == ("hosts", i)},
+            )
+            for d in diagnostics_from(exc, shifted, HostEntry):
+                problems.append(
+                    Diagnostic(d.location, f"hosts[{i}].{d.field}" if d.field else f"hosts[{i}]", d.message, d.hint)
+                )
+            continue
+        problems.extend(_path_problems(doc, ("hosts", i), entry))
+        if not HOST_NAME.fullmatch(entry.name):
+            problems.append(
+                Diagnostic(
+                    doc.locate(("hosts", i, "name")),
+                    f"hosts[{i}].name",
+                    f"host name {entry.name!r}: letters, digits, '.', '_' and '-', at most 63 characters",
+                )
+            )
+            continue
+        if entry.name in seen:
+            problems.append(
+                Diagnostic(
+                    doc.locate(("hosts", i, "name")),
+                    f"hosts[{i}].name",
+                    f"duplicate host name {entry.name!r} (also hosts[{seen[entry.name]}])",
+                )
+            )
+            continue
+        seen[entry.name] = i
+        values = {**defaults, **entry.model_dump(exclude_none=True)}
+        values["labels"] = {**defaults.get("labels", {}), **(entry.labels or {})}
+        if entry.port is not None and not 1 <= entry.port <= 65535:
+            problems.append(Diagnostic(doc.locate(("hosts", i, "port")), f"hosts[{i}].port", "between 1 and 65535"))
+        values.setdefault("address", entry.name)
+        same = addresses.setdefault(str(values["address"]).lower(), i)
+        if same != i:
+            problems.append(
+                Diagnostic(
+                    doc.locate(("hosts", i, "address")),
+                    f"hosts[{i}].address",
+                    f"address {values['address']!r} is also hosts[{same}]'s: one machine listed twice would have "
+                    "its GPUs, cores and memory counted twice",
+                    hint="list each machine once",
+                )
+            )
+            continue
+        engines = values.get("engines", {})
+        values["engines"] = {("llama.cpp" if k == "llamacpp" else k): v for k, v in engines.items()}
+        for key in ("identity_file", "known_hosts"):
+            values[key] = _expand(values.get(key), base)
+        values["roles"] = tuple(values.get("roles", ()))
+        hosts.append(Host(**values))
+    if not parsed.hosts:
+        problems.append(Diagnostic(doc.locate(("hosts",)), "hosts", "no hosts: list at least one host"))
+    return Inventory(file=doc.file, hosts=tuple(hosts)), problems
+
+
+def load_inventory(path: Path) -> Inventory:
+    """Read hosts.yaml (imperative shell); raise InputError with located diagnostics."""
+    docs, problems = read_path(path)
+    if problems:
+        raise InputError(problems)
+    if len(docs) != 1:
+        from engine_ctl.core.diagnostics import Location
+
+        raise InputError([Diagnostic(Location(str(path)), "", "an inventory file holds one document")])
+    inventory, problems = inventory_from(docs[0])
+    if problems:
+        raise InputError(problems)
+    return inventory

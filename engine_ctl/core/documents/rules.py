@@ -1,0 +1,372 @@
+"""The seeds' rules, with their exact messages. Pure: DesiredState in, diagnostics out."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterator, Sequence
+
+from engine_ctl.core.diagnostics import Diagnostic, Location
+from engine_ctl.core.documents.engine_args import check_engine_args, split_flags
+from engine_ctl.core.model import Deployment, DesiredState, HfRef, LoadedDeployment, LoadedModel, Model, Origin
+from engine_ctl.providers import PROVIDERS, Provider, provider, provider_for_format
+
+NAME_RULE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+NAME_MESSAGE = "lowercase letters, digits and -, not starting or ending with -, at most 40 characters"
+MODEL_NAME_RULE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+INVALID = "INVALID_DEPLOYMENT"
+
+
+COMMIT_RULE = re.compile(r"^[0-9a-f]{40}$")
+
+SPEC_NAMES = {
+    "name": "metadata.name",
+    "replicas_min": "spec.replicas.min",
+    "replicas_max": "spec.replicas.max",
+    "idle_minutes": "spec.replicas.idle_minutes",
+}
+FLAT_NAMES = {
+    "replicas_min": "replicas",
+    "replicas_max": "replicas",
+    "context_length": "engine_config.context_length",
+    "engine_args": "engine_config.extra_args",
+    "cuda_graphs": "engine_config.cuda_graphs",
+    "accept_extra_args": "engine_config.accept_extra_args",
+    "gpu_memory_bytes": "engine_config.memory.request",
+    "ram_bytes": "resources.ram",
+    "hf": "model",
+    "path": "model",
+}
+
+
+def field_name(origin: Origin, internal: str) -> str:
+    """An internal field as the document's own form names it: spec.replicas.max, or the flat form's replicas."""
+    if origin.form == "flat":
+        return FLAT_NAMES.get(internal, internal)
+    return SPEC_NAMES.get(internal, f"spec.{internal}")
+
+
+def where(origin: Origin, internal: str) -> tuple[Location, str]:
+    """The location and written path of an internal field (the document's start when not written)."""
+    if internal in origin.fields:
+        path, line, column = origin.fields[internal]
+        return Location(origin.file, line, column), path
+    return Location(origin.file, origin.line, origin.column), field_name(origin, internal)
+
+
+def _err(origin: Origin, internal: str, message: str, hint: str | None = None) -> Diagnostic:
+    location, path = where(origin, internal)
+    return Diagnostic(location, path, message, hint=hint, code=INVALID)
+
+
+def _warn(origin: Origin, internal: str, message: str, hint: str | None = None) -> Diagnostic:
+    location, path = where(origin, internal)
+    return Diagnostic(location, path, message, hint=hint, severity="warning")
+
+
+def resolve_engine(deployment: Deployment, model: Model | None) -> Provider | None:
+    """The engine a deployment runs: its own choice, or auto's pick from the model's format."""
+    if deployment.engine != "auto":
+        return provider(deployment.engine)
+    if deployment.accelerator == "cpu":
+        return next(p for p in PROVIDERS.values() if p.runs_on("cpu"))
+    if model is None:
+        return None
+    return provider_for_format(model.format)
+
+
+def written(origin: Origin, internal: str) -> bool:
+    return internal in origin.fields and origin.fields[internal][0] != ""
+
+
+def check_deployment(
+    loaded: LoadedDeployment, model: Model | None, broken_models: frozenset[str] = frozenset()
+) -> Iterator[Diagnostic]:
+    d, o = loaded.deployment, loaded.origin
+    if len(d.name) > 40 or not NAME_RULE.match(d.name):
+        yield _err(o, "name", f"{field_name(o, 'name')} {d.name!r}: {NAME_MESSAGE}")
+    if model is None and d.model not in broken_models:
+        yield _err(
+            o,
+            "model",
+            f'spec.model "{d.model}": a model of the deployment\'s own workspace',
+            hint=f"no Model document named {d.model!r} was loaded; add one (kind: Model) or pass its file too",
+        )
+    yield from _check_replicas(loaded)
+    yield from _check_numbers(loaded, model)
+    engine = resolve_engine(d, model)
+    if engine is None:
+        return
+    if d.accelerator == "cpu" and not engine.runs_on("cpu"):
+        yield _err(
+            o,
+            "accelerator",
+            f"spec.accelerator: cpu is served by llama.cpp; {_engine_title(engine)} needs a GPU",
+        )
+    if model is not None and model.format not in engine.formats:
+        yield _format_mismatch(loaded, engine, model)
+    yield from _check_args(loaded, engine)
+    yield from _check_flat(loaded, engine)
+
+
+def _check_replicas(loaded: LoadedDeployment) -> Iterator[Diagnostic]:
+    d, o = loaded.deployment, loaded.origin
+    if not 1 <= d.replicas_max <= 64:
+        yield _err(o, "replicas_max", f"{field_name(o, 'replicas_max')}: between 1 and 64")
+    if o.form == "flat":
+        return  # one number: min = max
+    if d.replicas_min < 0:
+        yield _err(o, "replicas_min", "spec.replicas.min: at least 0")
+    elif d.replicas_min > d.replicas_max:
+        yield _err(o, "replicas_min", "spec.replicas.min: at most spec.replicas.max")
+    elif 1 <= d.replicas_max <= 64:
+        yield from _scaling_warnings(loaded)
+    if d.idle_minutes is not None and not 1 <= d.idle_minutes <= 1440:
+        yield _err(o, "idle_minutes", "spec.replicas.idle_minutes: between 1 and 1440")
+    if d.replicas_min > 0 and written(o, "idle_minutes"):
+        yield _warn(
+            o,
+            "idle_minutes",
+            "spec.replicas.idle_minutes: ignored (cleared) because spec.replicas.min is above 0",
+            hint="idle_minutes applies only with min: 0 (scale to zero)",
+        )
+
+
+def _scaling_warnings(loaded: LoadedDeployment) -> Iterator[Diagnostic]:
+    """Until the gateway and the scaler exist, say exactly what will run: min replicas, at least one."""
+    d, o = loaded.deployment, loaded.origin
+    runs = max(d.replicas_min, 1)
+    what = f"engine-ctl runs {runs} replica" + ("s" if runs > 1 else "")
+    hint = "set min and max to the number of replicas to run"
+    if d.replicas_min == 0:
+        also = " and scaling between min and max need" if d.replicas_max > 1 else " needs"
+        yield _warn(
+            o,
+            "replicas_min",
+            f"spec.replicas.min 0: scale to zero{also} the gateway, which is not built yet; {what}",
+            hint=hint,
+        )
+    elif d.replicas_max > d.replicas_min:
+        yield _warn(
+            o,
+            "replicas_max",
+            f"spec.replicas.max {d.replicas_max}: scaling between min ({d.replicas_min}) and max needs the "
+            f"gateway, which is not built yet; {what}",
+            hint=hint,
+        )
+
+
+def _check_numbers(loaded: LoadedDeployment, model: Model | None) -> Iterator[Diagnostic]:
+    d, o = loaded.deployment, loaded.origin
+    if d.context_length is not None:
+        ctx = field_name(o, "context_length")
+        if d.context_length < 256:
+            yield _err(o, "context_length", f"{ctx}: at least 256 tokens")
+        elif model is not None and model.context_length is not None and d.context_length > model.context_length:
+            yield _err(
+                o,
+                "context_length",
+                f"{ctx} {d.context_length}: model {model.name} takes at most {model.context_length} tokens",
+            )
+    if d.parallel is not None and not 1 <= d.parallel <= 1024:
+        yield _err(o, "parallel", "spec.parallel: between 1 and 1024")
+    if d.cpu_cores is not None and not 1 <= d.cpu_cores <= 1024:
+        yield _err(o, "cpu_cores", "spec.cpu_cores: between 1 and 1024")
+    if d.gpus is not None:
+        if d.accelerator == "cpu":
+            yield _err(o, "gpus", "spec.gpus: a CPU-only deployment has none")
+        elif d.gpus not in (1, 2, 4, 8):
+            yield _err(o, "gpus", "spec.gpus: 1, 2, 4 or 8 GPUs of one machine per replica")
+    if d.priority < -1000 or d.priority > 1000:
+        yield _err(o, "priority", "spec.priority: between -1000 and 1000")
+
+
+def _engine_title(engine: Provider) -> str:
+    return engine.title
+
+
+def _format_mismatch(loaded: LoadedDeployment, engine: Provider, model: Model) -> Diagnostic:
+    """The seed's message, at the deployment's model line; a CPU deployment is never pointed at vLLM."""
+    o = loaded.origin
+    if model.format == "gguf":
+        message = (
+            f"model {model.name} is GGUF: serve it with llama.cpp "
+            f"({_engine_title(engine)} serves safetensors checkpoints here)"
+        )
+        return _err(o, "model", message)
+    if loaded.deployment.accelerator == "cpu":
+        return _err(
+            o,
+            "model",
+            f"llama.cpp serves GGUF; model {model.name} is a safetensors checkpoint: a CPU-only deployment "
+            "is served by llama.cpp, so it needs a GGUF model",
+            hint="point the deployment at a GGUF build of the model (kind: Model with format: gguf)",
+        )
+    return _err(
+        o, "model", f"llama.cpp serves GGUF; model {model.name} is a safetensors checkpoint: serve it with vllm"
+    )
+
+
+def _check_args(loaded: LoadedDeployment, engine: Provider) -> Iterator[Diagnostic]:
+    d, o = loaded.deployment, loaded.origin
+    for problem in check_engine_args(d.engine_args, engine, field_name(o, "engine_args")):
+        internal = "engine_args" if problem.index is None else f"engine_args[{problem.index}]"
+        yield _err(o, internal, _set_it_with(o, problem.message), problem.hint)
+
+
+SET_IT_WITH = re.compile(r"set it with spec\.([a-z_]+)")
+
+
+def _set_it_with(origin: Origin, message: str) -> str:
+    """The flat form's own name in "set it with spec.context_length" (or that the field is the spec form's)."""
+    if origin.form != "flat":
+        return message
+
+    def name(match: re.Match[str]) -> str:
+        internal = match.group(1)
+        if internal in FLAT_NAMES:
+            return f"set it with {FLAT_NAMES[internal]}"
+        return f"set it with spec.{internal} (a field of the metadata/spec form)"
+
+    return SET_IT_WITH.sub(name, message)
+
+
+def _check_flat(loaded: LoadedDeployment, engine: Provider) -> Iterator[Diagnostic]:
+    d, o = loaded.deployment, loaded.origin
+    if o.form != "flat":
+        return
+    if d.engine_args and not written(o, "accept_extra_args"):
+        yield _err(
+            o,
+            "engine_args",
+            "engine_config.extra_args: set engine_config.accept_extra_args: true to pass extra engine arguments",
+        )
+    if d.api == "decisions":
+        if not engine.serves_decisions:
+            yield _err(
+                o,
+                "engine",
+                f"capability_missing:decisions: {_engine_title(engine)} does not serve decision models here",
+                hint="serve decision models with llama.cpp or SGLang",
+            )
+        if d.residency in ("deep", "host_backed"):
+            yield _err(
+                o,
+                "residency",
+                f"residency {d.residency}: a decisions deployment restarts instead of parking (restart_only)",
+            )
+        parsers = [f for f, _ in split_flags(d.engine_args) if f in ("--tool-call-parser", "--reasoning-parser")]
+        for flag in parsers:
+            yield _err(o, "engine_args", f"engine_config.extra_args {flag}: a decisions deployment has no {flag[2:]}")
+    if d.residency != "restart_only" and d.api == "chat":
+        yield _warn(
+            o,
+            "residency",
+            f"residency {d.residency}: engine-ctl stops engines instead of parking them; treated as restart_only",
+        )
+    if d.cuda_graphs is not None and not engine.cuda_graphs_switch:
+        yield _warn(o, "cuda_graphs", f"engine_config.cuda_graphs: {engine.title} has no such switch; ignored")
+
+
+def check_model(loaded: LoadedModel) -> Iterator[Diagnostic]:
+    m, o = loaded.model, loaded.origin
+    if o.form == "model" and not MODEL_NAME_RULE.match(m.name):
+        yield _err(
+            o,
+            "name",
+            f"metadata.name {m.name!r}: letters, digits, '.', '_', '-' and '/', at most 128 characters",
+        )
+    if m.path is None and m.hf is None:
+        yield _err(
+            o,
+            "path",
+            "spec.path or spec.hf: say where the weights are",
+            hint="path: a file or directory on the hosts",
+        )
+    if m.path is not None and m.hf is not None:
+        yield _err(o, "hf", "spec.path and spec.hf: give one of them")
+    if m.path is not None and ".." in m.path.split("/"):
+        yield _err(o, "path", f"{m.path!r}: '..' is not allowed in a model path")
+    if m.hf is not None:
+        yield from _check_hf(o, m.hf)
+    if m.context_length is not None and m.context_length < 256:
+        yield _err(o, "context_length", "spec.context_length: at least 256 tokens")
+    if m.parameters is not None and m.parameters <= 0:
+        yield _err(o, "parameters", "spec.parameters: a positive count")
+
+
+def _check_hf(o: Origin, hf: HfRef) -> Iterator[Diagnostic]:
+    """An hf: reference is org/repo pinned to a full commit (validate works offline: nothing resolves it)."""
+    field = where(o, "hf")[1]
+    if hf.repo.count("/") != 1:
+        yield _err(o, "hf", f"{field} {hf.repo!r}: a Hugging Face repository is org/repo")
+    if not hf.commit:
+        yield _err(
+            o,
+            "hf",
+            f"{field} {hf.repo}: no commit; validate works offline, so it refuses an hf: reference without a commit",
+            hint=f"pin it: {hf.repo}@<commit>",
+        )
+    elif not COMMIT_RULE.match(hf.commit):
+        at = "commit" if "commit" in o.fields else "hf"
+        written_as = hf.commit if at == "commit" else str(hf)
+        yield _err(
+            o,
+            at,
+            f"{where(o, at)[1]} {written_as}: a commit is 40 hexadecimal digits (0-9, a-f), not {hf.commit!r}",
+            hint=f"pin the full commit id from {hf.repo}'s history on huggingface.co; "
+            "a branch, a tag or a short id is not a pin",
+        )
+
+
+def check(desired: DesiredState, broken_models: frozenset[str] = frozenset()) -> list[Diagnostic]:
+    """Every rule over every document, plus duplicate names across files."""
+    out: list[Diagnostic] = []
+    seen_models: dict[str, LoadedModel] = {}
+    for loaded in desired.models:
+        out.extend(check_model(loaded))
+        first = seen_models.get(loaded.model.name)
+        if first is not None and not (
+            first.origin.form == "flat" and loaded.origin.form == "flat" and first.model == loaded.model
+        ):
+            out.append(
+                _err(
+                    loaded.origin,
+                    "name",
+                    f"duplicate model name {loaded.model.name!r} (first defined at {where(first.origin, 'name')[0]})",
+                )
+            )
+        seen_models.setdefault(loaded.model.name, loaded)
+    seen: dict[str, LoadedDeployment] = {}
+    for loaded_d in desired.deployments:
+        model = desired.model(loaded_d.deployment.model)
+        out.extend(check_deployment(loaded_d, model, broken_models))
+        first_d = seen.get(loaded_d.deployment.name)
+        if first_d is not None:
+            out.append(
+                _err(
+                    loaded_d.origin,
+                    "name",
+                    f"duplicate deployment name {loaded_d.deployment.name!r} (first defined at "
+                    f"{where(first_d.origin, 'name')[0]})",
+                    hint="deployment names are unique across all files: clients call a deployment by its name",
+                )
+            )
+        seen.setdefault(loaded_d.deployment.name, loaded_d)
+    return out
+
+
+def check_hosts(desired: DesiredState, hosts: Sequence[str], inventory_file: str | None = None) -> list[Diagnostic]:
+    """spec.host (the flat form's host:) names a host of the inventory; otherwise an error with a did-you-mean."""
+    out: list[Diagnostic] = []
+    where_from = f" ({inventory_file})" if inventory_file else ""
+    for loaded in desired.deployments:
+        d, o = loaded.deployment, loaded.origin
+        if d.host is None or d.host in hosts:
+            continue
+        close = difflib.get_close_matches(d.host, list(hosts), n=1)
+        known = ", ".join(hosts) or "(none)"
+        hint = (f"did you mean {close[0]!r}? " if close else "") + f"the inventory's hosts: {known}"
+        message = f'{field_name(o, "host")} "{d.host}": no host of that name in the inventory{where_from}'
+        out.append(_err(o, "host", message, hint=hint))
+    return out

@@ -1,0 +1,178 @@
+"""The offline `validate` report: what is valid, the defaults filled in, what waits for hosts. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine_ctl.core.diagnostics import Diagnostic
+from engine_ctl.core.documents.loader import LoadResult
+from engine_ctl.core.documents.rules import field_name, resolve_engine, written
+from engine_ctl.core.model import LoadedDeployment, Model
+
+FORMAT_VERSION = 1
+
+NOT_CHECKED = (
+    (
+        "host facts",
+        "whether any host has the GPUs, memory and disk a replica needs, and which GPUs are free "
+        "(placement); run `engine-ctl plan` to gather facts over SSH",
+    ),
+    (
+        "model files",
+        "whether the weights exist at the model's path under each host's models_dir, and their "
+        "format, context length and size as the files say (GGUF metadata, config.json)",
+    ),
+    ("engine installed", "whether the engine's executable is on each host and its version accepts the flags"),
+    ("hf commit", "whether an hf: commit exists upstream; engine-ctl never downloads at plan time"),
+    ("ports", "whether the ports engine-ctl allocates are free on each host"),
+    ("recorded state", "changes against what is running: revisions, replicas to add, replace or remove"),
+    ("ssh", "whether each host is reachable and its host key is known"),
+)
+
+
+@dataclass
+class Default:
+    field: str
+    value: object
+    why: str
+    at_plan: bool = False
+
+
+@dataclass
+class DeploymentReport:
+    name: str
+    file: str
+    engine: str | None
+    defaults: list[Default] = field(default_factory=list)
+
+
+def _defaults(loaded: LoadedDeployment, model: Model | None) -> list[Default]:
+    d, o = loaded.deployment, loaded.origin
+    engine = resolve_engine(d, model)
+    out: list[Default] = []
+
+    def unset(internal: str) -> bool:
+        return not written(o, internal)
+
+    def name(internal: str) -> str:
+        return field_name(o, internal)
+
+    if unset("engine") and engine is not None:
+        why = "the model's format" if model else "cpu"
+        out.append(Default(name("engine"), f"auto → {engine.name}", f"from {why} ({model.format if model else 'cpu'})"))
+    if o.form == "flat" and unset("replicas_max"):
+        out.append(Default("replicas", d.replicas_max, "default"))
+    if o.form == "spec":
+        if unset("replicas_min"):
+            out.append(Default("spec.replicas.min", d.replicas_min, "default"))
+        if unset("replicas_max"):
+            out.append(Default("spec.replicas.max", d.replicas_max, "default"))
+        if d.replicas_min == 0 and unset("idle_minutes"):
+            out.append(Default("spec.replicas.idle_minutes", 15, "default with min: 0"))
+        if unset("accelerator"):
+            out.append(Default("spec.accelerator", d.accelerator, "default"))
+        if unset("gpu_vendor"):
+            out.append(Default("spec.gpu_vendor", d.gpu_vendor, "any GPU the engine runs on"))
+        if unset("priority"):
+            out.append(Default("spec.priority", d.priority, "default"))
+    if d.context_length is None and engine is not None:
+        cap = engine.default_context_cap
+        if model is not None and model.context_length is not None:
+            out.append(Default(name("context_length"), min(cap, model.context_length), f"the model's, at most {cap}"))
+        else:
+            out.append(Default(name("context_length"), None, f"the model's (read from its files), at most {cap}", True))
+    if d.accelerator == "gpu" and d.gpus is None:
+        out.append(
+            Default(
+                name("gpus"),
+                None,
+                "the fewest of 1, 2, 4, 8 that hold the model on the largest-GPU host",
+                True,
+            )
+        )
+    if d.cpu_cores is None:
+        if d.accelerator == "gpu":
+            if d.gpus is not None:
+                out.append(Default(name("cpu_cores"), 4 * d.gpus, "4 per GPU"))
+            else:
+                out.append(Default(name("cpu_cores"), None, "4 per GPU, once gpus is chosen", True))
+        else:
+            out.append(
+                Default(
+                    name("cpu_cores"),
+                    None,
+                    "by size: 2 up to 2B parameters, 4 up to 9B, 6 above, at most the largest host's cores",
+                    True,
+                )
+            )
+    if d.parallel is None and engine is not None:
+        options = engine.parallel_candidates(d.accelerator)
+        where = "on a CPU" if d.accelerator == "cpu" else "on GPUs"
+        if len(options) == 1:
+            out.append(Default(name("parallel"), options[0], f"{engine.title} {where}"))
+        else:
+            first, *rest = options
+            lowered = " or ".join(map(str, rest))
+            out.append(
+                Default(name("parallel"), None, f"{first} {where}, lowered to {lowered} when that is what fits", True)
+            )
+    return out
+
+
+def build_report(result: LoadResult) -> list[DeploymentReport]:
+    reports = []
+    for loaded in result.desired.deployments:
+        model = result.desired.model(loaded.deployment.model)
+        engine = resolve_engine(loaded.deployment, model)
+        reports.append(
+            DeploymentReport(
+                name=loaded.deployment.name,
+                file=loaded.origin.file,
+                engine=engine.name if engine else None,
+                defaults=_defaults(loaded, model),
+            )
+        )
+    return reports
+
+
+def report_json(result: LoadResult, diagnostics: list[Diagnostic], valid: bool) -> dict[str, object]:
+    errors = [d for d in diagnostics if d.severity == "error"]
+    doc: dict[str, object] = {
+        "format_version": FORMAT_VERSION,
+        "valid": valid,
+        "files": [
+            {
+                "file": f,
+                "documents": result.documents.get(f, []),
+                "valid": not any(d.location.file == f for d in errors),
+            }
+            for f in result.files
+        ],
+        "deployments": [
+            {
+                "name": r.name,
+                "file": r.file,
+                "engine": r.engine,
+                "defaults": [
+                    {
+                        "field": x.field,
+                        "value": x.value,
+                        "why": x.why,
+                        "resolved_at": "plan" if x.at_plan else "load",
+                    }
+                    for x in r.defaults
+                ],
+            }
+            for r in build_report(result)
+        ],
+        "warnings": [d.as_json() for d in diagnostics if d.severity == "warning"],
+        "not_checked": [{"what": k, "detail": v} for k, v in NOT_CHECKED],
+    }
+    if not valid:
+        doc["error"] = {
+            "status": 400,
+            "code": "INVALID_DEPLOYMENT",
+            "message": f"{len(errors)} problem(s) in the documents",
+            "details": [d.as_json() for d in errors],
+        }
+    return doc

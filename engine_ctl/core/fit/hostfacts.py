@@ -1,0 +1,217 @@
+"""Host facts as typed values, and the pure parsers of the tools' real output formats."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine_ctl.core.fit.modelfacts import ModelFacts
+
+FORMAT_VERSION = 1
+MIB = 1024**2
+BUSY_BYTES = 1024 * MIB
+"""A GPU with more than this in use by processes engine-ctl did not start counts as held."""
+
+
+class Fact(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Gpu(Fact):
+    index: int
+    uuid: str
+    name: str
+    vendor: Literal["nvidia", "amd"]
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    driver_version: str | None = None
+
+
+class Cpu(Fact):
+    cores: int
+    model: str | None = None
+    flags: tuple[str, ...] = ()
+
+
+class Memory(Fact):
+    total_bytes: int
+    available_bytes: int
+
+
+class Disk(Fact):
+    path: str
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+    exists: bool = True
+
+
+class EngineInstall(Fact):
+    path: str
+    version: str | None = None
+
+
+class UnitFact(Fact):
+    name: str
+    sha256: str | None = None
+    active_state: str | None = None
+    sub_state: str | None = None
+    n_restarts: int | None = None
+    main_pid: int | None = None
+    exec_main_status: int | None = None
+
+
+class ModelFile(Fact):
+    path: str
+    size_bytes: int
+
+
+class HostFacts(Fact):
+    host: str
+    hostname: str | None = None
+    os: str | None = None
+    kernel: str | None = None
+    arch: str | None = None
+    systemd_version: str | None = None
+    cpu: Cpu
+    memory: Memory
+    disks: dict[str, Disk] = Field(default_factory=dict)
+    gpus: tuple[Gpu, ...] = ()
+    engines: dict[str, EngineInstall] = Field(default_factory=dict)
+    units: tuple[UnitFact, ...] = ()
+    ports_in_use: tuple[int, ...] = ()
+    model_files: tuple[ModelFile, ...] = ()
+    haproxy_version: str | None = None
+    models: dict[str, ModelFacts] = Field(default_factory=dict)
+    """Model metadata read on the host, by path (for the paths asked for)."""
+    model_problems: dict[str, str] = Field(default_factory=dict)
+    health: dict[str, str] = Field(default_factory=dict)
+    """port -> HTTP status of GET /health on loopback, or 'down: why' (for the ports asked for)."""
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def gpu_vendor(self) -> str | None:
+        return self.gpus[0].vendor if self.gpus else None
+
+    def fingerprint(self) -> str:
+        """A hash of the facts that placement and rendering depend on (not volatile counters)."""
+        stable = self.model_dump(
+            include={"host", "arch", "cpu", "gpus", "engines", "units", "model_files", "models"},
+            exclude={"gpus": {"__all__": {"memory_used_bytes"}}, "units": {"__all__": {"main_pid", "n_restarts"}}},
+        )
+        stable["memory_total"] = self.memory.total_bytes
+        return hashlib.sha256(json.dumps(stable, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _num(text: str) -> float | None:
+    text = text.strip()
+    if not text or text.startswith("[") or text.upper() in ("N/A", "NA"):
+        return None  # [N/A], [Not Supported], [Unknown Error]
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def parse_nvidia_smi(text: str) -> list[Gpu]:
+    """`nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used,driver_version
+    --format=csv,noheader,nounits`: one line per GPU, memory in MiB, `[N/A]` where unknown."""
+    gpus: list[Gpu] = []
+    for row in csv.reader(io.StringIO(text), skipinitialspace=True):
+        if len(row) < 6 or not row[0].strip():
+            continue
+        index = _num(row[0])
+        total, used = _num(row[3]), _num(row[4])
+        gpus.append(
+            Gpu(
+                index=int(index) if index is not None else len(gpus),
+                uuid=row[1].strip(),
+                name=row[2].strip(),
+                vendor="nvidia",
+                memory_total_bytes=int(total * MIB) if total is not None else None,
+                memory_used_bytes=int(used * MIB) if used is not None else None,
+                driver_version=None if row[5].strip().startswith("[") else row[5].strip(),
+            )
+        )
+    return gpus
+
+
+def _bytes_of(value: Any) -> int | None:
+    """amd-smi JSON gives {"value": 196592, "unit": "MB"}; older versions a bare number or 'N/A'."""
+    if isinstance(value, dict):
+        amount = value.get("value")
+        unit = str(value.get("unit", "MB")).upper()
+        if not isinstance(amount, int | float):
+            return None
+        factor = {"B": 1, "KB": 1024, "MB": MIB, "MIB": MIB, "GB": 1024 * MIB, "GIB": 1024 * MIB}.get(unit, MIB)
+        return int(amount * factor)
+    if isinstance(value, int | float):
+        return int(value * MIB)
+    return None
+
+
+def parse_amd_smi(static_json: str, vram_json: str | None = None) -> list[Gpu]:
+    """`amd-smi static --asic --vram --driver --json` (+ optional `amd-smi metric --mem-usage --json`)."""
+    data = json.loads(static_json)
+    if isinstance(data, dict) and "gpu_data" in data:
+        data = data["gpu_data"]
+    used: dict[int, int | None] = {}
+    if vram_json:
+        metrics = json.loads(vram_json)
+        if isinstance(metrics, dict) and "gpu_data" in metrics:
+            metrics = metrics["gpu_data"]
+        for entry in metrics:
+            usage = entry.get("mem_usage") or {}
+            used[int(entry.get("gpu", 0))] = _bytes_of(usage.get("used_vram"))
+    gpus: list[Gpu] = []
+    for entry in data:
+        idx = int(entry.get("gpu", len(gpus)))
+        asic = entry.get("asic") or {}
+        vram = entry.get("vram") or {}
+        driver = entry.get("driver") or {}
+        serial = str(asic.get("asic_serial") or "")
+        uuid = str(entry.get("uuid") or asic.get("uuid") or "")
+        if not uuid and serial and serial != "N/A":
+            uuid = "GPU-" + (serial[2:] if serial.lower().startswith("0x") else serial).lower()
+        uuid = uuid or f"amd-gpu-{idx}"
+        gpus.append(
+            Gpu(
+                index=idx,
+                uuid=uuid,
+                name=str(asic.get("market_name") or "AMD GPU"),
+                vendor="amd",
+                memory_total_bytes=_bytes_of(vram.get("size")),
+                memory_used_bytes=used.get(idx),
+                driver_version=str(driver.get("version")) if driver.get("version") not in (None, "N/A") else None,
+            )
+        )
+    return gpus
+
+
+def parse_rocm_smi(text: str) -> list[Gpu]:
+    """`rocm-smi --showuniqueid --showproductname --showmeminfo vram --showdriverversion --json`:
+    {"card0": {"Unique ID": "0x…", "Card series": …, "VRAM Total Memory (B)": "…", …}, "system": {…}}."""
+    data = json.loads(text)
+    driver = (data.get("system") or {}).get("Driver version")
+    gpus = []
+    for key in sorted((k for k in data if k.startswith("card")), key=lambda k: int(k[4:] or 0)):
+        card = data[key]
+        total = _num(str(card.get("VRAM Total Memory (B)", "")))
+        used = _num(str(card.get("VRAM Total Used Memory (B)", "")))
+        uid = str(card.get("Unique ID", "")).strip()
+        gpus.append(
+            Gpu(
+                index=int(key[4:] or 0),
+                uuid=f"GPU-{(uid[2:] if uid.startswith('0x') else uid).lower()}" if uid and uid != "N/A" else key,
+                name=str(card.get("Card Series") or card.get("Card series") or card.get("Device Name") or "AMD GPU"),
+                vendor="amd",
+                memory_total_bytes=int(total) if total is not None else None,
+                memory_used_bytes=int(used) if used is not None else None,
+                driver_version=str(driver) if driver else None,
+            )
+        )
+    return gpus

@@ -1,0 +1,81 @@
+"""What one replica runs: the fit's plan object, its placement, and the run the provider turns into argv."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from engine_ctl.core.fit.hostfacts import Gpu
+from engine_ctl.core.model import Model
+
+MemoryBasis = Literal["estimate", "arch", "catalog", "weights"]
+
+
+class FitPlan(BaseModel):
+    """Seed 000's `plan` object: what each replica runs and takes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    engine: str
+    gpu_vendor: str
+    accelerator: Literal["gpu", "cpu"]
+    kind: Literal["chat", "embedding"]
+    gpus: int
+    min_gpu_memory_gb: int
+    """The seed's figure, for people: min_gpu_memory_bytes in GB, rounded up. Placement never compares it."""
+    memory_basis: MemoryBasis
+    cpu_cores: int
+    threads: int | None
+    memory_bytes: int
+    context_length: int
+    parallel: int
+    weights_bytes: int
+    kv_cache_bytes: int
+    port: int | None = None
+    capabilities: tuple[str, ...] = ()
+    min_gpu_memory_bytes: int = 0
+    """What each GPU of a replica must have, in bytes: the one figure the fit and placement compare."""
+    devices: tuple[str, ...] = ()
+    """The GPUs the deployment pins (gpu0, gpu1, … or UUIDs); empty: any free ones."""
+
+
+class Placement(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    index: int
+    host: str
+    gpus: tuple[Gpu, ...] = ()
+    port: int
+    threads: int | None = None
+    cpu_cores: int = 0
+    """Cores and host memory this replica takes on its host (what later placements count as taken)."""
+    memory_bytes: int = 0
+
+
+class ReplicaRun(BaseModel):
+    """Everything a provider needs to build one replica's argv and environment."""
+
+    model_config = ConfigDict(frozen=True)
+
+    deployment: str
+    revision: int = 1
+    index: int = 0
+    slot: str = "a"
+    model: Model
+    model_path: str
+    """Absolute on the host: the .gguf file, or the checkpoint directory."""
+    mmproj_path: str | None = None
+    executable: str
+    bind_address: str = "0.0.0.0"
+    port: int
+    gpus: tuple[Gpu, ...] = ()
+    plan: FitPlan
+    threads: int | None = None
+    engine_args: tuple[str, ...] = ()
+    gpu_memory_bytes: int | None = None
+    cuda_graphs: bool | None = None
+    chat_template_file: str | None = None
+    """Where the unit provides the model's Jinja chat template as a file (a systemd credential), if it has one."""
+    cache_dir: str | None = None
+    """The replica's engine cache directory on the host (the inventory's cache_dir / the deployment)."""

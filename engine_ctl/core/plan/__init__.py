@@ -1,0 +1,1 @@
+"""Plan: the planner, saved plans and their staleness rules, refresh, and the states a deployment is in."""

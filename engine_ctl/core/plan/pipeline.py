@@ -1,0 +1,111 @@
+"""From documents, state and facts to each replica's unit, by the planner's own path: `render` shows what
+`plan` would run. Pure; the CLI and the tests call it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict
+
+from engine_ctl.core.documents.inventory import Inventory
+from engine_ctl.core.documents.rules import resolve_engine
+from engine_ctl.core.fit.fitting import FitResult, replica_threads
+from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.fit.modelfacts import ModelFacts
+from engine_ctl.core.fit.runspec import FitPlan, Placement
+from engine_ctl.core.model import Deployment, DesiredState, Model
+from engine_ctl.core.plan.planner import DeploymentChange, make_plan, render_replica
+from engine_ctl.core.render.units import RenderedUnit
+from engine_ctl.providers import Provider
+from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
+
+
+class DeploymentRender(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    deployment: str
+    fit: FitResult
+    units: tuple[RenderedUnit, ...] = ()
+
+
+def render_deployment(
+    desired: DesiredState,
+    name: str,
+    inventory: Inventory,
+    facts: Mapping[str, HostFacts],
+    model_facts: ModelFacts | None = None,
+    *,
+    state: State | None = None,
+    all_model_facts: Mapping[str, ModelFacts | None] | None = None,
+) -> DeploymentRender:
+    """The fit of deployment `name` and the unit of each of its replicas once the plan is applied: the plan of
+    every deployment (make_plan, the same path as `plan`, with the same state), then this one's replicas: those
+    the plan creates or replaces, and those that stay as they are. `model_facts` is this deployment's model's;
+    `all_model_facts` every model's (placement of the others, placed first by priority, depends on them)."""
+    loaded = desired.deployment(name)
+    if loaded is None:
+        raise KeyError(name)
+    d = loaded.deployment
+    model = desired.model(d.model)
+    provider = resolve_engine(d, model)
+    if model is None or provider is None:
+        raise KeyError(d.model)
+    by_model = dict(all_model_facts or {})
+    if model_facts is not None or model.name not in by_model:
+        by_model[model.name] = model_facts
+    state = state or State()
+    plan = make_plan(desired, state, inventory, facts, by_model)
+    change = next(c for c in plan.changes if c.name == name)
+    return _from_change(change, d, model, provider, state.deployments.get(name), inventory, facts)
+
+
+def _from_change(
+    change: DeploymentChange, d: Deployment, model: Model, provider: Provider, record: DeploymentRecord | None,
+    inventory: Inventory, facts: Mapping[str, HostFacts],
+) -> DeploymentRender:  # fmt: skip
+    if change.failed_reason:
+        return DeploymentRender(deployment=change.name, fit=FitResult(failed_reason=change.failed_reason))
+    if change.fit is None:  # the fit is not known yet
+        return DeploymentRender(deployment=change.name, fit=FitResult(pending_reason=change.pending_reason))
+    fitted = FitPlan.model_validate(change.fit)
+    hosts = {h.name: h for h in inventory.hosts}
+    units: dict[int, RenderedUnit] = {}
+    placements: dict[int, Placement] = {}
+    for step in change.replicas:
+        if step.action != ["delete"] and step.placement is not None:
+            placements[step.index] = step.placement
+            units[step.index] = render_replica(d, model, provider, fitted, step.placement, hosts, step.revision,
+                                               step.slot)  # fmt: skip
+    touched = {step.index for step in change.replicas}
+    for r in _kept(record, touched, max(d.replicas_min, 1)):
+        hf = facts.get(r.host)
+        placement = _recorded_placement(r, hf, fitted) if hf is not None and r.host in hosts else None
+        if placement is not None:
+            placements[r.index] = placement
+            units[r.index] = render_replica(d, model, provider, fitted, placement, hosts, r.revision, r.slot)
+    result = FitResult(
+        plan=fitted, placements=tuple(placements[i] for i in sorted(placements)), waiting=change.waiting,
+        pending_reason=change.pending_reason,
+    )  # fmt: skip
+    return DeploymentRender(deployment=change.name, fit=result, units=tuple(units[i] for i in sorted(units)))
+
+
+def _kept(record: DeploymentRecord | None, touched: set[int], count: int) -> list[ReplicaRecord]:
+    """The recorded replicas the plan leaves as they are (one per index: the serving one first)."""
+    if record is None:
+        return []
+    out: dict[int, ReplicaRecord] = {}
+    for r in sorted(record.replicas, key=lambda r: (r.status != "serving", -r.revision)):
+        if r.index < count and r.index not in touched:
+            out.setdefault(r.index, r)
+    return [out[i] for i in sorted(out)]
+
+
+def _recorded_placement(r: ReplicaRecord, hf: HostFacts, fitted: FitPlan) -> Placement | None:
+    by_uuid = {g.uuid: g for g in hf.gpus}
+    if any(u not in by_uuid for u in r.gpus):
+        return None
+    return Placement(
+        index=r.index, host=r.host, gpus=tuple(by_uuid[u] for u in r.gpus), port=r.port,
+        threads=replica_threads(fitted, hf), cpu_cores=fitted.cpu_cores, memory_bytes=fitted.memory_bytes,
+    )  # fmt: skip

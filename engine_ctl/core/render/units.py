@@ -1,0 +1,236 @@
+"""Render each replica's systemd unit from its argv (Jinja template, systemd escaping). Pure."""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from functools import cache
+from importlib import resources
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict
+
+from engine_ctl.core.documents.inventory import Host
+from engine_ctl.core.fit.fitting import FitResult
+from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.fit.runspec import ReplicaRun
+from engine_ctl.core.model import Deployment, Model
+from engine_ctl.core.names import UNIT_PREFIX as UNIT_PREFIX  # re-exported: plan and gather use it
+from engine_ctl.core.names import unit_name
+from engine_ctl.core.render.systemd_escape import comment_text, env_assignment, exec_line, path_value
+from engine_ctl.providers import Provider
+from engine_ctl.providers.base import is_template_name
+
+if TYPE_CHECKING:
+    import jinja2
+
+CURL = "/usr/bin/curl"
+SH = "/bin/sh"
+VAR_CACHE = "/var/cache"
+CREDENTIALS_DIR = "/run/credentials"
+TEMPLATE_CREDENTIAL = "chat-template"
+NVIDIA_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+
+
+class RenderedUnit(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    host: str
+    index: int
+    slot: str
+    port: int
+    gpus: tuple[str, ...]
+    argv: tuple[str, ...]
+    environment: dict[str, str]
+    text: str
+    sha256: str
+    """sha256 of the whole file as written: what plan compares with the host's file."""
+    content_hash: str
+    """sha256 of the unit without its header line: what the header records."""
+
+
+@cache
+def _template() -> jinja2.Template:
+    import jinja2  # imported when the first unit is rendered: commands that render nothing never load it
+
+    text = resources.files("engine_ctl.templates").joinpath("engine.service.j2").read_text()
+    env = jinja2.Environment(
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined
+    )
+    env.filters["comment"] = comment_text
+    return env.from_string(text)
+
+
+def model_path_on_host(model: Model, host: Host) -> str:
+    """Absolute path of the weights on a host: the .gguf file, or the checkpoint directory."""
+    if model.path is not None:
+        base = model.path if model.path.startswith("/") else posixpath.join(host.models_dir, model.path)
+    elif model.hf is not None:
+        base = posixpath.join(host.models_dir, "sources", model.hf.repo, model.hf.commit or "main")
+    else:  # pragma: no cover - refused by the rules
+        raise ValueError(f"model {model.name} has no path")
+    if model.file and not base.endswith(".gguf"):
+        return posixpath.join(base, model.file)
+    return posixpath.normpath(base)
+
+
+def device_allow(run: ReplicaRun) -> list[str]:
+    if not run.gpus:
+        return []
+    if run.gpus[0].vendor == "amd":
+        return ["/dev/kfd rw", "char-drm rw"]
+    return [f"{n} rw" for n in NVIDIA_NODES] + [f"/dev/nvidia{g.index} rw" for g in run.gpus]
+
+
+def health_argv(port: int, path: str, budget_s: int) -> list[str]:
+    """The health gate (ExecStartPost): GET /health four times a second until it answers 200 within the start-up
+    budget, and fail at once if the engine exits first ($MAINPID is set for control processes)."""
+    script = (
+        f"i=0; while [ $i -lt {budget_s * 4} ]; do "
+        'kill -0 "$MAINPID" 2>/dev/null || { echo "the engine exited before readiness" >&2; exit 1; }; '
+        f"code=$({CURL} -s -o /dev/null -w '%{{http_code}}' --max-time 3 http://127.0.0.1:{port}{path}); "
+        '[ "$code" = 200 ] && exit 0; i=$((i+1)); sleep 0.25; done; '
+        f'echo "no healthy answer within {budget_s} s" >&2; exit 1'
+    )
+    return [SH, "-c", script]
+
+
+def cache_path(host: Host, deployment: str) -> str:
+    """The replica's engine cache on the host: the inventory's cache_dir, one directory per deployment."""
+    return posixpath.join(posixpath.normpath(host.cache_dir), deployment)
+
+
+def chat_template_path(unit: str) -> str:
+    """Where systemd puts the unit's chat-template credential (SetCredential=): $CREDENTIALS_DIRECTORY."""
+    return f"{CREDENTIALS_DIR}/{unit}/{TEMPLATE_CREDENTIAL}"
+
+
+def credential_value(text: str) -> str:
+    """Text for SetCredential=ID:VALUE on one line: systemd resolves C-style escapes in it (systemd.exec(5)).
+    Everything but printable ASCII is escaped, and so are `\\`, `%` and the spaces at either end (which the unit
+    parser would strip)."""
+    out = []
+    for i, ch in enumerate(text):
+        code = ord(ch)
+        edge = i == 0 or i == len(text) - 1
+        if (0x21 <= code <= 0x7E and ch not in "\\%") or (ch == " " and not edge):
+            out.append(ch)
+        elif ch in "\n\t":
+            out.append("\\n" if ch == "\n" else "\\t")
+        elif code < 0x80:
+            out.append(f"\\x{code:02x}")
+        else:
+            out.append(f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+    return "".join(out)
+
+
+def _cache_directives(cache: str) -> tuple[str | None, str | None]:
+    """(CacheDirectory=, ReadWritePaths=): systemd makes and owns a cache under /var/cache for the unit's dynamic
+    user; a cache_dir elsewhere is made writable in the unit and must exist on the host."""
+    if cache.startswith(VAR_CACHE + "/"):
+        return cache.removeprefix(VAR_CACHE + "/"), None
+    return None, path_value(cache)
+
+
+def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit:
+    argv = provider.argv(run)
+    cache = run.cache_dir or cache_path(host, run.deployment)
+    cache_directory, cache_rw = _cache_directives(cache)
+    environment = {
+        **provider.environment(run),
+        "HOME": cache,
+        "XDG_CACHE_HOME": cache,
+        "HF_HOME": posixpath.join(cache, "huggingface"),
+    }
+    template = run.model.chat_template if run.chat_template_file else None
+    weights_dir = run.model_path if run.model.format == "safetensors" else posixpath.dirname(run.model_path)
+    deny = "~@privileged" if provider.jit_compiles else "~@privileged @resources"
+    values = {
+        "deployment": run.deployment,
+        "index": run.index,
+        "slot": run.slot,
+        "revision": run.revision,
+        "engine": provider.name,
+        "host": host.name,
+        "port": run.port,
+        "gpus": [g.uuid for g in run.gpus],
+        "start_limit_interval": provider.startup_budget_s * 4 + 120,
+        "exec_start": exec_line(argv),
+        "exec_health": exec_line(health_argv(run.port, provider.health_path, provider.startup_budget_s)),
+        "health_path": provider.health_path,
+        "startup_budget": provider.startup_budget_s,
+        "environment": [env_assignment(k, v) for k, v in sorted(environment.items())],
+        "cache_directory": cache_directory,
+        "cache_rw": cache_rw,
+        "working_directory": path_value(cache),
+        "credentials": [f"{TEMPLATE_CREDENTIAL}:{credential_value(template)}"] if template else [],
+        "weights_path": path_value(weights_dir),
+        "device_allow": device_allow(run),
+        # JIT compilers (vLLM, SGLang; the CUDA and ROCm runtimes for GPU kernels) need writable+executable memory.
+        "mdwe": not provider.jit_compiles and not run.gpus,
+        "syscall_deny": deny,
+    }
+    body = _template().render(**values, content_hash="")
+    content_hash = hashlib.sha256(body.encode()).hexdigest()
+    text = _template().render(**values, content_hash=content_hash)
+    return RenderedUnit(
+        name=unit_name(run.deployment, run.index, run.slot),
+        host=host.name,
+        index=run.index,
+        slot=run.slot,
+        port=run.port,
+        gpus=tuple(g.uuid for g in run.gpus),
+        argv=tuple(argv),
+        environment=environment,
+        text=text,
+        sha256=hashlib.sha256(text.encode()).hexdigest(),
+        content_hash=content_hash,
+    )
+
+
+def replica_runs(
+    d: Deployment,
+    model: Model,
+    provider: Provider,
+    result: FitResult,
+    hosts: dict[str, Host],
+    facts: dict[str, HostFacts] | None = None,
+    revision: int = 1,
+    slot: str = "a",
+) -> list[tuple[ReplicaRun, Host]]:
+    """One ReplicaRun per placement."""
+    assert result.plan is not None
+    runs = []
+    jinja = bool(model.chat_template) and not is_template_name(model.chat_template or "")
+    for p in result.placements:
+        host = hosts[p.host]
+        executable = host.engines.get(provider.name) or provider.default_executable
+        unit = unit_name(d.name, p.index, slot)
+        runs.append(
+            (
+                ReplicaRun(
+                    deployment=d.name,
+                    revision=revision,
+                    index=p.index,
+                    slot=slot,
+                    model=model,
+                    model_path=model_path_on_host(model, host),
+                    mmproj_path=posixpath.join(posixpath.dirname(model_path_on_host(model, host)), model.mmproj)
+                    if model.mmproj
+                    else None,
+                    executable=executable,
+                    port=p.port,
+                    gpus=p.gpus,
+                    plan=result.plan.model_copy(update={"port": p.port, "threads": p.threads or result.plan.threads}),
+                    threads=p.threads,
+                    engine_args=d.engine_args,
+                    gpu_memory_bytes=d.gpu_memory_bytes,
+                    cuda_graphs=d.cuda_graphs,
+                    chat_template_file=chat_template_path(unit) if jinja else None,
+                    cache_dir=cache_path(host, d.name),
+                ),
+                host,
+            )
+        )
+    return runs

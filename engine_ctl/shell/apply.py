@@ -1,0 +1,437 @@
+"""The apply executor: runs a Plan's steps over SSH, one replica at a time per host and per deployment,
+health-gated, recording the state after every step so that a crash or Ctrl-C loses nothing."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+
+from engine_ctl.core.documents.inventory import Host
+from engine_ctl.core.names import UNIT_FORM, parse_unit_name
+from engine_ctl.core.plan.planner import DeploymentChange, Plan, ReplicaChange
+from engine_ctl.core.plan.status import recorded_verdict
+from engine_ctl.providers import PROVIDERS
+from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, transport_for
+from engine_ctl.state.base import StateBackend
+from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
+
+UNIT_DIR = "/etc/systemd/system"
+Progress = Callable[[str], None]
+
+
+# --- what to run: argv only (the executor runs them) ----------------------------------------------------
+def start_argv(unit: str) -> list[str]:
+    """Reload, enable and start; `start` returns once the unit's health-gated ExecStartPost passed."""
+    q = shlex.quote(unit)
+    return [
+        "sh",
+        "-c",
+        f"systemctl daemon-reload && systemctl reset-failed {q} 2>/dev/null; systemctl enable --now {q}",
+    ]
+
+
+def restart_argv(unit: str) -> list[str]:
+    q = shlex.quote(unit)
+    return ["sh", "-c", f"systemctl daemon-reload && systemctl reset-failed {q} 2>/dev/null; "
+            f"systemctl enable {q} && systemctl restart {q}"]  # fmt: skip
+
+
+def stop_argv(unit: str) -> list[str]:
+    return ["systemctl", "disable", "--now", unit]
+
+
+def remove_argv(unit: str) -> list[str]:
+    """Stop, disable and delete the unit; fails (non-zero, with why on stderr) if it is still there afterwards."""
+    q = shlex.quote(unit)
+    path = shlex.quote(f"{UNIT_DIR}/{unit}")
+    return ["sh", "-c", f"systemctl disable --now {q} 2>/dev/null; rm -f {path} || exit 1; "
+            f"systemctl daemon-reload || exit 1; systemctl reset-failed {q} 2>/dev/null; "
+            f"if systemctl is-active --quiet {q}; then echo '{unit} is still active' >&2; exit 1; fi"]  # fmt: skip
+
+
+def failure_argv(unit: str) -> list[str]:
+    """systemctl's verdict, then the engine's own last lines (messages of the unit's processes only, from its last
+    invocation: not systemd's "Failed to start …")."""
+    q = shlex.quote(unit)
+    return ["sh", "-c", f"systemctl show -p Result,ExecMainStatus,ExecMainCode,NRestarts {q}; echo ---; "
+            f"inv=$(systemctl show -p InvocationID --value {q}); "
+            f"journalctl _SYSTEMD_UNIT={q} ${{inv:+_SYSTEMD_INVOCATION_ID=$inv}} -n 40 --no-pager -o cat 2>/dev/null "
+            "| tail -n 40"]  # fmt: skip
+
+
+# Lines the health gate itself writes: a fallback only, the engine's own words come first.
+GATE_LINES = ("the engine exited before readiness", "no healthy answer within")
+LOG_PREFIX = re.compile(r"^[\d.:]+\s+[A-Z]\s+")
+"""A leading timestamp and level (llama.cpp's `0.00.014.738 E `), dropped from the reason."""
+ERROR_WORDS = ("error", "failed", "invalid", "unable", "cannot", "exception", "abort", "fatal")
+
+
+def failure_reason(output: str) -> str:
+    """Pure: the systemctl show + journal tail -> one line for LAST ERROR, in the engine's own words."""
+    head, _, log = output.partition("---")
+    props = dict(line.split("=", 1) for line in head.splitlines() if "=" in line)
+    lines = [LOG_PREFIX.sub("", ln.strip()) for ln in log.splitlines() if ln.strip()]
+    engine = [ln for ln in lines if not ln.startswith(GATE_LINES)]
+    interesting = [ln for ln in engine if any(w in ln.lower() for w in ERROR_WORDS)]
+    # the first error is the cause (invalid magic …), the last what the engine made of it (exiting …)
+    cause, final = (interesting[0], interesting[-1]) if interesting else ("", (engine or lines or [""])[-1])
+    last = (f"{cause} … {final}" if cause and cause != final else final)[:400]
+    result = props.get("Result", "unknown")
+    status = props.get("ExecMainStatus", "")
+    what = {
+        "exit-code": f"the engine exited before readiness (exit status {status})",
+        "signal": f"the engine was killed by a signal ({status})",
+        "timeout": "the engine did not answer its health check within its start-up budget",
+        "start-limit-hit": "3 restarts without serving",
+        "core-dump": "the engine crashed (core dump)",
+    }.get(result, f"the replica did not start ({result})")
+    return f"launch_failed: {what}" + (f": {last}" if last else "")
+
+
+# --- recording ----------------------------------------------------------------------------------------
+class Recorder:
+    """The state in memory; every change is written at once, atomically, under one lock."""
+
+    def __init__(self, backend: StateBackend, state: State) -> None:
+        self.backend = backend
+        self.state = state
+        self._lock = threading.Lock()
+
+    def change(self, fn: Callable[[State], None]) -> None:
+        with self._lock:
+            fn(self.state)
+            self.state = self.backend.write(self.state)
+
+
+def _record(state: State, name: str) -> DeploymentRecord:
+    if name not in state.deployments:
+        state.deployments[name] = DeploymentRecord(name=name)
+    return state.deployments[name]
+
+
+def _put_replica(state: State, name: str, replica: ReplicaRecord) -> None:
+    rec = _record(state, name)
+    rec.replicas = [r for r in rec.replicas if r.unit != replica.unit or r.host != replica.host] + [replica]
+    rec.replicas.sort(key=lambda r: (r.index, r.slot))
+
+
+def _drop_replica(state: State, name: str, host: str, unit: str) -> None:
+    rec = state.deployments.get(name)
+    if rec is not None:
+        rec.replicas = [r for r in rec.replicas if not (r.unit == unit and r.host == host)]
+
+
+def _adopt(state: State, name: str, unit: str) -> None:
+    rec = state.deployments.get(name)
+    for r in rec.replicas if rec else []:
+        if r.unit == unit and r.status == "pending":
+            r.status = "serving"
+
+
+def _forget(state: State, name: str) -> None:
+    state.deployments.pop(name, None)
+
+
+def _set_status(state: State, name: str, host: str, unit: str, status: str, reason: str | None = None) -> None:
+    rec = state.deployments.get(name)
+    for r in rec.replicas if rec else []:
+        if r.unit == unit and r.host == host:
+            r.status = status  # type: ignore[assignment]
+            r.reason = reason
+
+
+# --- executing ------------------------------------------------------------------------------------------
+@dataclass
+class ApplyResult:
+    failed: dict[str, str] = field(default_factory=dict)
+    applied: list[str] = field(default_factory=list)
+    interrupted: bool = False
+    host_failures: dict[str, str] = field(default_factory=dict)
+    unrecorded: list[str] = field(default_factory=list)
+    """What happened on a host but could not be written to the state (its backend failed)."""
+
+
+class StepFailed(Exception):
+    pass
+
+
+class Interrupted(Exception):
+    """Ctrl-C: no further step starts; the state is recorded."""
+
+
+class Executor:
+    """Deployments roll in parallel; within one deployment, one replica at a time, in the plan's order: the next
+    replica is touched only once the previous one is replaced and serving, and a failure halts that deployment."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        hosts: Mapping[str, Host],
+        recorder: Recorder,
+        options: SSHOptions | None = None,
+        progress: Progress | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.plan = plan
+        self.hosts = hosts
+        self.recorder = recorder
+        self.options = options
+        self.progress = progress or (lambda _m: None)
+        self.stop = stop or threading.Event()
+        self._host_locks: dict[str, threading.Lock] = {name: threading.Lock() for name in hosts}
+        self._transports: dict[str, SSHTransport | LocalTransport] = {}
+        self._transports_lock = threading.Lock()
+        self.result = ApplyResult()
+
+    @contextmanager
+    def _on(self, *names: str) -> Iterator[dict[str, SSHTransport | LocalTransport]]:
+        """Hold the hosts (one step at a time per host) and their one reused connection each."""
+        missing = [n for n in names if n not in self.hosts]
+        if missing:
+            raise StepFailed(f"host {missing[0]} is not in the inventory")
+        with ExitStack() as stack:
+            for name in sorted(set(names)):
+                stack.enter_context(self._host_locks[name])
+            out = {}
+            for name in set(names):
+                with self._transports_lock:
+                    if name not in self._transports:
+                        self._transports[name] = transport_for(self.hosts[name], self.options)
+                out[name] = self._transports[name]
+            yield out
+
+    def run(self) -> ApplyResult:
+        changes = [c for c in self.plan.changes if c.changed or c.failed_reason or c.blocked]
+        if changes:
+            with ThreadPoolExecutor(max_workers=len(changes)) as pool:
+                list(pool.map(self._deployment, changes))
+        for t in self._transports.values():
+            t.close()
+        self.result.interrupted = self.stop.is_set()
+        return self.result
+
+    def _record(self, fn: Callable[[State], None], what: str) -> None:
+        """Write the state; a backend that fails is reported (apply exits 1), never an internal error."""
+        try:
+            self.recorder.change(fn)
+        except Exception as exc:  # the backend's own errors: disk full, database gone, permission
+            self.result.unrecorded.append(f"{what}: {exc}")
+            raise StepFailed(f"the state could not be written ({what}): {exc}") from exc
+
+    def _deployment(self, change: DeploymentChange) -> None:
+        name = change.name
+        try:
+            if change.failed_reason:
+                self._record(lambda s: self._conclude(s, change, change.failed_reason, fit_failed=True), name)
+                self.result.failed[name] = change.failed_reason
+                self.progress(f"{name}: FAILED: {change.failed_reason}")
+                return
+            for unit in change.adopt:
+                self._record(lambda s, u=unit: _adopt(s, name, u), name)  # type: ignore[misc]
+                self.progress(f"{name}: {unit} runs and passed its health gate: recorded serving")
+            for step in self._ordered(change):
+                self._guarded(change, step)
+            if change.action == ["delete"]:
+                self._record(lambda s: _forget(s, name), name)
+                self.progress(f"{name}: destroyed")
+                self.result.applied.append(name)
+                return
+            self._record(lambda s: self._conclude(s, change, None, applied=True), name)
+            self._report_concluded(change)
+        except Interrupted:
+            return
+        except StepFailed as exc:
+            self._halted(change, str(exc))
+        except HostFailure as exc:
+            self.result.host_failures[exc.host] = exc.message
+            self._halted(change, f"host {exc.host}: {exc.message}")
+
+    def _report_concluded(self, change: DeploymentChange) -> None:
+        name = change.name
+        rec = self.recorder.state.deployments.get(name)
+        state = rec.state if rec else "Pending"
+        problems = [*change.blocked]
+        if change.pending_reason:
+            problems.append(change.pending_reason)
+        if problems:
+            self.result.failed[name] = "; ".join(problems)
+            self.progress(f"{name}: {state} at revision {change.revision}, not complete: {'; '.join(problems)}")
+        else:
+            self.result.applied.append(name)
+            self.progress(f"{name}: {state.lower()} at revision {change.revision}")
+
+    def _halted(self, change: DeploymentChange, reason: str) -> None:
+        name = change.name
+        self.result.failed[name] = reason
+        try:
+            self.recorder.change(lambda s: self._conclude(s, change, reason))
+        except Exception as exc:
+            self.result.unrecorded.append(f"{name}: {exc}")
+        rec = self.recorder.state.deployments.get(name)
+        serving = [r for r in rec.replicas if r.status == "serving"] if rec else []
+        if serving:
+            at = sorted({r.revision for r in serving})
+            tail = f"{len(serving)} replica(s) still serve (revision {', '.join(map(str, at))})"
+        else:
+            tail = "no replica serves"
+        self.progress(f"{name}: FAILED: {reason}; the roll stopped: {tail}")
+
+    @staticmethod
+    def _ordered(change: DeploymentChange) -> list[ReplicaChange]:
+        """Leftovers of an interrupted apply first, then the plan's order."""
+        return [s for s in change.replicas if s.cleanup] + [s for s in change.replicas if not s.cleanup]
+
+    def _guarded(self, change: DeploymentChange, step: ReplicaChange) -> None:
+        if self.stop.is_set():
+            self.progress(f"{change.name}: interrupted before replica {step.index}; state recorded")
+            raise Interrupted
+        try:
+            self._step(change, step)
+        except (StepFailed, Interrupted):
+            raise
+        except HostFailure as exc:
+            self.result.host_failures[exc.host] = exc.message
+            raise StepFailed(f"replica {step.index} on {exc.host}: {exc.message}") from exc
+        except (OSError, EOFError, ValueError) as exc:  # an upload or a command that broke off
+            raise StepFailed(f"replica {step.index} on {step.host}: {type(exc).__name__}: {exc}") from exc
+
+    @staticmethod
+    def _conclude(
+        state: State, change: DeploymentChange, failure: str | None, applied: bool = False, fit_failed: bool = False
+    ) -> None:
+        """The deployment's recorded state from its replicas' recorded ones (the rule status uses too)."""
+        if change.action == ["delete"] and change.name not in state.deployments:
+            return
+        rec = _record(state, change.name)
+        if applied:
+            rec.revision = change.revision
+            rec.spec, rec.model, rec.spec_hash, rec.plan = change.spec, change.model, change.spec_hash, change.fit
+            rec.chosen = dict(change.chosen)
+        wanted = int(change.spec.get("replicas_min") or 1) if change.spec else len(rec.replicas)
+        target = change.revision if applied else rec.revision
+        pending = "; ".join([*([change.pending_reason] if change.pending_reason else []), *change.blocked]) or None
+        rec.last_error = failure if failure else (None if applied else rec.last_error)
+        found = recorded_verdict(
+            rec.replicas, wanted, target, failure=rec.last_error, pending=pending, fit_failed=fit_failed
+        )
+        rec.state, rec.reason = found.state, found.reason
+
+    @staticmethod
+    def _budget(change: DeploymentChange) -> float:
+        """The deployment's engine's start-up budget, plus a margin for systemd and SSH."""
+        engine = PROVIDERS.get(str((change.fit or {}).get("engine")))
+        budget = engine.startup_budget_s if engine else max(p.startup_budget_s for p in PROVIDERS.values())
+        return budget + 60
+
+    def _replica_record(self, step: ReplicaChange, status: str) -> ReplicaRecord:
+        return ReplicaRecord(
+            index=step.index, slot=step.slot, host=step.host, unit=step.unit, port=step.port, gpus=step.gpus,
+            gpu_indexes=step.gpu_indexes, unit_sha256=step.unit_sha256 or "", revision=step.revision,
+            argv=step.argv, status=status,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    def _run(self, t: SSHTransport | LocalTransport, argv: list[str], what: str, timeout: float = 120) -> None:
+        """A command that must succeed; its failure, with its own stderr, halts the deployment."""
+        result = t.run(argv, timeout=timeout)
+        if result.exit_code != 0:
+            said = (result.stderr or result.stdout).strip().splitlines()
+            raise StepFailed(f"{what} failed (exit status {result.exit_code})" + (f": {said[-1]}" if said else ""))
+
+    def _start_new(self, t: SSHTransport | LocalTransport, change: DeploymentChange, step: ReplicaChange) -> None:
+        """Record (pending), upload, start behind the health gate; on failure remove it again and raise."""
+        name = change.name
+        self._record(lambda s: _put_replica(s, name, self._replica_record(step, "pending")), name)
+        assert step.unit_text is not None
+        t.put(f"{UNIT_DIR}/{step.unit}", step.unit_text.encode(), 0o644)
+        began = time.monotonic()
+        result = t.run(start_argv(step.unit), timeout=self._budget(change))
+        if result.exit_code != 0:
+            reason = failure_reason(t.run(failure_argv(step.unit)).stdout)
+            self._run(t, remove_argv(step.unit), f"removing the failed {step.unit} on {step.host}")
+            self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
+            raise StepFailed(reason)
+        self._record(lambda s: _set_status(s, name, step.host, step.unit, "serving"), name)
+        self.progress(
+            f"{name}: replica {step.index} on {step.host}: {step.unit} serving on port {step.port} "
+            f"(healthy after {time.monotonic() - began:.1f}s)"
+        )
+
+    def _remove_old(self, t: SSHTransport | LocalTransport, name: str, host: str, unit: str) -> None:
+        self._record(lambda s: _set_status(s, name, host, unit, "removing"), name)
+        self._run(t, remove_argv(unit), f"removing {unit} on {host}")
+        self._record(lambda s: _drop_replica(s, name, host, unit), name)
+        self.progress(f"{name}: {unit} on {host} stopped and removed")
+
+    @staticmethod
+    def _check_names(change: DeploymentChange, step: ReplicaChange) -> None:
+        """The last guard before anything runs as root: every unit named is one engine-ctl names, of this
+        deployment (whatever the state or a plan file says)."""
+        for unit in {step.unit, step.old_unit} - {None}:
+            parsed = parse_unit_name(str(unit))
+            if parsed is None or parsed.deployment != change.name:
+                raise StepFailed(f"refused to act on {unit!r}: not a unit engine-ctl names for {change.name} "
+                                 f"({UNIT_FORM})")  # fmt: skip
+
+    def _step(self, change: DeploymentChange, step: ReplicaChange) -> None:
+        self._check_names(change, step)
+        name = change.name
+        action = tuple(step.action)
+        if action == ("create",):
+            with self._on(step.host) as t:
+                self._start_new(t[step.host], change, step)
+        elif action == ("delete",):
+            host, unit = step.old_host or step.host, step.old_unit or step.unit
+            with self._on(host) as t:
+                self._remove_old(t[host], name, host, unit)
+        elif action == ("update",):
+            self._repair(change, step)
+        elif action == ("delete", "create"):
+            self._replace(change, step)
+
+    def _repair(self, change: DeploymentChange, step: ReplicaChange) -> None:
+        name = change.name
+        with self._on(step.host) as t:
+            tr = t[step.host]
+            assert step.unit_text is not None
+            tr.put(f"{UNIT_DIR}/{step.unit}", step.unit_text.encode(), 0o644)
+            result = tr.run(restart_argv(step.unit), timeout=self._budget(change))
+            if result.exit_code != 0:
+                reason = failure_reason(tr.run(failure_argv(step.unit)).stdout)
+                self._record(lambda s: _set_status(s, name, step.host, step.unit, "failed", reason), name)
+                raise StepFailed(reason)
+            self._record(lambda s: _put_replica(s, name, self._replica_record(step, "serving")), name)
+            self.progress(f"{name}: replica {step.index} on {step.host}: {step.unit} repaired ({step.reason})")
+
+    def _replace(self, change: DeploymentChange, step: ReplicaChange) -> None:
+        name = change.name
+        old_host, old_unit = step.old_host or step.host, step.old_unit or step.unit
+        with self._on(step.host, old_host) as t:
+            new_t, old_t = t[step.host], t[old_host]
+            if step.strategy == "surge":
+                self._start_new(new_t, change, step)  # raises StepFailed with the old replica untouched
+                self._remove_old(old_t, name, old_host, old_unit)
+                return
+            # stop-then-start: no room for both; the old unit is kept to be restored if the new one fails
+            self._record(lambda s: _set_status(s, name, old_host, old_unit, "stopped"), name)
+            self._run(old_t, stop_argv(old_unit), f"stopping {old_unit} on {old_host}")
+            self.progress(f"{name}: {old_unit} on {old_host} stopped (no room for a surge)")
+            try:
+                self._start_new(new_t, change, step)
+            except StepFailed:
+                self._restore(old_t, change, old_host, old_unit)
+                raise
+            self._remove_old(old_t, name, old_host, old_unit)
+
+    def _restore(self, t: SSHTransport | LocalTransport, change: DeploymentChange, host: str, unit: str) -> None:
+        """Bring the previous unit back after its replacement failed; its outcome is recorded either way."""
+        restored = t.run(start_argv(unit), timeout=self._budget(change))
+        status = "serving" if restored.exit_code == 0 else "failed"
+        reason = None if status == "serving" else failure_reason(t.run(failure_argv(unit)).stdout)
+        self._record(lambda s: _set_status(s, change.name, host, unit, status, reason), change.name)
+        self.progress(f"{change.name}: the previous {unit} on {host} restored ({status})")

@@ -1,0 +1,226 @@
+"""Gathering host facts: one probe script, one SSH session, one remote process per host."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from engine_ctl.core.documents.inventory import Host
+from engine_ctl.core.fit.hostfacts import (
+    Cpu,
+    Disk,
+    EngineInstall,
+    Gpu,
+    HostFacts,
+    Memory,
+    ModelFile,
+    UnitFact,
+    parse_amd_smi,
+    parse_nvidia_smi,
+    parse_rocm_smi,
+)
+from engine_ctl.core.fit.modelfacts import ModelFacts, facts_from_gguf_fields, facts_from_hf_config
+from engine_ctl.core.render.units import UNIT_PREFIX
+from engine_ctl.providers import PROVIDERS
+from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, fan_out
+
+PYTHON = "python3"
+
+
+def probe_source() -> str:
+    return resources.files("engine_ctl.shell.remote").joinpath("facts_probe.py").read_text()
+
+
+def probe_args(
+    host: Host,
+    model_paths: Sequence[str] = (),
+    health: Sequence[tuple[int, str]] = (),
+    known_versions: Mapping[str, list[Any]] | None = None,
+) -> dict[str, Any]:
+    return {
+        "known_versions": dict(known_versions or {}),
+        "model_paths": list(model_paths),
+        "health": [{"port": port, "path": path} for port, path in health],
+        "models_dir": host.models_dir,
+        "cache_dir": host.cache_dir,
+        "unit_prefix": UNIT_PREFIX,
+        "engines": {
+            name: {"candidates": p.executable_candidates(host.engines.get(name)), "probe": p.version_probe()}
+            for name, p in PROVIDERS.items()
+        },
+    }
+
+
+def _int(value: object) -> int | None:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def _ok_output(result: dict[str, Any] | None) -> str | None:
+    return result["out"] if result and result.get("code") == 0 else None
+
+
+def _gpus(raw: dict[str, Any]) -> tuple[list[Gpu], list[str]]:
+    """Parse whichever GPU tools answered; a tool that failed is a warning, never an error."""
+    tools: list[tuple[str, str, Callable[[str], list[Gpu]]]] = [
+        ("nvidia_smi", "nvidia-smi", parse_nvidia_smi),
+        ("amd_smi_static", "amd-smi", lambda out: parse_amd_smi(out, _ok_output(raw.get("amd_smi_metric")))),
+        ("rocm_smi", "rocm-smi", parse_rocm_smi),
+    ]
+    gpus: list[Gpu] = []
+    warnings: list[str] = []
+    for key, tool, parse in tools:
+        result = raw.get(key)
+        if not result:
+            continue
+        if result["code"] == 0:
+            gpus += parse(result["out"])
+        else:
+            warnings.append(f"{tool} failed (exit {result['code']}): {result['err'].strip()[:200]}")
+    return gpus, warnings
+
+
+def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
+    """Pure: the probe's JSON -> HostFacts."""
+    gpus, warnings = _gpus(doc.get("gpus") or {})
+    disks = {
+        key: Disk(path=d["path"], total_bytes=d.get("total"), free_bytes=d.get("free"), exists=bool(d.get("exists")))
+        for key, d in (doc.get("disks") or {}).items()
+    }
+    units = tuple(
+        UnitFact(
+            name=u["Id"],
+            sha256=u.get("sha256"),
+            active_state=u.get("ActiveState"),
+            sub_state=u.get("SubState"),
+            n_restarts=_int(u.get("NRestarts")),
+            main_pid=_int(u.get("MainPID")),
+            exec_main_status=_int(u.get("ExecMainStatus")),
+        )
+        for u in doc.get("units") or []
+    )
+    version = doc.get("systemd") or ""
+    if not doc.get("curl"):
+        warnings.append("curl is not installed: engine units' health gate needs /usr/bin/curl")
+    models: dict[str, ModelFacts] = {}
+    problems: dict[str, str] = {}
+    for path, entry in (doc.get("models") or {}).items():
+        found = facts_from_model_probe(entry)
+        if found is not None:
+            models[path] = found
+        else:
+            problems[path] = "not found" if entry.get("missing") else str(entry.get("error"))
+    return HostFacts(
+        host=host,
+        models=models,
+        model_problems=problems,
+        health={str(k): str(v) for k, v in (doc.get("health") or {}).items()},
+        hostname=doc.get("hostname"),
+        os=doc.get("os"),
+        kernel=doc.get("kernel"),
+        arch=doc.get("arch"),
+        systemd_version=version.split()[1] if len(version.split()) > 1 else None,
+        cpu=Cpu(
+            cores=int(doc["cpu"]["cores"]), model=doc["cpu"].get("model"), flags=tuple(doc["cpu"].get("flags", ()))
+        ),
+        memory=Memory(total_bytes=int(doc["memory"]["total"]), available_bytes=int(doc["memory"]["available"])),
+        disks=disks,
+        gpus=tuple(gpus),
+        engines={
+            k: EngineInstall(path=v["path"], version=v.get("version")) for k, v in (doc.get("engines") or {}).items()
+        },
+        units=units,
+        ports_in_use=tuple(doc.get("ports") or ()),
+        model_files=tuple(ModelFile(path=f["path"], size_bytes=int(f["size"])) for f in doc.get("model_files") or []),
+        haproxy_version=doc.get("haproxy"),
+        warnings=tuple(warnings),
+    )
+
+
+def gather_one(
+    transport: SSHTransport | LocalTransport,
+    model_paths: Sequence[str] = (),
+    health: Sequence[tuple[int, str]] = (),
+) -> HostFacts:
+    host = transport.host
+    cache = VersionCache.for_host(host.name)
+    args = probe_args(host, model_paths, health, cache.known)
+    argv = ["exec", PYTHON, "-I", "-S", "-", json.dumps(args, separators=(",", ":"))]
+    if isinstance(transport, LocalTransport):
+        argv = argv[1:]
+    result = transport.run(argv, stdin=probe_source())
+    if result.exit_code != 0:
+        if result.exit_code == 127:
+            raise HostFailure(host.name, "command", "python3 is not installed on the host; the facts probe needs it")
+        raise HostFailure(host.name, "command", f"facts probe failed (exit {result.exit_code}): {result.stderr[-500:]}")
+    try:
+        doc = json.loads(result.stdout)
+    except json.JSONDecodeError as exc:
+        raise HostFailure(host.name, "command", f"facts probe printed no JSON: {exc}") from None
+    cache.remember(doc.get("engines") or {})
+    return facts_from_probe(host.name, doc)
+
+
+class VersionCache:
+    """Engine versions already read on a host, keyed by the binary's path, mtime and size, so that the probe
+    runs `llama-server --version` only when the binary changed. Kept in ~/.cache/engine-ctl/ (or
+    $ENGINE_CTL_CACHE_DIR); losing it only costs a re-read."""
+
+    def __init__(self, path: Path, known: dict[str, list[Any]]) -> None:
+        self.path, self.known = path, known
+
+    @classmethod
+    def for_host(cls, host: str) -> VersionCache:
+        base = Path(os.environ.get("ENGINE_CTL_CACHE_DIR") or Path.home() / ".cache" / "engine-ctl")
+        path = base / "engine-versions" / f"{host}.json"
+        try:
+            known = json.loads(path.read_text())
+        except (OSError, ValueError):
+            known = {}
+        return cls(path, known if isinstance(known, dict) else {})
+
+    def remember(self, engines: dict[str, Any]) -> None:
+        fresh = {e["path"]: [*e["stat"], e.get("version")] for e in engines.values() if e.get("stat")}
+        if fresh == self.known:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(fresh))
+            tmp.replace(self.path)
+        except OSError:
+            pass
+
+
+def gather(
+    hosts: Sequence[Host],
+    options: SSHOptions | None = None,
+    parallel: int = 32,
+    model_paths: Mapping[str, Sequence[str]] | None = None,
+    health: Mapping[str, Sequence[tuple[int, str]]] | None = None,
+) -> tuple[dict[str, HostFacts], dict[str, HostFailure]]:
+    """Facts of every host in parallel (and the metadata of the model files asked for, per host, in the same
+    round trip); failures are returned by host, never raised."""
+    paths = model_paths or {}
+    checks = health or {}
+    return fan_out(
+        hosts,
+        lambda t: gather_one(t, paths.get(t.host.name, ()), checks.get(t.host.name, ())),
+        options=options,
+        parallel=parallel,
+    )
+
+
+def facts_from_model_probe(entry: dict[str, Any]) -> ModelFacts | None:
+    """Pure: one path's probe result -> ModelFacts (None when missing or unreadable)."""
+    if entry.get("missing") or entry.get("error"):
+        return None
+    if entry.get("format") == "gguf":
+        return facts_from_gguf_fields(entry.get("fields") or {}, weights_bytes=entry.get("data_bytes"))
+    return facts_from_hf_config(entry.get("config") or {}, entry.get("data_bytes"), None)

@@ -1,0 +1,92 @@
+"""Gathering what planning needs from the hosts, in one round trip per host: facts and model metadata."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
+from engine_ctl.core.documents.inventory import Inventory
+from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.fit.modelfacts import ModelFacts
+from engine_ctl.core.model import DesiredState, Model
+from engine_ctl.core.plan.planner import Plan, make_plan
+from engine_ctl.core.render.units import model_path_on_host
+from engine_ctl.shell.gather import gather
+from engine_ctl.shell.transport import HostFailure, SSHOptions
+from engine_ctl.state.base import now
+from engine_ctl.state.model import State
+
+
+def model_paths(desired: DesiredState, inventory: Inventory) -> dict[str, list[str]]:
+    """The path of every desired model on every host (probed in the facts round trip)."""
+    used = {ld.deployment.model for ld in desired.deployments}
+    models = [m.model for m in desired.models if m.model.name in used]
+    return {h.name: sorted({model_path_on_host(m, h) for m in models}) for h in inventory.hosts}
+
+
+def model_facts_by_name(
+    desired: DesiredState, inventory: Inventory, facts: dict[str, HostFacts]
+) -> tuple[dict[str, ModelFacts | None], dict[str, str]]:
+    """Each model's metadata from the first host (inventory order) that has its files; else why not."""
+    found: dict[str, ModelFacts | None] = {}
+    notes: dict[str, str] = {}
+    for loaded in desired.models:
+        model: Model = loaded.model
+        found[model.name] = None
+        for host in inventory.hosts:
+            f = facts.get(host.name)
+            path = model_path_on_host(model, host)
+            if f is not None and path in f.models:
+                found[model.name] = f.models[path]
+                break
+        if found[model.name] is None:
+            notes[model.name] = (
+                f"the weights of {model.name} are on no reachable host yet; sizes come from its Model document"
+            )
+    return found, notes
+
+
+def gather_world(
+    desired: DesiredState, inventory: Inventory, options: SSHOptions | None, parallel: int
+) -> tuple[dict[str, HostFacts], dict[str, HostFailure], dict[str, ModelFacts | None], dict[str, str]]:
+    facts, failures = gather(list(inventory.hosts), options, parallel, model_paths(desired, inventory))
+    mfacts, notes = model_facts_by_name(desired, inventory, facts)
+    return facts, failures, mfacts, notes
+
+
+def plan_world(
+    desired: DesiredState,
+    inventory: Inventory,
+    state: State,
+    state_location: str,
+    reopen: str,
+    options: SSHOptions,
+    parallel: int,
+    targets: tuple[str, ...],
+    refresh_only: bool = False,
+    documents: tuple[Path, ...] = (),
+    hold_absent: str | None = None,
+) -> tuple[Plan, dict[str, HostFailure]]:
+    """Gather (one round trip per host), then plan with the pure core; returns the plan and the hosts that could
+    not be reached. `state_location` names the state in messages, `reopen` is how `apply PLANFILE` finds it."""
+    paths = model_paths(desired, inventory)
+    facts, failures = gather(list(inventory.hosts), options, parallel, paths)
+    mfacts, _notes = model_facts_by_name(desired, inventory, facts)
+    known = {d.deployment.name for d in desired.deployments} | set(state.deployments)
+    unknown = [t for t in targets if t not in known]
+    if unknown:
+        raise InputError(
+            [Diagnostic(Location(state_location), "--target", f"no deployment named {t!r}") for t in unknown]
+        )
+    plan = make_plan(
+        desired, state, inventory, facts, mfacts,
+        unreachable={h: f.message for h, f in failures.items()}, targets=list(targets),
+        refresh_only=refresh_only, created_at=now(), hold_absent=hold_absent,
+    )  # fmt: skip
+    plan.context = {
+        "documents": [str(p.resolve()) for p in documents],
+        "inventory": str(Path(inventory.file).resolve()) if inventory.file else None,
+        "state": reopen,
+        "model_paths": paths,
+    }
+    return plan, failures
