@@ -99,6 +99,7 @@ def no_documents(result: LoadResult) -> Diagnostic:
         f"no deployment or model document was loaded from {searched}{seen}",
         hint="pass the directory or files that hold the documents (*.yaml, *.yml, *.json); "
         "to remove every deployment, use engine-ctl destroy",
+        code="no_documents",
     )
 
 
@@ -152,7 +153,15 @@ def _find_inventory(explicit: Path | None, loaded: LoadResult | None) -> Invento
     if default.exists():
         return load_inventory(default)
     raise InputError(
-        [Diagnostic(Location("hosts.yaml"), "", "no inventory", hint="pass --inventory hosts.yaml (see the README)")]
+        [
+            Diagnostic(
+                Location("hosts.yaml"),
+                "",
+                "no inventory",
+                hint="pass --inventory hosts.yaml (see the README)",
+                code="no_inventory",
+            )
+        ]
     )
 
 

@@ -104,14 +104,14 @@ def locked(backend: StateBackend, operation: str, timeout: float) -> Iterator[No
         with backend.lock(operation, timeout=timeout):
             yield
     except StateError as exc:
-        raise InputError([Diagnostic(Location(backend.location), "", str(exc))]) from None
+        raise InputError([Diagnostic(Location(backend.location), "", str(exc), code="state_error")]) from None
 
 
 def read_state(backend: StateBackend) -> State:
     try:
         return backend.read()
     except StateError as exc:
-        raise InputError([Diagnostic(Location(backend.location), "", str(exc))]) from None
+        raise InputError([Diagnostic(Location(backend.location), "", str(exc), code="state_error")]) from None
 
 
 def show_plan(plan: Plan) -> None:
@@ -175,7 +175,7 @@ def _load_plan_file(path: Path) -> Plan | None:
     try:
         return decode_plan(text)
     except PlanFileError as exc:
-        raise InputError([Diagnostic(Location(str(path)), "", str(exc))]) from None
+        raise InputError([Diagnostic(Location(str(path)), "", str(exc), code="not_a_plan")]) from None
 
 
 def _confirm(auto_approve: bool) -> None:
@@ -189,6 +189,7 @@ def _confirm(auto_approve: bool) -> None:
                     "",
                     "apply asks for confirmation, and stdin is not a terminal",
                     hint="review the plan, then pass --auto-approve (or apply a saved plan file)",
+                    code="confirmation_needed",
                 )
             ]
         )
@@ -205,7 +206,7 @@ def execute(
     out = console()
     refused = destroy_refusals(plan, state)  # also for a saved plan: the state says what may not be destroyed
     if refused:
-        raise InputError([Diagnostic(Location(backend.location), "", r) for r in refused])
+        raise InputError([Diagnostic(Location(backend.location), "", r, code="destroy_refused") for r in refused])
     recorder = Recorder(backend, state)
     stop = threading.Event()
 
@@ -272,8 +273,8 @@ def _plan_for(
     )  # fmt: skip
 
 
-def _refuse_plan(path: Path, message: str, hint: str) -> InputError:
-    return InputError([Diagnostic(Location(str(path)), "", message, hint=hint)])
+def _refuse_plan(path: Path, message: str, hint: str, code: str) -> InputError:
+    return InputError([Diagnostic(Location(str(path)), "", message, hint=hint, code=code)])
 
 
 def _apply_saved(
@@ -289,6 +290,7 @@ def _apply_saved(
             path,
             "the saved plan is not what engine-ctl renders from its own recorded inputs: " + "; ".join(forged),
             "it was edited, or the inventory changed since; run engine-ctl plan again and review the new plan",
+            code="plan_tampered",
         )
     backend = open_backend(state_path or ctx["state"])
     with locked(backend, "apply", lock_timeout):
@@ -298,7 +300,7 @@ def _apply_saved(
         stale = stale_reasons(saved, state, {h: f.fingerprint() for h, f in facts.items()})
         if stale:
             hint = "run engine-ctl plan again and review the new plan"
-            raise _refuse_plan(path, "the saved plan is stale: " + "; ".join(stale), hint)
+            raise _refuse_plan(path, "the saved plan is stale: " + "; ".join(stale), hint, code="plan_stale")
         show_plan(saved)
         return execute(saved, inventory, backend, state, options, "apply " + str(path))
 

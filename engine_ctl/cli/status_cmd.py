@@ -120,7 +120,11 @@ def status(
     if name and name not in state.deployments:
         known = ", ".join(sorted(state.deployments)) or "none"
         problem = Diagnostic(
-            Location("state"), "", f"no deployment named {name!r} in the state", hint=f"deployments: {known}"
+            Location("state"),
+            "",
+            f"no deployment named {name!r} in the state",
+            hint=f"deployments: {known}",
+            code="unknown_deployment",
         )
         raise InputError([problem])
     records = [state.deployments[n] for n in names]
@@ -188,7 +192,9 @@ def state_show(name: str, paths: tuple[Path, ...], state_path: str | None) -> No
     """One deployment's record as JSON."""
     state = read_state(backend_for(state_path, paths))
     if name not in state.deployments:
-        raise InputError([Diagnostic(Location("state"), "", f"no deployment named {name!r} in the state")])
+        raise InputError(
+            [Diagnostic(Location("state"), "", f"no deployment named {name!r} in the state", code="unknown_deployment")]
+        )
     sys.stdout.write(json.dumps(state.deployments[name].model_dump(mode="json"), indent=2) + "\n")
 
 
@@ -202,5 +208,5 @@ def force_unlock(lock_id: str, paths: tuple[Path, ...], state_path: str | None) 
     try:
         held = backend.force_unlock(lock_id)
     except StateError as exc:
-        raise InputError([Diagnostic(Location(backend.location), "", str(exc))]) from None
+        raise InputError([Diagnostic(Location(backend.location), "", str(exc), code="state_error")]) from None
     console().print(f"Unlocked {backend.location} (the lock of {held.who} since {held.when} for `{held.operation}`)")

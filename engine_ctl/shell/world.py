@@ -76,7 +76,12 @@ def plan_world(
     unknown = [t for t in targets if t not in known]
     if unknown:
         raise InputError(
-            [Diagnostic(Location(state_location), "--target", f"no deployment named {t!r}") for t in unknown]
+            [
+                Diagnostic(
+                    Location(state_location), "--target", f"no deployment named {t!r}", code="unknown_deployment"
+                )
+                for t in unknown
+            ]
         )
     plan = make_plan(
         desired, state, inventory, facts, mfacts,

@@ -103,6 +103,7 @@ class Inventory(BaseModel):
                         "hosts",
                         f"no host named {n!r} in the inventory",
                         hint=f"hosts: {', '.join(h.name for h in self.hosts) or '(none)'}",
+                        code="unknown_host",
                     )
                     for n in unknown
                 ]
@@ -126,7 +127,14 @@ def _path_problems(doc: SourceDocument, where: tuple[str | int, ...], settings: 
         value = getattr(settings, key)
         if value is not None and not value.startswith("/"):
             path = (*where, key)
-            out.append(Diagnostic(doc.locate(path), format_path(path), f"{value!r}: an absolute path on the host"))
+            out.append(
+                Diagnostic(
+                    doc.locate(path),
+                    format_path(path),
+                    f"{value!r}: an absolute path on the host",
+                    code="not_absolute_path",
+                )
+            )
     for engine, exe in (settings.engines or {}).items():
         if not EXECUTABLE.fullmatch(exe):
             path = (*where, "engines", engine)
@@ -136,6 +144,7 @@ def _path_problems(doc: SourceDocument, where: tuple[str | int, ...], settings: 
                     format_path(path),
                     f"executable {exe!r}: {EXECUTABLE_MESSAGE}",
                     hint="install or link the engine under such a path, e.g. /opt/llama.cpp/bin/llama-server",
+                    code="invalid_executable",
                 )
             )
     return out
@@ -171,7 +180,13 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
             )
             for d in diagnostics_from(exc, shifted, HostEntry):
                 problems.append(
-                    Diagnostic(d.location, f"hosts[{i}].{d.field}" if d.field else f"hosts[{i}]", d.message, d.hint)
+                    Diagnostic(
+                        d.location,
+                        f"hosts[{i}].{d.field}" if d.field else f"hosts[{i}]",
+                        d.message,
+                        d.hint,
+                        code=d.code,
+                    )
                 )
             continue
         problems.extend(_path_problems(doc, ("hosts", i), entry))
@@ -181,6 +196,7 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
                     doc.locate(("hosts", i, "name")),
                     f"hosts[{i}].name",
                     f"host name {entry.name!r}: letters, digits, '.', '_' and '-', at most 63 characters",
+                    code="invalid_name",
                 )
             )
             continue
@@ -190,6 +206,7 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
                     doc.locate(("hosts", i, "name")),
                     f"hosts[{i}].name",
                     f"duplicate host name {entry.name!r} (also hosts[{seen[entry.name]}])",
+                    code="duplicate_name",
                 )
             )
             continue
@@ -197,7 +214,11 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
         values = {**defaults, **entry.model_dump(exclude_none=True)}
         values["labels"] = {**defaults.get("labels", {}), **(entry.labels or {})}
         if entry.port is not None and not 1 <= entry.port <= 65535:
-            problems.append(Diagnostic(doc.locate(("hosts", i, "port")), f"hosts[{i}].port", "between 1 and 65535"))
+            problems.append(
+                Diagnostic(
+                    doc.locate(("hosts", i, "port")), f"hosts[{i}].port", "between 1 and 65535", code="out_of_range"
+                )
+            )
         values.setdefault("address", entry.name)
         same = addresses.setdefault(str(values["address"]).lower(), i)
         if same != i:
@@ -208,6 +229,7 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
                     f"address {values['address']!r} is also hosts[{same}]'s: one machine listed twice would have "
                     "its GPUs, cores and memory counted twice",
                     hint="list each machine once",
+                    code="duplicate_address",
                 )
             )
             continue
@@ -218,7 +240,9 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
         values["roles"] = tuple(values.get("roles", ()))
         hosts.append(Host(**values))
     if not parsed.hosts:
-        problems.append(Diagnostic(doc.locate(("hosts",)), "hosts", "no hosts: list at least one host"))
+        problems.append(
+            Diagnostic(doc.locate(("hosts",)), "hosts", "no hosts: list at least one host", code="no_hosts")
+        )
     return Inventory(file=doc.file, hosts=tuple(hosts)), problems
 
 
@@ -230,7 +254,9 @@ def load_inventory(path: Path) -> Inventory:
     if len(docs) != 1:
         from engine_ctl.core.diagnostics import Location
 
-        raise InputError([Diagnostic(Location(str(path)), "", "an inventory file holds one document")])
+        raise InputError(
+            [Diagnostic(Location(str(path)), "", "an inventory file holds one document", code="one_inventory_document")]
+        )
     inventory, problems = inventory_from(docs[0])
     if problems:
         raise InputError(problems)

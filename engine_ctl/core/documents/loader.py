@@ -256,7 +256,7 @@ def _hf_problems(doc: SourceDocument, path: tuple[str | int, ...], value: object
             f"{format_path((*path, 'commit'))} {value.commit}: ambiguous, {format_path((*path, 'hf'))} "
             f"{value.hf} already names commit {pinned}",
             hint="give the commit once: org/repo@<commit>, or hf: org/repo with commit: <commit>",
-            code="INVALID_DEPLOYMENT",
+            code="ambiguous_commit",
         )
     ]
 
@@ -272,7 +272,7 @@ def _architecture_problems(doc: SourceDocument, model: Model) -> list[Diagnostic
         path = ("spec", "architecture", name)
         field = format_path(path)
         at = doc.locate(path) if path in doc.value_positions else doc.locate(path[:-1], key=True)
-        out.append(Diagnostic(at, field, f"{field} {message}", hint=hint, code="INVALID_DEPLOYMENT"))
+        out.append(Diagnostic(at, field, f"{field} {message}", hint=hint, code="invalid_architecture"))
     return out
 
 
@@ -303,7 +303,7 @@ def _size_problems(doc: SourceDocument, parsed: FlatDeploymentDocument) -> list[
         try:
             parse_size(value)
         except ValueError as exc:
-            out.append(Diagnostic(doc.locate(path), format_path(path), str(exc), code="INVALID_DEPLOYMENT"))
+            out.append(Diagnostic(doc.locate(path), format_path(path), str(exc), code="invalid_size"))
     return out
 
 
@@ -351,6 +351,7 @@ def classify(doc: SourceDocument) -> tuple[str | None, Diagnostic | None]:
             "",
             f"a document is a mapping (a deployment, a model or an inventory); this one is {what}",
             hint="start with metadata:/spec:, name:/engine:/model:, or kind: Model",
+            code="not_a_mapping",
         )
     own = own_file_kind(data)
     if own is not None:
@@ -365,6 +366,7 @@ def classify(doc: SourceDocument) -> tuple[str | None, Diagnostic | None]:
             "kind",
             f"unknown kind {kind!r}; one of {', '.join(KINDS)}",
             hint=f"did you mean {close[0]!r}?" if close else None,
+            code="unknown_kind",
         )
     if "metadata" in data or "spec" in data:
         return "Deployment", None
@@ -378,6 +380,7 @@ def classify(doc: SourceDocument) -> tuple[str | None, Diagnostic | None]:
         "",
         f"not an engine-ctl document (keys: {keys})",
         hint="a deployment has metadata: and spec: (or name:, engine:, model:); a model has kind: Model",
+        code="not_a_document",
     )
 
 
