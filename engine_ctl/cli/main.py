@@ -80,6 +80,25 @@ def print_diagnostics(diagnostics: list[Diagnostic]) -> None:
         err.print(d.render())
 
 
+JSON_LINES = frozenset({"apply", "destroy", "restart"})
+"""Commands whose --json output is JSON lines (one event a line): their error object is one line too."""
+
+
+def print_error_object(diagnostics: list[Diagnostic], one_line: bool = False) -> None:
+    import json
+
+    from engine_ctl.core.diagnostics import error_object
+
+    doc = error_object(diagnostics)
+    sys.stdout.write((json.dumps(doc) if one_line else json.dumps(doc, indent=2)) + "\n")
+    sys.stdout.flush()
+
+
+def _command(ctx: click.Context) -> str:
+    protected = getattr(ctx, "_protected_args", None) or []
+    return str(protected[0]) if protected else ""
+
+
 def load_command(name: str) -> click.Command:
     """Import the module of COMMANDS[name] and return its click command."""
     module_name, _, attribute = COMMANDS[name][0].partition(":")
@@ -117,10 +136,15 @@ class EngineCtlGroup(click.Group):
         return command or click.Command(name, help=COMMANDS[name][1])
 
     def invoke(self, ctx: click.Context) -> object:
+        command = _command(ctx)
+        as_json = "--json" in ctx.args  # read now: click's invoke consumes the arguments
         try:
             return super().invoke(ctx)
         except InputError as exc:
-            print_diagnostics(exc.diagnostics)
+            if not exc.printed:
+                print_diagnostics(exc.diagnostics)
+            if as_json:  # a script reads the error object on stdout, as documented
+                print_error_object(exc.diagnostics, one_line=command in JSON_LINES)
             ctx.exit(EXIT_ERROR)
 
 

@@ -140,6 +140,8 @@ def plan(
 
     PATHS are the documents (default: the current directory); the inventory may be among them."""
     loaded, errors = load_for_plan(paths)
+    if errors and as_json:  # a script gets the documented error object, not a partial plan
+        raise InputError(errors, printed=True)
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, paths)
     state = read_state(backend)

@@ -85,7 +85,6 @@ CODES: dict[str, str] = {
     "plan_tampered": "a saved plan is not what engine-ctl renders from its recorded inputs",
     "plan_stale": "a saved plan no longer matches the state or a host's facts",
     "destroy_refused": "a plan that destroys a deployment with prevent_destroy: true",
-    "replace_refused": "--replace names a deployment that has no replicas to replace",
 }
 """Every diagnostic's stable `code` (the `code` of each detail in `--json` errors) and what it means; the README
 lists them all (tests/test_error_codes.py checks both ways)."""
@@ -140,11 +139,36 @@ class Diagnostic:
         }
 
 
+REFUSALS = frozenset(
+    {"state_error", "state_move_refused", "confirmation_needed", "plan_tampered", "plan_stale", "destroy_refused"}
+)
+"""Codes of a command refused for what the state, a lock or a saved plan says (409 REFUSED); every other code is
+bad input (400 INVALID_DEPLOYMENT)."""
+
+
+def error_object(diagnostics: Iterable[Diagnostic]) -> dict[str, object]:
+    """The `--json` error: `{"error": {"status": 400, "code": "INVALID_DEPLOYMENT", "message", "details"}}`."""
+    found = [d for d in diagnostics if d.severity == "error"] or list(diagnostics)
+    refused = bool(found) and all(d.code in REFUSALS for d in found)
+    status, code = (409, "REFUSED") if refused else (400, "INVALID_DEPLOYMENT")
+    return {
+        "format_version": 1,
+        "error": {
+            "status": status,
+            "code": code,
+            "message": f"{len(found)} problem(s); nothing was changed",
+            "details": [d.as_json() for d in found],
+        },
+    }
+
+
 class InputError(Exception):
     """Raised by the shell when input cannot be used; carries diagnostics for the user."""
 
-    def __init__(self, diagnostics: Iterable[Diagnostic]) -> None:
+    def __init__(self, diagnostics: Iterable[Diagnostic], printed: bool = False) -> None:
         self.diagnostics = list(diagnostics)
+        self.printed = printed
+        """Already printed on stderr (only the --json error object is still to be printed)."""
         super().__init__("\n".join(d.render() for d in self.diagnostics))
 
 
