@@ -53,6 +53,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Print the fit of DEPLOYMENT and the systemd unit(s) its replicas would run, from live host facts.",
     ),
     "show": ("engine_ctl.cli.show_cmd:show", "Show a saved plan without touching hosts or state."),
+    "restart": (
+        "engine_ctl.cli.plan_cmd:restart",
+        "Restart deployment NAME: replace its replicas one at a time, health-gated, without editing a document "
+        "(the same as `apply --target NAME --replace NAME`).",
+    ),
     "schema": (
         "engine_ctl.cli.validate_cmd:schema",
         "Print the JSON Schema of engine-ctl documents (for editors' YAML language servers).",

@@ -32,7 +32,7 @@ from engine_ctl.core.model import DesiredState
 from engine_ctl.core.plan.planner import Plan, destroy_refusals
 from engine_ctl.core.plan.refresh import refresh_state
 from engine_ctl.core.plan.savedplan import PlanFileError, decode_plan, stale_reasons, state_for_plan, tampering
-from engine_ctl.shell.apply import Executor, Recorder
+from engine_ctl.shell.apply import ApplyEvent, Executor, Recorder, utc_now
 from engine_ctl.shell.gather import gather
 from engine_ctl.shell.transport import HostFailure, SSHOptions
 from engine_ctl.shell.world import plan_world
@@ -66,9 +66,26 @@ def target_option(f: Any) -> Any:
     )(f)  # fmt: skip
 
 
+def replace_option(f: Any) -> Any:
+    return click.option(
+        "--replace", "replace", multiple=True, metavar="NAME",
+        help="Replace every replica of deployment NAME (a rolling restart, one replica at a time, health-gated) "
+        "without editing a document (repeatable).",
+    )(f)  # fmt: skip
+
+
+def json_events_option(f: Any) -> Any:
+    return click.option(
+        "--json", "as_json", is_flag=True,
+        help="One JSON event per line on stdout (planned, started, healthy, removed, failed, recorded, finished) "
+        "for pipelines; the plan and progress go to stderr.",
+    )(f)  # fmt: skip
+
+
 def writing_options(f: Any) -> Any:
-    """The options of the commands that change hosts and state (apply, destroy)."""
+    """The options of the commands that change hosts and state (apply, destroy, restart)."""
     for option in (
+        json_events_option,
         click.option("--auto-approve", is_flag=True, help="Do not ask for confirmation."),
         lock_timeout_option,
         target_option,
@@ -114,8 +131,8 @@ def read_state(backend: StateBackend) -> State:
         raise InputError([Diagnostic(Location(backend.location), "", str(exc), code="state_error")]) from None
 
 
-def show_plan(plan: Plan) -> None:
-    out = console()
+def show_plan(plan: Plan, stderr: bool = False) -> None:
+    out = console(stderr=stderr)
     for style, line in render_plan(plan):
         out.print(line, style=STYLES[style] or None)
 
@@ -131,10 +148,11 @@ def show_plan(plan: Plan) -> None:
 @click.option("--markdown", is_flag=True, help="The plan as Markdown, for a pull-request comment.")
 @click.option("--detailed-exitcode", is_flag=True, help="Exit 0 no changes, 1 error, 2 changes present.")
 @click.option("--refresh-only", is_flag=True, help="Only record in the state what drifted on the hosts.")
+@replace_option
 def plan(
     paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, targets: tuple[str, ...], out_path: Path | None, as_json: bool, markdown: bool,
-    detailed_exitcode: bool, refresh_only: bool,
+    detailed_exitcode: bool, refresh_only: bool, replace: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Show what apply would change: documents + recorded state + live host facts.
 
@@ -148,7 +166,7 @@ def plan(
     held = f"{len(errors)} error(s) in the documents (above)" if errors else None
     result, failures = _plan_for(
         loaded.desired, inventory, state, backend, ssh_settings(accept_new_host_keys), parallel, targets,
-        refresh_only, paths, hold_absent=held,
+        refresh_only, paths, hold_absent=held, replace=replace,
     )  # fmt: skip
     if out_path is not None and errors:
         console(stderr=True).print(f"error: the plan was not saved to {out_path}: the documents have errors")
@@ -180,7 +198,7 @@ def _load_plan_file(path: Path) -> Plan | None:
         raise InputError([Diagnostic(Location(str(path)), "", str(exc), code="not_a_plan")]) from None
 
 
-def _confirm(auto_approve: bool) -> None:
+def _confirm(auto_approve: bool, as_json: bool = False) -> None:
     if auto_approve:
         return
     if not sys.stdin.isatty():
@@ -195,17 +213,41 @@ def _confirm(auto_approve: bool) -> None:
                 )
             ]
         )
-    answer = click.prompt("Do you want to perform these actions? Only 'yes' will be accepted", default="")
+    answer = click.prompt("Do you want to perform these actions? Only 'yes' will be accepted", default="", err=as_json)
     if answer.strip() != "yes":
-        console().print("Apply cancelled; nothing changed.")
+        console(stderr=as_json).print("Apply cancelled; nothing changed.")
         sys.exit(1)
 
 
+class JsonEvents:
+    """`--json` of apply, destroy and restart: each event one JSON line on stdout, whole, from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def __call__(self, event: ApplyEvent) -> None:
+        self.emit(event.as_json())
+
+    def emit(self, doc: dict[str, object]) -> None:
+        line = json.dumps(doc, sort_keys=False) + "\n"
+        with self._lock:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+    def plain(self, event: str, **fields: object) -> None:
+        self.emit({"event": event, "timestamp": utc_now(), **fields})
+
+
 def execute(
-    plan: Plan, inventory: Inventory, backend: StateBackend, state: State, options: SSHOptions, command: str
-) -> int:
-    """Run the plan with the state recorded after every step; Ctrl-C finishes the step in flight."""
-    out = console()
+    plan: Plan, inventory: Inventory, backend: StateBackend, state: State, options: SSHOptions, command: str,
+    events: JsonEvents | None = None,
+) -> int:  # fmt: skip
+    """Run the plan with the state recorded after every step; Ctrl-C finishes the step in flight. With `events`
+    (--json) every step is also one JSON line on stdout, and the people's lines go to stderr."""
+    out = console(stderr=events is not None)
+    if events is not None:
+        s = plan.summary()
+        events.plain("planned", command=command, refresh_only=plan.refresh_only, **s)
     refused = destroy_refusals(plan, state)  # also for a saved plan: the state says what may not be destroyed
     if refused:
         raise InputError([Diagnostic(Location(backend.location), "", r, code="destroy_refused") for r in refused])
@@ -223,7 +265,9 @@ def execute(
             recorder.change(lambda s: refresh_state(s, plan))
             result_text, code, unrecorded = "refreshed", 0, list[str]()
         else:
-            executor = Executor(plan, {h.name: h for h in inventory.hosts}, recorder, options, out.print, stop)
+            executor = Executor(
+                plan, {h.name: h for h in inventory.hosts}, recorder, options, out.print, stop, observer=events
+            )
             # On a terminal a live status line shows that the roll is under way; otherwise plain lines only.
             busy = "Applying: one replica at a time per deployment, health-gated…"
             live = out.status(busy) if out.is_terminal else None
@@ -261,17 +305,19 @@ def execute(
     s = plan.summary()
     out.print(f"\nApply {'complete' if code == 0 else 'stopped'}: {result_text}. "
               f"({s['add']} added, {s['change']} changed, {s['destroy']} destroyed as planned)")  # fmt: skip
+    if events is not None:
+        events.plain("finished", command=command, result=result_text, exit_code=code, unrecorded=unrecorded)
     return code
 
 
 def _plan_for(
     desired: DesiredState, inventory: Inventory, state: State, backend: StateBackend, options: SSHOptions,
     parallel: int, targets: tuple[str, ...], refresh_only: bool = False, documents: tuple[Path, ...] = (),
-    hold_absent: str | None = None,
+    hold_absent: str | None = None, replace: tuple[str, ...] = (),
 ) -> tuple[Plan, dict[str, HostFailure]]:  # fmt: skip
     return plan_world(
         desired, inventory, state, backend.location, reopen_string(backend), options, parallel, targets,
-        refresh_only, documents, hold_absent,
+        refresh_only, documents, hold_absent, replace,
     )  # fmt: skip
 
 
@@ -281,7 +327,7 @@ def _refuse_plan(path: Path, message: str, hint: str, code: str) -> InputError:
 
 def _apply_saved(
     saved: Plan, path: Path, inventory_path: Path | None, state_path: str | None, options: SSHOptions,
-    parallel: int, lock_timeout: float,
+    parallel: int, lock_timeout: float, events: JsonEvents | None = None,
 ) -> int:  # fmt: skip
     """`apply PLANFILE`: exactly what was reviewed, or a refusal that says why."""
     ctx = saved.context
@@ -303,40 +349,77 @@ def _apply_saved(
         if stale:
             hint = "run engine-ctl plan again and review the new plan"
             raise _refuse_plan(path, "the saved plan is stale: " + "; ".join(stale), hint, code="plan_stale")
-        show_plan(saved)
-        return execute(saved, inventory, backend, state, options, "apply " + str(path))
+        show_plan(saved, stderr=events is not None)
+        return execute(saved, inventory, backend, state, options, "apply " + str(path), events)
 
 
 @click.command()
 @click.argument("args", nargs=-1, type=click.Path(path_type=Path))
 @writing_options
+@click.option("--refresh-only", is_flag=True, help="Only record in the state what drifted on the hosts; no host "
+              "is changed.")  # fmt: skip
+@replace_option
 def apply(
     args: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
-    accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool,
+    accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool, as_json: bool,
+    refresh_only: bool, replace: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Make the hosts match the documents: plan, confirm, then roll replicas one at a time, health-gated.
 
     ARGS are the documents, or one saved PLANFILE (from `plan --out`), which is applied exactly as reviewed
     or refused if the state or a host's facts changed since."""
     options = ssh_settings(accept_new_host_keys)
+    events = JsonEvents() if as_json else None
     saved = _load_plan_file(args[0]) if len(args) == 1 and args[0].is_file() else None
     if saved is not None:
-        sys.exit(_apply_saved(saved, args[0], inventory_path, state_path, options, parallel, lock_timeout))
+        sys.exit(_apply_saved(saved, args[0], inventory_path, state_path, options, parallel, lock_timeout, events))
+    command = "apply" + "".join(f" --replace {n}" for n in replace) + (" --refresh-only" if refresh_only else "")
+    sys.exit(_apply_documents(args, inventory_path, state_path, options, parallel, targets, lock_timeout,
+                              auto_approve, events, refresh_only, replace, command))  # fmt: skip
+
+
+def _apply_documents(
+    args: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, options: SSHOptions,
+    parallel: int, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool, events: JsonEvents | None,
+    refresh_only: bool, replace: tuple[str, ...], command: str,
+) -> int:  # fmt: skip
+    """Plan from the documents, show, confirm, execute: apply and restart."""
     loaded = load_checked(args)
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, args)
     with locked(backend, "apply", lock_timeout):
         state = read_state(backend)
         result, failures = _plan_for(
-            loaded.desired, inventory, state, backend, options, parallel, targets, documents=args
-        )
-        show_plan(result)
+            loaded.desired, inventory, state, backend, options, parallel, targets, refresh_only, args,
+            replace=replace,
+        )  # fmt: skip
+        show_plan(result, stderr=events is not None)
         report_failures(failures)
         if not result.has_changes or result.refused:  # refused (prevent_destroy): nothing is applied
-            sys.exit(1 if failures or result.problems else 0)
-        _confirm(auto_approve)
-        code = execute(result, inventory, backend, state, options, "apply")
-        sys.exit(code or (1 if failures or result.problems else 0))
+            code = 1 if failures or result.problems else 0
+            if events is not None:
+                events.plain("finished", command=command, result="no changes", exit_code=code, unrecorded=[])
+            return code
+        _confirm(auto_approve, as_json=events is not None)
+        code = execute(result, inventory, backend, state, options, command, events)
+        return code or (1 if failures or result.problems else 0)
+
+
+@click.command()
+@click.argument("name")
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@writing_options
+def restart(
+    name: str, paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
+    accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool, as_json: bool,
+) -> None:  # fmt: skip
+    """Restart deployment NAME: replace its replicas one at a time, health-gated, without editing a document
+    (the same as `apply --target NAME --replace NAME`). PATHS are the documents (default: the current directory)."""
+    options = ssh_settings(accept_new_host_keys)
+    events = JsonEvents() if as_json else None
+    chosen = tuple(dict.fromkeys((*targets, name)))
+    sys.exit(_apply_documents(paths, inventory_path, state_path, options, parallel, chosen, lock_timeout,
+                              auto_approve, events, False, (name,), f"restart {name}"))  # fmt: skip
 
 
 @click.command()
@@ -344,7 +427,7 @@ def apply(
 @writing_options
 def destroy(
     paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
-    accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool,
+    accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool, as_json: bool,
 ) -> None:  # fmt: skip
     """Stop and remove the units of every deployment in the state (or --target ones). The models stay."""
     loaded = load_checked(paths, documents_required=False) if paths else None
@@ -357,12 +440,13 @@ def destroy(
         result, failures = _plan_for(keep, inventory, state, backend, options, parallel, targets)
         result.changes = [c for c in result.changes if c.action == ["delete"]]
         result.absent = []  # destroyed because destroy was asked for, not because documents are absent
-        show_plan(result)
+        events = JsonEvents() if as_json else None
+        show_plan(result, stderr=as_json)
         report_failures(failures)
         if not result.changes or result.refused:  # refused (prevent_destroy): nothing is destroyed
             sys.exit(1 if result.refused else 0)
-        _confirm(auto_approve)
-        sys.exit(execute(result, inventory, backend, state, options, "destroy"))
+        _confirm(auto_approve, as_json)
+        sys.exit(execute(result, inventory, backend, state, options, "destroy", events))
 
 
-__all__ = ["apply", "destroy", "plan"]
+__all__ = ["apply", "destroy", "plan", "restart"]

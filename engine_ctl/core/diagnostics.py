@@ -85,6 +85,7 @@ CODES: dict[str, str] = {
     "plan_tampered": "a saved plan is not what engine-ctl renders from its recorded inputs",
     "plan_stale": "a saved plan no longer matches the state or a host's facts",
     "destroy_refused": "a plan that destroys a deployment with prevent_destroy: true",
+    "replace_refused": "--replace (or restart) names a deployment with no replicas recorded: nothing to replace",
 }
 """Every diagnostic's stable `code` (the `code` of each detail in `--json` errors) and what it means; the README
 lists them all (tests/test_error_codes.py checks both ways)."""

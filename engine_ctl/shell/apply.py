@@ -25,6 +25,40 @@ UNIT_DIR = "/etc/systemd/system"
 Progress = Callable[[str], None]
 
 
+@dataclass(frozen=True)
+class ApplyEvent:
+    """One step of an apply, for pipelines and dashboards (`apply --json` prints each as a JSON line).
+
+    event: started (a replica's step begins), healthy (a unit passed its health gate), removed (an old unit is
+    stopped and deleted), failed (a step or a deployment failed; the reason says why), recorded (the deployment's
+    outcome is written to the state)."""
+
+    event: str
+    deployment: str
+    timestamp: str
+    replica: int | None = None
+    host: str | None = None
+    unit: str | None = None
+    action: str | None = None
+    port: int | None = None
+    revision: int | None = None
+    state: str | None = None
+    reason: str | None = None
+    elapsed_s: float | None = None
+
+    def as_json(self) -> dict[str, object]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+Observer = Callable[[ApplyEvent], None]
+
+
+def utc_now() -> str:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 # --- what to run: argv only (the executor runs them) ----------------------------------------------------
 def start_argv(unit: str) -> list[str]:
     """Reload, enable and start; `start` returns once the unit's health-gated ExecStartPost passed."""
@@ -177,6 +211,7 @@ class Executor:
         options: SSHOptions | None = None,
         progress: Progress | None = None,
         stop: threading.Event | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.plan = plan
         self.hosts = hosts
@@ -184,6 +219,7 @@ class Executor:
         self.options = options
         self.progress = progress or (lambda _m: None)
         self.stop = stop or threading.Event()
+        self.observer = observer or (lambda _e: None)
         self._host_locks: dict[str, threading.Lock] = {name: threading.Lock() for name in hosts}
         self._transports: dict[str, SSHTransport | LocalTransport] = {}
         self._transports_lock = threading.Lock()
@@ -205,6 +241,9 @@ class Executor:
                         self._transports[name] = transport_for(self.hosts[name], self.options)
                 out[name] = self._transports[name]
             yield out
+
+    def _event(self, event: str, deployment: str, **fields: object) -> None:
+        self.observer(ApplyEvent(event=event, deployment=deployment, timestamp=utc_now(), **fields))  # type: ignore[arg-type]
 
     def run(self) -> ApplyResult:
         changes = [c for c in self.plan.changes if c.changed or c.failed_reason or c.blocked]
@@ -231,15 +270,19 @@ class Executor:
                 self._record(lambda s: self._conclude(s, change, change.failed_reason, fit_failed=True), name)
                 self.result.failed[name] = change.failed_reason
                 self.progress(f"{name}: FAILED: {change.failed_reason}")
+                self._event("failed", name, reason=change.failed_reason)
+                self._event("recorded", name, state="Failed", revision=change.revision)
                 return
             for unit in change.adopt:
                 self._record(lambda s, u=unit: _adopt(s, name, u), name)  # type: ignore[misc]
                 self.progress(f"{name}: {unit} runs and passed its health gate: recorded serving")
+                self._event("recorded", name, unit=unit, state="serving")
             for step in self._ordered(change):
                 self._guarded(change, step)
             if change.action == ["delete"]:
                 self._record(lambda s: _forget(s, name), name)
                 self.progress(f"{name}: destroyed")
+                self._event("recorded", name, state="destroyed", revision=change.revision)
                 self.result.applied.append(name)
                 return
             self._record(lambda s: self._conclude(s, change, None, applied=True), name)
@@ -259,6 +302,7 @@ class Executor:
         problems = [*change.blocked]
         if change.pending_reason:
             problems.append(change.pending_reason)
+        self._event("recorded", name, state=state, revision=change.revision, reason="; ".join(problems) or None)
         if problems:
             self.result.failed[name] = "; ".join(problems)
             self.progress(f"{name}: {state} at revision {change.revision}, not complete: {'; '.join(problems)}")
@@ -281,6 +325,9 @@ class Executor:
         else:
             tail = "no replica serves"
         self.progress(f"{name}: FAILED: {reason}; the roll stopped: {tail}")
+        self._event("failed", name, reason=reason)
+        state = rec.state if rec else None
+        self._event("recorded", name, state=state, revision=rec.revision if rec else None, reason=tail)
 
     @staticmethod
     def _ordered(change: DeploymentChange) -> list[ReplicaChange]:
@@ -291,6 +338,10 @@ class Executor:
         if self.stop.is_set():
             self.progress(f"{change.name}: interrupted before replica {step.index}; state recorded")
             raise Interrupted
+        self._event(
+            "started", change.name, replica=step.index, host=step.host, unit=step.unit, action="/".join(step.action),
+            revision=step.revision, reason=step.reason or None,
+        )  # fmt: skip
         try:
             self._step(change, step)
         except (StepFailed, Interrupted):
@@ -357,6 +408,9 @@ class Executor:
             self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
             raise StepFailed(reason)
         self._record(lambda s: _set_status(s, name, step.host, step.unit, "serving"), name)
+        elapsed = round(time.monotonic() - began, 1)
+        self._event("healthy", name, replica=step.index, host=step.host, unit=step.unit, port=step.port,
+                    revision=step.revision, elapsed_s=elapsed)  # fmt: skip
         self.progress(
             f"{name}: replica {step.index} on {step.host}: {step.unit} serving on port {step.port} "
             f"(healthy after {time.monotonic() - began:.1f}s)"
@@ -367,6 +421,7 @@ class Executor:
         self._run(t, remove_argv(unit), f"removing {unit} on {host}")
         self._record(lambda s: _drop_replica(s, name, host, unit), name)
         self.progress(f"{name}: {unit} on {host} stopped and removed")
+        self._event("removed", name, host=host, unit=unit)
 
     @staticmethod
     def _check_names(change: DeploymentChange, step: ReplicaChange) -> None:
@@ -407,6 +462,8 @@ class Executor:
                 raise StepFailed(reason)
             self._record(lambda s: _put_replica(s, name, self._replica_record(step, "serving")), name)
             self.progress(f"{name}: replica {step.index} on {step.host}: {step.unit} repaired ({step.reason})")
+            self._event("healthy", name, replica=step.index, host=step.host, unit=step.unit, port=step.port,
+                        revision=step.revision)  # fmt: skip
 
     def _replace(self, change: DeploymentChange, step: ReplicaChange) -> None:
         name = change.name
@@ -435,3 +492,5 @@ class Executor:
         reason = None if status == "serving" else failure_reason(t.run(failure_argv(unit)).stdout)
         self._record(lambda s: _set_status(s, change.name, host, unit, status, reason), change.name)
         self.progress(f"{change.name}: the previous {unit} on {host} restored ({status})")
+        self._event("healthy" if status == "serving" else "failed", change.name, host=host, unit=unit, reason=reason
+                    or "the previous unit restored after its replacement failed")  # fmt: skip

@@ -66,6 +66,7 @@ def plan_world(
     refresh_only: bool = False,
     documents: tuple[Path, ...] = (),
     hold_absent: str | None = None,
+    replace: tuple[str, ...] = (),
 ) -> tuple[Plan, dict[str, HostFailure]]:
     """Gather (one round trip per host), then plan with the pure core; returns the plan and the hosts that could
     not be reached. `state_location` names the state in messages, `reopen` is how `apply PLANFILE` finds it."""
@@ -83,10 +84,13 @@ def plan_world(
                 for t in unknown
             ]
         )
+    refused = replace_refusals(desired, state, state_location, replace)
+    if refused:
+        raise InputError(refused)
     plan = make_plan(
         desired, state, inventory, facts, mfacts,
         unreachable={h: f.message for h, f in failures.items()}, targets=list(targets),
-        refresh_only=refresh_only, created_at=now(), hold_absent=hold_absent,
+        refresh_only=refresh_only, created_at=now(), hold_absent=hold_absent, replace=frozenset(replace),
     )  # fmt: skip
     plan.context = {
         "documents": [str(p.resolve()) for p in documents],
@@ -95,3 +99,22 @@ def plan_world(
         "model_paths": paths,
     }
     return plan, failures
+
+
+def replace_refusals(
+    desired: DesiredState, state: State, state_location: str, replace: tuple[str, ...]
+) -> list[Diagnostic]:
+    """--replace NAME names a deployment of the documents that has replicas recorded (something to restart)."""
+    wanted = {d.deployment.name for d in desired.deployments}
+    out = []
+    for name in replace:
+        record = state.deployments.get(name)
+        if name not in wanted:
+            known = ", ".join(sorted(wanted)) or "(none)"
+            out.append(Diagnostic(Location(state_location), "--replace", f"no deployment named {name!r} in the "
+                                  f"documents", hint=f"deployments: {known}", code="unknown_deployment"))  # fmt: skip
+        elif record is None or not record.replicas:
+            why = f"{name} has no replicas recorded: nothing to replace"
+            hint = "engine-ctl apply starts them"
+            out.append(Diagnostic(Location(state_location), "--replace", why, hint=hint, code="replace_refused"))
+    return out

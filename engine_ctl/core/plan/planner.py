@@ -606,9 +606,13 @@ def make_plan(
     refresh_only: bool = False,
     created_at: str = "",
     hold_absent: str | None = None,
+    replace: frozenset[str] = frozenset(),
 ) -> Plan:
     """`hold_absent`, when set, says why deployments absent from the documents are not destroyed (some
-    documents could not be read: a deployment whose document is broken is never taken as removed)."""
+    documents could not be read: a deployment whose document is broken is never taken as removed). `replace`
+    names deployments whose replicas are all replaced (a rolling restart: engine_ctl.core.plan.replace)."""
+    from engine_ctl.core.plan.replace import forced, mark_replaced
+
     plan = Plan(
         created_at=created_at, state_serial=state.serial, state_lineage=state.lineage,
         host_fingerprints={name: f.fingerprint() for name, f in sorted(facts.items())},
@@ -654,10 +658,13 @@ def make_plan(
         provider = resolve_engine(d, model)
         assert model is not None and provider is not None
         origin = wanted[name].origin
+        seen = forced(record) if record is not None and name in replace else record
         change, drift = plan_deployment(
-            d, model, provider, model_facts.get(model.name), record, inventory, facts, alloc,
+            d, model, provider, model_facts.get(model.name), seen, inventory, facts, alloc,
             names=lambda internal, o=origin: field_name(o, internal),  # type: ignore[misc]
         )  # fmt: skip
+        if name in replace:
+            mark_replaced(change)
         plan.changes.append(change)
         plan.drift.extend(drift)
     managed = {r.unit for rec in state.deployments.values() for r in rec.replicas}
