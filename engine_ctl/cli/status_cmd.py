@@ -44,15 +44,18 @@ def name_and_paths(name: str | None, paths: tuple[Path, ...]) -> tuple[str | Non
 
 def _live(
     records: list[DeploymentRecord], inventory_path: Path | None, paths: tuple[Path, ...], options: SSHOptions,
-    parallel: int,
+    parallel: int, addresses: dict[str, str] | None = None,
 ) -> tuple[dict[str, HostFacts], dict[str, HostFailure]]:  # fmt: skip
-    """Facts and health of the hosts the shown deployments run on; none (and no inventory) when they run nowhere."""
+    """Facts and health of the hosts the shown deployments run on; none (and no inventory) when they run nowhere.
+    `addresses`, when given, is filled with each such host's address from the inventory."""
     used = {r.host for d in records for r in d.replicas}
     if not used:
         return {}, {}
     loaded = load_paths(list(paths)) if paths else None
     inventory = resolve_inventory(inventory_path, loaded)
     hosts = [h for h in inventory.hosts if h.name in used]
+    if addresses is not None:
+        addresses.update({h.name: h.address for h in hosts})
     checks: dict[str, list[tuple[int, str]]] = {}
     for d in records:
         engine = PROVIDERS.get(str((d.plan or {}).get("engine")))
@@ -66,12 +69,43 @@ def _statuses(state: State, names: list[str], facts: dict) -> list[DeploymentSta
     return [deployment_status(state.deployments[n], facts) for n in names]
 
 
+def url_of(address: str | None, port: int) -> str | None:
+    """Where a replica answers: its host's address (IPv6 in brackets) and its port."""
+    if address is None:
+        return None
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:{port}"
+
+
+def list_json(statuses: list[DeploymentStatus]) -> dict[str, object]:
+    """`list --json`: one summary row per deployment (no members; `status --json` has them)."""
+    rows = [s.model_dump(mode="json", exclude={"instances"}) for s in statuses]
+    return {"format_version": FORMAT_VERSION, "deployments": rows}
+
+
+def status_json(statuses: list[DeploymentStatus], addresses: dict[str, str]) -> dict[str, object]:
+    """`status --json`: per deployment, its members, each with its host's address, its port and its URL."""
+    out = []
+    for s in statuses:
+        doc = s.model_dump(mode="json", exclude={"instances"})
+        doc["members"] = [
+            {
+                **i.model_dump(mode="json"),
+                "address": addresses.get(i.host),
+                "url": url_of(addresses.get(i.host), i.port),
+            }
+            for i in s.instances
+        ]
+        out.append(doc)
+    return {"format_version": FORMAT_VERSION, "deployments": out}
+
+
 @click.command(name="list")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @inventory_option
 @state_option
 @ssh_options
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="One summary object per deployment (no members).")
 def list_cmd(
     paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, as_json: bool,
@@ -84,7 +118,7 @@ def list_cmd(
     facts, failures = _live(records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel)
     statuses = _statuses(state, names, facts)
     if as_json:
-        emit_json({"format_version": FORMAT_VERSION, "deployments": [s.model_dump(mode="json") for s in statuses]})
+        emit_json(list_json(statuses))
     else:
         table = Table(box=None, pad_edge=False)
         for col in ("NAME", "STATE", "READY", "REVISION", "HOSTS"):
@@ -102,7 +136,10 @@ def list_cmd(
 @inventory_option
 @state_option
 @ssh_options
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--json", "as_json", is_flag=True,
+    help="Per deployment with its members, each with its host's address, port and URL.",
+)  # fmt: skip
 def status(
     name: str | None, paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, as_json: bool,
@@ -128,10 +165,11 @@ def status(
         )
         raise InputError([problem])
     records = [state.deployments[n] for n in names]
-    facts, failures = _live(records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel)
+    addresses: dict[str, str] = {}
+    facts, failures = _live(records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel, addresses)
     statuses = _statuses(state, names, facts)
     if as_json:
-        emit_json({"format_version": FORMAT_VERSION, "deployments": [s.model_dump(mode="json") for s in statuses]})
+        emit_json(status_json(statuses, addresses))
         sys.exit(1 if failures else 0)
     out = console()
     if not statuses:
