@@ -14,12 +14,19 @@ from engine_ctl import __version__
 VERSION_LINE = f"engine-ctl {__version__}"
 
 
+INTERRUPTED = 130
+"""The exit status of a command interrupted by Ctrl-C (128 + SIGINT), as shells report it."""
+
+
 def main() -> None:
     if sys.argv[1:] == ["--version"]:
         print(VERSION_LINE)
         return
-    from engine_ctl.cli.main import main as cli_main
-
+    try:  # Ctrl-C while the commands are still being imported (start-up) is an interrupt too, never a traceback
+        from engine_ctl.cli.main import main as cli_main
+    except KeyboardInterrupt:
+        sys.stderr.write("\ninterrupted\n")
+        sys.exit(INTERRUPTED)
     cli_main()
 
 

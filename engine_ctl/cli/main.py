@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from typing import NoReturn
 
 import click
 
@@ -19,6 +20,7 @@ from engine_ctl.core.diagnostics import Diagnostic, InputError
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_CHANGES = 2
+EXIT_INTERRUPTED = 130
 
 # name -> ("module:attribute" of the click command, its short help as `engine-ctl --help` lists it).
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -151,6 +153,8 @@ class EngineCtlGroup(click.Group):
             if as_json:  # a script reads the error object on stdout, as documented
                 print_error_object(exc.diagnostics, one_line=command in JSON_LINES)
             ctx.exit(EXIT_ERROR)
+        except (KeyboardInterrupt, click.exceptions.Abort):  # Ctrl-C anywhere, a click prompt included
+            interrupted()
 
 
 @click.group(cls=EngineCtlGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -167,16 +171,28 @@ def cli() -> None:
 click.exceptions.UsageError.exit_code = EXIT_ERROR
 
 
+def interrupted() -> NoReturn:
+    """Ctrl-C: exit 130 (128 + SIGINT) with one line, in every command, at a prompt too; never a traceback."""
+    sys.stderr.write("\ninterrupted\n")
+    sys.stderr.flush()
+    sys.exit(EXIT_INTERRUPTED)
+
+
 def main() -> None:
     """Entry point: never a traceback for the user; ENGINE_CTL_DEBUG=1 shows one for developers."""
-    try:
-        cli.main(prog_name="engine-ctl", standalone_mode=True)
+    try:  # click's standalone mode, less its "Aborted!" exit 1 for Ctrl-C (while the arguments are parsed too)
+        code = cli.main(prog_name="engine-ctl", standalone_mode=False)
     except InputError as exc:
         print_diagnostics(exc.diagnostics)
         sys.exit(EXIT_ERROR)
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        interrupted()
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except BrokenPipeError:  # `engine-ctl … | head`: the reader left; nothing more to say
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (kept open until the interpreter exits)
+        sys.exit(EXIT_ERROR)
     except Exception as exc:  # the last line of defence: report, never a traceback
         if os.environ.get("ENGINE_CTL_DEBUG"):
             raise
@@ -186,6 +202,18 @@ def main() -> None:
             err=True,
         )
         sys.exit(EXIT_ERROR)
+    sys.exit(code if isinstance(code, int) else EXIT_OK)
 
 
-__all__ = ["COMMANDS", "EXIT_CHANGES", "EXIT_ERROR", "EXIT_OK", "cli", "load_command", "main", "print_diagnostics"]
+__all__ = [
+    "COMMANDS",
+    "EXIT_CHANGES",
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "cli",
+    "interrupted",
+    "load_command",
+    "main",
+    "print_diagnostics",
+]

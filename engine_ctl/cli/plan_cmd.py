@@ -213,7 +213,10 @@ def _confirm(auto_approve: bool, as_json: bool = False) -> None:
                 )
             ]
         )
-    answer = click.prompt("Do you want to perform these actions? Only 'yes' will be accepted", default="", err=as_json)
+    stream = sys.stderr if as_json else sys.stdout
+    stream.write("Do you want to perform these actions? Only 'yes' will be accepted: ")
+    stream.flush()
+    answer = sys.stdin.readline()  # Ctrl-C here is KeyboardInterrupt: exit 130 (cli.main); Ctrl-D is no
     if answer.strip() != "yes":
         console(stderr=as_json).print("Apply cancelled; nothing changed.")
         sys.exit(1)
