@@ -7,6 +7,7 @@ else is engine_ctl.cli.main's; tests/test_startup.py checks that both print the 
 
 from __future__ import annotations
 
+import os
 import sys
 
 from engine_ctl import __version__
@@ -26,7 +27,8 @@ def main() -> None:
         from engine_ctl.cli.main import main as cli_main
     except KeyboardInterrupt:
         sys.stderr.write("\ninterrupted\n")
-        sys.exit(INTERRUPTED)
+        sys.stderr.flush()
+        os._exit(INTERRUPTED)  # at once, as engine_ctl.cli.main.interrupted does (see there why)
     cli_main()
 
 

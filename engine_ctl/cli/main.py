@@ -7,6 +7,7 @@ A command is one line of COMMANDS (tests/test_startup.py checks the help there a
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -172,10 +173,18 @@ click.exceptions.UsageError.exit_code = EXIT_ERROR
 
 
 def interrupted() -> NoReturn:
-    """Ctrl-C: exit 130 (128 + SIGINT) with one line, in every command, at a prompt too; never a traceback."""
+    """Ctrl-C: exit 130 (128 + SIGINT) with one line, in every command, at a prompt too; never a traceback.
+
+    By the time it is called the interrupt has unwound the command (its state lock released). It ends the process
+    at once: worker threads still talking to hosts are not waited for, and CPython, when the interrupt came inside
+    an exec() (dataclasses and pydantic build classes so while they are imported), would otherwise end the process
+    by SIGINT rather than with this status."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
     sys.stderr.write("\ninterrupted\n")
     sys.stderr.flush()
-    sys.exit(EXIT_INTERRUPTED)
+    os._exit(EXIT_INTERRUPTED)
 
 
 def main() -> None:
