@@ -24,6 +24,7 @@ from engine_ctl.cli.common import (
     ssh_options,
     ssh_settings,
 )
+from engine_ctl.cli.environments import current_env, env_option, inventory_names, state_file_name, state_for_env
 from engine_ctl.cli.output import console, emit_json
 from engine_ctl.cli.planview import plan_json, plan_markdown, render_plan
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
@@ -43,13 +44,15 @@ STYLES = {"add": "green", "change": "yellow", "destroy": "red", "warn": "yellow"
 
 
 def state_option(f: Any) -> Any:
-    return click.option(
+    f = click.option(
         "--state",
         "state_path",
         envvar=ENVIRONMENT["--state"],
         show_envvar=True,
-        help=f"The state: a file (default: {DEFAULT_NAME} beside the documents) or postgresql://…[#name].",
+        help=f"The state: a file (default: {DEFAULT_NAME} beside the documents) or postgresql://…[#name]; "
+        "with --env NAME, NAME's own state there.",
     )(f)
+    return env_option(f)
 
 
 def lock_timeout_option(f: Any) -> Any:
@@ -100,11 +103,15 @@ def writing_options(f: Any) -> Any:
 def default_state_path(paths: tuple[Path, ...]) -> Path:
     first = paths[0] if paths else Path(".")
     base = first if first.is_dir() else first.parent
-    return base / DEFAULT_NAME
+    return base / state_file_name(current_env(), DEFAULT_NAME)
 
 
 def backend_for(explicit: str | None, paths: tuple[Path, ...]) -> StateBackend:
-    return open_backend(explicit) if explicit else LocalState(default_state_path(paths))
+    """The state: --state (with --env NAME, NAME's own state in that backend), else the file beside the
+    documents (engine-ctl.state.json; engine-ctl.NAME.state.json for an environment)."""
+    if explicit:
+        return open_backend(state_for_env(explicit, current_env()))
+    return LocalState(default_state_path(paths))
 
 
 def reopen_string(backend: StateBackend) -> str:
@@ -168,6 +175,7 @@ def plan(
         loaded.desired, inventory, state, backend, ssh_settings(accept_new_host_keys), parallel, targets,
         refresh_only, paths, hold_absent=held, replace=replace,
     )  # fmt: skip
+    result.context["env"] = current_env()  # `apply PLANFILE` refuses it in another environment
     if out_path is not None and errors:
         console(stderr=True).print(f"error: the plan was not saved to {out_path}: the documents have errors")
     elif out_path is not None:
@@ -334,7 +342,13 @@ def _apply_saved(
 ) -> int:  # fmt: skip
     """`apply PLANFILE`: exactly what was reviewed, or a refusal that says why."""
     ctx = saved.context
-    inventory = load_inventory(Path(inventory_path or ctx["inventory"]))
+    env = current_env()
+    if ctx.get("env") != env:
+        made, now_env = ctx.get("env") or "the default environment", env or "the default environment"
+        hint = "apply it with the --env (or ENGINE_CTL_ENV) it was planned with"
+        raise _refuse_plan(path, f"the saved plan was made for {made}, and this is {now_env}", hint, code="plan_stale")
+    here = next((Path(n) for n in inventory_names(env) if env and Path(n).is_file()), None)
+    inventory = load_inventory(Path(inventory_path or here or ctx["inventory"]))
     forged = tampering(saved, {h.name: h for h in inventory.hosts})
     if forged:
         raise _refuse_plan(
@@ -343,7 +357,7 @@ def _apply_saved(
             "it was edited, or the inventory changed since; run engine-ctl plan again and review the new plan",
             code="plan_tampered",
         )
-    backend = open_backend(state_path or ctx["state"])
+    backend = open_backend(state_for_env(state_path, env) if state_path else ctx["state"])
     with locked(backend, "apply", lock_timeout):
         state = state_for_plan(saved, read_state(backend))
         hosts = [h for h in inventory.hosts if h.name in saved.host_fingerprints]

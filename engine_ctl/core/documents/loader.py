@@ -62,6 +62,9 @@ class LoadResult:
     """file -> what engine-ctl file it is ('a saved plan', 'the state's backup'): never read as documents."""
     searched: list[str] = field(default_factory=list)
     """The paths the documents were looked for in, as given."""
+    inventories: dict[str, Inventory] = field(default_factory=dict)
+    """file -> the inventory it holds: every one loaded (`inventory` is the last); an environment's is chosen
+    by its file name (hosts.staging.yaml)."""
 
     @property
     def has_documents(self) -> bool:
@@ -396,6 +399,7 @@ def load_documents(docs: list[SourceDocument]) -> LoadResult:
     models: list[LoadedModel] = []
     deployments: list[LoadedDeployment] = []
     inventory: Inventory | None = None
+    inventories: dict[str, Inventory] = {}
     problems: list[Diagnostic] = []
     described: dict[str, list[str]] = {}
     broken: set[str] = set()
@@ -415,6 +419,7 @@ def load_documents(docs: list[SourceDocument]) -> LoadResult:
             continue
         if kind == "Inventory":
             inventory, found = inventory_from(doc)
+            inventories[doc.file] = inventory
             problems.extend(found)
             described.setdefault(doc.file, []).append("inventory")
             continue
@@ -442,7 +447,7 @@ def load_documents(docs: list[SourceDocument]) -> LoadResult:
     desired = DesiredState(models=tuple(models), deployments=tuple(deployments))
     return LoadResult(
         desired=desired, inventory=inventory, diagnostics=problems, documents=described, broken_models=broken,
-        skipped=skipped,
+        skipped=skipped, inventories=inventories,
     )  # fmt: skip
 
 
