@@ -53,3 +53,24 @@ def test_replace_with_a_changed_document_says_both() -> None:
     (c,) = plan.changes
     assert c.reasons[-1] == "replace requested" and c.revision == 2
     assert c.replicas[0].reason.endswith("; replace requested") and "context_length" in c.replicas[0].reason
+
+
+def test_replace_and_restart_refuse_a_name_with_nothing_to_replace(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Refused before anything is asked of a host: a name not in the documents (with the names there), or one
+    with no replicas recorded yet; as JSON the error object (one line for restart, whose output is events)."""
+    import json
+    from pathlib import Path
+
+    from tests.helpers import run
+
+    quickstart = Path(__file__).resolve().parents[1] / "examples" / "quickstart"
+    monkeypatch.setenv("ENGINE_CTL_STATE", str(tmp_path / "state.json"))
+    unknown = run("plan", str(quickstart), "--replace", "nope", "--json")
+    assert unknown.exit_code == 1
+    (detail,) = json.loads(unknown.stdout)["error"]["details"]
+    assert detail["code"] == "unknown_deployment" and detail["hint"] == "deployments: tiny-chat"
+    fresh = run("restart", "tiny-chat", str(quickstart), "--auto-approve", "--json")
+    assert fresh.exit_code == 1 and len(fresh.stdout.splitlines()) == 1, fresh.output
+    (detail,) = json.loads(fresh.stdout)["error"]["details"]
+    assert detail["code"] == "replace_refused" and "nothing to replace" in detail["message"]
+    assert not (tmp_path / "state.json").exists()

@@ -70,9 +70,6 @@ def plan_world(
 ) -> tuple[Plan, dict[str, HostFailure]]:
     """Gather (one round trip per host), then plan with the pure core; returns the plan and the hosts that could
     not be reached. `state_location` names the state in messages, `reopen` is how `apply PLANFILE` finds it."""
-    paths = model_paths(desired, inventory)
-    facts, failures = gather(list(inventory.hosts), options, parallel, paths)
-    mfacts, _notes = model_facts_by_name(desired, inventory, facts)
     known = {d.deployment.name for d in desired.deployments} | set(state.deployments)
     unknown = [t for t in targets if t not in known]
     if unknown:
@@ -87,6 +84,9 @@ def plan_world(
     refused = replace_refusals(desired, state, state_location, replace)
     if refused:
         raise InputError(refused)
+    paths = model_paths(desired, inventory)  # the names were checked first: a refusal asks no host
+    facts, failures = gather(list(inventory.hosts), options, parallel, paths)
+    mfacts, _notes = model_facts_by_name(desired, inventory, facts)
     plan = make_plan(
         desired, state, inventory, facts, mfacts,
         unreachable={h: f.message for h, f in failures.items()}, targets=list(targets),
