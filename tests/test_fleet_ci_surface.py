@@ -106,3 +106,20 @@ def test_restart_replaces_every_replica_one_at_a_time_and_the_next_plan_is_empty
     again = project.cli("plan", "--detailed-exitcode")
     assert again.returncode == 0 and "No changes." in again.stdout, again.stdout + again.stderr
     assert project.state()["deployments"][project.name]["revision"] == 1  # a restart is not a new revision
+
+
+def test_a_failed_step_is_a_failed_event_with_the_engines_reason_then_recorded(project: Project) -> None:
+    project.write("context_length: 512", model_file="corrupt.gguf")
+    applied = project.cli("apply", "--auto-approve", "--json")
+    assert applied.returncode == 1, applied.stdout + applied.stderr
+    events = events_of(applied.stdout)
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "planned" and kinds[-1] == "finished" and events[-1]["exit_code"] == 1, kinds
+    assert "healthy" not in kinds
+    (started,) = [e for e in events if e["event"] == "started"]
+    (failed,) = [e for e in events if e["event"] == "failed"]
+    (recorded,) = [e for e in events if e["event"] == "recorded"]
+    assert kinds.index("started") < kinds.index("failed") < kinds.index("recorded")
+    assert started["replica"] == 0 and started["host"] and started["unit"].startswith(f"engine-ctl-{project.name}-")
+    assert failed["deployment"] == project.name and failed["reason"].startswith("launch_failed:"), failed
+    assert recorded["state"] == project.state()["deployments"][project.name]["state"]
