@@ -123,3 +123,16 @@ def test_the_pr_example_plans_and_applies_staging_and_production() -> None:
         checked = run("validate", "--inventory", str(inventory), str(PR_REVIEW / "deploy"))
         assert checked.exit_code == 0, checked.output
     assert "--env" in (PR_REVIEW / "README.md").read_text()
+
+
+def test_validate_checks_spec_host_against_the_environments_inventory(repo: Path) -> None:
+    chat = repo / "deploy" / "chat.yaml"
+    chat.write_text(chat.read_text().replace("  accelerator: cpu\n", "  accelerator: cpu\n  host: stage-box\n"))
+    assert run("validate", "deploy").exit_code == 0  # no default inventory: spec.host is checked at plan
+    assert run("validate", "deploy", "--env", "staging").exit_code == 0
+    wrong = run("validate", "deploy", "--env", "production")
+    assert wrong.exit_code == 1
+    assert 'spec.host "stage-box": no host of that name in the inventory' in wrong.output
+    assert "hosts.production.yaml" in wrong.output
+    none = run("validate", "deploy", "--env", "qa", "--json")
+    assert none.exit_code == 1 and json.loads(none.stdout)["error"]["details"][0]["code"] == "no_inventory"

@@ -140,7 +140,7 @@ def load_for_plan(paths: tuple[Path, ...]) -> tuple[LoadResult, list[Diagnostic]
 
 def resolve_inventory(explicit: Path | None, loaded: LoadResult | None) -> Inventory:
     """The inventory; with documents, each spec.host must name one of its hosts (a did-you-mean otherwise)."""
-    inventory = _find_inventory(explicit, loaded)
+    inventory = find_inventory(explicit, loaded)
     if loaded is not None:
         wrong = check_hosts(loaded.desired, [h.name for h in inventory.hosts], inventory.file)
         if wrong:
@@ -148,7 +148,7 @@ def resolve_inventory(explicit: Path | None, loaded: LoadResult | None) -> Inven
     return inventory
 
 
-def _find_inventory(explicit: Path | None, loaded: LoadResult | None) -> Inventory:
+def find_inventory(explicit: Path | None, loaded: LoadResult | None) -> Inventory:
     """--inventory; else, for the environment (--env NAME: hosts.NAME.yaml; none: hosts.yaml), the one among the
     documents, then the one beside them, then the one in the current directory. Another environment's inventory
     (hosts.production.yaml) is never taken for this one's."""
