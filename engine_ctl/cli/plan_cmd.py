@@ -461,7 +461,10 @@ def destroy(
         show_plan(result, stderr=as_json)
         report_failures(failures)
         if not result.changes or result.refused:  # refused (prevent_destroy): nothing is destroyed
-            sys.exit(1 if result.refused else 0)
+            code = 1 if result.refused else 0
+            if events is not None:
+                events.plain("finished", command="destroy", result="no changes", exit_code=code, unrecorded=[])
+            sys.exit(code)
         _confirm(auto_approve, as_json)
         sys.exit(execute(result, inventory, backend, state, options, "destroy", events))
 
