@@ -126,6 +126,10 @@ class Provider:
         """Tokens of KV cache allocated at start."""
         return context * parallel
 
+    def context_note(self, context: int, parallel: int) -> str | None:
+        """What context_length means beside this engine's own flags, where they differ (shown in plans)."""
+        return None
+
     def compute_bytes(self, weights: int, gpus: int) -> int:
         return 512 * 1024**2
 

@@ -111,6 +111,12 @@ class LlamaCpp(Provider):
     def parallel_candidates(self, accelerator: str) -> tuple[int, ...]:
         return (2,) if accelerator == "cpu" else (4, 2, 1)
 
+    def context_note(self, context: int, parallel: int) -> str | None:
+        return (
+            f"tokens per request; --ctx-size {context * parallel} is context_length × parallel, "
+            "split between the parallel slots"
+        )
+
     def argv(self, run: ReplicaRun) -> list[str]:
         plan = run.plan
         argv = [

@@ -102,6 +102,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
             n_restarts=_int(u.get("NRestarts")),
             main_pid=_int(u.get("MainPID")),
             exec_main_status=_int(u.get("ExecMainStatus")),
+            text=u.get("text") if isinstance(u.get("text"), str) else None,
         )
         for u in doc.get("units") or []
     )

@@ -10,6 +10,8 @@ import struct
 import subprocess
 import sys
 
+UNIT_TEXT_LIMIT = 256 * 1024  # engine_ctl.core.fit.hostfacts.UNIT_TEXT_LIMIT: a unit's text past it is not sent
+
 
 def run(argv, timeout=10):
     try:
@@ -190,13 +192,16 @@ def engine_versions(started):
 
 def units(prefix):
     unit_dir = "/etc/systemd/system"
-    names, hashes = set(), {}
+    names, hashes, texts = set(), {}, {}
     try:
         for entry in os.listdir(unit_dir):
             if entry.startswith(prefix) and entry.endswith(".service"):
                 names.add(entry)
                 with open(os.path.join(unit_dir, entry), "rb") as f:
-                    hashes[entry] = hashlib.sha256(f.read()).hexdigest()
+                    data = f.read()
+                hashes[entry] = hashlib.sha256(data).hexdigest()
+                if len(data) <= UNIT_TEXT_LIMIT:  # the text, so a hand edit is shown as a diff
+                    texts[entry] = data.decode("utf-8", "replace")
     except OSError:
         pass
     out = []
@@ -210,9 +215,10 @@ def units(prefix):
             name = fields.get("Id")
             if name:
                 fields["sha256"] = hashes.get(name)
+                fields["text"] = texts.get(name)
                 out.append(fields)
         seen = {u.get("Id") for u in out}
-        out += [{"Id": n, "sha256": hashes.get(n)} for n in ordered if n not in seen]
+        out += [{"Id": n, "sha256": hashes.get(n), "text": texts.get(n)} for n in ordered if n not in seen]
     return out
 
 
