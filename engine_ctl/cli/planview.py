@@ -497,6 +497,10 @@ def _text(text: str) -> str:
 
 def plan_json(plan: Plan) -> dict[str, Any]:
     doc = plan.model_dump(mode="json")
-    doc["summary"] = plan.summary()
+    counts = replica_counts(plan)
+    doc["summary"] = {
+        **plan.summary(),
+        "replicas": {v.removeprefix("to "): counts.get(v, 0) for v in REPLICA_VERBS.values()},
+    }
     doc["has_changes"] = plan.has_changes
     return doc
