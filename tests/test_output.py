@@ -30,15 +30,18 @@ from engine_ctl.core.plan.unitdiff import hide_secrets
 from engine_ctl.core.sizes import human_bytes
 from tests.fleetfacts import cpu_host, h100x8
 from tests.helpers import run, write
+from tests.test_ci_surface import LINEAGE, assert_well_formed
 from tests.test_plan_core import SHAPE, applied, desired, plan_for, world
 
 SECRET = "hf_secret_pasted_by_hand"
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 
 
 def _applied(spec: str, *hosts: HostFacts) -> tuple[State, dict[str, HostFacts]]:
     """The state and the hosts' units after `spec` was applied; each unit fact carries its file's text."""
-    first = plan_for(spec, State(), *hosts)
-    state, facts = applied(first, State(), {h.host: h for h in hosts})
+    first = plan_for(spec, State(lineage=LINEAGE), *hosts)
+    state, facts = applied(first, State(lineage=LINEAGE), {h.host: h for h in hosts})
     texts = {r.unit: r.unit_text for c in first.changes for r in c.replicas}
     return state, {
         name: f.model_copy(update={"units": tuple(u.model_copy(update={"text": texts.get(u.name)}) for u in f.units)})
@@ -123,6 +126,16 @@ def test_markdown_puts_the_warnings_first_then_the_unit_diff_then_the_sections()
     assert "<details><summary>Edited by hand: <code>gpu-h100</code>" in markdown
 
 
+def test_golden_markdown_of_a_repair_with_a_unit_diff_and_a_scale_down() -> None:
+    """tests/golden/plan-repair.md: a unit edited by hand (its diff, a token hidden) repaired at its revision."""
+    text = plan_markdown(_edited_plan(), "pr.plan.json")
+    path = GOLDEN / "plan-repair.md"
+    if UPDATE:
+        path.write_text(text)
+    assert text == path.read_text(), "plan-repair: rerun with UPDATE_GOLDEN=1 after checking the change"
+    assert_well_formed(text)
+
+
 @pytest.mark.parametrize(
     ("line", "shown"),
     [
@@ -131,6 +144,8 @@ def test_markdown_puts_the_warnings_first_then_the_unit_diff_then_the_sections()
         ("SetCredential=db-password:hunter2 more", "SetCredential=db-password:(sensitive)"),
         ("SetCredential=chat-template:{{ x }}", "SetCredential=chat-template:{{ x }}"),
         ("ExecStart=/bin/x --api-key abc --port 8000", "ExecStart=/bin/x --api-key (sensitive) --port 8000"),
+        ('ExecStart=/bin/x "--api-key" "abc" "--port" "1"', 'ExecStart=/bin/x "--api-key" "(sensitive)" "--port" "1"'),
+        ("ExecStart=/bin/x --hf-token=abc", "ExecStart=/bin/x --hf-token=(sensitive)"),
         ("RestartSec=5", "RestartSec=5"),
     ],
 )  # fmt: skip

@@ -437,7 +437,7 @@ def _md_replica(r: ReplicaChange) -> str:
     elif action == ("delete", "create"):
         diff = argv_word_diff(r.old_argv or [], r.argv)
     else:
-        return text
+        return text + "\n"
     return text + "\n" + _fenced("diff", diff) + "\n"
 
 

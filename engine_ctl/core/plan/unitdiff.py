@@ -24,7 +24,9 @@ MAX_DIFF_LINES = 200
 HIDDEN = "(sensitive)"
 _SECRET_NAME = re.compile(r"key|token|secret|passw", re.IGNORECASE)
 _ENV_ASSIGNMENT = re.compile(r'"(?P<quoted>[A-Za-z_][A-Za-z0-9_]*)=[^"]*"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)=[^\s"]*')
-_SECRET_FLAG = re.compile(r"(?P<flag>--[\w-]*(?:key|token|secret|passw)[\w-]*)(?P<sep>[= ])\S+", re.IGNORECASE)
+_SECRET_FLAG = re.compile(  # --api-key X, --api-key=X, and systemd's quoted words: "--api-key" "X"
+    r'(?P<flag>--[\w-]*(?:key|token|secret|passw)[\w-]*)(?P<sep>"?[= ]"?)(?:[^\s"]|\\")+', re.IGNORECASE
+)
 
 
 def hide_secrets(line: str) -> str:
