@@ -178,8 +178,27 @@ def unit_diff_lines(d: Drift) -> list[tuple[str, str]]:
 def render_plan(plan: Plan, command: str = "apply") -> list[tuple[str, str]]:
     """(style, line) pairs; style is one of '', 'add', 'change', 'destroy', 'warn', 'bold'. `command` is the
     command that shows it: `destroy` speaks of destroying, never of documents."""
-    out: list[tuple[str, str]] = []
+    out = _render_top(plan)
+    if plan.refresh_only:
+        out.append(("bold", "Refresh only: apply records what drifted into the state; nothing on the hosts changes."))
+        return out
     changed = [c for c in plan.changes if c.changed]
+    if changed and command == "destroy":
+        out.append(("bold", "engine-ctl destroy will stop and remove the units of these deployments:"))
+    elif changed:
+        out.append(("bold", "engine-ctl will perform the following actions:"))
+    for c in changed:
+        out += _render_change(c, command)
+    for c in plan.changes:
+        out += _render_notes(c)
+    out.append(("", ""))
+    return out + _render_end(plan, command, bool(changed))
+
+
+def _render_top(plan: Plan) -> list[tuple[str, str]]:
+    """What stands above the actions: deployments destroyed for absent documents, refusals, unreachable hosts,
+    drift (a hand-edited unit with the diff of its text)."""
+    out: list[tuple[str, str]] = []
     if plan.absent:  # first: with --auto-approve this is an outage nobody asked for by name
         n = len(plan.absent)
         out.append(("destroy", f"This plan destroys {n} deployment{'s' if n != 1 else ''} because "
@@ -195,63 +214,61 @@ def render_plan(plan: Plan, command: str = "apply") -> list[tuple[str, str]]:
             out.append(("warn", f"  ~ {d.host} {d.unit}: {d.detail}"))
             out += [(style, f"      {line}") for style, line in unit_diff_lines(d)]
         out.append(("", ""))
-    if plan.refresh_only:
-        out.append(("bold", "Refresh only: apply records what drifted into the state; nothing on the hosts changes."))
-        return out
-    if changed and command == "destroy":
-        out.append(("bold", "engine-ctl destroy will stop and remove the units of these deployments:"))
-    elif changed:
-        out.append(("bold", "engine-ctl will perform the following actions:"))
-    for c in changed:
-        style = {"+": "add", "-": "destroy", "~": "change", "-/+": "change"}[c.symbol]
-        out.append(("", ""))
-        out.append(("bold", f"  {_header(c, command)}"))
-        for reason in c.reasons:
-            out.append(("", f"  #   {reason}"))
-        out.append((style, f'{c.symbol:>3} deployment "{c.name}" {{'))
-        for f in c.field_changes:
-            if f.old is None:
-                out.append(("add", f"      + {f.path} = {_value(f.path, f.new)}"))
-            elif f.new is None:
-                out.append(("destroy", f"      - {f.path} = {_value(f.path, f.old)}"))
-            else:
-                out.append(("change", f"      ~ {f.path} = {_value(f.path, f.old)} -> {_value(f.path, f.new)}"))
-        if c.action == ["create"] and c.fit:
-            for key in ("engine", "accelerator", "gpus", "cpu_cores", "context_length", "parallel"):
-                out.append(("add", f"      + {key:<15} = {fit_value(c, key)}{_chosen(c, key)}"))
-            out.append(("add", f"      + {'host memory':<15} = {memory_value(c.fit)}"))
-        for step in c.replicas:
-            for line in _replica_lines(step):
-                out.append((_line_style(line, style), f"      {line}"))
-        out.append((style, "    }"))
-    for c in plan.changes:
-        chosen = [(k, r) for k, r in sorted(c.chosen.items()) if c.fit and k in c.fit and c.action != ["create"]]
-        if chosen and c.fit:
-            said = ", ".join(f"{k} {c.fit[k]}, chosen at revision {r}" for k, r in chosen)
-            out.append(("", f"{c.name}: {said} (the documents leave them out; chosen again when they change)"))
-        for b in c.blocked:
-            out.append(("destroy", f"Not reconciled: {c.name}: {b}"))
-        if c.pending_reason:
-            out.append(("warn", f"Pending: {c.name}: {c.pending_reason}"))
-            for host, why in sorted(c.waiting.items()):
-                out.append(("warn", f"  {host}: {why}"))
-        if c.failed_reason:
-            out.append(("destroy", f"Failed: {c.name}: {c.failed_reason}"))
-        for w in c.warnings:
-            out.append(("warn", f"Warning: {w}"))
-    out.append(("", ""))
+    return out
+
+
+def _render_change(c: DeploymentChange, command: str) -> list[tuple[str, str]]:
+    """One changed deployment: its header and reasons, field changes, fit (when created), replicas."""
+    style = {"+": "add", "-": "destroy", "~": "change", "-/+": "change"}[c.symbol]
+    out = [("", ""), ("bold", f"  {_header(c, command)}")]
+    out += [("", f"  #   {reason}") for reason in c.reasons]
+    out.append((style, f'{c.symbol:>3} deployment "{c.name}" {{'))
+    for f in c.field_changes:
+        if f.old is None:
+            out.append(("add", f"      + {f.path} = {_value(f.path, f.new)}"))
+        elif f.new is None:
+            out.append(("destroy", f"      - {f.path} = {_value(f.path, f.old)}"))
+        else:
+            out.append(("change", f"      ~ {f.path} = {_value(f.path, f.old)} -> {_value(f.path, f.new)}"))
+    if c.action == ["create"] and c.fit:
+        for key in ("engine", "accelerator", "gpus", "cpu_cores", "context_length", "parallel"):
+            out.append(("add", f"      + {key:<15} = {fit_value(c, key)}{_chosen(c, key)}"))
+        out.append(("add", f"      + {'host memory':<15} = {memory_value(c.fit)}"))
+    for step in c.replicas:
+        out += [(_line_style(line, style), f"      {line}") for line in _replica_lines(step)]
+    out.append((style, "    }"))
+    return out
+
+
+def _render_notes(c: DeploymentChange) -> list[tuple[str, str]]:
+    """Below the actions: choices kept, replicas not reconciled, Pending, Failed, warnings."""
+    out: list[tuple[str, str]] = []
+    chosen = [(k, r) for k, r in sorted(c.chosen.items()) if c.fit and k in c.fit and c.action != ["create"]]
+    if chosen and c.fit:
+        said = ", ".join(f"{k} {c.fit[k]}, chosen at revision {r}" for k, r in chosen)
+        out.append(("", f"{c.name}: {said} (the documents leave them out; chosen again when they change)"))
+    out += [("destroy", f"Not reconciled: {c.name}: {b}") for b in c.blocked]
+    if c.pending_reason:
+        out.append(("warn", f"Pending: {c.name}: {c.pending_reason}"))
+        out += [("warn", f"  {host}: {why}") for host, why in sorted(c.waiting.items())]
+    if c.failed_reason:
+        out.append(("destroy", f"Failed: {c.name}: {c.failed_reason}"))
+    return out + [("warn", f"Warning: {w}") for w in c.warnings]
+
+
+def _render_end(plan: Plan, command: str, changed: bool) -> list[tuple[str, str]]:
+    """The closing lines: why nothing changes (in destroy's words for destroy), then the counts."""
+    out: list[tuple[str, str]] = []
     if not changed and command == "destroy":
-        out.append(("bold", "Nothing to destroy: " + (
-            "no deployment of the state is named by --target." if plan.targets else "the state has no deployments."
-        )))  # fmt: skip
+        which = "no deployment of the state is named by --target." if plan.targets else "the state has no deployments."
+        out.append(("bold", f"Nothing to destroy: {which}"))
         out += [("destroy", f"  {p}") for p in plan.problems]
     elif not changed and not plan.problems:
         out.append(("bold", "No changes. The hosts match the documents."))
     elif not changed:
         out.append(("destroy", "No changes can be made; but the hosts do not match the documents:"))
         out += [("destroy", f"  {p}") for p in plan.problems]
-    out.append(("bold", summary_line(plan)))
-    return out
+    return [*out, ("bold", summary_line(plan))]
 
 
 def plan_text(plan: Plan, command: str = "apply") -> str:
