@@ -28,6 +28,7 @@ from engine_ctl.core.plan.planner import Plan, make_plan
 from engine_ctl.core.plan.status import DeploymentStatus, InstanceStatus
 from engine_ctl.core.plan.unitdiff import hide_secrets
 from engine_ctl.core.sizes import human_bytes
+from engine_ctl.shell.gather import facts_from_probe
 from tests.fleetfacts import cpu_host, h100x8
 from tests.helpers import run, write
 from tests.test_ci_surface import LINEAGE, assert_well_formed
@@ -151,6 +152,19 @@ def test_golden_markdown_of_a_repair_with_a_unit_diff_and_a_scale_down() -> None
 )  # fmt: skip
 def test_values_that_look_secret_are_hidden_in_a_unit_diff(line: str, shown: str) -> None:
     assert hide_secrets(line) == shown
+
+
+def test_the_facts_keep_a_units_text_with_its_secrets_hidden() -> None:
+    """The probe's JSON (engine_ctl/shell/remote/facts_probe.py's units()) as gather reads it: the text keeps no
+    token, so neither `facts --json` nor a plan can show one; the sha256 is the file's own."""
+    text = f"[Service]\nEnvironment=HF_TOKEN={SECRET} LANG=C\nRestartSec=5\n"
+    unit = {"Id": "engine-ctl-chat-0a.service", "sha256": "a" * 64, "ActiveState": "active", "text": text}
+    probe = {"cpu": {"cores": 2}, "memory": {"total": 2**30, "available": 2**30}, "units": [unit]}
+    (fact,) = facts_from_probe("h1", probe).units
+    assert fact.text == "[Service]\nEnvironment=HF_TOKEN=(sensitive) LANG=C\nRestartSec=5\n"
+    assert fact.sha256 == "a" * 64
+    without = facts_from_probe("h1", {**probe, "units": [{**unit, "text": None}]})
+    assert without.units[0].text is None and without.fingerprint() == facts_from_probe("h1", probe).fingerprint()
 
 
 # --- labels a reviewer reads without a manual ----------------------------------------------------------------

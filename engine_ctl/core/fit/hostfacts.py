@@ -64,7 +64,8 @@ class UnitFact(Fact):
     main_pid: int | None = None
     exec_main_status: int | None = None
     text: str | None = None
-    """The unit file's text (up to UNIT_TEXT_LIMIT bytes), so a hand edit is shown as a diff; sha256 covers it."""
+    """The unit file's text (up to UNIT_TEXT_LIMIT bytes), so a hand edit is shown as a diff; values that look
+    secret are hidden in it (engine_ctl.core.plan.unitdiff.hide_secrets). sha256 is the file's own."""
 
 
 UNIT_TEXT_LIMIT = 256 * 1024

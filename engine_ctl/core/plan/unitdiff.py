@@ -48,6 +48,13 @@ def hide_secrets(line: str) -> str:
     return _SECRET_FLAG.sub(lambda m: f"{m.group('flag')}{m.group('sep')}{HIDDEN}", line)
 
 
+def hide_secrets_in(text: str) -> str:
+    """A unit file's text with hide_secrets on every line (what the facts keep of a unit's text)."""
+    return "".join(
+        hide_secrets(line.rstrip("\n")) + ("\n" if line.endswith("\n") else "") for line in text.splitlines(True)
+    )
+
+
 def unit_diff(host: str, unit: str, on_host: str, rendered: str) -> list[str]:
     """The unified diff from the file on the host to engine-ctl's unit: `-` lines are what the hand edit wrote,
     `+` lines what apply writes back."""
