@@ -107,6 +107,9 @@ class Provider:
     loading_statuses: frozenset[str] = frozenset()
     """HTTP statuses the health endpoint answers while the engine is still loading its model (starting, not
     failing)."""
+    log_prefix: str = ""
+    """A regular expression for what the engine writes before each log line (a timestamp, a level): dropped
+    from the engine's words when a replica fails to start."""
     takes_flag_equals_value: bool = True
     """Whether the engine reads `--flag=value` as one word (argparse does: vLLM, SGLang). When not (llama.cpp's
     llama-server refuses `--seed=42`), the user's engine_args are passed as `--flag value`."""

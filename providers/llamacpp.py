@@ -171,6 +171,7 @@ LLAMACPP = LlamaCpp(
     auto_for_cpu=True,
     options=(GGUF_FILE,),
     loading_statuses=frozenset({"503"}),  # llama-server answers 503 "Loading model" until its model is loaded
+    log_prefix=r"^[\d.:]+\s+[A-Z]\s+",  # llama-server's `0.00.014.738 E ` (time, level)
     platforms=frozenset({"nvidia", "amd", "cpu"}),
     allowed_flags=ALLOWED,
     deployment_flags=SET_BY_DEPLOYMENT,

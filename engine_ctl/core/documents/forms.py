@@ -28,13 +28,13 @@ def _or(words: list[str]) -> str:
 
 
 def _engine_description() -> str:
-    """auto (the model's: GGUF → llama.cpp, safetensors → vllm), llama.cpp, vllm or sglang."""
+    """auto (the model's: <format> → <the engine auto picks>, …), then every engine's name."""
     picks = [f"{FORMAT_TITLES[p.auto_for_format]} → {p.name}" for p in registry.PROVIDERS.values() if p.auto_for_format]
     return f"auto (the model's: {', '.join(picks)}), {_or(list(registry.PROVIDERS))}."
 
 
 def _flat_engine_description() -> str:
-    """llamacpp (or llama.cpp), vllm, sglang or auto: the flat form writes an engine by its first alias."""
+    """Every engine as the flat form writes it (its first alias, or its name), then auto."""
     names = [f"{p.aliases[0]} (or {p.name})" if p.aliases else p.name for p in registry.PROVIDERS.values()]
     return _or([*names, registry.AUTO]) + "."
 
@@ -74,12 +74,12 @@ def _parallel_defaults() -> str:
 
 
 def _format_description() -> str:
-    """gguf (llama.cpp) or safetensors (vLLM, SGLang)."""
+    """Each format with the engines that serve it."""
     return _or([f"{f} ({registry.titles(registry.serving(f))})" for f in registry.formats()]) + "."
 
 
 def _parser_description(field: str, what: str) -> str:
-    """vLLM/SGLang: the tool-call parser."""
+    """The engines that take the model's parser (a flag for it), then what it is."""
     engines = [p for p in registry.PROVIDERS.values() if field in p.parser_flags]
     return f"{registry.titles(engines, '/')}: the {what} parser."
 

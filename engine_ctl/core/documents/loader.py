@@ -159,7 +159,7 @@ def _option_values(cfg: FlatEngineConfig) -> dict[str, Any]:
 
 
 def _model_file(cfg: FlatEngineConfig) -> tuple[str | None, str | None]:
-    """(file, format) when an engine-only key names the model's file (llama.cpp's `llamacpp: {gguf_file}`)."""
+    """(file, format) when an engine-only key names the model's file (its EngineOption's model_file)."""
     values = _option_values(cfg)
     for o in engine_options():
         if o.model_file is not None and o.key in values:

@@ -60,7 +60,7 @@ def field_name(origin: Origin, internal: str) -> str:
     """An internal field as the document's own form names it: spec.replicas.max, or the flat form's replicas."""
     if origin.form == "flat":
         if internal in deployment_option_keys():
-            return f"engine_config.{internal}"  # a provider's own key (SGLang's cuda_graphs)
+            return f"engine_config.{internal}"  # a provider's own key (an EngineOption)
         return FLAT_NAMES.get(internal, internal)
     return SPEC_NAMES.get(internal, f"spec.{internal}")
 
@@ -205,7 +205,7 @@ def _engine_title(engine: Provider) -> str:
 
 
 SERVED = {"gguf": "GGUF", "safetensors": "safetensors checkpoints"}
-"""A format as an engine serves it ("vLLM serves safetensors checkpoints")."""
+"""A format as an engine serves it ("<engine> serves safetensors checkpoints")."""
 ONE = {"gguf": "GGUF", "safetensors": "a safetensors checkpoint"}
 """A format as one model is it ("model qwen is a safetensors checkpoint")."""
 
