@@ -14,74 +14,20 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from engine_ctl import providers as registry
-from engine_ctl.core.model import FORMAT_TITLES
+from engine_ctl.core.documents.engine_text import (
+    context_defaults,
+    cpu_description,
+    engine_description,
+    flat_engine_description,
+    format_description,
+    parallel_defaults,
+    parser_description,
+)
 
 if TYPE_CHECKING:
     EngineName = str
 else:
     EngineName = Literal[registry.engine_choices()]
-
-
-def _or(words: list[str]) -> str:
-    """'a', 'a or b', 'a, b or c'."""
-    return " or ".join([", ".join(words[:-1]), words[-1]] if len(words) > 2 else words)
-
-
-def _engine_description() -> str:
-    """auto (the model's: <format> → <the engine auto picks>, …), then every engine's name."""
-    picks = [f"{FORMAT_TITLES[p.auto_for_format]} → {p.name}" for p in registry.PROVIDERS.values() if p.auto_for_format]
-    return f"auto (the model's: {', '.join(picks)}), {_or(list(registry.PROVIDERS))}."
-
-
-def _flat_engine_description() -> str:
-    """Every engine as the flat form writes it (its first alias, or its name), then auto."""
-    names = [f"{p.aliases[0]} (or {p.name})" if p.aliases else p.name for p in registry.PROVIDERS.values()]
-    return _or([*names, registry.AUTO]) + "."
-
-
-def _cpu_description() -> str:
-    cpu = registry.cpu_provider()
-    return f"{cpu.title} and {' and '.join(FORMAT_TITLES[f] for f in sorted(cpu.formats))} only."
-
-
-def _grouped(texts: list[tuple[str, str]]) -> str:
-    """[(engine title, its default)] -> 'A x; B and C y', engines with one default named together."""
-    by_text: dict[str, list[str]] = {}
-    for title, text in texts:
-        by_text.setdefault(text, []).append(title)
-    return "; ".join(f"{' and '.join(titles)} {text}" for text, titles in by_text.items())
-
-
-def _context_defaults() -> str:
-    caps = [(p.title, f"the model's, at most {p.default_context_cap}") for p in registry.PROVIDERS.values()]
-    return f"Default: {_grouped(caps)}."
-
-
-def _parallel_text(candidates: tuple[int, ...]) -> str:
-    first, *lower = candidates
-    if not lower:
-        return str(first)
-    return f"{first}, lowered to {_or([str(n) for n in lower])} when that is what fits"
-
-
-def _parallel_defaults() -> str:
-    texts: list[tuple[str, str]] = []
-    for p in registry.PROVIDERS.values():
-        gpu = _parallel_text(p.parallel_candidates("gpu"))
-        cpu = _parallel_text(p.parallel_candidates("cpu")) if p.runs_on("cpu") else gpu
-        texts += [(p.title, gpu)] if cpu == gpu else [(p.title, f"on a GPU {gpu}"), (p.title, f"on a CPU {cpu}")]
-    return f"Default: {_grouped(texts)}."
-
-
-def _format_description() -> str:
-    """Each format with the engines that serve it."""
-    return _or([f"{f} ({registry.titles(registry.serving(f))})" for f in registry.formats()]) + "."
-
-
-def _parser_description(field: str, what: str) -> str:
-    """The engines that take the model's parser (a flag for it), then what it is."""
-    engines = [p for p in registry.PROVIDERS.values() if field in p.parser_flags]
-    return f"{registry.titles(engines, '/')}: the {what} parser."
 
 
 Capability = Literal[
@@ -128,11 +74,11 @@ class DeploymentSpec(Doc):
         description="A Model document (kind: Model) loaded with this one. It must exist; its weights need "
         "not be on any host yet."
     )
-    engine: EngineName = Field("auto", description=_engine_description())
+    engine: EngineName = Field("auto", description=engine_description())
     replicas: Replicas = Field(default_factory=Replicas, description="How many replicas run.")
     accelerator: Literal["gpu", "cpu"] = Field(
         "gpu",
-        description="gpu: whole GPUs of one host per replica. cpu: CPU only, " + _cpu_description(),
+        description="gpu: whole GPUs of one host per replica. cpu: CPU only, " + cpu_description(),
     )
     gpus: int | None = Field(
         None,
@@ -151,11 +97,11 @@ class DeploymentSpec(Doc):
     context_length: int | None = Field(
         None,
         description="The longest context of one request, in tokens; at least 256 and never above the model's. "
-        + _context_defaults(),
+        + context_defaults(),
     )
     parallel: int | None = Field(
         None,
-        description="Requests one replica serves at once, 1 to 1024. " + _parallel_defaults(),
+        description="Requests one replica serves at once, 1 to 1024. " + parallel_defaults(),
     )
     engine_args: list[str] = Field(
         default_factory=list,
@@ -229,7 +175,7 @@ class FlatDeploymentDocument(Doc):
     """A deployment in the flat form: name, engine, model."""
 
     name: str = Field(description="The name clients send as model in their requests.")
-    engine: EngineName = Field("auto", description=_flat_engine_description())
+    engine: EngineName = Field("auto", description=flat_engine_description())
     model: str | HfSource = Field(
         description="A directory under the host's models directory, an absolute path, org/repo@<commit>, "
         "or {hf: org/repo}."
@@ -274,7 +220,7 @@ class ArchitectureDoc(Doc):
 
 
 class ModelSpecDoc(Doc):
-    format: Literal["gguf", "safetensors"] = Field(description=_format_description())
+    format: Literal["gguf", "safetensors"] = Field(description=format_description())
     path: str | None = Field(
         None,
         description="Where the weights are on each host: a .gguf file or a checkpoint directory; relative "
@@ -291,8 +237,8 @@ class ModelSpecDoc(Doc):
     pooling: Literal["none", "mean", "cls", "last", "rank"] | None = Field(
         None, description="Embedding models: the pooling."
     )
-    tool_call_parser: str | None = Field(None, description=_parser_description("tool_call_parser", "tool-call"))
-    reasoning_parser: str | None = Field(None, description=_parser_description("reasoning_parser", "reasoning"))
+    tool_call_parser: str | None = Field(None, description=parser_description("tool_call_parser", "tool-call"))
+    reasoning_parser: str | None = Field(None, description=parser_description("reasoning_parser", "reasoning"))
     architecture: ArchitectureDoc | None = Field(
         None,
         description="The model's shape, to size the KV cache before any host has the weights: layers, kv_heads "
