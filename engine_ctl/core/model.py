@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 Format = Literal["gguf", "safetensors"]
 FORMAT_TITLES = {"gguf": "GGUF", "safetensors": "safetensors"}
@@ -126,6 +133,15 @@ class Deployment(Value):
     beside the other fields as before they moved into providers, so that records and digests stay as they were."""
     prevent_destroy: bool = False
     """Any plan that would destroy the deployment is refused (recorded in the state, never a new revision)."""
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, engine: str) -> str:
+        from engine_ctl.providers import AUTO, PROVIDERS
+
+        if engine != AUTO and engine not in PROVIDERS:
+            raise ValueError(f"engine {engine!r}: {AUTO} or one of {', '.join(PROVIDERS)}")
+        return engine
 
     @model_validator(mode="before")
     @classmethod
