@@ -125,6 +125,8 @@ class ReplicaRecord(Record):
     argv: list[str] = Field(default_factory=list)
     status: ReplicaStatus = "pending"
     reason: str | None = None
+    checkpoint_digest: Sha256 = ""
+    """For an hf: model: the checkpoint digest its host measured once the files were in place."""
 
 
 class DeploymentRecord(Record):

@@ -9,6 +9,7 @@ import re
 import shlex
 from typing import Any
 
+from engine_ctl.core.plan.fetching import fetch_lines
 from engine_ctl.core.plan.planner import DeploymentChange, Plan, ReplicaChange
 
 SENSITIVE_WORDS = ("key", "token", "secret", "password")
@@ -132,6 +133,7 @@ def render_plan(plan: Plan) -> list[tuple[str, str]]:
         for step in c.replicas:
             for line in _replica_lines(step):
                 out.append((style if line[0] in "+-~" else "", f"      {line}"))
+        out += [("", f"      {line}") for line in fetch_lines(c)]
         out.append((style, "    }"))
     for c in plan.changes:
         chosen = [(k, r) for k, r in sorted(c.chosen.items()) if c.fit and k in c.fit and c.action != ["create"]]

@@ -11,9 +11,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from engine_ctl.core.diagnostics import Diagnostic, InputError, format_path
 from engine_ctl.core.documents.shape import diagnostics_from
 from engine_ctl.core.documents.yamlsource import SourceDocument, read_path, text_problems
+from engine_ctl.core.sizes import parse_size
 
 DEFAULT_MODELS_DIR = "/var/lib/engine-ctl/models"
 DEFAULT_CACHE_DIR = "/var/cache/engine-ctl"
+DEFAULT_DOWNLOAD_CAP = 500 * 1024**3
+"""All hf: downloads together on a host are capped at 500 GiB (seed 003), unless downloads.cap says otherwise."""
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 EXECUTABLE = re.compile(r"/[A-Za-z0-9/._+:=,@-]*")
 """An engine's executable: systemd runs it as ExecStart's first word, where `$` cannot be escaped (`$$` stays
@@ -53,9 +56,20 @@ class HostEntry(HostSettings):
     name: str = Field(description="The host's name in engine-ctl.")
 
 
+class DownloadSettings(_Doc):
+    """How hosts fetch hf: weights into <models_dir>/sources."""
+
+    enabled: bool | None = Field(None, description="false: never download; hf: weights must be put in place.")
+    cap: str | int | None = Field(
+        None, description="All downloads together (everything under sources/) at most this: 500GiB by default, "
+        "or off for no cap."
+    )  # fmt: skip
+
+
 class InventoryDocument(_Doc):
     kind: Literal["Inventory"] = "Inventory"
     defaults: HostSettings | None = None
+    downloads: DownloadSettings | None = Field(None, description="hf: downloads: on or off, and their cap.")
     hosts: list[dict[str, object]] = Field(description="The hosts.")
 
 
@@ -81,11 +95,20 @@ class Host(BaseModel):
     command_timeout: float = 120.0
 
 
+class Downloads(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    enabled: bool = True
+    cap_bytes: int | None = DEFAULT_DOWNLOAD_CAP
+    """None: no cap."""
+
+
 class Inventory(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     file: str | None = None
     hosts: tuple[Host, ...] = ()
+    downloads: Downloads = Downloads()
 
     def host(self, name: str) -> Host | None:
         return next((h for h in self.hosts if h.name == name), None)
@@ -219,7 +242,23 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
         hosts.append(Host(**values))
     if not parsed.hosts:
         problems.append(Diagnostic(doc.locate(("hosts",)), "hosts", "no hosts: list at least one host"))
-    return Inventory(file=doc.file, hosts=tuple(hosts)), problems
+    downloads, wrong = _downloads(doc, parsed.downloads)
+    return Inventory(file=doc.file, hosts=tuple(hosts), downloads=downloads), problems + wrong
+
+
+def _downloads(doc: SourceDocument, settings: DownloadSettings | None) -> tuple[Downloads, list[Diagnostic]]:
+    if settings is None:
+        return Downloads(), []
+    cap: int | None = DEFAULT_DOWNLOAD_CAP
+    if isinstance(settings.cap, str) and settings.cap.strip().lower() in ("off", "none"):
+        cap = None
+    elif settings.cap is not None:
+        try:
+            cap = parse_size(settings.cap)
+        except ValueError as exc:
+            where = ("downloads", "cap")
+            return Downloads(), [Diagnostic(doc.locate(where), format_path(where), f"{exc}, or off for no cap")]
+    return Downloads(enabled=settings.enabled is not False, cap_bytes=cap), []
 
 
 def load_inventory(path: Path) -> Inventory:

@@ -21,6 +21,7 @@ from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.model import Deployment, DesiredState, Model
 from engine_ctl.core.render.units import UNIT_PREFIX, RenderedUnit, model_path_on_host, render_unit, replica_runs
+from engine_ctl.core.weights import WeightsFetch
 from engine_ctl.providers import Provider
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 
@@ -93,6 +94,8 @@ class DeploymentChange(BaseModel):
     adopt: list[str] = Field(default_factory=list)
     """Units recorded pending that run (they became ready before an apply was interrupted): recorded serving."""
     replicas: list[ReplicaChange] = Field(default_factory=list)
+    fetches: list[WeightsFetch] = Field(default_factory=list)
+    """hf: weights each host with a new replica fetches first (engine_ctl.core.plan.fetching)."""
 
     @property
     def symbol(self) -> str:
@@ -184,9 +187,14 @@ def weights_missing(model: Model, hosts: list[HostFacts], inventory: Mapping[str
     out = {}
     for h in hosts:
         path = model_path_on_host(model, inventory[h.host])
-        if path in h.model_problems:
+        if path in h.model_problems and not fetched_at_apply(model, h.model_problems[path]):
             out[h.host] = f"Waiting for the weights of {model.name} at {path} ({h.model_problems[path]})"
     return out
+
+
+def fetched_at_apply(model: Model, problem: str) -> bool:
+    """An hf: model's weights missing on a host are fetched there by apply: a replica may be placed there."""
+    return model.hf is not None and problem == "not found"
 
 
 def destroy_refusals(plan: Plan, state: State) -> list[str]:
@@ -446,7 +454,7 @@ def plan_deployment(
                 "apply fails there until it is"
             )
         path = model_path_on_host(model, by_host[host])
-        if path in hf.model_problems:
+        if path in hf.model_problems and not fetched_at_apply(model, hf.model_problems[path]):
             change.warnings.append(
                 f"the weights of {model.name} are not on {host} at {path} ({hf.model_problems[path]})"
             )
