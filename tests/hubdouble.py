@@ -176,7 +176,7 @@ class HubDouble:
     def _file(self, h: BaseHTTPRequestHandler, repo: Repo, path: str, body: bool) -> None:
         f = repo.files.get(path)
         if f is None:
-            return self._error(h, 404, "EntryNotFound", f"{path} does not exist on \"{repo.commit}\"", body)
+            return self._error(h, 404, "EntryNotFound", f'{path} does not exist on "{repo.commit}"', body)
         data = repo.served.get(path, f.data)
         start, status = 0, 200
         wanted = re.fullmatch(r"bytes=(\d+)-", h.headers.get("Range") or "")

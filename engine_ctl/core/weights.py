@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from engine_ctl.core.model import DesiredState, HfRef, LoadedModel, Model
-from engine_ctl.core.sizes import GIB, gb
+from engine_ctl.core.sizes import GIB
 
 DEFAULT_CAP_BYTES = 500 * GIB
 """All downloads together (everything under <models_dir>/sources) are capped at 500 GiB (seed 003)."""
@@ -169,21 +169,35 @@ def checkpoint_digest(file_digests: Mapping[str, str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+UNITS = ((1000**4, "TB"), (1000**3, "GB"), (1000**2, "MB"), (1000, "kB"))
+
+
+def unit_for(n_bytes: int) -> tuple[int, str]:
+    return next(((f, u) for f, u in UNITS if n_bytes >= f), (1, "B"))
+
+
+def human(n_bytes: int) -> str:
+    """A size in decimal units, as the hub and disk tools show them: 3.1 GB, 17.0 MB."""
+    factor, unit = unit_for(n_bytes)
+    return f"{n_bytes / factor:.1f} {unit}"
+
+
 def refusal(need: int, free: int | None, used: int, cap: int | None) -> str | None:
     """Why a download of `need` bytes is refused, with the figures; None when it fits. `used` is what the
     sources directory already holds (counted against the cap), `free` the file system's free bytes."""
     if cap is not None and used + need > cap:
-        return (f"the download of {gb(need)} would take all downloads to {gb(used + need)}, past the cap of "
-                f"{gb(cap)} ({gb(used)} already downloaded); raise downloads.cap in the inventory or free "
+        return (f"the download of {human(need)} would take all downloads to {human(used + need)}, past the cap "
+                f"of {human(cap)} ({human(used)} already downloaded); raise downloads.cap in the inventory or free "
                 "space under sources/")  # fmt: skip
     if free is not None and need > free:
-        return f"the download of {gb(need)} does not fit: {gb(free)} free; free some space"
+        return f"the download of {human(need)} does not fit: {human(free)} free; free some space"
     return None
 
 
 def waiting_reason(done: int, total: int) -> str:
     """A replica's reason while its weights come in (seed: Pending, waiting for the weights)."""
-    return f"Waiting for the weights: {done / 1000**3:.1f} of {total / 1000**3:.1f} GB"
+    factor, unit = unit_for(total)
+    return f"Waiting for the weights: {done / factor:.1f} of {total / factor:.1f} {unit}"
 
 
 class WeightsFetch(BaseModel):

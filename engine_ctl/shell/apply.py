@@ -16,8 +16,7 @@ from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.names import UNIT_FORM, parse_unit_name
 from engine_ctl.core.plan.planner import DeploymentChange, Plan, ReplicaChange
 from engine_ctl.core.plan.status import recorded_verdict
-from engine_ctl.core.sizes import gb
-from engine_ctl.core.weights import WeightsFetch, waiting_reason
+from engine_ctl.core.weights import WeightsFetch, human, waiting_reason
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.fetch import FetchFailed, FetchProgress, HubAccess, fetch_weights
 from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, transport_for
@@ -405,8 +404,8 @@ class Executor:
             if self.hub.display is not None:
                 self.hub.display(name, fetch.host, p)
             elif p.file and shown.due(p.file_done >= p.file_size):
-                self.progress(f"{name}: weights on {fetch.host}: {p.file} {gb(p.file_done)} of {gb(p.file_size)} "
-                              f"({gb(p.done)} of {gb(p.total)} in all)")  # fmt: skip
+                self.progress(f"{name}: weights on {fetch.host}: {p.file} {human(p.file_done)} of {human(p.file_size)} "
+                              f"({human(p.done)} of {human(p.total)} in all)")  # fmt: skip
             if recorded.due(False) and not fetch.in_place:
                 self._record(lambda s: _waiting(s, name, waiting_reason(p.done, p.total)), name)
 
@@ -419,7 +418,7 @@ class Executor:
             except FetchFailed as exc:
                 raise StepFailed(str(exc)) from None
         self._digests[(name, fetch.host)] = got.digest
-        what = f"fetched {gb(got.fetched_bytes)}" if got.fetched_bytes else "in place"
+        what = f"fetched {human(got.fetched_bytes)}" if got.fetched_bytes else "in place"
         self.progress(f"{name}: weights {fetch.repo}@{fetch.commit[:12]} on {fetch.host}: {what}, checkpoint "
                       f"digest {got.digest[:12]}")  # fmt: skip
 

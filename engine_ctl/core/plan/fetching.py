@@ -9,8 +9,7 @@ from engine_ctl.core.documents.inventory import Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.model import DesiredState
 from engine_ctl.core.plan.planner import DeploymentChange, Plan
-from engine_ctl.core.sizes import gb
-from engine_ctl.core.weights import Checkout, WeightsFetch, checkout_dir, refusal
+from engine_ctl.core.weights import Checkout, WeightsFetch, checkout_dir, human, refusal
 from engine_ctl.state.model import State
 
 
@@ -69,7 +68,7 @@ def fetch_lines(change: DeploymentChange) -> list[str]:
     """The plan's lines for a change's fetches (the human view)."""
     out = []
     for f in change.fetches:
-        what = "in place" if f.in_place else f"fetch {gb(f.total_bytes)} ({len(f.files)} file(s))"
+        what = "in place" if f.in_place else f"fetch {human(f.total_bytes)} ({len(f.files)} file(s))"
         digest = f"checkpoint digest {f.digest[:12]}" if f.digest else "digest pending"
         out.append(f"weights {f.repo}@{f.commit[:12]} on {f.host}: {what} into {f.dest}; {digest}")
     return out

@@ -42,7 +42,11 @@ def emit(**event):
 
 
 def gb(n):
-    return "%.1f GB" % (n / 1e9)
+    """As engine_ctl.core.weights.human: decimal units, one decimal."""
+    for factor, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if n >= factor:
+            return "%.1f %s" % (n / factor, unit)
+    return "%d B" % n
 
 
 def tree_bytes(root):
