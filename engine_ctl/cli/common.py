@@ -77,7 +77,9 @@ def _loaded(paths: tuple[Path, ...], pin: Pin | None) -> tuple[LoadResult, list[
     pinned: list[Diagnostic] = []
     if pin is not None:
         result.desired, pinned = pin(result.desired)
-    return result, result.diagnostics + pinned + check(result.desired, frozenset(result.broken_models))
+    said = {(d.location, d.field) for d in pinned}  # the hub's refusal says it: not also "no commit" there
+    checked = [d for d in check(result.desired, frozenset(result.broken_models)) if (d.location, d.field) not in said]
+    return result, result.diagnostics + pinned + checked
 
 
 def load_checked(paths: tuple[Path, ...], *, documents_required: bool = True, pin: Pin | None = None) -> LoadResult:

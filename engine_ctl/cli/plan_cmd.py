@@ -37,7 +37,7 @@ from engine_ctl.core.weights import Checkout
 from engine_ctl.shell.apply import Executor, Recorder
 from engine_ctl.shell.fetch import HubAccess
 from engine_ctl.shell.gather import gather
-from engine_ctl.shell.pinning import Pinner
+from engine_ctl.shell.pinning import Pinner, unresolved
 from engine_ctl.shell.transport import HostFailure, SSHOptions
 from engine_ctl.shell.world import plan_world
 from engine_ctl.state import HostRecord, LocalState, Operation, State, StateBackend, StateError, open_backend
@@ -353,7 +353,7 @@ def destroy(
     accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool,
 ) -> None:  # fmt: skip
     """Stop and remove the units of every deployment in the state (or --target ones). The models stay."""
-    loaded = load_checked(paths, documents_required=False) if paths else None
+    loaded = load_checked(paths, documents_required=False, pin=unresolved) if paths else None
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, paths)
     options = ssh_settings(accept_new_host_keys)

@@ -50,3 +50,13 @@ class Pinner:
         return Diagnostic(
             location, path, message, hint="fix the reference, or pin it yourself (org/repo@<commit>)", code="HF_PIN"
         )
+
+
+UNRESOLVED = "0" * 40
+
+
+def unresolved(desired: DesiredState) -> tuple[DesiredState, list[Diagnostic]]:
+    """For destroy, which wants nothing of the documents but where the inventory is: their hf: references are
+    not asked of the hub (destroy works without it), only marked as pinned so the rules let them load."""
+    refs = {str(m.model.hf): UNRESOLVED for m in desired.models if m.model.hf is not None and not m.model.hf.commit}
+    return pin(desired, refs), []
