@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -15,13 +16,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 
-from engine_ctl.core.documents.inventory import Downloads, Host
+from engine_ctl.core.documents.inventory import Downloads, Host, Inventory
+from engine_ctl.core.plan.fetching import weights_drift
 from engine_ctl.core.weights import WeightsFetch, checkout_dir, checkpoint_digest
 from engine_ctl.shell.fetch import BOOTSTRAP, PYTHON, FetchFailed, FetchProgress, fetch_input, fetch_weights
+from engine_ctl.shell.gather import gather_one
 from engine_ctl.shell.hub import Hub
 from engine_ctl.shell.transport import LocalTransport
 from tests.hubdouble import HubDouble, RepoFile
+from tests.llama import tiny_model
 
 BIG = os.urandom(3_000_000)
 README = b"---\nlibrary_name: gguf\n---\n# m\n"
@@ -174,3 +179,53 @@ def test_the_token_reaches_the_hub_and_never_the_command_line(tmp_path: Path) ->
     assert "hf_secret_token" not in BOOTSTRAP + PYTHON
     assert not any("hf_secret_token" in p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()
                    and p.suffix != ".gguf")  # fmt: skip
+
+
+def test_a_checkpoint_changed_on_disk_is_drift_and_the_next_fetch_puts_it_right(hub: HubDouble, tmp_path: Path) -> None:
+    fetch, host = _fetch(hub, tmp_path / "models")
+    digest, _ = _run(hub, fetch, host)
+    gguf = Path(fetch.dest, "m.gguf")
+    facts = gather_one(LocalTransport(host), [str(gguf)])  # the real facts probe, as plan runs it
+    assert facts.checkpoints == {fetch.dest: digest}
+    changed = bytearray(gguf.read_bytes())
+    changed[10] ^= 0xFF
+    gguf.write_bytes(bytes(changed))
+    measured = gather_one(LocalTransport(host), [str(gguf)]).checkpoints[fetch.dest]
+    assert measured != digest
+    state = State(deployments={"d": DeploymentRecord(
+        name="d", model={"hf": {"repo": REPO, "commit": fetch.commit}},
+        replicas=[ReplicaRecord(index=0, host="here", unit="engine-ctl-d-0a.service", port=8000, unit_sha256="",
+                                revision=1, checkpoint_digest=digest)],
+    )})  # fmt: skip
+    inventory = Inventory(hosts=(host,))
+    (drift,) = weights_drift(
+        state, inventory, {"here": facts.model_copy(update={"checkpoints": {fetch.dest: measured}})}
+    )
+    assert drift.kind == "weights-changed" and drift.deployment == "d"
+    assert f"recorded {digest[:12]}, measured {measured[:12]}" in drift.detail
+    assert weights_drift(state, inventory, {"here": facts}) == []  # unchanged: no drift
+    hub.requests.clear()
+    again, _ = _run(hub, fetch, host)
+    assert again == digest and gguf.read_bytes() == BIG
+    assert [r.path for r in hub.requests if "/resolve/" in r.path] == [f"/{REPO}/resolve/{fetch.commit}/m.gguf"]
+
+
+def test_a_model_directory_other_users_may_write_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "snapshot"
+    folder.mkdir()
+    model = folder / "tiny.gguf"
+    shutil.copy(tiny_model(), model)
+    host = Host(name="here", address="127.0.0.1", transport="local", models_dir=str(tmp_path))
+    folder.chmod(0o777)
+    facts = gather_one(LocalTransport(host), [str(model)])
+    assert facts.model_problems[str(model)] == (
+        f"{folder} is writable by other users: refused; remove their write access (chmod o-w {folder})"
+    )
+    assert str(model) not in facts.models
+    folder.chmod(0o1777)  # sticky, as /tmp: others cannot replace the files
+    model.chmod(0o666)
+    assert "writable by other users" in gather_one(LocalTransport(host), [str(model)]).model_problems[str(model)]
+    model.chmod(0o644)
+    folder.chmod(0o755)
+    facts = gather_one(LocalTransport(host), [str(model)])
+    assert str(model) in facts.models and not facts.model_problems

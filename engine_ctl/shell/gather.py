@@ -86,6 +86,11 @@ def _gpus(raw: dict[str, Any]) -> tuple[list[Gpu], list[str]]:
     return gpus, warnings
 
 
+def writable_problem(path: str) -> str:
+    """Seed 003: a model's directory must not be writable by other users (they could swap the weights)."""
+    return f"{path} is writable by other users: refused; remove their write access (chmod o-w {path})"
+
+
 def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
     """Pure: the probe's JSON -> HostFacts."""
     gpus, warnings = _gpus(doc.get("gpus") or {})
@@ -110,16 +115,23 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         warnings.append("curl is not installed: engine units' health gate needs /usr/bin/curl")
     models: dict[str, ModelFacts] = {}
     problems: dict[str, str] = {}
+    checkpoints: dict[str, str] = {}
     for path, entry in (doc.get("models") or {}).items():
         found = facts_from_model_probe(entry)
-        if found is not None:
+        if entry.get("writable"):
+            problems[path] = writable_problem(str(entry["writable"]))
+        elif found is not None:
             models[path] = found
         else:
             problems[path] = "not found" if entry.get("missing") else str(entry.get("error"))
+        measured = entry.get("checkpoint") or {}
+        if measured.get("digest"):
+            checkpoints[str(measured["dir"])] = str(measured["digest"])
     return HostFacts(
         host=host,
         models=models,
         model_problems=problems,
+        checkpoints=checkpoints,
         health={str(k): str(v) for k, v in (doc.get("health") or {}).items()},
         hostname=doc.get("hostname"),
         os=doc.get("os"),

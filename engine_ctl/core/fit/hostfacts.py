@@ -89,6 +89,8 @@ class HostFacts(Fact):
     models: dict[str, ModelFacts] = Field(default_factory=dict)
     """Model metadata read on the host, by path (for the paths asked for)."""
     model_problems: dict[str, str] = Field(default_factory=dict)
+    checkpoints: dict[str, str] = Field(default_factory=dict)
+    """An hf: checkout's directory -> its checkpoint digest, measured on the host (for the paths asked for)."""
     health: dict[str, str] = Field(default_factory=dict)
     """port -> HTTP status of GET /health on loopback, or 'down: why' (for the ports asked for)."""
     warnings: tuple[str, ...] = ()

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from engine_ctl.core.documents.inventory import Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.model import DesiredState
-from engine_ctl.core.plan.planner import DeploymentChange, Plan
+from engine_ctl.core.plan.planner import DeploymentChange, Drift, Plan
 from engine_ctl.core.weights import Checkout, WeightsFetch, checkout_dir, human, refusal
 from engine_ctl.state.model import State
 
@@ -25,7 +25,9 @@ def plan_fetches(
     plan: Plan, desired: DesiredState, inventory: Inventory, facts: Mapping[str, HostFacts],
     checkouts: Mapping[str, Checkout], state: State,
 ) -> Plan:  # fmt: skip
-    """The plan with each change's fetches, and a warning where one cannot happen as things stand."""
+    """The plan with each change's fetches (and a warning where one cannot happen as things stand), and the
+    checkpoints that changed under their deployments as drift."""
+    plan.drift.extend(weights_drift(state, inventory, facts))
     for change in plan.changes:
         loaded = desired.deployment(change.name)
         model = desired.model(loaded.deployment.model) if loaded else None
@@ -62,6 +64,27 @@ def _fetch(
         total_bytes=checkout.total_bytes, in_place=in_place,
         digest=recorded_digest(state, change.name, host, checkout.commit),
     )  # fmt: skip
+
+
+def weights_drift(state: State, inventory: Inventory, facts: Mapping[str, HostFacts]) -> list[Drift]:
+    """A checkpoint whose digest, measured on its host now, is not the one recorded when its replica was
+    applied: the weights changed under the deployment (seed 003: a changed digest is drift)."""
+    out = []
+    for name, record in sorted(state.deployments.items()):
+        hf = record.model.get("hf") or {}
+        if not hf.get("commit"):
+            continue
+        for r in record.replicas:
+            entry, found = inventory.host(r.host), facts.get(r.host)
+            if not r.checkpoint_digest or entry is None or found is None:
+                continue
+            dest = checkout_dir(entry.models_dir, str(hf["repo"]), str(hf["commit"]))
+            now = found.checkpoints.get(dest)
+            if now is not None and now != r.checkpoint_digest:
+                out.append(Drift(host=r.host, unit=r.unit, deployment=name, kind="weights-changed",
+                                 detail=f"the checkpoint digest of {hf['repo']}@{str(hf['commit'])[:12]} at {dest} "
+                                 f"changed: recorded {r.checkpoint_digest[:12]}, measured {now[:12]}"))  # fmt: skip
+    return out
 
 
 def fetch_lines(change: DeploymentChange) -> list[str]:

@@ -115,7 +115,7 @@ class Drift(BaseModel):
     host: str
     unit: str
     deployment: str | None = None
-    kind: Literal["edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged"]
+    kind: Literal["edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged", "weights-changed"]
     detail: str
 
 

@@ -224,7 +224,11 @@ class Fetch:
         from_paths = {f["path"]: self.digests[f["path"]] for f in self.files}
         text = "".join("%s  %s\n" % (from_paths[p], p) for p in sorted(from_paths))
         digest = hashlib.sha256(text.encode()).hexdigest()
-        marker = {"repo": self.args["repo"], "commit": self.args["commit"], "files": from_paths, "digest": digest}
+        files = {}
+        for name, sha in from_paths.items():  # the facts probe re-measures a file whose size or mtime moved
+            st = os.stat(os.path.join(self.stage, name))
+            files[name] = {"sha256": sha, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        marker = {"repo": self.args["repo"], "commit": self.args["commit"], "files": files, "digest": digest}
         with open(os.path.join(self.stage, MARKER), "w") as f:
             json.dump(marker, f, sort_keys=True)
             f.flush()
@@ -233,14 +237,34 @@ class Fetch:
         os.rename(self.stage, self.dest)
         return digest
 
+    def measure(self, found):
+        """The checkpoint digest of the files in place now (a file whose size or mtime moved is hashed again)."""
+        digests = {}
+        for name, entry in found["files"].items():
+            full = os.path.join(self.dest, name)
+            if not os.path.isfile(full):
+                digests[name] = "missing"
+                continue
+            st = os.stat(full)
+            same = (st.st_size, st.st_mtime_ns) == (entry["size"], entry["mtime_ns"])
+            digests[name] = entry["sha256"] if same else hash_file(full, st.st_size).sha256.hexdigest()
+        text = "".join("%s  %s\n" % (digests[p], p) for p in sorted(digests))
+        return hashlib.sha256(text.encode()).hexdigest()
+
     def run(self):
         marker = os.path.join(self.dest, MARKER)
         if os.path.exists(marker):
             with open(marker) as f:
                 found = json.load(f)
-            emit(event="progress", file="", file_done=0, file_size=0, done=self.total, total=self.total)
-            emit(event="done", digest=found["digest"], fetched=0, total=self.total)
-            return 0
+            if self.measure(found) == found["digest"]:
+                emit(event="progress", file="", file_done=0, file_size=0, done=self.total, total=self.total)
+                emit(event="done", digest=found["digest"], fetched=0, total=self.total)
+                return 0
+            # changed under its deployments: back to staging, where every file is verified again and a changed
+            # one fetched anew
+            os.unlink(marker)
+            if not os.path.exists(self.stage):
+                os.rename(self.dest, self.stage)
         if self.args.get("enabled") is False:
             emit(
                 event="refused",
