@@ -108,9 +108,10 @@ def test_plan_pins_the_reference_apply_fetches_it_onto_the_host_and_the_replica_
 
 
 def _apply_watching(p: Project) -> tuple[subprocess.CompletedProcess[str], list[str]]:
-    """apply, with the deployment's recorded reasons seen while it runs."""
-    argv = [sys.executable, "-m", "engine_ctl", "apply", "--auto-approve", str(p.path), "--inventory",
-            p.fleet.inventory]  # fmt: skip
+    """plan --out, then apply PLANFILE, with the deployment's recorded reasons seen while it runs."""
+    saved = p.path / "reviewed.plan.json"  # the PR workflow: the reviewed plan, applied exactly
+    p.cli("plan", "--out", str(saved), check=True)
+    argv = [sys.executable, "-m", "engine_ctl", "apply", str(saved)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     reasons: list[str] = []
     while proc.poll() is None:
