@@ -10,6 +10,7 @@ from engine_ctl.providers.base import (
     OPENS,
     PAGED_AMD_WITHOUT_BUILD,
     READS_FILE,
+    ROCM_GFX_PAGED,
     PagedProvider,
     chat_template_argv,
     gpu_env,
@@ -119,4 +120,5 @@ SGLANG = SgLang(
     gpu_memory_fraction=MEM_FRACTION_STATIC,
     cuda_graphs_switch=True,
     amd_without_build=PAGED_AMD_WITHOUT_BUILD,
+    rocm_gfx=ROCM_GFX_PAGED,
 )

@@ -360,7 +360,7 @@ class Executor:
 
     def _replica_record(self, step: ReplicaChange, status: str, digest: str = "") -> ReplicaRecord:
         return ReplicaRecord(
-            checkpoint_digest=digest,
+            checkpoint_digest=digest, engine_version=step.engine_version, engine_sha256=step.engine_sha256,
             index=step.index, slot=step.slot, host=step.host, unit=step.unit, port=step.port, gpus=step.gpus,
             gpu_indexes=step.gpu_indexes, unit_sha256=step.unit_sha256 or "", revision=step.revision,
             argv=step.argv, status=status,  # type: ignore[arg-type]

@@ -48,6 +48,12 @@ def probe_args(
         "models_dir": host.models_dir,
         "cache_dir": host.cache_dir,
         "unit_prefix": UNIT_PREFIX,
+        "builds": {
+            f"{name}\t{platform}": {"candidates": [path], "probe": PROVIDERS[name].version_probe()}
+            for name, paths in host.engine_builds.items()
+            if name in PROVIDERS
+            for platform, path in paths.items()
+        },
         "engines": {
             name: {"candidates": p.executable_candidates(host.engines.get(name)), "probe": p.version_probe()}
             for name, p in PROVIDERS.items()
@@ -84,6 +90,15 @@ def _gpus(raw: dict[str, Any]) -> tuple[list[Gpu], list[str]]:
         else:
             warnings.append(f"{tool} failed (exit {result['code']}): {result['err'].strip()[:200]}")
     return gpus, warnings
+
+
+def _builds(raw: dict[str, Any]) -> dict[str, dict[str, EngineInstall]]:
+    out: dict[str, dict[str, EngineInstall]] = {}
+    for key, v in raw.items():
+        name, _, platform = key.partition("\t")
+        out.setdefault(name, {})[platform] = EngineInstall(path=v["path"], version=v.get("version"),
+                                                           sha256=v.get("sha256"))  # fmt: skip
+    return out
 
 
 def writable_problem(path: str) -> str:
@@ -144,8 +159,10 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         memory=Memory(total_bytes=int(doc["memory"]["total"]), available_bytes=int(doc["memory"]["available"])),
         disks=disks,
         gpus=tuple(gpus),
+        engine_builds=_builds(doc.get("engine_builds") or {}),
         engines={
-            k: EngineInstall(path=v["path"], version=v.get("version")) for k, v in (doc.get("engines") or {}).items()
+            k: EngineInstall(path=v["path"], version=v.get("version"), sha256=v.get("sha256"))
+            for k, v in (doc.get("engines") or {}).items()
         },
         units=units,
         ports_in_use=tuple(doc.get("ports") or ()),
@@ -175,7 +192,7 @@ def gather_one(
         doc = json.loads(result.stdout)
     except json.JSONDecodeError as exc:
         raise HostFailure(host.name, "command", f"facts probe printed no JSON: {exc}") from None
-    cache.remember(doc.get("engines") or {})
+    cache.remember({**(doc.get("engines") or {}), **(doc.get("engine_builds") or {})})
     return facts_from_probe(host.name, doc)
 
 

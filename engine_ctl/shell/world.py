@@ -10,6 +10,7 @@ from engine_ctl.core.documents.inventory import Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.model import DesiredState, Model
+from engine_ctl.core.plan.engines import with_engines
 from engine_ctl.core.plan.fetching import plan_fetches
 from engine_ctl.core.plan.planner import Plan, make_plan
 from engine_ctl.core.render.units import model_path_on_host
@@ -88,7 +89,7 @@ def plan_world(
         unreachable={h: f.message for h, f in failures.items()}, targets=list(targets),
         refresh_only=refresh_only, created_at=now(), hold_absent=hold_absent,
     )  # fmt: skip
-    plan = plan_fetches(plan, desired, inventory, facts, checkouts or {}, state)
+    plan = with_engines(plan_fetches(plan, desired, inventory, facts, checkouts or {}, state), facts)
     plan.context = {
         "documents": [str(p.resolve()) for p in documents],
         "inventory": str(Path(inventory.file).resolve()) if inventory.file else None,

@@ -29,6 +29,20 @@ class _Doc(BaseModel):
 
 
 EngineKey = Literal["llama.cpp", "llamacpp", "vllm", "sglang", "haproxy"]
+BUILD_PLATFORMS = ("cuda", "rocm", "vulkan", "metal", "cpu")
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+class EngineBuilds(_Doc):
+    """One build of an engine per platform (seed 001, GPU vendors), and optionally what it must be."""
+
+    cuda: str | None = Field(None, description="The build for NVIDIA GPUs.")
+    rocm: str | None = Field(None, description="The build for the AMD GPUs ROCm has kernels for.")
+    vulkan: str | None = Field(None, description="The build for other AMD Radeon GPUs.")
+    metal: str | None = Field(None, description="The build for Apple silicon.")
+    cpu: str | None = Field(None, description="The build for CPUs only.")
+    version: str | None = Field(None, description="Pin: a host whose build reports another version is left out.")
+    sha256: str | None = Field(None, description="Pin: a host whose build has another sha256 is left out.")
 
 
 class HostSettings(_Doc):
@@ -46,7 +60,10 @@ class HostSettings(_Doc):
     roles: list[str] | None = Field(None, description="Roles such as gateway.")
     models_dir: str | None = Field(None, description=f"Where model weights live on the host ({DEFAULT_MODELS_DIR}).")
     cache_dir: str | None = Field(None, description=f"The engine cache directory ({DEFAULT_CACHE_DIR}).")
-    engines: dict[EngineKey, str] | None = Field(None, description="Engine name -> its executable on the host.")
+    engines: dict[EngineKey, str | EngineBuilds] | None = Field(
+        None, description="Engine name -> its executable on the host, or one build per platform (cuda, rocm, vulkan, "
+        "metal, cpu) with an optional version or sha256 pin."
+    )  # fmt: skip
     transport: Literal["ssh", "local"] | None = Field(None, description="local: this machine, without SSH.")
     connect_timeout: float | None = Field(None, description="Seconds to connect (10).")
     command_timeout: float | None = Field(None, description="Seconds a remote command may take (120).")
@@ -90,6 +107,11 @@ class Host(BaseModel):
     models_dir: str = DEFAULT_MODELS_DIR
     cache_dir: str = DEFAULT_CACHE_DIR
     engines: dict[str, str] = {}
+    """Engine -> the one executable for every platform."""
+    engine_builds: dict[str, dict[str, str]] = {}
+    """Engine -> platform -> the build's executable (cuda, rocm, vulkan, metal, cpu)."""
+    engine_pins: dict[str, dict[str, str]] = {}
+    """Engine -> {"version": …, "sha256": …}: what its build must be on this host."""
     transport: Literal["ssh", "local"] = "ssh"
     connect_timeout: float = 10.0
     command_timeout: float = 120.0
@@ -150,9 +172,8 @@ def _path_problems(doc: SourceDocument, where: tuple[str | int, ...], settings: 
         if value is not None and not value.startswith("/"):
             path = (*where, key)
             out.append(Diagnostic(doc.locate(path), format_path(path), f"{value!r}: an absolute path on the host"))
-    for engine, exe in (settings.engines or {}).items():
-        if not EXECUTABLE.fullmatch(exe):
-            path = (*where, "engines", engine)
+    for _engine, exe, path in _executables(where, settings):
+        if exe is not None and not EXECUTABLE.fullmatch(exe):
             out.append(
                 Diagnostic(
                     doc.locate(path),
@@ -162,6 +183,51 @@ def _path_problems(doc: SourceDocument, where: tuple[str | int, ...], settings: 
                 )
             )
     return out
+
+
+def _executables(
+    where: tuple[str | int, ...], settings: HostSettings
+) -> list[tuple[str, str | None, tuple[str | int, ...]]]:
+    """Every executable the settings name, with its document path."""
+    out: list[tuple[str, str | None, tuple[str | int, ...]]] = []
+    for engine, value in (settings.engines or {}).items():
+        if isinstance(value, str):
+            out.append((engine, value, (*where, "engines", engine)))
+        else:
+            out += [(engine, getattr(value, p), (*where, "engines", engine, p)) for p in BUILD_PLATFORMS]
+    return out
+
+
+def _pin_problems(doc: SourceDocument, where: tuple[str | int, ...], settings: HostSettings) -> list[Diagnostic]:
+    out = []
+    for engine, value in (settings.engines or {}).items():
+        if isinstance(value, EngineBuilds) and value.sha256 is not None and not SHA256_HEX.fullmatch(value.sha256):
+            path = (*where, "engines", engine, "sha256")
+            out.append(Diagnostic(doc.locate(path), format_path(path), f"{value.sha256!r}: a sha256 is 64 "
+                                  "lowercase hexadecimal digits", hint="sha256sum the engine's binary"))  # fmt: skip
+        if isinstance(value, EngineBuilds) and not any(getattr(value, p) for p in BUILD_PLATFORMS):
+            path = (*where, "engines", engine)
+            out.append(Diagnostic(doc.locate(path), format_path(path), "no build: name one per platform ("
+                                  + ", ".join(BUILD_PLATFORMS) + ")"))  # fmt: skip
+    return out
+
+
+def split_engines(engines: dict[str, object]) -> dict[str, dict[str, object]]:
+    """The engines entry as Host keeps it: plain executables, builds per platform, and pins."""
+    plain: dict[str, object] = {}
+    builds: dict[str, object] = {}
+    pins: dict[str, object] = {}
+    for key, value in engines.items():
+        name = "llama.cpp" if key == "llamacpp" else key
+        if isinstance(value, str):
+            plain[name] = value
+            continue
+        assert isinstance(value, dict)
+        builds[name] = {p: value[p] for p in BUILD_PLATFORMS if value.get(p)}
+        pinned = {k: value[k] for k in ("version", "sha256") if value.get(k)}
+        if pinned:
+            pins[name] = pinned
+    return {"engines": plain, "engine_builds": builds, "engine_pins": pins}
 
 
 def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
@@ -176,6 +242,7 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
     base = Path(doc.file).parent
     defaults = (parsed.defaults or HostSettings()).model_dump(exclude_none=True)
     problems: list[Diagnostic] = _path_problems(doc, ("defaults",), parsed.defaults or HostSettings())
+    problems += _pin_problems(doc, ("defaults",), parsed.defaults or HostSettings())
     hosts: list[Host] = []
     seen: dict[str, int] = {}
     addresses: dict[str, int] = {}
@@ -197,7 +264,7 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
                     Diagnostic(d.location, f"hosts[{i}].{d.field}" if d.field else f"hosts[{i}]", d.message, d.hint)
                 )
             continue
-        problems.extend(_path_problems(doc, ("hosts", i), entry))
+        problems.extend(_path_problems(doc, ("hosts", i), entry) + _pin_problems(doc, ("hosts", i), entry))
         if not HOST_NAME.fullmatch(entry.name):
             problems.append(
                 Diagnostic(
@@ -234,8 +301,7 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
                 )
             )
             continue
-        engines = values.get("engines", {})
-        values["engines"] = {("llama.cpp" if k == "llamacpp" else k): v for k, v in engines.items()}
+        values.update(split_engines(values.get("engines", {})))
         for key in ("identity_file", "known_hosts"):
             values[key] = _expand(values.get(key), base)
         values["roles"] = tuple(values.get("roles", ()))

@@ -20,6 +20,7 @@ from engine_ctl.core.fit.hostfacts import BUSY_BYTES, HostFacts, UnitFact
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.model import Deployment, DesiredState, Model
+from engine_ctl.core.plan.engines import engine_drift_detail, engine_refusals
 from engine_ctl.core.render.units import UNIT_PREFIX, RenderedUnit, model_path_on_host, render_unit, replica_runs
 from engine_ctl.core.weights import WeightsFetch
 from engine_ctl.providers import Provider
@@ -50,6 +51,9 @@ class ReplicaChange(BaseModel):
     argv: list[str] = Field(default_factory=list)
     unit_text: str | None = None
     unit_sha256: str | None = None
+    engine_version: str | None = None
+    engine_sha256: str = ""
+    """The build the unit runs (argv[0]) as the facts found it: recorded per replica when applied."""
     old_unit: str | None = None
     old_host: str | None = None
     old_slot: str | None = None
@@ -115,7 +119,9 @@ class Drift(BaseModel):
     host: str
     unit: str
     deployment: str | None = None
-    kind: Literal["edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged", "weights-changed"]
+    kind: Literal[
+        "edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged", "weights-changed", "engine-changed"
+    ]
     detail: str
 
 
@@ -339,7 +345,7 @@ def plan_deployment(
     change.fit = fitted.model_dump(mode="json")
     d = sized
     by_host = {h.name: h for h in inventory.hosts}
-    no_weights = weights_missing(model, hosts, by_host)
+    no_weights = {**engine_refusals(provider, d.accelerator, hosts, by_host), **weights_missing(model, hosts, by_host)}
     count = max(d.replicas_min, 1)
     records = list(record.replicas) if record else []
     replicas: list[ReplicaChange] = []
@@ -558,6 +564,9 @@ def _drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host: HostFa
         return [Drift(host=record.host, unit=record.unit, deployment=name, kind="missing",
                       detail=f"unit file {record.unit} is missing on {record.host}")]  # fmt: skip
     out = []
+    engine = engine_drift_detail(record, host)
+    if engine:
+        out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="engine-changed", detail=engine))
     if fact.sha256 != record.unit_sha256:
         detail = f"unit file edited by hand (sha256 {fact.sha256[:12]}… ≠ {record.unit_sha256[:12]}…)"
         out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="edited", detail=detail))

@@ -188,6 +188,20 @@ def engine_versions(started):
     return found
 
 
+def with_sha256(found):
+    """Each engine found, with the sha256 of its binary: what runs, whatever its version says."""
+    for entry in found.values():
+        h = hashlib.sha256()
+        try:
+            with open(entry["path"], "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            entry["sha256"] = h.hexdigest()
+        except OSError:
+            entry["sha256"] = None
+    return found
+
+
 def units(prefix):
     unit_dir = "/etc/systemd/system"
     names, hashes = set(), {}
@@ -426,6 +440,7 @@ def health(checks):
 def main():
     args = json.loads(sys.argv[1])
     started = engines(args.get("engines", {}), args.get("known_versions", {}))
+    builds = engines(args.get("builds", {}), args.get("known_versions", {}))  # "engine\tplatform" -> one path
     haproxy = shutil.which("haproxy")
     haproxy_probe = start([haproxy, "-v"]) if haproxy else None
     doc = {
@@ -447,7 +462,8 @@ def main():
         "models": {p: model_entry(p) for p in args.get("model_paths", [])},
         "health": health(args.get("health", [])),
     }
-    doc["engines"] = engine_versions(started)
+    doc["engines"] = with_sha256(engine_versions(started))
+    doc["engine_builds"] = with_sha256(engine_versions(builds))
     doc["haproxy"] = (finish(haproxy_probe)["out"].splitlines() or [None])[0] if haproxy_probe else None
     sys.stdout.write(json.dumps(doc))
 
