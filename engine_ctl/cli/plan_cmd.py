@@ -24,7 +24,6 @@ from engine_ctl.cli.common import (
     ssh_options,
     ssh_settings,
 )
-from engine_ctl.cli.fetchview import FetchBars
 from engine_ctl.cli.output import console, emit_json
 from engine_ctl.cli.planview import plan_json, plan_markdown, render_plan
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
@@ -227,7 +226,11 @@ def execute(
         else:
             # On a terminal a live status line shows that the roll is under way (or, while weights come in, a
             # progress bar per file); otherwise plain lines only.
-            bars = FetchBars(out) if out.is_terminal and any(c.fetches for c in plan.changes) else None
+            bars = None
+            if out.is_terminal and any(c.fetches for c in plan.changes):
+                from engine_ctl.cli.fetchview import FetchBars  # rich.progress: loaded only to show weights coming in
+
+                bars = FetchBars(out)
             hub = HubAccess.from_environment(inventory.downloads, bars.update if bars else None)
             executor = Executor(plan, {h.name: h for h in inventory.hosts}, recorder, options, out.print, stop, hub=hub)
             busy = "Applying: one replica at a time per deployment, health-gated…"

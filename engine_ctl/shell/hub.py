@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from urllib.parse import quote
 
@@ -55,6 +53,9 @@ class Hub:
         return self._cache[key]
 
     def _get_json(self, url: str, what: str) -> object:
+        import urllib.error  # only when a document has an hf: reference: other plans never load urllib.request
+        import urllib.request
+
         headers = {"Accept": "application/json", "User-Agent": f"engine-ctl/{__version__}"}
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
