@@ -144,8 +144,8 @@ def select_files(model: Model, files: Iterable[HubFile]) -> tuple[HubFile, ...]:
         wanted = model.file or (ggufs[0].path if len(ggufs) == 1 else None)
         if wanted is None:
             listed = ", ".join(f.path for f in ggufs[:8]) or "none"
-            raise HubError(f"{repo} has {len(ggufs)} GGUF files ({listed}); say which one (file:, or "
-                           "engine_config.llamacpp.gguf_file)")  # fmt: skip
+            raise HubError(f"{repo} has {len(ggufs)} GGUF files ({listed}); say which one (the model's file, "
+                           "or the GGUF file in the deployment's engine_config)")  # fmt: skip
         chosen = tuple(f for f in files if f.path == wanted)
         if not chosen:
             raise HubError(f"{repo} has no file {wanted!r} at this commit")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -12,6 +12,7 @@ from engine_ctl.core.diagnostics import Diagnostic, InputError, format_path
 from engine_ctl.core.documents.shape import diagnostics_from
 from engine_ctl.core.documents.yamlsource import SourceDocument, read_path, text_problems
 from engine_ctl.core.sizes import parse_size
+from engine_ctl.providers import NON_ENGINE_EXECUTABLES, PROVIDERS, canonical_engine, engine_keys, seal
 
 DEFAULT_MODELS_DIR = "/var/lib/engine-ctl/models"
 DEFAULT_CACHE_DIR = "/var/cache/engine-ctl"
@@ -28,7 +29,22 @@ class _Doc(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-EngineKey = Literal["llama.cpp", "llamacpp", "vllm", "sglang", "haproxy"]
+if TYPE_CHECKING:
+    EngineKey = str
+else:
+    EngineKey = Literal[(*engine_keys(), *NON_ENGINE_EXECUTABLES)]
+"""An engine's name or alias (the providers'), or the gateway's executable."""
+
+
+def _install_example() -> str:
+    """Where an engine may be installed, for hints: the first engine's third place to look."""
+    first = next(iter(PROVIDERS.values()))
+    return first.executable_candidates(None)[-1]
+
+
+seal(__name__)
+
+
 BUILD_PLATFORMS = ("cuda", "rocm", "vulkan", "metal", "cpu")
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -179,7 +195,7 @@ def _path_problems(doc: SourceDocument, where: tuple[str | int, ...], settings: 
                     doc.locate(path),
                     format_path(path),
                     f"executable {exe!r}: {EXECUTABLE_MESSAGE}",
-                    hint="install or link the engine under such a path, e.g. /opt/llama.cpp/bin/llama-server",
+                    hint=f"install or link the engine under such a path, e.g. {_install_example()}",
                 )
             )
     return out
@@ -218,7 +234,7 @@ def split_engines(engines: dict[str, object]) -> dict[str, dict[str, object]]:
     builds: dict[str, object] = {}
     pins: dict[str, object] = {}
     for key, value in engines.items():
-        name = "llama.cpp" if key == "llamacpp" else key
+        name = canonical_engine(key)
         if isinstance(value, str):
             plain[name] = value
             continue
