@@ -79,6 +79,8 @@ def test_plan_pins_the_reference_apply_fetches_it_onto_the_host_and_the_replica_
     assert f"{dest}/tiny.gguf" in replica["argv"]
     human = p.cli("plan", check=True).stdout
     assert f"weights {REPO}@{commit[:12]} on {replica['host']}: fetch" in human and "digest pending" in human
+    markdown = p.cli("plan", "--markdown", check=True).stdout  # the PR review sees the fetch too
+    assert f"weights {REPO}@{commit[:12]} on {replica['host']}: fetch 17.4 MB" in markdown
 
     hub.rate = 4_000_000  # bytes/s: the 17 MB take about 4 s, long enough to see the replica wait
     applied, reasons = _apply_watching(p)

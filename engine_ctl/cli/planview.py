@@ -309,6 +309,7 @@ def _md_section(c: DeploymentChange) -> str:
         body.append(_fit_table(c))
     for r in c.replicas:
         body.append(_md_replica(r))
+    body += [f"- {_text(line)}\n" for line in fetch_lines(c)]
     body.append("</details>\n\n")
     return "".join(body)
 
