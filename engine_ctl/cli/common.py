@@ -13,7 +13,7 @@ from engine_ctl.core.diagnostics import Diagnostic, InputError, Location, by_pla
 from engine_ctl.core.documents.inventory import Inventory, load_inventory
 from engine_ctl.core.documents.loader import LoadResult, load_paths
 from engine_ctl.core.documents.rules import check, check_hosts
-from engine_ctl.core.model import LoadedDeployment
+from engine_ctl.core.model import DesiredState, LoadedDeployment
 from engine_ctl.shell.transport import HostFailure, SSHOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -117,11 +117,25 @@ def ssh_settings(accept_new_host_keys: bool) -> SSHOptions:
     return SSHOptions(accept_new_host_keys=accept_new_host_keys)
 
 
-def load_checked(paths: tuple[Path, ...], *, documents_required: bool = True) -> LoadResult:
+Pin = Callable[[DesiredState], tuple[DesiredState, list[Diagnostic]]]
+"""Pins the documents' hf: references (engine_ctl.shell.pinning.Pinner): plan and apply pin, the others don't."""
+
+
+def _loaded(paths: tuple[Path, ...], pin: Pin | None) -> tuple[LoadResult, list[Diagnostic]]:
+    """Load, pin (when asked) and check: the result and every diagnostic."""
+    result = load_paths(list(paths) or [Path(".")])
+    pinned: list[Diagnostic] = []
+    if pin is not None:
+        result.desired, pinned = pin(result.desired)
+    said = {(d.location, d.field) for d in pinned}  # the hub's refusal says it: not also "no commit" there
+    checked = [d for d in check(result.desired, frozenset(result.broken_models)) if (d.location, d.field) not in said]
+    return result, result.diagnostics + pinned + checked
+
+
+def load_checked(paths: tuple[Path, ...], *, documents_required: bool = True, pin: Pin | None = None) -> LoadResult:
     """Load documents and refuse invalid ones (exit 1 with located diagnostics). Loading no deployment or model
     document at all is an error that says what was searched (never a plan that the hosts match nothing)."""
-    result = load_paths(list(paths) or [Path(".")])
-    diagnostics = result.diagnostics + check(result.desired, frozenset(result.broken_models))
+    result, diagnostics = _loaded(paths, pin)
     errors = [d for d in diagnostics if d.severity == "error"]
     warnings = [d for d in diagnostics if d.severity == "warning"]
     err = console(stderr=True)
@@ -152,12 +166,11 @@ def no_documents(result: LoadResult) -> Diagnostic:
     )
 
 
-def load_for_plan(paths: tuple[Path, ...]) -> tuple[LoadResult, list[Diagnostic]]:
+def load_for_plan(paths: tuple[Path, ...], pin: Pin | None = None) -> tuple[LoadResult, list[Diagnostic]]:
     """Load documents for `plan`: one bad document never blocks the others' plan. The errors are printed and
     returned; the deployments they touch are left out of what is planned (and, being absent, held: the planner
     destroys nothing while any document has errors)."""
-    result = load_paths(list(paths) or [Path(".")])
-    diagnostics = result.diagnostics + check(result.desired, frozenset(result.broken_models))
+    result, diagnostics = _loaded(paths, pin)
     errors = [d for d in diagnostics if d.severity == "error"]
     err = console(stderr=True)
     note = result.skipped_note()

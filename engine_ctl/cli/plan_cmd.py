@@ -32,8 +32,11 @@ from engine_ctl.core.model import DesiredState
 from engine_ctl.core.plan.planner import Plan, destroy_refusals
 from engine_ctl.core.plan.refresh import refresh_state
 from engine_ctl.core.plan.savedplan import PlanFileError, decode_plan, stale_reasons, state_for_plan, tampering
+from engine_ctl.core.weights import Checkout
 from engine_ctl.shell.apply import Executor, Recorder
+from engine_ctl.shell.fetch import HubAccess
 from engine_ctl.shell.gather import gather
+from engine_ctl.shell.pinning import Pinner, unresolved
 from engine_ctl.shell.transport import HostFailure, SSHOptions
 from engine_ctl.shell.world import plan_world
 from engine_ctl.state import HostRecord, LocalState, Operation, State, StateBackend, StateError, open_backend
@@ -138,14 +141,15 @@ def plan(
     """Show what apply would change: documents + recorded state + live host facts.
 
     PATHS are the documents (default: the current directory); the inventory may be among them."""
-    loaded, errors = load_for_plan(paths)
+    pinner = Pinner()
+    loaded, errors = load_for_plan(paths, pin=pinner)
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, paths)
     state = read_state(backend)
     held = f"{len(errors)} error(s) in the documents (above)" if errors else None
     result, failures = _plan_for(
         loaded.desired, inventory, state, backend, ssh_settings(accept_new_host_keys), parallel, targets,
-        refresh_only, paths, hold_absent=held,
+        refresh_only, paths, hold_absent=held, checkouts=pinner.checkouts,
     )  # fmt: skip
     if out_path is not None and errors:
         console(stderr=True).print(f"error: the plan was not saved to {out_path}: the documents have errors")
@@ -245,10 +249,17 @@ def execute(
             recorder.change(lambda s: refresh_state(s, plan))
             result_text, code, unrecorded = "refreshed", 0, list[str]()
         else:
-            executor = Executor(plan, {h.name: h for h in inventory.hosts}, recorder, options, out.print, stop)
-            # On a terminal a live status line shows that the roll is under way; otherwise plain lines only.
+            # On a terminal a live status line shows that the roll is under way (or, while weights come in, a
+            # progress bar per file); otherwise plain lines only.
+            bars = None
+            if out.is_terminal and any(c.fetches for c in plan.changes):
+                from engine_ctl.cli.fetchview import FetchBars  # rich.progress: loaded only to show weights coming in
+
+                bars = FetchBars(out)
+            hub = HubAccess.from_environment(inventory.downloads, bars.update if bars else None)
+            executor = Executor(plan, {h.name: h for h in inventory.hosts}, recorder, options, out.print, stop, hub=hub)
             busy = "Applying: one replica at a time per deployment, health-gated…"
-            live = out.status(busy) if out.is_terminal else None
+            live = bars or (out.status(busy) if out.is_terminal else None)
             with live or contextlib.nullcontext():
                 result = executor.run()
             unrecorded = result.unrecorded
@@ -301,11 +312,11 @@ def for_destroy(plan: Plan) -> Plan:
 def _plan_for(
     desired: DesiredState, inventory: Inventory, state: State, backend: StateBackend, options: SSHOptions,
     parallel: int, targets: tuple[str, ...], refresh_only: bool = False, documents: tuple[Path, ...] = (),
-    hold_absent: str | None = None,
+    hold_absent: str | None = None, checkouts: dict[str, Checkout] | None = None,
 ) -> tuple[Plan, dict[str, HostFailure]]:  # fmt: skip
     return plan_world(
         desired, inventory, state, backend.location, reopen_string(backend), options, parallel, targets,
-        refresh_only, documents, hold_absent,
+        refresh_only, documents, hold_absent, checkouts,
     )  # fmt: skip
 
 
@@ -355,14 +366,16 @@ def apply(
     saved = _load_plan_file(args[0]) if len(args) == 1 and args[0].is_file() else None
     if saved is not None:
         sys.exit(_apply_saved(saved, args[0], inventory_path, state_path, options, parallel, lock_timeout))
-    loaded = load_checked(args)
+    pinner = Pinner()
+    loaded = load_checked(args, pin=pinner)
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, args)
     with locked(backend, "apply", lock_timeout):
         state = read_state(backend)
         result, failures = _plan_for(
-            loaded.desired, inventory, state, backend, options, parallel, targets, documents=args
-        )
+            loaded.desired, inventory, state, backend, options, parallel, targets, documents=args,
+            checkouts=pinner.checkouts,
+        )  # fmt: skip
         show_plan(result)
         report_failures(failures)
         if not result.has_changes or result.refused:  # refused (prevent_destroy): nothing is applied
@@ -380,7 +393,7 @@ def destroy(
     accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool,
 ) -> None:  # fmt: skip
     """Stop and remove the units of every deployment in the state (or --target ones). The models stay."""
-    loaded = load_checked(paths, documents_required=False) if paths else None
+    loaded = load_checked(paths, documents_required=False, pin=unresolved) if paths else None
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, paths)
     options = ssh_settings(accept_new_host_keys)

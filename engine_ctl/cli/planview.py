@@ -9,6 +9,7 @@ import re
 import shlex
 from typing import Any
 
+from engine_ctl.core.plan.fetching import fetch_lines
 from engine_ctl.core.plan.planner import DeploymentChange, Drift, Plan, ReplicaChange
 from engine_ctl.core.sizes import human_bytes
 from engine_ctl.providers import PROVIDERS, canonical_engine
@@ -236,6 +237,7 @@ def _render_change(c: DeploymentChange, command: str) -> list[tuple[str, str]]:
         out.append(("add", f"      + {'host memory':<15} = {memory_value(c.fit)}"))
     for step in c.replicas:
         out += [(_line_style(line, style), f"      {line}") for line in _replica_lines(step)]
+    out += [("", f"      {line}") for line in fetch_lines(c)]
     out.append((style, "    }"))
     return out
 
@@ -428,6 +430,7 @@ def _md_section(c: DeploymentChange) -> str:
         body.append(_fit_table(c))
     for r in c.replicas:
         body.append(_md_replica(r))
+    body += [f"- {_text(line)}\n" for line in fetch_lines(c)]
     body.append("</details>\n\n")
     return "".join(body)
 

@@ -205,7 +205,9 @@ def replica_runs(
     jinja = bool(model.chat_template) and not is_template_name(model.chat_template or "")
     for p in result.placements:
         host = hosts[p.host]
-        executable = host.engines.get(provider.name) or provider.default_executable
+        platform = provider.build_platform(p.gpus[0] if p.gpus else None)
+        builds = host.engine_builds.get(provider.name) or {}
+        executable = builds.get(platform or "") or host.engines.get(provider.name) or provider.default_executable
         unit = unit_name(d.name, p.index, slot)
         runs.append(
             (
