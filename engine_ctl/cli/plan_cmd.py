@@ -26,21 +26,22 @@ from engine_ctl.cli.common import (
 )
 from engine_ctl.cli.environments import current_env, env_option, inventory_names, state_file_name, state_for_env
 from engine_ctl.cli.output import console, emit_json
-from engine_ctl.cli.planview import plan_json, plan_markdown, render_plan
+from engine_ctl.cli.planview import RICH_STYLES, plan_json, plan_markdown, render_plan
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Inventory, load_inventory
 from engine_ctl.core.model import DesiredState
 from engine_ctl.core.plan.planner import Plan, destroy_refusals
 from engine_ctl.core.plan.refresh import refresh_state
 from engine_ctl.core.plan.savedplan import PlanFileError, decode_plan, stale_reasons, state_for_plan, tampering
+from engine_ctl.core.weights import Checkout
 from engine_ctl.shell.apply import ApplyEvent, Executor, Recorder, utc_now
+from engine_ctl.shell.fetch import HubAccess
 from engine_ctl.shell.gather import gather
+from engine_ctl.shell.pinning import Pinner, unresolved
 from engine_ctl.shell.transport import HostFailure, SSHOptions
 from engine_ctl.shell.world import plan_world
 from engine_ctl.state import HostRecord, LocalState, Operation, State, StateBackend, StateError, open_backend
 from engine_ctl.state.local import DEFAULT_NAME, now, who
-
-STYLES = {"add": "green", "change": "yellow", "destroy": "red", "warn": "yellow", "bold": "bold", "": ""}
 
 
 def state_option(f: Any) -> Any:
@@ -138,10 +139,12 @@ def read_state(backend: StateBackend) -> State:
         raise InputError([Diagnostic(Location(backend.location), "", str(exc), code="state_error")]) from None
 
 
-def show_plan(plan: Plan, stderr: bool = False) -> None:
+def show_plan(plan: Plan, command: str = "apply", stderr: bool = False) -> None:
+    """The plan: coloured on a terminal (argv and unit diff lines by their sign), plain otherwise; on stderr
+    under --json (stdout carries the events)."""
     out = console(stderr=stderr)
-    for style, line in render_plan(plan):
-        out.print(line, style=STYLES[style] or None)
+    for style, line in render_plan(plan, command):
+        out.print(line, style=RICH_STYLES[style] or None)
 
 
 @click.command()
@@ -164,7 +167,8 @@ def plan(
     """Show what apply would change: documents + recorded state + live host facts.
 
     PATHS are the documents (default: the current directory); the inventory may be among them."""
-    loaded, errors = load_for_plan(paths)
+    pinner = Pinner()
+    loaded, errors = load_for_plan(paths, pin=pinner)
     if errors and as_json:  # a script gets the documented error object, not a partial plan
         raise InputError(errors, printed=True)
     inventory = resolve_inventory(inventory_path, loaded)
@@ -173,7 +177,7 @@ def plan(
     held = f"{len(errors)} error(s) in the documents (above)" if errors else None
     result, failures = _plan_for(
         loaded.desired, inventory, state, backend, ssh_settings(accept_new_host_keys), parallel, targets,
-        refresh_only, paths, hold_absent=held, replace=replace,
+        refresh_only, paths, hold_absent=held, replace=replace, checkouts=pinner.checkouts,
     )  # fmt: skip
     result.context["env"] = current_env()  # `apply PLANFILE` refuses it in another environment
     if out_path is not None and errors:
@@ -206,27 +210,40 @@ def _load_plan_file(path: Path) -> Plan | None:
         raise InputError([Diagnostic(Location(str(path)), "", str(exc), code="not_a_plan")]) from None
 
 
-def _confirm(auto_approve: bool, as_json: bool = False) -> None:
+PROMPTS = {
+    "apply": ("Do you want to perform these actions? Only 'yes' will be accepted", "Apply cancelled; nothing changed."),
+    "destroy": (
+        "Do you really want to destroy these deployments? Their units are stopped and removed; the models stay. "
+        "Only 'yes' will be accepted",
+        "Destroy cancelled; nothing was destroyed.",
+    ),
+}
+"""command -> (the confirmation prompt, what is said when it is not answered yes)."""
+
+
+def _confirm(auto_approve: bool, command: str = "apply", as_json: bool = False) -> None:
     if auto_approve:
         return
     if not sys.stdin.isatty():
+        hint = "review the plan, then pass --auto-approve"
         raise InputError(
             [
                 Diagnostic(
                     Location("stdin"),
                     "",
-                    "apply asks for confirmation, and stdin is not a terminal",
-                    hint="review the plan, then pass --auto-approve (or apply a saved plan file)",
+                    f"{command} asks for confirmation, and stdin is not a terminal",
+                    hint=hint + (" (or apply a saved plan file)" if command == "apply" else ""),
                     code="confirmation_needed",
                 )
             ]
         )
+    question, cancelled = PROMPTS[command]
     stream = sys.stderr if as_json else sys.stdout
-    stream.write("Do you want to perform these actions? Only 'yes' will be accepted: ")
+    stream.write(f"{question}: ")
     stream.flush()
     answer = sys.stdin.readline()  # Ctrl-C here is KeyboardInterrupt: exit 130 (cli.main); Ctrl-D is no
     if answer.strip() != "yes":
-        console(stderr=as_json).print("Apply cancelled; nothing changed.")
+        console(stderr=as_json).print(cancelled)
         sys.exit(1)
 
 
@@ -247,6 +264,19 @@ class JsonEvents:
 
     def plain(self, event: str, **fields: object) -> None:
         self.emit({"event": event, "timestamp": utc_now(), **fields})
+
+
+def outcome_line(plan: Plan, command: str, code: int, result_text: str) -> str:
+    """The last line of apply or destroy: complete or stopped, and what was planned."""
+    s = plan.summary()
+    if command == "destroy":
+        n = s["destroy"]
+        done = f"{n} deployment{'s' if n != 1 else ''} destroyed as planned"
+        return f"\nDestroy {'complete' if code == 0 else 'stopped'}: {result_text}. ({done})"
+    return (
+        f"\nApply {'complete' if code == 0 else 'stopped'}: {result_text}. "
+        f"({s['add']} added, {s['change']} changed, {s['destroy']} destroyed as planned)"
+    )
 
 
 def execute(
@@ -276,18 +306,27 @@ def execute(
             recorder.change(lambda s: refresh_state(s, plan))
             result_text, code, unrecorded = "refreshed", 0, list[str]()
         else:
+            # On a terminal a live status line shows that the roll is under way (or, while weights come in, a
+            # progress bar per file); otherwise plain lines only.
+            bars = None
+            if out.is_terminal and any(c.fetches for c in plan.changes):
+                from engine_ctl.cli.fetchview import FetchBars  # rich.progress: loaded only to show weights coming in
+
+                bars = FetchBars(out)
+            hub = HubAccess.from_environment(inventory.downloads, bars.update if bars else None)
             executor = Executor(
-                plan, {h.name: h for h in inventory.hosts}, recorder, options, out.print, stop, observer=events
-            )
-            # On a terminal a live status line shows that the roll is under way; otherwise plain lines only.
+                plan, {h.name: h for h in inventory.hosts}, recorder, options, out.print, stop, observer=events,
+                hub=hub,
+            )  # fmt: skip
             busy = "Applying: one replica at a time per deployment, health-gated…"
-            live = out.status(busy) if out.is_terminal else None
+            live = bars or (out.status(busy) if out.is_terminal else None)
             with live or contextlib.nullcontext():
                 result = executor.run()
             unrecorded = result.unrecorded
             code = 130 if result.interrupted else (1 if result.failed or unrecorded else 0)
             failures = "; ".join(f"{k}: {v}" for k, v in sorted(result.failed.items()))
-            result_text = "interrupted" if result.interrupted else (f"failed: {failures}" if failures else "applied")
+            done = "destroyed" if command == "destroy" else "applied"
+            result_text = "interrupted" if result.interrupted else (f"failed: {failures}" if failures else done)
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -313,22 +352,33 @@ def execute(
         code = code or 1
     for what in unrecorded:
         out.print(f"error: not recorded in the state: {what}; run engine-ctl plan to see what the hosts run")
-    s = plan.summary()
-    out.print(f"\nApply {'complete' if code == 0 else 'stopped'}: {result_text}. "
-              f"({s['add']} added, {s['change']} changed, {s['destroy']} destroyed as planned)")  # fmt: skip
+    out.print(outcome_line(plan, command.split()[0], code, result_text))
     if events is not None:
         events.plain("finished", command=command, result=result_text, exit_code=code, unrecorded=unrecorded)
     return code
 
 
+def for_destroy(plan: Plan) -> Plan:
+    """The plan of `destroy`: only its deletions, each said as destroy asked for it (never "removed from the
+    documents": destroy reads no documents), and no deployment counted as absent."""
+    asked = "engine-ctl destroy" + "".join(f" --target {t}" for t in plan.targets)
+    changes = []
+    for c in plan.changes:
+        if c.action != ["delete"]:
+            continue
+        replicas = [r.model_copy(update={"reason": "destroyed"}) for r in c.replicas]
+        changes.append(c.model_copy(update={"reasons": [f"{asked} destroys it"], "replicas": replicas}))
+    return plan.model_copy(update={"changes": changes, "absent": []})
+
+
 def _plan_for(
     desired: DesiredState, inventory: Inventory, state: State, backend: StateBackend, options: SSHOptions,
     parallel: int, targets: tuple[str, ...], refresh_only: bool = False, documents: tuple[Path, ...] = (),
-    hold_absent: str | None = None, replace: tuple[str, ...] = (),
+    hold_absent: str | None = None, replace: tuple[str, ...] = (), checkouts: dict[str, Checkout] | None = None,
 ) -> tuple[Plan, dict[str, HostFailure]]:  # fmt: skip
     return plan_world(
         desired, inventory, state, backend.location, reopen_string(backend), options, parallel, targets,
-        refresh_only, documents, hold_absent, replace,
+        refresh_only, documents, hold_absent, replace, checkouts,
     )  # fmt: skip
 
 
@@ -401,14 +451,15 @@ def _apply_documents(
     refresh_only: bool, replace: tuple[str, ...], command: str,
 ) -> int:  # fmt: skip
     """Plan from the documents, show, confirm, execute: apply and restart."""
-    loaded = load_checked(args)
+    pinner = Pinner()
+    loaded = load_checked(args, pin=pinner)
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, args)
     with locked(backend, "apply", lock_timeout):
         state = read_state(backend)
         result, failures = _plan_for(
             loaded.desired, inventory, state, backend, options, parallel, targets, refresh_only, args,
-            replace=replace,
+            replace=replace, checkouts=pinner.checkouts,
         )  # fmt: skip
         show_plan(result, stderr=events is not None)
         report_failures(failures)
@@ -447,7 +498,7 @@ def destroy(
     accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool, as_json: bool,
 ) -> None:  # fmt: skip
     """Stop and remove the units of every deployment in the state (or --target ones). The models stay."""
-    loaded = load_checked(paths, documents_required=False) if paths else None
+    loaded = load_checked(paths, documents_required=False, pin=unresolved) if paths else None
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, paths)
     options = ssh_settings(accept_new_host_keys)
@@ -455,17 +506,16 @@ def destroy(
         state = read_state(backend)
         keep = DesiredState()  # nothing is wanted: every (targeted) deployment in the state is deleted
         result, failures = _plan_for(keep, inventory, state, backend, options, parallel, targets)
-        result.changes = [c for c in result.changes if c.action == ["delete"]]
-        result.absent = []  # destroyed because destroy was asked for, not because documents are absent
+        result = for_destroy(result)
         events = JsonEvents() if as_json else None
-        show_plan(result, stderr=as_json)
+        show_plan(result, "destroy", stderr=as_json)
         report_failures(failures)
         if not result.changes or result.refused:  # refused (prevent_destroy): nothing is destroyed
             code = 1 if result.refused else 0
             if events is not None:
                 events.plain("finished", command="destroy", result="no changes", exit_code=code, unrecorded=[])
             sys.exit(code)
-        _confirm(auto_approve, as_json)
+        _confirm(auto_approve, "destroy", as_json)
         sys.exit(execute(result, inventory, backend, state, options, "destroy", events))
 
 

@@ -52,6 +52,7 @@ CODES: dict[str, str] = {
     "unpinned_hf": "an hf: reference without a commit",
     "invalid_commit": "a commit that is not 40 hexadecimal digits",
     "ambiguous_commit": "a commit given twice (in hf: and in commit:)",
+    "hf_unresolved": "an hf: reference the hub could not resolve to its commit (or resolved to another one)",
     "unknown_host": "spec.host, --target or a host argument names no host of the inventory",
     "ignored_field": "warning: a field that is accepted but has no effect",
     "scaling_not_built": "warning: scaling between min and max (or to zero) needs the gateway, not built yet",
@@ -68,6 +69,8 @@ CODES: dict[str, str] = {
     # the inventory
     "not_absolute_path": "an inventory path (models_dir, cache_dir) that is not absolute",
     "invalid_executable": "an engine executable path systemd cannot run as given",
+    "invalid_sha256": "an engine build's sha256 that is not 64 lowercase hexadecimal digits",
+    "no_engine_build": "an engine given per platform with no build for any platform",
     "duplicate_address": "two inventory hosts with the same address",
     "no_hosts": "an inventory without hosts",
     "one_inventory_document": "an inventory file with more than one document",
@@ -171,6 +174,12 @@ class InputError(Exception):
         self.printed = printed
         """Already printed on stderr (only the --json error object is still to be printed)."""
         super().__init__("\n".join(d.render() for d in self.diagnostics))
+
+
+def by_place(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
+    """In reading order: by file, then line, then column (a diagnostic without a line first in its file); the
+    order found is kept among equals."""
+    return sorted(diagnostics, key=lambda d: (d.location.file, d.location.line or 0, d.location.column or 0))
 
 
 def errors(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
@@ -9,8 +10,12 @@ from engine_ctl.core.documents.inventory import Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.model import DesiredState, Model
+from engine_ctl.core.names import unknown_targets
+from engine_ctl.core.plan.engines import with_engines
+from engine_ctl.core.plan.fetching import plan_fetches
 from engine_ctl.core.plan.planner import Plan, make_plan
 from engine_ctl.core.render.units import model_path_on_host
+from engine_ctl.core.weights import Checkout
 from engine_ctl.shell.gather import gather
 from engine_ctl.shell.transport import HostFailure, SSHOptions
 from engine_ctl.state.base import now
@@ -67,24 +72,19 @@ def plan_world(
     documents: tuple[Path, ...] = (),
     hold_absent: str | None = None,
     replace: tuple[str, ...] = (),
+    checkouts: Mapping[str, Checkout] | None = None,
 ) -> tuple[Plan, dict[str, HostFailure]]:
     """Gather (one round trip per host), then plan with the pure core; returns the plan and the hosts that could
-    not be reached. `state_location` names the state in messages, `reopen` is how `apply PLANFILE` finds it."""
+    not be reached. `state_location` names the state in messages, `reopen` is how `apply PLANFILE` finds it;
+    `checkouts` are the pinned hf: models' files (engine_ctl.shell.pinning), fetched by apply."""
     known = {d.deployment.name for d in desired.deployments} | set(state.deployments)
-    unknown = [t for t in targets if t not in known]
+    unknown = unknown_targets(targets, known, state_location)  # before any host is asked
     if unknown:
-        raise InputError(
-            [
-                Diagnostic(
-                    Location(state_location), "--target", f"no deployment named {t!r}", code="unknown_deployment"
-                )
-                for t in unknown
-            ]
-        )
+        raise InputError(unknown)
     refused = replace_refusals(desired, state, state_location, replace)
     if refused:
         raise InputError(refused)
-    paths = model_paths(desired, inventory)  # the names were checked first: a refusal asks no host
+    paths = model_paths(desired, inventory)
     facts, failures = gather(list(inventory.hosts), options, parallel, paths)
     mfacts, _notes = model_facts_by_name(desired, inventory, facts)
     plan = make_plan(
@@ -92,6 +92,7 @@ def plan_world(
         unreachable={h: f.message for h, f in failures.items()}, targets=list(targets),
         refresh_only=refresh_only, created_at=now(), hold_absent=hold_absent, replace=frozenset(replace),
     )  # fmt: skip
+    plan = with_engines(plan_fetches(plan, desired, inventory, facts, checkouts or {}, state), facts)
     plan.context = {
         "documents": [str(p.resolve()) for p in documents],
         "inventory": str(Path(inventory.file).resolve()) if inventory.file else None,
