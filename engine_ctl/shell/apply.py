@@ -368,13 +368,18 @@ class Executor:
         self._record(lambda s: _drop_replica(s, name, host, unit), name)
         self.progress(f"{name}: {unit} on {host} stopped and removed")
 
-    @staticmethod
-    def _check_names(change: DeploymentChange, step: ReplicaChange) -> None:
+    def _check_names(self, change: DeploymentChange, step: ReplicaChange) -> None:
         """The last guard before anything runs as root: every unit named is one engine-ctl names, of this
-        deployment (whatever the state or a plan file says)."""
-        for unit in {step.unit, step.old_unit} - {None}:
+        deployment (whatever the state or a plan file says); a unit being replaced or removed may also bear a
+        name the state records this deployment had before `engine-ctl state mv`."""
+        record = self.recorder.state.deployments.get(change.name)
+        before = {change.name, *(record.moved_from if record else ())}
+        written = before if step.action == ["delete"] else {change.name}  # a delete only removes
+        for unit, names in ((step.unit, written), (step.old_unit, before)):
+            if unit is None:
+                continue
             parsed = parse_unit_name(str(unit))
-            if parsed is None or parsed.deployment != change.name:
+            if parsed is None or parsed.deployment not in names:
                 raise StepFailed(f"refused to act on {unit!r}: not a unit engine-ctl names for {change.name} "
                                  f"({UNIT_FORM})")  # fmt: skip
 

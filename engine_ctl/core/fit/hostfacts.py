@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine_ctl.core.fit.modelfacts import ModelFacts
+from engine_ctl.core.fit.unitheader import UnitHeader
 
 FORMAT_VERSION = 1
 MIB = 1024**2
@@ -63,6 +64,17 @@ class UnitFact(Fact):
     n_restarts: int | None = None
     main_pid: int | None = None
     exec_main_status: int | None = None
+    header: UnitHeader | None = None
+    """What the unit's engine-ctl header says (deployment, revision, lineage, …); None without one."""
+    body_sha256: str | None = None
+    """sha256 of the file with its content-sha256 value left empty: equal to the header's content_sha256 when
+    nobody edited the unit since engine-ctl wrote it."""
+
+    @property
+    def edited(self) -> bool:
+        """The file is not what engine-ctl wrote: its content hash does not match its header's."""
+        claimed = self.header.content_sha256 if self.header else None
+        return claimed is not None and self.body_sha256 is not None and claimed != self.body_sha256
 
 
 class ModelFile(Fact):

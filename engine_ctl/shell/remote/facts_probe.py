@@ -5,6 +5,7 @@ A missing tool is a fact (null), never an error."""
 import hashlib
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -188,15 +189,36 @@ def engine_versions(started):
     return found
 
 
+HEADER_LINES = 8
+CONTENT_LINE = re.compile(rb"^# content-sha256: [0-9a-f]{64}$", re.MULTILINE)
+
+
+def unit_file(data):
+    """What a unit file says about itself: its sha256, its leading comment lines (engine-ctl's header: the
+    deployment, revision, lineage, …), and the sha256 with the content-sha256 value left empty (what that
+    line claims, when nobody edited the file)."""
+    header = []
+    for line in data.split(b"\n", HEADER_LINES)[:HEADER_LINES]:
+        if not line.startswith(b"#"):
+            break
+        header.append(line[:512].decode("utf-8", "replace"))
+    blank = CONTENT_LINE.sub(b"# content-sha256: ", data, count=1)
+    return {
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "header": header,
+        "body_sha256": hashlib.sha256(blank).hexdigest(),
+    }
+
+
 def units(prefix):
     unit_dir = "/etc/systemd/system"
-    names, hashes = set(), {}
+    names, files = set(), {}
     try:
         for entry in os.listdir(unit_dir):
             if entry.startswith(prefix) and entry.endswith(".service"):
                 names.add(entry)
                 with open(os.path.join(unit_dir, entry), "rb") as f:
-                    hashes[entry] = hashlib.sha256(f.read()).hexdigest()
+                    files[entry] = unit_file(f.read())
     except OSError:
         pass
     out = []
@@ -209,10 +231,10 @@ def units(prefix):
             fields = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
             name = fields.get("Id")
             if name:
-                fields["sha256"] = hashes.get(name)
+                fields.update(files.get(name) or {})
                 out.append(fields)
         seen = {u.get("Id") for u in out}
-        out += [{"Id": n, "sha256": hashes.get(n)} for n in ordered if n not in seen]
+        out += [{"Id": n, **(files.get(n) or {})} for n in ordered if n not in seen]
     return out
 
 
