@@ -412,4 +412,5 @@ def main():
     sys.stdout.write(json.dumps(doc))
 
 
-main()
+if __name__ == "__main__":  # run on a host (`python3 -I -`); imported, its parsers can be tested
+    main()
