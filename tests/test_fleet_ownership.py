@@ -5,13 +5,18 @@ an empty next plan, two states on one fleet see each other's units as owned else
 from __future__ import annotations
 
 import json
+import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tests.fleet import Fleet
 from tests.fleetproject import Project
+
+DSN = os.environ.get("ENGINE_CTL_TEST_PG", "postgresql:///engine_ctl_test")
 
 
 @pytest.fixture
@@ -62,6 +67,20 @@ def test_import_after_losing_the_state_adopts_every_unit_and_the_next_plan_is_em
 
     refused = project.cli("import")
     assert refused.returncode == 1 and "already records 1 deployment(s)" in refused.stderr + refused.stdout
+    forced = project.cli("import", "--force", check=True)
+    assert f"the previous state (serial {rebuilt['serial']}) is kept in" in forced.stdout
+    assert project.state()["deployments"] == rebuilt["deployments"]
+
+    # the same hosts imported into a real PostgreSQL state: the same records, the same empty plan
+    shared = f"{DSN}#import-{uuid.uuid4().hex[:8]}"
+    try:
+        project.cli("import", "--state", shared, check=True)
+        from_pg = project.cli("plan", "--state", shared, "--detailed-exitcode")
+        assert from_pg.returncode == 0 and "No changes." in from_pg.stdout, from_pg.stdout + from_pg.stderr
+    finally:
+        with psycopg.connect(DSN) as conn:
+            for table in ("engine_ctl_state", "engine_ctl_state_history", "engine_ctl_lock"):
+                conn.execute(f"DELETE FROM {table} WHERE name = %s", (shared.rsplit("#", 1)[1],))
 
 
 def test_two_states_on_one_fleet_see_each_others_units_as_owned_elsewhere(project: Project, second: Project) -> None:

@@ -243,6 +243,9 @@ def test_import_leaves_other_states_units_and_asks_when_lineages_are_mixed() -> 
     only_b = adopt(both_docs, inv, both, {"m": SHAPE}, State(), lineage="B")
     assert [a.deployment for a in only_b.adopted] == ["search"]
     assert [(s.deployment, s.why) for s in only_b.skipped] == [("chat", "owned by another state (lineage A)")]
+    # nothing of these documents runs there: nothing is adopted, and the units are listed as left
+    nothing = adopt(renamed.model_copy(update={"deployments": ()}), inv, both, {"m": SHAPE}, State())
+    assert nothing.adopted == [] and nothing.deployments == {} and len(nothing.skipped) == 2
     # without the document of a deployment, its units are left too
     just_chat = adopt(desired(CPU), inv, both, {"m": SHAPE}, State(), lineage="A")
     assert [a.deployment for a in just_chat.adopted] == ["chat"]

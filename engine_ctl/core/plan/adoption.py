@@ -192,6 +192,8 @@ def adopt(
     chosen, reason = choose_lineage(found, state, lineage)
     records, more, sources = _records(desired, found, facts, chosen)
     skipped += more
+    if not records:
+        return Adoption(lineage=chosen, lineage_reason=reason, deployments={}, adopted=[], skipped=skipped)
     draft = State(lineage=chosen, deployments=records)
     plan = make_plan(desired, draft, inventory, facts, model_facts, targets=sorted(records))
     adopted: list[AdoptedReplica] = []
