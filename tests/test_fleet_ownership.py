@@ -129,6 +129,7 @@ def test_state_mv_turns_a_rename_into_a_rolling_replace(project: Project, tmp_pa
     project.cli("apply", "--auto-approve", check=True)
     (new,) = project.replicas()
     assert new["unit"] == step["unit"] and project.health(new) == 200
+    assert "moved_from" not in project.state()["deployments"][new_name]  # every unit bears the new name now
     host = project.host_of(old)
     gone = project.fleet.ssh(host, f"test -e /etc/systemd/system/{old['unit']}", check=False)
     assert gone.returncode != 0

@@ -134,6 +134,13 @@ def _adopt(state: State, name: str, unit: str) -> None:
             r.status = "serving"
 
 
+def _still_named_after(rec: DeploymentRecord) -> list[str]:
+    """The names a record had before `state mv` that some of its replicas' units still bear: once a roll has
+    replaced them all, the old name is dropped, and nothing may act on units of that name for this record."""
+    named = {parsed.deployment for r in rec.replicas if (parsed := parse_unit_name(r.unit)) is not None}
+    return [n for n in rec.moved_from if n in named]
+
+
 def _forget(state: State, name: str) -> None:
     state.deployments.pop(name, None)
 
@@ -313,6 +320,7 @@ class Executor:
             rec.revision = change.revision
             rec.spec, rec.model, rec.spec_hash, rec.plan = change.spec, change.model, change.spec_hash, change.fit
             rec.chosen = dict(change.chosen)
+            rec.moved_from = _still_named_after(rec)
         wanted = int(change.spec.get("replicas_min") or 1) if change.spec else len(rec.replicas)
         target = change.revision if applied else rec.revision
         pending = "; ".join([*([change.pending_reason] if change.pending_reason else []), *change.blocked]) or None
