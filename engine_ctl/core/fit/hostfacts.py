@@ -64,6 +64,9 @@ class UnitFact(Fact):
     n_restarts: int | None = None
     main_pid: int | None = None
     exec_main_status: int | None = None
+    text: str | None = None
+    """The unit file's text (up to UNIT_TEXT_LIMIT bytes), so a hand edit is shown as a diff; values that look
+    secret are hidden in it (engine_ctl.core.plan.unitdiff.hide_secrets). sha256 is the file's own."""
     header: UnitHeader | None = None
     """What the unit's engine-ctl header says (deployment, revision, lineage, …); None without one."""
     body_sha256: str | None = None
@@ -75,6 +78,10 @@ class UnitFact(Fact):
         """The file is not what engine-ctl wrote: its content hash does not match its header's."""
         claimed = self.header.content_sha256 if self.header else None
         return claimed is not None and self.body_sha256 is not None and claimed != self.body_sha256
+
+
+UNIT_TEXT_LIMIT = 256 * 1024
+"""A unit file engine-ctl writes is a few KiB; past this its text is not sent (its hash still is)."""
 
 
 class ModelFile(Fact):
@@ -113,7 +120,10 @@ class HostFacts(Fact):
         """A hash of the facts that placement and rendering depend on (not volatile counters)."""
         stable = self.model_dump(
             include={"host", "arch", "cpu", "gpus", "engines", "units", "model_files", "models"},
-            exclude={"gpus": {"__all__": {"memory_used_bytes"}}, "units": {"__all__": {"main_pid", "n_restarts"}}},
+            exclude={
+                "gpus": {"__all__": {"memory_used_bytes"}},
+                "units": {"__all__": {"main_pid", "n_restarts", "text"}},  # the text: its sha256 is there
+            },
         )
         stable["memory_total"] = self.memory.total_bytes
         return hashlib.sha256(json.dumps(stable, sort_keys=True, default=str).encode()).hexdigest()

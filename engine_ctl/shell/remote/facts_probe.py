@@ -11,6 +11,8 @@ import struct
 import subprocess
 import sys
 
+UNIT_TEXT_LIMIT = 256 * 1024  # engine_ctl.core.fit.hostfacts.UNIT_TEXT_LIMIT: a unit's text past it is not sent
+
 
 def run(argv, timeout=10):
     try:
@@ -194,9 +196,9 @@ CONTENT_LINE = re.compile(rb"^# content-sha256: [0-9a-f]{64}$", re.MULTILINE)
 
 
 def unit_file(data):
-    """What a unit file says about itself: its sha256, its leading comment lines (engine-ctl's header: the
-    deployment, revision, lineage, …), and the sha256 with the content-sha256 value left empty (what that
-    line claims, when nobody edited the file)."""
+    """What a unit file says about itself: its sha256, its text (so a hand edit is shown as a diff; up to
+    UNIT_TEXT_LIMIT), its leading comment lines (engine-ctl's header: the deployment, revision, lineage, …), and
+    the sha256 with the content-sha256 value left empty (what that line claims, when nobody edited the file)."""
     header = []
     for line in data.split(b"\n", HEADER_LINES)[:HEADER_LINES]:
         if not line.startswith(b"#"):
@@ -207,6 +209,7 @@ def unit_file(data):
         "sha256": hashlib.sha256(data).hexdigest(),
         "header": header,
         "body_sha256": hashlib.sha256(blank).hexdigest(),
+        "text": data.decode("utf-8", "replace") if len(data) <= UNIT_TEXT_LIMIT else None,
     }
 
 
