@@ -43,6 +43,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Remove the state lock LOCK_ID left by a command that died.",
     ),
     "logs": ("engine_ctl.cli.logs_cmd:logs", "Each replica's engine log, lines prefixed by host and instance."),
+    "import": (
+        "engine_ctl.cli.import_cmd:import_cmd",
+        "Rebuild the state from the units on the hosts and the documents (PATHS), touching no host.",
+    ),
     "list": (
         "engine_ctl.cli.status_cmd:list_cmd",
         "Every deployment: NAME STATE READY REVISION HOSTS, from the state and live health.",
@@ -67,7 +71,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "state": (
         "engine_ctl.cli.status_cmd:state_group",
-        "Inspect the recorded state, or move it between backends (push, pull).",
+        "Inspect the recorded state, move it between backends (push, pull), forget or rename a deployment's record "
+        "(rm, mv), read the operations log (history).",
     ),
     "status": (
         "engine_ctl.cli.status_cmd:status",

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from engine_ctl.cli import state_move
+from engine_ctl.cli import state_cmd, state_move
 from engine_ctl.cli.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
 from engine_ctl.cli.output import console, emit_json
 from engine_ctl.cli.plan_cmd import backend_for, read_state, state_option
@@ -236,11 +236,15 @@ def _no_deployments(location: str) -> str:
 
 @click.group(name="state")
 def state_group() -> None:
-    """Inspect the recorded state, or move it between backends (push, pull)."""
+    """Inspect the recorded state, move it between backends (push, pull), forget or rename a deployment's record
+    (rm, mv), read the operations log (history)."""
 
 
 state_group.add_command(state_move.state_push)
 state_group.add_command(state_move.state_pull)
+state_group.add_command(state_cmd.state_rm)
+state_group.add_command(state_cmd.state_mv)
+state_group.add_command(state_cmd.state_history)
 
 
 @state_group.command(name="list")

@@ -83,6 +83,8 @@ CODES: dict[str, str] = {
     "invalid_since": "logs --since is not a duration or a time",
     "state_error": "the state cannot be read, written or locked (the message says which and why)",
     "state_move_refused": "state push or pull refused (same state, nothing to move, another lineage)",
+    "state_edit_refused": "state rm or state mv refused (an unknown name, a name in use)",
+    "import_refused": "import refused (a state that is not empty without --force, nothing on the hosts to adopt)",
     "confirmation_needed": "apply asks for confirmation and stdin is not a terminal",
     "not_a_plan": "a file given as a saved plan is not one (the message says what it is)",
     "plan_tampered": "a saved plan is not what engine-ctl renders from its recorded inputs",
@@ -144,7 +146,16 @@ class Diagnostic:
 
 
 REFUSALS = frozenset(
-    {"state_error", "state_move_refused", "confirmation_needed", "plan_tampered", "plan_stale", "destroy_refused"}
+    {
+        "state_error",
+        "state_move_refused",
+        "state_edit_refused",
+        "import_refused",
+        "confirmation_needed",
+        "plan_tampered",
+        "plan_stale",
+        "destroy_refused",
+    }
 )
 """Codes of a command refused for what the state, a lock or a saved plan says (409 REFUSED); every other code is
 bad input (400 INVALID_DEPLOYMENT)."""

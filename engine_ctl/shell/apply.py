@@ -191,6 +191,13 @@ class Throttle:
         return False
 
 
+def _still_named_after(rec: DeploymentRecord) -> list[str]:
+    """The names a record had before `state mv` that some of its replicas' units still bear: once a roll has
+    replaced them all, the old name is dropped, and nothing may act on units of that name for this record."""
+    named = {parsed.deployment for r in rec.replicas if (parsed := parse_unit_name(r.unit)) is not None}
+    return [n for n in rec.moved_from if n in named]
+
+
 def _forget(state: State, name: str) -> None:
     state.deployments.pop(name, None)
 
@@ -393,6 +400,7 @@ class Executor:
             rec.revision = change.revision
             rec.spec, rec.model, rec.spec_hash, rec.plan = change.spec, change.model, change.spec_hash, change.fit
             rec.chosen = dict(change.chosen)
+            rec.moved_from = _still_named_after(rec)
         wanted = int(change.spec.get("replicas_min") or 1) if change.spec else len(rec.replicas)
         target = change.revision if applied else rec.revision
         pending = "; ".join([*([change.pending_reason] if change.pending_reason else []), *change.blocked]) or None
@@ -489,13 +497,18 @@ class Executor:
         self.progress(f"{name}: {unit} on {host} stopped and removed")
         self._event("removed", name, host=host, unit=unit)
 
-    @staticmethod
-    def _check_names(change: DeploymentChange, step: ReplicaChange) -> None:
+    def _check_names(self, change: DeploymentChange, step: ReplicaChange) -> None:
         """The last guard before anything runs as root: every unit named is one engine-ctl names, of this
-        deployment (whatever the state or a plan file says)."""
-        for unit in {step.unit, step.old_unit} - {None}:
+        deployment (whatever the state or a plan file says); a unit being replaced or removed may also bear a
+        name the state records this deployment had before `engine-ctl state mv`."""
+        record = self.recorder.state.deployments.get(change.name)
+        before = {change.name, *(record.moved_from if record else ())}
+        written = before if step.action == ["delete"] else {change.name}  # a delete only removes
+        for unit, names in ((step.unit, written), (step.old_unit, before)):
+            if unit is None:
+                continue
             parsed = parse_unit_name(str(unit))
-            if parsed is None or parsed.deployment != change.name:
+            if parsed is None or parsed.deployment not in names:
                 raise StepFailed(f"refused to act on {unit!r}: not a unit engine-ctl names for {change.name} "
                                  f"({UNIT_FORM})")  # fmt: skip
 

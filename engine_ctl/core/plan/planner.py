@@ -21,6 +21,7 @@ from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.model import Deployment, DesiredState, Model
 from engine_ctl.core.plan.engines import engine_drift_detail, engine_refusals
+from engine_ctl.core.plan.ownership import ForeignUnit, as_recorded, foreign_units, hold_back, hold_foreign
 from engine_ctl.core.plan.unitdiff import attach_unit_diffs
 from engine_ctl.core.render.units import UNIT_PREFIX, RenderedUnit, model_path_on_host, render_unit, replica_runs
 from engine_ctl.core.weights import WeightsFetch
@@ -147,6 +148,8 @@ class Plan(BaseModel):
     """Deployments this plan destroys because their documents are not among those passed (shown first)."""
     refused: list[str] = Field(default_factory=list)
     """Why the plan may not be applied at all (a deployment with prevent_destroy: true would be destroyed)."""
+    owned_elsewhere: list[ForeignUnit] = Field(default_factory=list)
+    """Units on these hosts that another state (another lineage) owns: listed, never drift, never touched."""
 
     def summary(self) -> dict[str, int]:
         add = sum(1 for c in self.changes if c.action == ["create"])
@@ -323,6 +326,7 @@ def plan_deployment(
     facts: Mapping[str, HostFacts],
     alloc: _Allocation,
     names: Callable[[str], str] | None = None,
+    lineage: str | None = None,
 ) -> tuple[DeploymentChange, list[Drift]]:
     spec, mdl, digest = spec_record(d, model)
     old_revision = record.revision if record else 0
@@ -392,7 +396,7 @@ def plan_deployment(
             p = result.placements[0].model_copy(update={"index": index})
             alloc.take(p)
             on_host[p.host] = on_host.get(p.host, 0) + 1
-            created = render_replica(d, model, provider, fitted, p, by_host, revision, "a")
+            created = render_replica(d, model, provider, fitted, p, by_host, revision, "a", lineage)
             replicas.append(_replica(["create"], created, revision, p, reason="new replica"))
             continue
         host_facts = facts[current.host]
@@ -400,7 +404,11 @@ def plan_deployment(
         moving = d.host not in (None, current.host)  # spec.host changed: a replacement onto the new host
         unit_now = None
         if same_place is not None and len(same_place.gpus) == fitted.gpus and not moving:
-            unit_now = render_replica(d, model, provider, fitted, same_place, by_host, current.revision, current.slot)
+            unit_now = as_recorded(
+                lambda owner, p=same_place, r=current: render_replica(  # type: ignore[misc]
+                    d, model, provider, fitted, p, by_host, r.revision, r.slot, owner
+                ), lineage, current.unit_sha256,
+            )  # fmt: skip
         fact = _unit_fact(host_facts, current.unit)
         if unit_now is not None and same_place is not None and unit_now.sha256 == current.unit_sha256:
             found = _drift(d.name, current, fact, host_facts)
@@ -441,7 +449,7 @@ def plan_deployment(
             on_host[current.host] = on_host.get(current.host, 1) - 1
             on_host[p.host] = on_host.get(p.host, 0) + 1
         strategies.add(strategy)
-        rolled = render_replica(d, model, provider, fitted, p, by_host, revision, new_slot)
+        rolled = render_replica(d, model, provider, fitted, p, by_host, revision, new_slot, lineage)
         why = ", ".join(c.path for c in change.field_changes) or "the unit's content changed"
         rc = _replica(["delete", "create"], rolled, revision, p, reason=why)
         rc.old_unit, rc.old_host, rc.old_slot, rc.old_argv = current.unit, current.host, current.slot, current.argv
@@ -592,10 +600,12 @@ def _drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host: HostFa
 
 def render_replica(
     d: Deployment, model: Model, provider: Provider, fitted: FitPlan, p: Placement,
-    hosts: Mapping[str, Any], revision: int, slot: str,
+    hosts: Mapping[str, Any], revision: int, slot: str, lineage: str | None = None,
 ) -> RenderedUnit:  # fmt: skip
     result = FitResult(plan=fitted, placements=(p,))
-    ((run, host),) = replica_runs(d, model, provider, result, dict(hosts), revision=revision, slot=slot)
+    ((run, host),) = replica_runs(
+        d, model, provider, result, dict(hosts), revision=revision, slot=slot, lineage=lineage
+    )
     return render_unit(run, provider, host)
 
 
@@ -640,6 +650,8 @@ def make_plan(
         unreachable=dict(unreachable or {}), targets=sorted(targets or []), refresh_only=refresh_only,
     )  # fmt: skip
     alloc = _Allocation(state)
+    foreign = foreign_units(facts, state.lineage)
+    hold_foreign(alloc.taken, foreign, facts)
     wanted = {ld.deployment.name: ld for ld in desired.deployments}
     names = sorted(set(wanted) | set(state.deployments))
     if targets:
@@ -683,15 +695,18 @@ def make_plan(
         change, drift = plan_deployment(
             d, model, provider, model_facts.get(model.name), seen, inventory, facts, alloc,
             names=lambda internal, o=origin: field_name(o, internal),  # type: ignore[misc]
+            lineage=state.lineage,
         )  # fmt: skip
         if name in replace:
             mark_replaced(change)
         plan.changes.append(change)
         plan.drift.extend(drift)
+    hold_back(plan, foreign)
     managed = {r.unit for rec in state.deployments.values() for r in rec.replicas}
+    elsewhere = {(f.host, f.unit) for f in foreign}
     for host, f in sorted(facts.items()):
         for u in f.units:
-            if u.name.startswith(UNIT_PREFIX) and u.name not in managed:
+            if u.name.startswith(UNIT_PREFIX) and u.name not in managed and (host, u.name) not in elsewhere:
                 detail = f"{u.name} on {host} is not in this state; engine-ctl leaves it alone"
                 plan.drift.append(Drift(host=host, unit=u.name, kind="unmanaged", detail=detail))
     attach_unit_diffs(plan, facts)
