@@ -106,7 +106,11 @@ def status_json(statuses: list[DeploymentStatus], addresses: dict[str, str]) -> 
 @inventory_option
 @state_option
 @ssh_options
-@click.option("--json", "as_json", is_flag=True, help="One summary object per deployment (no members).")
+@click.option(
+    "--json", "as_json", is_flag=True,
+    help="Every deployment as versioned JSON, one summary row each: state, ready and replica counts, revision, "
+    "hosts (status --json has the members).",
+)  # fmt: skip
 def list_cmd(
     paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, as_json: bool,
@@ -134,7 +138,8 @@ def list_cmd(
 @ssh_options
 @click.option(
     "--json", "as_json", is_flag=True,
-    help="Per deployment with its members, each with its host's address, port and URL.",
+    help="The deployment(s) as versioned JSON, each with its members: host, address, port, URL, unit, GPUs, "
+    "last error.",
 )  # fmt: skip
 def status(
     name: str | None, paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
