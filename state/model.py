@@ -15,6 +15,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from engine_ctl.core.documents.inventory import HOST_NAME
+from engine_ctl.core.fit.runspec import FitPlan
+from engine_ctl.core.model import Deployment, Model
 from engine_ctl.core.names import (
     MAX_REPLICA_INDEX,
     NAME_MESSAGE,
@@ -127,13 +129,29 @@ class ReplicaRecord(Record):
     reason: str | None = None
 
 
+def known_fields(model: type[BaseModel]) -> Any:
+    """A before-validator: {} (what an empty record was written as) reads as None, and a field this engine-ctl's
+    model does not have (one an older or newer engine-ctl wrote) is left out. The spec_hash beside it still says
+    which revision it was, so leaving a field out never makes a new revision."""
+
+    def read(value: Any) -> Any:
+        if value == {}:
+            return None
+        if isinstance(value, dict):
+            return {k: v for k, v in value.items() if k in model.model_fields}
+        return value
+
+    return read
+
+
 class DeploymentRecord(Record):
     name: DeploymentName
     revision: Count = 0
-    spec: dict[str, Any] = Field(default_factory=dict)
-    model: dict[str, Any] = Field(default_factory=dict)
+    spec: Deployment | None = None
+    model: Model | None = None
     spec_hash: str = ""
-    plan: dict[str, Any] | None = None
+    plan: FitPlan | None = None
+    """The fit's plan object of the recorded revision (FitPlan): what each replica takes."""
     state: Literal["Pending", "Starting", "Ready", "ScaledToZero", "Failed"] = "Pending"
     reason: str | None = None
     last_error: str | None = None
@@ -142,6 +160,10 @@ class DeploymentRecord(Record):
     """Fields the documents leave out that engine-ctl chose (gpus, parallel; the values are in `plan`), each with
     the revision it was chosen at: kept until the documents change, so hosts joining do not move them."""
     replicas: list[ReplicaRecord] = Field(default_factory=list)
+
+    _spec = field_validator("spec", mode="before")(known_fields(Deployment))
+    _model = field_validator("model", mode="before")(known_fields(Model))
+    _plan = field_validator("plan", mode="before")(known_fields(FitPlan))
 
     @field_validator("replicas")
     @classmethod

@@ -29,7 +29,8 @@ from engine_ctl.cli.planview import plan_json, plan_markdown, render_plan
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Inventory, load_inventory
 from engine_ctl.core.model import DesiredState
-from engine_ctl.core.plan.planner import Plan, destroy_refusals
+from engine_ctl.core.plan.changes import DELETE, Plan
+from engine_ctl.core.plan.planner import destroy_refusals
 from engine_ctl.core.plan.refresh import refresh_state
 from engine_ctl.core.plan.savedplan import PlanFileError, decode_plan, stale_reasons, state_for_plan, tampering
 from engine_ctl.shell.apply import Executor, Recorder
@@ -282,7 +283,10 @@ def _apply_saved(
 ) -> int:  # fmt: skip
     """`apply PLANFILE`: exactly what was reviewed, or a refusal that says why."""
     ctx = saved.context
-    inventory = load_inventory(Path(inventory_path or ctx["inventory"]))
+    where = inventory_path or ctx.inventory
+    if where is None:
+        raise _refuse_plan(path, "the saved plan does not say which inventory it was made with", "pass --inventory")
+    inventory = load_inventory(Path(where))
     forged = tampering(saved, {h.name: h for h in inventory.hosts})
     if forged:
         raise _refuse_plan(
@@ -290,11 +294,11 @@ def _apply_saved(
             "the saved plan is not what engine-ctl renders from its own recorded inputs: " + "; ".join(forged),
             "it was edited, or the inventory changed since; run engine-ctl plan again and review the new plan",
         )
-    backend = open_backend(state_path or ctx["state"])
+    backend = open_backend(state_path) if state_path else backend_for(ctx.state, ())
     with locked(backend, "apply", lock_timeout):
         state = state_for_plan(saved, read_state(backend))
         hosts = [h for h in inventory.hosts if h.name in saved.host_fingerprints]
-        facts, _ = gather(hosts, options, parallel, ctx.get("model_paths") or {})
+        facts, _ = gather(hosts, options, parallel, ctx.model_paths)
         stale = stale_reasons(saved, state, {h: f.fingerprint() for h, f in facts.items()})
         if stale:
             hint = "run engine-ctl plan again and review the new plan"
@@ -351,7 +355,7 @@ def destroy(
         state = read_state(backend)
         keep = DesiredState()  # nothing is wanted: every (targeted) deployment in the state is deleted
         result, failures = _plan_for(keep, inventory, state, backend, options, parallel, targets)
-        result.changes = [c for c in result.changes if c.action == ["delete"]]
+        result.changes = [c for c in result.changes if c.actions == DELETE]
         result.absent = []  # destroyed because destroy was asked for, not because documents are absent
         show_plan(result)
         report_failures(failures)

@@ -9,9 +9,11 @@ import re
 import shlex
 from typing import Any
 
-from engine_ctl.core.plan.planner import DeploymentChange, Plan, ReplicaChange
+from engine_ctl.core.plan.changes import CREATE, DELETE, UPDATE, DeploymentChange, Plan, ReplicaChange
 
 SENSITIVE_WORDS = ("key", "token", "secret", "password")
+FIT_SHOWN = ("engine", "accelerator", "gpus", "cpu_cores", "context_length", "parallel")
+"""The fit's fields a plan shows for a new deployment."""
 
 
 def _value(path: str, value: Any) -> str:
@@ -45,11 +47,11 @@ def argv_diff(old: list[str], new: list[str]) -> list[str]:
 
 
 def _header(c: DeploymentChange) -> str:
-    if c.action == ["create"]:
+    if c.actions == CREATE:
         return f"# {c.name} will be created (revision {c.revision})"
-    if c.action == ["delete"]:
+    if c.actions == DELETE:
         return f"# {c.name} will be destroyed"
-    if c.action == ["delete", "create"]:
+    if c.replaces:
         how = c.strategy or "rolling"
         return (
             f"# {c.name} will be replaced one replica at a time ({how}), revision {c.old_revision} → {c.revision}: "
@@ -57,7 +59,7 @@ def _header(c: DeploymentChange) -> str:
         )
     if c.state_only:
         return f"# {c.name}: the state is updated (revision {c.revision}); nothing changes on the hosts"
-    if c.action == ["update"]:
+    if c.actions == UPDATE:
         return f"# {c.name} will be updated in place (revision {c.old_revision} → {c.revision})"
     return f"# {c.name}: no changes"
 
@@ -68,16 +70,17 @@ def _chosen(c: DeploymentChange, key: str) -> str:
 
 def _replica_lines(r: ReplicaChange) -> list[str]:
     gpus = f", GPUs {','.join(map(str, r.gpu_indexes))}" if r.gpu_indexes else ""
-    action = tuple(r.action)
-    if action == ("create",):
+    if r.actions == CREATE:
         lines = [f"+ replica {r.index} on {r.host}: {r.unit} (port {r.port}{gpus})", f"    argv: {argv_line(r.argv)}"]
-    elif action == ("delete",):
+    elif r.actions == DELETE:
         lines = [f"- replica {r.index} on {r.old_host or r.host}: {r.old_unit or r.unit} ({r.reason})"]
-    elif action == ("update",):
+    elif r.actions == UPDATE:
         lines = [f"~ replica {r.index} on {r.host}: {r.unit} rewritten and restarted ({r.reason})"]
     else:
         where = r.host if r.host == r.old_host else f"{r.old_host} → {r.host}"
-        lines = [f"-/+ replica {r.index} on {where}: {r.old_unit} → {r.unit} ({r.strategy}, port {r.port}{gpus})"]
+        lines = [
+            f"{r.symbol} replica {r.index} on {where}: {r.old_unit} → {r.unit} ({r.strategy}, port {r.port}{gpus})"
+        ]
         diff = argv_diff(r.old_argv or [], r.argv)
         if diff:
             lines.append("    argv:")
@@ -109,7 +112,7 @@ def render_plan(plan: Plan) -> list[tuple[str, str]]:
     if changed:
         out.append(("bold", "engine-ctl will perform the following actions:"))
     for c in changed:
-        style = {"+": "add", "-": "destroy", "~": "change", "-/+": "change"}[c.symbol]
+        style = {"+": "add", "-": "destroy", "~": "change", "+/-": "change", "-/+": "change"}[c.symbol]
         out.append(("", ""))
         out.append(("bold", f"  {_header(c)}"))
         for reason in c.reasons:
@@ -122,21 +125,20 @@ def render_plan(plan: Plan) -> list[tuple[str, str]]:
                 out.append(("destroy", f"      - {f.path} = {_value(f.path, f.old)}"))
             else:
                 out.append(("change", f"      ~ {f.path} = {_value(f.path, f.old)} -> {_value(f.path, f.new)}"))
-        if c.action == ["create"] and c.fit:
-            for key in ("engine", "accelerator", "gpus", "cpu_cores", "context_length", "parallel"):
-                out.append(("add", f"      + {key:<15} = {_value(key, c.fit.get(key))}{_chosen(c, key)}"))
-            memory = c.fit.get("memory_bytes") or 0
-            out.append(
-                ("add", f"      + {'host memory':<15} = {memory / 1024**3:.1f} GiB ({c.fit.get('memory_basis')})")
-            )
+        if c.actions == CREATE and c.fit:
+            for key in FIT_SHOWN:
+                out.append(("add", f"      + {key:<15} = {_value(key, getattr(c.fit, key))}{_chosen(c, key)}"))
+            memory = c.fit.memory_bytes
+            out.append(("add", f"      + {'host memory':<15} = {memory / 1024**3:.1f} GiB ({c.fit.memory_basis})"))
         for step in c.replicas:
             for line in _replica_lines(step):
                 out.append((style if line[0] in "+-~" else "", f"      {line}"))
         out.append((style, "    }"))
     for c in plan.changes:
-        chosen = [(k, r) for k, r in sorted(c.chosen.items()) if c.fit and k in c.fit and c.action != ["create"]]
-        if chosen and c.fit:
-            said = ", ".join(f"{k} {c.fit[k]}, chosen at revision {r}" for k, r in chosen)
+        fit = c.fit
+        chosen = [(k, r) for k, r in sorted(c.chosen.items()) if fit and hasattr(fit, k) and c.actions != CREATE]
+        if chosen and fit:
+            said = ", ".join(f"{k} {getattr(fit, k)}, chosen at revision {r}" for k, r in chosen)
             out.append(("", f"{c.name}: {said} (the documents leave them out; chosen again when they change)"))
         for b in c.blocked:
             out.append(("destroy", f"Not reconciled: {c.name}: {b}"))
@@ -303,7 +305,7 @@ def _md_section(c: DeploymentChange) -> str:
             after = "" if f.new is None else _code(_value(f.path, f.new), cell=True)
             body.append(f"| {_code(f.path, cell=True)} | {before} | {after} |\n")
         body.append("\n")
-    if c.action == ["create"] and c.fit:
+    if c.actions == CREATE and c.fit:
         body.append(_fit_table(c))
     for r in c.replicas:
         body.append(_md_replica(r))
@@ -314,11 +316,11 @@ def _md_section(c: DeploymentChange) -> str:
 def _fit_table(c: DeploymentChange) -> str:
     assert c.fit is not None
     rows = ["| Fit | Value |\n|---|---|\n"]
-    for key in ("engine", "accelerator", "gpus", "cpu_cores", "context_length", "parallel"):
+    for key in FIT_SHOWN:
         chosen = f" (chosen at revision {c.chosen[key]})" if key in c.chosen else ""
-        rows.append(f"| {key} | {_code(_value(key, c.fit.get(key)), cell=True)}{chosen} |\n")
-    memory = (c.fit.get("memory_bytes") or 0) / 1024**3
-    rows.append(f"| host memory | {memory:.1f} GiB ({_text(str(c.fit.get('memory_basis')))}) |\n")
+        rows.append(f"| {key} | {_code(_value(key, getattr(c.fit, key)), cell=True)}{chosen} |\n")
+    memory = c.fit.memory_bytes / 1024**3
+    rows.append(f"| host memory | {memory:.1f} GiB ({_text(c.fit.memory_basis)}) |\n")
     return "".join(rows) + "\n"
 
 
@@ -326,10 +328,9 @@ def _md_replica(r: ReplicaChange) -> str:
     line = _replica_lines(r)[0]
     symbol, _, rest = line.partition(" ")
     text = f"- {_code(symbol)} {_text(rest)}\n"
-    action = tuple(r.action)
-    if action == ("create",):
+    if r.actions == CREATE:
         diff = [f"+ {g}" for g in argv_groups(r.argv)]
-    elif action == ("delete", "create"):
+    elif r.replaces:
         diff = argv_word_diff(r.old_argv or [], r.argv)
     else:
         return text

@@ -55,7 +55,7 @@ def _live(
     hosts = [h for h in inventory.hosts if h.name in used]
     checks: dict[str, list[tuple[int, str]]] = {}
     for d in records:
-        engine = PROVIDERS.get(str((d.plan or {}).get("engine")))
+        engine = PROVIDERS.get(d.plan.engine) if d.plan else None
         path = engine.health_path if engine else "/health"
         for r in d.replicas:
             checks.setdefault(r.host, []).append((r.port, path))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.names import UNIT_FORM, parse_unit_name
-from engine_ctl.core.plan.planner import DeploymentChange, Plan, ReplicaChange
+from engine_ctl.core.plan.changes import CREATE, DELETE, SURGE, UPDATE, DeploymentChange, Plan, ReplicaChange
 from engine_ctl.core.plan.status import recorded_verdict
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, transport_for
@@ -237,7 +237,7 @@ class Executor:
                 self.progress(f"{name}: {unit} runs and passed its health gate: recorded serving")
             for step in self._ordered(change):
                 self._guarded(change, step)
-            if change.action == ["delete"]:
+            if change.actions == DELETE:
                 self._record(lambda s: _forget(s, name), name)
                 self.progress(f"{name}: destroyed")
                 self.result.applied.append(name)
@@ -306,14 +306,14 @@ class Executor:
         state: State, change: DeploymentChange, failure: str | None, applied: bool = False, fit_failed: bool = False
     ) -> None:
         """The deployment's recorded state from its replicas' recorded ones (the rule status uses too)."""
-        if change.action == ["delete"] and change.name not in state.deployments:
+        if change.actions == DELETE and change.name not in state.deployments:
             return
         rec = _record(state, change.name)
         if applied:
             rec.revision = change.revision
             rec.spec, rec.model, rec.spec_hash, rec.plan = change.spec, change.model, change.spec_hash, change.fit
             rec.chosen = dict(change.chosen)
-        wanted = int(change.spec.get("replicas_min") or 1) if change.spec else len(rec.replicas)
+        wanted = (change.spec.replicas_min or 1) if change.spec else len(rec.replicas)
         target = change.revision if applied else rec.revision
         pending = "; ".join([*([change.pending_reason] if change.pending_reason else []), *change.blocked]) or None
         rec.last_error = failure if failure else (None if applied else rec.last_error)
@@ -325,7 +325,7 @@ class Executor:
     @staticmethod
     def _budget(change: DeploymentChange) -> float:
         """The deployment's engine's start-up budget, plus a margin for systemd and SSH."""
-        engine = PROVIDERS.get(str((change.fit or {}).get("engine")))
+        engine = PROVIDERS.get(change.fit.engine) if change.fit else None
         budget = engine.startup_budget_s if engine else max(p.startup_budget_s for p in PROVIDERS.values())
         return budget + 60
 
@@ -381,17 +381,16 @@ class Executor:
     def _step(self, change: DeploymentChange, step: ReplicaChange) -> None:
         self._check_names(change, step)
         name = change.name
-        action = tuple(step.action)
-        if action == ("create",):
+        if step.actions == CREATE:
             with self._on(step.host) as t:
                 self._start_new(t[step.host], change, step)
-        elif action == ("delete",):
+        elif step.actions == DELETE:
             host, unit = step.old_host or step.host, step.old_unit or step.unit
             with self._on(host) as t:
                 self._remove_old(t[host], name, host, unit)
-        elif action == ("update",):
+        elif step.actions == UPDATE:
             self._repair(change, step)
-        elif action == ("delete", "create"):
+        elif step.replaces:
             self._replace(change, step)
 
     def _repair(self, change: DeploymentChange, step: ReplicaChange) -> None:
@@ -413,7 +412,7 @@ class Executor:
         old_host, old_unit = step.old_host or step.host, step.old_unit or step.unit
         with self._on(step.host, old_host) as t:
             new_t, old_t = t[step.host], t[old_host]
-            if step.strategy == "surge":
+            if step.actions == SURGE:  # create before destroy: the old replica serves until the new one does
                 self._start_new(new_t, change, step)  # raises StepFailed with the old replica untouched
                 self._remove_old(old_t, name, old_host, old_unit)
                 return

@@ -9,7 +9,8 @@ from engine_ctl.core.documents.inventory import Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.model import DesiredState, Model
-from engine_ctl.core.plan.planner import Plan, make_plan
+from engine_ctl.core.plan.changes import Plan, PlanContext
+from engine_ctl.core.plan.planner import make_plan
 from engine_ctl.core.render.units import model_path_on_host
 from engine_ctl.shell.gather import gather
 from engine_ctl.shell.transport import HostFailure, SSHOptions
@@ -83,10 +84,10 @@ def plan_world(
         unreachable={h: f.message for h, f in failures.items()}, targets=list(targets),
         refresh_only=refresh_only, created_at=now(), hold_absent=hold_absent,
     )  # fmt: skip
-    plan.context = {
-        "documents": [str(p.resolve()) for p in documents],
-        "inventory": str(Path(inventory.file).resolve()) if inventory.file else None,
-        "state": reopen,
-        "model_paths": paths,
-    }
+    plan.context = PlanContext(
+        documents=[str(p.resolve()) for p in documents],
+        inventory=str(Path(inventory.file).resolve()) if inventory.file else None,
+        state=reopen,
+        model_paths=paths,
+    )
     return plan, failures

@@ -113,7 +113,7 @@ def recorded_verdict(
 def deployment_status(rec: DeploymentRecord, facts: dict[str, HostFacts]) -> DeploymentStatus:
     ordered = sorted(rec.replicas, key=lambda x: (x.index, x.slot))
     instances = [instance_status(r, facts.get(r.host)) for r in ordered]
-    wanted = int(rec.spec.get("replicas_min", len(instances)) or 1) if rec.spec else len(instances)
+    wanted = (rec.spec.replicas_min or 1) if rec.spec else len(instances)
     serving = [r.revision for r, i in zip(ordered, instances, strict=True) if i.state == "ready"]
     others = [i.state for i in instances if i.state != "ready"]
     # "cannot be served as asked" (the fit failed) stays Failed whatever still runs; apply records it so
