@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -180,7 +180,36 @@ def compatible_gpus(host: HostFacts, provider: Provider, vendor: str, devices: S
 
 def sizing_hosts(d: Deployment, hosts: Sequence[HostFacts]) -> list[HostFacts]:
     """The machines the deployment may use: spec.host (flat host:) narrows them to one."""
-    return [h for h in hosts if d.host in (None, h.host)]
+    return list(hosts) if d.host is None else [h for h in hosts if h.host == d.host]
+
+
+class Fleet(Protocol):
+    """What the fit asks of all the hosts at once. A plan answers from a memo (it plans many deployments over the
+    same hosts): each answer is the same as these functions give."""
+
+    def largest_gpu_host(
+        self, hosts: Sequence[HostFacts], provider: Provider, vendor: str, devices: Sequence[str] = ()
+    ) -> HostFacts | None: ...
+
+    def largest_cores(self, hosts: Sequence[HostFacts]) -> int: ...
+
+
+class AskEachHost:
+    """The Fleet that asks each host every time (one deployment alone)."""
+
+    @staticmethod
+    def largest_gpu_host(
+        hosts: Sequence[HostFacts], provider: Provider, vendor: str, devices: Sequence[str] = ()
+    ) -> HostFacts | None:
+        return largest_gpu_host(hosts, provider, vendor, devices)
+
+    @staticmethod
+    def largest_cores(hosts: Sequence[HostFacts]) -> int:
+        return largest_cores(hosts)
+
+
+def largest_cores(hosts: Sequence[HostFacts]) -> int:
+    return max((h.cpu.cores for h in hosts), default=0)
 
 
 def largest_gpu_host(
@@ -225,6 +254,7 @@ def fit(
     facts: ModelFacts | None,
     hosts: Sequence[HostFacts],
     names: Callable[[str], str] | None = None,
+    fleet: Fleet | None = None,
 ) -> FitPlan | FitUnknown | str:
     """The plan object for one replica; FitUnknown when it cannot be sized yet (Pending); or why the
     specification cannot be served as asked (Failed). Memory the deployment states itself (flat form:
@@ -246,9 +276,9 @@ def fit(
     usable = sizing_hosts(d, hosts)
     result: FitPlan | FitUnknown | str
     if d.accelerator == "cpu":
-        result = _fit_cpu(d, model, facts, shape, usable, provider, weights, basis)
+        result = _fit_cpu(d, model, facts, shape, usable, provider, weights, basis, fleet or AskEachHost())
     else:
-        result = _fit_gpu(d, model, facts, shape, usable, provider, weights, basis)
+        result = _fit_gpu(d, model, facts, shape, usable, provider, weights, basis, fleet or AskEachHost())
     if not isinstance(result, FitPlan):
         return result
     if d.ram_bytes:
@@ -269,7 +299,7 @@ def _kv_per_token(d: Deployment, shape: ModelFacts | None, provider: Provider) -
 
 def _fit_cpu(
     d: Deployment, model: Model, facts: ModelFacts | None, shape: ModelFacts | None, hosts: Sequence[HostFacts],
-    provider: Provider, weights: int, basis: MemoryBasis,
+    provider: Provider, weights: int, basis: MemoryBasis, fleet: Fleet,
 ) -> FitPlan:  # fmt: skip
     context = default_context(d, model, facts, provider)
     parallel = d.parallel or provider.parallel_candidates("cpu")[0]
@@ -279,9 +309,9 @@ def _fit_cpu(
     else:
         kv = per_token * provider.cache_tokens(context, parallel)
     estimate = weights + kv + provider.compute_bytes(weights, 0)
-    largest_cores = max((h.cpu.cores for h in hosts), default=0)
-    cores = d.cpu_cores or cpu_cores_by_size(model.parameters or (facts.parameters if facts else None), largest_cores)
-    threads = min(2 * cores, largest_cores) if largest_cores else 2 * cores
+    most = fleet.largest_cores(hosts)
+    cores = d.cpu_cores or cpu_cores_by_size(model.parameters or (facts.parameters if facts else None), most)
+    threads = min(2 * cores, most) if most else 2 * cores
     return FitPlan(
         engine=provider.name, gpu_vendor="any", accelerator="cpu", kind=_kind(model), gpus=0, min_gpu_memory_gb=0,
         memory_basis=basis, cpu_cores=cores, threads=threads,
@@ -296,11 +326,11 @@ def _kind(model: Model) -> Literal["chat", "embedding"]:
 
 def _fit_gpu(
     d: Deployment, model: Model, facts: ModelFacts | None, shape: ModelFacts | None, hosts: Sequence[HostFacts],
-    provider: Provider, weights: int, basis: MemoryBasis,
+    provider: Provider, weights: int, basis: MemoryBasis, fleet: Fleet,
 ) -> FitPlan | FitUnknown | str:  # fmt: skip
     context = default_context(d, model, facts, provider)
     per_token = _kv_per_token(d, shape, provider)
-    biggest = largest_gpu_host(hosts, provider, d.gpu_vendor, d.devices)
+    biggest = fleet.largest_gpu_host(hosts, provider, d.gpu_vendor, d.devices)
     gpus_there = compatible_gpus(biggest, provider, d.gpu_vendor, d.devices) if biggest else []
     sizes = [g.memory_total_bytes or 0 for g in gpus_there]
     biggest_gpu = (min(sizes) if d.devices else max(sizes)) if sizes else 0

@@ -261,7 +261,8 @@ class HostRanking:
 
     def sync(self) -> None:
         """Re-rank the hosts whose room changed since the last look."""
-        changed = {self._owner.get(name, name) for name in self.taken.changed} & self.keys.keys()
+        changed = {self._owner.get(name, name) for name in self.taken.changed}
+        changed = {name for name in changed if name in self.keys}
         self.taken.changed.clear()
         for name in changed:
             old = (self.keys[name], name)

@@ -110,7 +110,7 @@ def fit_step(
 ) -> FitPlan | None:  # fmt: skip
     """One replica's fit, recorded in the change; None when there is none (the change then says Failed, or
     Pending and why), and nothing more is planned for the deployment."""
-    fitted = fit(d, model, model_facts, hosts.reached, names)
+    fitted = fit(d, model, model_facts, hosts.reached, names, hosts)
     if isinstance(fitted, str):
         change.failed_reason = fitted
         change.warnings.append(f"{d.name} is Failed: {fitted}; its running replicas are left as they are")
@@ -127,7 +127,7 @@ def weights_missing(model: Model, hosts: Hosts) -> dict[str, str]:
     """host -> why a replica waits there: the model's weights are missing, or not a valid file (the facts'
     model_problems). No replica is placed on such a host (seed: Pending, waiting for the weights)."""
     out = {}
-    for h in hosts.reached:
+    for h in hosts.lacking_weights:
         path = model_path_on_host(model, hosts.inventory[h.host])
         if path in h.model_problems:
             out[h.host] = f"Waiting for the weights of {model.name} at {path} ({h.model_problems[path]})"
@@ -372,7 +372,7 @@ def render_replica(
     hosts: Mapping[str, Host], revision: int, slot: str,
 ) -> RenderedUnit:  # fmt: skip
     result = FitResult(plan=fitted, placements=(p,))
-    ((run, host),) = replica_runs(d, model, provider, result, dict(hosts), revision=revision, slot=slot)
+    ((run, host),) = replica_runs(d, model, provider, result, {p.host: hosts[p.host]}, revision=revision, slot=slot)
     return render_unit(run, provider, host)
 
 

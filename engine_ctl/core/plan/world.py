@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from engine_ctl.core.documents.inventory import Host, Inventory
+from engine_ctl.core.fit.fitting import largest_cores, largest_gpu_host
 from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
 from engine_ctl.core.fit.placement import HostRanking, Taken, replica_threads
 from engine_ctl.core.fit.runspec import FitPlan, Placement
+from engine_ctl.providers import Provider
 from engine_ctl.state.model import ReplicaRecord, State
 
 
@@ -21,19 +23,46 @@ class Hosts:
     facts: Mapping[str, HostFacts]
     reached: list[HostFacts]
     units: dict[str, dict[str, UnitFact]] = field(default_factory=dict)
+    lacking_weights: list[HostFacts] = field(default_factory=list)
+    """The hosts whose facts report a model file that is missing or not valid."""
+    _largest: dict[tuple[str, ...], HostFacts | None] = field(default_factory=dict)
+    _cores: dict[tuple[str, ...], int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, inventory: Inventory, facts: Mapping[str, HostFacts]) -> Hosts:
+        reached = [facts[h.name] for h in inventory.hosts if h.name in facts]
         return cls(
             inventory={h.name: h for h in inventory.hosts},
             facts=facts,
-            reached=[facts[h.name] for h in inventory.hosts if h.name in facts],
+            reached=reached,
             units={name: {u.name: u for u in f.units} for name, f in facts.items()},
+            lacking_weights=[h for h in reached if h.model_problems],
         )
 
     def unit(self, host: str, name: str) -> UnitFact | None:
         """The unit `name` as the facts of `host` report it (None: not there, or the host was not reached)."""
         return self.units.get(host, {}).get(name)
+
+    def largest_gpu_host(
+        self, hosts: Sequence[HostFacts], provider: Provider, vendor: str, devices: Sequence[str] = ()
+    ) -> HostFacts | None:
+        """fitting.largest_gpu_host, asked once per engine, vendor, pins and hosts in one plan."""
+        key = (provider.name, vendor, *devices, "|", *self._key(hosts))
+        if key not in self._largest:
+            self._largest[key] = largest_gpu_host(hosts, provider, vendor, devices)
+        return self._largest[key]
+
+    def largest_cores(self, hosts: Sequence[HostFacts]) -> int:
+        """fitting.largest_cores, asked once per set of hosts in one plan."""
+        key = self._key(hosts)
+        if key not in self._cores:
+            self._cores[key] = largest_cores(hosts)
+        return self._cores[key]
+
+    def _key(self, hosts: Sequence[HostFacts]) -> tuple[str, ...]:
+        """The hosts as a memo key: all those reached (the common case, told at the cost of a pointer compare
+        each), or their names."""
+        return ("*",) if list(hosts) == self.reached else tuple(h.host for h in hosts)
 
     def running(self, host: str, name: str) -> bool:
         u = self.unit(host, name)

@@ -7,8 +7,9 @@ systemd.exec(5) Environment= (quoted assignments). Pure functions.
 from __future__ import annotations
 
 import re
-import unicodedata
 
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""Unicode's control characters (category Cc) and the line and paragraph separators (Zl, Zp)."""
 SAFE_WORD = re.compile(r"^[A-Za-z0-9/._+:=,@-]+$")
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -18,9 +19,10 @@ class UnsafeValue(ValueError):
 
 
 def _refuse_control(value: str, what: str) -> None:
-    for ch in value:
-        if unicodedata.category(ch) in ("Cc", "Zl", "Zp"):
-            raise UnsafeValue(f"{what} {value[:40]!r}: control character U+{ord(ch):04X} cannot go in a unit file")
+    found = CONTROL.search(value)
+    if found:
+        code = ord(found.group())
+        raise UnsafeValue(f"{what} {value[:40]!r}: control character U+{code:04X} cannot go in a unit file")
 
 
 def _quoted(value: str) -> str:
@@ -67,4 +69,4 @@ def path_value(path: str) -> str:
 
 def comment_text(text: str) -> str:
     """Text for a `#` comment line: no line breaks, no control characters."""
-    return "".join(ch if unicodedata.category(ch) not in ("Cc", "Zl", "Zp") else "?" for ch in text)
+    return CONTROL.sub("?", text)

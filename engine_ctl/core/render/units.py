@@ -29,6 +29,8 @@ SH = "/bin/sh"
 VAR_CACHE = "/var/cache"
 CREDENTIALS_DIR = "/run/credentials"
 TEMPLATE_CREDENTIAL = "chat-template"
+HASH_LINE = "\n# content-sha256: \n"
+"""The template's header line for the content hash, as the body (rendered without the hash) has it."""
 NVIDIA_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
 
@@ -173,7 +175,7 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
     }
     body = _template().render(**values, content_hash="")
     content_hash = hashlib.sha256(body.encode()).hexdigest()
-    text = _template().render(**values, content_hash=content_hash)
+    text = body.replace(HASH_LINE, HASH_LINE.removesuffix("\n") + content_hash + "\n", 1)
     return RenderedUnit(
         name=unit_name(run.deployment, run.index, run.slot),
         host=host.name,
