@@ -41,22 +41,9 @@ def check_engine_args(args: Sequence[str], provider: Provider, field: str) -> li
     expecting_value_for: str | None = None
     for i, token in enumerate(args):
         where = f"{field}[{i}]"
-        if len(token) > MAX_ARG_CHARS:
-            problems.append(ArgProblem(i, f"{where}: at most {MAX_ARG_CHARS} characters (found {len(token)})"))
-            continue
-        bad = bad_character(token)
-        if bad:
-            problems.append(ArgProblem(i, f"{where}: no control characters (found {bad})"))
-            continue
-        shell = sorted({c for c in token if c in SHELL_CHARS})
-        if shell:
-            problems.append(
-                ArgProblem(
-                    i,
-                    f"{where} {token!r}: no shell characters (` $ | & < > \\); found {' '.join(shell)}",
-                    hint="arguments are passed to the engine as they are, never to a shell",
-                )
-            )
+        unsafe = _unsafe_token(i, where, token)
+        if unsafe:
+            problems.append(unsafe)
             continue
         if not _is_flag(token):
             if i == 0:
@@ -94,6 +81,23 @@ def check_engine_args(args: Sequence[str], provider: Provider, field: str) -> li
         problems.extend(_check_flag(i, where, name, provider))
         expecting_value_for = None if "=" in token else name
     return problems
+
+
+def _unsafe_token(i: int, where: str, token: str) -> ArgProblem | None:
+    """A token too long, or with a control or shell character: refused whatever the flag."""
+    if len(token) > MAX_ARG_CHARS:
+        return ArgProblem(i, f"{where}: at most {MAX_ARG_CHARS} characters (found {len(token)})")
+    bad = bad_character(token)
+    if bad:
+        return ArgProblem(i, f"{where}: no control characters (found {bad})")
+    shell = sorted({c for c in token if c in SHELL_CHARS})
+    if shell:
+        return ArgProblem(
+            i,
+            f"{where} {token!r}: no shell characters (` $ | & < > \\); found {' '.join(shell)}",
+            hint="arguments are passed to the engine as they are, never to a shell",
+        )
+    return None
 
 
 def _check_flag(i: int, where: str, name: str, provider: Provider) -> list[ArgProblem]:
