@@ -275,10 +275,10 @@ def other_slot(slot: str) -> str:
 
 def shrink(t: Target, live: list[ReplicaRecord]) -> None:
     """Replicas at an index beyond the count are deleted (or, on a host out of reach, left and said)."""
-    below = len([x for x in live if x.index < t.count])
+    before = len({x.index for x in live})
     for r in live:
         if r.index >= t.count and r.host in t.hosts.facts:
-            t.replicas.append(deletion(r, f"replicas {below} → {t.count}"))
+            t.replicas.append(deletion(r, f"replicas {before} → {t.count}"))
         elif r.index >= t.count:
             t.change.blocked.append(out_of_reach(r, t.hosts))
 
