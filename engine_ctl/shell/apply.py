@@ -17,7 +17,7 @@ from engine_ctl.core.names import UNIT_FORM, parse_unit_name
 from engine_ctl.core.plan.changes import CREATE, DELETE, SURGE, UPDATE, DeploymentChange, Plan, ReplicaChange
 from engine_ctl.core.plan.status import recorded_verdict
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, transport_for
+from engine_ctl.shell.transport import HostFailure, SSHOptions, Transport, transport_for
 from engine_ctl.state.base import StateBackend
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 
@@ -185,12 +185,12 @@ class Executor:
         self.progress = progress or (lambda _m: None)
         self.stop = stop or threading.Event()
         self._host_locks: dict[str, threading.Lock] = {name: threading.Lock() for name in hosts}
-        self._transports: dict[str, SSHTransport | LocalTransport] = {}
+        self._transports: dict[str, Transport] = {}
         self._transports_lock = threading.Lock()
         self.result = ApplyResult()
 
     @contextmanager
-    def _on(self, *names: str) -> Iterator[dict[str, SSHTransport | LocalTransport]]:
+    def _on(self, *names: str) -> Iterator[dict[str, Transport]]:
         """Hold the hosts (one step at a time per host) and their one reused connection each."""
         missing = [n for n in names if n not in self.hosts]
         if missing:
@@ -336,14 +336,14 @@ class Executor:
             argv=step.argv, status=status,  # type: ignore[arg-type]
         )  # fmt: skip
 
-    def _run(self, t: SSHTransport | LocalTransport, argv: list[str], what: str, timeout: float = 120) -> None:
+    def _run(self, t: Transport, argv: list[str], what: str, timeout: float = 120) -> None:
         """A command that must succeed; its failure, with its own stderr, halts the deployment."""
         result = t.run(argv, timeout=timeout)
         if result.exit_code != 0:
             said = (result.stderr or result.stdout).strip().splitlines()
             raise StepFailed(f"{what} failed (exit status {result.exit_code})" + (f": {said[-1]}" if said else ""))
 
-    def _start_new(self, t: SSHTransport | LocalTransport, change: DeploymentChange, step: ReplicaChange) -> None:
+    def _start_new(self, t: Transport, change: DeploymentChange, step: ReplicaChange) -> None:
         """Record (pending), upload, start behind the health gate; on failure remove it again and raise."""
         name = change.name
         self._record(lambda s: _put_replica(s, name, self._replica_record(step, "pending")), name)
@@ -362,7 +362,7 @@ class Executor:
             f"(healthy after {time.monotonic() - began:.1f}s)"
         )
 
-    def _remove_old(self, t: SSHTransport | LocalTransport, name: str, host: str, unit: str) -> None:
+    def _remove_old(self, t: Transport, name: str, host: str, unit: str) -> None:
         self._record(lambda s: _set_status(s, name, host, unit, "removing"), name)
         self._run(t, remove_argv(unit), f"removing {unit} on {host}")
         self._record(lambda s: _drop_replica(s, name, host, unit), name)
@@ -427,7 +427,7 @@ class Executor:
                 raise
             self._remove_old(old_t, name, old_host, old_unit)
 
-    def _restore(self, t: SSHTransport | LocalTransport, change: DeploymentChange, host: str, unit: str) -> None:
+    def _restore(self, t: Transport, change: DeploymentChange, host: str, unit: str) -> None:
         """Bring the previous unit back after its replacement failed; its outcome is recorded either way."""
         restored = t.run(start_argv(unit), timeout=self._budget(change))
         status = "serving" if restored.exit_code == 0 else "failed"

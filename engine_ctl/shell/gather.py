@@ -26,7 +26,7 @@ from engine_ctl.core.fit.hostfacts import (
 from engine_ctl.core.fit.modelfacts import ModelFacts, facts_from_gguf_fields, facts_from_hf_config
 from engine_ctl.core.render.units import UNIT_PREFIX
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, fan_out
+from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, Transport, fan_out
 
 PYTHON = "python3"
 
@@ -144,7 +144,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
 
 
 def gather_one(
-    transport: SSHTransport | LocalTransport,
+    transport: Transport,
     model_paths: Sequence[str] = (),
     health: Sequence[tuple[int, str]] = (),
 ) -> HostFacts:

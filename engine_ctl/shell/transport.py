@@ -48,6 +48,9 @@ class HostFailure(Exception):
 
 
 class Transport(Protocol):
+    """What gather, apply and logs ask of one host's connection, and all they may ask: SSHTransport and
+    LocalTransport are both one (mypy checks it where transport_for's result is used as a Transport)."""
+
     host: Host
 
     def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None) -> CommandResult: ...
