@@ -237,9 +237,6 @@ class State(Record):
                 raise refuse(f"{rec.name!r}: the record under {key!r} must be named {key!r}", key, "name")
         return deployments
 
-    def ports_on(self, host: str) -> set[int]:
-        return {r.port for d in self.deployments.values() for r in d.replicas if r.host == host}
-
     def gpus_held(self) -> set[str]:
         return {g for d in self.deployments.values() for r in d.replicas for g in r.gpus}
 

@@ -303,3 +303,16 @@ def test_a_state_written_before_typed_records_reads_back_and_plans_no_change() -
     del read.deployments["empty"]
     again = plan_for("gpus: 1", read, *facts.values())
     assert not again.has_changes and again.changes[0].revision == 1
+
+
+def test_fit_step_says_when_the_weights_and_spec_architecture_disagree() -> None:
+    from engine_ctl.core.model import Architecture
+
+    stated = MODEL.model_copy(update={"architecture": Architecture(layers=2, kv_heads=2, head_dim=16)})
+    d = Deployment(name="chat", model="m", gpus=1, context_length=4096)
+    change, _ = resolve(d, stated, None)
+    assert fit_step(change, d, stated, SHAPE, hosts_of(h100x8()), None) is not None
+    assert change.warnings == [
+        "model m: its weights give 32 layers, 8 KV heads, head size 128, spec.architecture says 2 layers, 2 KV heads, "
+        "head size 16; the KV cache is sized from the weights"
+    ]

@@ -62,7 +62,7 @@ def _live(
     return gather(hosts, options, parallel, health=checks)
 
 
-def _statuses(state: State, names: list[str], facts: dict) -> list[DeploymentStatus]:  # type: ignore[type-arg]
+def _statuses(state: State, names: list[str], facts: dict) -> list[DeploymentStatus]:
     return [deployment_status(state.deployments[n], facts) for n in names]
 
 

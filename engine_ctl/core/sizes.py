@@ -44,10 +44,6 @@ def gib(n_bytes: int) -> str:
     return f"{n_bytes / GIB:.1f} GiB"
 
 
-def gb(n_bytes: int) -> str:
-    return f"{n_bytes / 1000**3:.1f} GB"
-
-
 # --- in messages: a need rounded up, a size rounded down ------------------------------------------------
 
 

@@ -333,7 +333,7 @@ class Executor:
         return ReplicaRecord(
             index=step.index, slot=step.slot, host=step.host, unit=step.unit, port=step.port, gpus=step.gpus,
             gpu_indexes=step.gpu_indexes, unit_sha256=step.unit_sha256 or "", revision=step.revision,
-            argv=step.argv, status=status,  # type: ignore[arg-type]
+            argv=step.argv, status=status,
         )  # fmt: skip
 
     def _run(self, t: Transport, argv: list[str], what: str, timeout: float = 120) -> None:

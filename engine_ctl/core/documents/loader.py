@@ -91,7 +91,7 @@ def _fields(doc: SourceDocument, mapping: dict[str, tuple[str | int, ...]]) -> d
     return out
 
 
-def _items(doc: SourceDocument, internal: str, path: tuple[str | int, ...], n: int) -> dict[str, tuple[str | int, ...]]:
+def _items(internal: str, path: tuple[str | int, ...], n: int) -> dict[str, tuple[str | int, ...]]:
     return {f"{internal}[{i}]": (*path, i) for i in range(n)}
 
 
@@ -114,7 +114,7 @@ def _spec_deployment(doc: SourceDocument, parsed: DeploymentDocument) -> LoadedD
         name=parsed.metadata.name,
         labels=dict(parsed.metadata.labels),
         model=spec.model,
-        engine=canonical_engine(spec.engine),  # type: ignore[arg-type]
+        engine=canonical_engine(spec.engine),
         replicas_min=rep.min,
         replicas_max=rep.max,
         idle_minutes=(15 if rep.idle_minutes is None else rep.idle_minutes) if rep.min == 0 else None,
@@ -146,7 +146,7 @@ def _spec_deployment(doc: SourceDocument, parsed: DeploymentDocument) -> LoadedD
         "priority": ("spec", "priority"),
         "host": ("spec", "host"),
         "prevent_destroy": ("spec", "prevent_destroy"),
-        **_items(doc, "engine_args", ("spec", "engine_args"), len(spec.engine_args)),
+        **_items("engine_args", ("spec", "engine_args"), len(spec.engine_args)),
     }
     origin = Origin(file=doc.file, form="spec", line=doc.line, column=doc.column, fields=_fields(doc, paths))
     return LoadedDeployment(deployment=deployment, origin=origin)
@@ -172,7 +172,7 @@ def _flat_model(parsed: FlatDeploymentDocument) -> Model:
         fmt = "safetensors"
     return Model(
         name=name,
-        format=fmt,  # type: ignore[arg-type]
+        format=fmt,
         path=path,
         hf=hf,
         file=gguf_file,
@@ -189,7 +189,7 @@ def _flat_deployment(doc: SourceDocument, parsed: FlatDeploymentDocument) -> tup
     deployment = Deployment(
         name=parsed.name,
         model=model.name,
-        engine=canonical_engine(parsed.engine),  # type: ignore[arg-type]
+        engine=canonical_engine(parsed.engine),
         replicas_min=parsed.replicas,
         replicas_max=parsed.replicas,
         context_length=cfg.context_length,
@@ -220,7 +220,7 @@ def _flat_deployment(doc: SourceDocument, parsed: FlatDeploymentDocument) -> tup
         "ram_bytes": ("resources", "ram"),
         "cuda_graphs": ("engine_config", "cuda_graphs"),
         "prevent_destroy": ("prevent_destroy",),
-        **_items(doc, "engine_args", ("engine_config", "extra_args"), len(cfg.extra_args)),
+        **_items("engine_args", ("engine_config", "extra_args"), len(cfg.extra_args)),
     }
     fields = _fields(doc, paths)
     origin = Origin(file=doc.file, form="flat", line=doc.line, column=doc.column, fields=fields)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from engine_ctl.core.documents.inventory import Host
-from engine_ctl.core.fit.fitting import FitResult, FitUnknown, fit
+from engine_ctl.core.fit.fitting import FitResult, FitUnknown, fit, shape_disagreement
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.fit.placement import place_one
 from engine_ctl.core.fit.runspec import FitPlan, Placement
@@ -120,6 +120,9 @@ def fit_step(
         change.action = list(CREATE) if record is None else change.action
         return None
     change.fit = fitted
+    disagreement = shape_disagreement(model, model_facts)
+    if disagreement:  # the weights' own metadata sized it; say that the Model document says otherwise
+        change.warnings.append(disagreement)
     return fitted
 
 

@@ -38,11 +38,11 @@ class DeploymentStatus(BaseModel):
 def instance_status(r: ReplicaRecord, facts: HostFacts | None) -> InstanceStatus:
     base = {"index": r.index, "host": r.host, "unit": r.unit, "port": r.port, "gpus": r.gpu_indexes}
     if facts is None:
-        return InstanceStatus(**base, state="unknown", last_error=f"host {r.host} unreachable")  # type: ignore[arg-type]
+        return InstanceStatus(**base, state="unknown", last_error=f"host {r.host} unreachable")
     unit = next((u for u in facts.units if u.name == r.unit), None)
     health = facts.health.get(str(r.port))
     if unit is None or unit.sha256 is None:
-        return InstanceStatus(**base, state="failed", last_error="unit file missing on the host")  # type: ignore[arg-type]
+        return InstanceStatus(**base, state="failed", last_error="unit file missing on the host")
     restarts = unit.n_restarts
     error = r.reason
     if restarts:
@@ -61,7 +61,7 @@ def instance_status(r: ReplicaRecord, facts: HostFacts | None) -> InstanceStatus
     else:
         state = "stopped"
         error = error or f"{unit.active_state}/{unit.sub_state}"
-    return InstanceStatus(**base, state=state, restarts=restarts, last_error=error)  # type: ignore[arg-type]
+    return InstanceStatus(**base, state=state, restarts=restarts, last_error=error)
 
 
 class Verdict(BaseModel):

@@ -12,7 +12,6 @@ from pydantic import BaseModel, ConfigDict
 
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.fitting import FitResult
-from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.runspec import ReplicaRun
 from engine_ctl.core.model import Deployment, Model
 from engine_ctl.core.names import UNIT_PREFIX as UNIT_PREFIX  # re-exported: plan and gather use it
@@ -197,7 +196,6 @@ def replica_runs(
     provider: Provider,
     result: FitResult,
     hosts: dict[str, Host],
-    facts: dict[str, HostFacts] | None = None,
     revision: int = 1,
     slot: str = "a",
 ) -> list[tuple[ReplicaRun, Host]]:
