@@ -127,7 +127,7 @@ class EngineCtlGroup(click.Group):
 @click.group(cls=EngineCtlGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, "--version", prog_name="engine-ctl", message="%(prog)s %(version)s")
 def cli() -> None:
-    """engine-ctl: plan and apply LLM inference engines (llama.cpp, vLLM, SGLang) on SSH-managed hosts.
+    """engine-ctl: plan and apply LLM inference engines on SSH-managed hosts.
 
     Deployments are YAML documents; `validate` checks them offline.
     """

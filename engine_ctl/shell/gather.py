@@ -169,7 +169,7 @@ def gather_one(
 
 class VersionCache:
     """Engine versions already read on a host, keyed by the binary's path, mtime and size, so that the probe
-    runs `llama-server --version` only when the binary changed. Kept in ~/.cache/engine-ctl/ (or
+    runs the engine's version probe (its provider's) only when the binary changed. Kept in ~/.cache/engine-ctl/ (or
     $ENGINE_CTL_CACHE_DIR); losing it only costs a re-read."""
 
     def __init__(self, path: Path, known: dict[str, list[Any]]) -> None:
