@@ -297,6 +297,7 @@ def place_one(
     prefer: str | None = None,
     no_weights: Mapping[str, str] | None = None,
     within: str | None = None,
+    index: int = 0,
 ) -> FitResult:
     """One replica, as place() would place it with count 1 over the ranking's hosts and `taken` (which is not
     changed), looking only as far down host_order as the first host where it fits. `within` narrows the hosts to
@@ -322,7 +323,7 @@ def place_one(
             continue
         port = free_port(set(h.ports_in_use) | taken.ports.get(h.host, set()))
         placement = Placement(
-            index=0, host=h.host, gpus=tuple(gpus), port=port, threads=replica_threads(plan, h),
+            index=index, host=h.host, gpus=tuple(gpus), port=port, threads=replica_threads(plan, h),
             cpu_cores=plan.cpu_cores, memory_bytes=plan.memory_bytes,
         )  # fmt: skip
         return FitResult(plan=plan, placements=(placement,))

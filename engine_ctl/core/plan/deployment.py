@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from engine_ctl.core.documents.inventory import Host
-from engine_ctl.core.fit.fitting import FitResult, FitUnknown, fit, shape_disagreement
+from engine_ctl.core.fit.fitting import FitUnknown, fit, shape_disagreement
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.fit.placement import place_one
 from engine_ctl.core.fit.runspec import FitPlan, Placement
@@ -33,7 +33,7 @@ from engine_ctl.core.plan.changes import (
 from engine_ctl.core.plan.diff import Names, changed_fields, spec_digest
 from engine_ctl.core.plan.drift import replica_drift
 from engine_ctl.core.plan.world import Allocation, Hosts, recorded_placement
-from engine_ctl.core.render.units import RenderedUnit, model_path_on_host, render_unit, replica_runs
+from engine_ctl.core.render.units import RenderedUnit, model_path_on_host, render_unit, replica_run
 from engine_ctl.providers import Provider
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord
 
@@ -202,11 +202,12 @@ def place_replicas(t: Target, live: list[ReplicaRecord]) -> None:
 
 def create_replica(t: Target, index: int) -> bool:
     """A new replica where placement puts it; False (the change Pending, and why) when there is no room."""
-    result = place_one(t.d, t.fitted, t.provider, t.alloc.ranking, per_host=t.on_host, no_weights=t.no_weights)
+    result = place_one(t.d, t.fitted, t.provider, t.alloc.ranking, per_host=t.on_host, no_weights=t.no_weights,
+                       index=index)  # fmt: skip
     if not result.placements:
         t.change.pending_reason, t.change.waiting = result.pending_reason, result.waiting
         return False
-    p = result.placements[0].model_copy(update={"index": index})
+    p = result.placements[0]
     t.alloc.take(p)
     t.on_host[p.host] = t.on_host.get(p.host, 0) + 1
     t.replicas.append(replica_change(list(CREATE), t.render(p, t.revision, "a"), t.revision, p, reason="new replica"))
@@ -374,9 +375,8 @@ def render_replica(
     d: Deployment, model: Model, provider: Provider, fitted: FitPlan, p: Placement,
     hosts: Mapping[str, Host], revision: int, slot: str,
 ) -> RenderedUnit:  # fmt: skip
-    result = FitResult(plan=fitted, placements=(p,))
-    ((run, host),) = replica_runs(d, model, provider, result, {p.host: hosts[p.host]}, revision=revision, slot=slot)
-    return render_unit(run, provider, host)
+    host = hosts[p.host]
+    return render_unit(replica_run(d, model, provider, fitted, p, host, revision, slot), provider, host)
 
 
 def replica_change(action: list[Action], unit: RenderedUnit, revision: int, p: Placement, reason: str) -> ReplicaChange:

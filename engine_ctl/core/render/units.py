@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 from engine_ctl.core.documents.inventory import Host
-from engine_ctl.core.fit.fitting import FitResult
-from engine_ctl.core.fit.runspec import ReplicaRun
+from engine_ctl.core.fit.runspec import FitPlan, Placement, ReplicaRun
 from engine_ctl.core.model import Deployment, Model
 from engine_ctl.core.names import UNIT_PREFIX as UNIT_PREFIX  # re-exported: plan and gather use it
 from engine_ctl.core.names import unit_name
@@ -190,47 +189,29 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
     )
 
 
-def replica_runs(
-    d: Deployment,
-    model: Model,
-    provider: Provider,
-    result: FitResult,
-    hosts: dict[str, Host],
-    revision: int = 1,
+def replica_run(
+    d: Deployment, model: Model, provider: Provider, fitted: FitPlan, p: Placement, host: Host, revision: int = 1,
     slot: str = "a",
-) -> list[tuple[ReplicaRun, Host]]:
-    """One ReplicaRun per placement."""
-    assert result.plan is not None
-    runs = []
+) -> ReplicaRun:  # fmt: skip
+    """What the replica placed at `p` on `host` runs: everything its provider needs for its argv."""
     jinja = bool(model.chat_template) and not is_template_name(model.chat_template or "")
-    for p in result.placements:
-        host = hosts[p.host]
-        executable = host.engines.get(provider.name) or provider.default_executable
-        unit = unit_name(d.name, p.index, slot)
-        runs.append(
-            (
-                ReplicaRun(
-                    deployment=d.name,
-                    revision=revision,
-                    index=p.index,
-                    slot=slot,
-                    model=model,
-                    model_path=model_path_on_host(model, host),
-                    mmproj_path=posixpath.join(posixpath.dirname(model_path_on_host(model, host)), model.mmproj)
-                    if model.mmproj
-                    else None,
-                    executable=executable,
-                    port=p.port,
-                    gpus=p.gpus,
-                    plan=result.plan.model_copy(update={"port": p.port, "threads": p.threads or result.plan.threads}),
-                    threads=p.threads,
-                    engine_args=d.engine_args,
-                    gpu_memory_bytes=d.gpu_memory_bytes,
-                    engine_options=d.engine_options,
-                    chat_template_file=chat_template_path(unit) if jinja else None,
-                    cache_dir=cache_path(host, d.name),
-                ),
-                host,
-            )
-        )
-    return runs
+    model_path = model_path_on_host(model, host)
+    return ReplicaRun(
+        deployment=d.name,
+        revision=revision,
+        index=p.index,
+        slot=slot,
+        model=model,
+        model_path=model_path,
+        mmproj_path=posixpath.join(posixpath.dirname(model_path), model.mmproj) if model.mmproj else None,
+        executable=host.engines.get(provider.name) or provider.default_executable,
+        port=p.port,
+        gpus=p.gpus,
+        plan=fitted.model_copy(update={"port": p.port, "threads": p.threads or fitted.threads}),
+        threads=p.threads,
+        engine_args=d.engine_args,
+        gpu_memory_bytes=d.gpu_memory_bytes,
+        engine_options=d.engine_options,
+        chat_template_file=chat_template_path(unit_name(d.name, p.index, slot)) if jinja else None,
+        cache_dir=cache_path(host, d.name),
+    )
