@@ -25,17 +25,24 @@ def _refuse_control(value: str, what: str) -> None:
         raise UnsafeValue(f"{what} {value[:40]!r}: control character U+{code:04X} cannot go in a unit file")
 
 
+QUOTED = str.maketrans({"\\": "\\\\", '"': '\\"', "%": "%%"})
+"""Inside double quotes: backslash and quote escaped (C-style), specifiers `%%`; each character once."""
+EXEC_WORD = str.maketrans({"\\": "\\\\", '"': '\\"', "%": "%%", "$": "$$"})
+"""The same, and `$$` for `$` (no variable is ever expanded in an argument)."""
+
+
 def _quoted(value: str) -> str:
-    """Inside double quotes: backslash and quote escaped (C-style), specifiers `%%`."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%") + '"'
+    return '"' + value.translate(QUOTED) + '"'
 
 
-def exec_word(arg: str) -> str:
-    """One argv word for ExecStart=: always exactly one word, never a separator or a variable."""
-    _refuse_control(arg, "argument")
+def exec_word(arg: str, checked: bool = False) -> str:
+    """One argv word for ExecStart=: always exactly one word, never a separator or a variable. `checked`: the
+    caller already found no control character in it."""
+    if not checked:
+        _refuse_control(arg, "argument")
     if arg == ";":
         return "\\;"
-    return _quoted(arg.replace("$", "$$"))
+    return '"' + arg.translate(EXEC_WORD) + '"'
 
 
 def exec_line(argv: list[str]) -> str:
@@ -45,7 +52,8 @@ def exec_line(argv: list[str]) -> str:
     exe = argv[0]
     _refuse_control(exe, "executable")
     head = exe.replace("%", "%%") if SAFE_WORD.match(exe) and exe[0] == "/" else exec_word(exe)
-    return " ".join([head, *(exec_word(a) for a in argv[1:])])
+    clean = not CONTROL.search("\x20".join(argv))  # one search for the common case; else each word says which
+    return " ".join([head, *(exec_word(a, checked=clean) for a in argv[1:])])
 
 
 def env_assignment(key: str, value: str) -> str:
