@@ -10,6 +10,7 @@ from engine_ctl.providers.base import (
     KEYS,
     OPENS,
     READS_FILE,
+    ROCM_GFX_LLAMACPP,
     EngineOption,
     Provider,
     at_least_2gib,
@@ -128,6 +129,12 @@ class LlamaCpp(Provider):
     def parallel_candidates(self, accelerator: str) -> tuple[int, ...]:
         return (2,) if accelerator == "cpu" else (4, 2, 1)
 
+    def context_note(self, context: int, parallel: int) -> str | None:
+        return (
+            f"tokens per request; --ctx-size {context * parallel} is context_length × parallel, "
+            "split between the parallel slots"
+        )
+
     def argv(self, run: ReplicaRun) -> list[str]:
         plan = run.plan
         argv = [
@@ -186,4 +193,6 @@ LLAMACPP = LlamaCpp(
     cache_type_flags=("--cache-type-k", "--cache-type-v"),
     takes_flag_equals_value=False,
     amd_without_build=frozenset({"instinct-mi350"}),
+    rocm_gfx=ROCM_GFX_LLAMACPP,
+    vulkan_for_other_amd=True,
 )

@@ -63,3 +63,12 @@ def gib_up(n_bytes: int) -> str:
 
 def gib_down(n_bytes: int) -> str:
     return f"{math.floor(max(n_bytes, 0) / GIB * 10) / 10:.1f} GiB"
+
+
+def human_bytes(n_bytes: int) -> str:
+    """A size people read at any scale, never `0.0 GiB` for something that is there: GiB from 1 GiB, MiB from
+    1 MiB, KiB from 1 KiB, else bytes (17 MB reads `16.2 MiB`)."""
+    for unit, factor in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
+        if n_bytes >= factor:
+            return f"{n_bytes / factor:.1f} {unit}"
+    return f"{n_bytes} B"

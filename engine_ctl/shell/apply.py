@@ -16,7 +16,9 @@ from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.names import UNIT_FORM, parse_unit_name
 from engine_ctl.core.plan.changes import CREATE, DELETE, SURGE, UPDATE, DeploymentChange, Plan, ReplicaChange
 from engine_ctl.core.plan.status import recorded_verdict
+from engine_ctl.core.weights import WeightsFetch, human, waiting_reason
 from engine_ctl.providers import PROVIDERS
+from engine_ctl.shell.fetch import FetchFailed, FetchProgress, HubAccess, fetch_weights
 from engine_ctl.shell.transport import HostFailure, SSHOptions, Transport, transport_for
 from engine_ctl.state.base import StateBackend
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
@@ -134,6 +136,27 @@ def _adopt(state: State, name: str, unit: str) -> None:
             r.status = "serving"
 
 
+def _waiting(state: State, name: str, reason: str) -> None:
+    rec = _record(state, name)
+    if not any(r.status == "serving" for r in rec.replicas):
+        rec.state = "Pending"
+    rec.reason = reason
+
+
+class Throttle:
+    """True at most once every `every_s` seconds (and always when forced)."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s, self.last = every_s, float("-inf")
+
+    def due(self, force: bool) -> bool:
+        now = time.monotonic()
+        if force or now - self.last >= self.every_s:
+            self.last = now
+            return True
+        return False
+
+
 def _forget(state: State, name: str) -> None:
     state.deployments.pop(name, None)
 
@@ -177,6 +200,7 @@ class Executor:
         options: SSHOptions | None = None,
         progress: Progress | None = None,
         stop: threading.Event | None = None,
+        hub: HubAccess | None = None,
     ) -> None:
         self.plan = plan
         self.hosts = hosts
@@ -188,6 +212,9 @@ class Executor:
         self._transports: dict[str, Transport] = {}
         self._transports_lock = threading.Lock()
         self.result = ApplyResult()
+        self.hub = hub or HubAccess()
+        self._digests: dict[tuple[str, str], str] = {}
+        """(deployment, host) -> the checkpoint digest measured there by this apply's fetch."""
 
     @contextmanager
     def _on(self, *names: str) -> Iterator[dict[str, Transport]]:
@@ -232,6 +259,8 @@ class Executor:
                 self.result.failed[name] = change.failed_reason
                 self.progress(f"{name}: FAILED: {change.failed_reason}")
                 return
+            for fetch in change.fetches:
+                self._fetch(change, fetch)
             for unit in change.adopt:
                 self._record(lambda s, u=unit: _adopt(s, name, u), name)  # type: ignore[misc]
                 self.progress(f"{name}: {unit} runs and passed its health gate: recorded serving")
@@ -335,8 +364,9 @@ class Executor:
         engine = PROVIDERS.get(change.fit.engine) if change.fit else None
         return failure_reason(t.run(failure_argv(unit)).stdout, engine.log_prefix if engine else "")
 
-    def _replica_record(self, step: ReplicaChange, status: str) -> ReplicaRecord:
+    def _replica_record(self, step: ReplicaChange, status: str, digest: str = "") -> ReplicaRecord:
         return ReplicaRecord(
+            checkpoint_digest=digest, engine_version=step.engine_version, engine_sha256=step.engine_sha256,
             index=step.index, slot=step.slot, host=step.host, unit=step.unit, port=step.port, gpus=step.gpus,
             gpu_indexes=step.gpu_indexes, unit_sha256=step.unit_sha256 or "", revision=step.revision,
             argv=step.argv, status=status,
@@ -352,7 +382,8 @@ class Executor:
     def _start_new(self, t: Transport, change: DeploymentChange, step: ReplicaChange) -> None:
         """Record (pending), upload, start behind the health gate; on failure remove it again and raise."""
         name = change.name
-        self._record(lambda s: _put_replica(s, name, self._replica_record(step, "pending")), name)
+        digest = self._digests.get((name, step.host), "")
+        self._record(lambda s: _put_replica(s, name, self._replica_record(step, "pending", digest)), name)
         assert step.unit_text is not None
         t.put(f"{UNIT_DIR}/{step.unit}", step.unit_text.encode(), 0o644)
         began = time.monotonic()
@@ -367,6 +398,35 @@ class Executor:
             f"{name}: replica {step.index} on {step.host}: {step.unit} serving on port {step.port} "
             f"(healthy after {time.monotonic() - began:.1f}s)"
         )
+
+    def _fetch(self, change: DeploymentChange, fetch: WeightsFetch) -> None:
+        """Put the deployment's hf: weights in place on one host before any replica starts there; meanwhile the
+        deployment is Pending, its reason the bytes in place ("Waiting for the weights: 3.1 of 8.0 GB")."""
+        name = change.name
+        shown = Throttle(self.hub.every_s)
+        recorded = Throttle(self.hub.record_every_s)
+
+        def on_progress(p: FetchProgress) -> None:
+            if self.hub.display is not None:
+                self.hub.display(name, fetch.host, p)
+            elif p.file and shown.due(p.file_done >= p.file_size):
+                self.progress(f"{name}: weights on {fetch.host}: {p.file} {human(p.file_done)} of {human(p.file_size)} "
+                              f"({human(p.done)} of {human(p.total)} in all)")  # fmt: skip
+            if recorded.due(False) and not fetch.in_place:
+                self._record(lambda s: _waiting(s, name, waiting_reason(p.done, p.total)), name)
+
+        with self._on(fetch.host) as t:
+            if not fetch.in_place:
+                self._record(lambda s: _waiting(s, name, waiting_reason(0, fetch.total_bytes)), name)
+            try:
+                got = fetch_weights(t[fetch.host], fetch, self.hosts[fetch.host], self.hub.downloads,
+                                    self.hub.endpoint, self.hub.token, on_progress)  # fmt: skip
+            except FetchFailed as exc:
+                raise StepFailed(str(exc)) from None
+        self._digests[(name, fetch.host)] = got.digest
+        what = f"fetched {human(got.fetched_bytes)}" if got.fetched_bytes else "in place"
+        self.progress(f"{name}: weights {fetch.repo}@{fetch.commit[:12]} on {fetch.host}: {what}, checkpoint "
+                      f"digest {got.digest[:12]}")  # fmt: skip
 
     def _remove_old(self, t: Transport, name: str, host: str, unit: str) -> None:
         self._record(lambda s: _set_status(s, name, host, unit, "removing"), name)
@@ -410,7 +470,8 @@ class Executor:
                 reason = self._reason(tr, change, step.unit)
                 self._record(lambda s: _set_status(s, name, step.host, step.unit, "failed", reason), name)
                 raise StepFailed(reason)
-            self._record(lambda s: _put_replica(s, name, self._replica_record(step, "serving")), name)
+            digest = self._digests.get((name, step.host), "")
+            self._record(lambda s: _put_replica(s, name, self._replica_record(step, "serving", digest)), name)
             self.progress(f"{name}: replica {step.index} on {step.host}: {step.unit} repaired ({step.reason})")
 
     def _replace(self, change: DeploymentChange, step: ReplicaChange) -> None:

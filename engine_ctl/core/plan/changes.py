@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.model import Deployment, Model
+from engine_ctl.core.weights import WeightsFetch
 
 FORMAT_VERSION = 2
 """2: typed spec/model/fit, and a surge recorded as ["create", "delete"] (1 recorded every replacement as
@@ -84,6 +85,9 @@ class ReplicaChange(Step):
     argv: list[str] = Field(default_factory=list)
     unit_text: str | None = None
     unit_sha256: str | None = None
+    engine_version: str | None = None
+    engine_sha256: str = ""
+    """The build the unit runs (argv[0]) as the facts found it: recorded per replica when applied."""
     old_unit: str | None = None
     old_host: str | None = None
     old_slot: str | None = None
@@ -126,6 +130,8 @@ class DeploymentChange(Step):
     adopt: list[str] = Field(default_factory=list)
     """Units recorded pending that run (they became ready before an apply was interrupted): recorded serving."""
     replicas: list[ReplicaChange] = Field(default_factory=list)
+    fetches: list[WeightsFetch] = Field(default_factory=list)
+    """hf: weights each host with a new replica fetches first (engine_ctl.core.plan.fetching)."""
 
     _empty = field_validator("spec", "model", mode="before")(_none_if_empty)
 
@@ -143,8 +149,12 @@ class Drift(BaseModel):
     host: str
     unit: str
     deployment: str | None = None
-    kind: Literal["edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged"]
+    kind: Literal[
+        "edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged", "weights-changed", "engine-changed"
+    ]
     detail: str
+    diff: list[str] = Field(default_factory=list)
+    """A hand-edited unit: the unified diff from the file on the host to engine-ctl's (secret values hidden)."""
 
 
 class PlanContext(BaseModel):

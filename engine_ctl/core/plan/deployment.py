@@ -32,6 +32,7 @@ from engine_ctl.core.plan.changes import (
 )  # fmt: skip
 from engine_ctl.core.plan.diff import Names, changed_fields, spec_digest
 from engine_ctl.core.plan.drift import replica_drift
+from engine_ctl.core.plan.engines import engine_refusals
 from engine_ctl.core.plan.world import Allocation, Hosts, recorded_placement
 from engine_ctl.core.render.units import RenderedUnit, model_path_on_host, render_unit, replica_run
 from engine_ctl.providers import Provider
@@ -132,12 +133,17 @@ def weights_missing(model: Model, hosts: Hosts) -> dict[str, str]:
     out = {}
     for h in hosts.lacking_weights:
         path = model_path_on_host(model, hosts.inventory[h.host])
-        if path in h.model_problems:
+        if path in h.model_problems and not fetched_at_apply(model, h.model_problems[path]):
             out[h.host] = f"Waiting for the weights of {model.name} at {path} ({h.model_problems[path]})"
     return out
 
 
 # --- leftovers ----------------------------------------------------------------------------------------------
+
+
+def fetched_at_apply(model: Model, problem: str) -> bool:
+    """An hf: model's weights missing on a host are fetched there by apply: a replica may be placed there."""
+    return model.hf is not None and problem == "not found"
 
 
 def leftovers(
@@ -298,7 +304,7 @@ def host_warnings(t: Target) -> list[str]:
             out.append(f"{t.provider.title} is not installed on {host} (engines: in the inventory says where); "
                        "apply fails there until it is")  # fmt: skip
         path = model_path_on_host(t.model, t.hosts.inventory[host])
-        if path in hf.model_problems:
+        if path in hf.model_problems and not fetched_at_apply(t.model, hf.model_problems[path]):
             out.append(f"the weights of {t.model.name} are not on {host} at {path} ({hf.model_problems[path]})")
     return out
 
@@ -413,8 +419,9 @@ def plan_deployment(
     fitted = fit_step(change, sized, model, model_facts, hosts, record, names)
     if fitted is None:
         return change, []
+    refused = engine_refusals(provider, sized.accelerator, hosts.reached, hosts.inventory)
     t = Target(d=sized, model=model, provider=provider, fitted=fitted, revision=change.revision, hosts=hosts,
-               alloc=alloc, no_weights=weights_missing(model, hosts), change=change)  # fmt: skip
+               alloc=alloc, no_weights={**refused, **weights_missing(model, hosts)}, change=change)  # fmt: skip
     t.replicas, live = leftovers(list(record.replicas) if record else [], hosts, alloc)
     place_replicas(t, live)
     shrink(t, live)

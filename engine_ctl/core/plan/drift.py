@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from engine_ctl.core.fit.hostfacts import BUSY_BYTES, HostFacts, UnitFact
 from engine_ctl.core.names import UNIT_PREFIX
 from engine_ctl.core.plan.changes import Drift
+from engine_ctl.core.plan.engines import engine_drift_detail
 from engine_ctl.state.model import ReplicaRecord, State
 
 
@@ -17,6 +18,9 @@ def replica_drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host:
         return [Drift(host=record.host, unit=record.unit, deployment=name, kind="missing",
                       detail=f"unit file {record.unit} is missing on {record.host}")]  # fmt: skip
     out = []
+    engine = engine_drift_detail(record, host)
+    if engine:
+        out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="engine-changed", detail=engine))
     if fact.sha256 != record.unit_sha256:
         detail = f"unit file edited by hand (sha256 {fact.sha256[:12]}… ≠ {record.unit_sha256[:12]}…)"
         out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="edited", detail=detail))

@@ -25,8 +25,9 @@ from engine_ctl.core.plan.changes import (
     Plan,
     ReplicaChange,
 )  # fmt: skip
-from engine_ctl.core.plan.deployment import deletion, out_of_reach, plan_deployment, render_replica
+from engine_ctl.core.plan.deployment import deletion, fetched_at_apply, out_of_reach, plan_deployment, render_replica
 from engine_ctl.core.plan.drift import unmanaged_units
+from engine_ctl.core.plan.unitdiff import attach_unit_diffs
 from engine_ctl.core.plan.world import Allocation, Hosts
 from engine_ctl.state.model import DeploymentRecord, State
 
@@ -121,6 +122,7 @@ def make_plan(
             assert record is not None
             plan.changes.append(held_back(record, hold_absent) if hold_absent else removed(record, hosts))
     plan.drift.extend(unmanaged_units(state, facts))
+    attach_unit_diffs(plan, facts)
     if refresh_only:
         for c in plan.changes:
             c.action, c.replicas = list(NO_OP), []
@@ -130,6 +132,6 @@ def make_plan(
 
 
 __all__ = [
-    "FORMAT_VERSION", "Action", "DeploymentChange", "Drift", "FieldChange", "Plan", "ReplicaChange", "make_plan",
-    "render_replica",
+    "FORMAT_VERSION", "Action", "DeploymentChange", "Drift", "FieldChange", "Plan", "ReplicaChange",
+    "fetched_at_apply", "make_plan", "render_replica",
 ]  # fmt: skip

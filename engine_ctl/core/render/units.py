@@ -196,6 +196,9 @@ def replica_run(
     """What the replica placed at `p` on `host` runs: everything its provider needs for its argv."""
     jinja = bool(model.chat_template) and not is_template_name(model.chat_template or "")
     model_path = model_path_on_host(model, host)
+    platform = provider.build_platform(p.gpus[0] if p.gpus else None)
+    builds = host.engine_builds.get(provider.name) or {}
+    executable = builds.get(platform or "") or host.engines.get(provider.name) or provider.default_executable
     return ReplicaRun(
         deployment=d.name,
         revision=revision,
@@ -204,7 +207,7 @@ def replica_run(
         model=model,
         model_path=model_path,
         mmproj_path=posixpath.join(posixpath.dirname(model_path), model.mmproj) if model.mmproj else None,
-        executable=host.engines.get(provider.name) or provider.default_executable,
+        executable=executable,
         port=p.port,
         gpus=p.gpus,
         plan=fitted.model_copy(update={"port": p.port, "threads": p.threads or fitted.threads}),
