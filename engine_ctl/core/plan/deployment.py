@@ -32,7 +32,6 @@ from engine_ctl.core.plan.changes import (
 )  # fmt: skip
 from engine_ctl.core.plan.diff import Names, changed_fields, spec_digest
 from engine_ctl.core.plan.drift import replica_drift
-from engine_ctl.core.plan.engines import engine_refusals
 from engine_ctl.core.plan.world import Allocation, Hosts, recorded_placement
 from engine_ctl.core.render.units import RenderedUnit, model_path_on_host, render_unit, replica_run
 from engine_ctl.providers import Provider
@@ -419,7 +418,7 @@ def plan_deployment(
     fitted = fit_step(change, sized, model, model_facts, hosts, record, names)
     if fitted is None:
         return change, []
-    refused = engine_refusals(provider, sized.accelerator, hosts.reached, hosts.inventory)
+    refused = hosts.engine_refusals(provider, sized.accelerator)
     t = Target(d=sized, model=model, provider=provider, fitted=fitted, revision=change.revision, hosts=hosts,
                alloc=alloc, no_weights={**refused, **weights_missing(model, hosts)}, change=change)  # fmt: skip
     t.replicas, live = leftovers(list(record.replicas) if record else [], hosts, alloc)

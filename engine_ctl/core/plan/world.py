@@ -10,6 +10,7 @@ from engine_ctl.core.fit.fitting import largest_cores, largest_gpu_host
 from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
 from engine_ctl.core.fit.placement import HostRanking, Taken, replica_threads
 from engine_ctl.core.fit.runspec import FitPlan, Placement
+from engine_ctl.core.plan.engines import engine_refusals
 from engine_ctl.providers import Provider
 from engine_ctl.state.model import ReplicaRecord, State
 
@@ -27,6 +28,7 @@ class Hosts:
     """The hosts whose facts report a model file that is missing or not valid."""
     _largest: dict[tuple[str, ...], HostFacts | None] = field(default_factory=dict)
     _cores: dict[tuple[str, ...], int] = field(default_factory=dict)
+    _refused: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, inventory: Inventory, facts: Mapping[str, HostFacts]) -> Hosts:
@@ -63,6 +65,13 @@ class Hosts:
         """The hosts as a memo key: all those reached (the common case, told at the cost of a pointer compare
         each), or their names."""
         return ("*",) if list(hosts) == self.reached else tuple(h.host for h in hosts)
+
+    def engine_refusals(self, provider: Provider, accelerator: str) -> dict[str, str]:
+        """engines.engine_refusals over the hosts reached, asked once per engine and accelerator in one plan."""
+        key = (provider.name, accelerator)
+        if key not in self._refused:
+            self._refused[key] = engine_refusals(provider, accelerator, self.reached, self.inventory)
+        return self._refused[key]
 
     def running(self, host: str, name: str) -> bool:
         u = self.unit(host, name)
