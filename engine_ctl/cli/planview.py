@@ -217,6 +217,10 @@ def _render_top(plan: Plan) -> list[tuple[str, str]]:
             out.append(("warn", f"  ~ {d.host} {d.unit}: {d.detail}"))
             out += [(style, f"      {line}") for style, line in unit_diff_lines(d)]
         out.append(("", ""))
+    if plan.owned_elsewhere:
+        out.append(("bold", "Owned elsewhere (units of another state on these hosts; this state leaves them alone):"))
+        out += [("", f"  · {f.line}") for f in plan.owned_elsewhere]
+        out.append(("", ""))
     return out
 
 
@@ -364,7 +368,8 @@ def _md_warnings(plan: Plan) -> list[str]:
     """The warnings as alert items: CAUTION (refused, destroyed for absent documents, unreachable, failed, not
     reconciled) above WARNING (downtime, pending, drift, then the rest). Each item is one piece; the first of a
     group opens its alert."""
-    return _alert("CAUTION", _cautions(plan)) + _alert("WARNING", _warnings(plan))
+    owned = [f"**Owned elsewhere** (another state's unit, left alone): {_text(f.line)}" for f in plan.owned_elsewhere]
+    return _alert("CAUTION", _cautions(plan)) + _alert("WARNING", _warnings(plan)) + _alert("NOTE", owned)
 
 
 def _cautions(plan: Plan) -> list[str]:

@@ -27,6 +27,40 @@ UNIT_DIR = "/etc/systemd/system"
 Progress = Callable[[str], None]
 
 
+@dataclass(frozen=True)
+class ApplyEvent:
+    """One step of an apply, for pipelines and dashboards (`apply --json` prints each as a JSON line).
+
+    event: started (a replica's step begins), healthy (a unit passed its health gate), removed (an old unit is
+    stopped and deleted), failed (a step or a deployment failed; the reason says why), recorded (the deployment's
+    outcome is written to the state)."""
+
+    event: str
+    deployment: str
+    timestamp: str
+    replica: int | None = None
+    host: str | None = None
+    unit: str | None = None
+    action: str | None = None
+    port: int | None = None
+    revision: int | None = None
+    state: str | None = None
+    reason: str | None = None
+    elapsed_s: float | None = None
+
+    def as_json(self) -> dict[str, object]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+Observer = Callable[[ApplyEvent], None]
+
+
+def utc_now() -> str:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 # --- what to run: argv only (the executor runs them) ----------------------------------------------------
 def start_argv(unit: str) -> list[str]:
     """Reload, enable and start; `start` returns once the unit's health-gated ExecStartPost passed."""
@@ -157,6 +191,13 @@ class Throttle:
         return False
 
 
+def _still_named_after(rec: DeploymentRecord) -> list[str]:
+    """The names a record had before `state mv` that some of its replicas' units still bear: once a roll has
+    replaced them all, the old name is dropped, and nothing may act on units of that name for this record."""
+    named = {parsed.deployment for r in rec.replicas if (parsed := parse_unit_name(r.unit)) is not None}
+    return [n for n in rec.moved_from if n in named]
+
+
 def _forget(state: State, name: str) -> None:
     state.deployments.pop(name, None)
 
@@ -200,6 +241,7 @@ class Executor:
         options: SSHOptions | None = None,
         progress: Progress | None = None,
         stop: threading.Event | None = None,
+        observer: Observer | None = None,
         hub: HubAccess | None = None,
     ) -> None:
         self.plan = plan
@@ -208,6 +250,7 @@ class Executor:
         self.options = options
         self.progress = progress or (lambda _m: None)
         self.stop = stop or threading.Event()
+        self.observer = observer or (lambda _e: None)
         self._host_locks: dict[str, threading.Lock] = {name: threading.Lock() for name in hosts}
         self._transports: dict[str, Transport] = {}
         self._transports_lock = threading.Lock()
@@ -232,6 +275,9 @@ class Executor:
                         self._transports[name] = transport_for(self.hosts[name], self.options)
                 out[name] = self._transports[name]
             yield out
+
+    def _event(self, event: str, deployment: str, **fields: object) -> None:
+        self.observer(ApplyEvent(event=event, deployment=deployment, timestamp=utc_now(), **fields))  # type: ignore[arg-type]
 
     def run(self) -> ApplyResult:
         changes = [c for c in self.plan.changes if c.changed or c.failed_reason or c.blocked]
@@ -258,17 +304,21 @@ class Executor:
                 self._record(lambda s: self._conclude(s, change, change.failed_reason, fit_failed=True), name)
                 self.result.failed[name] = change.failed_reason
                 self.progress(f"{name}: FAILED: {change.failed_reason}")
+                self._event("failed", name, reason=change.failed_reason)
+                self._event("recorded", name, state="Failed", revision=change.revision)
                 return
             for fetch in change.fetches:
                 self._fetch(change, fetch)
             for unit in change.adopt:
                 self._record(lambda s, u=unit: _adopt(s, name, u), name)  # type: ignore[misc]
                 self.progress(f"{name}: {unit} runs and passed its health gate: recorded serving")
+                self._event("recorded", name, unit=unit, state="serving")
             for step in self._ordered(change):
                 self._guarded(change, step)
             if change.actions == DELETE:
                 self._record(lambda s: _forget(s, name), name)
                 self.progress(f"{name}: destroyed")
+                self._event("recorded", name, state="destroyed", revision=change.revision)
                 self.result.applied.append(name)
                 return
             self._record(lambda s: self._conclude(s, change, None, applied=True), name)
@@ -288,6 +338,7 @@ class Executor:
         problems = [*change.blocked]
         if change.pending_reason:
             problems.append(change.pending_reason)
+        self._event("recorded", name, state=state, revision=change.revision, reason="; ".join(problems) or None)
         if problems:
             self.result.failed[name] = "; ".join(problems)
             self.progress(f"{name}: {state} at revision {change.revision}, not complete: {'; '.join(problems)}")
@@ -310,6 +361,9 @@ class Executor:
         else:
             tail = "no replica serves"
         self.progress(f"{name}: FAILED: {reason}; the roll stopped: {tail}")
+        self._event("failed", name, reason=reason)
+        state = rec.state if rec else None
+        self._event("recorded", name, state=state, revision=rec.revision if rec else None, reason=tail)
 
     @staticmethod
     def _ordered(change: DeploymentChange) -> list[ReplicaChange]:
@@ -320,6 +374,10 @@ class Executor:
         if self.stop.is_set():
             self.progress(f"{change.name}: interrupted before replica {step.index}; state recorded")
             raise Interrupted
+        self._event(
+            "started", change.name, replica=step.index, host=step.host, unit=step.unit, action="/".join(step.action),
+            revision=step.revision, reason=step.reason or None,
+        )  # fmt: skip
         try:
             self._step(change, step)
         except (StepFailed, Interrupted):
@@ -342,6 +400,7 @@ class Executor:
             rec.revision = change.revision
             rec.spec, rec.model, rec.spec_hash, rec.plan = change.spec, change.model, change.spec_hash, change.fit
             rec.chosen = dict(change.chosen)
+            rec.moved_from = _still_named_after(rec)
         wanted = (change.spec.replicas_min or 1) if change.spec else len(rec.replicas)
         target = change.revision if applied else rec.revision
         pending = "; ".join([*([change.pending_reason] if change.pending_reason else []), *change.blocked]) or None
@@ -394,6 +453,9 @@ class Executor:
             self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
             raise StepFailed(reason)
         self._record(lambda s: _set_status(s, name, step.host, step.unit, "serving"), name)
+        elapsed = round(time.monotonic() - began, 1)
+        self._event("healthy", name, replica=step.index, host=step.host, unit=step.unit, port=step.port,
+                    revision=step.revision, elapsed_s=elapsed)  # fmt: skip
         self.progress(
             f"{name}: replica {step.index} on {step.host}: {step.unit} serving on port {step.port} "
             f"(healthy after {time.monotonic() - began:.1f}s)"
@@ -433,14 +495,20 @@ class Executor:
         self._run(t, remove_argv(unit), f"removing {unit} on {host}")
         self._record(lambda s: _drop_replica(s, name, host, unit), name)
         self.progress(f"{name}: {unit} on {host} stopped and removed")
+        self._event("removed", name, host=host, unit=unit)
 
-    @staticmethod
-    def _check_names(change: DeploymentChange, step: ReplicaChange) -> None:
+    def _check_names(self, change: DeploymentChange, step: ReplicaChange) -> None:
         """The last guard before anything runs as root: every unit named is one engine-ctl names, of this
-        deployment (whatever the state or a plan file says)."""
-        for unit in {step.unit, step.old_unit} - {None}:
+        deployment (whatever the state or a plan file says); a unit being replaced or removed may also bear a
+        name the state records this deployment had before `engine-ctl state mv`."""
+        record = self.recorder.state.deployments.get(change.name)
+        before = {change.name, *(record.moved_from if record else ())}
+        written = before if step.action == ["delete"] else {change.name}  # a delete only removes
+        for unit, names in ((step.unit, written), (step.old_unit, before)):
+            if unit is None:
+                continue
             parsed = parse_unit_name(str(unit))
-            if parsed is None or parsed.deployment != change.name:
+            if parsed is None or parsed.deployment not in names:
                 raise StepFailed(f"refused to act on {unit!r}: not a unit engine-ctl names for {change.name} "
                                  f"({UNIT_FORM})")  # fmt: skip
 
@@ -473,6 +541,8 @@ class Executor:
             digest = self._digests.get((name, step.host), "")
             self._record(lambda s: _put_replica(s, name, self._replica_record(step, "serving", digest)), name)
             self.progress(f"{name}: replica {step.index} on {step.host}: {step.unit} repaired ({step.reason})")
+            self._event("healthy", name, replica=step.index, host=step.host, unit=step.unit, port=step.port,
+                        revision=step.revision)  # fmt: skip
 
     def _replace(self, change: DeploymentChange, step: ReplicaChange) -> None:
         name = change.name
@@ -501,3 +571,5 @@ class Executor:
         reason = None if status == "serving" else self._reason(t, change, unit)
         self._record(lambda s: _set_status(s, change.name, host, unit, status, reason), change.name)
         self.progress(f"{change.name}: the previous {unit} on {host} restored ({status})")
+        self._event("healthy" if status == "serving" else "failed", change.name, host=host, unit=unit, reason=reason
+                    or "the previous unit restored after its replacement failed")  # fmt: skip

@@ -24,6 +24,7 @@ from engine_ctl.core.fit.hostfacts import (
     parse_rocm_smi,
 )
 from engine_ctl.core.fit.modelfacts import ModelFacts, facts_from_gguf_fields, facts_from_hf_config
+from engine_ctl.core.fit.unitheader import parse_unit_header
 from engine_ctl.core.plan.unitdiff import hide_secrets_in
 from engine_ctl.core.render.units import UNIT_PREFIX
 from engine_ctl.providers import PROVIDERS
@@ -124,6 +125,8 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
             main_pid=_int(u.get("MainPID")),
             exec_main_status=_int(u.get("ExecMainStatus")),
             text=hide_secrets_in(u["text"]) if isinstance(u.get("text"), str) else None,  # never a token kept
+            header=parse_unit_header([str(x) for x in u.get("header") or []]),
+            body_sha256=u.get("body_sha256"),
         )
         for u in doc.get("units") or []
     )

@@ -48,7 +48,11 @@ class Pinner:
     def _problem(loaded: LoadedModel, message: str) -> Diagnostic:
         location, path = where(loaded.origin, "hf")
         return Diagnostic(
-            location, path, message, hint="fix the reference, or pin it yourself (org/repo@<commit>)", code="HF_PIN"
+            location,
+            path,
+            message,
+            hint="fix the reference, or pin it yourself (org/repo@<commit>)",
+            code="hf_unresolved",
         )
 
 

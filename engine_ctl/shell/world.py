@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from engine_ctl.core.diagnostics import InputError
+from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts
@@ -72,6 +72,7 @@ def plan_world(
     refresh_only: bool = False,
     documents: tuple[Path, ...] = (),
     hold_absent: str | None = None,
+    replace: tuple[str, ...] = (),
     checkouts: Mapping[str, Checkout] | None = None,
 ) -> tuple[Plan, dict[str, HostFailure]]:
     """Gather (one round trip per host), then plan with the pure core; returns the plan and the hosts that could
@@ -81,13 +82,16 @@ def plan_world(
     unknown = unknown_targets(targets, known, state_location)  # before any host is asked
     if unknown:
         raise InputError(unknown)
+    refused = replace_refusals(desired, state, state_location, replace)
+    if refused:
+        raise InputError(refused)
     paths = model_paths(desired, inventory)
     facts, failures = gather(list(inventory.hosts), options, parallel, paths)
     mfacts, _notes = model_facts_by_name(desired, inventory, facts)
     plan = make_plan(
         desired, state, inventory, facts, mfacts,
         unreachable={h: f.message for h, f in failures.items()}, targets=list(targets),
-        refresh_only=refresh_only, created_at=now(), hold_absent=hold_absent,
+        refresh_only=refresh_only, created_at=now(), hold_absent=hold_absent, replace=frozenset(replace),
     )  # fmt: skip
     plan = with_engines(plan_fetches(plan, desired, inventory, facts, checkouts or {}, state), facts)
     plan.context = PlanContext(
@@ -97,3 +101,22 @@ def plan_world(
         model_paths=paths,
     )
     return plan, failures
+
+
+def replace_refusals(
+    desired: DesiredState, state: State, state_location: str, replace: tuple[str, ...]
+) -> list[Diagnostic]:
+    """--replace NAME names a deployment of the documents that has replicas recorded (something to restart)."""
+    wanted = {d.deployment.name for d in desired.deployments}
+    out = []
+    for name in replace:
+        record = state.deployments.get(name)
+        if name not in wanted:
+            known = ", ".join(sorted(wanted)) or "(none)"
+            out.append(Diagnostic(Location(state_location), "--replace", f"no deployment named {name!r} in the "
+                                  f"documents", hint=f"deployments: {known}", code="unknown_deployment"))  # fmt: skip
+        elif record is None or not record.replicas:
+            why = f"{name} has no replicas recorded: nothing to replace"
+            hint = "engine-ctl apply starts them"
+            out.append(Diagnostic(Location(state_location), "--replace", why, hint=hint, code="replace_refused"))
+    return out

@@ -164,6 +164,7 @@ class Inventory(BaseModel):
                         "hosts",
                         f"no host named {n!r} in the inventory",
                         hint=f"hosts: {', '.join(h.name for h in self.hosts) or '(none)'}",
+                        code="unknown_host",
                     )
                     for n in unknown
                 ]
@@ -187,7 +188,8 @@ def _path_problems(doc: SourceDocument, where: tuple[str | int, ...], settings: 
         value = getattr(settings, key)
         if value is not None and not value.startswith("/"):
             path = (*where, key)
-            out.append(Diagnostic(doc.locate(path), format_path(path), f"{value!r}: an absolute path on the host"))
+            out.append(Diagnostic(doc.locate(path), format_path(path), f"{value!r}: an absolute path on the host",
+                                  code="not_absolute_path"))  # fmt: skip
     for _engine, exe, path in _executables(where, settings):
         if exe is not None and not EXECUTABLE.fullmatch(exe):
             out.append(
@@ -196,6 +198,7 @@ def _path_problems(doc: SourceDocument, where: tuple[str | int, ...], settings: 
                     format_path(path),
                     f"executable {exe!r}: {EXECUTABLE_MESSAGE}",
                     hint=f"install or link the engine under such a path, e.g. {_install_example()}",
+                    code="invalid_executable",
                 )
             )
     return out
@@ -220,11 +223,12 @@ def _pin_problems(doc: SourceDocument, where: tuple[str | int, ...], settings: H
         if isinstance(value, EngineBuilds) and value.sha256 is not None and not SHA256_HEX.fullmatch(value.sha256):
             path = (*where, "engines", engine, "sha256")
             out.append(Diagnostic(doc.locate(path), format_path(path), f"{value.sha256!r}: a sha256 is 64 "
-                                  "lowercase hexadecimal digits", hint="sha256sum the engine's binary"))  # fmt: skip
+                                  "lowercase hexadecimal digits", hint="sha256sum the engine's binary",
+                                  code="invalid_sha256"))  # fmt: skip
         if isinstance(value, EngineBuilds) and not any(getattr(value, p) for p in BUILD_PLATFORMS):
             path = (*where, "engines", engine)
             out.append(Diagnostic(doc.locate(path), format_path(path), "no build: name one per platform ("
-                                  + ", ".join(BUILD_PLATFORMS) + ")"))  # fmt: skip
+                                  + ", ".join(BUILD_PLATFORMS) + ")", code="no_engine_build"))  # fmt: skip
     return out
 
 
@@ -261,7 +265,9 @@ def _host_entry(doc: SourceDocument, i: int, raw: object) -> tuple[HostEntry | N
             key_positions={k[2:]: v for k, v in doc.key_positions.items() if k[:2] == ("hosts", i)},
         )
         return None, [
-            Diagnostic(d.location, f"hosts[{i}].{d.field}" if d.field else f"hosts[{i}]", d.message, d.hint)
+            Diagnostic(
+                d.location, f"hosts[{i}].{d.field}" if d.field else f"hosts[{i}]", d.message, d.hint, code=d.code
+            )
             for d in diagnostics_from(exc, shifted, HostEntry)
         ]
 
@@ -271,9 +277,10 @@ def _name_problem(doc: SourceDocument, i: int, name: str, seen: dict[str, int]) 
     where = doc.locate(("hosts", i, "name"))
     if not HOST_NAME.fullmatch(name):
         message = f"host name {name!r}: letters, digits, '.', '_' and '-', at most 63 characters"
-        return Diagnostic(where, f"hosts[{i}].name", message)
+        return Diagnostic(where, f"hosts[{i}].name", message, code="invalid_name")
     if name in seen:
-        return Diagnostic(where, f"hosts[{i}].name", f"duplicate host name {name!r} (also hosts[{seen[name]}])")
+        why = f"duplicate host name {name!r} (also hosts[{seen[name]}])"
+        return Diagnostic(where, f"hosts[{i}].name", why, code="duplicate_name")
     return None
 
 
@@ -307,7 +314,11 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
         values = {**defaults, **entry.model_dump(exclude_none=True)}
         values["labels"] = {**defaults.get("labels", {}), **(entry.labels or {})}
         if entry.port is not None and not 1 <= entry.port <= 65535:
-            problems.append(Diagnostic(doc.locate(("hosts", i, "port")), f"hosts[{i}].port", "between 1 and 65535"))
+            problems.append(
+                Diagnostic(
+                    doc.locate(("hosts", i, "port")), f"hosts[{i}].port", "between 1 and 65535", code="out_of_range"
+                )
+            )
         values.setdefault("address", entry.name)
         same = addresses.setdefault(str(values["address"]).lower(), i)
         if same != i:
@@ -318,6 +329,7 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
                     f"address {values['address']!r} is also hosts[{same}]'s: one machine listed twice would have "
                     "its GPUs, cores and memory counted twice",
                     hint="list each machine once",
+                    code="duplicate_address",
                 )
             )
             continue
@@ -327,7 +339,9 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
         values["roles"] = tuple(values.get("roles", ()))
         hosts.append(Host(**values))
     if not parsed.hosts:
-        problems.append(Diagnostic(doc.locate(("hosts",)), "hosts", "no hosts: list at least one host"))
+        problems.append(
+            Diagnostic(doc.locate(("hosts",)), "hosts", "no hosts: list at least one host", code="no_hosts")
+        )
     downloads, wrong = _downloads(doc, parsed.downloads)
     return Inventory(file=doc.file, hosts=tuple(hosts), downloads=downloads), problems + wrong
 
@@ -343,7 +357,9 @@ def _downloads(doc: SourceDocument, settings: DownloadSettings | None) -> tuple[
             cap = parse_size(settings.cap)
         except ValueError as exc:
             where = ("downloads", "cap")
-            return Downloads(), [Diagnostic(doc.locate(where), format_path(where), f"{exc}, or off for no cap")]
+            return Downloads(), [
+                Diagnostic(doc.locate(where), format_path(where), f"{exc}, or off for no cap", code="invalid_size")
+            ]
     return Downloads(enabled=settings.enabled is not False, cap_bytes=cap), []
 
 
@@ -355,7 +371,9 @@ def load_inventory(path: Path) -> Inventory:
     if len(docs) != 1:
         from engine_ctl.core.diagnostics import Location
 
-        raise InputError([Diagnostic(Location(str(path)), "", "an inventory file holds one document")])
+        raise InputError(
+            [Diagnostic(Location(str(path)), "", "an inventory file holds one document", code="one_inventory_document")]
+        )
     inventory, problems = inventory_from(docs[0])
     if problems:
         raise InputError(problems)

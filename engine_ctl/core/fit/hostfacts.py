@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine_ctl.core.fit.modelfacts import ModelFacts
+from engine_ctl.core.fit.unitheader import UnitHeader
 
 FORMAT_VERSION = 1
 MIB = 1024**2
@@ -70,6 +71,17 @@ class UnitFact(Fact):
     text: str | None = None
     """The unit file's text (up to UNIT_TEXT_LIMIT bytes), so a hand edit is shown as a diff; values that look
     secret are hidden in it (engine_ctl.core.plan.unitdiff.hide_secrets). sha256 is the file's own."""
+    header: UnitHeader | None = None
+    """What the unit's engine-ctl header says (deployment, revision, lineage, …); None without one."""
+    body_sha256: str | None = None
+    """sha256 of the file with its content-sha256 value left empty: equal to the header's content_sha256 when
+    nobody edited the unit since engine-ctl wrote it."""
+
+    @property
+    def edited(self) -> bool:
+        """The file is not what engine-ctl wrote: its content hash does not match its header's."""
+        claimed = self.header.content_sha256 if self.header else None
+        return claimed is not None and self.body_sha256 is not None and claimed != self.body_sha256
 
 
 UNIT_TEXT_LIMIT = 256 * 1024

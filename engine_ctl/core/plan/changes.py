@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.model import Deployment, Model
+from engine_ctl.core.plan.ownership import ForeignUnit
 from engine_ctl.core.weights import WeightsFetch
 
 FORMAT_VERSION = 2
@@ -165,6 +166,8 @@ class PlanContext(BaseModel):
     inventory: str | None = None
     state: str | None = None
     model_paths: dict[str, list[str]] = Field(default_factory=dict)
+    env: str | None = None
+    """The environment (--env, ENGINE_CTL_ENV) it was planned in: `apply PLANFILE` refuses it in another."""
 
 
 class Plan(BaseModel):
@@ -186,6 +189,8 @@ class Plan(BaseModel):
     """Deployments this plan destroys because their documents are not among those passed (shown first)."""
     refused: list[str] = Field(default_factory=list)
     """Why the plan may not be applied at all (a deployment with prevent_destroy: true would be destroyed)."""
+    owned_elsewhere: list[ForeignUnit] = Field(default_factory=list)
+    """Units on these hosts that another state (another lineage) owns: listed, never drift, never touched."""
 
     def summary(self) -> dict[str, int]:
         add = sum(1 for c in self.changes if c.actions == CREATE)

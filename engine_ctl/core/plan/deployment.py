@@ -32,6 +32,7 @@ from engine_ctl.core.plan.changes import (
 )  # fmt: skip
 from engine_ctl.core.plan.diff import Names, changed_fields, spec_digest
 from engine_ctl.core.plan.drift import replica_drift
+from engine_ctl.core.plan.ownership import as_recorded
 from engine_ctl.core.plan.world import Allocation, Hosts, recorded_placement
 from engine_ctl.core.render.units import RenderedUnit, model_path_on_host, render_unit, replica_run
 from engine_ctl.providers import Provider
@@ -57,13 +58,28 @@ class Target:
     strategies: set[Strategy] = field(default_factory=set)
     on_host: dict[str, int] = field(default_factory=dict)
     """Replicas of this deployment (below the count) on each host, as placement spreads them."""
+    lineage: str | None = None
+    """The owning state's lineage, written into each unit's header."""
 
     @property
     def count(self) -> int:
         return max(self.d.replicas_min, 1)
 
-    def render(self, p: Placement, revision: int, slot: str) -> RenderedUnit:
-        return render_replica(self.d, self.model, self.provider, self.fitted, p, self.hosts.inventory, revision, slot)
+    def render(self, p: Placement, revision: int, slot: str, owner: str | None = None) -> RenderedUnit:
+        """The unit at `p`, with `owner` as the lineage in its header (the state's when not given)."""
+        lineage = self.lineage if owner is None else owner
+        return render_replica(self.d, self.model, self.provider, self.fitted, p, self.hosts.inventory, revision, slot,
+                              lineage)  # fmt: skip
+
+    def render_recorded(self, p: Placement, current: ReplicaRecord) -> RenderedUnit:
+        """A recorded replica's unit as this state renders it (ownership.as_recorded: a unit written before
+        lineage headers keeps its text)."""
+
+        def render(owner: str | None) -> RenderedUnit:
+            return render_replica(self.d, self.model, self.provider, self.fitted, p, self.hosts.inventory,
+                                  current.revision, current.slot, owner)  # fmt: skip
+
+        return as_recorded(render, self.lineage, current.unit_sha256)
 
 
 # --- resolve ------------------------------------------------------------------------------------------------
@@ -227,7 +243,7 @@ def keep_replica(t: Target, current: ReplicaRecord) -> bool:
     moving = t.d.host not in (None, current.host)  # spec.host changed: a replacement onto the new host
     if same_place is None or len(same_place.gpus) != t.fitted.gpus or moving:
         return False
-    unit_now = t.render(same_place, current.revision, current.slot)
+    unit_now = t.render_recorded(same_place, current)
     if unit_now.sha256 != current.unit_sha256:
         return False
     found = replica_drift(t.d.name, current, t.hosts.unit(current.host, current.unit), facts)
@@ -378,10 +394,10 @@ def strategy_warnings(t: Target) -> None:
 
 def render_replica(
     d: Deployment, model: Model, provider: Provider, fitted: FitPlan, p: Placement,
-    hosts: Mapping[str, Host], revision: int, slot: str,
+    hosts: Mapping[str, Host], revision: int, slot: str, lineage: str | None = None,
 ) -> RenderedUnit:  # fmt: skip
     host = hosts[p.host]
-    return render_unit(replica_run(d, model, provider, fitted, p, host, revision, slot), provider, host)
+    return render_unit(replica_run(d, model, provider, fitted, p, host, revision, slot, lineage), provider, host)
 
 
 def replica_change(action: list[Action], unit: RenderedUnit, revision: int, p: Placement, reason: str) -> ReplicaChange:
@@ -412,15 +428,17 @@ def plan_deployment(
     hosts: Hosts,
     alloc: Allocation,
     names: Names | None = None,
+    lineage: str | None = None,
 ) -> tuple[DeploymentChange, list[Drift]]:
-    """resolve → fit → leftovers → place → shrink → warn → decide."""
+    """resolve → fit → leftovers → place → shrink → warn → decide. `lineage`: the owning state's (unit headers)."""
     change, sized = resolve(d, model, record, names)
     fitted = fit_step(change, sized, model, model_facts, hosts, record, names)
     if fitted is None:
         return change, []
     refused = hosts.engine_refusals(provider, sized.accelerator)
     t = Target(d=sized, model=model, provider=provider, fitted=fitted, revision=change.revision, hosts=hosts,
-               alloc=alloc, no_weights={**refused, **weights_missing(model, hosts)}, change=change)  # fmt: skip
+               alloc=alloc, no_weights={**refused, **weights_missing(model, hosts)}, change=change,
+               lineage=lineage)  # fmt: skip
     t.replicas, live = leftovers(list(record.replicas) if record else [], hosts, alloc)
     place_replicas(t, live)
     shrink(t, live)

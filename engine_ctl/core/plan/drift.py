@@ -44,13 +44,18 @@ def _not_running(name: str, record: ReplicaRecord, fact: UnitFact) -> Drift:
                  kind="crash-looping" if looping else "stopped", detail=detail)  # fmt: skip
 
 
-def unmanaged_units(state: State, facts: Mapping[str, HostFacts]) -> list[Drift]:
-    """Units named like engine-ctl's on the hosts that this state does not record: left alone, and said."""
+def unmanaged_units(
+    state: State,
+    facts: Mapping[str, HostFacts],
+    elsewhere: set[tuple[str, str]] | frozenset[tuple[str, str]] = frozenset(),
+) -> list[Drift]:
+    """Units named like engine-ctl's on the hosts that this state does not record (nor another state owns,
+    `elsewhere`: (host, unit)): left alone, and said."""
     managed = {r.unit for rec in state.deployments.values() for r in rec.replicas}
     out = []
     for host, f in sorted(facts.items()):
         for u in f.units:
-            if u.name.startswith(UNIT_PREFIX) and u.name not in managed:
+            if u.name.startswith(UNIT_PREFIX) and u.name not in managed and (host, u.name) not in elsewhere:
                 detail = f"{u.name} on {host} is not in this state; engine-ctl leaves it alone"
                 out.append(Drift(host=host, unit=u.name, kind="unmanaged", detail=detail))
     return out

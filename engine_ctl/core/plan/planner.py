@@ -27,6 +27,7 @@ from engine_ctl.core.plan.changes import (
 )  # fmt: skip
 from engine_ctl.core.plan.deployment import deletion, fetched_at_apply, out_of_reach, plan_deployment, render_replica
 from engine_ctl.core.plan.drift import unmanaged_units
+from engine_ctl.core.plan.ownership import foreign_units, hold_back, hold_foreign
 from engine_ctl.core.plan.unitdiff import attach_unit_diffs
 from engine_ctl.core.plan.world import Allocation, Hosts
 from engine_ctl.state.model import DeploymentRecord, State
@@ -76,7 +77,7 @@ def planning_order(desired: DesiredState, state: State, targets: list[str] | Non
 
 def wanted_change(
     loaded: LoadedDeployment, desired: DesiredState, record: DeploymentRecord | None,
-    model_facts: Mapping[str, ModelFacts | None], hosts: Hosts, alloc: Allocation,
+    model_facts: Mapping[str, ModelFacts | None], hosts: Hosts, alloc: Allocation, lineage: str | None = None,
 ) -> tuple[DeploymentChange, list[Drift]]:  # fmt: skip
     d, origin = loaded.deployment, loaded.origin
     model = desired.model(d.model)
@@ -86,7 +87,7 @@ def wanted_change(
     def names(internal: str) -> str:
         return field_name(origin, internal)
 
-    return plan_deployment(d, model, provider, model_facts.get(model.name), record, hosts, alloc, names)
+    return plan_deployment(d, model, provider, model_facts.get(model.name), record, hosts, alloc, names, lineage)
 
 
 def make_plan(
@@ -101,9 +102,13 @@ def make_plan(
     refresh_only: bool = False,
     created_at: str = "",
     hold_absent: str | None = None,
+    replace: frozenset[str] = frozenset(),
 ) -> Plan:
     """`hold_absent`, when set, says why deployments absent from the documents are not destroyed (some
-    documents could not be read: a deployment whose document is broken is never taken as removed)."""
+    documents could not be read: a deployment whose document is broken is never taken as removed). `replace`
+    names deployments whose replicas are all replaced (a rolling restart: engine_ctl.core.plan.replace)."""
+    from engine_ctl.core.plan.replace import forced, mark_replaced
+
     plan = Plan(
         created_at=created_at, state_serial=state.serial, state_lineage=state.lineage,
         host_fingerprints={name: f.fingerprint() for name, f in sorted(facts.items())},
@@ -111,17 +116,23 @@ def make_plan(
     )  # fmt: skip
     hosts = Hosts.of(inventory, facts)
     alloc = Allocation(state, hosts.reached)
+    foreign = foreign_units(facts, state.lineage)
+    hold_foreign(alloc.taken, foreign, facts)
     wanted = {ld.deployment.name: ld for ld in desired.deployments}
     for name in planning_order(desired, state, targets):
         record = state.deployments.get(name)
         if name in wanted:
-            change, drift = wanted_change(wanted[name], desired, record, model_facts, hosts, alloc)
+            seen = forced(record) if record is not None and name in replace else record
+            change, drift = wanted_change(wanted[name], desired, seen, model_facts, hosts, alloc, state.lineage)
+            if name in replace:
+                mark_replaced(change)
             plan.changes.append(change)
             plan.drift.extend(drift)
         else:
             assert record is not None
             plan.changes.append(held_back(record, hold_absent) if hold_absent else removed(record, hosts))
-    plan.drift.extend(unmanaged_units(state, facts))
+    hold_back(plan, foreign)
+    plan.drift.extend(unmanaged_units(state, facts, {(f.host, f.unit) for f in foreign}))
     attach_unit_diffs(plan, facts)
     if refresh_only:
         for c in plan.changes:

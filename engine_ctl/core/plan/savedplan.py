@@ -22,11 +22,14 @@ from engine_ctl.core.plan.changes import (
     FORMAT_VERSION,
     STOP_START,
     SURGE,
+    UPDATE,
     DeploymentChange,
     Plan,
     ReplicaChange,
 )
 from engine_ctl.core.plan.deployment import render_replica
+from engine_ctl.core.plan.ownership import as_recorded
+from engine_ctl.core.render.units import RenderedUnit
 from engine_ctl.state.model import State
 
 
@@ -105,8 +108,9 @@ def _recorded_desired(deployment: Deployment, model: Model) -> DesiredState:
 
 
 def _replica_problem(
-    change: DeploymentChange, step: ReplicaChange, deployment: Deployment, model: Model, hosts: Mapping[str, Host]
-) -> str | None:
+    change: DeploymentChange, step: ReplicaChange, deployment: Deployment, model: Model, hosts: Mapping[str, Host],
+    lineage: str,
+) -> str | None:  # fmt: skip
     if step.actions == DELETE:
         return None
     where = f"{change.name} replica {step.index} on {step.host}"
@@ -117,7 +121,19 @@ def _replica_problem(
     provider = resolve_engine(deployment, model)
     if provider is None:
         return f"{where}: no engine serves this deployment"
-    unit = render_replica(deployment, model, provider, change.fit, step.placement, hosts, step.revision, step.slot)
+    fitted = change.fit
+    assert fitted is not None
+
+    def render(owner: str | None) -> RenderedUnit:
+        assert step.placement is not None
+        return render_replica(deployment, model, provider, fitted, step.placement, hosts, step.revision, step.slot,
+                              owner)  # fmt: skip
+
+    # The unit carries the lineage of the state the plan was made against; only a repair in place of a unit
+    # written before lineage headers keeps that unit's lineage-less text (see ownership.as_recorded).
+    unit = render(lineage)
+    if step.actions == UPDATE and unit.sha256 != step.unit_sha256:
+        unit = as_recorded(render, lineage, step.unit_sha256 or "")
     if unit.name != step.unit:
         return f"{where}: the unit is named {step.unit!r}; engine-ctl names it {unit.name!r}"
     if list(unit.argv) != step.argv:
@@ -143,7 +159,7 @@ def tampering(plan: Plan, hosts: Mapping[str, Host]) -> list[str]:
         if errors:
             continue
         for step in change.replicas:
-            problem = _replica_problem(change, step, deployment, model, hosts)
+            problem = _replica_problem(change, step, deployment, model, hosts, plan.state_lineage)
             if problem:
                 problems.append(problem)
     return problems

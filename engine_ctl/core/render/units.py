@@ -48,6 +48,8 @@ class RenderedUnit(BaseModel):
     """sha256 of the whole file as written: what plan compares with the host's file."""
     content_hash: str
     """sha256 of the unit without its header line: what the header records."""
+    lineage: str | None = None
+    """The state lineage in the unit's header (None: a unit without one, as older engine-ctl wrote them)."""
 
 
 @cache
@@ -170,6 +172,7 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
         # JIT compilers (provider.jit_compiles; the CUDA and ROCm runtimes for GPU kernels) need W+X memory.
         "mdwe": not provider.jit_compiles and not run.gpus,
         "syscall_deny": deny,
+        "lineage": run.lineage,
     }
     body = _template().render(**values, content_hash="")
     content_hash = hashlib.sha256(body.encode()).hexdigest()
@@ -186,14 +189,16 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
         text=text,
         sha256=hashlib.sha256(text.encode()).hexdigest(),
         content_hash=content_hash,
+        lineage=run.lineage,
     )
 
 
 def replica_run(
     d: Deployment, model: Model, provider: Provider, fitted: FitPlan, p: Placement, host: Host, revision: int = 1,
-    slot: str = "a",
+    slot: str = "a", lineage: str | None = None,
 ) -> ReplicaRun:  # fmt: skip
-    """What the replica placed at `p` on `host` runs: everything its provider needs for its argv."""
+    """What the replica placed at `p` on `host` runs: everything its provider needs for its argv; `lineage` is the
+    owning state's, written into the unit's header."""
     jinja = bool(model.chat_template) and not is_template_name(model.chat_template or "")
     model_path = model_path_on_host(model, host)
     platform = provider.build_platform(p.gpus[0] if p.gpus else None)
@@ -217,4 +222,5 @@ def replica_run(
         engine_options=d.engine_options,
         chat_template_file=chat_template_path(unit_name(d.name, p.index, slot)) if jinja else None,
         cache_dir=cache_path(host, d.name),
+        lineage=lineage,
     )

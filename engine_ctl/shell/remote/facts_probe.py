@@ -5,6 +5,7 @@ A missing tool is a fact (null), never an error."""
 import hashlib
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -204,18 +205,37 @@ def with_sha256(found):
     return found
 
 
+HEADER_LINES = 8
+CONTENT_LINE = re.compile(rb"^# content-sha256: [0-9a-f]{64}$", re.MULTILINE)
+
+
+def unit_file(data):
+    """What a unit file says about itself: its sha256, its text (so a hand edit is shown as a diff; up to
+    UNIT_TEXT_LIMIT), its leading comment lines (engine-ctl's header: the deployment, revision, lineage, …), and
+    the sha256 with the content-sha256 value left empty (what that line claims, when nobody edited the file)."""
+    header = []
+    for line in data.split(b"\n", HEADER_LINES)[:HEADER_LINES]:
+        if not line.startswith(b"#"):
+            break
+        header.append(line[:512].decode("utf-8", "replace"))
+    blank = CONTENT_LINE.sub(b"# content-sha256: ", data, count=1)
+    return {
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "header": header,
+        "body_sha256": hashlib.sha256(blank).hexdigest(),
+        "text": data.decode("utf-8", "replace") if len(data) <= UNIT_TEXT_LIMIT else None,
+    }
+
+
 def units(prefix):
     unit_dir = "/etc/systemd/system"
-    names, hashes, texts = set(), {}, {}
+    names, files = set(), {}
     try:
         for entry in os.listdir(unit_dir):
             if entry.startswith(prefix) and entry.endswith(".service"):
                 names.add(entry)
                 with open(os.path.join(unit_dir, entry), "rb") as f:
-                    data = f.read()
-                hashes[entry] = hashlib.sha256(data).hexdigest()
-                if len(data) <= UNIT_TEXT_LIMIT:  # the text, so a hand edit is shown as a diff
-                    texts[entry] = data.decode("utf-8", "replace")
+                    files[entry] = unit_file(f.read())
     except OSError:
         pass
     out = []
@@ -228,11 +248,10 @@ def units(prefix):
             fields = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
             name = fields.get("Id")
             if name:
-                fields["sha256"] = hashes.get(name)
-                fields["text"] = texts.get(name)
+                fields.update(files.get(name) or {})
                 out.append(fields)
         seen = {u.get("Id") for u in out}
-        out += [{"Id": n, "sha256": hashes.get(n), "text": texts.get(n)} for n in ordered if n not in seen]
+        out += [{"Id": n, **(files.get(n) or {})} for n in ordered if n not in seen]
     return out
 
 
@@ -474,4 +493,5 @@ def main():
     sys.stdout.write(json.dumps(doc))
 
 
-main()
+if __name__ == "__main__":  # run on a host (`python3 -I -`); imported, its parsers can be tested
+    main()
