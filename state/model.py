@@ -25,6 +25,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from engine_ctl.core.documents.inventory import HOST_NAME
+from engine_ctl.core.fit.runspec import FitPlan
+from engine_ctl.core.model import Deployment, Model
 from engine_ctl.core.names import (
     MAX_REPLICA_INDEX,
     NAME_MESSAGE,
@@ -142,13 +144,29 @@ class ReplicaRecord(Record):
     """For an hf: model: the checkpoint digest its host measured once the files were in place."""
 
 
+def known_fields(model: type[BaseModel]) -> Any:
+    """A before-validator: {} (what an empty record was written as) reads as None, and a field this engine-ctl's
+    model does not have (one an older or newer engine-ctl wrote) is left out. The spec_hash beside it still says
+    which revision it was, so leaving a field out never makes a new revision."""
+
+    def read(value: Any) -> Any:
+        if value == {}:
+            return None
+        if isinstance(value, dict):
+            return {k: v for k, v in value.items() if k in model.model_fields}
+        return value
+
+    return read
+
+
 class DeploymentRecord(Record):
     name: DeploymentName
     revision: Count = 0
-    spec: dict[str, Any] = Field(default_factory=dict)
-    model: dict[str, Any] = Field(default_factory=dict)
+    spec: Deployment | None = None
+    model: Model | None = None
     spec_hash: str = ""
-    plan: dict[str, Any] | None = None
+    plan: FitPlan | None = None
+    """The fit's plan object of the recorded revision (FitPlan): what each replica takes."""
     state: Literal["Pending", "Starting", "Ready", "ScaledToZero", "Failed"] = "Pending"
     reason: str | None = None
     last_error: str | None = None
@@ -160,6 +178,10 @@ class DeploymentRecord(Record):
     """The names this record had before `engine-ctl state mv`: its replicas may still run units named after them
     until a roll replaces them with units of this name."""
     replicas: list[ReplicaRecord] = Field(default_factory=list)
+
+    _spec = field_validator("spec", mode="before")(known_fields(Deployment))
+    _model = field_validator("model", mode="before")(known_fields(Model))
+    _plan = field_validator("plan", mode="before")(known_fields(FitPlan))
 
     @field_validator("replicas")
     @classmethod
@@ -242,9 +264,6 @@ class State(Record):
             if rec.name != key:
                 raise refuse(f"{rec.name!r}: the record under {key!r} must be named {key!r}", key, "name")
         return deployments
-
-    def ports_on(self, host: str) -> set[int]:
-        return {r.port for d in self.deployments.values() for r in d.replicas if r.host == host}
 
     def gpus_held(self) -> set[str]:
         return {g for d in self.deployments.values() for r in d.replicas for g in r.gpus}

@@ -18,6 +18,7 @@ from engine_ctl.cli.planview import COMMENT_LIMIT, argv_word_diff, plan_markdown
 from engine_ctl.core.documents.loader import load_documents
 from engine_ctl.core.documents.yamlsource import parse_text
 from engine_ctl.core.fit.hostfacts import EngineInstall, UnitFact
+from engine_ctl.core.plan.changes import PlanContext
 from engine_ctl.core.plan.planner import DeploymentChange, Drift, FieldChange, Plan, make_plan
 from engine_ctl.core.plan.savedplan import decode_plan
 from tests.fleetfacts import h100x8
@@ -178,7 +179,7 @@ def test_show_prints_exactly_the_saved_plan_without_hosts_or_state(tmp_path: Pat
 def test_show_reads_no_state_and_no_inventory(tmp_path: Path) -> None:
     """The plan's recorded inventory and state are gone: show still renders it (apply would refuse)."""
     plan = make_plan(desired(chat="gpus: 1"), State(lineage=LINEAGE), *world(h100x8()), {"m": SHAPE})
-    plan.context = {"inventory": str(tmp_path / "gone.yaml"), "state": "postgresql://nobody@198.18.0.250/none"}
+    plan.context = PlanContext(inventory=str(tmp_path / "gone.yaml"), state="postgresql://nobody@198.18.0.250/none")
     path = tmp_path / "p.json"
     path.write_text(json.dumps(plan.model_dump(mode="json")))
     shown = run("show", str(path), "--markdown")

@@ -119,9 +119,9 @@ def test_changing_spec_host_replaces_the_replica_onto_the_new_host() -> None:
     assert state.deployments["chat"].replicas[0].host == "h1"
     moved = plan(docs("chat:, host: h2"), state, *facts)
     (change,) = moved.changes
-    assert change.action == ["delete", "create"]
+    assert change.action == ["create", "delete"]  # a surge: the new replica serves before the old one goes
     (step,) = change.replicas
-    assert (step.old_host, step.host, step.strategy) == ("h1", "h2", "surge")
+    assert (step.old_host, step.host, step.strategy, step.action) == ("h1", "h2", "surge", ["create", "delete"])
     assert "spec.host" in step.reason
     assert "h1 → h2" in plan_text(moved)
 
@@ -283,7 +283,8 @@ def test_prevent_destroy_is_recorded_without_a_new_revision() -> None:
     guarded = plan(docs("b:, prevent_destroy: true"), plain, *facts)
     (change,) = guarded.changes
     assert change.action == ["update"] and change.state_only and change.revision == change.old_revision
-    assert change.spec_hash == plain.deployments["b"].spec_hash and change.spec["prevent_destroy"] is True
+    assert change.spec_hash == plain.deployments["b"].spec_hash
+    assert change.spec is not None and change.spec.prevent_destroy
     assert "records spec.prevent_destroy: true; nothing changes on the hosts" in change.reasons
     after, facts = applied_state(docs("b:, prevent_destroy: true"), *facts, state=plain)
     assert not plan(docs("b:, prevent_destroy: true"), after, *facts).has_changes

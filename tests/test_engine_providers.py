@@ -194,6 +194,7 @@ def test_health_while_loading_is_the_providers_answer() -> None:
     from engine_ctl.state.model import DeploymentRecord, ReplicaRecord
 
     from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
+    from engine_ctl.core.fit.runspec import FitPlan
     from engine_ctl.core.plan.status import deployment_status
     from tests.fleetfacts import h100x8
 
@@ -206,7 +207,10 @@ def test_health_while_loading_is_the_providers_answer() -> None:
     assert isinstance(facts, HostFacts)
     seen = {}
     for engine in ("llama.cpp", "vllm"):
-        record = DeploymentRecord(name="chat", revision=1, plan={"engine": engine}, replicas=[replica])
+        plan = FitPlan(engine=engine, gpu_vendor="any", accelerator="gpu", kind="chat", gpus=1, min_gpu_memory_gb=10,
+                       memory_basis="arch", cpu_cores=4, threads=None, memory_bytes=1 << 30, context_length=4096,
+                       parallel=1, weights_bytes=1 << 30, kv_cache_bytes=1 << 28)  # fmt: skip
+        record = DeploymentRecord(name="chat", revision=1, plan=plan, replicas=[replica])
         (instance,) = deployment_status(record, {"gpu-h100": facts}).instances
         seen[engine] = (instance.state, instance.last_error)
     assert seen == {"llama.cpp": ("starting", None), "vllm": ("starting", "health check: 503")}

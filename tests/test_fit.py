@@ -7,9 +7,10 @@ import math
 import pytest
 from engine_ctl.providers import provider
 
-from engine_ctl.core.fit.fitting import fit, kv_bytes_per_token, place
+from engine_ctl.core.fit.fitting import fit, kv_bytes_per_token
 from engine_ctl.core.fit.hostfacts import Cpu, HostFacts, Memory, parse_nvidia_smi
 from engine_ctl.core.fit.modelfacts import ModelFacts, estimate_weights_bytes
+from engine_ctl.core.fit.placement import place
 from engine_ctl.core.model import Deployment, Model
 from engine_ctl.core.sizes import GIB
 from tests.fleetfacts import a100x4, cpu_host, gpu_host, h100x8, mi300x2

@@ -18,14 +18,15 @@ from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 from engine_ctl.core.documents.inventory import Host, Inventory, inventory_from
 from engine_ctl.core.documents.loader import load_documents
 from engine_ctl.core.documents.yamlsource import parse_text
-from engine_ctl.core.fit.fitting import FitUnknown, Taken, fit, gb_down, gb_up, gib_down, gib_up, place
+from engine_ctl.core.fit.fitting import FitUnknown, fit
 from engine_ctl.core.fit.hostfacts import Cpu, HostFacts, Memory, parse_nvidia_smi, parse_rocm_smi
 from engine_ctl.core.fit.modelfacts import ModelFacts
+from engine_ctl.core.fit.placement import Taken, place
 from engine_ctl.core.fit.runspec import FitPlan
 from engine_ctl.core.model import Deployment, DesiredState, Model
 from engine_ctl.core.plan.pipeline import render_deployment
 from engine_ctl.core.plan.planner import Plan, make_plan
-from engine_ctl.core.sizes import GIB
+from engine_ctl.core.sizes import GIB, gb_down, gb_up, gib_down, gib_up
 from tests.fleetfacts import a100x4, cpu_host, gpu_host, h100x8, mi210x2, mi300x2, recording
 from tests.helpers import load, messages
 from tests.llama import llama_server_dir
@@ -98,7 +99,7 @@ def test_flat_host_pins_the_plan_to_that_host() -> None:
     inv, facts = world(h100x8(), a100x4())
     shape = SHAPE_8B.model_copy(update={"weights_bytes": 50_000_000_000})
     change = planned(make_plan(d, State(), inv, facts, {"big.gguf": shape}), "chat")
-    assert change.pending_reason is None and change.fit is not None and change.fit["gpus"] == 2
+    assert change.pending_reason is None and change.fit is not None and change.fit.gpus == 2
     assert [r.host for r in change.replicas] == ["gpu-a100"]
 
 
@@ -454,7 +455,9 @@ def test_memory_given_to_earlier_replicas_of_the_same_plan_is_taken() -> None:
     inv, facts = world(small_host(cores=64, total_gib=8, available_gib=5.0))
     p = make_plan(cpu_deployments(3), State(), inv, facts, {"tiny": TINY_SHAPE})
     assert [bool(c.replicas) for c in p.changes] == [True, True, False]
-    each = p.changes[0].fit["memory_bytes"]  # type: ignore[index]
+    fitted = p.changes[0].fit
+    assert fitted is not None
+    each = fitted.memory_bytes
     left = 5 * GIB - 2 * each
     assert p.changes[2].pending_reason == (
         f"Waiting for a machine with {gib_up(each)} of free memory ({gib_down(left)} free here)"
@@ -462,7 +465,11 @@ def test_memory_given_to_earlier_replicas_of_the_same_plan_is_taken() -> None:
 
 
 def _running(name: str, host: str, cores: int, memory: int, port: int = 8000) -> DeploymentRecord:
-    plan = {"cpu_cores": cores, "memory_bytes": memory}
+    plan = FitPlan(
+        engine="llama.cpp", gpu_vendor="any", accelerator="cpu", kind="chat", gpus=0, min_gpu_memory_gb=0,
+        memory_basis="estimate", cpu_cores=cores, threads=2 * cores, memory_bytes=memory, context_length=1024,
+        parallel=1, weights_bytes=memory // 2, kv_cache_bytes=memory // 4,
+    )  # fmt: skip
     replica = ReplicaRecord(index=0, host=host, unit=f"engine-ctl-{name}-0a.service", port=port, unit_sha256="a" * 64,
                             revision=1, status="serving")  # fmt: skip
     return DeploymentRecord(name=name, revision=1, spec_hash="old", plan=plan, replicas=[replica], state="Ready")

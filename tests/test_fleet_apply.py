@@ -46,14 +46,14 @@ def test_a_changed_context_length_rolls_with_the_deployment_answering_throughout
     planned = project.cli("plan", "--json", check=True)
     doc = json.loads(planned.stdout)
     (change,) = doc["changes"]
-    assert change["action"] == ["delete", "create"] and change["strategy"] == "surge"
+    assert change["action"] == ["create", "delete"] and change["strategy"] == "surge"  # create before destroy
     assert any(
         f["path"] == "spec.context_length" and f["old"] == 512 and f["new"] == 1024 for f in change["field_changes"]
     )
     (replica,) = change["replicas"]
     assert replica["old_unit"] == old["unit"] and replica["unit"] != old["unit"]
     human = project.cli("plan").stdout
-    assert "-/+" in human and "- --ctx-size 1024" in human and "+ --ctx-size 2048" in human
+    assert "+/-" in human and "- --ctx-size 1024" in human and "+ --ctx-size 2048" in human
 
     samples: list[bool] = []
     done = threading.Event()

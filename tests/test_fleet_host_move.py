@@ -48,7 +48,7 @@ def test_a_host_move_replaces_the_replica_onto_the_new_host(project: Project) ->
     project.write(f"host: {second}\ncontext_length: 512")
     planned = project.cli("plan")
     assert planned.returncode == 0, planned.stdout + planned.stderr
-    assert f"{first} → {second}" in planned.stdout and "-/+" in planned.stdout
+    assert f"{first} → {second}" in planned.stdout and "+/-" in planned.stdout
     assert "spec.host" in planned.stdout
     applied = project.cli("apply", "--auto-approve")
     assert applied.returncode == 0, applied.stdout + applied.stderr

@@ -191,9 +191,9 @@ def test_the_seed_example_is_sized_from_its_architecture_before_its_weights_are_
     p = make_plan(result.desired, State(), inventory, {h100.host: h100}, {"llama-3-2-3b": None})
     (change,) = p.changes
     assert change.pending_reason is None and change.fit is not None
-    assert change.fit["memory_basis"] == "arch" and change.fit["gpus"] == 1
+    assert change.fit.memory_basis == "arch" and change.fit.gpus == 1
     # 28 layers × 8 KV heads × 128 × 2 bytes × K and V, 8192 tokens × parallel 4
-    assert change.fit["kv_cache_bytes"] == 28 * 8 * 128 * 2 * 2 * 8192 * 4
+    assert change.fit.kv_cache_bytes == 28 * 8 * 128 * 2 * 2 * 8192 * 4
     assert len(change.replicas) == 1
 
 

@@ -44,7 +44,7 @@ def applied(plan: Plan, state: State, facts: dict[str, HostFacts]) -> tuple[Stat
     for c in plan.changes:
         rec = new.deployments.setdefault(c.name, DeploymentRecord(name=c.name))
         for r in c.replicas:
-            if r.action in (["delete"], ["delete", "create"]):
+            if r.action in (["delete"], ["delete", "create"], ["create", "delete"]):
                 rec.replicas = [x for x in rec.replicas if x.unit != r.old_unit]
                 units[r.old_host or r.host] = [u for u in units[r.old_host or r.host] if u.name != r.old_unit]
             if r.action != ["delete"]:
@@ -94,7 +94,8 @@ def test_context_change_is_a_surge_with_a_free_gpu_and_stop_then_start_without()
     state, facts = applied(p, State(), {h.host: h})
     roll = make_plan(desired("gpus: 4, context_length: 8192"), state, world(*facts.values())[0], facts, {"m": SHAPE})
     (c,) = roll.changes
-    assert c.action == ["delete", "create"] and c.strategy == "surge"
+    assert c.action == ["create", "delete"] and c.strategy == "surge"  # Terraform's create-before-destroy order
+    assert c.replicas[0].action == ["create", "delete"] and c.symbol == "+/-"
     (r,) = c.replicas
     assert set(r.gpus).isdisjoint(state.deployments["chat"].replicas[0].gpus)  # the 4 other GPUs
     assert any(f.path == "spec.context_length" for f in c.field_changes)
@@ -105,6 +106,7 @@ def test_context_change_is_a_surge_with_a_free_gpu_and_stop_then_start_without()
         desired("gpus: 8, context_length: 8192"), state8, world(*facts8.values())[0], facts8, {"m": SHAPE}
     )
     (c8,) = roll8.changes
+    assert c8.action == ["delete", "create"] and c8.replicas[0].action == ["delete", "create"] and c8.symbol == "-/+"
     assert c8.strategy == "stop-then-start" and c8.replicas[0].port == state8.deployments["chat"].replicas[0].port
     assert any("no serving replica during the change" in w for w in c8.warnings)
 
@@ -252,5 +254,5 @@ def test_after_an_interrupted_roll_a_new_slot_that_never_started_is_cleaned_up_f
     (c,) = again.changes
     cleanup = [r for r in c.replicas if r.cleanup]
     assert [r.unit for r in cleanup] == [new.unit] and cleanup[0].action == ["delete"]
-    (replace,) = [r for r in c.replicas if r.action == ["delete", "create"]]
+    (replace,) = [r for r in c.replicas if r.replaces]
     assert replace.old_unit == old.unit and replace.host == h.host

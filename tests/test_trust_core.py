@@ -94,7 +94,9 @@ def test_an_edited_argv_or_unit_name_in_a_saved_plan_is_refused() -> None:
 def test_a_saved_plan_whose_recorded_spec_breaks_a_rule_is_refused_even_when_its_unit_matches() -> None:
     """Spec and unit edited together, consistently: the spec must still pass the documents' rules."""
     plan, hosts = _saved(CPU, cpu_host())
-    plan.changes[0].spec["engine_args"] = ["--trust-remote-code"]
+    spec = plan.changes[0].spec
+    assert spec is not None
+    plan.changes[0].spec = spec.model_copy(update={"engine_args": ("--trust-remote-code",)})
     problems = tampering(plan, hosts)  # type: ignore[arg-type]
     assert any("breaks a rule" in p and "--trust-remote-code" in p for p in problems)
 
@@ -136,7 +138,7 @@ def test_a_replica_on_an_unreachable_host_blocks_and_makes_the_plan_fail() -> No
     changed = spec.replace("1024", "2048")
     plan = make_plan(desired(changed), state, inv, reachable, {"m": SHAPE}, unreachable={"cpu-b": "timed out"})
     (c,) = plan.changes
-    assert [r.host for r in c.replicas if r.action == ["delete", "create"]] == ["cpu-a"]
+    assert [r.host for r in c.replicas if r.replaces] == ["cpu-a"]
     (blocked,) = c.blocked
     assert "cpu-b could not be reached" in blocked and "at revision 1" in blocked
     assert plan.problems and any("could not be checked" in p for p in plan.problems)
@@ -189,17 +191,17 @@ def test_gpus_once_chosen_stay_chosen_when_a_bigger_host_joins() -> None:
     small = _small_gpus("gpu-small")
     first = plan_for("context_length: 32768", State(), small)
     (c,) = first.changes
-    assert c.fit is not None and c.fit["gpus"] >= 2 and c.chosen.get("gpus") == 1  # chosen at revision 1
+    assert c.fit is not None and c.fit.gpus >= 2 and c.chosen.get("gpus") == 1  # chosen at revision 1
     state, facts = applied(first, State(), {small.host: small})
     big = h100x8("gpu-h100")
     alone = make_plan(desired("context_length: 32768"), State(), world(big)[0], {big.host: big}, {"m": SHAPE})
-    assert alone.changes[0].fit is not None and alone.changes[0].fit["gpus"] < c.fit["gpus"]  # it would move
+    assert alone.changes[0].fit is not None and alone.changes[0].fit.gpus < c.fit.gpus  # it would move
     both = {**facts, big.host: big}
     again = make_plan(desired("context_length: 32768"), state, world(*both.values())[0], both, {"m": SHAPE})
     (c2,) = again.changes
-    assert c2.action == ["no-op"] and c2.fit is not None and c2.fit["gpus"] == c.fit["gpus"]
+    assert c2.action == ["no-op"] and c2.fit is not None and c2.fit.gpus == c.fit.gpus
     assert c2.chosen.get("gpus") == 1
-    assert f"gpus {c.fit['gpus']}, chosen at revision 1" in plan_text(again)
+    assert f"gpus {c.fit.gpus}, chosen at revision 1" in plan_text(again)
     # a change to the documents chooses again, at the new revision
     changed = make_plan(desired("context_length: 16384"), state, world(*both.values())[0], both, {"m": SHAPE})
     assert changed.changes[0].chosen.get("gpus") == 2

@@ -19,6 +19,7 @@ import pytest
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 
 from engine_ctl.core.documents.inventory import Downloads, Host, Inventory
+from engine_ctl.core.model import HfRef, Model
 from engine_ctl.core.plan.fetching import weights_drift
 from engine_ctl.core.weights import WeightsFetch, checkout_dir, checkpoint_digest
 from engine_ctl.shell.fetch import BOOTSTRAP, PYTHON, FetchFailed, FetchProgress, fetch_input, fetch_weights
@@ -193,7 +194,7 @@ def test_a_checkpoint_changed_on_disk_is_drift_and_the_next_fetch_puts_it_right(
     measured = gather_one(LocalTransport(host), [str(gguf)]).checkpoints[fetch.dest]
     assert measured != digest
     state = State(deployments={"d": DeploymentRecord(
-        name="d", model={"hf": {"repo": REPO, "commit": fetch.commit}},
+        name="d", model=Model(name="m", format="gguf", hf=HfRef(repo=REPO, commit=fetch.commit)),
         replicas=[ReplicaRecord(index=0, host="here", unit="engine-ctl-d-0a.service", port=8000, unit_sha256="",
                                 revision=1, checkpoint_digest=digest)],
     )})  # fmt: skip

@@ -23,7 +23,7 @@ from engine_ctl.cli.plan_cmd import backend_for, read_state, state_option
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.documents.loader import load_paths
-from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, fan_out, transport_for
+from engine_ctl.shell.transport import HostFailure, SSHOptions, Transport, fan_out, transport_for
 from engine_ctl.state import ReplicaRecord
 
 DEFAULT_LINES = 100
@@ -181,7 +181,7 @@ def _show(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | Non
     """Each replica's log (its own journalctl, one connection per host), all lines merged in time order."""
     width = max(len(r.label(0)) for rs in by_host.values() for r in rs)
 
-    def read(transport: SSHTransport | LocalTransport) -> list[tuple[int, str]]:
+    def read(transport: Transport) -> list[tuple[int, str]]:
         out: list[tuple[int, str]] = []
         for replica in by_host[transport.host.name]:
             result = transport.run(journal_argv([replica.unit], since, lines, follow=False))

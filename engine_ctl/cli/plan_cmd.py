@@ -30,7 +30,8 @@ from engine_ctl.cli.planview import RICH_STYLES, plan_json, plan_markdown, rende
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Inventory, load_inventory
 from engine_ctl.core.model import DesiredState
-from engine_ctl.core.plan.planner import Plan, destroy_refusals
+from engine_ctl.core.plan.changes import DELETE, Plan
+from engine_ctl.core.plan.planner import destroy_refusals
 from engine_ctl.core.plan.refresh import refresh_state
 from engine_ctl.core.plan.savedplan import PlanFileError, decode_plan, stale_reasons, state_for_plan, tampering
 from engine_ctl.core.weights import Checkout
@@ -179,7 +180,7 @@ def plan(
         loaded.desired, inventory, state, backend, ssh_settings(accept_new_host_keys), parallel, targets,
         refresh_only, paths, hold_absent=held, replace=replace, checkouts=pinner.checkouts,
     )  # fmt: skip
-    result.context["env"] = current_env()  # `apply PLANFILE` refuses it in another environment
+    result.context.env = current_env()  # `apply PLANFILE` refuses it in another environment
     if out_path is not None and errors:
         console(stderr=True).print(f"error: the plan was not saved to {out_path}: the documents have errors")
     elif out_path is not None:
@@ -364,7 +365,7 @@ def for_destroy(plan: Plan) -> Plan:
     asked = "engine-ctl destroy" + "".join(f" --target {t}" for t in plan.targets)
     changes = []
     for c in plan.changes:
-        if c.action != ["delete"]:
+        if c.actions != DELETE:
             continue
         replicas = [r.model_copy(update={"reason": "destroyed"}) for r in c.replicas]
         changes.append(c.model_copy(update={"reasons": [f"{asked} destroys it"], "replicas": replicas}))
@@ -393,12 +394,12 @@ def _apply_saved(
     """`apply PLANFILE`: exactly what was reviewed, or a refusal that says why."""
     ctx = saved.context
     env = current_env()
-    if ctx.get("env") != env:
-        made, now_env = ctx.get("env") or "the default environment", env or "the default environment"
+    if ctx.env != env:
+        made, now_env = ctx.env or "the default environment", env or "the default environment"
         hint = "apply it with the --env (or ENGINE_CTL_ENV) it was planned with"
         raise _refuse_plan(path, f"the saved plan was made for {made}, and this is {now_env}", hint, code="plan_stale")
     here = next((Path(n) for n in inventory_names(env) if env and Path(n).is_file()), None)
-    inventory = load_inventory(Path(inventory_path or here or ctx["inventory"]))
+    inventory = load_inventory(Path(inventory_path or here or ctx.inventory or ""))
     forged = tampering(saved, {h.name: h for h in inventory.hosts})
     if forged:
         raise _refuse_plan(
@@ -407,11 +408,11 @@ def _apply_saved(
             "it was edited, or the inventory changed since; run engine-ctl plan again and review the new plan",
             code="plan_tampered",
         )
-    backend = open_backend(state_for_env(state_path, env) if state_path else ctx["state"])
+    backend = open_backend(state_for_env(state_path, env) if state_path else (ctx.state or ""))
     with locked(backend, "apply", lock_timeout):
         state = state_for_plan(saved, read_state(backend))
         hosts = [h for h in inventory.hosts if h.name in saved.host_fingerprints]
-        facts, _ = gather(hosts, options, parallel, ctx.get("model_paths") or {})
+        facts, _ = gather(hosts, options, parallel, ctx.model_paths)
         stale = stale_reasons(saved, state, {h: f.fingerprint() for h, f in facts.items()})
         if stale:
             hint = "run engine-ctl plan again and review the new plan"

@@ -9,8 +9,9 @@ import re
 import shlex
 from typing import Any
 
+from engine_ctl.core.fit.runspec import FitPlan
+from engine_ctl.core.plan.changes import CREATE, DeploymentChange, Drift, Plan, ReplicaChange
 from engine_ctl.core.plan.fetching import fetch_lines
-from engine_ctl.core.plan.planner import DeploymentChange, Drift, Plan, ReplicaChange
 from engine_ctl.core.sizes import human_bytes
 from engine_ctl.providers import PROVIDERS, canonical_engine
 
@@ -24,8 +25,8 @@ MEMORY_BASIS = {
 }
 """What a fit's memory_basis means, said in words wherever a size is shown."""
 
-REPLICA_VERBS = {("create",): "to start", ("delete", "create"): "to replace", ("update",): "to repair",
-                 ("delete",): "to remove"}  # fmt: skip
+REPLICA_VERBS = {("create",): "to start", ("create", "delete"): "to replace", ("delete", "create"): "to replace",
+                 ("update",): "to repair", ("delete",): "to remove"}  # fmt: skip
 """How the closing line counts replicas, by action."""
 
 
@@ -73,7 +74,7 @@ def _header(c: DeploymentChange, command: str = "apply") -> str:
         return f"# {c.name} will be destroyed: its units stopped and removed (the model stays)"
     if c.action == ["delete"]:
         return f"# {c.name} will be destroyed"
-    if c.action == ["delete", "create"]:
+    if c.replaces:
         how = c.strategy or "rolling"
         return (
             f"# {c.name} will be replaced one replica at a time ({how}), {_revision(c)}: "
@@ -86,12 +87,12 @@ def _header(c: DeploymentChange, command: str = "apply") -> str:
     return f"# {c.name}: no changes"
 
 
-def fit_note(fit: dict[str, Any], key: str) -> str:
+def fit_note(fit: FitPlan, key: str) -> str:
     """What a fit figure means where the bare number would mislead: the context is per request, beside an
     engine flag that may be context × parallel (the provider says)."""
     if key != "context_length":
         return ""
-    return context_meaning(str(fit.get("engine")), int(fit["context_length"]), int(fit["parallel"]))
+    return context_meaning(fit.engine, fit.context_length, fit.parallel)
 
 
 def context_meaning(engine: str, context: int, parallel: int) -> str:
@@ -102,13 +103,13 @@ def context_meaning(engine: str, context: int, parallel: int) -> str:
 def fit_value(c: DeploymentChange, key: str) -> str:
     assert c.fit is not None
     note = fit_note(c.fit, key)
-    return _value(key, c.fit.get(key)) + (f" ({note})" if note else "")
+    return _value(key, getattr(c.fit, key)) + (f" ({note})" if note else "")
 
 
-def memory_value(fit: dict[str, Any]) -> str:
+def memory_value(fit: FitPlan) -> str:
     """`6.7 GiB (estimated from the model's shape: …)`: the size readable at any scale, the basis in words."""
-    basis = str(fit.get("memory_basis"))
-    return f"{human_bytes(int(fit.get('memory_bytes') or 0))} ({MEMORY_BASIS.get(basis, basis)})"
+    basis = fit.memory_basis
+    return f"{human_bytes(fit.memory_bytes)} ({MEMORY_BASIS.get(basis, basis)})"
 
 
 def replica_counts(plan: Plan) -> dict[str, int]:
@@ -149,7 +150,8 @@ def _replica_lines(r: ReplicaChange) -> list[str]:
         lines = [f"~ replica {r.index} on {r.host}: {r.unit} rewritten and restarted ({r.reason})"]
     else:
         where = r.host if r.host == r.old_host else f"{r.old_host} → {r.host}"
-        lines = [f"-/+ replica {r.index} on {where}: {r.old_unit} → {r.unit} ({r.strategy}, port {r.port}{gpus})"]
+        what = f"{r.old_unit} → {r.unit} ({r.strategy}, port {r.port}{gpus})"
+        lines = [f"{r.symbol} replica {r.index} on {where}: {what}"]
         diff = argv_diff(r.old_argv or [], r.argv)
         if diff:
             lines.append("    argv:")
@@ -224,7 +226,7 @@ def _render_top(plan: Plan) -> list[tuple[str, str]]:
 
 def _render_change(c: DeploymentChange, command: str) -> list[tuple[str, str]]:
     """One changed deployment: its header and reasons, field changes, fit (when created), replicas."""
-    style = {"+": "add", "-": "destroy", "~": "change", "-/+": "change"}[c.symbol]
+    style = {"+": "add", "-": "destroy", "~": "change", "+/-": "change", "-/+": "change"}[c.symbol]
     out = [("", ""), ("bold", f"  {_header(c, command)}")]
     out += [("", f"  #   {reason}") for reason in c.reasons]
     out.append((style, f'{c.symbol:>3} deployment "{c.name}" {{'))
@@ -249,9 +251,10 @@ def _render_change(c: DeploymentChange, command: str) -> list[tuple[str, str]]:
 def _render_notes(c: DeploymentChange) -> list[tuple[str, str]]:
     """Below the actions: choices kept, replicas not reconciled, Pending, Failed, warnings."""
     out: list[tuple[str, str]] = []
-    chosen = [(k, r) for k, r in sorted(c.chosen.items()) if c.fit and k in c.fit and c.action != ["create"]]
-    if chosen and c.fit:
-        said = ", ".join(f"{k} {c.fit[k]}, chosen at revision {r}" for k, r in chosen)
+    fit = c.fit
+    chosen = [(k, r) for k, r in sorted(c.chosen.items()) if fit and hasattr(fit, k) and c.actions != CREATE]
+    if chosen and fit:
+        said = ", ".join(f"{k} {getattr(fit, k)}, chosen at revision {r}" for k, r in chosen)
         out.append(("", f"{c.name}: {said} (the documents leave them out; chosen again when they change)"))
     out += [("destroy", f"Not reconciled: {c.name}: {b}") for b in c.blocked]
     if c.pending_reason:
@@ -447,7 +450,7 @@ def _fit_table(c: DeploymentChange) -> str:
         chosen = f" (chosen at revision {c.chosen[key]})" if key in c.chosen else ""
         note = fit_note(c.fit, key)
         said = f" ({_text(note)})" if note else ""
-        rows.append(f"| {key} | {_code(_value(key, c.fit.get(key)), cell=True)}{said}{chosen} |\n")
+        rows.append(f"| {key} | {_code(_value(key, getattr(c.fit, key)), cell=True)}{said}{chosen} |\n")
     rows.append(f"| host memory | {_text(memory_value(c.fit))} |\n")
     return "".join(rows) + "\n"
 
@@ -459,7 +462,7 @@ def _md_replica(r: ReplicaChange) -> str:
     action = tuple(r.action)
     if action == ("create",):
         diff = [f"+ {g}" for g in argv_groups(r.argv)]
-    elif action == ("delete", "create"):
+    elif r.replaces:
         diff = argv_word_diff(r.old_argv or [], r.argv)
     else:
         return text + "\n"

@@ -141,7 +141,7 @@ def print_render(result: DeploymentRender, note: str | None) -> None:
         ("parallel", plan.parallel),
         ("weights", human_bytes(plan.weights_bytes)),
         ("kv cache", human_bytes(plan.kv_cache_bytes)),
-        ("host memory", memory_value(plan.model_dump())),
+        ("host memory", memory_value(plan)),
     ]
     for key, value in rows:
         out.print(f"  {key:<18} {value}")

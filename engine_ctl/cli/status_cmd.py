@@ -59,14 +59,14 @@ def _live(
         addresses.update({h.name: h.address for h in hosts})
     checks: dict[str, list[tuple[int, str]]] = {}
     for d in records:
-        engine = PROVIDERS.get(str((d.plan or {}).get("engine")))
+        engine = PROVIDERS.get(d.plan.engine) if d.plan else None
         path = engine.health_path if engine else "/health"
         for r in d.replicas:
             checks.setdefault(r.host, []).append((r.port, path))
     return gather(hosts, options, parallel, health=checks)
 
 
-def _statuses(state: State, names: list[str], facts: dict) -> list[DeploymentStatus]:  # type: ignore[type-arg]
+def _statuses(state: State, names: list[str], facts: dict) -> list[DeploymentStatus]:
     return [deployment_status(state.deployments[n], facts) for n in names]
 
 

@@ -67,7 +67,7 @@ def validate(paths: tuple[Path, ...], inventory_path: Path | None, as_json: bool
     sys.exit(0 if valid else 1)
 
 
-def _print_human(result, diagnostics: list[Diagnostic], valid: bool) -> None:  # type: ignore[no-untyped-def]
+def _print_human(result, diagnostics: list[Diagnostic], valid: bool) -> None:
     out = console()
     err = console(stderr=True)
     for f, what in sorted(result.skipped.items()):  # what each of engine-ctl's own files is

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 GIB = 1024**3
 MIB = 1024**2
+GB = 1000**3
 
 _FACTORS = {
     "": 1,
@@ -42,6 +44,27 @@ def gib(n_bytes: int) -> str:
     return f"{n_bytes / GIB:.1f} GiB"
 
 
+# --- in messages: a need rounded up, a size rounded down ------------------------------------------------
+
+
+def gb_up(n_bytes: int) -> str:
+    """A need, in GB rounded up to 0.1: never shows less than is needed."""
+    return f"{math.ceil(n_bytes / GB * 10) / 10:g} GB"
+
+
+def gb_down(n_bytes: int) -> str:
+    """A size, in GB rounded down to 0.1: never shows more than there is."""
+    return f"{math.floor(n_bytes / GB * 10) / 10:g} GB"
+
+
+def gib_up(n_bytes: int) -> str:
+    return f"{math.ceil(n_bytes / GIB * 10) / 10:.1f} GiB"
+
+
+def gib_down(n_bytes: int) -> str:
+    return f"{math.floor(max(n_bytes, 0) / GIB * 10) / 10:.1f} GiB"
+
+
 def human_bytes(n_bytes: int) -> str:
     """A size people read at any scale, never `0.0 GiB` for something that is there: GiB from 1 GiB, MiB from
     1 MiB, KiB from 1 KiB, else bytes (17 MB reads `16.2 MiB`)."""
@@ -49,7 +72,3 @@ def human_bytes(n_bytes: int) -> str:
         if n_bytes >= factor:
             return f"{n_bytes / factor:.1f} {unit}"
     return f"{n_bytes} B"
-
-
-def gb(n_bytes: int) -> str:
-    return f"{n_bytes / 1000**3:.1f} GB"

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.names import UNIT_FORM, parse_unit_name
-from engine_ctl.core.plan.planner import DeploymentChange, Plan, ReplicaChange
+from engine_ctl.core.plan.changes import CREATE, DELETE, SURGE, UPDATE, DeploymentChange, Plan, ReplicaChange
 from engine_ctl.core.plan.status import recorded_verdict
 from engine_ctl.core.weights import WeightsFetch, human, waiting_reason
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.fetch import FetchFailed, FetchProgress, HubAccess, fetch_weights
-from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, transport_for
+from engine_ctl.shell.transport import HostFailure, SSHOptions, Transport, transport_for
 from engine_ctl.state.base import StateBackend
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 
@@ -252,7 +252,7 @@ class Executor:
         self.stop = stop or threading.Event()
         self.observer = observer or (lambda _e: None)
         self._host_locks: dict[str, threading.Lock] = {name: threading.Lock() for name in hosts}
-        self._transports: dict[str, SSHTransport | LocalTransport] = {}
+        self._transports: dict[str, Transport] = {}
         self._transports_lock = threading.Lock()
         self.result = ApplyResult()
         self.hub = hub or HubAccess()
@@ -260,7 +260,7 @@ class Executor:
         """(deployment, host) -> the checkpoint digest measured there by this apply's fetch."""
 
     @contextmanager
-    def _on(self, *names: str) -> Iterator[dict[str, SSHTransport | LocalTransport]]:
+    def _on(self, *names: str) -> Iterator[dict[str, Transport]]:
         """Hold the hosts (one step at a time per host) and their one reused connection each."""
         missing = [n for n in names if n not in self.hosts]
         if missing:
@@ -315,7 +315,7 @@ class Executor:
                 self._event("recorded", name, unit=unit, state="serving")
             for step in self._ordered(change):
                 self._guarded(change, step)
-            if change.action == ["delete"]:
+            if change.actions == DELETE:
                 self._record(lambda s: _forget(s, name), name)
                 self.progress(f"{name}: destroyed")
                 self._event("recorded", name, state="destroyed", revision=change.revision)
@@ -393,7 +393,7 @@ class Executor:
         state: State, change: DeploymentChange, failure: str | None, applied: bool = False, fit_failed: bool = False
     ) -> None:
         """The deployment's recorded state from its replicas' recorded ones (the rule status uses too)."""
-        if change.action == ["delete"] and change.name not in state.deployments:
+        if change.actions == DELETE and change.name not in state.deployments:
             return
         rec = _record(state, change.name)
         if applied:
@@ -401,7 +401,7 @@ class Executor:
             rec.spec, rec.model, rec.spec_hash, rec.plan = change.spec, change.model, change.spec_hash, change.fit
             rec.chosen = dict(change.chosen)
             rec.moved_from = _still_named_after(rec)
-        wanted = int(change.spec.get("replicas_min") or 1) if change.spec else len(rec.replicas)
+        wanted = (change.spec.replicas_min or 1) if change.spec else len(rec.replicas)
         target = change.revision if applied else rec.revision
         pending = "; ".join([*([change.pending_reason] if change.pending_reason else []), *change.blocked]) or None
         rec.last_error = failure if failure else (None if applied else rec.last_error)
@@ -413,14 +413,14 @@ class Executor:
     @staticmethod
     def _budget(change: DeploymentChange) -> float:
         """The deployment's engine's start-up budget, plus a margin for systemd and SSH."""
-        engine = PROVIDERS.get(str((change.fit or {}).get("engine")))
+        engine = PROVIDERS.get(change.fit.engine) if change.fit else None
         budget = engine.startup_budget_s if engine else max(p.startup_budget_s for p in PROVIDERS.values())
         return budget + 60
 
     @staticmethod
-    def _reason(t: SSHTransport | LocalTransport, change: DeploymentChange, unit: str) -> str:
+    def _reason(t: Transport, change: DeploymentChange, unit: str) -> str:
         """Why `unit` failed, in its engine's own words."""
-        engine = PROVIDERS.get(str((change.fit or {}).get("engine")))
+        engine = PROVIDERS.get(change.fit.engine) if change.fit else None
         return failure_reason(t.run(failure_argv(unit)).stdout, engine.log_prefix if engine else "")
 
     def _replica_record(self, step: ReplicaChange, status: str, digest: str = "") -> ReplicaRecord:
@@ -428,17 +428,17 @@ class Executor:
             checkpoint_digest=digest, engine_version=step.engine_version, engine_sha256=step.engine_sha256,
             index=step.index, slot=step.slot, host=step.host, unit=step.unit, port=step.port, gpus=step.gpus,
             gpu_indexes=step.gpu_indexes, unit_sha256=step.unit_sha256 or "", revision=step.revision,
-            argv=step.argv, status=status,  # type: ignore[arg-type]
+            argv=step.argv, status=status,
         )  # fmt: skip
 
-    def _run(self, t: SSHTransport | LocalTransport, argv: list[str], what: str, timeout: float = 120) -> None:
+    def _run(self, t: Transport, argv: list[str], what: str, timeout: float = 120) -> None:
         """A command that must succeed; its failure, with its own stderr, halts the deployment."""
         result = t.run(argv, timeout=timeout)
         if result.exit_code != 0:
             said = (result.stderr or result.stdout).strip().splitlines()
             raise StepFailed(f"{what} failed (exit status {result.exit_code})" + (f": {said[-1]}" if said else ""))
 
-    def _start_new(self, t: SSHTransport | LocalTransport, change: DeploymentChange, step: ReplicaChange) -> None:
+    def _start_new(self, t: Transport, change: DeploymentChange, step: ReplicaChange) -> None:
         """Record (pending), upload, start behind the health gate; on failure remove it again and raise."""
         name = change.name
         digest = self._digests.get((name, step.host), "")
@@ -490,7 +490,7 @@ class Executor:
         self.progress(f"{name}: weights {fetch.repo}@{fetch.commit[:12]} on {fetch.host}: {what}, checkpoint "
                       f"digest {got.digest[:12]}")  # fmt: skip
 
-    def _remove_old(self, t: SSHTransport | LocalTransport, name: str, host: str, unit: str) -> None:
+    def _remove_old(self, t: Transport, name: str, host: str, unit: str) -> None:
         self._record(lambda s: _set_status(s, name, host, unit, "removing"), name)
         self._run(t, remove_argv(unit), f"removing {unit} on {host}")
         self._record(lambda s: _drop_replica(s, name, host, unit), name)
@@ -515,17 +515,16 @@ class Executor:
     def _step(self, change: DeploymentChange, step: ReplicaChange) -> None:
         self._check_names(change, step)
         name = change.name
-        action = tuple(step.action)
-        if action == ("create",):
+        if step.actions == CREATE:
             with self._on(step.host) as t:
                 self._start_new(t[step.host], change, step)
-        elif action == ("delete",):
+        elif step.actions == DELETE:
             host, unit = step.old_host or step.host, step.old_unit or step.unit
             with self._on(host) as t:
                 self._remove_old(t[host], name, host, unit)
-        elif action == ("update",):
+        elif step.actions == UPDATE:
             self._repair(change, step)
-        elif action == ("delete", "create"):
+        elif step.replaces:
             self._replace(change, step)
 
     def _repair(self, change: DeploymentChange, step: ReplicaChange) -> None:
@@ -550,7 +549,7 @@ class Executor:
         old_host, old_unit = step.old_host or step.host, step.old_unit or step.unit
         with self._on(step.host, old_host) as t:
             new_t, old_t = t[step.host], t[old_host]
-            if step.strategy == "surge":
+            if step.actions == SURGE:  # create before destroy: the old replica serves until the new one does
                 self._start_new(new_t, change, step)  # raises StepFailed with the old replica untouched
                 self._remove_old(old_t, name, old_host, old_unit)
                 return
@@ -565,7 +564,7 @@ class Executor:
                 raise
             self._remove_old(old_t, name, old_host, old_unit)
 
-    def _restore(self, t: SSHTransport | LocalTransport, change: DeploymentChange, host: str, unit: str) -> None:
+    def _restore(self, t: Transport, change: DeploymentChange, host: str, unit: str) -> None:
         """Bring the previous unit back after its replacement failed; its outcome is recorded either way."""
         restored = t.run(start_argv(unit), timeout=self._budget(change))
         status = "serving" if restored.exit_code == 0 else "failed"

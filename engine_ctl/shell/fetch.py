@@ -12,7 +12,7 @@ from importlib import resources
 from engine_ctl.core.documents.inventory import Downloads, Host
 from engine_ctl.core.weights import WeightsFetch
 from engine_ctl.shell.hub import DEFAULT_ENDPOINT, endpoint_from, token_from
-from engine_ctl.shell.transport import LocalTransport, SSHTransport
+from engine_ctl.shell.transport import Transport
 
 PYTHON = "python3"
 BOOTSTRAP = "import sys;n=int(sys.stdin.readline());exec(compile(sys.stdin.read(n),'fetch_weights','exec'))"
@@ -81,7 +81,7 @@ def fetch_input(fetch: WeightsFetch, host: Host, downloads: Downloads, endpoint:
 
 
 def fetch_weights(
-    transport: SSHTransport | LocalTransport, fetch: WeightsFetch, host: Host, downloads: Downloads, endpoint: str,
+    transport: Transport, fetch: WeightsFetch, host: Host, downloads: Downloads, endpoint: str,
     token: str | None, progress: Progress,
 ) -> Fetched:  # fmt: skip
     """Put the checkout in place on the host (or find it there) and return its checkpoint digest."""

@@ -28,7 +28,7 @@ from engine_ctl.core.fit.unitheader import parse_unit_header
 from engine_ctl.core.plan.unitdiff import hide_secrets_in
 from engine_ctl.core.render.units import UNIT_PREFIX
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, fan_out
+from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, Transport, fan_out
 
 PYTHON = "python3"
 
@@ -178,7 +178,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
 
 
 def gather_one(
-    transport: SSHTransport | LocalTransport,
+    transport: Transport,
     model_paths: Sequence[str] = (),
     health: Sequence[tuple[int, str]] = (),
 ) -> HostFacts:

@@ -48,6 +48,9 @@ class HostFailure(Exception):
 
 
 class Transport(Protocol):
+    """What gather, apply, fetch and logs ask of one host's connection, and all they may ask: SSHTransport and
+    LocalTransport are both one (mypy checks it where transport_for's result is used as a Transport)."""
+
     host: Host
 
     def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None) -> CommandResult: ...
@@ -55,6 +58,8 @@ class Transport(Protocol):
     def put(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
 
     def stream(self, argv: Sequence[str], on_line: Callable[[str], None], stop: threading.Event) -> int | None: ...
+
+    def feed(self, argv: Sequence[str], stdin: str, on_line: Callable[[str], None], timeout: float) -> int: ...
 
     def close(self) -> None: ...
 

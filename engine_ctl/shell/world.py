@@ -11,9 +11,10 @@ from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.model import DesiredState, Model
 from engine_ctl.core.names import unknown_targets
+from engine_ctl.core.plan.changes import Plan, PlanContext
 from engine_ctl.core.plan.engines import with_engines
 from engine_ctl.core.plan.fetching import plan_fetches
-from engine_ctl.core.plan.planner import Plan, make_plan
+from engine_ctl.core.plan.planner import make_plan
 from engine_ctl.core.render.units import model_path_on_host
 from engine_ctl.core.weights import Checkout
 from engine_ctl.shell.gather import gather
@@ -93,12 +94,12 @@ def plan_world(
         refresh_only=refresh_only, created_at=now(), hold_absent=hold_absent, replace=frozenset(replace),
     )  # fmt: skip
     plan = with_engines(plan_fetches(plan, desired, inventory, facts, checkouts or {}, state), facts)
-    plan.context = {
-        "documents": [str(p.resolve()) for p in documents],
-        "inventory": str(Path(inventory.file).resolve()) if inventory.file else None,
-        "state": reopen,
-        "model_paths": paths,
-    }
+    plan.context = PlanContext(
+        documents=[str(p.resolve()) for p in documents],
+        inventory=str(Path(inventory.file).resolve()) if inventory.file else None,
+        state=reopen,
+        model_paths=paths,
+    )
     return plan, failures
 
 

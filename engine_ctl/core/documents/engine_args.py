@@ -45,25 +45,9 @@ def check_engine_args(args: Sequence[str], provider: Provider, field: str) -> li
     expecting_value_for: str | None = None
     for i, token in enumerate(args):
         where = f"{field}[{i}]"
-        if len(token) > MAX_ARG_CHARS:
-            problems.append(
-                ArgProblem(i, f"{where}: at most {MAX_ARG_CHARS} characters (found {len(token)})", code="arg_too_long")
-            )
-            continue
-        bad = bad_character(token)
-        if bad:
-            problems.append(ArgProblem(i, f"{where}: no control characters (found {bad})", code="control_character"))
-            continue
-        shell = sorted({c for c in token if c in SHELL_CHARS})
-        if shell:
-            problems.append(
-                ArgProblem(
-                    i,
-                    f"{where} {token!r}: no shell characters (` $ | & < > \\); found {' '.join(shell)}",
-                    hint="arguments are passed to the engine as they are, never to a shell",
-                    code="shell_character",
-                )
-            )
+        unsafe = _unsafe_token(i, where, token)
+        if unsafe:
+            problems.append(unsafe)
             continue
         if not _is_flag(token):
             if i == 0:
@@ -99,19 +83,31 @@ def check_engine_args(args: Sequence[str], provider: Provider, field: str) -> li
             continue
         if not name.startswith("--"):
             long = provider.short_flags.get(name)
-            if long:
-                problems.append(
-                    ArgProblem(i, f"{where} {name}: flags in their long form ({long}, not {name})", code="short_flag")
-                )
-            else:
-                problems.append(
-                    ArgProblem(i, f"{where} {name}: flags in their long form (--name, not -n)", code="short_flag")
-                )
+            form = f"{long}, not {name}" if long else "--name, not -n"
+            problems.append(ArgProblem(i, f"{where} {name}: flags in their long form ({form})", code="short_flag"))
             expecting_value_for = None if "=" in token else name
             continue
         problems.extend(_check_flag(i, where, name, provider))
         expecting_value_for = None if "=" in token else name
     return problems
+
+
+def _unsafe_token(i: int, where: str, token: str) -> ArgProblem | None:
+    """A token too long, or with a control or shell character: refused whatever the flag."""
+    if len(token) > MAX_ARG_CHARS:
+        return ArgProblem(i, f"{where}: at most {MAX_ARG_CHARS} characters (found {len(token)})", code="arg_too_long")
+    bad = bad_character(token)
+    if bad:
+        return ArgProblem(i, f"{where}: no control characters (found {bad})", code="control_character")
+    shell = sorted({c for c in token if c in SHELL_CHARS})
+    if shell:
+        return ArgProblem(
+            i,
+            f"{where} {token!r}: no shell characters (` $ | & < > \\); found {' '.join(shell)}",
+            hint="arguments are passed to the engine as they are, never to a shell",
+            code="shell_character",
+        )
+    return None
 
 
 def _check_flag(i: int, where: str, name: str, provider: Provider) -> list[ArgProblem]:

@@ -250,6 +250,40 @@ def split_engines(engines: dict[str, object]) -> dict[str, dict[str, object]]:
     return {"engines": plain, "engine_builds": builds, "engine_pins": pins}
 
 
+def _host_entry(doc: SourceDocument, i: int, raw: object) -> tuple[HostEntry | None, list[Diagnostic]]:
+    """hosts[i] as a HostEntry, or its problems (positioned in the document, named hosts[i].field)."""
+    try:
+        return HostEntry.model_validate(raw), []
+    except ValidationError as exc:
+        shifted = SourceDocument(
+            file=doc.file,
+            index=doc.index,
+            data=raw,
+            line=doc.locate(("hosts", i)).line or 1,
+            column=doc.locate(("hosts", i)).column or 1,
+            value_positions={k[2:]: v for k, v in doc.value_positions.items() if k[:2] == ("hosts", i)},
+            key_positions={k[2:]: v for k, v in doc.key_positions.items() if k[:2] == ("hosts", i)},
+        )
+        return None, [
+            Diagnostic(
+                d.location, f"hosts[{i}].{d.field}" if d.field else f"hosts[{i}]", d.message, d.hint, code=d.code
+            )
+            for d in diagnostics_from(exc, shifted, HostEntry)
+        ]
+
+
+def _name_problem(doc: SourceDocument, i: int, name: str, seen: dict[str, int]) -> Diagnostic | None:
+    """A host name that breaks the naming rule or names a host twice."""
+    where = doc.locate(("hosts", i, "name"))
+    if not HOST_NAME.fullmatch(name):
+        message = f"host name {name!r}: letters, digits, '.', '_' and '-', at most 63 characters"
+        return Diagnostic(where, f"hosts[{i}].name", message, code="invalid_name")
+    if name in seen:
+        why = f"duplicate host name {name!r} (also hosts[{seen[name]}])"
+        return Diagnostic(where, f"hosts[{i}].name", why, code="duplicate_name")
+    return None
+
+
 def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
     """Build an Inventory from a parsed document. Pure apart from path expansion."""
     unsafe = text_problems(doc)
@@ -267,49 +301,14 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
     seen: dict[str, int] = {}
     addresses: dict[str, int] = {}
     for i, raw in enumerate(parsed.hosts):
-        try:
-            entry = HostEntry.model_validate(raw)
-        except ValidationError as exc:
-            shifted = SourceDocument(
-                file=doc.file,
-                index=doc.index,
-                data=raw,
-                line=doc.locate(("hosts", i)).line or 1,
-                column=doc.locate(("hosts", i)).column or 1,
-                value_positions={k[2:]: v for k, v in doc.value_positions.items() if k[:2] == ("hosts", i)},
-                key_positions={k[2:]: v for k, v in doc.key_positions.items() if k[:2] == ("hosts", i)},
-            )
-            for d in diagnostics_from(exc, shifted, HostEntry):
-                problems.append(
-                    Diagnostic(
-                        d.location,
-                        f"hosts[{i}].{d.field}" if d.field else f"hosts[{i}]",
-                        d.message,
-                        d.hint,
-                        code=d.code,
-                    )
-                )
+        entry, entry_problems = _host_entry(doc, i, raw)
+        problems.extend(entry_problems)
+        if entry is None:
             continue
         problems.extend(_path_problems(doc, ("hosts", i), entry) + _pin_problems(doc, ("hosts", i), entry))
-        if not HOST_NAME.fullmatch(entry.name):
-            problems.append(
-                Diagnostic(
-                    doc.locate(("hosts", i, "name")),
-                    f"hosts[{i}].name",
-                    f"host name {entry.name!r}: letters, digits, '.', '_' and '-', at most 63 characters",
-                    code="invalid_name",
-                )
-            )
-            continue
-        if entry.name in seen:
-            problems.append(
-                Diagnostic(
-                    doc.locate(("hosts", i, "name")),
-                    f"hosts[{i}].name",
-                    f"duplicate host name {entry.name!r} (also hosts[{seen[entry.name]}])",
-                    code="duplicate_name",
-                )
-            )
+        named = _name_problem(doc, i, entry.name, seen)
+        if named is not None:
+            problems.append(named)
             continue
         seen[entry.name] = i
         values = {**defaults, **entry.model_dump(exclude_none=True)}

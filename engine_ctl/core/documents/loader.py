@@ -95,7 +95,7 @@ def _fields(doc: SourceDocument, mapping: dict[str, tuple[str | int, ...]]) -> d
     return out
 
 
-def _items(doc: SourceDocument, internal: str, path: tuple[str | int, ...], n: int) -> dict[str, tuple[str | int, ...]]:
+def _items(internal: str, path: tuple[str | int, ...], n: int) -> dict[str, tuple[str | int, ...]]:
     return {f"{internal}[{i}]": (*path, i) for i in range(n)}
 
 
@@ -150,7 +150,7 @@ def _spec_deployment(doc: SourceDocument, parsed: DeploymentDocument) -> LoadedD
         "priority": ("spec", "priority"),
         "host": ("spec", "host"),
         "prevent_destroy": ("spec", "prevent_destroy"),
-        **_items(doc, "engine_args", ("spec", "engine_args"), len(spec.engine_args)),
+        **_items("engine_args", ("spec", "engine_args"), len(spec.engine_args)),
     }
     origin = Origin(file=doc.file, form="spec", line=doc.line, column=doc.column, fields=_fields(doc, paths))
     return LoadedDeployment(deployment=deployment, origin=origin)
@@ -194,7 +194,7 @@ def _flat_model(parsed: FlatDeploymentDocument) -> Model:
         fmt = "safetensors"
     return Model(
         name=name,
-        format=fmt,  # type: ignore[arg-type]
+        format=fmt,
         path=path,
         hf=hf,
         file=model_file,
@@ -242,7 +242,7 @@ def _flat_deployment(doc: SourceDocument, parsed: FlatDeploymentDocument) -> tup
         "ram_bytes": ("resources", "ram"),
         **{o.key: ("engine_config", o.key) for o in engine_options()},
         "prevent_destroy": ("prevent_destroy",),
-        **_items(doc, "engine_args", ("engine_config", "extra_args"), len(cfg.extra_args)),
+        **_items("engine_args", ("engine_config", "extra_args"), len(cfg.extra_args)),
     }
     fields = _fields(doc, paths)
     origin = Origin(file=doc.file, form="flat", line=doc.line, column=doc.column, fields=fields)

@@ -8,6 +8,7 @@ from engine_ctl.core.diagnostics import Diagnostic
 from engine_ctl.core.documents.loader import LoadResult
 from engine_ctl.core.documents.rules import field_name, resolve_engine, written
 from engine_ctl.core.model import LoadedDeployment, Model
+from engine_ctl.providers import Provider
 
 FORMAT_VERSION = 1
 
@@ -50,31 +51,47 @@ def _defaults(loaded: LoadedDeployment, model: Model | None) -> list[Default]:
     d, o = loaded.deployment, loaded.origin
     engine = resolve_engine(d, model)
     out: list[Default] = []
+    if not written(o, "engine") and engine is not None:
+        why = "the model's format" if model else "cpu"
+        out.append(
+            Default(
+                field_name(o, "engine"), f"auto → {engine.name}", f"from {why} ({model.format if model else 'cpu'})"
+            )
+        )
+    if o.form == "flat" and not written(o, "replicas_max"):
+        out.append(Default("replicas", d.replicas_max, "default"))
+    if o.form == "spec":
+        out += _spec_form_defaults(loaded)
+    return out + _sizing_defaults(loaded, model, engine) + _parallel_default(loaded, engine)
 
-    def unset(internal: str) -> bool:
-        return not written(o, internal)
+
+def _spec_form_defaults(loaded: LoadedDeployment) -> list[Default]:
+    """The spec form's fields left out: replicas, accelerator, GPU vendor, priority."""
+    d, o = loaded.deployment, loaded.origin
+    out = []
+    if not written(o, "replicas_min"):
+        out.append(Default("spec.replicas.min", d.replicas_min, "default"))
+    if not written(o, "replicas_max"):
+        out.append(Default("spec.replicas.max", d.replicas_max, "default"))
+    if d.replicas_min == 0 and not written(o, "idle_minutes"):
+        out.append(Default("spec.replicas.idle_minutes", 15, "default with min: 0"))
+    if not written(o, "accelerator"):
+        out.append(Default("spec.accelerator", d.accelerator, "default"))
+    if not written(o, "gpu_vendor"):
+        out.append(Default("spec.gpu_vendor", d.gpu_vendor, "any GPU the engine runs on"))
+    if not written(o, "priority"):
+        out.append(Default("spec.priority", d.priority, "default"))
+    return out
+
+
+def _sizing_defaults(loaded: LoadedDeployment, model: Model | None, engine: Provider | None) -> list[Default]:
+    """context_length, gpus and cpu_cores left out: what they will be, or how they are chosen."""
+    d, o = loaded.deployment, loaded.origin
 
     def name(internal: str) -> str:
         return field_name(o, internal)
 
-    if unset("engine") and engine is not None:
-        why = "the model's format" if model else "cpu"
-        out.append(Default(name("engine"), f"auto → {engine.name}", f"from {why} ({model.format if model else 'cpu'})"))
-    if o.form == "flat" and unset("replicas_max"):
-        out.append(Default("replicas", d.replicas_max, "default"))
-    if o.form == "spec":
-        if unset("replicas_min"):
-            out.append(Default("spec.replicas.min", d.replicas_min, "default"))
-        if unset("replicas_max"):
-            out.append(Default("spec.replicas.max", d.replicas_max, "default"))
-        if d.replicas_min == 0 and unset("idle_minutes"):
-            out.append(Default("spec.replicas.idle_minutes", 15, "default with min: 0"))
-        if unset("accelerator"):
-            out.append(Default("spec.accelerator", d.accelerator, "default"))
-        if unset("gpu_vendor"):
-            out.append(Default("spec.gpu_vendor", d.gpu_vendor, "any GPU the engine runs on"))
-        if unset("priority"):
-            out.append(Default("spec.priority", d.priority, "default"))
+    out = []
     if d.context_length is None and engine is not None:
         cap = engine.default_context_cap
         if model is not None and model.context_length is not None:
@@ -82,41 +99,31 @@ def _defaults(loaded: LoadedDeployment, model: Model | None) -> list[Default]:
         else:
             out.append(Default(name("context_length"), None, f"the model's (read from its files), at most {cap}", True))
     if d.accelerator == "gpu" and d.gpus is None:
-        out.append(
-            Default(
-                name("gpus"),
-                None,
-                "the fewest of 1, 2, 4, 8 that hold the model on the largest-GPU host",
-                True,
-            )
-        )
-    if d.cpu_cores is None:
-        if d.accelerator == "gpu":
-            if d.gpus is not None:
-                out.append(Default(name("cpu_cores"), 4 * d.gpus, "4 per GPU"))
-            else:
-                out.append(Default(name("cpu_cores"), None, "4 per GPU, once gpus is chosen", True))
+        why = "the fewest of 1, 2, 4, 8 that hold the model on the largest-GPU host"
+        out.append(Default(name("gpus"), None, why, True))
+    if d.cpu_cores is None and d.accelerator == "gpu":
+        if d.gpus is not None:
+            out.append(Default(name("cpu_cores"), 4 * d.gpus, "4 per GPU"))
         else:
-            out.append(
-                Default(
-                    name("cpu_cores"),
-                    None,
-                    "by size: 2 up to 2B parameters, 4 up to 9B, 6 above, at most the largest host's cores",
-                    True,
-                )
-            )
-    if d.parallel is None and engine is not None:
-        options = engine.parallel_candidates(d.accelerator)
-        where = "on a CPU" if d.accelerator == "cpu" else "on GPUs"
-        if len(options) == 1:
-            out.append(Default(name("parallel"), options[0], f"{engine.title} {where}"))
-        else:
-            first, *rest = options
-            lowered = " or ".join(map(str, rest))
-            out.append(
-                Default(name("parallel"), None, f"{first} {where}, lowered to {lowered} when that is what fits", True)
-            )
+            out.append(Default(name("cpu_cores"), None, "4 per GPU, once gpus is chosen", True))
+    elif d.cpu_cores is None:
+        why = "by size: 2 up to 2B parameters, 4 up to 9B, 6 above, at most the largest host's cores"
+        out.append(Default(name("cpu_cores"), None, why, True))
     return out
+
+
+def _parallel_default(loaded: LoadedDeployment, engine: Provider | None) -> list[Default]:
+    d = loaded.deployment
+    if d.parallel is not None or engine is None:
+        return []
+    options = engine.parallel_candidates(d.accelerator)
+    where = "on a CPU" if d.accelerator == "cpu" else "on GPUs"
+    name = field_name(loaded.origin, "parallel")
+    if len(options) == 1:
+        return [Default(name, options[0], f"{engine.title} {where}")]
+    first, *rest = options
+    lowered = " or ".join(map(str, rest))
+    return [Default(name, None, f"{first} {where}, lowered to {lowered} when that is what fits", True)]
 
 
 def build_report(result: LoadResult) -> list[DeploymentReport]:

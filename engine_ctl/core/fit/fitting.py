@@ -11,23 +11,20 @@ does not fit the other.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Callable, Sequence
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from engine_ctl.core.documents.rules import resolve_engine
-from engine_ctl.core.fit.hostfacts import BUSY_BYTES, Gpu, HostFacts
+from engine_ctl.core.fit.hostfacts import Gpu, HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts, estimate_weights_bytes
 from engine_ctl.core.fit.runspec import FitPlan, MemoryBasis, Placement
 from engine_ctl.core.model import Deployment, Model
-from engine_ctl.core.sizes import GIB
+from engine_ctl.core.sizes import GB, gb_down, gb_up
 from engine_ctl.providers import Provider
 
 GPU_CHOICES = (1, 2, 4, 8)
-BASE_PORT = 8000
-GB = 1000**3
 
 
 class FitResult(BaseModel):
@@ -48,85 +45,6 @@ class FitUnknown(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     reason: str
-
-
-@dataclass
-class Taken:
-    """What is already given away on each host, as placement counts it: replicas recorded in the state (which
-    run, or will run again) and replicas placed earlier in the same plan. `ours` are the GPUs engine-ctl's own
-    replicas hold, whose memory in use is not another process's."""
-
-    gpus: set[str] = field(default_factory=set)
-    ours: set[str] = field(default_factory=set)
-    ports: dict[str, set[int]] = field(default_factory=dict)
-    cores: dict[str, int] = field(default_factory=dict)
-    memory: dict[str, int] = field(default_factory=dict)
-    """Host memory (bytes) given to every replica counted here, against the host's total."""
-    placed_memory: dict[str, int] = field(default_factory=dict)
-    """Host memory (bytes) given to replicas placed by this plan: not yet gone from the host's available memory."""
-
-    def hold(
-        self, host: str, *, port: int | None = None, gpus: Iterable[str] = (), cores: int = 0, memory: int = 0,
-        placed: bool = False,
-    ) -> None:  # fmt: skip
-        if port is not None:
-            self.ports.setdefault(host, set()).add(port)
-        self.gpus.update(gpus)
-        self.cores[host] = self.cores.get(host, 0) + cores
-        self.memory[host] = self.memory.get(host, 0) + memory
-        if placed:
-            self.placed_memory[host] = self.placed_memory.get(host, 0) + memory
-
-    def free(
-        self, host: str, *, port: int | None = None, gpus: Iterable[str] = (), cores: int = 0, memory: int = 0
-    ) -> None:
-        """Give back what a replica that goes away held (its memory counts as available only once it stopped)."""
-        if port is not None:
-            self.ports.get(host, set()).discard(port)
-        self.gpus.difference_update(gpus)
-        self.cores[host] = max(self.cores.get(host, 0) - cores, 0)
-        self.memory[host] = max(self.memory.get(host, 0) - memory, 0)
-
-    def take(self, p: Placement) -> None:
-        self.hold(p.host, port=p.port, gpus=[g.uuid for g in p.gpus], cores=p.cpu_cores, memory=p.memory_bytes,
-                  placed=True)  # fmt: skip
-
-    def copy(self) -> Taken:
-        return Taken(
-            gpus=set(self.gpus), ours=set(self.ours), ports={h: set(p) for h, p in self.ports.items()},
-            cores=dict(self.cores), memory=dict(self.memory), placed_memory=dict(self.placed_memory),
-        )  # fmt: skip
-
-    def free_cores(self, host: HostFacts) -> int:
-        return host.cpu.cores - self.cores.get(host.host, 0)
-
-    def free_memory(self, host: HostFacts) -> int:
-        """Memory really free for one more replica: the host's total less what every counted replica takes, and
-        its available memory now less what this plan has placed there."""
-        by_total = host.memory.total_bytes - self.memory.get(host.host, 0)
-        by_available = host.memory.available_bytes - self.placed_memory.get(host.host, 0)
-        return min(by_total, by_available)
-
-
-# --- formatting (messages only) ---------------------------------------------------------------------------
-
-
-def gb_up(n_bytes: int) -> str:
-    """A need, in GB rounded up to 0.1: never shows less than is needed."""
-    return f"{math.ceil(n_bytes / GB * 10) / 10:g} GB"
-
-
-def gb_down(n_bytes: int) -> str:
-    """A size, in GB rounded down to 0.1: never shows more than there is."""
-    return f"{math.floor(n_bytes / GB * 10) / 10:g} GB"
-
-
-def gib_up(n_bytes: int) -> str:
-    return f"{math.ceil(n_bytes / GIB * 10) / 10:.1f} GiB"
-
-
-def gib_down(n_bytes: int) -> str:
-    return f"{math.floor(max(n_bytes, 0) / GIB * 10) / 10:.1f} GiB"
 
 
 # --- what the model is ------------------------------------------------------------------------------------
@@ -262,7 +180,36 @@ def compatible_gpus(host: HostFacts, provider: Provider, vendor: str, devices: S
 
 def sizing_hosts(d: Deployment, hosts: Sequence[HostFacts]) -> list[HostFacts]:
     """The machines the deployment may use: spec.host (flat host:) narrows them to one."""
-    return [h for h in hosts if d.host in (None, h.host)]
+    return list(hosts) if d.host is None else [h for h in hosts if h.host == d.host]
+
+
+class Fleet(Protocol):
+    """What the fit asks of all the hosts at once. A plan answers from a memo (it plans many deployments over the
+    same hosts): each answer is the same as these functions give."""
+
+    def largest_gpu_host(
+        self, hosts: Sequence[HostFacts], provider: Provider, vendor: str, devices: Sequence[str] = ()
+    ) -> HostFacts | None: ...
+
+    def largest_cores(self, hosts: Sequence[HostFacts]) -> int: ...
+
+
+class AskEachHost:
+    """The Fleet that asks each host every time (one deployment alone)."""
+
+    @staticmethod
+    def largest_gpu_host(
+        hosts: Sequence[HostFacts], provider: Provider, vendor: str, devices: Sequence[str] = ()
+    ) -> HostFacts | None:
+        return largest_gpu_host(hosts, provider, vendor, devices)
+
+    @staticmethod
+    def largest_cores(hosts: Sequence[HostFacts]) -> int:
+        return largest_cores(hosts)
+
+
+def largest_cores(hosts: Sequence[HostFacts]) -> int:
+    return max((h.cpu.cores for h in hosts), default=0)
 
 
 def largest_gpu_host(
@@ -307,6 +254,7 @@ def fit(
     facts: ModelFacts | None,
     hosts: Sequence[HostFacts],
     names: Callable[[str], str] | None = None,
+    fleet: Fleet | None = None,
 ) -> FitPlan | FitUnknown | str:
     """The plan object for one replica; FitUnknown when it cannot be sized yet (Pending); or why the
     specification cannot be served as asked (Failed). Memory the deployment states itself (flat form:
@@ -328,9 +276,9 @@ def fit(
     usable = sizing_hosts(d, hosts)
     result: FitPlan | FitUnknown | str
     if d.accelerator == "cpu":
-        result = _fit_cpu(d, model, facts, shape, usable, provider, weights, basis)
+        result = _fit_cpu(d, model, facts, shape, usable, provider, weights, basis, fleet or AskEachHost())
     else:
-        result = _fit_gpu(d, model, facts, shape, usable, provider, weights, basis)
+        result = _fit_gpu(d, model, facts, shape, usable, provider, weights, basis, fleet or AskEachHost())
     if not isinstance(result, FitPlan):
         return result
     if d.ram_bytes:
@@ -351,7 +299,7 @@ def _kv_per_token(d: Deployment, shape: ModelFacts | None, provider: Provider) -
 
 def _fit_cpu(
     d: Deployment, model: Model, facts: ModelFacts | None, shape: ModelFacts | None, hosts: Sequence[HostFacts],
-    provider: Provider, weights: int, basis: MemoryBasis,
+    provider: Provider, weights: int, basis: MemoryBasis, fleet: Fleet,
 ) -> FitPlan:  # fmt: skip
     context = default_context(d, model, facts, provider)
     parallel = d.parallel or provider.parallel_candidates("cpu")[0]
@@ -361,9 +309,9 @@ def _fit_cpu(
     else:
         kv = per_token * provider.cache_tokens(context, parallel)
     estimate = weights + kv + provider.compute_bytes(weights, 0)
-    largest_cores = max((h.cpu.cores for h in hosts), default=0)
-    cores = d.cpu_cores or cpu_cores_by_size(model.parameters or (facts.parameters if facts else None), largest_cores)
-    threads = min(2 * cores, largest_cores) if largest_cores else 2 * cores
+    most = fleet.largest_cores(hosts)
+    cores = d.cpu_cores or cpu_cores_by_size(model.parameters or (facts.parameters if facts else None), most)
+    threads = min(2 * cores, most) if most else 2 * cores
     return FitPlan(
         engine=provider.name, gpu_vendor="any", accelerator="cpu", kind=_kind(model), gpus=0, min_gpu_memory_gb=0,
         memory_basis=basis, cpu_cores=cores, threads=threads,
@@ -378,11 +326,11 @@ def _kind(model: Model) -> Literal["chat", "embedding"]:
 
 def _fit_gpu(
     d: Deployment, model: Model, facts: ModelFacts | None, shape: ModelFacts | None, hosts: Sequence[HostFacts],
-    provider: Provider, weights: int, basis: MemoryBasis,
+    provider: Provider, weights: int, basis: MemoryBasis, fleet: Fleet,
 ) -> FitPlan | FitUnknown | str:  # fmt: skip
     context = default_context(d, model, facts, provider)
     per_token = _kv_per_token(d, shape, provider)
-    biggest = largest_gpu_host(hosts, provider, d.gpu_vendor, d.devices)
+    biggest = fleet.largest_gpu_host(hosts, provider, d.gpu_vendor, d.devices)
     gpus_there = compatible_gpus(biggest, provider, d.gpu_vendor, d.devices) if biggest else []
     sizes = [g.memory_total_bytes or 0 for g in gpus_there]
     biggest_gpu = (min(sizes) if d.devices else max(sizes)) if sizes else 0
@@ -437,169 +385,3 @@ def _candidate(
     if d.gpu_memory_bytes:
         return n, p, math.ceil(d.gpu_memory_bytes / n), kv
     return n, p, provider.gpu_bytes_per_gpu(weights, kv, n, per_token * context), kv
-
-
-# --- placement --------------------------------------------------------------------------------------------
-
-
-def free_port(used: set[int], start: int = BASE_PORT) -> int:
-    port = start
-    while port in used:
-        port += 1
-    return port
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'s' if n != 1 else ''}"
-
-
-def cpu_verdict(host: HostFacts, plan: FitPlan, taken: Taken) -> str | None:
-    """Why one more replica's cores or host memory are not free on `host` (seed's kind of reason), or None."""
-    cores = taken.free_cores(host)
-    if cores < plan.cpu_cores:
-        return (
-            f"Waiting for a machine with {_plural(plan.cpu_cores, 'free CPU core')} "
-            f"({max(cores, 0)} of {host.cpu.cores} free here)"
-        )
-    memory = taken.free_memory(host)
-    if memory < plan.memory_bytes:
-        what = "free memory" if plan.accelerator == "cpu" else "free host memory"
-        return f"Waiting for a machine with {gib_up(plan.memory_bytes)} of {what} ({gib_down(memory)} free here)"
-    return None
-
-
-def gpu_verdict(host: HostFacts, plan: FitPlan, provider: Provider, taken: Taken) -> tuple[list[Gpu] | None, str]:
-    """The free GPUs of `host` a replica may take (all of them, in index order), or why there are none."""
-    if not host.gpus:
-        return None, "Waiting for a machine with a GPU (this one has none)"
-    if plan.gpu_vendor != "any" and not any(g.vendor == plan.gpu_vendor for g in host.gpus):
-        return None, f"Waiting for a machine with {plan.gpu_vendor} GPUs (this one has {host.gpus[0].vendor})"
-    usable = compatible_gpus(host, provider, plan.gpu_vendor)
-    if not usable:
-        refusal = provider.gpu_refusal(host.gpus[0]) or f"{provider.name} does not run on these GPUs"
-        return None, f"Waiting for a machine with GPUs {provider.title} runs on ({refusal})"
-    if plan.devices:
-        usable = [g for g in usable if pins(g, plan.devices)]
-        if len(usable) < len(plan.devices):
-            have = ", ".join(f"gpu{g.index}" for g in host.gpus)
-            return None, f"Waiting for a machine with the pinned GPUs {', '.join(plan.devices)} (this one has {have})"
-    need = plan.min_gpu_memory_bytes
-    big_enough = [g for g in usable if (g.memory_total_bytes or 0) >= need]
-    if not big_enough:
-        largest = max((g.memory_total_bytes or 0) for g in usable)
-        return None, (
-            f"Waiting for a machine with a GPU with at least {gb_up(need)} (the largest here has {gb_down(largest)})"
-        )
-    free = [
-        g for g in big_enough
-        if g.uuid not in taken.gpus and ((g.memory_used_bytes or 0) <= BUSY_BYTES or g.uuid in taken.ours)
-    ]  # fmt: skip
-    if len(free) < plan.gpus:
-        return None, (
-            f"Waiting for a machine with {_plural(plan.gpus, 'free GPU')} with at least {gb_up(need)} "
-            f"({len(free)} free here)"
-        )
-    return sorted(free, key=lambda g: g.index)[: plan.gpus], ""
-
-
-def host_verdict(
-    host: HostFacts, plan: FitPlan, provider: Provider, taken: Taken
-) -> tuple[list[Gpu] | None, str | None]:
-    """Which GPUs of `host` a replica would take, or why it cannot run there (seed's words)."""
-    if plan.accelerator == "cpu":
-        if not provider.runs_on("cpu"):
-            return None, f"{provider.name} does not run on CPUs"
-        reason = cpu_verdict(host, plan, taken)
-        return (None, reason) if reason else ([], None)
-    gpus, why = gpu_verdict(host, plan, provider, taken)
-    if gpus is None:
-        return None, why
-    reason = cpu_verdict(host, plan, taken)
-    return (None, reason) if reason else (gpus, None)
-
-
-def place(
-    d: Deployment,
-    plan: FitPlan,
-    provider: Provider,
-    hosts: Sequence[HostFacts],
-    count: int,
-    taken: Taken | None = None,
-    already: dict[str, int] | None = None,
-    prefer: str | None = None,
-    no_weights: Mapping[str, str] | None = None,
-) -> FitResult:
-    """Spread `count` replicas over hosts, GPUs whole, by UUID. `taken` (not changed) is what other replicas
-    already hold; each replica placed here is counted too. `no_weights` maps a host to why the model's weights are
-    not usable there (missing, not a valid file): no replica is placed there, and it waits for them.
-
-    The order is deterministic (the same documents, state and facts give the same placement): see host_order."""
-    held = taken.copy() if taken is not None else Taken()
-    per_host: dict[str, int] = {h.host: (already or {}).get(h.host, 0) for h in hosts}
-    candidates = [h for h in hosts if d.host in (None, h.host)]
-    placements: list[Placement] = []
-    waiting: dict[str, str] = {}
-    if d.host is not None and not candidates:
-        return FitResult(plan=plan, pending_reason=f"Waiting for host {d.host} (not in the inventory or unreachable)")
-    for index in range(count):
-        best: tuple[HostFacts, list[Gpu]] | None = None
-        for h in host_order(candidates, per_host, held, prefer):
-            if no_weights and h.host in no_weights:
-                waiting[h.host] = no_weights[h.host]
-                continue
-            gpus, reason = host_verdict(h, plan, provider, held)
-            if gpus is None:
-                waiting[h.host] = reason or "cannot run here"
-            elif best is None:
-                best = (h, gpus)
-        if best is None:
-            reason = _furthest(waiting) if waiting else "Waiting for a machine (no host in the inventory)"
-            return FitResult(plan=plan, placements=tuple(placements), waiting=waiting, pending_reason=reason)
-        h, gpus = best
-        waiting.pop(h.host, None)
-        port = free_port(set(h.ports_in_use) | held.ports.get(h.host, set()))
-        placement = Placement(
-            index=index, host=h.host, gpus=tuple(gpus), port=port, threads=replica_threads(plan, h),
-            cpu_cores=plan.cpu_cores, memory_bytes=plan.memory_bytes,
-        )  # fmt: skip
-        held.take(placement)
-        per_host[h.host] += 1
-        placements.append(placement)
-    return FitResult(plan=plan, placements=tuple(placements), waiting=waiting)
-
-
-def free_room(host: HostFacts, taken: Taken) -> tuple[int, int, int]:
-    """A host's room as placement ranks it, from stable facts only: GPUs not given to a replica, CPU cores and host
-    memory (of its total) not given to a replica. Never the memory available now or a GPU's memory in use, which
-    change from one gathering of facts to the next (and so would move a placement between two plans)."""
-    gpus = sum(1 for g in host.gpus if g.uuid not in taken.gpus)
-    memory = host.memory.total_bytes - taken.memory.get(host.host, 0)
-    return gpus, taken.free_cores(host), memory
-
-
-def host_order(
-    hosts: Sequence[HostFacts], per_host: Mapping[str, int], taken: Taken, prefer: str | None = None
-) -> list[HostFacts]:
-    """The order hosts are tried for one replica: fewest replicas of this deployment first; then `prefer` (the
-    host of the replica a surge replaces); then the most free room (free_room: GPUs, then cores, then memory);
-    then inventory order. The first host where the replica fits is chosen."""
-    position = {h.host: i for i, h in enumerate(hosts)}
-
-    def key(h: HostFacts) -> tuple[int, bool, tuple[int, int, int], int]:
-        gpus, cores, memory = free_room(h, taken)
-        return per_host.get(h.host, 0), h.host != prefer, (-gpus, -cores, -memory), position[h.host]
-
-    return sorted(hosts, key=key)
-
-
-def replica_threads(plan: FitPlan, host: HostFacts) -> int | None:
-    """A CPU replica's threads (its provider passes them to the engine): twice its cores, at most the machine's."""
-    return min(2 * plan.cpu_cores, host.cpu.cores) if plan.accelerator == "cpu" else None
-
-
-def _furthest(waiting: dict[str, str]) -> str:
-    """The reason to show for the deployment: the one most hosts share."""
-    counts: dict[str, int] = {}
-    for reason in waiting.values():
-        counts[reason] = counts.get(reason, 0) + 1
-    return max(counts, key=lambda r: counts[r])

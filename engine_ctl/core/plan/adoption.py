@@ -26,8 +26,10 @@ from engine_ctl.core.fit.runspec import FitPlan
 from engine_ctl.core.fit.unitheader import UnitHeader
 from engine_ctl.core.model import DesiredState
 from engine_ctl.core.names import parse_unit_name
-from engine_ctl.core.plan.planner import _placement_of, make_plan, render_replica, spec_record
+from engine_ctl.core.plan.diff import spec_digest
+from engine_ctl.core.plan.planner import make_plan, render_replica
 from engine_ctl.core.plan.status import recorded_verdict
+from engine_ctl.core.plan.world import recorded_placement
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 
 
@@ -134,7 +136,7 @@ def _replica(host: str, u: UnitFact, h: UnitHeader, facts: HostFacts) -> Replica
     return ReplicaRecord(
         index=h.replica, slot=h.slot, host=host, unit=u.name, port=h.port or 0, gpus=list(h.gpus),
         gpu_indexes=[by_uuid[g] for g in h.gpus if g in by_uuid], unit_sha256=u.sha256 or "", revision=h.revision,
-        status=_status(u),  # type: ignore[arg-type]
+        status=_status(u),
     )  # fmt: skip
 
 
@@ -170,11 +172,11 @@ def _records(
         loaded = desired.deployment(name)
         model = desired.model(loaded.deployment.model) if loaded else None
         assert loaded is not None and model is not None
-        spec, mdl, digest = spec_record(loaded.deployment, model)
+        digest = spec_digest(loaded.deployment, model)
         reps.sort(key=lambda r: (r.index, r.slot))
         revision = max(r.revision for r in reps)
         records[name] = DeploymentRecord(
-            name=name, revision=revision, spec=spec, model=mdl, spec_hash=digest, replicas=reps
+            name=name, revision=revision, spec=loaded.deployment, model=model, spec_hash=digest, replicas=reps
         )
     return records, skipped, sources
 
@@ -204,7 +206,7 @@ def adopt(
                          or change.failed_reason)  # fmt: skip
         if any(n.startswith("differs") or n.startswith("not compared") for n in notes.values()):
             record.spec_hash = ""  # the next plan gives it a new revision and replaces what differs
-        wanted = max(int(record.spec.get("replicas_min") or 1), 1)
+        wanted = max((record.spec.replicas_min if record.spec else 1) or 1, 1)
         found_verdict = recorded_verdict(record.replicas, wanted, record.revision)
         record.state, record.reason = found_verdict.state, found_verdict.reason
         for r in record.replicas:
@@ -228,7 +230,7 @@ def adopt(
 
 
 def _compare(
-    desired: DesiredState, inventory: Inventory, facts: Mapping[str, HostFacts], fit: dict | None,  # type: ignore[type-arg]
+    desired: DesiredState, inventory: Inventory, facts: Mapping[str, HostFacts], fit: FitPlan | None,
     record: DeploymentRecord, sources: dict[tuple[str, str], Found], why_not: str | None,
 ) -> dict[tuple[str, str], str]:  # fmt: skip
     """Each adopted replica against what the documents render at its revision (with the lineage its header has):
@@ -242,11 +244,11 @@ def _compare(
     model = desired.model(loaded.deployment.model) if loaded else None
     provider = resolve_engine(loaded.deployment, model) if loaded else None
     assert loaded is not None and model is not None and provider is not None
-    fitted = FitPlan.model_validate(fit)
+    fitted = fit
     hosts = {h.name: h for h in inventory.hosts}
     for r in record.replicas:
         _host, u, h = sources[(r.host, r.unit)]
-        placement = _placement_of(r, facts[r.host], fitted)
+        placement = recorded_placement(r, facts[r.host], fitted)
         if placement is None:
             notes[(r.host, r.unit)] = f"differs from the documents (its GPUs are not on {r.host} now)"
             continue

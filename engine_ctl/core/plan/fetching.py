@@ -16,7 +16,8 @@ from engine_ctl.state.model import State
 def recorded_digest(state: State, deployment: str, host: str, commit: str) -> str | None:
     """The checkpoint digest measured on `host` for this deployment's replicas of `commit`, if any."""
     record = state.deployments.get(deployment)
-    if record is None or (record.model.get("hf") or {}).get("commit") != commit:
+    hf = record.model.hf if record is not None and record.model is not None else None
+    if record is None or hf is None or hf.commit != commit:
         return None
     return next((r.checkpoint_digest for r in record.replicas if r.host == host and r.checkpoint_digest), None)
 
@@ -71,18 +72,18 @@ def weights_drift(state: State, inventory: Inventory, facts: Mapping[str, HostFa
     applied: the weights changed under the deployment (seed 003: a changed digest is drift)."""
     out = []
     for name, record in sorted(state.deployments.items()):
-        hf = record.model.get("hf") or {}
-        if not hf.get("commit"):
+        hf = record.model.hf if record.model is not None else None
+        if hf is None or not hf.commit:
             continue
         for r in record.replicas:
             entry, found = inventory.host(r.host), facts.get(r.host)
             if not r.checkpoint_digest or entry is None or found is None:
                 continue
-            dest = checkout_dir(entry.models_dir, str(hf["repo"]), str(hf["commit"]))
+            dest = checkout_dir(entry.models_dir, hf.repo, hf.commit)
             now = found.checkpoints.get(dest)
             if now is not None and now != r.checkpoint_digest:
                 out.append(Drift(host=r.host, unit=r.unit, deployment=name, kind="weights-changed",
-                                 detail=f"the checkpoint digest of {hf['repo']}@{str(hf['commit'])[:12]} at {dest} "
+                                 detail=f"the checkpoint digest of {hf.repo}@{hf.commit[:12]} at {dest} "
                                  f"changed: recorded {r.checkpoint_digest[:12]}, measured {now[:12]}"))  # fmt: skip
     return out
 

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from engine_ctl.core.fit.fitting import Taken
 from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
+from engine_ctl.core.fit.placement import Taken
 from engine_ctl.core.render.units import RenderedUnit
 
 if TYPE_CHECKING:

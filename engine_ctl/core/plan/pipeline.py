@@ -9,13 +9,16 @@ from pydantic import BaseModel, ConfigDict
 
 from engine_ctl.core.documents.inventory import Inventory
 from engine_ctl.core.documents.rules import resolve_engine
-from engine_ctl.core.fit.fitting import FitResult, replica_threads
+from engine_ctl.core.fit.fitting import FitResult
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts
-from engine_ctl.core.fit.runspec import FitPlan, Placement
+from engine_ctl.core.fit.runspec import Placement
 from engine_ctl.core.model import Deployment, DesiredState, Model
+from engine_ctl.core.plan.changes import DELETE, DeploymentChange
+from engine_ctl.core.plan.deployment import render_replica
 from engine_ctl.core.plan.ownership import as_recorded
-from engine_ctl.core.plan.planner import DeploymentChange, make_plan, render_replica
+from engine_ctl.core.plan.planner import make_plan
+from engine_ctl.core.plan.world import recorded_placement
 from engine_ctl.core.render.units import RenderedUnit
 from engine_ctl.providers import Provider
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
@@ -68,19 +71,19 @@ def _from_change(
         return DeploymentRender(deployment=change.name, fit=FitResult(failed_reason=change.failed_reason))
     if change.fit is None:  # the fit is not known yet
         return DeploymentRender(deployment=change.name, fit=FitResult(pending_reason=change.pending_reason))
-    fitted = FitPlan.model_validate(change.fit)
+    fitted = change.fit
     hosts = {h.name: h for h in inventory.hosts}
     units: dict[int, RenderedUnit] = {}
     placements: dict[int, Placement] = {}
     for step in change.replicas:
-        if step.action != ["delete"] and step.placement is not None:
+        if step.actions != DELETE and step.placement is not None:
             placements[step.index] = step.placement
             units[step.index] = render_replica(d, model, provider, fitted, step.placement, hosts, step.revision,
                                                step.slot, lineage)  # fmt: skip
     touched = {step.index for step in change.replicas}
     for r in _kept(record, touched, max(d.replicas_min, 1)):
         hf = facts.get(r.host)
-        placement = _recorded_placement(r, hf, fitted) if hf is not None and r.host in hosts else None
+        placement = recorded_placement(r, hf, fitted) if hf is not None and r.host in hosts else None
         if placement is not None:
             placements[r.index] = placement
             units[r.index] = as_recorded(
@@ -104,13 +107,3 @@ def _kept(record: DeploymentRecord | None, touched: set[int], count: int) -> lis
         if r.index < count and r.index not in touched:
             out.setdefault(r.index, r)
     return [out[i] for i in sorted(out)]
-
-
-def _recorded_placement(r: ReplicaRecord, hf: HostFacts, fitted: FitPlan) -> Placement | None:
-    by_uuid = {g.uuid: g for g in hf.gpus}
-    if any(u not in by_uuid for u in r.gpus):
-        return None
-    return Placement(
-        index=r.index, host=r.host, gpus=tuple(by_uuid[u] for u in r.gpus), port=r.port,
-        threads=replica_threads(fitted, hf), cpu_cores=fitted.cpu_cores, memory_bytes=fitted.memory_bytes,
-    )  # fmt: skip

@@ -3,7 +3,7 @@ state value it is given; the caller records it."""
 
 from __future__ import annotations
 
-from engine_ctl.core.plan.planner import Plan
+from engine_ctl.core.plan.changes import Plan
 from engine_ctl.state.model import State
 
 

@@ -10,15 +10,25 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import Any
 
 from pydantic import ValidationError
 
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.documents.rules import check, resolve_engine
-from engine_ctl.core.fit.runspec import FitPlan
 from engine_ctl.core.model import Deployment, DesiredState, LoadedDeployment, LoadedModel, Model, Origin
+from engine_ctl.core.plan.changes import (
+    DELETE,
+    FORMAT_VERSION,
+    STOP_START,
+    SURGE,
+    UPDATE,
+    DeploymentChange,
+    Plan,
+    ReplicaChange,
+)
+from engine_ctl.core.plan.deployment import render_replica
 from engine_ctl.core.plan.ownership import as_recorded
-from engine_ctl.core.plan.planner import FORMAT_VERSION, DeploymentChange, Plan, ReplicaChange, render_replica
 from engine_ctl.core.render.units import RenderedUnit
 from engine_ctl.state.model import State
 
@@ -40,12 +50,27 @@ def decode_plan(text: str) -> Plan | None:
         raise PlanFileError(f"format_version {version!r}: a plan from a newer engine-ctl; upgrade engine-ctl")
     raw.pop("summary", None)
     raw.pop("has_changes", None)
+    if version < 2:
+        raw = from_format_1(raw)
     try:
         return Plan.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
         raise PlanFileError(f"{field}: {first['msg']} (the file is not a plan this engine-ctl wrote)") from None
+
+
+def from_format_1(raw: dict[str, Any]) -> dict[str, Any]:
+    """Format 1 recorded every replacement as ["delete", "create"], a surge too (its strategy said which):
+    format 2 records a surge in Terraform's create-before-destroy order, ["create", "delete"]."""
+    old, surge = list(STOP_START), list(SURGE)
+    for change in raw.get("changes") or []:
+        if not isinstance(change, dict):
+            continue
+        for step in [change, *(change.get("replicas") or [])]:
+            if isinstance(step, dict) and step.get("action") == old and step.get("strategy") == "surge":
+                step["action"] = surge
+    return {**raw, "format_version": FORMAT_VERSION}
 
 
 def state_for_plan(plan: Plan, state: State) -> State:
@@ -74,22 +99,19 @@ def stale_reasons(plan: Plan, state: State, fingerprints: Mapping[str, str | Non
     return why
 
 
-def _recorded_desired(change: DeploymentChange) -> tuple[Deployment, Model, DesiredState]:
-    deployment = Deployment.model_validate(change.spec)
-    model = Model.model_validate(change.model)
-    origin = Origin(file=f"plan: {change.name}", form="spec", line=0, column=0)
-    desired = DesiredState(
+def _recorded_desired(deployment: Deployment, model: Model) -> DesiredState:
+    origin = Origin(file=f"plan: {deployment.name}", form="spec", line=0, column=0)
+    return DesiredState(
         models=(LoadedModel(origin=origin.model_copy(update={"form": "model"}), model=model),),
         deployments=(LoadedDeployment(origin=origin, deployment=deployment),),
     )
-    return deployment, model, desired
 
 
 def _replica_problem(
     change: DeploymentChange, step: ReplicaChange, deployment: Deployment, model: Model, hosts: Mapping[str, Host],
     lineage: str,
 ) -> str | None:  # fmt: skip
-    if step.action == ["delete"]:
+    if step.actions == DELETE:
         return None
     where = f"{change.name} replica {step.index} on {step.host}"
     if step.placement is None or change.fit is None or step.unit_text is None:
@@ -99,7 +121,8 @@ def _replica_problem(
     provider = resolve_engine(deployment, model)
     if provider is None:
         return f"{where}: no engine serves this deployment"
-    fitted = FitPlan.model_validate(change.fit)
+    fitted = change.fit
+    assert fitted is not None
 
     def render(owner: str | None) -> RenderedUnit:
         assert step.placement is not None
@@ -109,7 +132,7 @@ def _replica_problem(
     # The unit carries the lineage of the state the plan was made against; only a repair in place of a unit
     # written before lineage headers keeps that unit's lineage-less text (see ownership.as_recorded).
     unit = render(lineage)
-    if step.action == ["update"] and unit.sha256 != step.unit_sha256:
+    if step.actions == UPDATE and unit.sha256 != step.unit_sha256:
         unit = as_recorded(render, lineage, step.unit_sha256 or "")
     if unit.name != step.unit:
         return f"{where}: the unit is named {step.unit!r}; engine-ctl names it {unit.name!r}"
@@ -125,14 +148,13 @@ def tampering(plan: Plan, hosts: Mapping[str, Host]) -> list[str]:
     inventory shows here too, since the units are rendered from it."""
     problems: list[str] = []
     for change in plan.changes:
-        if change.action == ["delete"] or not change.spec:
+        deployment, model = change.spec, change.model
+        if change.actions == DELETE or deployment is None:
             continue
-        try:
-            deployment, model, desired = _recorded_desired(change)
-        except ValidationError as exc:
-            problems.append(f"{change.name}: the recorded specification is not valid ({exc.errors()[0]['msg']})")
+        if model is None:
+            problems.append(f"{change.name}: the plan records a specification without its model")
             continue
-        errors = [d for d in check(desired) if d.severity == "error"]
+        errors = [d for d in check(_recorded_desired(deployment, model)) if d.severity == "error"]
         problems.extend(f"{change.name}: the recorded specification breaks a rule: {d.message}" for d in errors)
         if errors:
             continue

@@ -41,11 +41,11 @@ def instance_status(r: ReplicaRecord, facts: HostFacts | None, loading: frozense
     loading_statuses): such an answer from an active unit is starting, with no error."""
     base = {"index": r.index, "host": r.host, "unit": r.unit, "port": r.port, "gpus": r.gpu_indexes}
     if facts is None:
-        return InstanceStatus(**base, state="unknown", last_error=f"host {r.host} unreachable")  # type: ignore[arg-type]
+        return InstanceStatus(**base, state="unknown", last_error=f"host {r.host} unreachable")
     unit = next((u for u in facts.units if u.name == r.unit), None)
     health = facts.health.get(str(r.port))
     if unit is None or unit.sha256 is None:
-        return InstanceStatus(**base, state="failed", last_error="unit file missing on the host")  # type: ignore[arg-type]
+        return InstanceStatus(**base, state="failed", last_error="unit file missing on the host")
     restarts = unit.n_restarts
     error = r.reason
     if restarts:
@@ -64,7 +64,7 @@ def instance_status(r: ReplicaRecord, facts: HostFacts | None, loading: frozense
     else:
         state = "stopped"
         error = error or f"{unit.active_state}/{unit.sub_state}"
-    return InstanceStatus(**base, state=state, restarts=restarts, last_error=error)  # type: ignore[arg-type]
+    return InstanceStatus(**base, state=state, restarts=restarts, last_error=error)
 
 
 class Verdict(BaseModel):
@@ -115,10 +115,10 @@ def recorded_verdict(
 
 def deployment_status(rec: DeploymentRecord, facts: dict[str, HostFacts]) -> DeploymentStatus:
     ordered = sorted(rec.replicas, key=lambda x: (x.index, x.slot))
-    engine = PROVIDERS.get(str((rec.plan or {}).get("engine")))
+    engine = PROVIDERS.get(rec.plan.engine) if rec.plan else None
     loading = engine.loading_statuses if engine else frozenset()
     instances = [instance_status(r, facts.get(r.host), loading) for r in ordered]
-    wanted = int(rec.spec.get("replicas_min", len(instances)) or 1) if rec.spec else len(instances)
+    wanted = (rec.spec.replicas_min or 1) if rec.spec else len(instances)
     serving = [r.revision for r, i in zip(ordered, instances, strict=True) if i.state == "ready"]
     others = [i.state for i in instances if i.state != "ready"]
     # "cannot be served as asked" (the fit failed) stays Failed whatever still runs; apply records it so

@@ -7,8 +7,9 @@ systemd.exec(5) Environment= (quoted assignments). Pure functions.
 from __future__ import annotations
 
 import re
-import unicodedata
 
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""Unicode's control characters (category Cc) and the line and paragraph separators (Zl, Zp)."""
 SAFE_WORD = re.compile(r"^[A-Za-z0-9/._+:=,@-]+$")
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -18,22 +19,30 @@ class UnsafeValue(ValueError):
 
 
 def _refuse_control(value: str, what: str) -> None:
-    for ch in value:
-        if unicodedata.category(ch) in ("Cc", "Zl", "Zp"):
-            raise UnsafeValue(f"{what} {value[:40]!r}: control character U+{ord(ch):04X} cannot go in a unit file")
+    found = CONTROL.search(value)
+    if found:
+        code = ord(found.group())
+        raise UnsafeValue(f"{what} {value[:40]!r}: control character U+{code:04X} cannot go in a unit file")
+
+
+QUOTED = str.maketrans({"\\": "\\\\", '"': '\\"', "%": "%%"})
+"""Inside double quotes: backslash and quote escaped (C-style), specifiers `%%`; each character once."""
+EXEC_WORD = str.maketrans({"\\": "\\\\", '"': '\\"', "%": "%%", "$": "$$"})
+"""The same, and `$$` for `$` (no variable is ever expanded in an argument)."""
 
 
 def _quoted(value: str) -> str:
-    """Inside double quotes: backslash and quote escaped (C-style), specifiers `%%`."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%") + '"'
+    return '"' + value.translate(QUOTED) + '"'
 
 
-def exec_word(arg: str) -> str:
-    """One argv word for ExecStart=: always exactly one word, never a separator or a variable."""
-    _refuse_control(arg, "argument")
+def exec_word(arg: str, checked: bool = False) -> str:
+    """One argv word for ExecStart=: always exactly one word, never a separator or a variable. `checked`: the
+    caller already found no control character in it."""
+    if not checked:
+        _refuse_control(arg, "argument")
     if arg == ";":
         return "\\;"
-    return _quoted(arg.replace("$", "$$"))
+    return '"' + arg.translate(EXEC_WORD) + '"'
 
 
 def exec_line(argv: list[str]) -> str:
@@ -43,7 +52,8 @@ def exec_line(argv: list[str]) -> str:
     exe = argv[0]
     _refuse_control(exe, "executable")
     head = exe.replace("%", "%%") if SAFE_WORD.match(exe) and exe[0] == "/" else exec_word(exe)
-    return " ".join([head, *(exec_word(a) for a in argv[1:])])
+    clean = not CONTROL.search("\x20".join(argv))  # one search for the common case; else each word says which
+    return " ".join([head, *(exec_word(a, checked=clean) for a in argv[1:])])
 
 
 def env_assignment(key: str, value: str) -> str:
@@ -67,4 +77,4 @@ def path_value(path: str) -> str:
 
 def comment_text(text: str) -> str:
     """Text for a `#` comment line: no line breaks, no control characters."""
-    return "".join(ch if unicodedata.category(ch) not in ("Cc", "Zl", "Zp") else "?" for ch in text)
+    return CONTROL.sub("?", text)

@@ -11,9 +11,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 from engine_ctl.core.documents.inventory import Host
-from engine_ctl.core.fit.fitting import FitResult
-from engine_ctl.core.fit.hostfacts import HostFacts
-from engine_ctl.core.fit.runspec import ReplicaRun
+from engine_ctl.core.fit.runspec import FitPlan, Placement, ReplicaRun
 from engine_ctl.core.model import Deployment, Model
 from engine_ctl.core.names import UNIT_PREFIX as UNIT_PREFIX  # re-exported: plan and gather use it
 from engine_ctl.core.names import unit_name
@@ -29,6 +27,8 @@ SH = "/bin/sh"
 VAR_CACHE = "/var/cache"
 CREDENTIALS_DIR = "/run/credentials"
 TEMPLATE_CREDENTIAL = "chat-template"
+HASH_LINE = "\n# content-sha256: \n"
+"""The template's header line for the content hash, as the body (rendered without the hash) has it."""
 NVIDIA_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
 
@@ -176,7 +176,7 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
     }
     body = _template().render(**values, content_hash="")
     content_hash = hashlib.sha256(body.encode()).hexdigest()
-    text = _template().render(**values, content_hash=content_hash)
+    text = body.replace(HASH_LINE, HASH_LINE.removesuffix("\n") + content_hash + "\n", 1)
     return RenderedUnit(
         name=unit_name(run.deployment, run.index, run.slot),
         host=host.name,
@@ -193,52 +193,34 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
     )
 
 
-def replica_runs(
-    d: Deployment,
-    model: Model,
-    provider: Provider,
-    result: FitResult,
-    hosts: dict[str, Host],
-    facts: dict[str, HostFacts] | None = None,
-    revision: int = 1,
-    slot: str = "a",
-    lineage: str | None = None,
-) -> list[tuple[ReplicaRun, Host]]:
-    """One ReplicaRun per placement; `lineage` is the owning state's, written into each unit's header."""
-    assert result.plan is not None
-    runs = []
+def replica_run(
+    d: Deployment, model: Model, provider: Provider, fitted: FitPlan, p: Placement, host: Host, revision: int = 1,
+    slot: str = "a", lineage: str | None = None,
+) -> ReplicaRun:  # fmt: skip
+    """What the replica placed at `p` on `host` runs: everything its provider needs for its argv; `lineage` is the
+    owning state's, written into the unit's header."""
     jinja = bool(model.chat_template) and not is_template_name(model.chat_template or "")
-    for p in result.placements:
-        host = hosts[p.host]
-        platform = provider.build_platform(p.gpus[0] if p.gpus else None)
-        builds = host.engine_builds.get(provider.name) or {}
-        executable = builds.get(platform or "") or host.engines.get(provider.name) or provider.default_executable
-        unit = unit_name(d.name, p.index, slot)
-        runs.append(
-            (
-                ReplicaRun(
-                    deployment=d.name,
-                    revision=revision,
-                    index=p.index,
-                    slot=slot,
-                    model=model,
-                    model_path=model_path_on_host(model, host),
-                    mmproj_path=posixpath.join(posixpath.dirname(model_path_on_host(model, host)), model.mmproj)
-                    if model.mmproj
-                    else None,
-                    executable=executable,
-                    port=p.port,
-                    gpus=p.gpus,
-                    plan=result.plan.model_copy(update={"port": p.port, "threads": p.threads or result.plan.threads}),
-                    threads=p.threads,
-                    engine_args=d.engine_args,
-                    gpu_memory_bytes=d.gpu_memory_bytes,
-                    engine_options=d.engine_options,
-                    chat_template_file=chat_template_path(unit) if jinja else None,
-                    cache_dir=cache_path(host, d.name),
-                    lineage=lineage,
-                ),
-                host,
-            )
-        )
-    return runs
+    model_path = model_path_on_host(model, host)
+    platform = provider.build_platform(p.gpus[0] if p.gpus else None)
+    builds = host.engine_builds.get(provider.name) or {}
+    executable = builds.get(platform or "") or host.engines.get(provider.name) or provider.default_executable
+    return ReplicaRun(
+        deployment=d.name,
+        revision=revision,
+        index=p.index,
+        slot=slot,
+        model=model,
+        model_path=model_path,
+        mmproj_path=posixpath.join(posixpath.dirname(model_path), model.mmproj) if model.mmproj else None,
+        executable=executable,
+        port=p.port,
+        gpus=p.gpus,
+        plan=fitted.model_copy(update={"port": p.port, "threads": p.threads or fitted.threads}),
+        threads=p.threads,
+        engine_args=d.engine_args,
+        gpu_memory_bytes=d.gpu_memory_bytes,
+        engine_options=d.engine_options,
+        chat_template_file=chat_template_path(unit_name(d.name, p.index, slot)) if jinja else None,
+        cache_dir=cache_path(host, d.name),
+        lineage=lineage,
+    )

@@ -155,7 +155,7 @@ def engines(spec, known):
         stat = [st.st_mtime_ns, st.st_size]
         seen = known.get(path)
         if seen and seen[:2] == stat:
-            started[name] = (path, seen[2], "known", stat)  # type: ignore[assignment]
+            started[name] = (path, seen[2], "known", stat)
             continue
         probe = entry.get("probe") or {}
         proc = None

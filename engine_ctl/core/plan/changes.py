@@ -1,0 +1,222 @@
+"""The plan as a value: what changes, per deployment and per replica, and why. Pure data.
+
+Actions follow Terraform's vocabulary and its order of operations: ["create"], ["update"] (in place),
+["create", "delete"] (a replacement that starts the new replica before the old one goes: a surge),
+["delete", "create"] (destroy then create: stop-then-start, when there is no room for both), ["delete"],
+["no-op"].
+"""
+
+from __future__ import annotations
+
+import hashlib
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from engine_ctl.core.fit.runspec import FitPlan, Placement
+from engine_ctl.core.model import Deployment, Model
+from engine_ctl.core.plan.ownership import ForeignUnit
+from engine_ctl.core.weights import WeightsFetch
+
+FORMAT_VERSION = 2
+"""2: typed spec/model/fit, and a surge recorded as ["create", "delete"] (1 recorded every replacement as
+["delete", "create"] with its strategy beside it; savedplan.decode_plan reads both)."""
+Strategy = Literal["surge", "stop-then-start"]
+
+
+class Action(StrEnum):
+    CREATE = "create"
+    UPDATE = "update"
+    DELETE = "delete"
+    NO_OP = "no-op"
+
+
+CREATE: tuple[Action, ...] = (Action.CREATE,)
+UPDATE: tuple[Action, ...] = (Action.UPDATE,)
+DELETE: tuple[Action, ...] = (Action.DELETE,)
+NO_OP: tuple[Action, ...] = (Action.NO_OP,)
+SURGE: tuple[Action, ...] = (Action.CREATE, Action.DELETE)
+"""Create before destroy: the new replica serves before the old one stops."""
+STOP_START: tuple[Action, ...] = (Action.DELETE, Action.CREATE)
+"""Destroy then create: no room for both."""
+REPLACE = (SURGE, STOP_START)
+SYMBOLS = {CREATE: "+", UPDATE: "~", SURGE: "+/-", STOP_START: "-/+", DELETE: "-", NO_OP: " "}
+
+
+def replace_actions(strategy: Strategy) -> list[Action]:
+    return list(SURGE if strategy == "surge" else STOP_START)
+
+
+class FieldChange(BaseModel):
+    path: str
+    old: Any = None
+    new: Any = None
+
+
+class Step(BaseModel):
+    """What a deployment or a replica does: its actions, in order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: list[Action]
+
+    @property
+    def actions(self) -> tuple[Action, ...]:
+        return tuple(self.action)
+
+    @property
+    def symbol(self) -> str:
+        return SYMBOLS[self.actions]
+
+    @property
+    def replaces(self) -> bool:
+        return self.actions in REPLACE
+
+
+class ReplicaChange(Step):
+    index: int
+    host: str
+    unit: str
+    slot: str
+    port: int
+    gpus: list[str] = Field(default_factory=list)
+    gpu_indexes: list[int] = Field(default_factory=list)
+    revision: int
+    argv: list[str] = Field(default_factory=list)
+    unit_text: str | None = None
+    unit_sha256: str | None = None
+    engine_version: str | None = None
+    engine_sha256: str = ""
+    """The build the unit runs (argv[0]) as the facts found it: recorded per replica when applied."""
+    old_unit: str | None = None
+    old_host: str | None = None
+    old_slot: str | None = None
+    old_argv: list[str] | None = None
+    strategy: Strategy | None = None
+    reason: str = ""
+    cleanup: bool = False
+    """Removes what an interrupted apply left (a never-ready or second slot): done before anything else."""
+    placement: Placement | None = None
+    """Where the unit was rendered for (host, GPUs, port, threads): apply renders it again from this to prove a
+    saved plan's unit is engine-ctl's own."""
+
+
+def _none_if_empty(value: Any) -> Any:
+    """Format 1 wrote {} for a spec or model it did not have."""
+    return None if value == {} else value
+
+
+class DeploymentChange(Step):
+    name: str
+    reasons: list[str] = Field(default_factory=list)
+    old_revision: int = 0
+    revision: int = 0
+    spec: Deployment | None = None
+    model: Model | None = None
+    spec_hash: str = ""
+    fit: FitPlan | None = None
+    field_changes: list[FieldChange] = Field(default_factory=list)
+    strategy: Strategy | None = None
+    warnings: list[str] = Field(default_factory=list)
+    pending_reason: str | None = None
+    failed_reason: str | None = None
+    waiting: dict[str, str] = Field(default_factory=dict)
+    blocked: list[str] = Field(default_factory=list)
+    """Replicas that could not be checked or changed (their host is unreachable or left the inventory): apply
+    leaves them as they are, records them at the revision they run, and exits 1."""
+    chosen: dict[str, int] = Field(default_factory=dict)
+    """Fields the documents leave out that engine-ctl chose (gpus, parallel), each with the revision it was
+    chosen at; kept until the documents change."""
+    adopt: list[str] = Field(default_factory=list)
+    """Units recorded pending that run (they became ready before an apply was interrupted): recorded serving."""
+    replicas: list[ReplicaChange] = Field(default_factory=list)
+    fetches: list[WeightsFetch] = Field(default_factory=list)
+    """hf: weights each host with a new replica fetches first (engine_ctl.core.plan.fetching)."""
+
+    _empty = field_validator("spec", "model", mode="before")(_none_if_empty)
+
+    @property
+    def changed(self) -> bool:
+        return self.actions != NO_OP
+
+    @property
+    def state_only(self) -> bool:
+        """An update that changes only the state: nothing on the hosts changes."""
+        return self.actions == UPDATE and not self.replicas
+
+
+class Drift(BaseModel):
+    host: str
+    unit: str
+    deployment: str | None = None
+    kind: Literal[
+        "edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged", "weights-changed", "engine-changed"
+    ]
+    detail: str
+    diff: list[str] = Field(default_factory=list)
+    """A hand-edited unit: the unified diff from the file on the host to engine-ctl's (secret values hidden)."""
+
+
+class PlanContext(BaseModel):
+    """Where the plan came from, for `apply PLANFILE`: the documents, the inventory, how to reopen the state,
+    and the model paths probed on each host."""
+
+    documents: list[str] = Field(default_factory=list)
+    inventory: str | None = None
+    state: str | None = None
+    model_paths: dict[str, list[str]] = Field(default_factory=dict)
+    env: str | None = None
+    """The environment (--env, ENGINE_CTL_ENV) it was planned in: `apply PLANFILE` refuses it in another."""
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format_version: int = FORMAT_VERSION
+    created_at: str = ""
+    state_serial: int
+    state_lineage: str
+    host_fingerprints: dict[str, str] = Field(default_factory=dict)
+    unreachable: dict[str, str] = Field(default_factory=dict)
+    targets: list[str] = Field(default_factory=list)
+    refresh_only: bool = False
+    changes: list[DeploymentChange] = Field(default_factory=list)
+    drift: list[Drift] = Field(default_factory=list)
+    context: PlanContext = Field(default_factory=PlanContext)
+    """Where the plan came from (documents, inventory, state file, model paths), for `apply PLANFILE`."""
+    absent: list[str] = Field(default_factory=list)
+    """Deployments this plan destroys because their documents are not among those passed (shown first)."""
+    refused: list[str] = Field(default_factory=list)
+    """Why the plan may not be applied at all (a deployment with prevent_destroy: true would be destroyed)."""
+    owned_elsewhere: list[ForeignUnit] = Field(default_factory=list)
+    """Units on these hosts that another state (another lineage) owns: listed, never drift, never touched."""
+
+    def summary(self) -> dict[str, int]:
+        add = sum(1 for c in self.changes if c.actions == CREATE)
+        change = sum(1 for c in self.changes if c.actions == UPDATE or c.replaces)
+        destroy = sum(1 for c in self.changes if c.actions == DELETE)
+        return {"add": add, "change": change, "destroy": destroy}
+
+    @property
+    def has_changes(self) -> bool:
+        return any(c.changed for c in self.changes) or (self.refresh_only and bool(self.drift))
+
+    @property
+    def problems(self) -> list[str]:
+        """What makes plan and apply exit 1: deployments that cannot be served as asked, replicas that could
+        not be checked, hosts that could not be reached."""
+        out = list(self.refused)
+        out += [f"{c.name} is Failed: {c.failed_reason}" for c in self.changes if c.failed_reason]
+        out += [f"{c.name}: {b}" for c in self.changes for b in c.blocked]
+        out += [f"host {h} could not be checked: {why}" for h, why in sorted(self.unreachable.items())]
+        return out
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
+
+
+__all__ = [
+    "FORMAT_VERSION", "Action", "DeploymentChange", "Drift", "FieldChange", "Plan", "PlanContext", "ReplicaChange",
+    "Strategy",
+]  # fmt: skip

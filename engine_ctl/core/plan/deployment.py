@@ -1,0 +1,455 @@
+"""Planning one deployment, in named steps, each a pure function that can be tested alone:
+
+resolve (documents + record -> revision, field changes, kept choices) → fit (one replica's needs, or why it
+is Pending or Failed) → leftovers (what an interrupted apply left) → place (each replica: keep, repair, create
+or replace, rendering its unit) → shrink (replicas beyond the count) → warn → decide (the deployment's action).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from engine_ctl.core.documents.inventory import Host
+from engine_ctl.core.fit.fitting import FitUnknown, fit, shape_disagreement
+from engine_ctl.core.fit.modelfacts import ModelFacts
+from engine_ctl.core.fit.placement import place_one
+from engine_ctl.core.fit.runspec import FitPlan, Placement
+from engine_ctl.core.model import Deployment, Model
+from engine_ctl.core.plan.changes import (
+    CREATE,
+    NO_OP,
+    STOP_START,
+    SURGE,
+    UPDATE,
+    Action,
+    DeploymentChange,
+    Drift,
+    FieldChange,
+    ReplicaChange,
+    Strategy,
+    replace_actions,
+)  # fmt: skip
+from engine_ctl.core.plan.diff import Names, changed_fields, spec_digest
+from engine_ctl.core.plan.drift import replica_drift
+from engine_ctl.core.plan.ownership import as_recorded
+from engine_ctl.core.plan.world import Allocation, Hosts, recorded_placement
+from engine_ctl.core.render.units import RenderedUnit, model_path_on_host, render_unit, replica_run
+from engine_ctl.providers import Provider
+from engine_ctl.state.model import DeploymentRecord, ReplicaRecord
+
+
+@dataclass
+class Target:
+    """One deployment as its replicas are planned: what is fixed (the documents with kept choices, the fit, the
+    revision, the replica count) and what the steps find (replica changes, drift, strategies, on_host)."""
+
+    d: Deployment
+    model: Model
+    provider: Provider
+    fitted: FitPlan
+    revision: int
+    hosts: Hosts
+    alloc: Allocation
+    no_weights: dict[str, str]
+    change: DeploymentChange
+    replicas: list[ReplicaChange] = field(default_factory=list)
+    drift: list[Drift] = field(default_factory=list)
+    strategies: set[Strategy] = field(default_factory=set)
+    on_host: dict[str, int] = field(default_factory=dict)
+    """Replicas of this deployment (below the count) on each host, as placement spreads them."""
+    lineage: str | None = None
+    """The owning state's lineage, written into each unit's header."""
+
+    @property
+    def count(self) -> int:
+        return max(self.d.replicas_min, 1)
+
+    def render(self, p: Placement, revision: int, slot: str, owner: str | None = None) -> RenderedUnit:
+        """The unit at `p`, with `owner` as the lineage in its header (the state's when not given)."""
+        lineage = self.lineage if owner is None else owner
+        return render_replica(self.d, self.model, self.provider, self.fitted, p, self.hosts.inventory, revision, slot,
+                              lineage)  # fmt: skip
+
+    def render_recorded(self, p: Placement, current: ReplicaRecord) -> RenderedUnit:
+        """A recorded replica's unit as this state renders it (ownership.as_recorded: a unit written before
+        lineage headers keeps its text)."""
+
+        def render(owner: str | None) -> RenderedUnit:
+            return render_replica(self.d, self.model, self.provider, self.fitted, p, self.hosts.inventory,
+                                  current.revision, current.slot, owner)  # fmt: skip
+
+        return as_recorded(render, self.lineage, current.unit_sha256)
+
+
+# --- resolve ------------------------------------------------------------------------------------------------
+
+
+def resolve(
+    d: Deployment, model: Model, record: DeploymentRecord | None, names: Names | None = None
+) -> tuple[DeploymentChange, Deployment]:
+    """The change's skeleton (revision, specification, field changes, kept choices) and the deployment with the
+    choices kept from its record (keep_chosen)."""
+    digest = spec_digest(d, model)
+    old_revision = record.revision if record else 0
+    revision = old_revision if record and record.spec_hash == digest else old_revision + 1
+    change = DeploymentChange(
+        name=d.name, action=list(NO_OP), old_revision=old_revision, revision=revision, spec=d, model=model,
+        spec_hash=digest,
+    )  # fmt: skip
+    if record is not None and record.spec_hash != digest:
+        change.field_changes = changed_fields(record.spec, record.model, d, model, names)
+    sized, change.chosen = keep_chosen(d, record, digest, revision)
+    return change, sized
+
+
+def keep_chosen(
+    d: Deployment, record: DeploymentRecord | None, digest: str, revision: int
+) -> tuple[Deployment, dict[str, int]]:
+    """gpus and parallel, when the documents leave them out, are chosen once and kept with the revision ("so it
+    does not move as machines come and go"): chosen again only when the deployment's documents change."""
+    open_fields = [f for f in ("gpus", "parallel") if getattr(d, f) is None]
+    if d.accelerator == "cpu" and "gpus" in open_fields:
+        open_fields.remove("gpus")
+    if record is None or record.spec_hash != digest or record.plan is None:
+        return d, {f: revision for f in open_fields}
+    kept = {f: getattr(record.plan, f) for f in open_fields}
+    return d.model_copy(update=kept), {f: record.chosen.get(f, record.revision) for f in kept}
+
+
+# --- fit ----------------------------------------------------------------------------------------------------
+
+
+def fit_step(
+    change: DeploymentChange, d: Deployment, model: Model, model_facts: ModelFacts | None, hosts: Hosts,
+    record: DeploymentRecord | None, names: Names | None = None,
+) -> FitPlan | None:  # fmt: skip
+    """One replica's fit, recorded in the change; None when there is none (the change then says Failed, or
+    Pending and why), and nothing more is planned for the deployment."""
+    fitted = fit(d, model, model_facts, hosts.reached, names, hosts)
+    if isinstance(fitted, str):
+        change.failed_reason = fitted
+        change.warnings.append(f"{d.name} is Failed: {fitted}; its running replicas are left as they are")
+        return None
+    if isinstance(fitted, FitUnknown):  # Pending: nothing to size a replica from yet
+        change.pending_reason = fitted.reason
+        change.action = list(CREATE) if record is None else change.action
+        return None
+    change.fit = fitted
+    disagreement = shape_disagreement(model, model_facts)
+    if disagreement:  # the weights' own metadata sized it; say that the Model document says otherwise
+        change.warnings.append(disagreement)
+    return fitted
+
+
+def weights_missing(model: Model, hosts: Hosts) -> dict[str, str]:
+    """host -> why a replica waits there: the model's weights are missing, or not a valid file (the facts'
+    model_problems). No replica is placed on such a host (seed: Pending, waiting for the weights)."""
+    out = {}
+    for h in hosts.lacking_weights:
+        path = model_path_on_host(model, hosts.inventory[h.host])
+        if path in h.model_problems and not fetched_at_apply(model, h.model_problems[path]):
+            out[h.host] = f"Waiting for the weights of {model.name} at {path} ({h.model_problems[path]})"
+    return out
+
+
+# --- leftovers ----------------------------------------------------------------------------------------------
+
+
+def fetched_at_apply(model: Model, problem: str) -> bool:
+    """An hf: model's weights missing on a host are fetched there by apply: a replica may be placed there."""
+    return model.hf is not None and problem == "not found"
+
+
+def leftovers(
+    records: list[ReplicaRecord], hosts: Hosts, alloc: Allocation
+) -> tuple[list[ReplicaChange], list[ReplicaRecord]]:
+    """What an interrupted apply left (units being removed, pending slots whose unit does not run): removed
+    first, their room freed. Returns those removals and the replicas that live on."""
+    removals: list[ReplicaChange] = []
+    live: list[ReplicaRecord] = []
+    for r in records:
+        reached = r.host in hosts.facts
+        if reached and r.status == "removing":
+            removals.append(deletion(r, "left by an interrupted apply (was being removed)", cleanup=True))
+            alloc.release(r)
+        elif reached and r.status == "pending" and not hosts.running(r.host, r.unit):
+            removals.append(deletion(r, "left by an interrupted apply (never became ready)", cleanup=True))
+            alloc.release(r)
+        else:
+            live.append(r)
+    return removals, live
+
+
+def current_replica(candidates: list[ReplicaRecord], hosts: Hosts) -> ReplicaRecord | None:
+    """The record that serves one replica index: a running one first, then the newest, then serving. An active
+    unit has passed its health gate (ExecStartPost), so a running newer slot wins: after an interrupted roll it
+    is kept, and the older one is the leftover."""
+    if not candidates:
+        return None
+    return max(candidates, key=lambda r: (int(hosts.running(r.host, r.unit)), r.revision, int(r.status == "serving")))
+
+
+# --- place --------------------------------------------------------------------------------------------------
+
+
+def place_replicas(t: Target, live: list[ReplicaRecord]) -> None:
+    """Each replica index below the count: created where there is none, kept (or repaired where it drifted),
+    or replaced when its unit's content changes. Stops at the first replica that cannot be placed (Pending)."""
+    by_index: dict[int, list[ReplicaRecord]] = {}
+    for r in live:
+        by_index.setdefault(r.index, []).append(r)
+        if r.index < t.count:
+            t.on_host[r.host] = t.on_host.get(r.host, 0) + 1
+    for index in range(t.count):
+        candidates = by_index.get(index, [])
+        current = current_replica(candidates, t.hosts)
+        for extra in (r for r in candidates if r is not current):
+            why = "a second slot of this replica (left by an interrupted roll)"
+            t.replicas.append(deletion(extra, why, cleanup=True))
+            t.alloc.release(extra)
+        if current is None:
+            placed = create_replica(t, index)
+        elif current.host not in t.hosts.facts:
+            t.change.blocked.append(out_of_reach(current, t.hosts))
+            placed = True
+        else:
+            if current.status == "pending":
+                t.change.adopt.append(current.unit)  # it runs: it passed its health gate before apply was cut off
+            placed = keep_replica(t, current) or replace_replica(t, current, index)
+        if not placed:
+            break
+
+
+def create_replica(t: Target, index: int) -> bool:
+    """A new replica where placement puts it; False (the change Pending, and why) when there is no room."""
+    result = place_one(t.d, t.fitted, t.provider, t.alloc.ranking, per_host=t.on_host, no_weights=t.no_weights,
+                       index=index)  # fmt: skip
+    if not result.placements:
+        t.change.pending_reason, t.change.waiting = result.pending_reason, result.waiting
+        return False
+    p = result.placements[0]
+    t.alloc.take(p)
+    t.on_host[p.host] = t.on_host.get(p.host, 0) + 1
+    t.replicas.append(replica_change(list(CREATE), t.render(p, t.revision, "a"), t.revision, p, reason="new replica"))
+    return True
+
+
+def keep_replica(t: Target, current: ReplicaRecord) -> bool:
+    """True when the replica's unit, rendered where it is, is what the host has: kept, or repaired in place
+    where it drifted (edited, stopped, crash-looping). False: its content changes (replace_replica)."""
+    facts = t.hosts.facts[current.host]
+    same_place = recorded_placement(current, facts, t.fitted)
+    moving = t.d.host not in (None, current.host)  # spec.host changed: a replacement onto the new host
+    if same_place is None or len(same_place.gpus) != t.fitted.gpus or moving:
+        return False
+    unit_now = t.render_recorded(same_place, current)
+    if unit_now.sha256 != current.unit_sha256:
+        return False
+    found = replica_drift(t.d.name, current, t.hosts.unit(current.host, current.unit), facts)
+    t.drift.extend(found)
+    if found:
+        why = "; ".join(f.detail for f in found)
+        t.replicas.append(replica_change(list(UPDATE), unit_now, current.revision, same_place, reason=why))
+    return True
+
+
+def replace_replica(t: Target, current: ReplicaRecord, index: int) -> bool:
+    """A rolling replacement into the other slot: a surge (create, then delete) where there is room for both,
+    else stop-then-start (delete, then create) on its host. False (Pending) when neither has room."""
+    moving = t.d.host not in (None, current.host)
+    others = {h: n - (1 if h == current.host else 0) for h, n in t.on_host.items()}
+    surge = place_one(t.d, t.fitted, t.provider, t.alloc.ranking, per_host=others, prefer=current.host,
+                      no_weights=t.no_weights)  # fmt: skip
+    strategy: Strategy = "surge"
+    if surge.placements:
+        p = surge.placements[0].model_copy(update={"index": index})
+    else:
+        strategy = "stop-then-start"
+        t.alloc.release(current)
+        stop_start = place_one(t.d, t.fitted, t.provider, t.alloc.ranking, no_weights=t.no_weights,
+                               within=None if moving else current.host)  # fmt: skip
+        if not stop_start.placements:
+            t.change.pending_reason, t.change.waiting = stop_start.pending_reason, stop_start.waiting
+            facts = t.hosts.facts[current.host]
+            t.alloc.take(recorded_placement(current, facts, t.fitted)
+                         or Placement(index=index, host=current.host, port=current.port))  # fmt: skip
+            return False
+        kept = {} if moving else {"port": current.port}
+        p = stop_start.placements[0].model_copy(update={"index": index, **kept})
+    t.alloc.take(p)
+    if p.host != current.host:
+        t.on_host[current.host] = t.on_host.get(current.host, 1) - 1
+        t.on_host[p.host] = t.on_host.get(p.host, 0) + 1
+    t.strategies.add(strategy)
+    why = ", ".join(c.path for c in t.change.field_changes) or "the unit's content changed"
+    rc = replica_change(replace_actions(strategy), t.render(p, t.revision, other_slot(current.slot)), t.revision, p,
+                        reason=why)  # fmt: skip
+    rc.old_unit, rc.old_host, rc.old_slot, rc.old_argv = current.unit, current.host, current.slot, current.argv
+    rc.strategy = strategy
+    t.replicas.append(rc)
+    return True
+
+
+def other_slot(slot: str) -> str:
+    return "b" if slot == "a" else "a"
+
+
+# --- shrink and warn ----------------------------------------------------------------------------------------
+
+
+def shrink(t: Target, live: list[ReplicaRecord]) -> None:
+    """Replicas at an index beyond the count are deleted (or, on a host out of reach, left and said)."""
+    before = len({x.index for x in live})
+    for r in live:
+        if r.index >= t.count and r.host in t.hosts.facts:
+            t.replicas.append(deletion(r, f"replicas {before} → {t.count}"))
+        elif r.index >= t.count:
+            t.change.blocked.append(out_of_reach(r, t.hosts))
+
+
+def host_warnings(t: Target) -> list[str]:
+    """Hosts a replica goes to that lack the engine or the model's weights: apply fails there until they have."""
+    out = []
+    for host in sorted({r.host for r in t.replicas if r.actions != (Action.DELETE,)}):
+        hf = t.hosts.facts.get(host)
+        if hf is None:
+            continue
+        if t.provider.name not in hf.engines:
+            out.append(f"{t.provider.title} is not installed on {host} (engines: in the inventory says where); "
+                       "apply fails there until it is")  # fmt: skip
+        path = model_path_on_host(t.model, t.hosts.inventory[host])
+        if path in hf.model_problems and not fetched_at_apply(t.model, hf.model_problems[path]):
+            out.append(f"the weights of {t.model.name} are not on {host} at {path} ({hf.model_problems[path]})")
+    return out
+
+
+def out_of_reach(r: ReplicaRecord, hosts: Hosts) -> str:
+    why = "is not in the inventory" if r.host not in hosts.inventory else "could not be reached"
+    return f"replica {r.index} on {r.host} ({r.host} {why}) is left as it is, at revision {r.revision}"
+
+
+# --- decide -------------------------------------------------------------------------------------------------
+
+
+def decide(change: DeploymentChange, record: DeploymentRecord | None, d: Deployment, names: Names | None) -> None:
+    """The deployment's action and why, from its replicas' actions and what the state records."""
+    actions = {r.actions for r in change.replicas}
+    if record is None:
+        change.action, why = list(CREATE), "new deployment"
+    elif SURGE in actions or STOP_START in actions:
+        change.action = list(STOP_START if change.strategy == "stop-then-start" else SURGE)
+        why = "a rolling replace: " + (", ".join(c.path for c in change.field_changes) or "units changed")
+    elif change.replicas and all(r.cleanup for r in change.replicas):
+        change.action, why = list(UPDATE), "finish an interrupted apply: remove what it left"
+    elif actions - {NO_OP}:
+        fields = ", ".join(c.path for c in change.field_changes)
+        change.action, why = list(UPDATE), "in place: " + (fields or "repair what changed outside engine-ctl")
+    else:
+        found = state_only_reason(change, record, d, names)
+        if found is None:
+            return
+        change.action, why = list(UPDATE), found
+    change.reasons.append(why)
+
+
+def state_only_reason(
+    change: DeploymentChange, record: DeploymentRecord, d: Deployment, names: Names | None
+) -> str | None:
+    """Why the state changes though nothing on the hosts does (None: nothing changes at all)."""
+    if record.spec_hash != change.spec_hash:
+        what = ", ".join(c.path for c in change.field_changes)
+        return f"records revision {change.revision}" + (f" ({what})" if what else "") + ": nothing changes on the hosts"
+    recorded = record.spec.prevent_destroy if record.spec is not None else False
+    if recorded != d.prevent_destroy:
+        path = names("prevent_destroy") if names else "spec.prevent_destroy"
+        change.field_changes.append(FieldChange(path=path, old=not d.prevent_destroy, new=d.prevent_destroy))
+        return f"records {path}: {str(d.prevent_destroy).lower()}; nothing changes on the hosts"
+    if change.adopt or needs_clearing(record, change):
+        why = f" (the last change had failed: {record.last_error or record.reason})" if record.last_error else ""
+        return f"records what runs: every replica matches the documents{why}; nothing changes on the hosts"
+    return None
+
+
+def needs_clearing(record: DeploymentRecord, change: DeploymentChange) -> bool:
+    """A recorded failure, or a state that is not Ready, while every replica matches and runs: apply records it."""
+    if change.blocked or change.pending_reason or change.replicas:
+        return False
+    return record.last_error is not None or record.state != "Ready"
+
+
+def strategy_warnings(t: Target) -> None:
+    """The roll's strategy (stop-then-start if any replica has no room for a surge) and its outage warning."""
+    if not t.strategies:
+        return
+    t.change.strategy = "stop-then-start" if "stop-then-start" in t.strategies else "surge"
+    if t.change.strategy == "stop-then-start" and t.count - 1 < 1:
+        room = "GPU" if t.fitted.accelerator == "gpu" else "room"
+        t.change.warnings.append(f"{t.d.name} will have no serving replica during the change: no free {room} for a "
+                                 "surge, so stop-then-start")  # fmt: skip
+
+
+# --- render -------------------------------------------------------------------------------------------------
+
+
+def render_replica(
+    d: Deployment, model: Model, provider: Provider, fitted: FitPlan, p: Placement,
+    hosts: Mapping[str, Host], revision: int, slot: str, lineage: str | None = None,
+) -> RenderedUnit:  # fmt: skip
+    host = hosts[p.host]
+    return render_unit(replica_run(d, model, provider, fitted, p, host, revision, slot, lineage), provider, host)
+
+
+def replica_change(action: list[Action], unit: RenderedUnit, revision: int, p: Placement, reason: str) -> ReplicaChange:
+    return ReplicaChange(
+        index=unit.index, action=action, host=unit.host, unit=unit.name, slot=unit.slot, port=unit.port,
+        gpus=list(unit.gpus), gpu_indexes=[g.index for g in p.gpus], revision=revision, argv=list(unit.argv),
+        unit_text=unit.text, unit_sha256=unit.sha256, reason=reason, placement=p,
+    )  # fmt: skip
+
+
+def deletion(r: ReplicaRecord, reason: str, cleanup: bool = False) -> ReplicaChange:
+    return ReplicaChange(
+        index=r.index, action=[Action.DELETE], host=r.host, unit=r.unit, slot=r.slot, port=r.port, gpus=list(r.gpus),
+        revision=r.revision, old_unit=r.unit, old_host=r.host, old_slot=r.slot, old_argv=r.argv, reason=reason,
+        cleanup=cleanup,
+    )  # fmt: skip
+
+
+# --- the steps together -------------------------------------------------------------------------------------
+
+
+def plan_deployment(
+    d: Deployment,
+    model: Model,
+    provider: Provider,
+    model_facts: ModelFacts | None,
+    record: DeploymentRecord | None,
+    hosts: Hosts,
+    alloc: Allocation,
+    names: Names | None = None,
+    lineage: str | None = None,
+) -> tuple[DeploymentChange, list[Drift]]:
+    """resolve → fit → leftovers → place → shrink → warn → decide. `lineage`: the owning state's (unit headers)."""
+    change, sized = resolve(d, model, record, names)
+    fitted = fit_step(change, sized, model, model_facts, hosts, record, names)
+    if fitted is None:
+        return change, []
+    refused = hosts.engine_refusals(provider, sized.accelerator)
+    t = Target(d=sized, model=model, provider=provider, fitted=fitted, revision=change.revision, hosts=hosts,
+               alloc=alloc, no_weights={**refused, **weights_missing(model, hosts)}, change=change,
+               lineage=lineage)  # fmt: skip
+    t.replicas, live = leftovers(list(record.replicas) if record else [], hosts, alloc)
+    place_replicas(t, live)
+    shrink(t, live)
+    change.replicas = t.replicas
+    change.warnings += host_warnings(t)
+    decide_with_strategy(t, record, d, names)
+    return change, t.drift
+
+
+def decide_with_strategy(t: Target, record: DeploymentRecord | None, d: Deployment, names: Names | None) -> None:
+    strategy_warnings(t)
+    decide(t.change, record, d, names)
+    if t.change.pending_reason and record is None and not t.change.replicas:
+        t.change.action = list(CREATE)

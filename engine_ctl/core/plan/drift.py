@@ -1,0 +1,61 @@
+"""Drift: what changed on the hosts outside engine-ctl, against what the state records. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from engine_ctl.core.fit.hostfacts import BUSY_BYTES, HostFacts, UnitFact
+from engine_ctl.core.names import UNIT_PREFIX
+from engine_ctl.core.plan.changes import Drift
+from engine_ctl.core.plan.engines import engine_drift_detail
+from engine_ctl.state.model import ReplicaRecord, State
+
+
+def replica_drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host: HostFacts) -> list[Drift]:
+    """How the recorded replica's unit differs on its host: missing, edited by hand, stopped or crash-looping
+    (and the GPUs another process holds meanwhile)."""
+    if fact is None or fact.sha256 is None:
+        return [Drift(host=record.host, unit=record.unit, deployment=name, kind="missing",
+                      detail=f"unit file {record.unit} is missing on {record.host}")]  # fmt: skip
+    out = []
+    engine = engine_drift_detail(record, host)
+    if engine:
+        out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="engine-changed", detail=engine))
+    if fact.sha256 != record.unit_sha256:
+        detail = f"unit file edited by hand (sha256 {fact.sha256[:12]}… ≠ {record.unit_sha256[:12]}…)"
+        out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="edited", detail=detail))
+    if fact.active_state != "active":
+        out.append(_not_running(name, record, fact))
+        held = [g for g in host.gpus if g.uuid in record.gpus and (g.memory_used_bytes or 0) > BUSY_BYTES]
+        for g in held:
+            out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="gpu-held",
+                             detail=f"GPU {g.index} ({g.uuid}) is held by another process"))  # fmt: skip
+    return out
+
+
+def _not_running(name: str, record: ReplicaRecord, fact: UnitFact) -> Drift:
+    looping = (fact.n_restarts or 0) >= 3 or fact.active_state == "failed"
+    detail = f"{record.unit} is {fact.active_state}/{fact.sub_state}"
+    if fact.exec_main_status:
+        detail += f" (exit status {fact.exec_main_status})"
+    if (fact.n_restarts or 0) > 0:
+        detail += f" after {fact.n_restarts} restart(s)"
+    return Drift(host=record.host, unit=record.unit, deployment=name,
+                 kind="crash-looping" if looping else "stopped", detail=detail)  # fmt: skip
+
+
+def unmanaged_units(
+    state: State,
+    facts: Mapping[str, HostFacts],
+    elsewhere: set[tuple[str, str]] | frozenset[tuple[str, str]] = frozenset(),
+) -> list[Drift]:
+    """Units named like engine-ctl's on the hosts that this state does not record (nor another state owns,
+    `elsewhere`: (host, unit)): left alone, and said."""
+    managed = {r.unit for rec in state.deployments.values() for r in rec.replicas}
+    out = []
+    for host, f in sorted(facts.items()):
+        for u in f.units:
+            if u.name.startswith(UNIT_PREFIX) and u.name not in managed and (host, u.name) not in elsewhere:
+                detail = f"{u.name} on {host} is not in this state; engine-ctl leaves it alone"
+                out.append(Drift(host=host, unit=u.name, kind="unmanaged", detail=detail))
+    return out
