@@ -17,7 +17,14 @@ from engine_ctl.core.names import UNIT_FORM, parse_unit_name
 from engine_ctl.core.plan.planner import DeploymentChange, Plan, ReplicaChange
 from engine_ctl.core.plan.status import recorded_verdict
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, transport_for
+from engine_ctl.shell.transport import (
+    CommandResult,
+    HostFailure,
+    LocalTransport,
+    SSHOptions,
+    SSHTransport,
+    transport_for,
+)
 from engine_ctl.state.base import StateBackend
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 
@@ -26,31 +33,48 @@ Progress = Callable[[str], None]
 
 
 # --- what to run: argv only (the executor runs them) ----------------------------------------------------
-def start_argv(unit: str) -> list[str]:
-    """Reload, enable and start; `start` returns once the unit's health-gated ExecStartPost passed."""
-    q = shlex.quote(unit)
-    return [
-        "sh",
-        "-c",
-        f"systemctl daemon-reload && systemctl reset-failed {q} 2>/dev/null; systemctl enable --now {q}",
-    ]
+# Each step is one command on the host (every exec costs the host a session: about 0.3 s on the test fleet), and
+# systemd reloads its units once per step (`enable --no-reload`, then one daemon-reload), not once per systemctl
+# call that would reload by itself.
+UPLOAD_FAILED = 90
+"""The exit status of a step whose unit file could not be written (why on stderr); nothing was started."""
 
 
-def restart_argv(unit: str) -> list[str]:
+def _upload(unit: str) -> str:
+    """Shell text: write the unit file from stdin atomically (a temporary file renamed over it, mode 0644)."""
+    path = shlex.quote(f"{UNIT_DIR}/{unit}")
+    tmp = shlex.quote(f"{UNIT_DIR}/{unit}.engine-ctl-tmp")
+    why = shlex.quote(f"writing {UNIT_DIR}/{unit} failed")
+    return (f"umask 022; cat > {tmp} && chmod 644 {tmp} && mv -f {tmp} {path} || "
+            f"{{ rm -f {tmp}; echo {why} >&2; exit {UPLOAD_FAILED}; }}; ")  # fmt: skip
+
+
+def _enable_and(verb: str, unit: str, upload: bool) -> list[str]:
     q = shlex.quote(unit)
-    return ["sh", "-c", f"systemctl daemon-reload && systemctl reset-failed {q} 2>/dev/null; "
-            f"systemctl enable {q} && systemctl restart {q}"]  # fmt: skip
+    then = f"{{ systemctl reset-failed {q} 2>/dev/null; systemctl {verb} {q}; }}"
+    load = f"systemctl enable --no-reload {q} && systemctl daemon-reload && {then}"
+    return ["sh", "-c", (_upload(unit) if upload else "") + load]
+
+
+def start_argv(unit: str, upload: bool = False) -> list[str]:
+    """(Write the unit file from stdin,) enable, reload and start; `start` returns once the unit's health-gated
+    ExecStartPost passed."""
+    return _enable_and("start", unit, upload)
+
+
+def restart_argv(unit: str, upload: bool = False) -> list[str]:
+    return _enable_and("restart", unit, upload)
 
 
 def stop_argv(unit: str) -> list[str]:
-    return ["systemctl", "disable", "--now", unit]
+    return ["systemctl", "disable", "--no-reload", "--now", unit]
 
 
 def remove_argv(unit: str) -> list[str]:
     """Stop, disable and delete the unit; fails (non-zero, with why on stderr) if it is still there afterwards."""
     q = shlex.quote(unit)
     path = shlex.quote(f"{UNIT_DIR}/{unit}")
-    return ["sh", "-c", f"systemctl disable --now {q} 2>/dev/null; rm -f {path} || exit 1; "
+    return ["sh", "-c", f"systemctl disable --no-reload --now {q} 2>/dev/null; rm -f {path} || exit 1; "
             f"systemctl daemon-reload || exit 1; systemctl reset-failed {q} 2>/dev/null; "
             f"if systemctl is-active --quiet {q}; then echo '{unit} is still active' >&2; exit 1; fi"]  # fmt: skip
 
@@ -147,6 +171,14 @@ def _set_status(state: State, name: str, host: str, unit: str, status: str, reas
 
 
 # --- executing ------------------------------------------------------------------------------------------
+def _uploaded(result: CommandResult, step: ReplicaChange) -> None:
+    """A unit file that could not be written is the host's failure (as an upload that broke off), not the
+    engine's: nothing was started."""
+    if result.exit_code == UPLOAD_FAILED:
+        said = result.stderr.strip().splitlines()
+        raise HostFailure(step.host, "command", said[-1] if said else f"writing {UNIT_DIR}/{step.unit} failed")
+
+
 @dataclass
 class ApplyResult:
     failed: dict[str, str] = field(default_factory=dict)
@@ -348,9 +380,9 @@ class Executor:
         name = change.name
         self._record(lambda s: _put_replica(s, name, self._replica_record(step, "pending")), name)
         assert step.unit_text is not None
-        t.put(f"{UNIT_DIR}/{step.unit}", step.unit_text.encode(), 0o644)
         began = time.monotonic()
-        result = t.run(start_argv(step.unit), timeout=self._budget(change))
+        result = t.run(start_argv(step.unit, upload=True), stdin=step.unit_text, timeout=self._budget(change))
+        _uploaded(result, step)
         if result.exit_code != 0:
             reason = failure_reason(t.run(failure_argv(step.unit)).stdout)
             self._run(t, remove_argv(step.unit), f"removing the failed {step.unit} on {step.host}")
@@ -399,8 +431,8 @@ class Executor:
         with self._on(step.host) as t:
             tr = t[step.host]
             assert step.unit_text is not None
-            tr.put(f"{UNIT_DIR}/{step.unit}", step.unit_text.encode(), 0o644)
-            result = tr.run(restart_argv(step.unit), timeout=self._budget(change))
+            result = tr.run(restart_argv(step.unit, upload=True), stdin=step.unit_text, timeout=self._budget(change))
+            _uploaded(result, step)
             if result.exit_code != 0:
                 reason = failure_reason(tr.run(failure_argv(step.unit)).stdout)
                 self._record(lambda s: _set_status(s, name, step.host, step.unit, "failed", reason), name)
