@@ -6,6 +6,7 @@ down mid-run slows both; the ratio is median / median.
 | engine-ctl --version                      | python -c pass (same python)   | <= 2x  |
 | engine-ctl --help                         | python -c pass                 | (none) |
 | engine-ctl validate examples/quickstart   | python -c pass                 | <= 5x  |
+| (click, pydantic and ruamel.yaml alone)   | python -c pass                 | (none) |
 | engine-ctl facts, 1 host (--fleet)        | one `ssh host true`            | <= 2x  |
 | engine-ctl facts, 16 hosts (--fleet)      | 16 parallel `ssh host true`    | <= 1.3x |
 
@@ -32,6 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 FLEET_HOSTS = 16
 # What a user's shell has: no PYTHONDONTWRITEBYTECODE (set here, every run would recompile engine-ctl's modules).
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+# What validate cannot do without: click (the CLI), pydantic (the document models), ruamel.yaml (line and column
+# of every value). Their import alone is the floor under validate's figure.
+LIBRARIES = "import click, ruamel.yaml; from pydantic import BaseModel"
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ def local_rows() -> list[Row]:
         Row("engine-ctl --version", "python -c pass", process([*cli, "--version"]), python, 2.0),
         Row("engine-ctl --help", "python -c pass", process([*cli, "--help"]), python, None),
         Row("engine-ctl validate examples/quickstart", "python -c pass", validate, python, 5.0),
+        Row("(validate's libraries alone)", "python -c pass", process([sys.executable, "-c", LIBRARIES]), python, None),
     ]
 
 

@@ -20,8 +20,7 @@ import shlex
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -30,6 +29,8 @@ from typing import IO, TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 from engine_ctl.core.documents.inventory import Host
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     import paramiko
 
 FailureKind = Literal["unreachable", "auth", "host_key", "timeout", "command", "error"]
@@ -513,28 +514,60 @@ def transport_for(host: Host, options: SSHOptions | None = None) -> SSHTransport
     return LocalTransport(host) if host.transport == "local" else SSHTransport(host, options)
 
 
+Ahead = Mapping[str, "Future[SSHTransport]"]
+"""Connections already being opened (connect_ahead), by host name."""
+
+
+def connect_ahead(hosts: Sequence[Host], options: SSHOptions | None = None, parallel: int = 32) -> Ahead:
+    """Start connecting to the first `parallel` SSH hosts now, in the background, and return at once: the
+    handshakes (mostly the hosts' own work) then overlap whatever the command still has to import and prepare
+    before fan_out uses them. Never more than `parallel` connections are opening at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ssh = [h for h in hosts if h.transport != "local"][:parallel]
+    if not ssh:
+        return {}
+    _paramiko()  # here, not in the threads: they start straight on the network
+
+    def opened(host: Host) -> SSHTransport:
+        transport = SSHTransport(host, options)
+        transport.connect()
+        return transport
+
+    pool = ThreadPoolExecutor(max_workers=len(ssh), thread_name_prefix="engine-ctl-connect")
+    ahead = {h.name: pool.submit(opened, h) for h in ssh}
+    pool.shutdown(wait=False)
+    return ahead
+
+
 def fan_out(
     hosts: Sequence[Host],
     work: Callable[[SSHTransport | LocalTransport], T],
     *,
     options: SSHOptions | None = None,
     parallel: int = 32,
+    ahead: Ahead | None = None,
 ) -> tuple[dict[str, T], dict[str, HostFailure]]:
-    """Run `work` on each host over its own connection, at most `parallel` at once; failures never stop
-    the other hosts' work."""
+    """Run `work` on each host over its own connection (one connect_ahead began, or a new one), at most `parallel`
+    at once; failures never stop the other hosts' work."""
+    from concurrent.futures import ThreadPoolExecutor
+
     results: dict[str, T] = {}
     failures: dict[str, HostFailure] = {}
+    begun = ahead or {}
 
     def one(host: Host) -> None:
-        transport = transport_for(host, options)
+        transport: SSHTransport | LocalTransport | None = None
         try:
+            transport = begun[host.name].result() if host.name in begun else transport_for(host, options)
             results[host.name] = work(transport)
         except HostFailure as exc:
             failures[host.name] = exc
         except Exception as exc:  # a bug or an unexpected answer must not take the other hosts down
             failures[host.name] = HostFailure(host.name, "error", f"{type(exc).__name__}: {exc}")
         finally:
-            transport.close()
+            if transport is not None:
+                transport.close()
 
     if not hosts:
         return results, failures
