@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.startup import ENV, engine_ctl
+from bench.startup import ENV, boot_fleet, engine_ctl, release_fleet
 from engine_ctl.core.documents.inventory import load_inventory
 from engine_ctl.shell.gather import gather
 from tests import fleet as fleet_mod
@@ -63,9 +63,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-ansible", action="store_true")
     args = parser.parse_args()
-    from tests.llama import llama_server_dir
 
-    fleet = fleet_mod.up(max(SIZES), engines={"llama.cpp": str(llama_server_dir() / "bin" / "llama-server")})
+    fleet = boot_fleet(max(SIZES))
     try:
         inv = load_inventory(Path(fleet.inventory))
         ansible = shutil.which("ansible") and not args.no_ansible
@@ -104,7 +103,7 @@ def main() -> int:
             took = median(lambda bound=bound: facts_cli(fleet, "--parallel", str(bound)), args.runs)
             print(f"  --parallel {bound:<2} {took:6.2f}s")
     finally:
-        fleet_mod.down(fleet)
+        release_fleet(fleet)
     return 0
 
 

@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 
 from bench.facts import ssh_true
-from bench.startup import ENV, engine_ctl
+from bench.startup import ENV, boot_fleet, engine_ctl, release_fleet
 from tests import fleet as fleet_mod
 from tests.llama import llama_server_dir, tiny_model
 
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--scaling", action="store_true", help="also apply 1, 4, 8, 16 deployments, one per host")
     args = parser.parse_args(argv)
-    fleet = fleet_mod.up(HOSTS, engines={"llama.cpp": str(llama_server_dir() / "bin" / "llama-server")})
+    fleet = boot_fleet(HOSTS)
     try:
         for h in fleet.hosts:
             fleet.ssh(h, f"mkdir -p {MODELS_DIR}/tiny && cp {tiny_model()} {MODELS_DIR}/tiny/tiny.gguf")
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             scaling(fleet, work, inv)
         print(f"whole processes: {' '.join(engine_ctl())}")
     finally:
-        fleet_mod.down(fleet)
+        release_fleet(fleet)
     return 0
 
 

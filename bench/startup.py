@@ -28,6 +28,10 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tests import fleet as fleet_mod
 
 ROOT = Path(__file__).resolve().parent.parent
 FLEET_HOSTS = 16
@@ -107,10 +111,8 @@ def local_rows() -> list[Row]:
 def fleet_rows() -> Iterator[list[Row]]:
     """facts on 1 and on 16 fleet hosts, against OpenSSH itself on the same hosts (boots the fleet)."""
     from bench.facts import ssh_true
-    from tests import fleet as fleet_mod
-    from tests.llama import llama_server_dir
 
-    fleet = fleet_mod.up(FLEET_HOSTS, engines={"llama.cpp": str(llama_server_dir() / "bin" / "llama-server")})
+    fleet = boot_fleet(FLEET_HOSTS)
     try:
         facts = [*engine_ctl(), "facts", "--inventory", fleet.inventory]
         one = fleet.hosts[:1]
@@ -121,6 +123,37 @@ def fleet_rows() -> Iterator[list[Row]]:
                 lambda: ssh_true(fleet, fleet.hosts), 1.3),
         ]  # fmt: skip
     finally:
+        release_fleet(fleet)
+
+
+def boot_fleet(n: int) -> fleet_mod.Fleet:
+    """The fleet of `n` hosts with the real llama-server: one already up (`python -m tests.fleet up 16`, kept
+    after the benchmark) when every host of it answers, else a new one (a boot that times out on a busy machine
+    is retried)."""
+    from tests import fleet as fleet_mod
+    from tests.llama import llama_server_dir
+
+    if fleet_mod.STATE.exists():
+        fleet = fleet_mod.Fleet.load()
+        answers = len(fleet.hosts) >= n and all(fleet.ssh(h, "true", check=False).returncode == 0 for h in fleet.hosts)
+        if answers:
+            fleet.hosts = fleet.hosts[:n]
+            fleet.kept = True  # type: ignore[attr-defined]
+            return fleet
+    engines = {"llama.cpp": str(llama_server_dir() / "bin" / "llama-server")}
+    for attempt in range(2):
+        try:
+            return fleet_mod.up(n, engines=engines)
+        except RuntimeError as exc:
+            print(f"(fleet boot {attempt + 1} failed: {exc}; retrying)", file=sys.stderr)
+    return fleet_mod.up(n, engines=engines)
+
+
+def release_fleet(fleet: fleet_mod.Fleet) -> None:
+    """Take down a fleet boot_fleet booted; one that was already up stays up."""
+    from tests import fleet as fleet_mod
+
+    if not getattr(fleet, "kept", False):
         fleet_mod.down(fleet)
 
 

@@ -284,3 +284,22 @@ def test_the_whole_probe_as_a_host_runs_it(tmp_path: Path, http_server: int) -> 
     assert facts.health == {str(http_server): "503"}
     assert facts.model_problems == {str(models / "none.gguf"): "not found"}
     assert facts.disks["models_dir"].exists is True
+
+
+def test_a_python_dist_of_the_probes_own_python_is_read_without_starting_another() -> None:
+    """The host's python3 (sglang's usual interpreter) runs the probe itself: its site directories are scanned in
+    the probe's process, with the answer importlib.metadata gives."""
+    assert probe.is_own_python(sys.executable) and not probe.is_own_python("/bin/sh")
+    for dist in ("click", "pydantic", "Ruamel_Yaml"):
+        assert probe.dist_version(dist, probe.own_site_dirs()) == importlib.metadata.version(dist)
+    assert probe.dist_version("no-such-engine", probe.own_site_dirs()) is None
+    spec = {
+        "present": {"candidates": [sys.executable], "probe": {"kind": "python_dist", "dist": "click"}},
+        "absent": {"candidates": [sys.executable], "probe": {"kind": "python_dist", "dist": "no-such-engine"}},
+    }
+    args = {"models_dir": "/nonexistent", "cache_dir": "/tmp", "engines": spec}
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", "-", json.dumps(args)], input=gather.probe_source(), capture_output=True, text=True
+    )
+    engines = json.loads(out.stdout)["engines"]
+    assert set(engines) == {"present"} and engines["present"]["version"] == importlib.metadata.version("click")

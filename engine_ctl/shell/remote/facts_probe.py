@@ -376,9 +376,73 @@ def engines(spec: dict[str, Any], known: dict[str, list[Any]]) -> dict[str, tupl
             started[name] = (path, seen[2], "known", stat)
             continue
         probe = entry.get("probe") or {}
+        if probe.get("kind") == "python_dist" and is_own_python(script_interpreter(path)):
+            version = dist_version(probe.get("dist", name), own_site_dirs())  # no second Python to start
+            if version is not None:
+                started[name] = (path, version, "known", stat)
+            continue
         argv = version_argv(path, probe, name)
         started[name] = (path, start(argv) if argv else None, probe.get("kind"), stat)
     return started
+
+
+def normalized_dist(name: str) -> str:
+    """A distribution's name as PEP 503 compares them: runs of - _ . are one -, lower case."""
+    import re
+
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def dist_version(name: str, dirs: Iterable[str]) -> str | None:
+    """What PYTHON_DIST_CODE prints, in this process, for the directories of an interpreter's sys.path: the
+    `Version:` of the first NAME-VERSION.dist-info (or .egg-info) found, or None."""
+    want = normalized_dist(name)
+    for d in dirs:
+        try:
+            names = sorted(os.listdir(d or "."))
+        except OSError:
+            continue
+        for e in names:
+            stem, _, ext = e.rpartition(".")
+            if ext in ("dist-info", "egg-info") and normalized_dist(stem.split("-")[0]) == want:
+                p = os.path.join(d or ".", e)
+                p = os.path.join(p, "METADATA" if ext == "dist-info" else "PKG-INFO") if os.path.isdir(p) else p
+                for line in (read(p) or "").splitlines():
+                    if line.startswith("Version:"):
+                        return line.split(":", 1)[1].strip()
+                    if not line.strip():
+                        break
+    return None
+
+
+def is_own_python(interpreter: str) -> bool:
+    """Whether `interpreter` is the Python running this probe (the host's python3: sglang's usual one)."""
+    try:
+        return os.path.realpath(interpreter) == os.path.realpath(sys.executable)
+    except OSError:
+        return False
+
+
+def own_site_dirs() -> list[str]:
+    """Where this Python, started normally, finds installed distributions (what site.main would add; the probe
+    runs with -I -S, so sys.path has none of them): the user's site-packages, then the system's (Debian's
+    dist-packages included); in a virtual environment its own, and the system's only if its pyvenv.cfg says
+    include-system-site-packages = true (and then no user site, as site.py decides)."""
+    import site
+
+    exe_dir = os.path.dirname(sys.executable)  # a venv is found as site.venv finds it (under -S it never ran)
+    venv = next((d for d in (exe_dir, os.path.dirname(exe_dir)) if os.path.isfile(os.path.join(d, "pyvenv.cfg"))), None)
+    if venv is None:
+        user = site.getusersitepackages()
+        return [*([user] if isinstance(user, str) else []), *site.getsitepackages()]
+    cfg = read(os.path.join(venv, "pyvenv.cfg")) or ""
+    system = any(
+        line.split("=", 1)[0].strip().lower() == "include-system-site-packages"
+        and line.split("=", 1)[1].strip().lower() == "true"
+        for line in cfg.splitlines()
+        if "=" in line
+    )
+    return site.getsitepackages([venv]) + (site.getsitepackages([sys.base_prefix]) if system else [])
 
 
 def engine_versions(started: dict[str, tuple[str, Any, str | None, list[int]]]) -> dict[str, dict[str, Any]]:
