@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine_ctl.core.fit.hostfacts import Gpu
 from engine_ctl.core.fit.runspec import ReplicaRun
@@ -47,6 +48,26 @@ def amd_family(name: str) -> str | None:
 
 
 @dataclass(frozen=True)
+class EngineOption:
+    """A key of the flat form's engine_config that one engine alone reads (seed 003: `cuda_graphs` on SGLang,
+    `llamacpp: {gguf_file}` on llama.cpp). The documents' model gains it as an optional field; the loader puts
+    its value in the deployment's engine_options (what the engine's argv reads), or, when it names the model's
+    file, in the model."""
+
+    key: str
+    annotation: Any
+    """The value's type as pydantic checks it; always optional (None: not written)."""
+    description: str | None = None
+    model_file: Callable[[Any], str] | None = None
+    """When the option names the model's file rather than setting the engine: the file, read from its value."""
+    model_format: str | None = None
+    """The format of that file (it decides the model's format)."""
+    recorded_when_unset: bool = False
+    """Records (state, plans) written before options moved into providers carry this key as null in every
+    deployment; keeping it there keeps their spec digest, so an upgrade starts no new revision."""
+
+
+@dataclass(frozen=True)
 class Provider:
     """An engine: formats, platforms, flags, argv, health, memory rule, defaults."""
 
@@ -54,6 +75,7 @@ class Provider:
     title: str
     formats: frozenset[str]
     auto_for_format: str | None
+    """The model format for which `engine: auto` picks this engine (one engine per format)."""
     platforms: frozenset[str]
     """Where it runs: nvidia, amd, cpu."""
     allowed_flags: tuple[str, ...]
@@ -73,8 +95,21 @@ class Provider:
     tp_must_divide_heads: bool = False
     startup_budget_s: int = 600
     cache_type_flags: tuple[str, str] = ("", "")
-    cuda_graphs_switch: bool = False
-    """Whether engine_config.cuda_graphs means something to this engine."""
+    aliases: tuple[str, ...] = ()
+    """Other names the documents accept for this engine (the flat form's `llamacpp`)."""
+    auto_for_cpu: bool = False
+    """Whether `engine: auto` with `accelerator: cpu` picks this engine."""
+    options: tuple[EngineOption, ...] = ()
+    """engine_config keys only this engine reads."""
+    parser_flags: Mapping[str, str] = field(default_factory=dict)
+    """The model's parser fields (tool_call_parser, reasoning_parser) -> the flag that sets each; a decisions
+    deployment has no parser, so these flags are refused in its extra_args."""
+    loading_statuses: frozenset[str] = frozenset()
+    """HTTP statuses the health endpoint answers while the engine is still loading its model (starting, not
+    failing)."""
+    log_prefix: str = ""
+    """A regular expression for what the engine writes before each log line (a timestamp, a level): dropped
+    from the engine's words when a replica fails to start."""
     takes_flag_equals_value: bool = True
     """Whether the engine reads `--flag=value` as one word (argparse does: vLLM, SGLang). When not (llama.cpp's
     llama-server refuses `--seed=42`), the user's engine_args are passed as `--flag value`."""
@@ -125,6 +160,10 @@ class Provider:
     def cache_tokens(self, context: int, parallel: int) -> int:
         """Tokens of KV cache allocated at start."""
         return context * parallel
+
+    def context_note(self, context: int, parallel: int) -> str | None:
+        """What context_length means beside this engine's own flags, where they differ (shown in plans)."""
+        return None
 
     def compute_bytes(self, weights: int, gpus: int) -> int:
         return 512 * 1024**2

@@ -118,10 +118,15 @@ def test_unit_files_are_hashed(tmp_path: Path) -> None:
     (tmp_path / "other.service").write_text("[Unit]\n")
     import hashlib
 
-    assert probe.unit_files("engine-ctl-", str(tmp_path)) == {
-        "engine-ctl-a.service": hashlib.sha256(b"[Unit]\n").hexdigest()
-    }
+    (tmp_path / "engine-ctl-big.service").write_bytes(b"#" * (probe.UNIT_TEXT_LIMIT + 1))
+    found = probe.unit_files("engine-ctl-", str(tmp_path))
+    assert found["engine-ctl-a.service"] == (hashlib.sha256(b"[Unit]\n").hexdigest(), "[Unit]\n")
+    assert found["engine-ctl-big.service"][1] is None
+    assert set(found) == {"engine-ctl-a.service", "engine-ctl-big.service"}
     assert probe.unit_files("engine-ctl-", str(tmp_path / "none")) == {}
+    from engine_ctl.core.fit.hostfacts import UNIT_TEXT_LIMIT
+
+    assert probe.UNIT_TEXT_LIMIT == UNIT_TEXT_LIMIT
 
 
 def test_haproxy_version_recording() -> None:

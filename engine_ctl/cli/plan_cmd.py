@@ -25,7 +25,7 @@ from engine_ctl.cli.common import (
     ssh_settings,
 )
 from engine_ctl.cli.output import console, emit_json
-from engine_ctl.cli.planview import plan_json, plan_markdown, render_plan
+from engine_ctl.cli.planview import RICH_STYLES, plan_json, plan_markdown, render_plan
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Inventory, load_inventory
 from engine_ctl.core.model import DesiredState
@@ -38,8 +38,6 @@ from engine_ctl.shell.transport import HostFailure, SSHOptions
 from engine_ctl.shell.world import plan_world
 from engine_ctl.state import HostRecord, LocalState, Operation, State, StateBackend, StateError, open_backend
 from engine_ctl.state.local import DEFAULT_NAME, now, who
-
-STYLES = {"add": "green", "change": "yellow", "destroy": "red", "warn": "yellow", "bold": "bold", "": ""}
 
 
 def state_option(f: Any) -> Any:
@@ -114,10 +112,11 @@ def read_state(backend: StateBackend) -> State:
         raise InputError([Diagnostic(Location(backend.location), "", str(exc))]) from None
 
 
-def show_plan(plan: Plan) -> None:
+def show_plan(plan: Plan, command: str = "apply") -> None:
+    """The plan on stdout: coloured on a terminal (argv and unit diff lines by their sign), plain otherwise."""
     out = console()
-    for style, line in render_plan(plan):
-        out.print(line, style=STYLES[style] or None)
+    for style, line in render_plan(plan, command):
+        out.print(line, style=RICH_STYLES[style] or None)
 
 
 @click.command()
@@ -178,24 +177,50 @@ def _load_plan_file(path: Path) -> Plan | None:
         raise InputError([Diagnostic(Location(str(path)), "", str(exc))]) from None
 
 
-def _confirm(auto_approve: bool) -> None:
+PROMPTS = {
+    "apply": ("Do you want to perform these actions? Only 'yes' will be accepted", "Apply cancelled; nothing changed."),
+    "destroy": (
+        "Do you really want to destroy these deployments? Their units are stopped and removed; the models stay. "
+        "Only 'yes' will be accepted",
+        "Destroy cancelled; nothing was destroyed.",
+    ),
+}
+"""command -> (the confirmation prompt, what is said when it is not answered yes)."""
+
+
+def _confirm(auto_approve: bool, command: str = "apply") -> None:
     if auto_approve:
         return
     if not sys.stdin.isatty():
+        hint = "review the plan, then pass --auto-approve"
         raise InputError(
             [
                 Diagnostic(
                     Location("stdin"),
                     "",
-                    "apply asks for confirmation, and stdin is not a terminal",
-                    hint="review the plan, then pass --auto-approve (or apply a saved plan file)",
+                    f"{command} asks for confirmation, and stdin is not a terminal",
+                    hint=hint + (" (or apply a saved plan file)" if command == "apply" else ""),
                 )
             ]
         )
-    answer = click.prompt("Do you want to perform these actions? Only 'yes' will be accepted", default="")
+    question, cancelled = PROMPTS[command]
+    answer = click.prompt(question, default="")
     if answer.strip() != "yes":
-        console().print("Apply cancelled; nothing changed.")
+        console().print(cancelled)
         sys.exit(1)
+
+
+def outcome_line(plan: Plan, command: str, code: int, result_text: str) -> str:
+    """The last line of apply or destroy: complete or stopped, and what was planned."""
+    s = plan.summary()
+    if command == "destroy":
+        n = s["destroy"]
+        done = f"{n} deployment{'s' if n != 1 else ''} destroyed as planned"
+        return f"\nDestroy {'complete' if code == 0 else 'stopped'}: {result_text}. ({done})"
+    return (
+        f"\nApply {'complete' if code == 0 else 'stopped'}: {result_text}. "
+        f"({s['add']} added, {s['change']} changed, {s['destroy']} destroyed as planned)"
+    )
 
 
 def execute(
@@ -229,7 +254,8 @@ def execute(
             unrecorded = result.unrecorded
             code = 130 if result.interrupted else (1 if result.failed or unrecorded else 0)
             failures = "; ".join(f"{k}: {v}" for k, v in sorted(result.failed.items()))
-            result_text = "interrupted" if result.interrupted else (f"failed: {failures}" if failures else "applied")
+            done = "destroyed" if command == "destroy" else "applied"
+            result_text = "interrupted" if result.interrupted else (f"failed: {failures}" if failures else done)
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -255,10 +281,21 @@ def execute(
         code = code or 1
     for what in unrecorded:
         out.print(f"error: not recorded in the state: {what}; run engine-ctl plan to see what the hosts run")
-    s = plan.summary()
-    out.print(f"\nApply {'complete' if code == 0 else 'stopped'}: {result_text}. "
-              f"({s['add']} added, {s['change']} changed, {s['destroy']} destroyed as planned)")  # fmt: skip
+    out.print(outcome_line(plan, command.split()[0], code, result_text))
     return code
+
+
+def for_destroy(plan: Plan) -> Plan:
+    """The plan of `destroy`: only its deletions, each said as destroy asked for it (never "removed from the
+    documents": destroy reads no documents), and no deployment counted as absent."""
+    asked = "engine-ctl destroy" + "".join(f" --target {t}" for t in plan.targets)
+    changes = []
+    for c in plan.changes:
+        if c.action != ["delete"]:
+            continue
+        replicas = [r.model_copy(update={"reason": "destroyed"}) for r in c.replicas]
+        changes.append(c.model_copy(update={"reasons": [f"{asked} destroys it"], "replicas": replicas}))
+    return plan.model_copy(update={"changes": changes, "absent": []})
 
 
 def _plan_for(
@@ -351,13 +388,12 @@ def destroy(
         state = read_state(backend)
         keep = DesiredState()  # nothing is wanted: every (targeted) deployment in the state is deleted
         result, failures = _plan_for(keep, inventory, state, backend, options, parallel, targets)
-        result.changes = [c for c in result.changes if c.action == ["delete"]]
-        result.absent = []  # destroyed because destroy was asked for, not because documents are absent
-        show_plan(result)
+        result = for_destroy(result)
+        show_plan(result, "destroy")
         report_failures(failures)
         if not result.changes or result.refused:  # refused (prevent_destroy): nothing is destroyed
             sys.exit(1 if result.refused else 0)
-        _confirm(auto_approve)
+        _confirm(auto_approve, "destroy")
         sys.exit(execute(result, inventory, backend, state, options, "destroy"))
 
 

@@ -91,16 +91,16 @@ def failure_argv(unit: str) -> list[str]:
 
 # Lines the health gate itself writes: a fallback only, the engine's own words come first.
 GATE_LINES = ("the engine exited before readiness", "no healthy answer within")
-LOG_PREFIX = re.compile(r"^[\d.:]+\s+[A-Z]\s+")
-"""A leading timestamp and level (llama.cpp's `0.00.014.738 E `), dropped from the reason."""
 ERROR_WORDS = ("error", "failed", "invalid", "unable", "cannot", "exception", "abort", "fatal")
 
 
-def failure_reason(output: str) -> str:
-    """Pure: the systemctl show + journal tail -> one line for LAST ERROR, in the engine's own words."""
+def failure_reason(output: str, log_prefix: str = "") -> str:
+    """Pure: the systemctl show + journal tail -> one line for LAST ERROR, in the engine's own words (without
+    what the engine writes before each line: its provider's log_prefix)."""
     head, _, log = output.partition("---")
     props = dict(line.split("=", 1) for line in head.splitlines() if "=" in line)
-    lines = [LOG_PREFIX.sub("", ln.strip()) for ln in log.splitlines() if ln.strip()]
+    prefix = re.compile(log_prefix or "(?!)")
+    lines = [prefix.sub("", ln.strip()) for ln in log.splitlines() if ln.strip()]
     engine = [ln for ln in lines if not ln.startswith(GATE_LINES)]
     interesting = [ln for ln in engine if any(w in ln.lower() for w in ERROR_WORDS)]
     # the first error is the cause (invalid magic …), the last what the engine made of it (exiting …)
@@ -361,6 +361,12 @@ class Executor:
         budget = engine.startup_budget_s if engine else max(p.startup_budget_s for p in PROVIDERS.values())
         return budget + 60
 
+    @staticmethod
+    def _reason(t: SSHTransport | LocalTransport, change: DeploymentChange, unit: str) -> str:
+        """Why `unit` failed, in its engine's own words."""
+        engine = PROVIDERS.get(str((change.fit or {}).get("engine")))
+        return failure_reason(t.run(failure_argv(unit)).stdout, engine.log_prefix if engine else "")
+
     def _replica_record(self, step: ReplicaChange, status: str) -> ReplicaRecord:
         return ReplicaRecord(
             index=step.index, slot=step.slot, host=step.host, unit=step.unit, port=step.port, gpus=step.gpus,
@@ -384,7 +390,7 @@ class Executor:
         result = t.run(start_argv(step.unit, upload=True), stdin=step.unit_text, timeout=self._budget(change))
         _uploaded(result, step)
         if result.exit_code != 0:
-            reason = failure_reason(t.run(failure_argv(step.unit)).stdout)
+            reason = self._reason(t, change, step.unit)
             self._run(t, remove_argv(step.unit), f"removing the failed {step.unit} on {step.host}")
             self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
             raise StepFailed(reason)
@@ -434,7 +440,7 @@ class Executor:
             result = tr.run(restart_argv(step.unit, upload=True), stdin=step.unit_text, timeout=self._budget(change))
             _uploaded(result, step)
             if result.exit_code != 0:
-                reason = failure_reason(tr.run(failure_argv(step.unit)).stdout)
+                reason = self._reason(tr, change, step.unit)
                 self._record(lambda s: _set_status(s, name, step.host, step.unit, "failed", reason), name)
                 raise StepFailed(reason)
             self._record(lambda s: _put_replica(s, name, self._replica_record(step, "serving")), name)
@@ -464,6 +470,6 @@ class Executor:
         """Bring the previous unit back after its replacement failed; its outcome is recorded either way."""
         restored = t.run(start_argv(unit), timeout=self._budget(change))
         status = "serving" if restored.exit_code == 0 else "failed"
-        reason = None if status == "serving" else failure_reason(t.run(failure_argv(unit)).stdout)
+        reason = None if status == "serving" else self._reason(t, change, unit)
         self._record(lambda s: _set_status(s, change.name, host, unit, status, reason), change.name)
         self.progress(f"{change.name}: the previous {unit} on {host} restored ({status})")

@@ -25,6 +25,7 @@ from engine_ctl.core.fit.hostfacts import (
 )
 from engine_ctl.core.fit.modelfacts import ModelFacts, facts_from_gguf_fields, facts_from_hf_config
 from engine_ctl.core.names import UNIT_PREFIX
+from engine_ctl.core.plan.unitdiff import hide_secrets_in
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.transport import Ahead, HostFailure, LocalTransport, SSHOptions, SSHTransport, fan_out
 
@@ -102,6 +103,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
             n_restarts=_int(u.get("NRestarts")),
             main_pid=_int(u.get("MainPID")),
             exec_main_status=_int(u.get("ExecMainStatus")),
+            text=hide_secrets_in(u["text"]) if isinstance(u.get("text"), str) else None,  # never a token kept
         )
         for u in doc.get("units") or []
     )
@@ -169,7 +171,7 @@ def gather_one(
 
 class VersionCache:
     """Engine versions already read on a host, keyed by the binary's path, mtime and size, so that the probe
-    runs `llama-server --version` only when the binary changed. Kept in ~/.cache/engine-ctl/ (or
+    runs the engine's version probe (its provider's) only when the binary changed. Kept in ~/.cache/engine-ctl/ (or
     $ENGINE_CTL_CACHE_DIR); losing it only costs a re-read."""
 
     def __init__(self, path: Path, known: dict[str, list[Any]]) -> None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
+from engine_ctl.core.diagnostics import InputError
 from engine_ctl.core.documents.inventory import Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.model import DesiredState, Model
+from engine_ctl.core.names import unknown_targets
 from engine_ctl.core.plan.planner import Plan, make_plan
 from engine_ctl.core.render.units import model_path_on_host
 from engine_ctl.shell.gather import gather
@@ -69,15 +70,13 @@ def plan_world(
 ) -> tuple[Plan, dict[str, HostFailure]]:
     """Gather (one round trip per host), then plan with the pure core; returns the plan and the hosts that could
     not be reached. `state_location` names the state in messages, `reopen` is how `apply PLANFILE` finds it."""
+    known = {d.deployment.name for d in desired.deployments} | set(state.deployments)
+    unknown = unknown_targets(targets, known, state_location)  # before any host is asked
+    if unknown:
+        raise InputError(unknown)
     paths = model_paths(desired, inventory)
     facts, failures = gather(list(inventory.hosts), options, parallel, paths)
     mfacts, _notes = model_facts_by_name(desired, inventory, facts)
-    known = {d.deployment.name for d in desired.deployments} | set(state.deployments)
-    unknown = [t for t in targets if t not in known]
-    if unknown:
-        raise InputError(
-            [Diagnostic(Location(state_location), "--target", f"no deployment named {t!r}") for t in unknown]
-        )
     plan = make_plan(
         desired, state, inventory, facts, mfacts,
         unreachable={h: f.message for h, f in failures.items()}, targets=list(targets),

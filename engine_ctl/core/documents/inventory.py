@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine_ctl.core.diagnostics import Diagnostic, InputError, format_path
 from engine_ctl.core.documents.shape import diagnostics_from
 from engine_ctl.core.documents.yamlsource import SourceDocument, read_path, text_problems
+from engine_ctl.providers import NON_ENGINE_EXECUTABLES, PROVIDERS, canonical_engine, engine_keys, seal
 
 DEFAULT_MODELS_DIR = "/var/lib/engine-ctl/models"
 DEFAULT_CACHE_DIR = "/var/cache/engine-ctl"
@@ -25,7 +26,20 @@ class _Doc(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-EngineKey = Literal["llama.cpp", "llamacpp", "vllm", "sglang", "haproxy"]
+if TYPE_CHECKING:
+    EngineKey = str
+else:
+    EngineKey = Literal[(*engine_keys(), *NON_ENGINE_EXECUTABLES)]
+"""An engine's name or alias (the providers'), or the gateway's executable."""
+
+
+def _install_example() -> str:
+    """Where an engine may be installed, for hints: the first engine's third place to look."""
+    first = next(iter(PROVIDERS.values()))
+    return first.executable_candidates(None)[-1]
+
+
+seal(__name__)
 
 
 class HostSettings(_Doc):
@@ -135,7 +149,7 @@ def _path_problems(doc: SourceDocument, where: tuple[str | int, ...], settings: 
                     doc.locate(path),
                     format_path(path),
                     f"executable {exe!r}: {EXECUTABLE_MESSAGE}",
-                    hint="install or link the engine under such a path, e.g. /opt/llama.cpp/bin/llama-server",
+                    hint=f"install or link the engine under such a path, e.g. {_install_example()}",
                 )
             )
     return out
@@ -212,7 +226,7 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
             )
             continue
         engines = values.get("engines", {})
-        values["engines"] = {("llama.cpp" if k == "llamacpp" else k): v for k, v in engines.items()}
+        values["engines"] = {canonical_engine(k): v for k, v in engines.items()}
         for key in ("identity_file", "known_hosts"):
             values[key] = _expand(values.get(key), base)
         values["roles"] = tuple(values.get("roles", ()))

@@ -63,6 +63,13 @@ class UnitFact(Fact):
     n_restarts: int | None = None
     main_pid: int | None = None
     exec_main_status: int | None = None
+    text: str | None = None
+    """The unit file's text (up to UNIT_TEXT_LIMIT bytes), so a hand edit is shown as a diff; values that look
+    secret are hidden in it (engine_ctl.core.plan.unitdiff.hide_secrets). sha256 is the file's own."""
+
+
+UNIT_TEXT_LIMIT = 256 * 1024
+"""A unit file engine-ctl writes is a few KiB; past this its text is not sent (its hash still is)."""
 
 
 class ModelFile(Fact):
@@ -101,7 +108,10 @@ class HostFacts(Fact):
         """A hash of the facts that placement and rendering depend on (not volatile counters)."""
         stable = self.model_dump(
             include={"host", "arch", "cpu", "gpus", "engines", "units", "model_files", "models"},
-            exclude={"gpus": {"__all__": {"memory_used_bytes"}}, "units": {"__all__": {"main_pid", "n_restarts"}}},
+            exclude={
+                "gpus": {"__all__": {"memory_used_bytes"}},
+                "units": {"__all__": {"main_pid", "n_restarts", "text"}},  # the text: its sha256 is there
+            },
         )
         stable["memory_total"] = self.memory.total_bytes
         return hashlib.sha256(json.dumps(stable, sort_keys=True, default=str).encode()).hexdigest()

@@ -20,6 +20,7 @@ from engine_ctl.core.fit.hostfacts import BUSY_BYTES, HostFacts, UnitFact
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.model import Deployment, DesiredState, Model
+from engine_ctl.core.plan.unitdiff import attach_unit_diffs
 from engine_ctl.core.render.units import UNIT_PREFIX, RenderedUnit, model_path_on_host, render_unit, replica_runs
 from engine_ctl.providers import Provider
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
@@ -114,6 +115,8 @@ class Drift(BaseModel):
     deployment: str | None = None
     kind: Literal["edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged"]
     detail: str
+    diff: list[str] = Field(default_factory=list)
+    """A hand-edited unit: the unified diff from the file on the host to engine-ctl's (secret values hidden)."""
 
 
 class Plan(BaseModel):
@@ -430,9 +433,10 @@ def plan_deployment(
         rc.old_unit, rc.old_host, rc.old_slot, rc.old_argv = current.unit, current.host, current.slot, current.argv
         rc.strategy = strategy
         replicas.append(rc)
+    before = len({r.index for r in live})  # replicas recorded before this plan (a second slot is not one)
     for r in live:
         if r.index >= count and r.host in facts:
-            replicas.append(_delete(r, f"replicas {len([x for x in live if x.index < count])} → {count}"))
+            replicas.append(_delete(r, f"replicas {before} → {count}"))
         elif r.index >= count:
             change.blocked.append(_out_of_reach(r, by_host))
     change.replicas = replicas
@@ -666,6 +670,7 @@ def make_plan(
             if u.name.startswith(UNIT_PREFIX) and u.name not in managed:
                 detail = f"{u.name} on {host} is not in this state; engine-ctl leaves it alone"
                 plan.drift.append(Drift(host=host, unit=u.name, kind="unmanaged", detail=detail))
+    attach_unit_diffs(plan, facts)
     if refresh_only:
         for c in plan.changes:
             c.action = ["no-op"]

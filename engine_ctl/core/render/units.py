@@ -167,7 +167,7 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
         "credentials": [f"{TEMPLATE_CREDENTIAL}:{credential_value(template)}"] if template else [],
         "weights_path": path_value(weights_dir),
         "device_allow": device_allow(run),
-        # JIT compilers (vLLM, SGLang; the CUDA and ROCm runtimes for GPU kernels) need writable+executable memory.
+        # JIT compilers (provider.jit_compiles; the CUDA and ROCm runtimes for GPU kernels) need W+X memory.
         "mdwe": not provider.jit_compiles and not run.gpus,
         "syscall_deny": deny,
     }
@@ -226,7 +226,7 @@ def replica_runs(
                     threads=p.threads,
                     engine_args=d.engine_args,
                     gpu_memory_bytes=d.gpu_memory_bytes,
-                    cuda_graphs=d.cuda_graphs,
+                    engine_options=d.engine_options,
                     chat_template_file=chat_template_path(unit) if jinja else None,
                     cache_dir=cache_path(host, d.name),
                 ),

@@ -153,6 +153,7 @@ def disk(path: str) -> dict[str, Any]:
 # systemd --------------------------------------------------------------------------------------------------------
 
 UNIT_DIR = "/etc/systemd/system"
+UNIT_TEXT_LIMIT = 256 * 1024  # engine_ctl.core.fit.hostfacts.UNIT_TEXT_LIMIT: a unit's text past it is not sent
 UNIT_PROPERTIES = ("Id", "ActiveState", "SubState", "NRestarts", "MainPID", "ExecMainStatus", "Result")
 SYSTEMD_LIBRARY = "libsystemd-shared-"
 
@@ -191,8 +192,9 @@ def systemd_version() -> str | None:
     return parse_systemctl_version(run(["systemctl", "--version"])["out"])
 
 
-def unit_files(prefix: str, unit_dir: str = UNIT_DIR) -> dict[str, str]:
-    """engine-ctl's unit files (`prefix*.service` in `unit_dir`) -> the sha256 of each file's bytes."""
+def unit_files(prefix: str, unit_dir: str = UNIT_DIR) -> dict[str, tuple[str, str | None]]:
+    """engine-ctl's unit files (`prefix*.service` in `unit_dir`) -> the sha256 of each file's bytes, and its text
+    (so that a hand edit shows as a diff; None past UNIT_TEXT_LIMIT)."""
     try:
         names = sorted(n for n in os.listdir(unit_dir) if n.startswith(prefix) and n.endswith(".service"))
     except OSError:
@@ -201,14 +203,16 @@ def unit_files(prefix: str, unit_dir: str = UNIT_DIR) -> dict[str, str]:
         return {}
     import hashlib  # only where there are units: hashlib loads OpenSSL
 
-    hashes = {}
+    found = {}
     for name in names:
         try:
             with open(os.path.join(unit_dir, name), "rb") as f:
-                hashes[name] = hashlib.sha256(f.read()).hexdigest()
+                data = f.read()
         except OSError:
             continue
-    return hashes
+        text = data.decode("utf-8", "replace") if len(data) <= UNIT_TEXT_LIMIT else None
+        found[name] = (hashlib.sha256(data).hexdigest(), text)
+    return found
 
 
 def systemctl_show_argv(names: Iterable[str]) -> list[str]:
@@ -227,15 +231,18 @@ def parse_systemctl_show(text: str) -> list[dict[str, str]]:
 
 
 def units(prefix: str, unit_dir: str = UNIT_DIR) -> list[dict[str, Any]]:
-    """engine-ctl's units: systemd's view of each (UNIT_PROPERTIES) and its file's sha256; a file systemd does
-    not report is listed with its hash alone."""
-    hashes = unit_files(prefix, unit_dir)
-    if not hashes:
+    """engine-ctl's units: systemd's view of each (UNIT_PROPERTIES), its file's sha256 and text; a file systemd
+    does not report is listed with its hash and text alone."""
+    files = unit_files(prefix, unit_dir)
+    if not files:
         return []
-    shown = parse_systemctl_show(run(systemctl_show_argv(hashes))["out"])
-    out: list[dict[str, Any]] = [dict(fields, sha256=hashes.get(fields["Id"])) for fields in shown]
+    shown = parse_systemctl_show(run(systemctl_show_argv(files))["out"])
+    out: list[dict[str, Any]] = []
+    for fields in shown:
+        sha256, text = files.get(fields["Id"], (None, None))
+        out.append(dict(fields, sha256=sha256, text=text))
     seen = {u["Id"] for u in out}
-    return out + [{"Id": n, "sha256": h} for n, h in hashes.items() if n not in seen]
+    return out + [{"Id": n, "sha256": h, "text": t} for n, (h, t) in files.items() if n not in seen]
 
 
 # Listening ports ------------------------------------------------------------------------------------------------
