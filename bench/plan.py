@@ -100,7 +100,7 @@ def apply_overhead(docs: Path, inv: Path, replicas: int, engine: float, runs: in
 def scaling(fleet: fleet_mod.Fleet, work: Path, inv: Path) -> None:
     """apply (and destroy) of N one-replica deployments, one per host, for N = 1, 4, 8, 16."""
     print(f"{'hosts':>5} {'apply s':>8} {'destroy s':>10}")
-    for n in (1, 4, 8, 16):
+    for n in (n for n in (1, 4, 8, 16) if n <= len(fleet.hosts)):
         docs = work / f"scale{n}"
         docs.mkdir()
         (docs / "docs.yaml").write_text(MODEL + "".join(deployment(f"s{i}", host=h.name)
@@ -114,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--scaling", action="store_true", help="also apply 1, 4, 8, 16 deployments, one per host")
+    parser.add_argument("--hosts", type=int, default=HOSTS, help=f"fleet hosts (default {HOSTS})")
     args = parser.parse_args(argv)
-    fleet = boot_fleet(HOSTS)
+    hosts = args.hosts
+    fleet = boot_fleet(hosts)
     try:
         for h in fleet.hosts:
             fleet.ssh(h, f"mkdir -p {MODELS_DIR}/tiny && cp {tiny_model()} {MODELS_DIR}/tiny/tiny.gguf")
@@ -127,19 +129,19 @@ def main(argv: list[str] | None = None) -> int:
         (dirs["one"] / "docs.yaml").write_text(MODEL + deployment("d0"))
         (dirs["many"] / "docs.yaml").write_text(MODEL + "".join(deployment(f"d{i}") for i in range(200)))
         (dirs["single"] / "docs.yaml").write_text(MODEL + deployment("single"))
-        (dirs["wide"] / "docs.yaml").write_text(MODEL + deployment("wide", replicas=HOSTS))
+        (dirs["wide"] / "docs.yaml").write_text(MODEL + deployment("wide", replicas=hosts))
 
         engine = engine_time_to_health(fleet)
-        print(f"hosts: {HOSTS}; engine's own time to health (tiny model): {engine:.2f} s; {args.runs} runs, medians")
+        print(f"hosts: {hosts}; engine's own time to health (tiny model): {engine:.2f} s; {args.runs} runs, medians")
         print(apply_overhead(dirs["single"], inv, 1, engine, args.runs))
-        print(apply_overhead(dirs["wide"], inv, HOSTS, engine, args.runs))
+        print(apply_overhead(dirs["wide"], inv, hosts, engine, args.runs))
         plan = [*engine_ctl(), "plan", str(dirs["wide"]), "--inventory", str(inv)]
         noop, floor = paired(
             lambda: subprocess.run(plan, check=True, capture_output=True, env=ENV),
             lambda: ssh_true(fleet, fleet.hosts),
             args.runs,
         )
-        print(f"no-op plan, {HOSTS} replicas on {HOSTS} hosts: {noop:6.2f} s / {HOSTS} parallel ssh true "
+        print(f"no-op plan, {hosts} replicas on {hosts} hosts: {noop:6.2f} s / {hosts} parallel ssh true "
               f"{floor:.2f} s = {noop / floor:.2f}x (target <= 1.5x)")  # fmt: skip
         p200, p1 = paired(
             lambda: cli("plan", str(dirs["many"]), "--inventory", str(inv)),
