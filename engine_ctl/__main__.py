@@ -7,6 +7,7 @@ else is engine_ctl.cli.main's; tests/test_startup.py checks that both print the 
 
 from __future__ import annotations
 
+import os
 import sys
 
 from engine_ctl import __version__
@@ -14,12 +15,20 @@ from engine_ctl import __version__
 VERSION_LINE = f"engine-ctl {__version__}"
 
 
+INTERRUPTED = 130
+"""The exit status of a command interrupted by Ctrl-C (128 + SIGINT), as shells report it."""
+
+
 def main() -> None:
     if sys.argv[1:] == ["--version"]:
         print(VERSION_LINE)
         return
-    from engine_ctl.cli.main import main as cli_main
-
+    try:  # Ctrl-C while the commands are still being imported (start-up) is an interrupt too, never a traceback
+        from engine_ctl.cli.main import main as cli_main
+    except KeyboardInterrupt:
+        sys.stderr.write("\ninterrupted\n")
+        sys.stderr.flush()
+        os._exit(INTERRUPTED)  # at once, as engine_ctl.cli.main.interrupted does (see there why)
     cli_main()
 
 

@@ -41,6 +41,29 @@ AMD_FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
+PLATFORMS = ("cuda", "rocm", "vulkan", "metal", "cpu")
+"""The builds of an engine the inventory may name, one per platform (seed 001, GPU vendors)."""
+
+# The seed's GPU-vendors table by LLVM target (what amd-smi reports as target_graphics_version): MI300X/A and
+# MI325X gfx942, MI210/MI250 gfx90a, MI100 gfx908, MI350/MI355 gfx950; RX 7900 XTX/XT/GRE and PRO W7900/W7800
+# gfx1100, RX 7800/7700 gfx1101, RX 7600 gfx1102; RX 9070 gfx1201, RX 9060 gfx1200; Ryzen AI gfx1150/gfx1151;
+# RX 6800/6900 gfx1030. Any other AMD GPU (RX 6700 gfx1031, 6600 gfx1032, RX 5000 gfx101x…) has no ROCm build.
+ROCM_GFX_LLAMACPP = frozenset(
+    {"gfx942", "gfx90a", "gfx908", "gfx1100", "gfx1101", "gfx1102", "gfx1200", "gfx1201", "gfx1150", "gfx1151",
+     "gfx1030"}
+)  # fmt: skip
+ROCM_GFX_PAGED = frozenset(
+    {"gfx942", "gfx90a", "gfx950", "gfx1100", "gfx1101", "gfx1200", "gfx1201", "gfx1150", "gfx1151"}
+)  # fmt: skip
+INSTINCT_GFX = frozenset({"gfx908", "gfx90a", "gfx942", "gfx950"})
+"""Instinct accelerators: the Vulkan build is for Radeon cards only."""
+FAMILY_GFX = {
+    "instinct-mi350": "gfx950", "instinct-mi100": "gfx908", "instinct": "gfx942", "radeon-rocm": "gfx1100",
+    "radeon-rocm-llamacpp": "gfx1030",
+}  # fmt: skip
+"""When the tools give no target: a GPU's family (by its name) stands for a target of its row."""
+
+
 def amd_family(name: str) -> str | None:
     """The seed's GPU-vendors row an AMD GPU's name falls in, or None when it names none of them."""
     lowered = name.lower()
@@ -116,6 +139,28 @@ class Provider:
 
     amd_without_build: frozenset[str] = frozenset()
     """AMD families (see AMD_FAMILIES) that no build of this engine runs on (seed 001, GPU vendors)."""
+    rocm_gfx: frozenset[str] = frozenset()
+    """AMD targets this engine's ROCm build runs on (seed 001, GPU vendors)."""
+    vulkan_for_other_amd: bool = False
+    """Whether a Vulkan build serves the AMD GPUs the ROCm build has no kernels for (llama.cpp)."""
+
+    def build_platform(self, gpu: Gpu | None) -> str | None:
+        """Which build of this engine runs a replica on `gpu` (None: on CPUs), by the seed's GPU-vendors table;
+        None when no build of it runs there."""
+        if gpu is None:
+            return "cpu" if self.runs_on("cpu") else None
+        if not self.runs_on(gpu.vendor):
+            return None
+        if gpu.vendor == "nvidia":
+            return "cuda"
+        family = amd_family(gpu.name)
+        target = gpu.gfx_target or FAMILY_GFX.get(family or "")
+        if target is None and family is None:  # an AMD GPU named by none of the rows: not refused
+            return "rocm"
+        if target in self.rocm_gfx:
+            return "rocm"
+        instinct = target in INSTINCT_GFX or (family or "").startswith("instinct")
+        return "vulkan" if self.vulkan_for_other_amd and not instinct else None
 
     def engine_args_argv(self, args: Sequence[str]) -> list[str]:
         """The deployment's engine_args (already checked) in the form this engine accepts."""
@@ -134,7 +179,7 @@ class Provider:
         """Why this engine cannot run on `gpu`, or None when one of its builds does (seed 001, GPU vendors)."""
         if not self.runs_on(gpu.vendor):
             return f"{self.title} does not run on {gpu.vendor} GPUs"
-        if gpu.vendor == "amd" and amd_family(gpu.name) in self.amd_without_build:
+        if self.build_platform(gpu) is None or (gpu.vendor == "amd" and amd_family(gpu.name) in self.amd_without_build):
             return f"no {self.title} build runs on the {gpu.name} (GPU vendors table)"
         return None
 

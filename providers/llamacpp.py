@@ -10,6 +10,7 @@ from engine_ctl.providers.base import (
     KEYS,
     OPENS,
     READS_FILE,
+    ROCM_GFX_LLAMACPP,
     EngineOption,
     Provider,
     at_least_2gib,
@@ -192,4 +193,6 @@ LLAMACPP = LlamaCpp(
     cache_type_flags=("--cache-type-k", "--cache-type-v"),
     takes_flag_equals_value=False,
     amd_without_build=frozenset({"instinct-mi350"}),
+    rocm_gfx=ROCM_GFX_LLAMACPP,
+    vulkan_for_other_amd=True,
 )

@@ -10,6 +10,7 @@ from engine_ctl.providers.base import (
     OPENS,
     PAGED_AMD_WITHOUT_BUILD,
     READS_FILE,
+    ROCM_GFX_PAGED,
     EngineOption,
     PagedProvider,
     chat_template_argv,
@@ -130,4 +131,5 @@ SGLANG = SgLang(
     cache_type_flags=("--kv-cache-dtype", "--kv-cache-dtype"),
     gpu_memory_fraction=MEM_FRACTION_STATIC,
     amd_without_build=PAGED_AMD_WITHOUT_BUILD,
+    rocm_gfx=ROCM_GFX_PAGED,
 )

@@ -10,6 +10,7 @@ from engine_ctl.providers.base import (
     OPENS,
     PAGED_AMD_WITHOUT_BUILD,
     READS_FILE,
+    ROCM_GFX_PAGED,
     PagedProvider,
     cache_env,
     chat_template_argv,
@@ -138,4 +139,5 @@ VLLM = Vllm(
     cache_type_flags=("--kv-cache-dtype", "--kv-cache-dtype"),
     gpu_memory_fraction=GPU_MEMORY_UTILIZATION,
     amd_without_build=PAGED_AMD_WITHOUT_BUILD,
+    rocm_gfx=ROCM_GFX_PAGED,
 )

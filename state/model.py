@@ -11,7 +11,17 @@ import re
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+)
 from pydantic_core import PydanticCustomError
 
 from engine_ctl.core.documents.inventory import HOST_NAME
@@ -125,6 +135,11 @@ class ReplicaRecord(Record):
     argv: list[str] = Field(default_factory=list)
     status: ReplicaStatus = "pending"
     reason: str | None = None
+    checkpoint_digest: Sha256 = ""
+    engine_version: str | None = None
+    engine_sha256: Sha256 = ""
+    """The engine build the replica was applied with (its binary's sha256): a change under it is drift."""
+    """For an hf: model: the checkpoint digest its host measured once the files were in place."""
 
 
 class DeploymentRecord(Record):
@@ -141,18 +156,23 @@ class DeploymentRecord(Record):
     chosen: dict[str, int] = Field(default_factory=dict)
     """Fields the documents leave out that engine-ctl chose (gpus, parallel; the values are in `plan`), each with
     the revision it was chosen at: kept until the documents change, so hosts joining do not move them."""
+    moved_from: list[DeploymentName] = Field(default_factory=list)
+    """The names this record had before `engine-ctl state mv`: its replicas may still run units named after them
+    until a roll replaces them with units of this name."""
     replicas: list[ReplicaRecord] = Field(default_factory=list)
 
     @field_validator("replicas")
     @classmethod
     def _units_are_this_deployments(cls, replicas: list[ReplicaRecord], info: ValidationInfo) -> list[ReplicaRecord]:
-        """Each replica's unit is the one engine-ctl names for this deployment, index and slot: never another's."""
+        """Each replica's unit is the one engine-ctl names for this deployment (or a name it had before `state
+        mv`), index and slot: never another's."""
         name = info.data.get("name")
         if name is None:  # the name itself was refused, and says so
             return replicas
+        names = [name, *info.data.get("moved_from", [])]
         for i, r in enumerate(replicas):
             expected = unit_name(name, r.index, r.slot)
-            if r.unit != expected:
+            if r.unit not in {unit_name(n, r.index, r.slot) for n in names}:
                 raise refuse(
                     f"{r.unit!r} is not the unit of replica {r.index}{r.slot} of deployment {name!r} "
                     f"(that is {expected!r})",
@@ -160,6 +180,14 @@ class DeploymentRecord(Record):
                     "unit",
                 )
         return replicas
+
+    @model_serializer(mode="wrap")
+    def _without_empty_moves(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """moved_from is written only when set, so a state no deployment was moved in reads in older engine-ctl."""
+        data: dict[str, Any] = handler(self)
+        if not data.get("moved_from"):
+            data.pop("moved_from", None)
+        return data
 
     def replica(self, index: int, slot: str | None = None) -> ReplicaRecord | None:
         for r in self.replicas:

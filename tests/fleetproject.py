@@ -60,7 +60,7 @@ class Project:
         self, *args: str, check: bool = False, timeout: float = 300, docs: bool = True
     ) -> subprocess.CompletedProcess[str]:
         argv = [sys.executable, "-m", "engine_ctl", *args]
-        if docs and args[0] in ("plan", "apply", "destroy", "status", "list"):
+        if docs and args[0] in ("plan", "apply", "destroy", "status", "list", "import"):
             argv += [str(self.path), "--inventory", self.fleet.inventory]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, cwd=ROOT)
         assert "Traceback" not in proc.stderr, proc.stderr

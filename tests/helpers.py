@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import re
 import textwrap
 from pathlib import Path
+from typing import Any
 
 from click.testing import CliRunner, Result
 
@@ -56,3 +59,25 @@ def write(tmp: Path, name: str, text: str) -> Path:
     path = tmp / name
     path.write_text(textwrap.dedent(text))
     return path
+
+
+LINEAGE_LINE = re.compile(r"^# lineage: .*\n(# content-sha256: )[0-9a-f]{64}$", re.MULTILINE)
+
+
+def unit_text_without_lineage(text: str) -> str:
+    """A unit's text without its lineage line and content hash: what two plans of a state that was never written
+    share (each plan offers a new lineage, which the units' headers carry)."""
+    return LINEAGE_LINE.sub(r"\1", text)
+
+
+def plan_without_offered_lineage(doc: dict[str, Any]) -> dict[str, Any]:
+    """A plan's JSON without the lineage it offers a state that was never written: not state_lineage, nor the
+    units' lineage lines and the hashes that cover them (the rest is compared byte for byte)."""
+    out = json.loads(json.dumps(doc))
+    out.pop("state_lineage", None)
+    for change in out.get("changes", []):
+        for step in change.get("replicas", []):
+            if step.get("unit_text"):
+                step["unit_text"] = unit_text_without_lineage(step["unit_text"])
+                step.pop("unit_sha256", None)
+    return out

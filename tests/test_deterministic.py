@@ -23,7 +23,7 @@ from engine_ctl.core.plan.pipeline import render_deployment
 from engine_ctl.core.plan.planner import Plan, make_plan
 from engine_ctl.core.sizes import GIB
 from tests.fleetfacts import cpu_host
-from tests.helpers import run, write
+from tests.helpers import plan_without_offered_lineage, run, write
 from tests.test_plan_core import applied
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -259,8 +259,8 @@ def test_plan_json_into_a_file_of_the_directory_works_twice_in_a_row(tmp_path: P
         saved = json.loads((project / "plan.json").read_text())
         assert [c["name"] for c in saved["changes"]] == ["chat"]
         saved.pop("created_at")
-        saved.pop("state_lineage")  # no state yet: each plan offers a new one (apply PLANFILE adopts it)
-        outputs.append(saved)
+        # no state yet: each plan offers a new lineage (apply PLANFILE adopts it), which the units' headers carry
+        outputs.append(plan_without_offered_lineage(saved))
     assert outputs[0] == outputs[1]  # the same plan, apart from the time
 
 

@@ -113,16 +113,20 @@ def test_systemctl_show_blocks() -> None:
     assert probe.systemctl_show_argv(["x.service"])[:4] == ["systemctl", "show", "-p", ",".join(probe.UNIT_PROPERTIES)]
 
 
-def test_unit_files_are_hashed(tmp_path: Path) -> None:
-    (tmp_path / "engine-ctl-a.service").write_text("[Unit]\n")
-    (tmp_path / "other.service").write_text("[Unit]\n")
+def test_unit_files_say_what_they_are(tmp_path: Path) -> None:
     import hashlib
 
+    text = "# engine-ctl: chat r3\n# content-sha256: " + "a" * 64 + "\n[Unit]\n"
+    (tmp_path / "engine-ctl-a.service").write_text(text)
+    (tmp_path / "other.service").write_text("[Unit]\n")
     (tmp_path / "engine-ctl-big.service").write_bytes(b"#" * (probe.UNIT_TEXT_LIMIT + 1))
     found = probe.unit_files("engine-ctl-", str(tmp_path))
-    assert found["engine-ctl-a.service"] == (hashlib.sha256(b"[Unit]\n").hexdigest(), "[Unit]\n")
-    assert found["engine-ctl-big.service"][1] is None
     assert set(found) == {"engine-ctl-a.service", "engine-ctl-big.service"}
+    a = found["engine-ctl-a.service"]
+    assert a["sha256"] == hashlib.sha256(text.encode()).hexdigest() and a["text"] == text
+    assert a["header"] == ["# engine-ctl: chat r3", "# content-sha256: " + "a" * 64]
+    assert a["body_sha256"] == hashlib.sha256(b"# engine-ctl: chat r3\n# content-sha256: \n[Unit]\n").hexdigest()
+    assert found["engine-ctl-big.service"]["text"] is None
     assert probe.unit_files("engine-ctl-", str(tmp_path / "none")) == {}
     from engine_ctl.core.fit.hostfacts import UNIT_TEXT_LIMIT
 

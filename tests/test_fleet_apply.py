@@ -125,13 +125,13 @@ def test_kill_9_of_the_engine_shows_in_status_and_plan_repairs_a_stopped_one(pro
     project.fleet.ssh(h, f"kill -9 $(systemctl show -p MainPID --value {r['unit']})")
     time.sleep(0.5)
     (dep,) = json.loads(project.cli("status", project.name, "--json").stdout)["deployments"]
-    (inst,) = dep["instances"]
+    (inst,) = dep["members"]
     assert inst["state"] != "ready" or inst["restarts"] >= 1
     deadline = time.monotonic() + 30  # systemd restarts it (Restart=on-failure)
     while time.monotonic() < deadline and project.health(r) != 200:
         time.sleep(0.5)
     (dep,) = json.loads(project.cli("status", project.name, "--json").stdout)["deployments"]
-    assert dep["instances"][0]["restarts"] >= 1 and "restarted" in dep["instances"][0]["last_error"]
+    assert dep["members"][0]["restarts"] >= 1 and "restarted" in dep["members"][0]["last_error"]
     # stopped by hand: drift that plan repairs
     project.fleet.ssh(h, f"systemctl stop {r['unit']}")
     planned = project.cli("plan", "--detailed-exitcode")

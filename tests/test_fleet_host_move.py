@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 from tests.fleetproject import MODELS_DIR, Project
+from tests.helpers import plan_without_offered_lineage, unit_text_without_lineage
 
 pytestmark = pytest.mark.fleet
 
@@ -19,8 +20,8 @@ def _plan_json(p: Project) -> dict:  # type: ignore[type-arg]
     proc = p.cli("plan", "--json", check=True)
     doc = json.loads(proc.stdout)
     doc.pop("created_at")
-    doc.pop("state_lineage")  # no state yet: each plan offers a new lineage (the state adopts the applied one's)
-    return doc
+    # no state yet: each plan offers a new lineage (the state adopts the applied one's), which the units carry
+    return plan_without_offered_lineage(doc)
 
 
 def test_three_plans_in_a_row_are_identical_and_render_agrees(project: Project) -> None:
@@ -28,13 +29,13 @@ def test_three_plans_in_a_row_are_identical_and_render_agrees(project: Project) 
     plans = [_plan_json(project) for _ in range(3)]
     assert plans[0] == plans[1] == plans[2]
     (change,) = plans[0]["changes"]
-    planned = [(r["index"], r["host"], r["port"], r["unit_sha256"]) for r in change["replicas"]]
+    planned = [(r["index"], r["host"], r["port"], r["unit_text"]) for r in change["replicas"]]
     assert [h for _, h, _, _ in planned] == [project.fleet.hosts[0].name, project.fleet.hosts[1].name]
     argv = ("render", project.name, str(project.path), "--inventory", project.fleet.inventory, "--json")
     rendered = json.loads(project.cli(*argv, docs=False, check=True).stdout)
     shown = [(p["index"], p["host"], p["port"]) for p in rendered["placements"]]
     assert shown == [(i, h, port) for i, h, port, _ in planned]
-    assert [u["sha256"] for u in rendered["units"]] == [sha for *_, sha in planned]
+    assert [unit_text_without_lineage(u["text"]) for u in rendered["units"]] == [text for *_, text in planned]
 
 
 def test_a_host_move_replaces_the_replica_onto_the_new_host(project: Project) -> None:

@@ -18,6 +18,7 @@ import pytest
 from engine_ctl.state import PostgresState, open_backend
 from ruamel.yaml import YAML
 
+from engine_ctl.cli.environments import state_for_env
 from tests.fleetproject import ROOT, Project
 
 EXAMPLE = ROOT / "examples/pr-review"
@@ -35,11 +36,15 @@ def step(job: dict[str, Any], name: str) -> dict[str, Any]:
     return found
 
 
+ENV = "staging"
+"""The environment the flow runs for here (the matrix's first); production's run is the same with its own files."""
+
+
 def checkout(where: Path, project: Project) -> Path:
-    """A checkout of the repository the example assumes: deploy/ and hosts.yaml (and engine-ctl in .venv)."""
+    """A checkout of the repository the example assumes: deploy/ and hosts.<env>.yaml (and engine-ctl in .venv)."""
     (where / "deploy").mkdir(parents=True)
     shutil.copy(project.path / "docs.yaml", where / "deploy" / "docs.yaml")
-    shutil.copy(project.fleet.inventory, where / "hosts.yaml")
+    shutil.copy(project.fleet.inventory, where / f"hosts.{ENV}.yaml")
     shim = where / ".venv" / "bin" / "engine-ctl"
     shim.parent.mkdir(parents=True)
     shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m engine_ctl "$@"\n')
@@ -47,10 +52,16 @@ def checkout(where: Path, project: Project) -> Path:
     return where
 
 
-def run_step(where: Path, script: str, state: str) -> subprocess.CompletedProcess[str]:
+def job_env(job: dict[str, Any]) -> dict[str, str]:
+    """The job's env for the matrix entry ENV (${{ matrix.env }} is all the runner fills in there)."""
+    assert job["strategy"]["matrix"]["env"] == ["staging", "production"]
+    return {k: v.replace("${{ matrix.env }}", ENV) for k, v in job["env"].items()}
+
+
+def run_step(where: Path, script: str, state: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """A workflow step's `run`, as written, in bash as GitHub Actions runs it (-e, pipefail)."""
     assert "${{" not in script, script  # nothing for the runner to fill in: the test runs the very text
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINE_CTL_")} | {"ENGINE_CTL_STATE": state}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINE_CTL_")} | {"ENGINE_CTL_STATE": state} | env
     proc = subprocess.run(
         ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
         cwd=where, env=env, capture_output=True, text=True, timeout=600,
@@ -90,13 +101,14 @@ def test_the_pr_review_workflow_in_order_on_a_postgresql_state(project: Project,
     assert upload["with"]["name"].split("${{")[0] == download["with"]["name"].split("${{")[0] == "plan-"
 
     state = f"{DSN}#pr-{uuid.uuid4().hex[:8]}"
-    backend = open_backend(state)
+    assert job_env(apply_job) == job_env(plan_job) == {"ENGINE_CTL_ENV": ENV}
+    backend = open_backend(state_for_env(state, ENV))  # the environment's own state in that database
     assert isinstance(backend, PostgresState)
     project.write("context_length: 512")
     try:
         # on the pull request
         pr = checkout(tmp_path / "pr", project)
-        planned = run_step(pr, step(plan_job, "engine-ctl plan")["run"], state)
+        planned = run_step(pr, step(plan_job, "engine-ctl plan")["run"], state, job_env(plan_job))
         assert planned.returncode == 0, planned.stdout + planned.stderr
         markdown = (pr / "plan.md").read_text()
         assert project.name in markdown and "1 to add" in markdown
@@ -105,16 +117,17 @@ def test_the_pr_review_workflow_in_order_on_a_postgresql_state(project: Project,
         main = checkout(tmp_path / "main", project)
         shutil.copy(pr / "pr.plan.json", main / "pr.plan.json")
         apply_run = step(apply_job, "engine-ctl apply")["run"]
-        applied = run_step(main, apply_run, state)
+        applied = run_step(main, apply_run, state, job_env(apply_job))
         assert applied.returncode == 0, applied.stdout + applied.stderr
         recorded = backend.read()
         (replica,) = recorded.deployments[project.name].replicas
         assert replica.status == "serving" and project.health(replica.model_dump()) == 200
         assert json.loads((pr / "pr.plan.json").read_text())["state_lineage"] == recorded.lineage
-        assert project.cli("plan", "--detailed-exitcode", "--state", state).returncode == 0  # converged
+        assert project.cli("plan", "--detailed-exitcode", "--state", state, "--env", ENV).returncode == 0  # converged
+        assert open_backend(state).read().serial == 0  # the state without the environment was never touched
         # the same plan file again (a re-run of the job): refused, nothing done
-        again = run_step(main, apply_run, state)
+        again = run_step(main, apply_run, state, job_env(apply_job))
         assert again.returncode == 1 and "the saved plan is stale" in again.stderr, again.stdout + again.stderr
         assert backend.read().serial == recorded.serial
     finally:
-        project.cli("destroy", "--auto-approve", "--state", state)
+        project.cli("destroy", "--auto-approve", "--state", state, "--env", ENV)

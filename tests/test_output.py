@@ -282,10 +282,10 @@ def test_destroy_plans_and_reports_in_its_own_words() -> None:
 # --- errors, help, --target, --fanout ------------------------------------------------------------------------
 def test_diagnostics_are_shown_in_reading_order() -> None:
     found = [
-        Diagnostic(Location("b.yaml", 2, 1), "", "b2"),
-        Diagnostic(Location("a.yaml", 9, 3), "", "a9"),
-        Diagnostic(Location("a.yaml"), "", "a-whole"),
-        Diagnostic(Location("a.yaml", 2, 5), "", "a2"),
+        Diagnostic(Location("b.yaml", 2, 1), "", "b2", code="out_of_range"),
+        Diagnostic(Location("a.yaml", 9, 3), "", "a9", code="out_of_range"),
+        Diagnostic(Location("a.yaml"), "", "a-whole", code="out_of_range"),
+        Diagnostic(Location("a.yaml", 2, 5), "", "a2", code="out_of_range"),
     ]
     assert [d.message for d in by_place(found)] == ["a-whole", "a2", "a9", "b2"]
 

@@ -37,8 +37,9 @@ def plan_for(spec: str, state: State, *facts: HostFacts, **kw: object) -> Plan:
 
 
 def applied(plan: Plan, state: State, facts: dict[str, HostFacts]) -> tuple[State, dict[str, HostFacts]]:
-    """What a successful apply records, and the units the hosts then have (for the next plan)."""
-    new = state.model_copy(deep=True)
+    """What a successful apply records, and the units the hosts then have (for the next plan). Apply records
+    into the state the plan was made against: its lineage (which the units' headers carry) is the plan's."""
+    new = state.model_copy(deep=True, update={"lineage": plan.state_lineage})
     units: dict[str, list[UnitFact]] = {h: list(f.units) for h, f in facts.items()}
     for c in plan.changes:
         rec = new.deployments.setdefault(c.name, DeploymentRecord(name=c.name))

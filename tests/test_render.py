@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from engine_ctl.state.model import State
 
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
@@ -98,6 +99,9 @@ CASES = {
 }
 
 
+GOLDEN_LINEAGE = "5f0c2a8e-golden-lineage"
+
+
 def render_case(case: str, engines: dict[str, str] | None = None) -> tuple[DeploymentRender, HostFacts]:
     spec, make_host = CASES[case]
     body = "metadata: {name: %s}\nspec:\n  %s\n" % (case, spec.replace("\n", "\n  "))
@@ -106,7 +110,10 @@ def render_case(case: str, engines: dict[str, str] | None = None) -> tuple[Deplo
     facts = make_host()
     host = Host(name=facts.host, address="198.18.0.11", models_dir="/srv/models", engines=engines or {})
     model = result.desired.deployment(case).deployment.model  # type: ignore[union-attr]
-    rendered = render_deployment(result.desired, case, Inventory(hosts=(host,)), {facts.host: facts}, SHAPES[model])
+    state = State(lineage=GOLDEN_LINEAGE)  # a fixed lineage: the golden units carry it in their headers
+    rendered = render_deployment(
+        result.desired, case, Inventory(hosts=(host,)), {facts.host: facts}, SHAPES[model], state=state
+    )
     assert rendered.fit.failed_reason is None and rendered.fit.pending_reason is None, rendered.fit
     return rendered, facts
 
@@ -190,7 +197,8 @@ def test_header_records_deployment_revision_and_content_hash() -> None:
     lines = unit.text.splitlines()
     assert lines[1].startswith("# deployment: llamacpp-1gpu  replica: 0  slot: a  revision: 1")
     body = unit.text.replace(unit.content_hash, "")
-    assert lines[3] == f"# content-sha256: {unit.content_hash}"
+    assert lines[3] == f"# lineage: {GOLDEN_LINEAGE}"
+    assert lines[4] == f"# content-sha256: {unit.content_hash}"
     assert hashlib.sha256(body.encode()).hexdigest() == unit.content_hash
     assert unit.sha256 == hashlib.sha256(unit.text.encode()).hexdigest()
 

@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from engine_ctl.cli.environments import VARIABLE, beside, current_env, env_of_inventory, env_option, inventory_names
 from engine_ctl.cli.output import console
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location, by_place
 from engine_ctl.core.documents.inventory import Inventory, load_inventory
 from engine_ctl.core.documents.loader import LoadResult, load_paths
 from engine_ctl.core.documents.rules import check, check_hosts
-from engine_ctl.core.model import LoadedDeployment
+from engine_ctl.core.model import DesiredState, LoadedDeployment
 
 if TYPE_CHECKING:  # the transport is imported by the commands that reach hosts, not by validate
     from engine_ctl.shell.transport import HostFailure, SSHOptions
@@ -28,6 +29,7 @@ ENVIRONMENT: dict[str, str] = {
     "--lock-timeout": "ENGINE_CTL_LOCK_TIMEOUT",
     "--accept-new-host-keys": "ENGINE_CTL_ACCEPT_NEW_HOST_KEYS",
     "--target": "ENGINE_CTL_TARGET",
+    "--env": VARIABLE,
 }
 """Every global option and the environment variable that sets it (as CI systems expect); the flag wins over
 the variable, `--help` shows each one, and a bad value is refused naming the variable."""
@@ -38,14 +40,16 @@ renamed `--fanout` so that hosts contacted at once is never confused with a depl
 
 
 def inventory_option(f: F) -> F:
-    return click.option(
+    f = click.option(
         "--inventory",
         "inventory_path",
         type=click.Path(path_type=Path),
         envvar=ENVIRONMENT["--inventory"],
         show_envvar=True,
-        help="The hosts file (default: a hosts.yaml among PATHS, else ./hosts.yaml).",
+        help="The hosts file (default: hosts.yaml beside the documents, else ./hosts.yaml; with --env NAME, "
+        "hosts.NAME.yaml).",
     )(f)
+    return env_option(f)
 
 
 def ssh_options(f: F) -> F:
@@ -121,11 +125,25 @@ def ssh_settings(accept_new_host_keys: bool) -> SSHOptions:
     return SSHOptions(accept_new_host_keys=accept_new_host_keys)
 
 
-def load_checked(paths: tuple[Path, ...], *, documents_required: bool = True) -> LoadResult:
+Pin = Callable[[DesiredState], tuple[DesiredState, list[Diagnostic]]]
+"""Pins the documents' hf: references (engine_ctl.shell.pinning.Pinner): plan and apply pin, the others don't."""
+
+
+def _loaded(paths: tuple[Path, ...], pin: Pin | None) -> tuple[LoadResult, list[Diagnostic]]:
+    """Load, pin (when asked) and check: the result and every diagnostic."""
+    result = load_paths(list(paths) or [Path(".")])
+    pinned: list[Diagnostic] = []
+    if pin is not None:
+        result.desired, pinned = pin(result.desired)
+    said = {(d.location, d.field) for d in pinned}  # the hub's refusal says it: not also "no commit" there
+    checked = [d for d in check(result.desired, frozenset(result.broken_models)) if (d.location, d.field) not in said]
+    return result, result.diagnostics + pinned + checked
+
+
+def load_checked(paths: tuple[Path, ...], *, documents_required: bool = True, pin: Pin | None = None) -> LoadResult:
     """Load documents and refuse invalid ones (exit 1 with located diagnostics). Loading no deployment or model
     document at all is an error that says what was searched (never a plan that the hosts match nothing)."""
-    result = load_paths(list(paths) or [Path(".")])
-    diagnostics = result.diagnostics + check(result.desired, frozenset(result.broken_models))
+    result, diagnostics = _loaded(paths, pin)
     errors = [d for d in diagnostics if d.severity == "error"]
     warnings = [d for d in diagnostics if d.severity == "warning"]
     err = console(stderr=True)
@@ -153,15 +171,15 @@ def no_documents(result: LoadResult) -> Diagnostic:
         f"no deployment or model document was loaded from {searched}{seen}",
         hint="pass the directory or files that hold the documents (*.yaml, *.yml, *.json); "
         "to remove every deployment, use engine-ctl destroy",
+        code="no_documents",
     )
 
 
-def load_for_plan(paths: tuple[Path, ...]) -> tuple[LoadResult, list[Diagnostic]]:
+def load_for_plan(paths: tuple[Path, ...], pin: Pin | None = None) -> tuple[LoadResult, list[Diagnostic]]:
     """Load documents for `plan`: one bad document never blocks the others' plan. The errors are printed and
     returned; the deployments they touch are left out of what is planned (and, being absent, held: the planner
     destroys nothing while any document has errors)."""
-    result = load_paths(list(paths) or [Path(".")])
-    diagnostics = result.diagnostics + check(result.desired, frozenset(result.broken_models))
+    result, diagnostics = _loaded(paths, pin)
     errors = [d for d in diagnostics if d.severity == "error"]
     err = console(stderr=True)
     note = result.skipped_note()
@@ -189,7 +207,7 @@ def load_for_plan(paths: tuple[Path, ...]) -> tuple[LoadResult, list[Diagnostic]
 
 def resolve_inventory(explicit: Path | None, loaded: LoadResult | None) -> Inventory:
     """The inventory; with documents, each spec.host must name one of its hosts (a did-you-mean otherwise)."""
-    inventory = _find_inventory(explicit, loaded)
+    inventory = find_inventory(explicit, loaded)
     if loaded is not None:
         wrong = check_hosts(loaded.desired, [h.name for h in inventory.hosts], inventory.file)
         if wrong:
@@ -197,17 +215,39 @@ def resolve_inventory(explicit: Path | None, loaded: LoadResult | None) -> Inven
     return inventory
 
 
-def _find_inventory(explicit: Path | None, loaded: LoadResult | None) -> Inventory:
+def find_inventory(explicit: Path | None, loaded: LoadResult | None) -> Inventory:
+    """--inventory; else, for the environment (--env NAME: hosts.NAME.yaml; none: hosts.yaml), the one among the
+    documents, then the one beside them, then the one in the current directory. Another environment's inventory
+    (hosts.production.yaml) is never taken for this one's."""
     if explicit is not None:
         return load_inventory(explicit)
-    if loaded is not None and loaded.inventory is not None:
-        return loaded.inventory
-    default = Path("hosts.yaml")
-    if default.exists():
-        return load_inventory(default)
-    raise InputError(
-        [Diagnostic(Location("hosts.yaml"), "", "no inventory", hint="pass --inventory hosts.yaml (see the README)")]
-    )
+    env = current_env()
+    names = inventory_names(env)
+    if loaded is not None:
+        own = [inv for f, inv in loaded.inventories.items() if env_of_inventory(f) == env]
+        if env is None:  # an inventory passed by any name is the default environment's, unless named for one
+            own = [inv for f, inv in loaded.inventories.items() if env_of_inventory(f) is None]
+        if own:
+            return own[-1]
+    searched = beside([Path(p) for p in loaded.searched]) if loaded is not None else []
+    for directory in [*searched, Path(".")]:
+        for name in names:
+            if (directory / name).is_file():
+                return load_inventory(directory / name)
+    where = ", ".join(dict.fromkeys(str(d) for d in [*searched, Path(".")]))
+    others = sorted({e for d in [*searched, Path(".")] for f in _listed(d) if (e := env_of_inventory(f))} - {env})
+    hint = f"pass --inventory FILE, or write {names[0]} (see the README)"
+    if others:
+        hint = f"environments found: {', '.join(others)}; choose one with --env NAME (or {VARIABLE}), or " + hint
+    message = f"no inventory: no {names[0]} in {where}" + (f" for environment {env!r}" if env else "")
+    raise InputError([Diagnostic(Location(names[0]), "", message, hint=hint, code="no_inventory")])
+
+
+def _listed(directory: Path) -> list[str]:
+    try:
+        return [p.name for p in directory.iterdir()]
+    except OSError:
+        return []
 
 
 def report_failures(failures: dict[str, HostFailure]) -> None:

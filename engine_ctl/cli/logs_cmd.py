@@ -63,7 +63,15 @@ def since_argument(value: str) -> str:
         moment = datetime.fromisoformat(text)
     except ValueError:
         raise InputError(
-            [Diagnostic(Location("--since"), "--since", f"{value!r} is not a duration or a time", hint=SINCE_HINT)]
+            [
+                Diagnostic(
+                    Location("--since"),
+                    "--since",
+                    f"{value!r} is not a duration or a time",
+                    hint=SINCE_HINT,
+                    code="invalid_since",
+                )
+            ]
         ) from None
     return f"@{int(moment.timestamp())}"
 
@@ -123,11 +131,11 @@ def _replicas(name: str, instance: int | None, records: list[ReplicaRecord]) -> 
     chosen = [Replica(r.host, r.unit, r.index) for r in records if instance is None or r.index == instance]
     if not records:
         raise InputError([Diagnostic(Location("state"), "", f"{name} has no replicas recorded: nothing runs",
-                                     hint="engine-ctl apply starts them")])  # fmt: skip
+                                     hint="engine-ctl apply starts them", code="nothing_runs")])  # fmt: skip
     if not chosen:
         known = ", ".join(str(i) for i in sorted({r.index for r in records}))
         raise InputError([Diagnostic(Location("--instance"), "--instance", f"{name} has no instance {instance}",
-                                     hint=f"its instances: {known}")])  # fmt: skip
+                                     hint=f"its instances: {known}", code="unknown_instance")])  # fmt: skip
     return sorted(chosen, key=lambda r: (r.index, r.host, r.unit))
 
 
@@ -139,7 +147,13 @@ def _hosts(replicas: list[Replica], inventory_path: Path | None, paths: tuple[Pa
     if missing:
         where = Location(inventory.file or "inventory")
         why = f"host {', '.join(missing)} (where the state says replicas run) is not in the inventory"
-        raise InputError([Diagnostic(where, "", why, hint="pass the inventory it was applied with (--inventory)")])
+        raise InputError(
+            [
+                Diagnostic(
+                    where, "", why, hint="pass the inventory it was applied with (--inventory)", code="unknown_host"
+                )
+            ]
+        )
     return [by_name[h] for h in sorted({r.host for r in replicas})]
 
 
@@ -266,7 +280,7 @@ def logs(
     if record is None:
         known = ", ".join(sorted(state.deployments)) or "none"
         raise InputError([Diagnostic(Location("state"), "", f"no deployment named {deployment!r} in the state",
-                                     hint=f"deployments: {known}")])  # fmt: skip
+                                     hint=f"deployments: {known}", code="unknown_deployment")])  # fmt: skip
     replicas = _replicas(deployment, instance, record.replicas)
     hosts = _hosts(replicas, inventory_path, paths)
     by_host: dict[str, list[Replica]] = {}

@@ -7,9 +7,11 @@ A command is one line of COMMANDS (tests/test_startup.py checks the help there a
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
+from typing import NoReturn
 
 import click
 
@@ -19,6 +21,7 @@ from engine_ctl.core.diagnostics import Diagnostic, InputError, by_place
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_CHANGES = 2
+EXIT_INTERRUPTED = 130
 
 # name -> ("module:attribute" of the click command, its short help as `engine-ctl --help` lists it).
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -40,6 +43,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Remove the state lock LOCK_ID left by a command that died.",
     ),
     "logs": ("engine_ctl.cli.logs_cmd:logs", "Each replica's engine log, lines prefixed by host and instance."),
+    "import": (
+        "engine_ctl.cli.import_cmd:import_cmd",
+        "Rebuild the state from the units on the hosts and the documents (PATHS), touching no host.",
+    ),
     "list": (
         "engine_ctl.cli.status_cmd:list_cmd",
         "Every deployment: NAME STATE READY REVISION HOSTS, from the state and live health.",
@@ -53,13 +60,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Print the fit of DEPLOYMENT and the systemd unit(s) its replicas would run, from live host facts.",
     ),
     "show": ("engine_ctl.cli.show_cmd:show", "Show a saved plan without touching hosts or state."),
+    "restart": (
+        "engine_ctl.cli.plan_cmd:restart",
+        "Restart deployment NAME: replace its replicas one at a time, health-gated, without editing a document "
+        "(the same as `apply --target NAME --replace NAME`).",
+    ),
     "schema": (
         "engine_ctl.cli.validate_cmd:schema",
         "Print the JSON Schema of engine-ctl documents (for editors' YAML language servers).",
     ),
     "state": (
         "engine_ctl.cli.status_cmd:state_group",
-        "Inspect the recorded state, or move it between backends (push, pull).",
+        "Inspect the recorded state, move it between backends (push, pull), forget or rename a deployment's record "
+        "(rm, mv), read the operations log (history).",
     ),
     "status": (
         "engine_ctl.cli.status_cmd:status",
@@ -78,6 +91,25 @@ def print_diagnostics(diagnostics: list[Diagnostic]) -> None:
     err = console(stderr=True)
     for d in by_place(diagnostics):
         err.print(d.render())
+
+
+JSON_LINES = frozenset({"apply", "destroy", "restart"})
+"""Commands whose --json output is JSON lines (one event a line): their error object is one line too."""
+
+
+def print_error_object(diagnostics: list[Diagnostic], one_line: bool = False) -> None:
+    import json
+
+    from engine_ctl.core.diagnostics import error_object
+
+    doc = error_object(diagnostics)
+    sys.stdout.write((json.dumps(doc) if one_line else json.dumps(doc, indent=2)) + "\n")
+    sys.stdout.flush()
+
+
+def _command(ctx: click.Context) -> str:
+    protected = getattr(ctx, "_protected_args", None) or []
+    return str(protected[0]) if protected else ""
 
 
 def load_command(name: str) -> click.Command:
@@ -118,11 +150,18 @@ class EngineCtlGroup(click.Group):
         return command.get_short_help_str(limit=10_000) if command else ""
 
     def invoke(self, ctx: click.Context) -> object:
+        command = _command(ctx)
+        as_json = "--json" in ctx.args  # read now: click's invoke consumes the arguments
         try:
             return super().invoke(ctx)
         except InputError as exc:
-            print_diagnostics(exc.diagnostics)
+            if not exc.printed:
+                print_diagnostics(exc.diagnostics)
+            if as_json:  # a script reads the error object on stdout, as documented
+                print_error_object(exc.diagnostics, one_line=command in JSON_LINES)
             ctx.exit(EXIT_ERROR)
+        except (KeyboardInterrupt, click.exceptions.Abort):  # Ctrl-C anywhere, a click prompt included
+            interrupted()
 
 
 @click.group(cls=EngineCtlGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -139,16 +178,36 @@ def cli() -> None:
 click.exceptions.UsageError.exit_code = EXIT_ERROR
 
 
+def interrupted() -> NoReturn:
+    """Ctrl-C: exit 130 (128 + SIGINT) with one line, in every command, at a prompt too; never a traceback.
+
+    By the time it is called the interrupt has unwound the command (its state lock released). It ends the process
+    at once: worker threads still talking to hosts are not waited for, and CPython, when the interrupt came inside
+    an exec() (dataclasses and pydantic build classes so while they are imported), would otherwise end the process
+    by SIGINT rather than with this status."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    sys.stderr.write("\ninterrupted\n")
+    sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
+
+
 def main() -> None:
     """Entry point: never a traceback for the user; ENGINE_CTL_DEBUG=1 shows one for developers."""
-    try:
-        cli.main(prog_name="engine-ctl", standalone_mode=True)
+    try:  # click's standalone mode, less its "Aborted!" exit 1 for Ctrl-C (while the arguments are parsed too)
+        code = cli.main(prog_name="engine-ctl", standalone_mode=False)
     except InputError as exc:
         print_diagnostics(exc.diagnostics)
         sys.exit(EXIT_ERROR)
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        interrupted()
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except BrokenPipeError:  # `engine-ctl … | head`: the reader left; nothing more to say
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (kept open until the interpreter exits)
+        sys.exit(EXIT_ERROR)
     except Exception as exc:  # the last line of defence: report, never a traceback
         if os.environ.get("ENGINE_CTL_DEBUG"):
             raise
@@ -158,6 +217,18 @@ def main() -> None:
             err=True,
         )
         sys.exit(EXIT_ERROR)
+    sys.exit(code if isinstance(code, int) else EXIT_OK)
 
 
-__all__ = ["COMMANDS", "EXIT_CHANGES", "EXIT_ERROR", "EXIT_OK", "cli", "load_command", "main", "print_diagnostics"]
+__all__ = [
+    "COMMANDS",
+    "EXIT_CHANGES",
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "cli",
+    "interrupted",
+    "load_command",
+    "main",
+    "print_diagnostics",
+]

@@ -24,6 +24,7 @@ from engine_ctl.cli.common import (
     ssh_options,
     ssh_settings,
 )
+from engine_ctl.cli.environments import current_env, env_option, inventory_names, state_file_name, state_for_env
 from engine_ctl.cli.output import console, emit_json
 from engine_ctl.cli.planview import RICH_STYLES, plan_json, plan_markdown, render_plan
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
@@ -32,8 +33,11 @@ from engine_ctl.core.model import DesiredState
 from engine_ctl.core.plan.planner import Plan, destroy_refusals
 from engine_ctl.core.plan.refresh import refresh_state
 from engine_ctl.core.plan.savedplan import PlanFileError, decode_plan, stale_reasons, state_for_plan, tampering
-from engine_ctl.shell.apply import Executor, Recorder
+from engine_ctl.core.weights import Checkout
+from engine_ctl.shell.apply import ApplyEvent, Executor, Recorder, utc_now
+from engine_ctl.shell.fetch import HubAccess
 from engine_ctl.shell.gather import gather
+from engine_ctl.shell.pinning import Pinner, unresolved
 from engine_ctl.shell.transport import HostFailure, SSHOptions
 from engine_ctl.shell.world import plan_world
 from engine_ctl.state import HostRecord, LocalState, Operation, State, StateBackend, StateError, open_backend
@@ -41,13 +45,15 @@ from engine_ctl.state.local import DEFAULT_NAME, now, who
 
 
 def state_option(f: Any) -> Any:
-    return click.option(
+    f = click.option(
         "--state",
         "state_path",
         envvar=ENVIRONMENT["--state"],
         show_envvar=True,
-        help=f"The state: a file (default: {DEFAULT_NAME} beside the documents) or postgresql://…[#name].",
+        help=f"The state: a file (default: {DEFAULT_NAME} beside the documents) or postgresql://…[#name]; "
+        "with --env NAME, NAME's own state there.",
     )(f)
+    return env_option(f)
 
 
 def lock_timeout_option(f: Any) -> Any:
@@ -64,9 +70,26 @@ def target_option(f: Any) -> Any:
     )(f)  # fmt: skip
 
 
+def replace_option(f: Any) -> Any:
+    return click.option(
+        "--replace", "replace", multiple=True, metavar="NAME",
+        help="Replace every replica of deployment NAME (a rolling restart, one replica at a time, health-gated) "
+        "without editing a document (repeatable).",
+    )(f)  # fmt: skip
+
+
+def json_events_option(f: Any) -> Any:
+    return click.option(
+        "--json", "as_json", is_flag=True,
+        help="One JSON event per line on stdout (planned, started, healthy, removed, failed, recorded, finished) "
+        "for pipelines; the plan and progress go to stderr.",
+    )(f)  # fmt: skip
+
+
 def writing_options(f: Any) -> Any:
-    """The options of the commands that change hosts and state (apply, destroy)."""
+    """The options of the commands that change hosts and state (apply, destroy, restart)."""
     for option in (
+        json_events_option,
         click.option("--auto-approve", is_flag=True, help="Do not ask for confirmation."),
         lock_timeout_option,
         target_option,
@@ -81,11 +104,15 @@ def writing_options(f: Any) -> Any:
 def default_state_path(paths: tuple[Path, ...]) -> Path:
     first = paths[0] if paths else Path(".")
     base = first if first.is_dir() else first.parent
-    return base / DEFAULT_NAME
+    return base / state_file_name(current_env(), DEFAULT_NAME)
 
 
 def backend_for(explicit: str | None, paths: tuple[Path, ...]) -> StateBackend:
-    return open_backend(explicit) if explicit else LocalState(default_state_path(paths))
+    """The state: --state (with --env NAME, NAME's own state in that backend), else the file beside the
+    documents (engine-ctl.state.json; engine-ctl.NAME.state.json for an environment)."""
+    if explicit:
+        return open_backend(state_for_env(explicit, current_env()))
+    return LocalState(default_state_path(paths))
 
 
 def reopen_string(backend: StateBackend) -> str:
@@ -102,19 +129,20 @@ def locked(backend: StateBackend, operation: str, timeout: float) -> Iterator[No
         with backend.lock(operation, timeout=timeout):
             yield
     except StateError as exc:
-        raise InputError([Diagnostic(Location(backend.location), "", str(exc))]) from None
+        raise InputError([Diagnostic(Location(backend.location), "", str(exc), code="state_error")]) from None
 
 
 def read_state(backend: StateBackend) -> State:
     try:
         return backend.read()
     except StateError as exc:
-        raise InputError([Diagnostic(Location(backend.location), "", str(exc))]) from None
+        raise InputError([Diagnostic(Location(backend.location), "", str(exc), code="state_error")]) from None
 
 
-def show_plan(plan: Plan, command: str = "apply") -> None:
-    """The plan on stdout: coloured on a terminal (argv and unit diff lines by their sign), plain otherwise."""
-    out = console()
+def show_plan(plan: Plan, command: str = "apply", stderr: bool = False) -> None:
+    """The plan: coloured on a terminal (argv and unit diff lines by their sign), plain otherwise; on stderr
+    under --json (stdout carries the events)."""
+    out = console(stderr=stderr)
     for style, line in render_plan(plan, command):
         out.print(line, style=RICH_STYLES[style] or None)
 
@@ -130,23 +158,28 @@ def show_plan(plan: Plan, command: str = "apply") -> None:
 @click.option("--markdown", is_flag=True, help="The plan as Markdown, for a pull-request comment.")
 @click.option("--detailed-exitcode", is_flag=True, help="Exit 0 no changes, 1 error, 2 changes present.")
 @click.option("--refresh-only", is_flag=True, help="Only record in the state what drifted on the hosts.")
+@replace_option
 def plan(
     paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, targets: tuple[str, ...], out_path: Path | None, as_json: bool, markdown: bool,
-    detailed_exitcode: bool, refresh_only: bool,
+    detailed_exitcode: bool, refresh_only: bool, replace: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Show what apply would change: documents + recorded state + live host facts.
 
     PATHS are the documents (default: the current directory); the inventory may be among them."""
-    loaded, errors = load_for_plan(paths)
+    pinner = Pinner()
+    loaded, errors = load_for_plan(paths, pin=pinner)
+    if errors and as_json:  # a script gets the documented error object, not a partial plan
+        raise InputError(errors, printed=True)
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, paths)
     state = read_state(backend)
     held = f"{len(errors)} error(s) in the documents (above)" if errors else None
     result, failures = _plan_for(
         loaded.desired, inventory, state, backend, ssh_settings(accept_new_host_keys), parallel, targets,
-        refresh_only, paths, hold_absent=held,
+        refresh_only, paths, hold_absent=held, replace=replace, checkouts=pinner.checkouts,
     )  # fmt: skip
+    result.context["env"] = current_env()  # `apply PLANFILE` refuses it in another environment
     if out_path is not None and errors:
         console(stderr=True).print(f"error: the plan was not saved to {out_path}: the documents have errors")
     elif out_path is not None:
@@ -174,7 +207,7 @@ def _load_plan_file(path: Path) -> Plan | None:
     try:
         return decode_plan(text)
     except PlanFileError as exc:
-        raise InputError([Diagnostic(Location(str(path)), "", str(exc))]) from None
+        raise InputError([Diagnostic(Location(str(path)), "", str(exc), code="not_a_plan")]) from None
 
 
 PROMPTS = {
@@ -188,7 +221,7 @@ PROMPTS = {
 """command -> (the confirmation prompt, what is said when it is not answered yes)."""
 
 
-def _confirm(auto_approve: bool, command: str = "apply") -> None:
+def _confirm(auto_approve: bool, command: str = "apply", as_json: bool = False) -> None:
     if auto_approve:
         return
     if not sys.stdin.isatty():
@@ -200,14 +233,37 @@ def _confirm(auto_approve: bool, command: str = "apply") -> None:
                     "",
                     f"{command} asks for confirmation, and stdin is not a terminal",
                     hint=hint + (" (or apply a saved plan file)" if command == "apply" else ""),
+                    code="confirmation_needed",
                 )
             ]
         )
     question, cancelled = PROMPTS[command]
-    answer = click.prompt(question, default="")
+    stream = sys.stderr if as_json else sys.stdout
+    stream.write(f"{question}: ")
+    stream.flush()
+    answer = sys.stdin.readline()  # Ctrl-C here is KeyboardInterrupt: exit 130 (cli.main); Ctrl-D is no
     if answer.strip() != "yes":
-        console().print(cancelled)
+        console(stderr=as_json).print(cancelled)
         sys.exit(1)
+
+
+class JsonEvents:
+    """`--json` of apply, destroy and restart: each event one JSON line on stdout, whole, from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def __call__(self, event: ApplyEvent) -> None:
+        self.emit(event.as_json())
+
+    def emit(self, doc: dict[str, object]) -> None:
+        line = json.dumps(doc, sort_keys=False) + "\n"
+        with self._lock:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+    def plain(self, event: str, **fields: object) -> None:
+        self.emit({"event": event, "timestamp": utc_now(), **fields})
 
 
 def outcome_line(plan: Plan, command: str, code: int, result_text: str) -> str:
@@ -224,13 +280,18 @@ def outcome_line(plan: Plan, command: str, code: int, result_text: str) -> str:
 
 
 def execute(
-    plan: Plan, inventory: Inventory, backend: StateBackend, state: State, options: SSHOptions, command: str
-) -> int:
-    """Run the plan with the state recorded after every step; Ctrl-C finishes the step in flight."""
-    out = console()
+    plan: Plan, inventory: Inventory, backend: StateBackend, state: State, options: SSHOptions, command: str,
+    events: JsonEvents | None = None,
+) -> int:  # fmt: skip
+    """Run the plan with the state recorded after every step; Ctrl-C finishes the step in flight. With `events`
+    (--json) every step is also one JSON line on stdout, and the people's lines go to stderr."""
+    out = console(stderr=events is not None)
+    if events is not None:
+        s = plan.summary()
+        events.plain("planned", command=command, refresh_only=plan.refresh_only, **s)
     refused = destroy_refusals(plan, state)  # also for a saved plan: the state says what may not be destroyed
     if refused:
-        raise InputError([Diagnostic(Location(backend.location), "", r) for r in refused])
+        raise InputError([Diagnostic(Location(backend.location), "", r, code="destroy_refused") for r in refused])
     recorder = Recorder(backend, state)
     stop = threading.Event()
 
@@ -245,10 +306,20 @@ def execute(
             recorder.change(lambda s: refresh_state(s, plan))
             result_text, code, unrecorded = "refreshed", 0, list[str]()
         else:
-            executor = Executor(plan, {h.name: h for h in inventory.hosts}, recorder, options, out.print, stop)
-            # On a terminal a live status line shows that the roll is under way; otherwise plain lines only.
+            # On a terminal a live status line shows that the roll is under way (or, while weights come in, a
+            # progress bar per file); otherwise plain lines only.
+            bars = None
+            if out.is_terminal and any(c.fetches for c in plan.changes):
+                from engine_ctl.cli.fetchview import FetchBars  # rich.progress: loaded only to show weights coming in
+
+                bars = FetchBars(out)
+            hub = HubAccess.from_environment(inventory.downloads, bars.update if bars else None)
+            executor = Executor(
+                plan, {h.name: h for h in inventory.hosts}, recorder, options, out.print, stop, observer=events,
+                hub=hub,
+            )  # fmt: skip
             busy = "Applying: one replica at a time per deployment, health-gated…"
-            live = out.status(busy) if out.is_terminal else None
+            live = bars or (out.status(busy) if out.is_terminal else None)
             with live or contextlib.nullcontext():
                 result = executor.run()
             unrecorded = result.unrecorded
@@ -282,6 +353,8 @@ def execute(
     for what in unrecorded:
         out.print(f"error: not recorded in the state: {what}; run engine-ctl plan to see what the hosts run")
     out.print(outcome_line(plan, command.split()[0], code, result_text))
+    if events is not None:
+        events.plain("finished", command=command, result=result_text, exit_code=code, unrecorded=unrecorded)
     return code
 
 
@@ -301,33 +374,40 @@ def for_destroy(plan: Plan) -> Plan:
 def _plan_for(
     desired: DesiredState, inventory: Inventory, state: State, backend: StateBackend, options: SSHOptions,
     parallel: int, targets: tuple[str, ...], refresh_only: bool = False, documents: tuple[Path, ...] = (),
-    hold_absent: str | None = None,
+    hold_absent: str | None = None, replace: tuple[str, ...] = (), checkouts: dict[str, Checkout] | None = None,
 ) -> tuple[Plan, dict[str, HostFailure]]:  # fmt: skip
     return plan_world(
         desired, inventory, state, backend.location, reopen_string(backend), options, parallel, targets,
-        refresh_only, documents, hold_absent,
+        refresh_only, documents, hold_absent, replace, checkouts,
     )  # fmt: skip
 
 
-def _refuse_plan(path: Path, message: str, hint: str) -> InputError:
-    return InputError([Diagnostic(Location(str(path)), "", message, hint=hint)])
+def _refuse_plan(path: Path, message: str, hint: str, code: str) -> InputError:
+    return InputError([Diagnostic(Location(str(path)), "", message, hint=hint, code=code)])
 
 
 def _apply_saved(
     saved: Plan, path: Path, inventory_path: Path | None, state_path: str | None, options: SSHOptions,
-    parallel: int, lock_timeout: float,
+    parallel: int, lock_timeout: float, events: JsonEvents | None = None,
 ) -> int:  # fmt: skip
     """`apply PLANFILE`: exactly what was reviewed, or a refusal that says why."""
     ctx = saved.context
-    inventory = load_inventory(Path(inventory_path or ctx["inventory"]))
+    env = current_env()
+    if ctx.get("env") != env:
+        made, now_env = ctx.get("env") or "the default environment", env or "the default environment"
+        hint = "apply it with the --env (or ENGINE_CTL_ENV) it was planned with"
+        raise _refuse_plan(path, f"the saved plan was made for {made}, and this is {now_env}", hint, code="plan_stale")
+    here = next((Path(n) for n in inventory_names(env) if env and Path(n).is_file()), None)
+    inventory = load_inventory(Path(inventory_path or here or ctx["inventory"]))
     forged = tampering(saved, {h.name: h for h in inventory.hosts})
     if forged:
         raise _refuse_plan(
             path,
             "the saved plan is not what engine-ctl renders from its own recorded inputs: " + "; ".join(forged),
             "it was edited, or the inventory changed since; run engine-ctl plan again and review the new plan",
+            code="plan_tampered",
         )
-    backend = open_backend(state_path or ctx["state"])
+    backend = open_backend(state_for_env(state_path, env) if state_path else ctx["state"])
     with locked(backend, "apply", lock_timeout):
         state = state_for_plan(saved, read_state(backend))
         hosts = [h for h in inventory.hosts if h.name in saved.host_fingerprints]
@@ -335,41 +415,79 @@ def _apply_saved(
         stale = stale_reasons(saved, state, {h: f.fingerprint() for h, f in facts.items()})
         if stale:
             hint = "run engine-ctl plan again and review the new plan"
-            raise _refuse_plan(path, "the saved plan is stale: " + "; ".join(stale), hint)
-        show_plan(saved)
-        return execute(saved, inventory, backend, state, options, "apply " + str(path))
+            raise _refuse_plan(path, "the saved plan is stale: " + "; ".join(stale), hint, code="plan_stale")
+        show_plan(saved, stderr=events is not None)
+        return execute(saved, inventory, backend, state, options, "apply " + str(path), events)
 
 
 @click.command()
 @click.argument("args", nargs=-1, type=click.Path(path_type=Path))
 @writing_options
+@click.option("--refresh-only", is_flag=True, help="Only record in the state what drifted on the hosts; no host "
+              "is changed.")  # fmt: skip
+@replace_option
 def apply(
     args: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
-    accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool,
+    accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool, as_json: bool,
+    refresh_only: bool, replace: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Make the hosts match the documents: plan, confirm, then roll replicas one at a time, health-gated.
 
     ARGS are the documents, or one saved PLANFILE (from `plan --out`), which is applied exactly as reviewed
     or refused if the state or a host's facts changed since."""
     options = ssh_settings(accept_new_host_keys)
+    events = JsonEvents() if as_json else None
     saved = _load_plan_file(args[0]) if len(args) == 1 and args[0].is_file() else None
     if saved is not None:
-        sys.exit(_apply_saved(saved, args[0], inventory_path, state_path, options, parallel, lock_timeout))
-    loaded = load_checked(args)
+        sys.exit(_apply_saved(saved, args[0], inventory_path, state_path, options, parallel, lock_timeout, events))
+    command = "apply" + "".join(f" --replace {n}" for n in replace) + (" --refresh-only" if refresh_only else "")
+    sys.exit(_apply_documents(args, inventory_path, state_path, options, parallel, targets, lock_timeout,
+                              auto_approve, events, refresh_only, replace, command))  # fmt: skip
+
+
+def _apply_documents(
+    args: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, options: SSHOptions,
+    parallel: int, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool, events: JsonEvents | None,
+    refresh_only: bool, replace: tuple[str, ...], command: str,
+) -> int:  # fmt: skip
+    """Plan from the documents, show, confirm, execute: apply and restart."""
+    pinner = Pinner()
+    loaded = load_checked(args, pin=pinner)
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, args)
     with locked(backend, "apply", lock_timeout):
         state = read_state(backend)
         result, failures = _plan_for(
-            loaded.desired, inventory, state, backend, options, parallel, targets, documents=args
-        )
-        show_plan(result)
+            loaded.desired, inventory, state, backend, options, parallel, targets, refresh_only, args,
+            replace=replace, checkouts=pinner.checkouts,
+        )  # fmt: skip
+        show_plan(result, stderr=events is not None)
         report_failures(failures)
         if not result.has_changes or result.refused:  # refused (prevent_destroy): nothing is applied
-            sys.exit(1 if failures or result.problems else 0)
-        _confirm(auto_approve)
-        code = execute(result, inventory, backend, state, options, "apply")
-        sys.exit(code or (1 if failures or result.problems else 0))
+            code = 1 if failures or result.problems else 0
+            if events is not None:
+                events.plain("finished", command=command, result="no changes", exit_code=code, unrecorded=[])
+            return code
+        _confirm(auto_approve, as_json=events is not None)
+        code = execute(result, inventory, backend, state, options, command, events)
+        return code or (1 if failures or result.problems else 0)
+
+
+@click.command()
+@click.argument("name")
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@writing_options
+def restart(
+    name: str, paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
+    accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool, as_json: bool,
+) -> None:  # fmt: skip
+    """Restart deployment NAME: replace its replicas one at a time, health-gated, without editing a document
+    (the same as `apply --target NAME --replace NAME`). PATHS are the documents (default: the current directory)."""
+    options = ssh_settings(accept_new_host_keys)
+    events = JsonEvents() if as_json else None
+    chosen = tuple(dict.fromkeys((*targets, name)))
+    sys.exit(_apply_documents(paths, inventory_path, state_path, options, parallel, chosen, lock_timeout,
+                              auto_approve, events, False, (name,), f"restart {name}"))  # fmt: skip
 
 
 @click.command()
@@ -377,10 +495,10 @@ def apply(
 @writing_options
 def destroy(
     paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
-    accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool,
+    accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool, as_json: bool,
 ) -> None:  # fmt: skip
     """Stop and remove the units of every deployment in the state (or --target ones). The models stay."""
-    loaded = load_checked(paths, documents_required=False) if paths else None
+    loaded = load_checked(paths, documents_required=False, pin=unresolved) if paths else None
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, paths)
     options = ssh_settings(accept_new_host_keys)
@@ -389,12 +507,16 @@ def destroy(
         keep = DesiredState()  # nothing is wanted: every (targeted) deployment in the state is deleted
         result, failures = _plan_for(keep, inventory, state, backend, options, parallel, targets)
         result = for_destroy(result)
-        show_plan(result, "destroy")
+        events = JsonEvents() if as_json else None
+        show_plan(result, "destroy", stderr=as_json)
         report_failures(failures)
         if not result.changes or result.refused:  # refused (prevent_destroy): nothing is destroyed
-            sys.exit(1 if result.refused else 0)
-        _confirm(auto_approve, "destroy")
-        sys.exit(execute(result, inventory, backend, state, options, "destroy"))
+            code = 1 if result.refused else 0
+            if events is not None:
+                events.plain("finished", command="destroy", result="no changes", exit_code=code, unrecorded=[])
+            sys.exit(code)
+        _confirm(auto_approve, "destroy", as_json)
+        sys.exit(execute(result, inventory, backend, state, options, "destroy", events))
 
 
-__all__ = ["apply", "destroy", "plan"]
+__all__ = ["apply", "destroy", "plan", "restart"]

@@ -9,6 +9,7 @@ import re
 import shlex
 from typing import Any
 
+from engine_ctl.core.plan.fetching import fetch_lines
 from engine_ctl.core.plan.planner import DeploymentChange, Drift, Plan, ReplicaChange
 from engine_ctl.core.sizes import human_bytes
 from engine_ctl.providers import PROVIDERS, canonical_engine
@@ -214,6 +215,10 @@ def _render_top(plan: Plan) -> list[tuple[str, str]]:
             out.append(("warn", f"  ~ {d.host} {d.unit}: {d.detail}"))
             out += [(style, f"      {line}") for style, line in unit_diff_lines(d)]
         out.append(("", ""))
+    if plan.owned_elsewhere:
+        out.append(("bold", "Owned elsewhere (units of another state on these hosts; this state leaves them alone):"))
+        out += [("", f"  · {f.line}") for f in plan.owned_elsewhere]
+        out.append(("", ""))
     return out
 
 
@@ -236,6 +241,7 @@ def _render_change(c: DeploymentChange, command: str) -> list[tuple[str, str]]:
         out.append(("add", f"      + {'host memory':<15} = {memory_value(c.fit)}"))
     for step in c.replicas:
         out += [(_line_style(line, style), f"      {line}") for line in _replica_lines(step)]
+    out += [("", f"      {line}") for line in fetch_lines(c)]
     out.append((style, "    }"))
     return out
 
@@ -359,7 +365,8 @@ def _md_warnings(plan: Plan) -> list[str]:
     """The warnings as alert items: CAUTION (refused, destroyed for absent documents, unreachable, failed, not
     reconciled) above WARNING (downtime, pending, drift, then the rest). Each item is one piece; the first of a
     group opens its alert."""
-    return _alert("CAUTION", _cautions(plan)) + _alert("WARNING", _warnings(plan))
+    owned = [f"**Owned elsewhere** (another state's unit, left alone): {_text(f.line)}" for f in plan.owned_elsewhere]
+    return _alert("CAUTION", _cautions(plan)) + _alert("WARNING", _warnings(plan)) + _alert("NOTE", owned)
 
 
 def _cautions(plan: Plan) -> list[str]:
@@ -428,6 +435,7 @@ def _md_section(c: DeploymentChange) -> str:
         body.append(_fit_table(c))
     for r in c.replicas:
         body.append(_md_replica(r))
+    body += [f"- {_text(line)}\n" for line in fetch_lines(c)]
     body.append("</details>\n\n")
     return "".join(body)
 

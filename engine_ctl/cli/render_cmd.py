@@ -65,6 +65,7 @@ def render(
                     "",
                     f"no deployment named {deployment!r}",
                     hint=f"deployments: {names}",
+                    code="unknown_deployment",
                 )
             ]
         )

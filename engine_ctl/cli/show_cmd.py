@@ -32,7 +32,7 @@ DOCUMENT_KINDS = {
 
 
 def _refuse(path: Path, message: str, hint: str = HINT) -> InputError:
-    return InputError([Diagnostic(Location(str(path)), "", message, hint=hint)])
+    return InputError([Diagnostic(Location(str(path)), "", message, hint=hint, code="not_a_plan")])
 
 
 def read_plan(path: Path) -> Plan:

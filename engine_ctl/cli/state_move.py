@@ -70,24 +70,35 @@ def backup_of(target: StateBackend, replaced: State) -> str:
 def move(source: StateBackend, target: StateBackend, direction: str, timeout: float, force: bool) -> None:
     """Copy the state at `source` to `target` as it is, under the target's lock; say what was done."""
     if _same_place(source, target):
-        raise InputError([Diagnostic(Location(target.location), "", "the source and the target are the same state")])
+        raise InputError(
+            [
+                Diagnostic(
+                    Location(target.location),
+                    "",
+                    "the source and the target are the same state",
+                    code="state_move_refused",
+                )
+            ]
+        )
     moving = read_state(source)
     if moving.serial == 0:
         message = f"there is no state at {source.location} to {direction} (nothing was ever written there)"
-        raise InputError([Diagnostic(Location(source.location), "", message)])
+        raise InputError([Diagnostic(Location(source.location), "", message, code="state_move_refused")])
     out = console()
     with locked(target, f"state {direction}", timeout):
         there = read_state(target)
         refused = refusal(moving, there, source.location, target.location, direction)
         if refused is not None and not force:
-            raise InputError([Diagnostic(Location(target.location), "", refused[0], hint=refused[1])])
+            raise InputError(
+                [Diagnostic(Location(target.location), "", refused[0], hint=refused[1], code="state_move_refused")]
+            )
         if there.serial == moving.serial and _contents(there) == _contents(moving):
             out.print(f"{target.location} already holds serial {moving.serial} of lineage {moving.lineage}: no change")
             return
         try:
             target.put(moving, there)
         except StateError as exc:
-            raise InputError([Diagnostic(Location(target.location), "", str(exc))]) from None
+            raise InputError([Diagnostic(Location(target.location), "", str(exc), code="state_error")]) from None
     verb = "Pushed" if direction == "push" else "Pulled"
     kept = f"; what it replaced (serial {there.serial}) is kept in {backup_of(target, there)}" if there.serial else ""
     out.print(f"{verb} {source.location} to {target.location}: serial {moving.serial}, lineage {moving.lineage}{kept}")

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from engine_ctl.cli import state_move
+from engine_ctl.cli import state_cmd, state_move
 from engine_ctl.cli.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
 from engine_ctl.cli.output import console, emit_json
 from engine_ctl.cli.plan_cmd import backend_for, read_state, state_option
@@ -45,15 +45,18 @@ def name_and_paths(name: str | None, paths: tuple[Path, ...]) -> tuple[str | Non
 
 def _live(
     records: list[DeploymentRecord], inventory_path: Path | None, paths: tuple[Path, ...], options: SSHOptions,
-    parallel: int,
+    parallel: int, addresses: dict[str, str] | None = None,
 ) -> tuple[dict[str, HostFacts], dict[str, HostFailure]]:  # fmt: skip
-    """Facts and health of the hosts the shown deployments run on; none (and no inventory) when they run nowhere."""
+    """Facts and health of the hosts the shown deployments run on; none (and no inventory) when they run nowhere.
+    `addresses`, when given, is filled with each such host's address from the inventory."""
     used = {r.host for d in records for r in d.replicas}
     if not used:
         return {}, {}
     loaded = load_paths(list(paths)) if paths else None
     inventory = resolve_inventory(inventory_path, loaded)
     hosts = [h for h in inventory.hosts if h.name in used]
+    if addresses is not None:
+        addresses.update({h.name: h.address for h in hosts})
     checks: dict[str, list[tuple[int, str]]] = {}
     for d in records:
         engine = PROVIDERS.get(str((d.plan or {}).get("engine")))
@@ -67,6 +70,37 @@ def _statuses(state: State, names: list[str], facts: dict) -> list[DeploymentSta
     return [deployment_status(state.deployments[n], facts) for n in names]
 
 
+def url_of(address: str | None, port: int) -> str | None:
+    """Where a replica answers: its host's address (IPv6 in brackets) and its port."""
+    if address is None:
+        return None
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:{port}"
+
+
+def list_json(statuses: list[DeploymentStatus]) -> dict[str, object]:
+    """`list --json`: one summary row per deployment (no members; `status --json` has them)."""
+    rows = [s.model_dump(mode="json", exclude={"instances"}) for s in statuses]
+    return {"format_version": FORMAT_VERSION, "deployments": rows}
+
+
+def status_json(statuses: list[DeploymentStatus], addresses: dict[str, str]) -> dict[str, object]:
+    """`status --json`: per deployment, its members, each with its host's address, its port and its URL."""
+    out = []
+    for s in statuses:
+        doc = s.model_dump(mode="json", exclude={"instances"})
+        doc["members"] = [
+            {
+                **i.model_dump(mode="json"),
+                "address": addresses.get(i.host),
+                "url": url_of(addresses.get(i.host), i.port),
+            }
+            for i in s.instances
+        ]
+        out.append(doc)
+    return {"format_version": FORMAT_VERSION, "deployments": out}
+
+
 @click.command(name="list")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @inventory_option
@@ -74,7 +108,8 @@ def _statuses(state: State, names: list[str], facts: dict) -> list[DeploymentSta
 @ssh_options
 @click.option(
     "--json", "as_json", is_flag=True,
-    help="Every deployment as versioned JSON: state, ready and replica counts, revision, hosts, instances.",
+    help="Every deployment as versioned JSON, one summary row each: state, ready and replica counts, revision, "
+    "hosts (status --json has the members).",
 )  # fmt: skip
 def list_cmd(
     paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
@@ -88,7 +123,7 @@ def list_cmd(
     facts, failures = _live(records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel)
     statuses = _statuses(state, names, facts)
     if as_json:
-        emit_json({"format_version": FORMAT_VERSION, "deployments": [s.model_dump(mode="json") for s in statuses]})
+        emit_json(list_json(statuses))
     else:
         console().print(list_table(statuses) if statuses else _no_deployments(backend.location))
         report_failures(failures)
@@ -103,7 +138,8 @@ def list_cmd(
 @ssh_options
 @click.option(
     "--json", "as_json", is_flag=True,
-    help="The deployment(s) as versioned JSON, each instance with its host, unit, port, GPUs and last error.",
+    help="The deployment(s) as versioned JSON, each with its members: host, address, port, URL, unit, GPUs, "
+    "last error.",
 )  # fmt: skip
 def status(
     name: str | None, paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
@@ -122,14 +158,19 @@ def status(
     if name and name not in state.deployments:
         known = ", ".join(sorted(state.deployments)) or "none"
         problem = Diagnostic(
-            Location("state"), "", f"no deployment named {name!r} in the state", hint=f"deployments: {known}"
+            Location("state"),
+            "",
+            f"no deployment named {name!r} in the state",
+            hint=f"deployments: {known}",
+            code="unknown_deployment",
         )
         raise InputError([problem])
     records = [state.deployments[n] for n in names]
-    facts, failures = _live(records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel)
+    addresses: dict[str, str] = {}
+    facts, failures = _live(records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel, addresses)
     statuses = _statuses(state, names, facts)
     if as_json:
-        emit_json({"format_version": FORMAT_VERSION, "deployments": [s.model_dump(mode="json") for s in statuses]})
+        emit_json(status_json(statuses, addresses))
         sys.exit(1 if failures else 0)
     out = console()
     if not statuses:
@@ -200,11 +241,15 @@ def _no_deployments(location: str) -> str:
 
 @click.group(name="state")
 def state_group() -> None:
-    """Inspect the recorded state, or move it between backends (push, pull)."""
+    """Inspect the recorded state, move it between backends (push, pull), forget or rename a deployment's record
+    (rm, mv), read the operations log (history)."""
 
 
 state_group.add_command(state_move.state_push)
 state_group.add_command(state_move.state_pull)
+state_group.add_command(state_cmd.state_rm)
+state_group.add_command(state_cmd.state_mv)
+state_group.add_command(state_cmd.state_history)
 
 
 @state_group.command(name="list")
@@ -228,7 +273,9 @@ def state_show(name: str, paths: tuple[Path, ...], state_path: str | None) -> No
     """One deployment's record as JSON."""
     state = read_state(backend_for(state_path, paths))
     if name not in state.deployments:
-        raise InputError([Diagnostic(Location("state"), "", f"no deployment named {name!r} in the state")])
+        raise InputError(
+            [Diagnostic(Location("state"), "", f"no deployment named {name!r} in the state", code="unknown_deployment")]
+        )
     sys.stdout.write(json.dumps(state.deployments[name].model_dump(mode="json"), indent=2) + "\n")
 
 
@@ -242,5 +289,5 @@ def force_unlock(lock_id: str, paths: tuple[Path, ...], state_path: str | None) 
     try:
         held = backend.force_unlock(lock_id)
     except StateError as exc:
-        raise InputError([Diagnostic(Location(backend.location), "", str(exc))]) from None
+        raise InputError([Diagnostic(Location(backend.location), "", str(exc), code="state_error")]) from None
     console().print(f"Unlocked {backend.location} (the lock of {held.who} since {held.when} for `{held.operation}`)")

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from engine_ctl.cli.common import no_documents
+from engine_ctl.cli.common import find_inventory, no_documents
+from engine_ctl.cli.environments import current_env, env_of_inventory, env_option
 from engine_ctl.cli.output import emit_json, printer
 from engine_ctl.core.diagnostics import Diagnostic, InputError, by_place
 from engine_ctl.core.documents.inventory import load_inventory
@@ -24,6 +25,7 @@ from engine_ctl.core.documents.validate import NOT_CHECKED, build_report, report
     help="Also check this hosts.yaml.",
 )  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print a versioned JSON result.")
+@env_option
 def validate(paths: tuple[Path, ...], inventory_path: Path | None, as_json: bool) -> None:
     """Check deployment, model and inventory documents offline.
 
@@ -33,7 +35,15 @@ def validate(paths: tuple[Path, ...], inventory_path: Path | None, as_json: bool
     """
     result = load_paths(list(paths) or [Path(".")])
     diagnostics = list(result.diagnostics)
-    inventory = result.inventory
+    # among the documents, the default environment's inventory (never hosts.production.yaml for it); with --env
+    # NAME, NAME's, found as plan finds it (an error when there is none)
+    default = [inv for f, inv in result.inventories.items() if env_of_inventory(f) is None]
+    inventory = default[-1] if default else None
+    if inventory_path is None and current_env() is not None:
+        try:
+            inventory = find_inventory(None, result)
+        except InputError as exc:
+            diagnostics.extend(exc.diagnostics)
     if inventory_path is not None:
         try:
             inventory = load_inventory(inventory_path)

@@ -83,5 +83,6 @@ def unknown_targets(targets: Iterable[str], known: Iterable[str], where: str) ->
         close = difflib.get_close_matches(t, names, n=1, cutoff=0.6)
         listed = f"the deployments: {', '.join(names)}" if names else "there are no deployments"
         hint = (f"did you mean {close[0]!r}? " if close else "") + listed
-        out.append(Diagnostic(Location(where), "--target", f"no deployment named {t!r}", hint=hint))
+        out.append(Diagnostic(Location(where), "--target", f"no deployment named {t!r}", hint=hint,
+                              code="unknown_deployment"))  # fmt: skip
     return out

@@ -16,7 +16,9 @@ from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.names import UNIT_FORM, parse_unit_name
 from engine_ctl.core.plan.planner import DeploymentChange, Plan, ReplicaChange
 from engine_ctl.core.plan.status import recorded_verdict
+from engine_ctl.core.weights import WeightsFetch, human, waiting_reason
 from engine_ctl.providers import PROVIDERS
+from engine_ctl.shell.fetch import FetchFailed, FetchProgress, HubAccess, fetch_weights
 from engine_ctl.shell.transport import (
     CommandResult,
     HostFailure,
@@ -30,6 +32,40 @@ from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 
 UNIT_DIR = "/etc/systemd/system"
 Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ApplyEvent:
+    """One step of an apply, for pipelines and dashboards (`apply --json` prints each as a JSON line).
+
+    event: started (a replica's step begins), healthy (a unit passed its health gate), removed (an old unit is
+    stopped and deleted), failed (a step or a deployment failed; the reason says why), recorded (the deployment's
+    outcome is written to the state)."""
+
+    event: str
+    deployment: str
+    timestamp: str
+    replica: int | None = None
+    host: str | None = None
+    unit: str | None = None
+    action: str | None = None
+    port: int | None = None
+    revision: int | None = None
+    state: str | None = None
+    reason: str | None = None
+    elapsed_s: float | None = None
+
+    def as_json(self) -> dict[str, object]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+Observer = Callable[[ApplyEvent], None]
+
+
+def utc_now() -> str:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 # --- what to run: argv only (the executor runs them) ----------------------------------------------------
@@ -167,6 +203,34 @@ def _adopt(state: State, name: str, unit: str) -> None:
             r.status = "serving"
 
 
+def _waiting(state: State, name: str, reason: str) -> None:
+    rec = _record(state, name)
+    if not any(r.status == "serving" for r in rec.replicas):
+        rec.state = "Pending"
+    rec.reason = reason
+
+
+class Throttle:
+    """True at most once every `every_s` seconds (and always when forced)."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s, self.last = every_s, float("-inf")
+
+    def due(self, force: bool) -> bool:
+        now = time.monotonic()
+        if force or now - self.last >= self.every_s:
+            self.last = now
+            return True
+        return False
+
+
+def _still_named_after(rec: DeploymentRecord) -> list[str]:
+    """The names a record had before `state mv` that some of its replicas' units still bear: once a roll has
+    replaced them all, the old name is dropped, and nothing may act on units of that name for this record."""
+    named = {parsed.deployment for r in rec.replicas if (parsed := parse_unit_name(r.unit)) is not None}
+    return [n for n in rec.moved_from if n in named]
+
+
 def _forget(state: State, name: str) -> None:
     state.deployments.pop(name, None)
 
@@ -218,6 +282,8 @@ class Executor:
         options: SSHOptions | None = None,
         progress: Progress | None = None,
         stop: threading.Event | None = None,
+        observer: Observer | None = None,
+        hub: HubAccess | None = None,
     ) -> None:
         self.plan = plan
         self.hosts = hosts
@@ -225,10 +291,14 @@ class Executor:
         self.options = options
         self.progress = progress or (lambda _m: None)
         self.stop = stop or threading.Event()
+        self.observer = observer or (lambda _e: None)
         self._host_locks: dict[str, threading.Lock] = {name: threading.Lock() for name in hosts}
         self._transports: dict[str, SSHTransport | LocalTransport] = {}
         self._transports_lock = threading.Lock()
         self.result = ApplyResult()
+        self.hub = hub or HubAccess()
+        self._digests: dict[tuple[str, str], str] = {}
+        """(deployment, host) -> the checkpoint digest measured there by this apply's fetch."""
 
     @contextmanager
     def _on(self, *names: str) -> Iterator[dict[str, SSHTransport | LocalTransport]]:
@@ -246,6 +316,9 @@ class Executor:
                         self._transports[name] = transport_for(self.hosts[name], self.options)
                 out[name] = self._transports[name]
             yield out
+
+    def _event(self, event: str, deployment: str, **fields: object) -> None:
+        self.observer(ApplyEvent(event=event, deployment=deployment, timestamp=utc_now(), **fields))  # type: ignore[arg-type]
 
     def run(self) -> ApplyResult:
         changes = [c for c in self.plan.changes if c.changed or c.failed_reason or c.blocked]
@@ -272,15 +345,21 @@ class Executor:
                 self._record(lambda s: self._conclude(s, change, change.failed_reason, fit_failed=True), name)
                 self.result.failed[name] = change.failed_reason
                 self.progress(f"{name}: FAILED: {change.failed_reason}")
+                self._event("failed", name, reason=change.failed_reason)
+                self._event("recorded", name, state="Failed", revision=change.revision)
                 return
+            for fetch in change.fetches:
+                self._fetch(change, fetch)
             for unit in change.adopt:
                 self._record(lambda s, u=unit: _adopt(s, name, u), name)  # type: ignore[misc]
                 self.progress(f"{name}: {unit} runs and passed its health gate: recorded serving")
+                self._event("recorded", name, unit=unit, state="serving")
             for step in self._ordered(change):
                 self._guarded(change, step)
             if change.action == ["delete"]:
                 self._record(lambda s: _forget(s, name), name)
                 self.progress(f"{name}: destroyed")
+                self._event("recorded", name, state="destroyed", revision=change.revision)
                 self.result.applied.append(name)
                 return
             self._record(lambda s: self._conclude(s, change, None, applied=True), name)
@@ -300,6 +379,7 @@ class Executor:
         problems = [*change.blocked]
         if change.pending_reason:
             problems.append(change.pending_reason)
+        self._event("recorded", name, state=state, revision=change.revision, reason="; ".join(problems) or None)
         if problems:
             self.result.failed[name] = "; ".join(problems)
             self.progress(f"{name}: {state} at revision {change.revision}, not complete: {'; '.join(problems)}")
@@ -322,6 +402,9 @@ class Executor:
         else:
             tail = "no replica serves"
         self.progress(f"{name}: FAILED: {reason}; the roll stopped: {tail}")
+        self._event("failed", name, reason=reason)
+        state = rec.state if rec else None
+        self._event("recorded", name, state=state, revision=rec.revision if rec else None, reason=tail)
 
     @staticmethod
     def _ordered(change: DeploymentChange) -> list[ReplicaChange]:
@@ -332,6 +415,10 @@ class Executor:
         if self.stop.is_set():
             self.progress(f"{change.name}: interrupted before replica {step.index}; state recorded")
             raise Interrupted
+        self._event(
+            "started", change.name, replica=step.index, host=step.host, unit=step.unit, action="/".join(step.action),
+            revision=step.revision, reason=step.reason or None,
+        )  # fmt: skip
         try:
             self._step(change, step)
         except (StepFailed, Interrupted):
@@ -354,6 +441,7 @@ class Executor:
             rec.revision = change.revision
             rec.spec, rec.model, rec.spec_hash, rec.plan = change.spec, change.model, change.spec_hash, change.fit
             rec.chosen = dict(change.chosen)
+            rec.moved_from = _still_named_after(rec)
         wanted = int(change.spec.get("replicas_min") or 1) if change.spec else len(rec.replicas)
         target = change.revision if applied else rec.revision
         pending = "; ".join([*([change.pending_reason] if change.pending_reason else []), *change.blocked]) or None
@@ -376,8 +464,9 @@ class Executor:
         engine = PROVIDERS.get(str((change.fit or {}).get("engine")))
         return failure_reason(t.run(failure_argv(unit)).stdout, engine.log_prefix if engine else "")
 
-    def _replica_record(self, step: ReplicaChange, status: str) -> ReplicaRecord:
+    def _replica_record(self, step: ReplicaChange, status: str, digest: str = "") -> ReplicaRecord:
         return ReplicaRecord(
+            checkpoint_digest=digest, engine_version=step.engine_version, engine_sha256=step.engine_sha256,
             index=step.index, slot=step.slot, host=step.host, unit=step.unit, port=step.port, gpus=step.gpus,
             gpu_indexes=step.gpu_indexes, unit_sha256=step.unit_sha256 or "", revision=step.revision,
             argv=step.argv, status=status,  # type: ignore[arg-type]
@@ -393,7 +482,8 @@ class Executor:
     def _start_new(self, t: SSHTransport | LocalTransport, change: DeploymentChange, step: ReplicaChange) -> None:
         """Record (pending), upload, start behind the health gate; on failure remove it again and raise."""
         name = change.name
-        self._record(lambda s: _put_replica(s, name, self._replica_record(step, "pending")), name)
+        digest = self._digests.get((name, step.host), "")
+        self._record(lambda s: _put_replica(s, name, self._replica_record(step, "pending", digest)), name)
         assert step.unit_text is not None
         began = time.monotonic()
         result = t.run(start_argv(step.unit, upload=True), stdin=step.unit_text, timeout=self._budget(change))
@@ -404,24 +494,62 @@ class Executor:
             self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
             raise StepFailed(reason)
         self._record(lambda s: _set_status(s, name, step.host, step.unit, "serving"), name)
+        elapsed = round(time.monotonic() - began, 1)
+        self._event("healthy", name, replica=step.index, host=step.host, unit=step.unit, port=step.port,
+                    revision=step.revision, elapsed_s=elapsed)  # fmt: skip
         self.progress(
             f"{name}: replica {step.index} on {step.host}: {step.unit} serving on port {step.port} "
             f"(healthy after {time.monotonic() - began:.1f}s)"
         )
+
+    def _fetch(self, change: DeploymentChange, fetch: WeightsFetch) -> None:
+        """Put the deployment's hf: weights in place on one host before any replica starts there; meanwhile the
+        deployment is Pending, its reason the bytes in place ("Waiting for the weights: 3.1 of 8.0 GB")."""
+        name = change.name
+        shown = Throttle(self.hub.every_s)
+        recorded = Throttle(self.hub.record_every_s)
+
+        def on_progress(p: FetchProgress) -> None:
+            if self.hub.display is not None:
+                self.hub.display(name, fetch.host, p)
+            elif p.file and shown.due(p.file_done >= p.file_size):
+                self.progress(f"{name}: weights on {fetch.host}: {p.file} {human(p.file_done)} of {human(p.file_size)} "
+                              f"({human(p.done)} of {human(p.total)} in all)")  # fmt: skip
+            if recorded.due(False) and not fetch.in_place:
+                self._record(lambda s: _waiting(s, name, waiting_reason(p.done, p.total)), name)
+
+        with self._on(fetch.host) as t:
+            if not fetch.in_place:
+                self._record(lambda s: _waiting(s, name, waiting_reason(0, fetch.total_bytes)), name)
+            try:
+                got = fetch_weights(t[fetch.host], fetch, self.hosts[fetch.host], self.hub.downloads,
+                                    self.hub.endpoint, self.hub.token, on_progress)  # fmt: skip
+            except FetchFailed as exc:
+                raise StepFailed(str(exc)) from None
+        self._digests[(name, fetch.host)] = got.digest
+        what = f"fetched {human(got.fetched_bytes)}" if got.fetched_bytes else "in place"
+        self.progress(f"{name}: weights {fetch.repo}@{fetch.commit[:12]} on {fetch.host}: {what}, checkpoint "
+                      f"digest {got.digest[:12]}")  # fmt: skip
 
     def _remove_old(self, t: SSHTransport | LocalTransport, name: str, host: str, unit: str) -> None:
         self._record(lambda s: _set_status(s, name, host, unit, "removing"), name)
         self._run(t, remove_argv(unit), f"removing {unit} on {host}")
         self._record(lambda s: _drop_replica(s, name, host, unit), name)
         self.progress(f"{name}: {unit} on {host} stopped and removed")
+        self._event("removed", name, host=host, unit=unit)
 
-    @staticmethod
-    def _check_names(change: DeploymentChange, step: ReplicaChange) -> None:
+    def _check_names(self, change: DeploymentChange, step: ReplicaChange) -> None:
         """The last guard before anything runs as root: every unit named is one engine-ctl names, of this
-        deployment (whatever the state or a plan file says)."""
-        for unit in {step.unit, step.old_unit} - {None}:
+        deployment (whatever the state or a plan file says); a unit being replaced or removed may also bear a
+        name the state records this deployment had before `engine-ctl state mv`."""
+        record = self.recorder.state.deployments.get(change.name)
+        before = {change.name, *(record.moved_from if record else ())}
+        written = before if step.action == ["delete"] else {change.name}  # a delete only removes
+        for unit, names in ((step.unit, written), (step.old_unit, before)):
+            if unit is None:
+                continue
             parsed = parse_unit_name(str(unit))
-            if parsed is None or parsed.deployment != change.name:
+            if parsed is None or parsed.deployment not in names:
                 raise StepFailed(f"refused to act on {unit!r}: not a unit engine-ctl names for {change.name} "
                                  f"({UNIT_FORM})")  # fmt: skip
 
@@ -452,8 +580,11 @@ class Executor:
                 reason = self._reason(tr, change, step.unit)
                 self._record(lambda s: _set_status(s, name, step.host, step.unit, "failed", reason), name)
                 raise StepFailed(reason)
-            self._record(lambda s: _put_replica(s, name, self._replica_record(step, "serving")), name)
+            digest = self._digests.get((name, step.host), "")
+            self._record(lambda s: _put_replica(s, name, self._replica_record(step, "serving", digest)), name)
             self.progress(f"{name}: replica {step.index} on {step.host}: {step.unit} repaired ({step.reason})")
+            self._event("healthy", name, replica=step.index, host=step.host, unit=step.unit, port=step.port,
+                        revision=step.revision)  # fmt: skip
 
     def _replace(self, change: DeploymentChange, step: ReplicaChange) -> None:
         name = change.name
@@ -482,3 +613,5 @@ class Executor:
         reason = None if status == "serving" else self._reason(t, change, unit)
         self._record(lambda s: _set_status(s, change.name, host, unit, status, reason), change.name)
         self.progress(f"{change.name}: the previous {unit} on {host} restored ({status})")
+        self._event("healthy" if status == "serving" else "failed", change.name, host=host, unit=unit, reason=reason
+                    or "the previous unit restored after its replacement failed")  # fmt: skip

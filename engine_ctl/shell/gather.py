@@ -24,6 +24,7 @@ from engine_ctl.core.fit.hostfacts import (
     parse_rocm_smi,
 )
 from engine_ctl.core.fit.modelfacts import ModelFacts, facts_from_gguf_fields, facts_from_hf_config
+from engine_ctl.core.fit.unitheader import parse_unit_header
 from engine_ctl.core.names import UNIT_PREFIX
 from engine_ctl.core.plan.unitdiff import hide_secrets_in
 from engine_ctl.providers import PROVIDERS
@@ -49,6 +50,12 @@ def probe_args(
         "models_dir": host.models_dir,
         "cache_dir": host.cache_dir,
         "unit_prefix": UNIT_PREFIX,
+        "builds": {
+            f"{name}\t{platform}": {"candidates": [path], "probe": PROVIDERS[name].version_probe()}
+            for name, paths in host.engine_builds.items()
+            if name in PROVIDERS
+            for platform, path in paths.items()
+        },
         "engines": {
             name: {"candidates": p.executable_candidates(host.engines.get(name)), "probe": p.version_probe()}
             for name, p in PROVIDERS.items()
@@ -87,6 +94,20 @@ def _gpus(raw: dict[str, Any]) -> tuple[list[Gpu], list[str]]:
     return gpus, warnings
 
 
+def _builds(raw: dict[str, Any]) -> dict[str, dict[str, EngineInstall]]:
+    out: dict[str, dict[str, EngineInstall]] = {}
+    for key, v in raw.items():
+        name, _, platform = key.partition("\t")
+        out.setdefault(name, {})[platform] = EngineInstall(path=v["path"], version=v.get("version"),
+                                                           sha256=v.get("sha256"))  # fmt: skip
+    return out
+
+
+def writable_problem(path: str) -> str:
+    """Seed 003: a model's directory must not be writable by other users (they could swap the weights)."""
+    return f"{path} is writable by other users: refused; remove their write access (chmod o-w {path})"
+
+
 def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
     """Pure: the probe's JSON -> HostFacts."""
     gpus, warnings = _gpus(doc.get("gpus") or {})
@@ -104,6 +125,8 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
             main_pid=_int(u.get("MainPID")),
             exec_main_status=_int(u.get("ExecMainStatus")),
             text=hide_secrets_in(u["text"]) if isinstance(u.get("text"), str) else None,  # never a token kept
+            header=parse_unit_header([str(x) for x in u.get("header") or []]),
+            body_sha256=u.get("body_sha256"),
         )
         for u in doc.get("units") or []
     )
@@ -112,16 +135,23 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         warnings.append("curl is not installed: engine units' health gate needs /usr/bin/curl")
     models: dict[str, ModelFacts] = {}
     problems: dict[str, str] = {}
+    checkpoints: dict[str, str] = {}
     for path, entry in (doc.get("models") or {}).items():
         found = facts_from_model_probe(entry)
-        if found is not None:
+        if entry.get("writable"):
+            problems[path] = writable_problem(str(entry["writable"]))
+        elif found is not None:
             models[path] = found
         else:
             problems[path] = "not found" if entry.get("missing") else str(entry.get("error"))
+        measured = entry.get("checkpoint") or {}
+        if measured.get("digest"):
+            checkpoints[str(measured["dir"])] = str(measured["digest"])
     return HostFacts(
         host=host,
         models=models,
         model_problems=problems,
+        checkpoints=checkpoints,
         health={str(k): str(v) for k, v in (doc.get("health") or {}).items()},
         hostname=doc.get("hostname"),
         os=doc.get("os"),
@@ -134,8 +164,10 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         memory=Memory(total_bytes=int(doc["memory"]["total"]), available_bytes=int(doc["memory"]["available"])),
         disks=disks,
         gpus=tuple(gpus),
+        engine_builds=_builds(doc.get("engine_builds") or {}),
         engines={
-            k: EngineInstall(path=v["path"], version=v.get("version")) for k, v in (doc.get("engines") or {}).items()
+            k: EngineInstall(path=v["path"], version=v.get("version"), sha256=v.get("sha256"))
+            for k, v in (doc.get("engines") or {}).items()
         },
         units=units,
         ports_in_use=tuple(doc.get("ports") or ()),
@@ -165,7 +197,7 @@ def gather_one(
         doc = json.loads(result.stdout)
     except json.JSONDecodeError as exc:
         raise HostFailure(host.name, "command", f"facts probe printed no JSON: {exc}") from None
-    cache.remember(doc.get("engines") or {})
+    cache.remember({**(doc.get("engines") or {}), **(doc.get("engine_builds") or {})})
     return facts_from_probe(host.name, doc)
 
 

@@ -63,6 +63,9 @@ class LoadResult:
     """file -> what engine-ctl file it is ('a saved plan', 'the state's backup'): never read as documents."""
     searched: list[str] = field(default_factory=list)
     """The paths the documents were looked for in, as given."""
+    inventories: dict[str, Inventory] = field(default_factory=dict)
+    """file -> the inventory it holds: every one loaded (`inventory` is the last); an environment's is chosen
+    by its file name (hosts.staging.yaml)."""
 
     @property
     def has_documents(self) -> bool:
@@ -275,7 +278,7 @@ def _hf_problems(doc: SourceDocument, path: tuple[str | int, ...], value: object
             f"{format_path((*path, 'commit'))} {value.commit}: ambiguous, {format_path((*path, 'hf'))} "
             f"{value.hf} already names commit {pinned}",
             hint="give the commit once: org/repo@<commit>, or hf: org/repo with commit: <commit>",
-            code="INVALID_DEPLOYMENT",
+            code="ambiguous_commit",
         )
     ]
 
@@ -291,7 +294,7 @@ def _architecture_problems(doc: SourceDocument, model: Model) -> list[Diagnostic
         path = ("spec", "architecture", name)
         field = format_path(path)
         at = doc.locate(path) if path in doc.value_positions else doc.locate(path[:-1], key=True)
-        out.append(Diagnostic(at, field, f"{field} {message}", hint=hint, code="INVALID_DEPLOYMENT"))
+        out.append(Diagnostic(at, field, f"{field} {message}", hint=hint, code="invalid_architecture"))
     return out
 
 
@@ -322,7 +325,7 @@ def _size_problems(doc: SourceDocument, parsed: FlatDeploymentDocument) -> list[
         try:
             parse_size(value)
         except ValueError as exc:
-            out.append(Diagnostic(doc.locate(path), format_path(path), str(exc), code="INVALID_DEPLOYMENT"))
+            out.append(Diagnostic(doc.locate(path), format_path(path), str(exc), code="invalid_size"))
     return out
 
 
@@ -370,6 +373,7 @@ def classify(doc: SourceDocument) -> tuple[str | None, Diagnostic | None]:
             "",
             f"a document is a mapping (a deployment, a model or an inventory); this one is {what}",
             hint="start with metadata:/spec:, name:/engine:/model:, or kind: Model",
+            code="not_a_mapping",
         )
     own = own_file_kind(data)
     if own is not None:
@@ -384,6 +388,7 @@ def classify(doc: SourceDocument) -> tuple[str | None, Diagnostic | None]:
             "kind",
             f"unknown kind {kind!r}; one of {', '.join(KINDS)}",
             hint=f"did you mean {close[0]!r}?" if close else None,
+            code="unknown_kind",
         )
     if "metadata" in data or "spec" in data:
         return "Deployment", None
@@ -397,6 +402,7 @@ def classify(doc: SourceDocument) -> tuple[str | None, Diagnostic | None]:
         "",
         f"not an engine-ctl document (keys: {keys})",
         hint="a deployment has metadata: and spec: (or name:, engine:, model:); a model has kind: Model",
+        code="not_a_document",
     )
 
 
@@ -412,6 +418,7 @@ def load_documents(docs: list[SourceDocument]) -> LoadResult:
     models: list[LoadedModel] = []
     deployments: list[LoadedDeployment] = []
     inventory: Inventory | None = None
+    inventories: dict[str, Inventory] = {}
     problems: list[Diagnostic] = []
     described: dict[str, list[str]] = {}
     broken: set[str] = set()
@@ -431,6 +438,7 @@ def load_documents(docs: list[SourceDocument]) -> LoadResult:
             continue
         if kind == "Inventory":
             inventory, found = inventory_from(doc)
+            inventories[doc.file] = inventory
             problems.extend(found)
             described.setdefault(doc.file, []).append("inventory")
             continue
@@ -458,7 +466,7 @@ def load_documents(docs: list[SourceDocument]) -> LoadResult:
     desired = DesiredState(models=tuple(models), deployments=tuple(deployments))
     return LoadResult(
         desired=desired, inventory=inventory, diagnostics=problems, documents=described, broken_models=broken,
-        skipped=skipped,
+        skipped=skipped, inventories=inventories,
     )  # fmt: skip
 
 

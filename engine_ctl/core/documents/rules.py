@@ -32,7 +32,6 @@ from engine_ctl.providers import (
 NAME_RULE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 NAME_MESSAGE = "lowercase letters, digits and -, not starting or ending with -, at most 40 characters"
 MODEL_NAME_RULE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
-INVALID = "INVALID_DEPLOYMENT"
 
 
 COMMIT_RULE = re.compile(r"^[0-9a-f]{40}$")
@@ -73,14 +72,14 @@ def where(origin: Origin, internal: str) -> tuple[Location, str]:
     return Location(origin.file, origin.line, origin.column), field_name(origin, internal)
 
 
-def _err(origin: Origin, internal: str, message: str, hint: str | None = None) -> Diagnostic:
+def _err(origin: Origin, internal: str, message: str, hint: str | None = None, *, code: str) -> Diagnostic:
     location, path = where(origin, internal)
-    return Diagnostic(location, path, message, hint=hint, code=INVALID)
+    return Diagnostic(location, path, message, hint=hint, code=code)
 
 
-def _warn(origin: Origin, internal: str, message: str, hint: str | None = None) -> Diagnostic:
+def _warn(origin: Origin, internal: str, message: str, hint: str | None = None, *, code: str) -> Diagnostic:
     location, path = where(origin, internal)
-    return Diagnostic(location, path, message, hint=hint, severity="warning")
+    return Diagnostic(location, path, message, hint=hint, severity="warning", code=code)
 
 
 def resolve_engine(deployment: Deployment, model: Model | None) -> Provider | None:
@@ -103,13 +102,14 @@ def check_deployment(
 ) -> Iterator[Diagnostic]:
     d, o = loaded.deployment, loaded.origin
     if len(d.name) > 40 or not NAME_RULE.match(d.name):
-        yield _err(o, "name", f"{field_name(o, 'name')} {d.name!r}: {NAME_MESSAGE}")
+        yield _err(o, "name", f"{field_name(o, 'name')} {d.name!r}: {NAME_MESSAGE}", code="invalid_name")
     if model is None and d.model not in broken_models:
         yield _err(
             o,
             "model",
             f'spec.model "{d.model}": a model of the deployment\'s own workspace',
             hint=f"no Model document named {d.model!r} was loaded; add one (kind: Model) or pass its file too",
+            code="unknown_model",
         )
     yield from _check_replicas(loaded)
     yield from _check_numbers(loaded, model)
@@ -121,6 +121,7 @@ def check_deployment(
             o,
             "accelerator",
             f"spec.accelerator: cpu is served by {cpu_provider().title}; {_engine_title(engine)} needs a GPU",
+            code="accelerator_mismatch",
         )
     if model is not None and model.format not in engine.formats:
         yield _format_mismatch(loaded, engine, model)
@@ -131,23 +132,24 @@ def check_deployment(
 def _check_replicas(loaded: LoadedDeployment) -> Iterator[Diagnostic]:
     d, o = loaded.deployment, loaded.origin
     if not 1 <= d.replicas_max <= 64:
-        yield _err(o, "replicas_max", f"{field_name(o, 'replicas_max')}: between 1 and 64")
+        yield _err(o, "replicas_max", f"{field_name(o, 'replicas_max')}: between 1 and 64", code="out_of_range")
     if o.form == "flat":
         return  # one number: min = max
     if d.replicas_min < 0:
-        yield _err(o, "replicas_min", "spec.replicas.min: at least 0")
+        yield _err(o, "replicas_min", "spec.replicas.min: at least 0", code="out_of_range")
     elif d.replicas_min > d.replicas_max:
-        yield _err(o, "replicas_min", "spec.replicas.min: at most spec.replicas.max")
+        yield _err(o, "replicas_min", "spec.replicas.min: at most spec.replicas.max", code="out_of_range")
     elif 1 <= d.replicas_max <= 64:
         yield from _scaling_warnings(loaded)
     if d.idle_minutes is not None and not 1 <= d.idle_minutes <= 1440:
-        yield _err(o, "idle_minutes", "spec.replicas.idle_minutes: between 1 and 1440")
+        yield _err(o, "idle_minutes", "spec.replicas.idle_minutes: between 1 and 1440", code="out_of_range")
     if d.replicas_min > 0 and written(o, "idle_minutes"):
         yield _warn(
             o,
             "idle_minutes",
             "spec.replicas.idle_minutes: ignored (cleared) because spec.replicas.min is above 0",
             hint="idle_minutes applies only with min: 0 (scale to zero)",
+            code="ignored_field",
         )
 
 
@@ -164,6 +166,7 @@ def _scaling_warnings(loaded: LoadedDeployment) -> Iterator[Diagnostic]:
             "replicas_min",
             f"spec.replicas.min 0: scale to zero{also} the gateway, which is not built yet; {what}",
             hint=hint,
+            code="scaling_not_built",
         )
     elif d.replicas_max > d.replicas_min:
         yield _warn(
@@ -172,6 +175,7 @@ def _scaling_warnings(loaded: LoadedDeployment) -> Iterator[Diagnostic]:
             f"spec.replicas.max {d.replicas_max}: scaling between min ({d.replicas_min}) and max needs the "
             f"gateway, which is not built yet; {what}",
             hint=hint,
+            code="scaling_not_built",
         )
 
 
@@ -180,24 +184,25 @@ def _check_numbers(loaded: LoadedDeployment, model: Model | None) -> Iterator[Di
     if d.context_length is not None:
         ctx = field_name(o, "context_length")
         if d.context_length < 256:
-            yield _err(o, "context_length", f"{ctx}: at least 256 tokens")
+            yield _err(o, "context_length", f"{ctx}: at least 256 tokens", code="out_of_range")
         elif model is not None and model.context_length is not None and d.context_length > model.context_length:
             yield _err(
                 o,
                 "context_length",
                 f"{ctx} {d.context_length}: model {model.name} takes at most {model.context_length} tokens",
+                code="context_too_long",
             )
     if d.parallel is not None and not 1 <= d.parallel <= 1024:
-        yield _err(o, "parallel", "spec.parallel: between 1 and 1024")
+        yield _err(o, "parallel", "spec.parallel: between 1 and 1024", code="out_of_range")
     if d.cpu_cores is not None and not 1 <= d.cpu_cores <= 1024:
-        yield _err(o, "cpu_cores", "spec.cpu_cores: between 1 and 1024")
+        yield _err(o, "cpu_cores", "spec.cpu_cores: between 1 and 1024", code="out_of_range")
     if d.gpus is not None:
         if d.accelerator == "cpu":
-            yield _err(o, "gpus", "spec.gpus: a CPU-only deployment has none")
+            yield _err(o, "gpus", "spec.gpus: a CPU-only deployment has none", code="out_of_range")
         elif d.gpus not in (1, 2, 4, 8):
-            yield _err(o, "gpus", "spec.gpus: 1, 2, 4 or 8 GPUs of one machine per replica")
+            yield _err(o, "gpus", "spec.gpus: 1, 2, 4 or 8 GPUs of one machine per replica", code="out_of_range")
     if d.priority < -1000 or d.priority > 1000:
-        yield _err(o, "priority", "spec.priority: between -1000 and 1000")
+        yield _err(o, "priority", "spec.priority: between -1000 and 1000", code="out_of_range")
 
 
 def _engine_title(engine: Provider) -> str:
@@ -223,7 +228,7 @@ def _format_mismatch(loaded: LoadedDeployment, engine: Provider, model: Model) -
             f"model {model.name} is GGUF: serve it with {provider_for_format(model.format).title} "
             f"({_engine_title(engine)} serves {_serves(engine)} here)"
         )
-        return _err(o, "model", message)
+        return _err(o, "model", message, code="format_mismatch")
     if loaded.deployment.accelerator == "cpu":
         cpu = cpu_provider()
         wanted = sorted(cpu.formats)[0]
@@ -234,12 +239,14 @@ def _format_mismatch(loaded: LoadedDeployment, engine: Provider, model: Model) -
             f"CPU-only deployment is served by {cpu.title}, so it needs a {FORMAT_TITLES[wanted]} model",
             hint=f"point the deployment at a {FORMAT_TITLES[wanted]} build of the model (kind: Model with format: "
             f"{wanted})",
+            code="format_mismatch",
         )
     return _err(
         o,
         "model",
         f"{_engine_title(engine)} serves {_serves(engine)}; model {model.name} is {ONE[model.format]}: serve it "
         f"with {provider_for_format(model.format).name}",
+        code="format_mismatch",
     )
 
 
@@ -247,7 +254,7 @@ def _check_args(loaded: LoadedDeployment, engine: Provider) -> Iterator[Diagnost
     d, o = loaded.deployment, loaded.origin
     for problem in check_engine_args(d.engine_args, engine, field_name(o, "engine_args")):
         internal = "engine_args" if problem.index is None else f"engine_args[{problem.index}]"
-        yield _err(o, internal, _set_it_with(o, problem.message), problem.hint)
+        yield _err(o, internal, _set_it_with(o, problem.message), problem.hint, code=problem.code)
 
 
 SET_IT_WITH = re.compile(r"set it with spec\.([a-z_]+)")
@@ -276,6 +283,7 @@ def _check_flat(loaded: LoadedDeployment, engine: Provider) -> Iterator[Diagnost
             o,
             "engine_args",
             "engine_config.extra_args: set engine_config.accept_extra_args: true to pass extra engine arguments",
+            code="extra_args_not_accepted",
         )
     if d.api == "decisions":
         if not engine.serves_decisions:
@@ -284,25 +292,33 @@ def _check_flat(loaded: LoadedDeployment, engine: Provider) -> Iterator[Diagnost
                 "engine",
                 f"capability_missing:decisions: {_engine_title(engine)} does not serve decision models here",
                 hint=f"serve decision models with {titles(decision_providers(), ' or ')}",
+                code="capability_missing",
             )
         if d.residency in ("deep", "host_backed"):
             yield _err(
                 o,
                 "residency",
                 f"residency {d.residency}: a decisions deployment restarts instead of parking (restart_only)",
+                code="decisions_conflict",
             )
         parsers = [f for f, _ in split_flags(d.engine_args) if f in engine.parser_flags.values()]
         for flag in parsers:
-            yield _err(o, "engine_args", f"engine_config.extra_args {flag}: a decisions deployment has no {flag[2:]}")
+            yield _err(
+                o,
+                "engine_args",
+                f"engine_config.extra_args {flag}: a decisions deployment has no {flag[2:]}",
+                code="decisions_conflict",
+            )
     if d.residency != "restart_only" and d.api == "chat":
         yield _warn(
             o,
             "residency",
             f"residency {d.residency}: engine-ctl stops engines instead of parking them; treated as restart_only",
+            code="ignored_field",
         )
     own = {option.key for option in engine.options}
     for key in sorted(d.engine_options.keys() - own):
-        yield _warn(o, key, f"engine_config.{key}: {engine.title} has no such switch; ignored")
+        yield _warn(o, key, f"engine_config.{key}: {engine.title} has no such switch; ignored", code="ignored_field")
 
 
 def check_model(loaded: LoadedModel) -> Iterator[Diagnostic]:
@@ -312,6 +328,7 @@ def check_model(loaded: LoadedModel) -> Iterator[Diagnostic]:
             o,
             "name",
             f"metadata.name {m.name!r}: letters, digits, '.', '_', '-' and '/', at most 128 characters",
+            code="invalid_name",
         )
     if m.path is None and m.hf is None:
         yield _err(
@@ -319,30 +336,32 @@ def check_model(loaded: LoadedModel) -> Iterator[Diagnostic]:
             "path",
             "spec.path or spec.hf: say where the weights are",
             hint="path: a file or directory on the hosts",
+            code="model_source_missing",
         )
     if m.path is not None and m.hf is not None:
-        yield _err(o, "hf", "spec.path and spec.hf: give one of them")
+        yield _err(o, "hf", "spec.path and spec.hf: give one of them", code="model_source_conflict")
     if m.path is not None and ".." in m.path.split("/"):
-        yield _err(o, "path", f"{m.path!r}: '..' is not allowed in a model path")
+        yield _err(o, "path", f"{m.path!r}: '..' is not allowed in a model path", code="path_escapes")
     if m.hf is not None:
         yield from _check_hf(o, m.hf)
     if m.context_length is not None and m.context_length < 256:
-        yield _err(o, "context_length", "spec.context_length: at least 256 tokens")
+        yield _err(o, "context_length", "spec.context_length: at least 256 tokens", code="out_of_range")
     if m.parameters is not None and m.parameters <= 0:
-        yield _err(o, "parameters", "spec.parameters: a positive count")
+        yield _err(o, "parameters", "spec.parameters: a positive count", code="out_of_range")
 
 
 def _check_hf(o: Origin, hf: HfRef) -> Iterator[Diagnostic]:
     """An hf: reference is org/repo pinned to a full commit (validate works offline: nothing resolves it)."""
     field = where(o, "hf")[1]
     if hf.repo.count("/") != 1:
-        yield _err(o, "hf", f"{field} {hf.repo!r}: a Hugging Face repository is org/repo")
+        yield _err(o, "hf", f"{field} {hf.repo!r}: a Hugging Face repository is org/repo", code="invalid_hf_repo")
     if not hf.commit:
         yield _err(
             o,
             "hf",
             f"{field} {hf.repo}: no commit; validate works offline, so it refuses an hf: reference without a commit",
             hint=f"pin it: {hf.repo}@<commit>",
+            code="unpinned_hf",
         )
     elif not COMMIT_RULE.match(hf.commit):
         at = "commit" if "commit" in o.fields else "hf"
@@ -353,6 +372,7 @@ def _check_hf(o: Origin, hf: HfRef) -> Iterator[Diagnostic]:
             f"{where(o, at)[1]} {written_as}: a commit is 40 hexadecimal digits (0-9, a-f), not {hf.commit!r}",
             hint=f"pin the full commit id from {hf.repo}'s history on huggingface.co; "
             "a branch, a tag or a short id is not a pin",
+            code="invalid_commit",
         )
 
 
@@ -371,6 +391,7 @@ def check(desired: DesiredState, broken_models: frozenset[str] = frozenset()) ->
                     loaded.origin,
                     "name",
                     f"duplicate model name {loaded.model.name!r} (first defined at {where(first.origin, 'name')[0]})",
+                    code="duplicate_name",
                 )
             )
         seen_models.setdefault(loaded.model.name, loaded)
@@ -387,6 +408,7 @@ def check(desired: DesiredState, broken_models: frozenset[str] = frozenset()) ->
                     f"duplicate deployment name {loaded_d.deployment.name!r} (first defined at "
                     f"{where(first_d.origin, 'name')[0]})",
                     hint="deployment names are unique across all files: clients call a deployment by its name",
+                    code="duplicate_name",
                 )
             )
         seen.setdefault(loaded_d.deployment.name, loaded_d)
@@ -405,5 +427,5 @@ def check_hosts(desired: DesiredState, hosts: Sequence[str], inventory_file: str
         known = ", ".join(hosts) or "(none)"
         hint = (f"did you mean {close[0]!r}? " if close else "") + f"the inventory's hosts: {known}"
         message = f'{field_name(o, "host")} "{d.host}": no host of that name in the inventory{where_from}'
-        out.append(_err(o, "host", message, hint=hint))
+        out.append(_err(o, "host", message, hint=hint, code="unknown_host"))
     return out

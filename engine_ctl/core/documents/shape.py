@@ -109,7 +109,11 @@ def diagnostics_from(exc: ValidationError, doc: SourceDocument, model: type[Base
             allowed = fields_at(model, path[:-1])
             close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]!r}?" if close else f"known fields here: {', '.join(allowed)}"
-            out.append(Diagnostic(doc.locate(path, key=True), field, f"unknown field {name!r}", hint=hint))
+            out.append(
+                Diagnostic(
+                    doc.locate(path, key=True), field, f"unknown field {name!r}", hint=hint, code="unknown_field"
+                )
+            )
         elif first["type"] == "missing":
             out.append(
                 Diagnostic(
@@ -117,6 +121,7 @@ def diagnostics_from(exc: ValidationError, doc: SourceDocument, model: type[Base
                     field,
                     "required field is missing",
                     hint=f"add {path[-1]}:",
+                    code="missing_field",
                 )
             )
         else:
@@ -125,5 +130,5 @@ def diagnostics_from(exc: ValidationError, doc: SourceDocument, model: type[Base
             got = _describe(value)
             if isinstance(value, str | int | float) and not isinstance(value, bool) and len(str(value)) <= 60:
                 got += f" ({value!r})"
-            out.append(Diagnostic(doc.locate(path), field, f"should be {wanted}; got {got}"))
+            out.append(Diagnostic(doc.locate(path), field, f"should be {wanted}; got {got}", code="wrong_type"))
     return out

@@ -163,6 +163,7 @@ def _text_problem(doc: SourceDocument, path: Path_, text: str, *, key: bool) -> 
             where,
             f"{what} is {len(text)} characters; at most {limit}",
             hint="names, paths and arguments are short, one-line text",
+            code="text_too_long",
         )
     bad = bad_character(text, "\n\t" if multiline else "")
     if bad is None:
@@ -173,7 +174,7 @@ def _text_problem(doc: SourceDocument, path: Path_, text: str, *, key: bool) -> 
         f"{what} {text[:60]!r}: no control or invisible characters; found {bad}",
         hint="names, paths, labels and engine arguments are one line of visible text: remove the character "
         "(in double quotes, escapes such as \\n, \\t and \\u2028 write one)",
-        code="INVALID_DEPLOYMENT",
+        code="control_character",
     )
 
 
@@ -198,7 +199,11 @@ def text_problems(doc: SourceDocument) -> list[Diagnostic]:
     out.sort(key=lambda d: (d.location.line or 0, d.location.column or 0))
     if len(out) > MAX_REPORTED:
         more = len(out) - MAX_REPORTED
-        out[MAX_REPORTED:] = [Diagnostic(out[MAX_REPORTED].location, "", f"and {more} more such values from here on")]
+        out[MAX_REPORTED:] = [
+            Diagnostic(
+                out[MAX_REPORTED].location, "", f"and {more} more such values from here on", code="more_problems"
+            )
+        ]
     return out
 
 
@@ -257,12 +262,13 @@ class BoundedComposer(Composer):
 
 def _limit_diagnostic(file: str, exc: LimitExceeded | MaxDepthExceededError) -> Diagnostic:
     if isinstance(exc, LimitExceeded):
-        return Diagnostic(_mark_location(file, exc), "", str(exc.problem), hint=exc.hint)
+        return Diagnostic(_mark_location(file, exc), "", str(exc.problem), hint=exc.hint, code="yaml_limit")
     return Diagnostic(
         _mark_location(file, exc),
         "",
         f"nested more than {MAX_DEPTH} levels deep",
         hint=f"documents nest a few levels; engine-ctl reads at most {MAX_DEPTH}",
+        code="nesting_too_deep",
     )
 
 
@@ -278,6 +284,7 @@ def _size_diagnostic(file: str, text: str | bytes, size: int) -> Diagnostic:
         "",
         f"file is {shown}; engine-ctl reads at most 1 MiB ({MAX_FILE_BYTES:,} bytes) per file",
         hint="split the documents into several files",
+        code="file_too_large",
     )
 
 
@@ -310,6 +317,7 @@ def decode(raw: bytes, file: str) -> tuple[str | None, list[Diagnostic]]:
                 "",
                 f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
                 hint="documents are UTF-8 YAML or JSON; is this a binary file?",
+                code="not_utf8",
             )
         ]
     nul = text.find("\x00")
@@ -322,6 +330,7 @@ def decode(raw: bytes, file: str) -> tuple[str | None, list[Diagnostic]]:
                 "",
                 "binary data (a NUL byte) in a document",
                 hint="documents are UTF-8 YAML or JSON text",
+                code="binary_data",
             )
         ]
     return text, []
@@ -345,19 +354,27 @@ def parse_text(text: str, file: str) -> tuple[list[SourceDocument], list[Diagnos
         return [], [_limit_diagnostic(file, exc)]
     except MarkedYAMLError as exc:
         message = _yaml_message(exc)
-        hint = "fix the YAML syntax"
+        hint, code = "fix the YAML syntax", "yaml_syntax"
         dup = re.search(r'found duplicate key "(.*?)" with value', message)
         if dup:
             message = f"duplicate key {dup.group(1)!r}"
-            hint = "each key may appear once in a mapping"
-        return [], [Diagnostic(_mark_location(file, exc), "", message, hint=hint)]
+            hint, code = "each key may appear once in a mapping", "duplicate_key"
+        return [], [Diagnostic(_mark_location(file, exc), "", message, hint=hint, code=code)]
     except YAMLError as exc:
-        return [], [Diagnostic(Location(file, 1, 1), "", f"invalid YAML: {exc}", hint="fix the YAML syntax")]
+        return [], [
+            Diagnostic(Location(file, 1, 1), "", f"invalid YAML: {exc}", hint="fix the YAML syntax", code="yaml_syntax")
+        ]
     except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
-        return [], [Diagnostic(Location(file, 1, 1), "", f"cannot read document: {exc}")]
+        return [], [Diagnostic(Location(file, 1, 1), "", f"cannot read document: {exc}", code="yaml_syntax")]
     if not docs:
         return [], [
-            Diagnostic(Location(file, 1, 1), "", "empty file: no document in it", hint="write a deployment document")
+            Diagnostic(
+                Location(file, 1, 1),
+                "",
+                "empty file: no document in it",
+                hint="write a deployment document",
+                code="empty_file",
+            )
         ]
     return docs, []
 
@@ -385,7 +402,7 @@ def read_path(path: Path) -> tuple[list[SourceDocument], list[Diagnostic]]:
             raw = f.read(MAX_FILE_BYTES + 1)
             size = path.stat().st_size
     except OSError as exc:
-        return [], [Diagnostic(Location(name), "", f"cannot read: {exc.strerror or exc}")]
+        return [], [Diagnostic(Location(name), "", f"cannot read: {exc.strerror or exc}", code="unreadable_file")]
     if len(raw) > MAX_FILE_BYTES:
         return [], [_size_diagnostic(name, raw, size)]
     text, problems = decode(raw, name)
@@ -410,11 +427,16 @@ def expand_paths(paths: list[Path]) -> tuple[list[Path], list[Diagnostic]]:
             )
             if not found:
                 problems.append(
-                    Diagnostic(Location(str(path)), "", "no *.yaml, *.yml or *.json file in this directory")
+                    Diagnostic(
+                        Location(str(path)),
+                        "",
+                        "no *.yaml, *.yml or *.json file in this directory",
+                        code="no_document_files",
+                    )
                 )
             out.extend(found)
         elif path.exists():
             out.append(path)
         else:
-            problems.append(Diagnostic(Location(str(path)), "", "no such file or directory"))
+            problems.append(Diagnostic(Location(str(path)), "", "no such file or directory", code="path_not_found"))
     return out, problems

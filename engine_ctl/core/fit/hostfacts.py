@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine_ctl.core.fit.modelfacts import ModelFacts
+from engine_ctl.core.fit.unitheader import UnitHeader
 
 FORMAT_VERSION = 1
 MIB = 1024**2
@@ -30,6 +31,8 @@ class Gpu(Fact):
     memory_total_bytes: int | None = None
     memory_used_bytes: int | None = None
     driver_version: str | None = None
+    gfx_target: str | None = None
+    """An AMD GPU's LLVM target (gfx942 for an MI300X): which build of an engine runs on it (seed 001)."""
 
 
 class Cpu(Fact):
@@ -53,6 +56,8 @@ class Disk(Fact):
 class EngineInstall(Fact):
     path: str
     version: str | None = None
+    sha256: str | None = None
+    """The sha256 of the binary (what runs, whatever its version says)."""
 
 
 class UnitFact(Fact):
@@ -66,6 +71,17 @@ class UnitFact(Fact):
     text: str | None = None
     """The unit file's text (up to UNIT_TEXT_LIMIT bytes), so a hand edit is shown as a diff; values that look
     secret are hidden in it (engine_ctl.core.plan.unitdiff.hide_secrets). sha256 is the file's own."""
+    header: UnitHeader | None = None
+    """What the unit's engine-ctl header says (deployment, revision, lineage, …); None without one."""
+    body_sha256: str | None = None
+    """sha256 of the file with its content-sha256 value left empty: equal to the header's content_sha256 when
+    nobody edited the unit since engine-ctl wrote it."""
+
+    @property
+    def edited(self) -> bool:
+        """The file is not what engine-ctl wrote: its content hash does not match its header's."""
+        claimed = self.header.content_sha256 if self.header else None
+        return claimed is not None and self.body_sha256 is not None and claimed != self.body_sha256
 
 
 UNIT_TEXT_LIMIT = 256 * 1024
@@ -89,6 +105,8 @@ class HostFacts(Fact):
     disks: dict[str, Disk] = Field(default_factory=dict)
     gpus: tuple[Gpu, ...] = ()
     engines: dict[str, EngineInstall] = Field(default_factory=dict)
+    engine_builds: dict[str, dict[str, EngineInstall]] = Field(default_factory=dict)
+    """engine -> platform (cuda, rocm, vulkan, metal, cpu) -> the build the inventory names there, as found."""
     units: tuple[UnitFact, ...] = ()
     ports_in_use: tuple[int, ...] = ()
     model_files: tuple[ModelFile, ...] = ()
@@ -96,6 +114,8 @@ class HostFacts(Fact):
     models: dict[str, ModelFacts] = Field(default_factory=dict)
     """Model metadata read on the host, by path (for the paths asked for)."""
     model_problems: dict[str, str] = Field(default_factory=dict)
+    checkpoints: dict[str, str] = Field(default_factory=dict)
+    """An hf: checkout's directory -> its checkpoint digest, measured on the host (for the paths asked for)."""
     health: dict[str, str] = Field(default_factory=dict)
     """port -> HTTP status of GET /health on loopback, or 'down: why' (for the ports asked for)."""
     warnings: tuple[str, ...] = ()
@@ -164,6 +184,12 @@ def _bytes_of(value: Any) -> int | None:
     return None
 
 
+def _gfx(value: object) -> str | None:
+    """amd-smi's target_graphics_version / rocm-smi's GFX Version: gfx942, gfx1100, … (None when not given)."""
+    text = str(value or "").strip().lower()
+    return text if text.startswith("gfx") and text[3:].isalnum() else None
+
+
 def parse_amd_smi(static_json: str, vram_json: str | None = None) -> list[Gpu]:
     """`amd-smi static --asic --vram --driver --json` (+ optional `amd-smi metric --mem-usage --json`)."""
     data = json.loads(static_json)
@@ -197,6 +223,7 @@ def parse_amd_smi(static_json: str, vram_json: str | None = None) -> list[Gpu]:
                 memory_total_bytes=_bytes_of(vram.get("size")),
                 memory_used_bytes=used.get(idx),
                 driver_version=str(driver.get("version")) if driver.get("version") not in (None, "N/A") else None,
+                gfx_target=_gfx(asic.get("target_graphics_version")),
             )
         )
     return gpus
@@ -222,6 +249,7 @@ def parse_rocm_smi(text: str) -> list[Gpu]:
                 memory_total_bytes=int(total) if total is not None else None,
                 memory_used_bytes=int(used) if used is not None else None,
                 driver_version=str(driver) if driver else None,
+                gfx_target=_gfx(card.get("GFX Version")),
             )
         )
     return gpus

@@ -80,3 +80,6 @@ class ReplicaRun(BaseModel):
     """Where the unit provides the model's Jinja chat template as a file (a systemd credential), if it has one."""
     cache_dir: str | None = None
     """The replica's engine cache directory on the host (the inventory's cache_dir / the deployment)."""
+    lineage: str | None = None
+    """The lineage of the state the unit belongs to, written into its header; None renders a unit as engine-ctl
+    wrote it before it recorded lineages."""

@@ -14,6 +14,7 @@ from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.model import Deployment, DesiredState, Model
+from engine_ctl.core.plan.ownership import as_recorded
 from engine_ctl.core.plan.planner import DeploymentChange, make_plan, render_replica
 from engine_ctl.core.render.units import RenderedUnit
 from engine_ctl.providers import Provider
@@ -56,12 +57,12 @@ def render_deployment(
     state = state or State()
     plan = make_plan(desired, state, inventory, facts, by_model)
     change = next(c for c in plan.changes if c.name == name)
-    return _from_change(change, d, model, provider, state.deployments.get(name), inventory, facts)
+    return _from_change(change, d, model, provider, state.deployments.get(name), inventory, facts, state.lineage)
 
 
 def _from_change(
     change: DeploymentChange, d: Deployment, model: Model, provider: Provider, record: DeploymentRecord | None,
-    inventory: Inventory, facts: Mapping[str, HostFacts],
+    inventory: Inventory, facts: Mapping[str, HostFacts], lineage: str | None = None,
 ) -> DeploymentRender:  # fmt: skip
     if change.failed_reason:
         return DeploymentRender(deployment=change.name, fit=FitResult(failed_reason=change.failed_reason))
@@ -75,14 +76,18 @@ def _from_change(
         if step.action != ["delete"] and step.placement is not None:
             placements[step.index] = step.placement
             units[step.index] = render_replica(d, model, provider, fitted, step.placement, hosts, step.revision,
-                                               step.slot)  # fmt: skip
+                                               step.slot, lineage)  # fmt: skip
     touched = {step.index for step in change.replicas}
     for r in _kept(record, touched, max(d.replicas_min, 1)):
         hf = facts.get(r.host)
         placement = _recorded_placement(r, hf, fitted) if hf is not None and r.host in hosts else None
         if placement is not None:
             placements[r.index] = placement
-            units[r.index] = render_replica(d, model, provider, fitted, placement, hosts, r.revision, r.slot)
+            units[r.index] = as_recorded(
+                lambda owner, p=placement, r=r: render_replica(  # type: ignore[misc]
+                    d, model, provider, fitted, p, hosts, r.revision, r.slot, owner
+                ), lineage, r.unit_sha256,
+            )  # fmt: skip
     result = FitResult(
         plan=fitted, placements=tuple(placements[i] for i in sorted(placements)), waiting=change.waiting,
         pending_reason=change.pending_reason,

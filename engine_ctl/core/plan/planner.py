@@ -20,8 +20,11 @@ from engine_ctl.core.fit.hostfacts import BUSY_BYTES, HostFacts, UnitFact
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.model import Deployment, DesiredState, Model
+from engine_ctl.core.plan.engines import engine_drift_detail, engine_refusals
+from engine_ctl.core.plan.ownership import ForeignUnit, as_recorded, foreign_units, hold_back, hold_foreign
 from engine_ctl.core.plan.unitdiff import attach_unit_diffs
 from engine_ctl.core.render.units import UNIT_PREFIX, RenderedUnit, model_path_on_host, render_unit, replica_runs
+from engine_ctl.core.weights import WeightsFetch
 from engine_ctl.providers import Provider
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 
@@ -50,6 +53,9 @@ class ReplicaChange(BaseModel):
     argv: list[str] = Field(default_factory=list)
     unit_text: str | None = None
     unit_sha256: str | None = None
+    engine_version: str | None = None
+    engine_sha256: str = ""
+    """The build the unit runs (argv[0]) as the facts found it: recorded per replica when applied."""
     old_unit: str | None = None
     old_host: str | None = None
     old_slot: str | None = None
@@ -94,6 +100,8 @@ class DeploymentChange(BaseModel):
     adopt: list[str] = Field(default_factory=list)
     """Units recorded pending that run (they became ready before an apply was interrupted): recorded serving."""
     replicas: list[ReplicaChange] = Field(default_factory=list)
+    fetches: list[WeightsFetch] = Field(default_factory=list)
+    """hf: weights each host with a new replica fetches first (engine_ctl.core.plan.fetching)."""
 
     @property
     def symbol(self) -> str:
@@ -113,7 +121,9 @@ class Drift(BaseModel):
     host: str
     unit: str
     deployment: str | None = None
-    kind: Literal["edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged"]
+    kind: Literal[
+        "edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged", "weights-changed", "engine-changed"
+    ]
     detail: str
     diff: list[str] = Field(default_factory=list)
     """A hand-edited unit: the unified diff from the file on the host to engine-ctl's (secret values hidden)."""
@@ -138,6 +148,8 @@ class Plan(BaseModel):
     """Deployments this plan destroys because their documents are not among those passed (shown first)."""
     refused: list[str] = Field(default_factory=list)
     """Why the plan may not be applied at all (a deployment with prevent_destroy: true would be destroyed)."""
+    owned_elsewhere: list[ForeignUnit] = Field(default_factory=list)
+    """Units on these hosts that another state (another lineage) owns: listed, never drift, never touched."""
 
     def summary(self) -> dict[str, int]:
         add = sum(1 for c in self.changes if c.action == ["create"])
@@ -187,9 +199,14 @@ def weights_missing(model: Model, hosts: list[HostFacts], inventory: Mapping[str
     out = {}
     for h in hosts:
         path = model_path_on_host(model, inventory[h.host])
-        if path in h.model_problems:
+        if path in h.model_problems and not fetched_at_apply(model, h.model_problems[path]):
             out[h.host] = f"Waiting for the weights of {model.name} at {path} ({h.model_problems[path]})"
     return out
+
+
+def fetched_at_apply(model: Model, problem: str) -> bool:
+    """An hf: model's weights missing on a host are fetched there by apply: a replica may be placed there."""
+    return model.hf is not None and problem == "not found"
 
 
 def destroy_refusals(plan: Plan, state: State) -> list[str]:
@@ -309,6 +326,7 @@ def plan_deployment(
     facts: Mapping[str, HostFacts],
     alloc: _Allocation,
     names: Callable[[str], str] | None = None,
+    lineage: str | None = None,
 ) -> tuple[DeploymentChange, list[Drift]]:
     spec, mdl, digest = spec_record(d, model)
     old_revision = record.revision if record else 0
@@ -334,7 +352,7 @@ def plan_deployment(
     change.fit = fitted.model_dump(mode="json")
     d = sized
     by_host = {h.name: h for h in inventory.hosts}
-    no_weights = weights_missing(model, hosts, by_host)
+    no_weights = {**engine_refusals(provider, d.accelerator, hosts, by_host), **weights_missing(model, hosts, by_host)}
     count = max(d.replicas_min, 1)
     records = list(record.replicas) if record else []
     replicas: list[ReplicaChange] = []
@@ -378,7 +396,7 @@ def plan_deployment(
             p = result.placements[0].model_copy(update={"index": index})
             alloc.take(p)
             on_host[p.host] = on_host.get(p.host, 0) + 1
-            created = render_replica(d, model, provider, fitted, p, by_host, revision, "a")
+            created = render_replica(d, model, provider, fitted, p, by_host, revision, "a", lineage)
             replicas.append(_replica(["create"], created, revision, p, reason="new replica"))
             continue
         host_facts = facts[current.host]
@@ -386,7 +404,11 @@ def plan_deployment(
         moving = d.host not in (None, current.host)  # spec.host changed: a replacement onto the new host
         unit_now = None
         if same_place is not None and len(same_place.gpus) == fitted.gpus and not moving:
-            unit_now = render_replica(d, model, provider, fitted, same_place, by_host, current.revision, current.slot)
+            unit_now = as_recorded(
+                lambda owner, p=same_place, r=current: render_replica(  # type: ignore[misc]
+                    d, model, provider, fitted, p, by_host, r.revision, r.slot, owner
+                ), lineage, current.unit_sha256,
+            )  # fmt: skip
         fact = _unit_fact(host_facts, current.unit)
         if unit_now is not None and same_place is not None and unit_now.sha256 == current.unit_sha256:
             found = _drift(d.name, current, fact, host_facts)
@@ -427,7 +449,7 @@ def plan_deployment(
             on_host[current.host] = on_host.get(current.host, 1) - 1
             on_host[p.host] = on_host.get(p.host, 0) + 1
         strategies.add(strategy)
-        rolled = render_replica(d, model, provider, fitted, p, by_host, revision, new_slot)
+        rolled = render_replica(d, model, provider, fitted, p, by_host, revision, new_slot, lineage)
         why = ", ".join(c.path for c in change.field_changes) or "the unit's content changed"
         rc = _replica(["delete", "create"], rolled, revision, p, reason=why)
         rc.old_unit, rc.old_host, rc.old_slot, rc.old_argv = current.unit, current.host, current.slot, current.argv
@@ -450,7 +472,7 @@ def plan_deployment(
                 "apply fails there until it is"
             )
         path = model_path_on_host(model, by_host[host])
-        if path in hf.model_problems:
+        if path in hf.model_problems and not fetched_at_apply(model, hf.model_problems[path]):
             change.warnings.append(
                 f"the weights of {model.name} are not on {host} at {path} ({hf.model_problems[path]})"
             )
@@ -554,6 +576,9 @@ def _drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host: HostFa
         return [Drift(host=record.host, unit=record.unit, deployment=name, kind="missing",
                       detail=f"unit file {record.unit} is missing on {record.host}")]  # fmt: skip
     out = []
+    engine = engine_drift_detail(record, host)
+    if engine:
+        out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="engine-changed", detail=engine))
     if fact.sha256 != record.unit_sha256:
         detail = f"unit file edited by hand (sha256 {fact.sha256[:12]}… ≠ {record.unit_sha256[:12]}…)"
         out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="edited", detail=detail))
@@ -575,10 +600,12 @@ def _drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host: HostFa
 
 def render_replica(
     d: Deployment, model: Model, provider: Provider, fitted: FitPlan, p: Placement,
-    hosts: Mapping[str, Any], revision: int, slot: str,
+    hosts: Mapping[str, Any], revision: int, slot: str, lineage: str | None = None,
 ) -> RenderedUnit:  # fmt: skip
     result = FitResult(plan=fitted, placements=(p,))
-    ((run, host),) = replica_runs(d, model, provider, result, dict(hosts), revision=revision, slot=slot)
+    ((run, host),) = replica_runs(
+        d, model, provider, result, dict(hosts), revision=revision, slot=slot, lineage=lineage
+    )
     return render_unit(run, provider, host)
 
 
@@ -610,15 +637,21 @@ def make_plan(
     refresh_only: bool = False,
     created_at: str = "",
     hold_absent: str | None = None,
+    replace: frozenset[str] = frozenset(),
 ) -> Plan:
     """`hold_absent`, when set, says why deployments absent from the documents are not destroyed (some
-    documents could not be read: a deployment whose document is broken is never taken as removed)."""
+    documents could not be read: a deployment whose document is broken is never taken as removed). `replace`
+    names deployments whose replicas are all replaced (a rolling restart: engine_ctl.core.plan.replace)."""
+    from engine_ctl.core.plan.replace import forced, mark_replaced
+
     plan = Plan(
         created_at=created_at, state_serial=state.serial, state_lineage=state.lineage,
         host_fingerprints={name: f.fingerprint() for name, f in sorted(facts.items())},
         unreachable=dict(unreachable or {}), targets=sorted(targets or []), refresh_only=refresh_only,
     )  # fmt: skip
     alloc = _Allocation(state)
+    foreign = foreign_units(facts, state.lineage)
+    hold_foreign(alloc.taken, foreign, facts)
     wanted = {ld.deployment.name: ld for ld in desired.deployments}
     names = sorted(set(wanted) | set(state.deployments))
     if targets:
@@ -658,16 +691,22 @@ def make_plan(
         provider = resolve_engine(d, model)
         assert model is not None and provider is not None
         origin = wanted[name].origin
+        seen = forced(record) if record is not None and name in replace else record
         change, drift = plan_deployment(
-            d, model, provider, model_facts.get(model.name), record, inventory, facts, alloc,
+            d, model, provider, model_facts.get(model.name), seen, inventory, facts, alloc,
             names=lambda internal, o=origin: field_name(o, internal),  # type: ignore[misc]
+            lineage=state.lineage,
         )  # fmt: skip
+        if name in replace:
+            mark_replaced(change)
         plan.changes.append(change)
         plan.drift.extend(drift)
+    hold_back(plan, foreign)
     managed = {r.unit for rec in state.deployments.values() for r in rec.replicas}
+    elsewhere = {(f.host, f.unit) for f in foreign}
     for host, f in sorted(facts.items()):
         for u in f.units:
-            if u.name.startswith(UNIT_PREFIX) and u.name not in managed:
+            if u.name.startswith(UNIT_PREFIX) and u.name not in managed and (host, u.name) not in elsewhere:
                 detail = f"{u.name} on {host} is not in this state; engine-ctl leaves it alone"
                 plan.drift.append(Drift(host=host, unit=u.name, kind="unmanaged", detail=detail))
     attach_unit_diffs(plan, facts)

@@ -17,7 +17,9 @@ from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.documents.rules import check, resolve_engine
 from engine_ctl.core.fit.runspec import FitPlan
 from engine_ctl.core.model import Deployment, DesiredState, LoadedDeployment, LoadedModel, Model, Origin
+from engine_ctl.core.plan.ownership import as_recorded
 from engine_ctl.core.plan.planner import FORMAT_VERSION, DeploymentChange, Plan, ReplicaChange, render_replica
+from engine_ctl.core.render.units import RenderedUnit
 from engine_ctl.state.model import State
 
 
@@ -84,8 +86,9 @@ def _recorded_desired(change: DeploymentChange) -> tuple[Deployment, Model, Desi
 
 
 def _replica_problem(
-    change: DeploymentChange, step: ReplicaChange, deployment: Deployment, model: Model, hosts: Mapping[str, Host]
-) -> str | None:
+    change: DeploymentChange, step: ReplicaChange, deployment: Deployment, model: Model, hosts: Mapping[str, Host],
+    lineage: str,
+) -> str | None:  # fmt: skip
     if step.action == ["delete"]:
         return None
     where = f"{change.name} replica {step.index} on {step.host}"
@@ -97,7 +100,17 @@ def _replica_problem(
     if provider is None:
         return f"{where}: no engine serves this deployment"
     fitted = FitPlan.model_validate(change.fit)
-    unit = render_replica(deployment, model, provider, fitted, step.placement, hosts, step.revision, step.slot)
+
+    def render(owner: str | None) -> RenderedUnit:
+        assert step.placement is not None
+        return render_replica(deployment, model, provider, fitted, step.placement, hosts, step.revision, step.slot,
+                              owner)  # fmt: skip
+
+    # The unit carries the lineage of the state the plan was made against; only a repair in place of a unit
+    # written before lineage headers keeps that unit's lineage-less text (see ownership.as_recorded).
+    unit = render(lineage)
+    if step.action == ["update"] and unit.sha256 != step.unit_sha256:
+        unit = as_recorded(render, lineage, step.unit_sha256 or "")
     if unit.name != step.unit:
         return f"{where}: the unit is named {step.unit!r}; engine-ctl names it {unit.name!r}"
     if list(unit.argv) != step.argv:
@@ -124,7 +137,7 @@ def tampering(plan: Plan, hosts: Mapping[str, Host]) -> list[str]:
         if errors:
             continue
         for step in change.replicas:
-            problem = _replica_problem(change, step, deployment, model, hosts)
+            problem = _replica_problem(change, step, deployment, model, hosts, plan.state_lineage)
             if problem:
                 problems.append(problem)
     return problems

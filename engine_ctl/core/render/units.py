@@ -48,6 +48,8 @@ class RenderedUnit(BaseModel):
     """sha256 of the whole file as written: what plan compares with the host's file."""
     content_hash: str
     """sha256 of the unit without its header line: what the header records."""
+    lineage: str | None = None
+    """The state lineage in the unit's header (None: a unit without one, as older engine-ctl wrote them)."""
 
 
 @cache
@@ -170,6 +172,7 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
         # JIT compilers (provider.jit_compiles; the CUDA and ROCm runtimes for GPU kernels) need W+X memory.
         "mdwe": not provider.jit_compiles and not run.gpus,
         "syscall_deny": deny,
+        "lineage": run.lineage,
     }
     body = _template().render(**values, content_hash="")
     content_hash = hashlib.sha256(body.encode()).hexdigest()
@@ -186,6 +189,7 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
         text=text,
         sha256=hashlib.sha256(text.encode()).hexdigest(),
         content_hash=content_hash,
+        lineage=run.lineage,
     )
 
 
@@ -198,14 +202,17 @@ def replica_runs(
     facts: dict[str, HostFacts] | None = None,
     revision: int = 1,
     slot: str = "a",
+    lineage: str | None = None,
 ) -> list[tuple[ReplicaRun, Host]]:
-    """One ReplicaRun per placement."""
+    """One ReplicaRun per placement; `lineage` is the owning state's, written into each unit's header."""
     assert result.plan is not None
     runs = []
     jinja = bool(model.chat_template) and not is_template_name(model.chat_template or "")
     for p in result.placements:
         host = hosts[p.host]
-        executable = host.engines.get(provider.name) or provider.default_executable
+        platform = provider.build_platform(p.gpus[0] if p.gpus else None)
+        builds = host.engine_builds.get(provider.name) or {}
+        executable = builds.get(platform or "") or host.engines.get(provider.name) or provider.default_executable
         unit = unit_name(d.name, p.index, slot)
         runs.append(
             (
@@ -229,6 +236,7 @@ def replica_runs(
                     engine_options=d.engine_options,
                     chat_template_file=chat_template_path(unit) if jinja else None,
                     cache_dir=cache_path(host, d.name),
+                    lineage=lineage,
                 ),
                 host,
             )

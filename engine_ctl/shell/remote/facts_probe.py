@@ -192,26 +192,43 @@ def systemd_version() -> str | None:
     return parse_systemctl_version(run(["systemctl", "--version"])["out"])
 
 
-def unit_files(prefix: str, unit_dir: str = UNIT_DIR) -> dict[str, tuple[str, str | None]]:
-    """engine-ctl's unit files (`prefix*.service` in `unit_dir`) -> the sha256 of each file's bytes, and its text
-    (so that a hand edit shows as a diff; None past UNIT_TEXT_LIMIT)."""
+HEADER_LINES = 8
+
+
+def unit_file(data: bytes) -> dict[str, Any]:
+    """What a unit file says about itself: its sha256, its text (so a hand edit is shown as a diff; up to
+    UNIT_TEXT_LIMIT), its leading comment lines (engine-ctl's header: the deployment, revision, lineage, ...), and
+    the sha256 with the content-sha256 value left empty (what that line claims, when nobody edited the file)."""
+    import hashlib  # only where there are units: hashlib loads OpenSSL
+    import re
+
+    header = []
+    for line in data.split(b"\n", HEADER_LINES)[:HEADER_LINES]:
+        if not line.startswith(b"#"):
+            break
+        header.append(line[:512].decode("utf-8", "replace"))
+    blank = re.sub(rb"(?m)^# content-sha256: [0-9a-f]{64}$", b"# content-sha256: ", data, count=1)
+    return {
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "header": header,
+        "body_sha256": hashlib.sha256(blank).hexdigest(),
+        "text": data.decode("utf-8", "replace") if len(data) <= UNIT_TEXT_LIMIT else None,
+    }
+
+
+def unit_files(prefix: str, unit_dir: str = UNIT_DIR) -> dict[str, dict[str, Any]]:
+    """engine-ctl's unit files (`prefix*.service` in `unit_dir`) -> what each says about itself (unit_file)."""
     try:
         names = sorted(n for n in os.listdir(unit_dir) if n.startswith(prefix) and n.endswith(".service"))
     except OSError:
         return {}
-    if not names:
-        return {}
-    import hashlib  # only where there are units: hashlib loads OpenSSL
-
     found = {}
     for name in names:
         try:
             with open(os.path.join(unit_dir, name), "rb") as f:
-                data = f.read()
+                found[name] = unit_file(f.read())
         except OSError:
             continue
-        text = data.decode("utf-8", "replace") if len(data) <= UNIT_TEXT_LIMIT else None
-        found[name] = (hashlib.sha256(data).hexdigest(), text)
     return found
 
 
@@ -231,18 +248,15 @@ def parse_systemctl_show(text: str) -> list[dict[str, str]]:
 
 
 def units(prefix: str, unit_dir: str = UNIT_DIR) -> list[dict[str, Any]]:
-    """engine-ctl's units: systemd's view of each (UNIT_PROPERTIES), its file's sha256 and text; a file systemd
-    does not report is listed with its hash and text alone."""
+    """engine-ctl's units: systemd's view of each (UNIT_PROPERTIES) and what its file says (unit_file); a file
+    systemd does not report is listed with its file's facts alone."""
     files = unit_files(prefix, unit_dir)
     if not files:
         return []
     shown = parse_systemctl_show(run(systemctl_show_argv(files))["out"])
-    out: list[dict[str, Any]] = []
-    for fields in shown:
-        sha256, text = files.get(fields["Id"], (None, None))
-        out.append(dict(fields, sha256=sha256, text=text))
+    out: list[dict[str, Any]] = [dict(fields, **files.get(fields["Id"], {})) for fields in shown]
     seen = {u["Id"] for u in out}
-    return out + [{"Id": n, "sha256": h, "text": t} for n, (h, t) in files.items() if n not in seen]
+    return out + [dict(files[n], Id=n) for n in files if n not in seen]
 
 
 # Listening ports ------------------------------------------------------------------------------------------------
@@ -466,6 +480,26 @@ def engine_versions(started: dict[str, tuple[str, Any, str | None, list[int]]]) 
     return found
 
 
+def file_sha256(path: str) -> str | None:
+    import hashlib
+
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def with_sha256(found: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each engine found, with the sha256 of its binary: what runs, whatever its version says."""
+    for entry in found.values():
+        entry["sha256"] = file_sha256(entry["path"])
+    return found
+
+
 def parse_haproxy_version(text: str) -> str | None:
     """`haproxy -v`: its first line, `HAProxy version 2.6.12-1+deb12u4 2026/10/17 - https://haproxy.org/`."""
     return first_line(text)
@@ -611,6 +645,67 @@ def model_metadata(path: str) -> dict[str, Any]:
         return {"error": str(exc)}
 
 
+MARKER = ".engine-ctl-checkpoint.json"
+
+
+def checkpoint_digest(path: str) -> dict[str, Any] | None:
+    """The checkpoint digest of an hf: checkout engine-ctl fetched (the marker beside its files), measured now:
+    a file whose size or mtime differs from what the fetch recorded is hashed again. None for other models."""
+    import hashlib
+
+    root = path if os.path.isdir(path) else os.path.dirname(path)
+    marker = os.path.join(root, MARKER)
+    if not os.path.isfile(marker):
+        return None
+    try:
+        with open(marker) as f:
+            recorded = json.load(f)
+        digests = {}
+        for name, entry in recorded["files"].items():
+            full = os.path.join(root, name)
+            if not os.path.isfile(full):
+                digests[name] = "missing"
+                continue
+            st = os.stat(full)
+            if (st.st_size, st.st_mtime_ns) == (entry["size"], entry["mtime_ns"]):
+                digests[name] = entry["sha256"]
+                continue
+            digests[name] = file_sha256(full) or "missing"
+        text = "".join("%s  %s\n" % (digests[p], p) for p in sorted(digests))
+        return {"dir": root, "digest": hashlib.sha256(text.encode()).hexdigest()}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return {"dir": root, "error": str(exc)}
+
+
+def writable_by_others(path: str) -> str | None:
+    """The first of the model's directory and its files that other users may write (seed 003: refused)."""
+    import stat
+
+    root = path if os.path.isdir(path) else os.path.dirname(path)
+    names = [root, path] if root != path else [root] + [os.path.join(root, n) for n in sorted(os.listdir(root))]
+    for name in names:
+        try:
+            st = os.stat(name)
+        except OSError:
+            continue
+        if st.st_mode & stat.S_IWOTH and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+            return name
+    return None
+
+
+def model_entry(path: str) -> dict[str, Any]:
+    """model_metadata, with the checkpoint digest of a fetched hf: checkout and a path others may write."""
+    out = model_metadata(path)
+    found = checkpoint_digest(path) if not out.get("missing") else None
+    if found is not None:
+        out["checkpoint"] = found
+    if not out.get("missing") and not out.get("error"):
+        loose = writable_by_others(path)
+        if loose:
+            out["writable"] = loose
+    return out
+
+
 # Engine health --------------------------------------------------------------------------------------------------
 
 HEALTH_TIMEOUT = 3.0
@@ -674,6 +769,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
     """Every fact of this host. The tools that take time (engines' --version, GPU tools, haproxy -v) start first
     and run side by side while the files are read."""
     started = engines(args.get("engines", {}), args.get("known_versions", {}))
+    builds = engines(args.get("builds", {}), args.get("known_versions", {}))  # "engine\tplatform" -> one path
     gpu_started = {key: start(argv) for key, argv in gpu_commands().items()}
     haproxy = shutil.which("haproxy")
     haproxy_started = start([haproxy, "-v"]) if haproxy else None
@@ -693,11 +789,12 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "model_files": model_files(args["models_dir"]),
         "curl": shutil.which("curl"),
         "python": "%d.%d.%d" % sys.version_info[:3],
-        "models": {p: model_metadata(p) for p in args.get("model_paths", [])},
+        "models": {p: model_entry(p) for p in args.get("model_paths", [])},
         "health": health(args.get("health", [])),
     }
     doc["gpus"] = {key: finish(proc) for key, proc in gpu_started.items()}
-    doc["engines"] = engine_versions(started)
+    doc["engines"] = with_sha256(engine_versions(started))
+    doc["engine_builds"] = with_sha256(engine_versions(builds))
     doc["haproxy"] = parse_haproxy_version(finish(haproxy_started)["out"]) if haproxy_started else None
     return doc
 

@@ -1,0 +1,81 @@
+"""The header engine-ctl writes at the top of each unit (templates/engine.service.j2), read back from a host.
+
+It names what the unit is without any state: the deployment, replica, slot and revision, the engine, host, port
+and GPUs, the lineage of the state that made it (units from before lineage headers have none), and the sha256 of
+the unit as rendered (with that line's value left empty). `engine-ctl import` rebuilds a state from it, and the
+planner tells another state's units from this one's by its lineage. Pure."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict
+
+MARK = "# Managed by engine-ctl"
+HEADER_LINES = 8
+"""The probe sends at most this many leading comment lines of each unit."""
+LINE_LIMIT = 512
+_PAIR = re.compile(r"([a-z][a-z0-9-]*): (\S+)")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_INT = re.compile(r"0|[1-9][0-9]{0,5}")
+
+
+class UnitHeader(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    deployment: str
+    replica: int
+    slot: str
+    revision: int
+    engine: str | None = None
+    host: str | None = None
+    port: int | None = None
+    gpus: tuple[str, ...] = ()
+    lineage: str | None = None
+    """The lineage of the state that wrote the unit; None in units written before engine-ctl recorded it."""
+    content_sha256: str | None = None
+
+
+def _pairs(lines: list[str]) -> tuple[dict[str, str], str | None]:
+    """`key: value` pairs of the header's lines (two spaces between pairs), and the lineage line's value."""
+    pairs: dict[str, str] = {}
+    lineage = None
+    for line in lines[1:HEADER_LINES]:
+        if not line.startswith("# "):
+            break
+        body = line[2:LINE_LIMIT].rstrip()
+        if body.startswith("lineage: "):
+            lineage = body.removeprefix("lineage: ").strip() or None
+            continue
+        for chunk in body.split("  "):
+            m = _PAIR.fullmatch(chunk.strip())
+            if m:
+                pairs.setdefault(m[1], m[2])
+    return pairs, lineage
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text is not None and _INT.fullmatch(text) else None
+
+
+def parse_unit_header(lines: list[str]) -> UnitHeader | None:
+    """The header of a unit from its leading lines; None when they are not an engine-ctl header (or lack the
+    deployment, replica, slot or revision)."""
+    if not lines or not lines[0].startswith(MARK):
+        return None
+    pairs, lineage = _pairs(lines)
+    replica, revision = _int(pairs.get("replica")), _int(pairs.get("revision"))
+    deployment, slot = pairs.get("deployment"), pairs.get("slot")
+    if deployment is None or slot not in ("a", "b") or replica is None or revision is None:
+        return None
+    port = _int(pairs.get("port"))
+    content = pairs.get("content-sha256")
+    return UnitHeader(
+        deployment=deployment, replica=replica, slot=slot, revision=revision, engine=pairs.get("engine"),
+        host=pairs.get("host"), port=port if port is not None and 1 <= port <= 65535 else None,
+        gpus=tuple(g for g in pairs.get("gpus", "").split(",") if g), lineage=lineage,
+        content_sha256=content if content and _SHA256.fullmatch(content) else None,
+    )  # fmt: skip
+
+
+__all__ = ["HEADER_LINES", "UnitHeader", "parse_unit_header"]

@@ -1,0 +1,267 @@
+"""`engine-ctl import`: a state rebuilt from what the hosts run, so that a lost state never means duplicate
+engines or orphaned units. Pure: documents, inventory, facts and the current state in; the records out.
+
+Each unit's header (engine_ctl.core.fit.unitheader) says its deployment, replica, slot, revision, port, GPUs and
+the lineage of the state that made it; the documents give each deployment's specification. A unit is adopted
+when a document names its deployment and its lineage is the one being rebuilt (or it has none: an older
+engine-ctl wrote it). Each adopted unit is rendered again from the documents at its own revision:
+- the same file: recorded as it is (the next plan has nothing to do for it);
+- the file engine-ctl wrote, edited since (its content hash says so): recorded as written, so the next plan shows
+  the drift and repairs it;
+- anything else (the documents changed since): recorded as it runs, with no specification hash, so the next
+  plan gives the deployment a new revision and replaces it, one replica at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ValidationError
+
+from engine_ctl.core.documents.inventory import Inventory
+from engine_ctl.core.documents.rules import resolve_engine
+from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
+from engine_ctl.core.fit.modelfacts import ModelFacts
+from engine_ctl.core.fit.runspec import FitPlan
+from engine_ctl.core.fit.unitheader import UnitHeader
+from engine_ctl.core.model import DesiredState
+from engine_ctl.core.names import parse_unit_name
+from engine_ctl.core.plan.planner import _placement_of, make_plan, render_replica, spec_record
+from engine_ctl.core.plan.status import recorded_verdict
+from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
+
+
+class AdoptionError(Exception):
+    """Nothing can be imported as asked; the message says why and what to pass."""
+
+
+class AdoptedReplica(BaseModel):
+    deployment: str
+    index: int
+    slot: str
+    host: str
+    unit: str
+    revision: int
+    port: int
+    gpus: list[str]
+    status: str
+    lineage: str | None
+    note: str = ""
+    """How it compares with the documents, when it is not what they render."""
+
+
+class SkippedUnit(BaseModel):
+    host: str
+    unit: str
+    deployment: str | None = None
+    why: str
+
+
+class Adoption(BaseModel):
+    lineage: str
+    lineage_reason: str
+    deployments: dict[str, DeploymentRecord]
+    adopted: list[AdoptedReplica]
+    skipped: list[SkippedUnit]
+
+
+Found = tuple[str, UnitFact, UnitHeader]
+
+
+def _header_problem(unit: UnitFact, wanted: set[str]) -> str | None:
+    parsed = parse_unit_name(unit.name)
+    h = unit.header
+    if parsed is None:
+        return "not a name engine-ctl gives its units"
+    if h is None:
+        return "it has no engine-ctl header"
+    if (h.deployment, h.replica, h.slot) != (parsed.deployment, parsed.index, parsed.slot):
+        return "its header does not match its name"
+    if h.port is None:
+        return "its header names no port"
+    if h.deployment not in wanted:
+        return f"no document names deployment {h.deployment} (pass its document to adopt it)"
+    return None
+
+
+def _candidates(desired: DesiredState, inventory: Inventory, facts: Mapping[str, HostFacts]) -> tuple[
+    list[Found], list[SkippedUnit]
+]:  # fmt: skip
+    """Units of the documents' deployments with a usable header, host by host in inventory order."""
+    wanted = {ld.deployment.name for ld in desired.deployments}
+    found: list[Found] = []
+    skipped: list[SkippedUnit] = []
+    for host in (h.name for h in inventory.hosts if h.name in facts):
+        for u in sorted(facts[host].units, key=lambda u: u.name):
+            why = _header_problem(u, wanted)
+            if why is not None or u.header is None:
+                deployment = u.header.deployment if u.header else None
+                skipped.append(SkippedUnit(host=host, unit=u.name, deployment=deployment, why=why or ""))
+                continue
+            found.append((host, u, u.header))
+    return found, skipped
+
+
+def choose_lineage(found: list[Found], state: State, explicit: str | None) -> tuple[str, str]:
+    """The lineage to rebuild, and why that one."""
+    if explicit:
+        return explicit, "given with --lineage"
+    lineages: dict[str, list[str]] = {}
+    for host, _unit, h in found:
+        if h.lineage is not None:
+            lineages.setdefault(h.lineage, []).append(f"{h.deployment} on {host}")
+    if state.serial > 0 and state.lineage in lineages:
+        return state.lineage, "the state's own"
+    if len(lineages) == 1:
+        return next(iter(lineages)), "the lineage in the units' headers"
+    if not lineages:
+        return state.lineage, "the state's (the units carry no lineage: an older engine-ctl wrote them)"
+    listed = "; ".join(f"{lin}: {', '.join(where[:3])}" for lin, where in sorted(lineages.items()))
+    raise AdoptionError(
+        f"the units of these deployments were made by {len(lineages)} different states ({listed}); pass --lineage "
+        "to say which one to rebuild (the others' units are left to their states)"
+    )
+
+
+def _status(unit: UnitFact) -> str:
+    if unit.active_state == "active":
+        return "serving"
+    return "failed" if unit.active_state == "failed" else "stopped"
+
+
+def _replica(host: str, u: UnitFact, h: UnitHeader, facts: HostFacts) -> ReplicaRecord:
+    by_uuid = {g.uuid: g.index for g in facts.gpus}
+    return ReplicaRecord(
+        index=h.replica, slot=h.slot, host=host, unit=u.name, port=h.port or 0, gpus=list(h.gpus),
+        gpu_indexes=[by_uuid[g] for g in h.gpus if g in by_uuid], unit_sha256=u.sha256 or "", revision=h.revision,
+        status=_status(u),  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def _records(
+    desired: DesiredState, found: list[Found], facts: Mapping[str, HostFacts], lineage: str
+) -> tuple[dict[str, DeploymentRecord], list[SkippedUnit], dict[tuple[str, str], Found]]:
+    """One record per deployment from its units of `lineage` (or none); each replica and slot once."""
+    replicas: dict[str, list[ReplicaRecord]] = {}
+    skipped: list[SkippedUnit] = []
+    taken: dict[tuple[str, int, str], str] = {}
+    sources: dict[tuple[str, str], Found] = {}
+    for host, u, h in found:
+        if h.lineage is not None and h.lineage != lineage:
+            why = f"owned by another state (lineage {h.lineage})"
+            skipped.append(SkippedUnit(host=host, unit=u.name, deployment=h.deployment, why=why))
+            continue
+        key = (h.deployment, h.replica, h.slot)
+        if key in taken:
+            why = f"the same replica and slot is adopted on {taken[key]}"
+            skipped.append(SkippedUnit(host=host, unit=u.name, deployment=h.deployment, why=why))
+            continue
+        try:
+            record = _replica(host, u, h, facts[host])
+        except ValidationError as exc:
+            why = f"its header is not valid: {exc.errors()[0]['msg']}"
+            skipped.append(SkippedUnit(host=host, unit=u.name, deployment=h.deployment, why=why))
+            continue
+        taken[key] = host
+        sources[(host, u.name)] = (host, u, h)
+        replicas.setdefault(h.deployment, []).append(record)
+    records = {}
+    for name, reps in sorted(replicas.items()):
+        loaded = desired.deployment(name)
+        model = desired.model(loaded.deployment.model) if loaded else None
+        assert loaded is not None and model is not None
+        spec, mdl, digest = spec_record(loaded.deployment, model)
+        reps.sort(key=lambda r: (r.index, r.slot))
+        revision = max(r.revision for r in reps)
+        records[name] = DeploymentRecord(
+            name=name, revision=revision, spec=spec, model=mdl, spec_hash=digest, replicas=reps
+        )
+    return records, skipped, sources
+
+
+def adopt(
+    desired: DesiredState,
+    inventory: Inventory,
+    facts: Mapping[str, HostFacts],
+    model_facts: Mapping[str, ModelFacts | None],
+    state: State,
+    lineage: str | None = None,
+) -> Adoption:
+    """The records of every deployment of the documents that runs on the hosts, as the state would have them."""
+    found, skipped = _candidates(desired, inventory, facts)
+    chosen, reason = choose_lineage(found, state, lineage)
+    records, more, sources = _records(desired, found, facts, chosen)
+    skipped += more
+    if not records:
+        return Adoption(lineage=chosen, lineage_reason=reason, deployments={}, adopted=[], skipped=skipped)
+    draft = State(lineage=chosen, deployments=records)
+    plan = make_plan(desired, draft, inventory, facts, model_facts, targets=sorted(records))
+    adopted: list[AdoptedReplica] = []
+    for change in plan.changes:
+        record = records[change.name]
+        record.plan, record.chosen = change.fit, dict(change.chosen)
+        notes = _compare(desired, inventory, facts, change.fit, record, sources, change.pending_reason
+                         or change.failed_reason)  # fmt: skip
+        if any(n.startswith("differs") or n.startswith("not compared") for n in notes.values()):
+            record.spec_hash = ""  # the next plan gives it a new revision and replaces what differs
+        wanted = max(int(record.spec.get("replicas_min") or 1), 1)
+        found_verdict = recorded_verdict(record.replicas, wanted, record.revision)
+        record.state, record.reason = found_verdict.state, found_verdict.reason
+        for r in record.replicas:
+            h = sources[(r.host, r.unit)][2]
+            adopted.append(
+                AdoptedReplica(
+                    deployment=change.name,
+                    index=r.index,
+                    slot=r.slot,
+                    host=r.host,
+                    unit=r.unit,
+                    revision=r.revision,
+                    port=r.port,
+                    gpus=list(r.gpus),
+                    status=r.status,
+                    lineage=h.lineage,
+                    note=notes.get((r.host, r.unit), ""),
+                )
+            )
+    return Adoption(lineage=chosen, lineage_reason=reason, deployments=records, adopted=adopted, skipped=skipped)
+
+
+def _compare(
+    desired: DesiredState, inventory: Inventory, facts: Mapping[str, HostFacts], fit: dict | None,  # type: ignore[type-arg]
+    record: DeploymentRecord, sources: dict[tuple[str, str], Found], why_not: str | None,
+) -> dict[tuple[str, str], str]:  # fmt: skip
+    """Each adopted replica against what the documents render at its revision (with the lineage its header has):
+    a note for each that is not the same file; the argv and, for an edited unit, the sha256 engine-ctl wrote."""
+    notes: dict[tuple[str, str], str] = {}
+    if fit is None:
+        for r in record.replicas:
+            notes[(r.host, r.unit)] = f"not compared with the documents ({why_not or 'no fit yet'})"
+        return notes
+    loaded = desired.deployment(record.name)
+    model = desired.model(loaded.deployment.model) if loaded else None
+    provider = resolve_engine(loaded.deployment, model) if loaded else None
+    assert loaded is not None and model is not None and provider is not None
+    fitted = FitPlan.model_validate(fit)
+    hosts = {h.name: h for h in inventory.hosts}
+    for r in record.replicas:
+        _host, u, h = sources[(r.host, r.unit)]
+        placement = _placement_of(r, facts[r.host], fitted)
+        if placement is None:
+            notes[(r.host, r.unit)] = f"differs from the documents (its GPUs are not on {r.host} now)"
+            continue
+        unit = render_replica(loaded.deployment, model, provider, fitted, placement, hosts, r.revision, r.slot,
+                              h.lineage)  # fmt: skip
+        if unit.sha256 == u.sha256:
+            r.argv = list(unit.argv)
+        elif h.content_sha256 == unit.content_hash and u.edited:
+            r.argv, r.unit_sha256 = list(unit.argv), unit.sha256
+            notes[(r.host, r.unit)] = "edited by hand since engine-ctl wrote it: the next plan repairs it"
+        else:
+            notes[(r.host, r.unit)] = (
+                f"differs from what the documents render at revision {r.revision}: the next plan replaces it"
+            )
+    return notes
+
+
+__all__ = ["AdoptedReplica", "Adoption", "AdoptionError", "SkippedUnit", "adopt", "choose_lineage"]

@@ -1,0 +1,128 @@
+"""Units belong to one state: the lineage in each unit's header says which. Pure.
+
+- A unit whose header names another lineage is *owned elsewhere*: the plan lists it apart (never as drift), its
+  port and GPUs count as taken, and no step of this state's plan touches it (a step that would is held back and
+  reported as not reconciled).
+- A unit without a lineage (written by an engine-ctl from before lineage headers) keeps the behaviour it had: it
+  is this state's when this state records it, and left alone otherwise.
+- Upgrading engine-ctl replaces nothing: a replica recorded with the lineage-less text of its unit is compared
+  with that text (`as_recorded`), and its unit gets the lineage line when a change rewrites it anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict
+
+from engine_ctl.core.fit.fitting import Taken
+from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
+from engine_ctl.core.render.units import RenderedUnit
+
+if TYPE_CHECKING:
+    from engine_ctl.core.plan.planner import Plan, ReplicaChange
+
+
+class ForeignUnit(BaseModel):
+    """A unit on a host of this inventory that another state (another lineage) made and manages."""
+
+    model_config = ConfigDict(frozen=True)
+
+    host: str
+    unit: str
+    deployment: str
+    lineage: str
+    revision: int
+    port: int | None = None
+    active_state: str | None = None
+
+    @property
+    def line(self) -> str:
+        state = f", {self.active_state}" if self.active_state else ""
+        return (
+            f"{self.host} {self.unit}: deployment {self.deployment} revision {self.revision}{state}, "
+            f"owned by the state of lineage {self.lineage}"
+        )
+
+
+def owner(unit: UnitFact) -> str | None:
+    """The lineage in the unit's header; None when it has none (or no header)."""
+    return unit.header.lineage if unit.header is not None else None
+
+
+def is_foreign(unit: UnitFact, lineage: str) -> bool:
+    found = owner(unit)
+    return found is not None and found != lineage
+
+
+def foreign_units(facts: Mapping[str, HostFacts], lineage: str) -> list[ForeignUnit]:
+    """Every unit another state owns, host by host (sorted)."""
+    out = []
+    for host, f in sorted(facts.items()):
+        for u in sorted(f.units, key=lambda u: u.name):
+            if u.header is None or not is_foreign(u, lineage):
+                continue
+            h = u.header
+            found = ForeignUnit(
+                host=host, unit=u.name, deployment=h.deployment, lineage=str(h.lineage), revision=h.revision,
+                port=h.port, active_state=u.active_state,
+            )  # fmt: skip
+            out.append(found)
+    return out
+
+
+def hold_foreign(taken: Taken, foreign: Iterable[ForeignUnit], facts: Mapping[str, HostFacts]) -> None:
+    """Another state's replicas keep their ports and GPUs (a stopped one starts again with them)."""
+    for f in foreign:
+        unit = next((u for u in facts[f.host].units if u.name == f.unit), None)
+        gpus = unit.header.gpus if unit is not None and unit.header is not None else ()
+        taken.hold(f.host, port=f.port, gpus=gpus)
+
+
+def as_recorded(
+    render: Callable[[str | None], RenderedUnit], lineage: str | None, recorded_sha256: str
+) -> RenderedUnit:
+    """The unit of a recorded replica as this state renders it: with the lineage in its header, or, for a replica
+    recorded with the text engine-ctl wrote before lineage headers, that text (same sha256, so nothing is
+    replaced by the upgrade; the lineage line comes with the next change that rewrites the unit)."""
+    unit = render(lineage)
+    if unit.sha256 == recorded_sha256 or lineage is None:
+        return unit
+    legacy = render(None)
+    return legacy if legacy.sha256 == recorded_sha256 else unit
+
+
+def _touches(step: ReplicaChange) -> list[tuple[str, str]]:
+    """(host, unit) of every unit a step writes, starts, stops or removes."""
+    out = [(step.host, step.unit)] if step.action != ["delete"] else []
+    if step.old_unit is not None or step.action == ["delete"]:
+        out.append((step.old_host or step.host, step.old_unit or step.unit))
+    return out
+
+
+def hold_back(plan: Plan, foreign: list[ForeignUnit]) -> None:
+    """No step touches a unit another state owns: such a step is dropped and reported as not reconciled (the
+    deployment's name is another state's there, or its unit was taken over), and that unit is never drift; the
+    plan lists every such unit as owned elsewhere."""
+    plan.owned_elsewhere = list(foreign)
+    owned = {(f.host, f.unit): f for f in foreign}
+    if not owned:
+        return
+    for change in plan.changes:
+        kept = []
+        for step in change.replicas:
+            hit = next((owned[t] for t in _touches(step) if t in owned), None)
+            if hit is None:
+                kept.append(step)
+                continue
+            change.blocked.append(
+                f"replica {step.index}: {hit.unit} on {hit.host} belongs to another state (lineage "
+                f"{hit.lineage}, deployment {hit.deployment}), so it is left as it is; rename this deployment, or "
+                "remove it from one of the states (`engine-ctl state rm`)"
+            )
+        change.replicas = kept
+    plan.drift = [d for d in plan.drift if (d.host, d.unit) not in owned]
+
+
+__all__ = ["ForeignUnit", "as_recorded", "foreign_units", "hold_back", "hold_foreign", "is_foreign", "owner"]
