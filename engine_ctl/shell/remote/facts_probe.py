@@ -348,7 +348,7 @@ def find_executable(candidates: Iterable[str], which: Callable[[str], str | None
 
 
 def parse_shebang(line: str) -> str | None:
-    """`#!/opt/vllm/bin/python3 -s` -> the interpreter of a console script (pip writes one such line)."""
+    """`#!/opt/engine/bin/python3 -s` -> the interpreter of a console script (pip writes one such line)."""
     if not line.startswith("#!"):
         return None
     words = line[2:].split()
@@ -437,7 +437,7 @@ def dist_version(name: str, dirs: Iterable[str]) -> str | None:
 
 
 def is_own_python(interpreter: str) -> bool:
-    """Whether `interpreter` is the Python running this probe (the host's python3: sglang's usual one)."""
+    """Whether `interpreter` is the Python running this probe (the host's python3, where pip-installed engines live)."""
     try:
         return os.path.realpath(interpreter) == os.path.realpath(sys.executable)
     except OSError:
