@@ -21,12 +21,12 @@ def forced(record: DeploymentRecord) -> DeploymentRecord:
 
 def mark_replaced(change: DeploymentChange) -> None:
     """Say why in the plan: each replica's replacement, and the deployment's, reads "replace requested"."""
-    rolled = [r for r in change.replicas if r.action == ["delete", "create"] and not r.cleanup]
+    rolled = [r for r in change.replicas if r.replaces and not r.cleanup]
     if not rolled:
         return
     for r in rolled:
         r.reason = REASON if not change.field_changes else f"{r.reason}; {REASON}"
-    if change.action == ["delete", "create"]:
+    if change.replaces:
         if change.field_changes:
             change.reasons.append(REASON)
         else:
