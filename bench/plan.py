@@ -1,14 +1,21 @@
-"""plan and apply on the fleet. Prints figures and ratios (issue 5's targets):
+"""plan and apply on the fleet, as a user runs them (whole `engine-ctl` processes), against floors measured in the
+same run (issue 10's targets):
 
-- a no-op plan on 16 hosts <= 1.5x the parallel `ssh true` floor on the same hosts;
-- apply's overhead per replica beyond the engine's own time to health <= 1 s;
-- planning 200 deployments <= 1.5x planning 1 on the same hosts.
+| figure                                                | floor                          | target          |
+| no-op `engine-ctl plan`, 16 replicas on 16 hosts      | 16 parallel `ssh host true`    | <= 1.5x         |
+| `engine-ctl plan` of 200 deployments                  | `engine-ctl plan` of 1         | <= 1.5x         |
+| apply's overhead per replica beyond the engine's own  | (apply - plan of the same      | <= 0.5 s        |
+|   time to health                                      |   change) / replicas - engine  |                 |
 
-Run as root:  .venv/bin/python -m bench.plan
+and, with --scaling, how apply's time grows with hosts: N one-replica deployments, one per host (they roll side by
+side; one replica at a time within a deployment), for N = 1, 4, 8, 16.
+
+Run as root:  .venv/bin/python -m bench.plan [--runs 5] [--scaling]
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import subprocess
 import sys
@@ -17,14 +24,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from engine_ctl.state import LocalState
-
-from bench.facts import median, ssh_true
-from bench.startup import ENV
-from engine_ctl.core.documents.inventory import load_inventory
-from engine_ctl.core.documents.loader import load_paths
-from engine_ctl.shell.transport import SSHOptions
-from engine_ctl.shell.world import plan_world
+from bench.facts import ssh_true
+from bench.startup import ENV, boot_fleet, engine_ctl, release_fleet
 from tests import fleet as fleet_mod
 from tests.llama import llama_server_dir, tiny_model
 
@@ -33,27 +34,35 @@ MODELS_DIR = "/var/lib/engine-ctl/models"
 MODEL = "kind: Model\nmetadata: {name: tiny}\nspec: {format: gguf, path: tiny/tiny.gguf, parameters: 4170048}\n"
 
 
-def deployment(name: str, replicas: int = 1) -> str:
+def deployment(name: str, replicas: int = 1, host: str | None = None) -> str:
+    pin = f", host: {host}" if host else ""
     return (
         f"---\nmetadata: {{name: {name}}}\nspec: {{model: tiny, accelerator: cpu, context_length: 256, "
-        f"replicas: {{min: {replicas}, max: {replicas}}}}}\n"
+        f"replicas: {{min: {replicas}, max: {replicas}}}{pin}}}\n"
     )
 
 
-def plan_seconds(docs: Path, inventory: Path, runs: int = 3) -> float:
-    def once() -> None:
-        loaded = load_paths([docs])
-        inv = load_inventory(inventory)
-        backend = LocalState(docs / "engine-ctl.state.json")
-        plan_world(loaded.desired, inv, backend.read(), backend.location, backend.location, SSHOptions(), 32, ())
-
-    return median(once, runs)
-
-
 def cli(*args: str) -> float:
+    """One whole `engine-ctl` process (as a user runs it); seconds."""
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "engine_ctl", *args], check=True, capture_output=True, env=ENV)
+    done = subprocess.run([*engine_ctl(), *args], capture_output=True, text=True, env=ENV, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"engine-ctl {' '.join(args)} exited {done.returncode}: {done.stderr[-2000:]}")
     return time.perf_counter() - start
+
+
+def paired(figure, floor, runs: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """Median seconds of `figure` and of `floor`, timed in turn (floor, figure, floor, ...) after a warm-up."""
+    figure(), floor()
+    a, b = [], []
+    for _ in range(runs):
+        start = time.perf_counter()
+        floor()
+        b.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        figure()
+        a.append(time.perf_counter() - start)
+    return statistics.median(a), statistics.median(b)
 
 
 def engine_time_to_health(fleet: fleet_mod.Fleet) -> float:
@@ -77,8 +86,38 @@ def engine_time_to_health(fleet: fleet_mod.Fleet) -> float:
     return statistics.median(times)
 
 
-def main() -> int:
-    fleet = fleet_mod.up(HOSTS, engines={"llama.cpp": str(llama_server_dir() / "bin" / "llama-server")})
+def apply_overhead(docs: Path, inv: Path, replicas: int, engine: float, runs: int) -> str:
+    planning = statistics.median(cli("plan", str(docs), "--inventory", str(inv)) for _ in range(runs))
+    wall = cli("apply", "--auto-approve", str(docs), "--inventory", str(inv))
+    per = (wall - planning) / replicas - engine
+    verdict = "met" if per <= 0.5 else "NOT MET"
+    return (
+        f"apply {replicas:>2} replica(s): {wall:6.2f} s = plan {planning:.2f} + {replicas} x (engine {engine:.2f} + "
+        f"overhead {per:.2f}) s   (target overhead <= 0.5 s per replica: {verdict})"
+    )
+
+
+def scaling(fleet: fleet_mod.Fleet, work: Path, inv: Path) -> None:
+    """apply (and destroy) of N one-replica deployments, one per host, for N = 1, 4, 8, 16."""
+    print(f"{'hosts':>5} {'apply s':>8} {'destroy s':>10}")
+    for n in (n for n in (1, 4, 8, 16) if n <= len(fleet.hosts)):
+        docs = work / f"scale{n}"
+        docs.mkdir()
+        (docs / "docs.yaml").write_text(MODEL + "".join(deployment(f"s{i}", host=h.name)
+                                                        for i, h in enumerate(fleet.hosts[:n])))  # fmt: skip
+        up = cli("apply", "--auto-approve", str(docs), "--inventory", str(inv))
+        down = cli("destroy", "--auto-approve", str(docs), "--inventory", str(inv))
+        print(f"{n:>5} {up:>8.2f} {down:>10.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--scaling", action="store_true", help="also apply 1, 4, 8, 16 deployments, one per host")
+    parser.add_argument("--hosts", type=int, default=HOSTS, help=f"fleet hosts (default {HOSTS})")
+    args = parser.parse_args(argv)
+    hosts = args.hosts
+    fleet = boot_fleet(hosts)
     try:
         for h in fleet.hosts:
             fleet.ssh(h, f"mkdir -p {MODELS_DIR}/tiny && cp {tiny_model()} {MODELS_DIR}/tiny/tiny.gguf")
@@ -90,36 +129,33 @@ def main() -> int:
         (dirs["one"] / "docs.yaml").write_text(MODEL + deployment("d0"))
         (dirs["many"] / "docs.yaml").write_text(MODEL + "".join(deployment(f"d{i}") for i in range(200)))
         (dirs["single"] / "docs.yaml").write_text(MODEL + deployment("single"))
-        (dirs["wide"] / "docs.yaml").write_text(MODEL + deployment("wide", replicas=HOSTS))
+        (dirs["wide"] / "docs.yaml").write_text(MODEL + deployment("wide", replicas=hosts))
 
         engine = engine_time_to_health(fleet)
-        startup = statistics.median(cli("apply", "--help") for _ in range(3))  # apply's imports, no work
-        rows = []
-        for name, n in (("single", 1), ("wide", HOSTS)):
-            wall = cli("apply", "--auto-approve", str(dirs[name]), "--inventory", str(inv))
-            planning = plan_seconds(dirs[name], inv)  # the same gathering and planning apply did first
-            rows.append((name, n, wall, planning, wall - startup - planning - engine))
-        floor = median(lambda: ssh_true(fleet, fleet.hosts), 3)
-        noop = plan_seconds(dirs["wide"], inv)
-        p1 = plan_seconds(dirs["one"], inv)
-        p200 = plan_seconds(dirs["many"], inv)
-        print(f"hosts: {HOSTS}")
-        print(f"ssh true floor (16 in parallel):      {floor:6.2f} s")
-        print(f"no-op plan (16 replicas on 16 hosts): {noop:6.2f} s   ratio {noop / floor:4.2f}x (target <= 1.5)")
-        print(f"plan of 1 deployment:                 {p1:6.2f} s")
-        print(f"plan of 200 deployments:              {p200:6.2f} s   ratio {p200 / p1:4.2f}x (target <= 1.5)")
-        print(f"engine time to health (tiny model):   {engine:6.2f} s;  CLI start-up {startup:.2f} s")
-        for _name, n, wall, planning, overhead in rows:
-            print(
-                f"apply {n:>2} replica(s): {wall:6.2f} s wall = start-up {startup:.2f} + plan {planning:.2f} + "
-                f"engine {engine:.2f} + overhead {overhead:.2f} s (target <= 1 per replica; replicas on "
-                "different hosts roll in parallel)"
-            )
+        print(f"hosts: {hosts}; engine's own time to health (tiny model): {engine:.2f} s; {args.runs} runs, medians")
+        print(apply_overhead(dirs["single"], inv, 1, engine, args.runs))
+        print(apply_overhead(dirs["wide"], inv, hosts, engine, args.runs))
+        plan = [*engine_ctl(), "plan", str(dirs["wide"]), "--inventory", str(inv)]
+        noop, floor = paired(
+            lambda: subprocess.run(plan, check=True, capture_output=True, env=ENV),
+            lambda: ssh_true(fleet, fleet.hosts),
+            args.runs,
+        )
+        print(f"no-op plan, {hosts} replicas on {hosts} hosts: {noop:6.2f} s / {hosts} parallel ssh true "
+              f"{floor:.2f} s = {noop / floor:.2f}x (target <= 1.5x)")  # fmt: skip
+        p200, p1 = paired(
+            lambda: cli("plan", str(dirs["many"]), "--inventory", str(inv)),
+            lambda: cli("plan", str(dirs["one"]), "--inventory", str(inv)),
+            max(3, args.runs // 2),
+        )
+        print(f"plan of 200 deployments: {p200:6.2f} s / plan of 1 {p1:.2f} s = {p200 / p1:.2f}x (target <= 1.5x)")
         for name in ("single", "wide"):
-            argv = ["destroy", "--auto-approve", str(dirs[name]), "--inventory", str(inv)]
-            subprocess.run([sys.executable, "-m", "engine_ctl", *argv], check=False, capture_output=True)
+            cli("destroy", "--auto-approve", str(dirs[name]), "--inventory", str(inv))
+        if args.scaling:
+            scaling(fleet, work, inv)
+        print(f"whole processes: {' '.join(engine_ctl())}")
     finally:
-        fleet_mod.down(fleet)
+        release_fleet(fleet)
     return 0
 
 

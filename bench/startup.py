@@ -6,6 +6,7 @@ down mid-run slows both; the ratio is median / median.
 | engine-ctl --version                      | python -c pass (same python)   | <= 2x  |
 | engine-ctl --help                         | python -c pass                 | (none) |
 | engine-ctl validate examples/quickstart   | python -c pass                 | <= 5x  |
+| (click, pydantic and ruamel.yaml alone)   | python -c pass                 | (none) |
 | engine-ctl facts, 1 host (--fleet)        | one `ssh host true`            | <= 2x  |
 | engine-ctl facts, 16 hosts (--fleet)      | 16 parallel `ssh host true`    | <= 1.3x |
 
@@ -27,11 +28,18 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tests import fleet as fleet_mod
 
 ROOT = Path(__file__).resolve().parent.parent
 FLEET_HOSTS = 16
 # What a user's shell has: no PYTHONDONTWRITEBYTECODE (set here, every run would recompile engine-ctl's modules).
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+# What validate cannot do without: click (the CLI), pydantic (the document models), ruamel.yaml (line and column
+# of every value). Their import alone is the floor under validate's figure.
+LIBRARIES = "import click, ruamel.yaml; from pydantic import BaseModel"
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,7 @@ def local_rows() -> list[Row]:
         Row("engine-ctl --version", "python -c pass", process([*cli, "--version"]), python, 2.0),
         Row("engine-ctl --help", "python -c pass", process([*cli, "--help"]), python, None),
         Row("engine-ctl validate examples/quickstart", "python -c pass", validate, python, 5.0),
+        Row("(validate's libraries alone)", "python -c pass", process([sys.executable, "-c", LIBRARIES]), python, None),
     ]
 
 
@@ -102,10 +111,8 @@ def local_rows() -> list[Row]:
 def fleet_rows() -> Iterator[list[Row]]:
     """facts on 1 and on 16 fleet hosts, against OpenSSH itself on the same hosts (boots the fleet)."""
     from bench.facts import ssh_true
-    from tests import fleet as fleet_mod
-    from tests.llama import llama_server_dir
 
-    fleet = fleet_mod.up(FLEET_HOSTS, engines={"llama.cpp": str(llama_server_dir() / "bin" / "llama-server")})
+    fleet = boot_fleet(FLEET_HOSTS)
     try:
         facts = [*engine_ctl(), "facts", "--inventory", fleet.inventory]
         one = fleet.hosts[:1]
@@ -116,6 +123,37 @@ def fleet_rows() -> Iterator[list[Row]]:
                 lambda: ssh_true(fleet, fleet.hosts), 1.3),
         ]  # fmt: skip
     finally:
+        release_fleet(fleet)
+
+
+def boot_fleet(n: int) -> fleet_mod.Fleet:
+    """The fleet of `n` hosts with the real llama-server: one already up (`python -m tests.fleet up 16`, kept
+    after the benchmark) when every host of it answers, else a new one (a boot that times out on a busy machine
+    is retried)."""
+    from tests import fleet as fleet_mod
+    from tests.llama import llama_server_dir
+
+    if fleet_mod.STATE.exists():
+        fleet = fleet_mod.Fleet.load()
+        answers = len(fleet.hosts) >= n and all(fleet.ssh(h, "true", check=False).returncode == 0 for h in fleet.hosts)
+        if answers:
+            fleet.hosts = fleet.hosts[:n]
+            fleet.kept = True  # type: ignore[attr-defined]
+            return fleet
+    engines = {"llama.cpp": str(llama_server_dir() / "bin" / "llama-server")}
+    for attempt in range(2):
+        try:
+            return fleet_mod.up(n, engines=engines)
+        except RuntimeError as exc:
+            print(f"(fleet boot {attempt + 1} failed: {exc}; retrying)", file=sys.stderr)
+    return fleet_mod.up(n, engines=engines)
+
+
+def release_fleet(fleet: fleet_mod.Fleet) -> None:
+    """Take down a fleet boot_fleet booted; one that was already up stays up."""
+    from tests import fleet as fleet_mod
+
+    if not getattr(fleet, "kept", False):
         fleet_mod.down(fleet)
 
 

@@ -263,3 +263,39 @@ def test_apply_with_the_state_in_postgresql(project: Project) -> None:
         assert dep["state"] == "Ready" and not project.state_file.exists()
     finally:
         project.cli("destroy", "--auto-approve", "--state", dsn)
+
+
+def _units_planned(doc: object) -> list[tuple[str, str]]:
+    """(host, unit) of every replica a `plan --json` document creates."""
+    found: list[tuple[str, str]] = []
+    if isinstance(doc, dict):
+        if isinstance(doc.get("unit"), str) and isinstance(doc.get("host"), str):
+            found.append((doc["host"], doc["unit"]))
+        for value in doc.values():
+            found += _units_planned(value)
+    elif isinstance(doc, list):
+        for value in doc:
+            found += _units_planned(value)
+    return found
+
+
+def test_a_unit_file_that_cannot_be_written_fails_the_step_and_starts_nothing(project: Project) -> None:
+    """The unit file goes on the stdin of the command that starts it: where it cannot be written (here its
+    temporary file's name is taken by a directory), the step fails as the host's, naming the file, and nothing
+    was started or left behind."""
+    project.write("context_length: 512")
+    planned = _units_planned(json.loads(project.cli("plan", "--json", check=True).stdout))
+    assert planned, "the plan creates no replica"
+    host_name, unit = planned[0]
+    h = next(x for x in project.fleet.hosts if x.name == host_name)
+    blocker = f"/etc/systemd/system/{unit}.engine-ctl-tmp"
+    project.fleet.ssh(h, f"mkdir -p {blocker}")
+    try:
+        failed = project.cli("apply", "--auto-approve")
+        assert failed.returncode == 1, failed.stdout + failed.stderr
+        assert f"writing /etc/systemd/system/{unit} failed" in failed.stdout + failed.stderr
+        left = project.fleet.ssh(h, f"test -e /etc/systemd/system/{unit} && echo present; "
+                                 f"systemctl is-active {unit} || true").stdout.split()  # fmt: skip
+        assert "present" not in left and "active" not in left
+    finally:
+        project.fleet.ssh(h, f"rmdir {blocker}", check=False)

@@ -222,7 +222,10 @@ def test_hostile_documents_are_read_in_bounded_time_and_memory(parts: list[str])
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
     elapsed = time.perf_counter() - started
-    assert elapsed < 15, f"{elapsed:.1f} s"  # under tracemalloc, which slows ruamel.yaml about threefold
+    # Bounded, not fast: an unbounded read (an alias expanded, a quadratic scan) takes minutes or never ends. The
+    # bound is loose because a worst case takes about 5 s alone under tracemalloc (which slows ruamel.yaml about
+    # threefold) and three times that on a loaded 2-core machine; how fast reading is belongs in bench/.
+    assert elapsed < 45, f"{elapsed:.1f} s"
     assert peak < 160 * 1024**2, f"{peak / 1024**2:.0f} MiB"
     assert all(d.location.line is not None for d in problems), rendered
     assert len(text.encode()) <= MAX_FILE_BYTES or problems

@@ -27,17 +27,24 @@ try:
     main()
 except SystemExit:
     pass
-sys.stdout.write("\\nMODULES " + json.dumps(sorted({m.split(".")[0] for m in sys.modules})))
+sys.stdout.write("\\nMODULES " + json.dumps(sorted(sys.modules)))
 """
 
 
-def imported(*args: str) -> tuple[set[str], str]:
+def imported_names(*args: str) -> tuple[set[str], str]:
+    """Every module `engine-ctl ARGS` imported (full dotted names), and what it printed."""
     result = subprocess.run(
         [sys.executable, "-c", PROBE, *args], capture_output=True, text=True, cwd=ROOT, timeout=60, check=False
     )
     out, _, modules = result.stdout.rpartition("\nMODULES ")
     assert modules, result.stderr
     return set(json.loads(modules)), out
+
+
+def imported(*args: str) -> tuple[set[str], str]:
+    """The top-level packages `engine-ctl ARGS` imported, and what it printed."""
+    names, out = imported_names(*args)
+    return {m.split(".")[0] for m in names}, out
 
 
 @pytest.mark.parametrize("args", [["--version"], ["--help"], ["-h"]], ids=" ".join)
@@ -61,7 +68,10 @@ def test_the_fast_version_line_is_clicks_own() -> None:
 def test_validate_opens_no_connection_library() -> None:
     modules, out = imported("validate", str(ROOT / "examples" / "quickstart"))
     assert "is a valid deployment document" in out
-    assert not modules & {"paramiko", "fabric", "invoke", "deepdiff", "numpy", "jinja2"}, sorted(modules)
+    assert not modules & {"paramiko", "fabric", "invoke", "deepdiff", "numpy", "jinja2", "rich"}, sorted(modules)
+    names, _ = imported_names("validate", str(ROOT / "examples" / "quickstart"))
+    shell = sorted(m for m in names if m.startswith("engine_ctl.shell"))
+    assert not shell, f"validate imported {shell}"
 
 
 def test_help_lists_every_command_with_its_own_short_help() -> None:

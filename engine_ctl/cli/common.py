@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -15,7 +15,9 @@ from engine_ctl.core.documents.inventory import Inventory, load_inventory
 from engine_ctl.core.documents.loader import LoadResult, load_paths
 from engine_ctl.core.documents.rules import check, check_hosts
 from engine_ctl.core.model import DesiredState, LoadedDeployment
-from engine_ctl.shell.transport import HostFailure, SSHOptions
+
+if TYPE_CHECKING:  # the transport is imported by the commands that reach hosts, not by validate
+    from engine_ctl.shell.transport import HostFailure, SSHOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -118,6 +120,8 @@ def _fanout(ctx: click.Context, param: click.Parameter, value: int) -> int:
 
 
 def ssh_settings(accept_new_host_keys: bool) -> SSHOptions:
+    from engine_ctl.shell.transport import SSHOptions
+
     return SSHOptions(accept_new_host_keys=accept_new_host_keys)
 
 

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.table import Table
 
 from engine_ctl.cli.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
 from engine_ctl.cli.output import console, emit_json
-from engine_ctl.core.fit.hostfacts import FORMAT_VERSION, HostFacts
 from engine_ctl.core.sizes import gib
-from engine_ctl.shell.gather import gather
+from engine_ctl.shell.transport import connect_ahead
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from engine_ctl.core.fit.hostfacts import HostFacts
 
 
 @click.command()
@@ -28,7 +32,12 @@ def facts(
     others' facts are still shown."""
     inventory = resolve_inventory(inventory_path, None)
     selected = inventory.select(list(hosts))
-    found, failures = gather(selected, ssh_settings(accept_new_host_keys), parallel=parallel)
+    options = ssh_settings(accept_new_host_keys)
+    ahead = connect_ahead(selected, options, parallel)  # the hosts' handshakes overlap the imports below
+    from engine_ctl.core.fit.hostfacts import FORMAT_VERSION
+    from engine_ctl.shell.gather import gather
+
+    found, failures = gather(selected, options, parallel=parallel, ahead=ahead)
     if as_json:
         emit_json(
             {
@@ -47,6 +56,8 @@ def facts(
 
 
 def host_table(f: HostFacts) -> Table:
+    from rich.table import Table
+
     table = Table(title=f"{f.host} ({f.hostname})", title_justify="left", show_header=False, box=None)
     table.add_column("fact", style="bold")
     table.add_column("value")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -29,6 +30,18 @@ def console(stderr: bool = False) -> Console:
         emoji=False,
         markup=False,
     )
+
+
+def printer(stderr: bool = False) -> Callable[[str], None]:
+    """Print lines of plain text (what `console().print(text)` prints for a str, with markup and highlighting
+    off) without importing rich: for commands whose output is lines, not tables (validate)."""
+    stream = sys.stderr if stderr else sys.stdout
+
+    def write(text: str = "") -> None:
+        stream.write(f"{text}\n")
+        stream.flush()  # as rich does: lines of stdout and stderr stay in order on one terminal
+
+    return write
 
 
 def emit_json(doc: Any) -> None:

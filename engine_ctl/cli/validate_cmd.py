@@ -10,12 +10,11 @@ import click
 
 from engine_ctl.cli.common import find_inventory, no_documents
 from engine_ctl.cli.environments import current_env, env_of_inventory, env_option
-from engine_ctl.cli.output import console, emit_json
+from engine_ctl.cli.output import emit_json, printer
 from engine_ctl.core.diagnostics import Diagnostic, InputError, by_place
 from engine_ctl.core.documents.inventory import load_inventory
 from engine_ctl.core.documents.loader import OWN_KINDS, load_paths
 from engine_ctl.core.documents.rules import check, check_hosts
-from engine_ctl.core.documents.schema import document_schema
 from engine_ctl.core.documents.validate import NOT_CHECKED, build_report, report_json
 
 
@@ -68,16 +67,15 @@ def validate(paths: tuple[Path, ...], inventory_path: Path | None, as_json: bool
 
 
 def _print_human(result, diagnostics: list[Diagnostic], valid: bool) -> None:
-    out = console()
-    err = console(stderr=True)
+    out, err = printer(), printer(stderr=True)  # lines only: no rich to import
     for f, what in sorted(result.skipped.items()):  # what each of engine-ctl's own files is
         todo = f"; apply it with: engine-ctl apply {f}" if what == OWN_KINDS["Plan"] else ""
-        out.print(f"{f} is {what}, engine-ctl's own file, not a document: skipped{todo}")
+        out(f"{f} is {what}, engine-ctl's own file, not a document: skipped{todo}")
     for d in diagnostics:
-        err.print(d.render())
+        err(d.render())
     if not valid:
         n = sum(1 for d in diagnostics if d.severity == "error")
-        err.print(f"400 INVALID_DEPLOYMENT: {n} problem(s); nothing was changed")
+        err(f"400 INVALID_DEPLOYMENT: {n} problem(s); nothing was changed")
         return
     for f in result.files:
         kinds = result.documents.get(f, [])
@@ -86,22 +84,22 @@ def _print_human(result, diagnostics: list[Diagnostic], valid: bool) -> None:
             if any(k.startswith("deployment") for k in kinds)
             else ("inventory" if kinds == ["inventory"] else "model document")
         )
-        out.print(f"{f} is a valid {noun}")
+        out(f"{f} is a valid {noun}")
     for report in build_report(result):
         now = [x for x in report.defaults if not x.at_plan]
         later = [x for x in report.defaults if x.at_plan]
-        out.print(f"\nDeployment {report.name} ({report.engine or 'engine chosen at plan'})")
+        out(f"\nDeployment {report.name} ({report.engine or 'engine chosen at plan'})")
         if now:
-            out.print("  Filled in")
+            out("  Filled in")
             for x in now:
-                out.print(f"    {x.field:<28} {x.value}   ({x.why})")
+                out(f"    {x.field:<28} {x.value}   ({x.why})")
         if later:
-            out.print("  Resolved at plan (needs host facts)")
+            out("  Resolved at plan (needs host facts)")
             for x in later:
-                out.print(f"    {x.field:<28} {x.why}")
-    out.print("\nNot checked")
+                out(f"    {x.field:<28} {x.why}")
+    out("\nNot checked")
     for what, detail in NOT_CHECKED:
-        out.print(f"  {what}: {detail}")
+        out(f"  {what}: {detail}")
 
 
 @click.command()
@@ -111,6 +109,8 @@ def schema(out_path: Path | None) -> None:
 
     Put `# yaml-language-server: $schema=<path or URL>` at the top of a document to use it.
     """
+    from engine_ctl.core.documents.schema import document_schema
+
     text = json.dumps(document_schema(), indent=2) + "\n"
     if out_path is None:
         sys.stdout.write(text)

@@ -25,10 +25,10 @@ from engine_ctl.core.fit.hostfacts import (
 )
 from engine_ctl.core.fit.modelfacts import ModelFacts, facts_from_gguf_fields, facts_from_hf_config
 from engine_ctl.core.fit.unitheader import parse_unit_header
+from engine_ctl.core.names import UNIT_PREFIX
 from engine_ctl.core.plan.unitdiff import hide_secrets_in
-from engine_ctl.core.render.units import UNIT_PREFIX
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, Transport, fan_out
+from engine_ctl.shell.transport import Ahead, HostFailure, LocalTransport, SSHOptions, Transport, fan_out
 
 PYTHON = "python3"
 
@@ -238,9 +238,11 @@ def gather(
     parallel: int = 32,
     model_paths: Mapping[str, Sequence[str]] | None = None,
     health: Mapping[str, Sequence[tuple[int, str]]] | None = None,
+    ahead: Ahead | None = None,
 ) -> tuple[dict[str, HostFacts], dict[str, HostFailure]]:
     """Facts of every host in parallel (and the metadata of the model files asked for, per host, in the same
-    round trip); failures are returned by host, never raised."""
+    round trip), over the connections `ahead` began (transport.connect_ahead) or new ones; failures are
+    returned by host, never raised."""
     paths = model_paths or {}
     checks = health or {}
     return fan_out(
@@ -248,6 +250,7 @@ def gather(
         lambda t: gather_one(t, paths.get(t.host.name, ()), checks.get(t.host.name, ())),
         options=options,
         parallel=parallel,
+        ahead=ahead,
     )
 
 

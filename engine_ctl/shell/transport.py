@@ -1,28 +1,37 @@
-"""Reaching hosts: SSH (fabric/paramiko, strict host keys) or local; bounded parallel fan-out.
+"""Reaching hosts: SSH (paramiko, strict host keys) or local; bounded parallel fan-out.
 
 Remote commands are built from argv with shlex quoting; no value is ever pasted into a shell string unquoted.
-paramiko and fabric (about 0.2 s of imports) are imported by the SSH code that uses them, not with this module:
-commands that never open a connection (validate, --help) do not pay for them.
+paramiko is imported (by `_paramiko()`) when a connection is first made, not with this module: commands that
+never open one (validate, --help) do not pay for it. It is used directly, not through fabric. paramiko imports
+invoke at import time (only to run `Match exec` lines of ssh_config), and invoke pulls in unittest.mock, asyncio
+and ssl: that doubled the cost of every command that reaches a host (bench/startup.py). `_paramiko()` imports
+paramiko without invoke; invoke is imported only if an ssh_config file does use `Match exec`. What fabric took
+from ~/.ssh/config and /etc/ssh/ssh_config (HostName, User, Port, IdentityFile, ProxyCommand, ProxyJump) is read
+here with paramiko's own SSHConfig.
 """
 
 from __future__ import annotations
 
+import functools
 import io
+import itertools
 import os
 import shlex
 import subprocess
+import sys
 import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Literal, Protocol, TypeVar
+from types import ModuleType
+from typing import IO, TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from engine_ctl.core.documents.inventory import Host
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     import paramiko
-    from fabric import Connection
 
 FailureKind = Literal["unreachable", "auth", "host_key", "timeout", "command", "error"]
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -34,6 +43,23 @@ class CommandResult:
     exit_code: int
     stdout: str
     stderr: str
+
+
+_IMPORT_LOCK = threading.Lock()
+
+
+def _paramiko() -> ModuleType:
+    """paramiko, imported without invoke (see the module's docstring); `_ssh_config_lookup` brings invoke back
+    for `Match exec`. Other code that imports invoke later gets the real one."""
+    with _IMPORT_LOCK:
+        if "paramiko" not in sys.modules and "invoke" not in sys.modules:
+            sys.modules["invoke"] = None  # type: ignore[assignment]  # `import invoke` raises ImportError
+            try:
+                import paramiko
+            finally:
+                del sys.modules["invoke"]
+        import paramiko
+    return paramiko
 
 
 class HostFailure(Exception):
@@ -116,64 +142,50 @@ class SSHTransport:
     def __init__(self, host: Host, options: SSHOptions | None = None) -> None:
         self.host = host
         self.options = options or SSHOptions()
-        self._conn: Connection | None = None
+        self._client: paramiko.SSHClient | None = None
+        self._jumps: list[paramiko.SSHClient] = []
+        self._sftp: paramiko.SFTPClient | None = None
 
     def _known_hosts(self) -> Path:
         return Path(os.path.expanduser(self.host.known_hosts or DEFAULT_KNOWN_HOSTS))
 
-    def _connection(self) -> Connection:
-        if self._conn is not None:
-            return self._conn
-        import paramiko
-        from fabric import Config, Connection
-        from paramiko.ssh_exception import AuthenticationException, BadHostKeyException, SSHException
+    def _connection(self) -> paramiko.SSHClient:
+        if self._client is not None:
+            return self._client
+        paramiko = _paramiko()
+        AuthenticationException, BadHostKeyException = paramiko.AuthenticationException, paramiko.BadHostKeyException
+        SSHException = paramiko.SSHException
 
         h = self.host
-        timeout = self.options.connect_timeout or h.connect_timeout
-        connect_kwargs: dict[str, object] = {
-            "banner_timeout": timeout,
-            "auth_timeout": timeout,
-            "allow_agent": True,
-            "look_for_keys": h.identity_file is None,
-        }
-        if h.identity_file:
-            connect_kwargs["key_filename"] = [os.path.expanduser(h.identity_file)]
-        config = Config(overrides={"load_ssh_configs": True})
-        conn = Connection(
-            h.address, user=h.user, port=h.port, connect_timeout=int(timeout),
-            connect_kwargs=connect_kwargs, config=config,
-        )  # fmt: skip
-        client = conn.client
         known = self._known_hosts()
-        if h.host_key:
-            key_type, _, blob = h.host_key.strip().partition(" ")
-            name = h.address if h.port == 22 else f"[{h.address}]:{h.port}"
-            client.get_host_keys().add(name, key_type, paramiko.PKey.from_type_string(key_type, _b64(blob)))
-        elif known.exists():
-            client.load_host_keys(str(known))
-        policy: _StrictPolicy | _AcceptNewPolicy = (
-            _AcceptNewPolicy(known) if self.options.accept_new_host_keys and not h.host_key else _StrictPolicy()
-        )
-        client.set_missing_host_key_policy(policy)
+        timeout = self.options.connect_timeout or h.connect_timeout
+        client = None
         try:
-            conn.open()
+            target = _resolve(h.address, h.user, h.port, h.identity_file, timeout)
+            sock = self._jump(target, timeout) if target.jumps else _proxy_command(target)
+            client = self._client_for(target, host_key=h.host_key, accept_new=not h.host_key)
+            client.connect(**target.connect_kwargs(timeout), sock=sock)
         except BadHostKeyException as exc:
+            self._close_all()
             raise HostFailure(
                 h.name,
                 "host_key",
-                f"host key CHANGED for {h.address}: got {exc.key.get_name()} {fingerprint(exc.key)}, "
+                f"host key CHANGED for {exc.hostname}: got {exc.key.get_name()} {fingerprint(exc.key)}, "
                 f"expected {fingerprint(exc.expected_key)}; nothing was run on this host",
-                hint=f"if the host was rebuilt, remove its old key from {known} (ssh-keygen -R {h.address})",
+                hint=f"if the host was rebuilt, remove its old key from {known} (ssh-keygen -R {exc.hostname})",
             ) from None
         except UnknownHostKey as exc:
+            self._close_all()
             raise HostFailure(
                 h.name,
                 "host_key",
-                f"unknown host key for {h.address}: {exc.key.get_name()} {fingerprint(exc.key)}; nothing was run",
+                f"unknown host key for {exc.name}: {exc.key.get_name()} {fingerprint(exc.key)}; nothing was run",
                 hint=f"check the fingerprint, then add it to {known} (ssh-keyscan), or pass --accept-new-host-keys",
             ) from None
         except AuthenticationException as exc:
-            if _cut_off(client, exc):
+            cut = client is None or _cut_off(client, exc)  # asked before closing: a closed transport is "cut"
+            self._close_all()
+            if cut:
                 raise HostFailure(
                     h.name, "unreachable", f"the connection to {h.address}:{h.port} was cut during authentication "
                     f"({exc}); nothing was run on this host", hint="check the network path to the host",
@@ -181,29 +193,77 @@ class SSHTransport:
             raise HostFailure(
                 h.name,
                 "auth",
-                f"authentication failed for {h.user or 'the default user'}@{h.address}: {exc}",
+                f"authentication failed for {target.user}@{h.address}: {exc}",
                 hint="check identity_file, user and your SSH agent",
             ) from None
         except TimeoutError as exc:
+            self._close_all()
             raise HostFailure(h.name, "timeout", f"connecting to {h.address}:{h.port} timed out ({exc})") from None
+        except ImportError as exc:  # paramiko needs invoke for `Match exec` in an ssh_config file
+            self._close_all()
+            raise HostFailure(
+                h.name, "error", f"your ssh_config uses `Match exec`, which paramiko runs only with invoke: {exc}",
+                hint="pip install invoke next to engine-ctl, or give this host's settings in the inventory",
+            ) from None  # fmt: skip
         except (OSError, SSHException, EOFError) as exc:
+            self._close_all()
             raise HostFailure(
                 h.name, "unreachable", f"cannot connect to {h.address}:{h.port}: {exc or type(exc).__name__}"
             ) from None
-        self._conn = conn
-        return conn
+        self._client = client
+        return client
+
+    def _client_for(self, target: _Target, *, host_key: str | None, accept_new: bool) -> paramiko.SSHClient:
+        """An SSHClient that knows the host keys engine-ctl trusts for `target`: the inventory's `host_key`, else
+        the known_hosts file; an unknown key is refused (or, with --accept-new-host-keys, recorded)."""
+        paramiko = _paramiko()
+
+        client = paramiko.SSHClient()
+        self._jumps.append(client)  # closed with the connection (the last one made is the host's own)
+        known = self._known_hosts()
+        if host_key:
+            key_type, _, blob = host_key.strip().partition(" ")
+            name = target.hostname if target.port == 22 else f"[{target.hostname}]:{target.port}"
+            client.get_host_keys().add(name, key_type, paramiko.PKey.from_type_string(key_type, _b64(blob)))
+        elif known.exists():
+            client.load_host_keys(str(known))
+        policy: _StrictPolicy | _AcceptNewPolicy = (
+            _AcceptNewPolicy(known) if self.options.accept_new_host_keys and accept_new else _StrictPolicy()
+        )
+        client.set_missing_host_key_policy(policy)
+        return client
+
+    def _jump(self, target: _Target, timeout: float) -> paramiko.Channel:
+        """ProxyJump: connect to each jump host in turn (each checked against known_hosts like any host) and open
+        a direct-tcpip channel from the last one to the target, as `ssh -J` does."""
+        sock: paramiko.Channel | paramiko.ProxyCommand | None = None
+        hops = [*target.jumps, (None, target.hostname, target.port)]
+        for (hop_user, hop_host, hop_port), (_, next_host, next_port) in itertools.pairwise(hops):
+            hop = _resolve(hop_host, hop_user, hop_port, None, timeout)
+            client = self._client_for(hop, host_key=None, accept_new=True)
+            client.connect(**hop.connect_kwargs(timeout), sock=sock or _proxy_command(hop))
+            sock = client.get_transport().open_channel(  # type: ignore[union-attr]
+                "direct-tcpip", (next_host, next_port or 22), ("", 0), timeout=timeout
+            )
+        assert sock is not None
+        return sock  # type: ignore[return-value]
+
+    def _close_all(self) -> None:
+        for client in reversed(self._jumps):
+            client.close()
+        self._jumps = []
+        self._client = None
 
     def connect(self) -> None:
         self._connection()
 
     def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None) -> CommandResult:
-        from paramiko.ssh_exception import SSHException
-
-        conn = self._connection()
+        SSHException = _paramiko().SSHException
+        client = self._connection()
         command = shlex.join(argv)
         limit = timeout or self.options.command_timeout or self.host.command_timeout
         try:
-            chan = conn.client.get_transport().open_session(timeout=limit)  # type: ignore[union-attr]
+            chan = client.get_transport().open_session(timeout=limit)  # type: ignore[union-attr]
             chan.settimeout(limit)
             chan.exec_command(command)
             if stdin is not None:
@@ -222,13 +282,12 @@ class SSHTransport:
         """Run argv and hand each line of its output (stdout and stderr together) to on_line as it comes. Returns
         its exit status, or None once `stop` is set: the channel is closed, and since the command runs on a
         pseudo-terminal the remote side hangs up on it (SIGHUP), so nothing is left running there."""
-        from paramiko.ssh_exception import SSHException
-
-        conn = self._connection()
+        SSHException = _paramiko().SSHException
+        client = self._connection()
         limit = self.options.command_timeout or self.host.command_timeout
         chan = None
         try:
-            chan = conn.client.get_transport().open_session(timeout=limit)  # type: ignore[union-attr]
+            chan = client.get_transport().open_session(timeout=limit)  # type: ignore[union-attr]
             chan.get_pty(term="dumb", width=4096)
             chan.exec_command(shlex.join(argv))
             ended = _pump(chan, on_line, stop)
@@ -263,24 +322,112 @@ class SSHTransport:
             raise HostFailure(self.host.name, "unreachable", f"connection lost: {exc}") from None
 
     def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
-        import paramiko
-        from paramiko.ssh_exception import SSHException
-
-        conn = self._connection()
+        paramiko = _paramiko()
+        client = self._connection()
         tmp = f"{path}.engine-ctl-tmp"
         try:
-            sftp = conn.sftp()
+            if self._sftp is None:
+                self._sftp = client.open_sftp()
+            sftp = self._sftp
             sftp.putfo(io.BytesIO(data), tmp)
             sftp.chmod(tmp, mode)
             sftp.posix_rename(tmp, path)
-        except (OSError, SSHException, EOFError, paramiko.SFTPError) as exc:
+        except (OSError, paramiko.SSHException, EOFError, paramiko.SFTPError) as exc:
             why = f"uploading {path} failed: {exc or type(exc).__name__}"
             raise HostFailure(self.host.name, "command", why) from None
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if self._sftp is not None:
+            self._sftp.close()
+            self._sftp = None
+        self._close_all()
+
+
+@dataclass(frozen=True)
+class _Target:
+    """Where and as whom to connect: the inventory's values, completed from ssh_config as OpenSSH would."""
+
+    hostname: str
+    port: int
+    user: str
+    key_filenames: tuple[str, ...]
+    look_for_keys: bool
+    proxy_command: str | None = None
+    jumps: tuple[tuple[str | None, str, int | None], ...] = ()
+
+    def connect_kwargs(self, timeout: float) -> dict[str, Any]:
+        return {
+            "hostname": self.hostname,
+            "port": self.port,
+            "username": self.user,
+            "key_filename": list(self.key_filenames) or None,
+            "look_for_keys": self.look_for_keys,
+            "allow_agent": True,
+            "timeout": timeout,
+            "banner_timeout": timeout,
+            "auth_timeout": timeout,
+        }
+
+
+SSH_CONFIG_FILES = ("~/.ssh/config", "/etc/ssh/ssh_config")  # the user's first: the first value found wins
+
+
+@functools.cache
+def _ssh_config() -> paramiko.SSHConfig:
+    """~/.ssh/config and /etc/ssh/ssh_config, read once per process (as fabric read them)."""
+    config = _paramiko().SSHConfig()
+    for name in SSH_CONFIG_FILES:
+        path = os.path.expanduser(name)
+        if os.path.isfile(path):
+            with open(path) as f:
+                config.parse(f)
+    return config
+
+
+def _resolve(address: str, user: str | None, port: int | None, identity: str | None, timeout: float) -> _Target:
+    """The inventory's address, user, port and identity_file win; ssh_config fills in what they leave out
+    (HostName, User, Port, IdentityFile, ProxyCommand, ProxyJump); then OpenSSH's defaults."""
+    import getpass
+
+    found = _ssh_config_lookup(address)
+    keys = [os.path.expanduser(identity)] if identity else []
+    keys += [os.path.expanduser(k) for k in found.get("identityfile", []) if os.path.exists(os.path.expanduser(k))]
+    jumps = tuple(_jump_hop(hop) for hop in found.get("proxyjump", "").split(",") if hop and hop != "none")
+    command = found.get("proxycommand")
+    return _Target(
+        hostname=found.get("hostname", address),
+        port=port or int(found.get("port", 22)),
+        user=user or found.get("user") or getpass.getuser(),
+        key_filenames=tuple(dict.fromkeys(keys)),
+        look_for_keys=identity is None,
+        proxy_command=None if not command or command == "none" or jumps else command,
+        jumps=jumps,
+    )
+
+
+def _ssh_config_lookup(address: str) -> dict[str, Any]:
+    """ssh_config's settings for `address`; a `Match exec` line needs invoke, imported then (and only then)."""
+    try:
+        return dict(_ssh_config().lookup(address))
+    except ImportError:
+        import importlib
+
+        config_module: Any = importlib.import_module("paramiko.config")
+        if config_module.invoke is not None:
+            raise
+        config_module.invoke = importlib.import_module("invoke")
+        return dict(_ssh_config().lookup(address))
+
+
+def _jump_hop(hop: str) -> tuple[str | None, str, int | None]:
+    """`[user@]host[:port]` of ProxyJump: what it leaves out comes from ssh_config for that host."""
+    user, _, host = hop.strip().rpartition("@")
+    name, _, port = host.partition(":")
+    return user or None, name, int(port) if port else None
+
+
+def _proxy_command(target: _Target) -> paramiko.ProxyCommand | None:
+    return _paramiko().ProxyCommand(target.proxy_command) if target.proxy_command else None
 
 
 def _cut_off(client: paramiko.SSHClient, exc: paramiko.AuthenticationException) -> bool:
@@ -409,28 +556,60 @@ def transport_for(host: Host, options: SSHOptions | None = None) -> SSHTransport
     return LocalTransport(host) if host.transport == "local" else SSHTransport(host, options)
 
 
+Ahead = Mapping[str, "Future[SSHTransport]"]
+"""Connections already being opened (connect_ahead), by host name."""
+
+
+def connect_ahead(hosts: Sequence[Host], options: SSHOptions | None = None, parallel: int = 32) -> Ahead:
+    """Start connecting to the first `parallel` SSH hosts now, in the background, and return at once: the
+    handshakes (mostly the hosts' own work) then overlap whatever the command still has to import and prepare
+    before fan_out uses them. Never more than `parallel` connections are opening at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ssh = [h for h in hosts if h.transport != "local"][:parallel]
+    if not ssh:
+        return {}
+    _paramiko()  # here, not in the threads: they start straight on the network
+
+    def opened(host: Host) -> SSHTransport:
+        transport = SSHTransport(host, options)
+        transport.connect()
+        return transport
+
+    pool = ThreadPoolExecutor(max_workers=len(ssh), thread_name_prefix="engine-ctl-connect")
+    ahead = {h.name: pool.submit(opened, h) for h in ssh}
+    pool.shutdown(wait=False)
+    return ahead
+
+
 def fan_out(
     hosts: Sequence[Host],
     work: Callable[[SSHTransport | LocalTransport], T],
     *,
     options: SSHOptions | None = None,
     parallel: int = 32,
+    ahead: Ahead | None = None,
 ) -> tuple[dict[str, T], dict[str, HostFailure]]:
-    """Run `work` on each host over its own connection, at most `parallel` at once; failures never stop
-    the other hosts' work."""
+    """Run `work` on each host over its own connection (one connect_ahead began, or a new one), at most `parallel`
+    at once; failures never stop the other hosts' work."""
+    from concurrent.futures import ThreadPoolExecutor
+
     results: dict[str, T] = {}
     failures: dict[str, HostFailure] = {}
+    begun = ahead or {}
 
     def one(host: Host) -> None:
-        transport = transport_for(host, options)
+        transport: SSHTransport | LocalTransport | None = None
         try:
+            transport = begun[host.name].result() if host.name in begun else transport_for(host, options)
             results[host.name] = work(transport)
         except HostFailure as exc:
             failures[host.name] = exc
         except Exception as exc:  # a bug or an unexpected answer must not take the other hosts down
             failures[host.name] = HostFailure(host.name, "error", f"{type(exc).__name__}: {exc}")
         finally:
-            transport.close()
+            if transport is not None:
+                transport.close()
 
     if not hosts:
         return results, failures

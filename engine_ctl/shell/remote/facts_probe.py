@@ -1,28 +1,48 @@
-"""The facts probe: runs on a host as ONE process (`python3 -I - ARGS_JSON`, this file on stdin), stdlib only,
-and prints one JSON document. It reports raw tool output; engine-ctl parses it locally (engine_ctl.core.fit.hostfacts).
-A missing tool is a fact (null), never an error."""
+"""The facts probe: runs on a host as ONE process (`python3 -I -S - ARGS_JSON`, this file on stdin), stdlib only,
+and prints one JSON document. Nothing runs at import: `main()` does the work, so each fact can be imported and
+unit-tested locally (tests/test_facts_probe.py, against real recorded output in tests/recordings/).
 
-import hashlib
+Each fact is a source (a file, or a tool's argv) and a small parser of that source's real output. GPU tools'
+output is shipped raw and parsed locally (engine_ctl.core.fit.hostfacts). A missing tool is a fact (null), never
+an error.
+Hosts may run an older Python than engine-ctl: this file keeps to Python 3.7's grammar and library."""
+
+from __future__ import annotations
+
 import json
 import os
-import re
 import shutil
 import struct
 import subprocess
 import sys
 
-UNIT_TEXT_LIMIT = 256 * 1024  # engine_ctl.core.fit.hostfacts.UNIT_TEXT_LIMIT: a unit's text past it is not sent
+TYPE_CHECKING = False  # typing costs import time on every host; mypy still reads the block below
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from typing import IO, Any
+
+    Result = dict[str, Any]  # {"code": exit status or -1, "out": stdout, "err": stderr or why it did not run}
+    Started = subprocess.Popen[str] | OSError | None
+
+PROBE_VERSION = 1
 
 
-def run(argv, timeout=10):
+# Running tools and reading files ------------------------------------------------------------------------------
+
+
+def failed(why: str, out: str = "") -> Result:
+    return {"code": -1, "out": out, "err": why}
+
+
+def run(argv: list[str], timeout: float = 10) -> Result:
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-        return {"code": p.returncode, "out": p.stdout, "err": p.stderr}
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"code": -1, "out": "", "err": str(exc)}
+        return failed(str(exc))
+    return {"code": p.returncode, "out": p.stdout, "err": p.stderr}
 
 
-def start(argv):
+def start(argv: list[str]) -> Started:
     """Start a command now and collect it later (finish), so the probe's slow tools run side by side."""
     try:
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -30,30 +50,21 @@ def start(argv):
         return exc
 
 
-def finish(proc, timeout=15):
-    if isinstance(proc, Exception):
-        return {"code": -1, "out": "", "err": str(proc)}
+def finish(proc: Started, timeout: float = 15) -> Result:
+    if proc is None:
+        return failed("not started")
+    if isinstance(proc, OSError):
+        return failed(str(proc))
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        return {"code": -1, "out": out, "err": "timed out"}
+        return failed("timed out", out)
     return {"code": proc.returncode, "out": out, "err": err}
 
 
-def systemd_version():
-    """The version from libsystemd-shared's file name (no process); `systemctl --version` otherwise."""
-    import glob
-
-    for path in glob.glob("/usr/lib/systemd/libsystemd-shared-*.so") + glob.glob("/lib/systemd/libsystemd-shared-*.so"):
-        version = path.rsplit("libsystemd-shared-", 1)[1][: -len(".so")]
-        if version[:1].isdigit():
-            return "systemd " + version
-    return (run(["systemctl", "--version"])["out"].splitlines() or [None])[0]
-
-
-def read(path):
+def read(path: str) -> str | None:
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             return f.read()
@@ -61,17 +72,32 @@ def read(path):
         return None
 
 
-def os_release():
-    text = read("/etc/os-release") or ""
+def first_line(text: str | None) -> str | None:
+    lines = (text or "").strip().splitlines()
+    return lines[0].strip() if lines else None
+
+
+# OS, CPU, memory, disk ------------------------------------------------------------------------------------------
+
+OS_RELEASE = "/etc/os-release"
+CPUINFO = "/proc/cpuinfo"
+MEMINFO = "/proc/meminfo"
+CPU_FLAGS = ("avx", "avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "fma", "f16c", "neon")
+
+
+def parse_os_release(text: str) -> str | None:
+    """os-release(5): KEY=value lines, the value optionally quoted; PRETTY_NAME is the one shown."""
     for line in text.splitlines():
         if line.startswith("PRETTY_NAME="):
-            return line.split("=", 1)[1].strip().strip('"')
+            return line.split("=", 1)[1].strip().strip("\"'") or None
     return None
 
 
-def cpu():
-    text = read("/proc/cpuinfo") or ""
-    model, flags = None, []  # type: ignore[var-annotated]
+def parse_cpuinfo(text: str) -> tuple[str | None, list[str]]:
+    """/proc/cpuinfo: the first processor's `model name` and `flags`, keeping the ISA flags engines care about
+    (CPU_FLAGS) in the order the kernel lists them."""
+    model: str | None = None
+    flags: list[str] = []
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()
@@ -79,76 +105,289 @@ def cpu():
             model = value.strip()
         elif key == "flags" and not flags:
             flags = value.split()
+    return model, [f for f in flags if f in CPU_FLAGS]
+
+
+def cpu_cores() -> int:
+    """The CPUs this process may run on (a container's or cgroup's cpuset), not the machine's."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except AttributeError:
-        cores = os.cpu_count() or 1
-    wanted = ("avx", "avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "fma", "f16c", "neon")
-    return {"cores": cores, "model": model, "flags": [f for f in flags if f in wanted]}
+        return os.cpu_count() or 1
 
 
-def memory():
+def cpu() -> dict[str, Any]:
+    model, flags = parse_cpuinfo(read(CPUINFO) or "")
+    return {"cores": cpu_cores(), "model": model, "flags": flags}
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo: `Key:   N kB` lines; MemAvailable (Linux 3.14+) or MemFree before it, in bytes."""
     info = {}
-    for line in (read("/proc/meminfo") or "").splitlines():
+    for line in text.splitlines():
         key, _, value = line.partition(":")
         parts = value.split()
-        if parts:
-            info[key] = int(parts[0]) * 1024
+        if parts and parts[0].isdigit():
+            info[key] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
     return {"total": info.get("MemTotal", 0), "available": info.get("MemAvailable", info.get("MemFree", 0))}
 
 
-def disk(path):
-    probe, exists = path, os.path.isdir(path)
+def existing_dir(path: str) -> str:
+    """`path` itself, or its nearest existing parent: the file system a directory not yet made would be on."""
+    probe = path
     while probe and not os.path.isdir(probe):
         probe = os.path.dirname(probe.rstrip("/")) or "/"
+    return probe or "/"
+
+
+def disk(path: str) -> dict[str, Any]:
+    """Size and free space (for an unprivileged user, as `df` shows as Avail) of the file system at `path`."""
+    exists = os.path.isdir(path)
     try:
-        st = os.statvfs(probe)
+        st = os.statvfs(existing_dir(path))
     except OSError:
         return {"path": path, "exists": exists, "total": None, "free": None}
     return {"path": path, "exists": exists, "total": st.f_blocks * st.f_frsize, "free": st.f_bavail * st.f_frsize}
 
 
-def gpus():
-    out = {}
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        out["nvidia_smi"] = run(
-            [
-                smi,
-                "--query-gpu=index,uuid,name,memory.total,memory.used,driver_version",
-                "--format=csv,noheader,nounits",
-            ]
-        )
-    amd = shutil.which("amd-smi")
-    if amd:
-        out["amd_smi_static"] = run([amd, "static", "--asic", "--vram", "--driver", "--json"])
-        out["amd_smi_metric"] = run([amd, "metric", "--mem-usage", "--json"])
-    elif shutil.which("rocm-smi"):
-        out["rocm_smi"] = run(
-            [
-                shutil.which("rocm-smi"),
-                "--showuniqueid",
-                "--showproductname",
-                "--showmeminfo",
-                "vram",
-                "--showdriverversion",
-                "--json",
-            ]
-        )
+# systemd --------------------------------------------------------------------------------------------------------
+
+UNIT_DIR = "/etc/systemd/system"
+UNIT_TEXT_LIMIT = 256 * 1024  # engine_ctl.core.fit.hostfacts.UNIT_TEXT_LIMIT: a unit's text past it is not sent
+UNIT_PROPERTIES = ("Id", "ActiveState", "SubState", "NRestarts", "MainPID", "ExecMainStatus", "Result")
+SYSTEMD_LIBRARY = "libsystemd-shared-"
+
+
+def systemd_library_dirs() -> list[str]:
+    """Where distributions put libsystemd-shared-VERSION.so: /usr/lib/systemd (Fedora, Arch), /lib/systemd,
+    and Debian's and Ubuntu's multiarch /usr/lib/ARCH-linux-gnu/systemd."""
+    multiarch = getattr(sys.implementation, "_multiarch", None) or os.uname().machine + "-linux-gnu"
+    return ["/usr/lib/systemd", "/lib/systemd", "/usr/lib/%s/systemd" % multiarch]
+
+
+def systemd_version_from_library(names: Iterable[str]) -> str | None:
+    """`systemd 252` from a file name `libsystemd-shared-252.so` (systemd's own private library), no process."""
+    for name in sorted(names):
+        if name.startswith(SYSTEMD_LIBRARY) and name.endswith(".so"):
+            version = name[len(SYSTEMD_LIBRARY) : -len(".so")]
+            if version[:1].isdigit():
+                return "systemd " + version
+    return None
+
+
+def parse_systemctl_version(text: str) -> str | None:
+    """`systemctl --version`: its first line, `systemd 252 (252.39-1~deb12u2)`."""
+    line = first_line(text)
+    return line if line and line.startswith("systemd ") else None
+
+
+def systemd_version() -> str | None:
+    for directory in systemd_library_dirs():
+        try:
+            found = systemd_version_from_library(os.listdir(directory))
+        except OSError:
+            continue
+        if found:
+            return found
+    return parse_systemctl_version(run(["systemctl", "--version"])["out"])
+
+
+HEADER_LINES = 8
+
+
+def unit_file(data: bytes) -> dict[str, Any]:
+    """What a unit file says about itself: its sha256, its text (so a hand edit is shown as a diff; up to
+    UNIT_TEXT_LIMIT), its leading comment lines (engine-ctl's header: the deployment, revision, lineage, ...), and
+    the sha256 with the content-sha256 value left empty (what that line claims, when nobody edited the file)."""
+    import hashlib  # only where there are units: hashlib loads OpenSSL
+    import re
+
+    header = []
+    for line in data.split(b"\n", HEADER_LINES)[:HEADER_LINES]:
+        if not line.startswith(b"#"):
+            break
+        header.append(line[:512].decode("utf-8", "replace"))
+    blank = re.sub(rb"(?m)^# content-sha256: [0-9a-f]{64}$", b"# content-sha256: ", data, count=1)
+    return {
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "header": header,
+        "body_sha256": hashlib.sha256(blank).hexdigest(),
+        "text": data.decode("utf-8", "replace") if len(data) <= UNIT_TEXT_LIMIT else None,
+    }
+
+
+def unit_files(prefix: str, unit_dir: str = UNIT_DIR) -> dict[str, dict[str, Any]]:
+    """engine-ctl's unit files (`prefix*.service` in `unit_dir`) -> what each says about itself (unit_file)."""
+    try:
+        names = sorted(n for n in os.listdir(unit_dir) if n.startswith(prefix) and n.endswith(".service"))
+    except OSError:
+        return {}
+    found = {}
+    for name in names:
+        try:
+            with open(os.path.join(unit_dir, name), "rb") as f:
+                found[name] = unit_file(f.read())
+        except OSError:
+            continue
+    return found
+
+
+def systemctl_show_argv(names: Iterable[str]) -> list[str]:
+    return ["systemctl", "show", "-p", ",".join(UNIT_PROPERTIES), "--no-pager", *names]
+
+
+def parse_systemctl_show(text: str) -> list[dict[str, str]]:
+    """`systemctl show -p P1,P2 UNIT...`: one block of `Key=value` lines per unit, blocks split by a blank line,
+    each block's keys in systemd's own order; a value may itself hold `=`."""
+    out = []
+    for block in text.strip().split("\n\n"):
+        fields = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if fields.get("Id"):
+            out.append(fields)
     return out
 
 
-def engines(spec, known):
+def units(prefix: str, unit_dir: str = UNIT_DIR) -> list[dict[str, Any]]:
+    """engine-ctl's units: systemd's view of each (UNIT_PROPERTIES) and what its file says (unit_file); a file
+    systemd does not report is listed with its file's facts alone."""
+    files = unit_files(prefix, unit_dir)
+    if not files:
+        return []
+    shown = parse_systemctl_show(run(systemctl_show_argv(files))["out"])
+    out: list[dict[str, Any]] = [dict(fields, **files.get(fields["Id"], {})) for fields in shown]
+    seen = {u["Id"] for u in out}
+    return out + [dict(files[n], Id=n) for n in files if n not in seen]
+
+
+# Listening ports ------------------------------------------------------------------------------------------------
+
+PROC_NET_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
+TCP_LISTEN = "0A"  # the kernel's TCP_LISTEN state, as /proc/net/tcp prints it (hex)
+
+
+def parse_proc_net_tcp(text: str) -> set[int]:
+    """/proc/net/tcp{,6}: a header, then one socket a line, `local_address` as HEXIP:HEXPORT and `st` the state;
+    the ports of sockets in LISTEN (what `ss -ltn` lists, without running ss)."""
+    ports = set()
+    for line in text.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) > 3 and parts[3] == TCP_LISTEN:
+            ports.add(int(parts[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def listening_ports() -> list[int]:
+    ports: set[int] = set()
+    for path in PROC_NET_TCP:
+        ports |= parse_proc_net_tcp(read(path) or "")
+    return sorted(ports)
+
+
+# GPUs: raw output, parsed locally by engine_ctl.core.fit.hostfacts (tests/recordings/ has real output of each) ---
+
+NVIDIA_SMI_QUERY = "index,uuid,name,memory.total,memory.used,driver_version"
+
+
+def gpu_commands(which: Callable[[str], str | None] = shutil.which) -> dict[str, list[str]]:
+    """The GPU tools found on PATH -> the argv whose output engine_ctl.core.fit.hostfacts parses, keyed as the probe
+    reports it. amd-smi (ROCm 6+) is preferred; rocm-smi only where amd-smi is missing."""
+    commands = {}
+    smi = which("nvidia-smi")
+    if smi:
+        commands["nvidia_smi"] = [smi, "--query-gpu=" + NVIDIA_SMI_QUERY, "--format=csv,noheader,nounits"]
+    amd, rocm = which("amd-smi"), which("rocm-smi")
+    if amd:
+        commands["amd_smi_static"] = [amd, "static", "--asic", "--vram", "--driver", "--json"]
+        commands["amd_smi_metric"] = [amd, "metric", "--mem-usage", "--json"]
+    elif rocm:
+        commands["rocm_smi"] = [rocm, "--showuniqueid", "--showproductname", "--showmeminfo", "vram"]
+        commands["rocm_smi"] += ["--showdriverversion", "--json"]
+    return commands
+
+
+# Engines and HAProxy --------------------------------------------------------------------------------------------
+
+# What importlib.metadata.version(NAME) finds, without importing importlib.metadata (which costs that interpreter
+# ~40 ms of imports and a scan of every distribution, on every host, on every run): the first `NAME-VERSION.dist-info`
+# (or .egg-info) on the interpreter's own sys.path, names compared as PEP 503 normalises them, and its METADATA's
+# (PKG-INFO's) `Version:` header. Prints nothing when the distribution is not installed.
+PYTHON_DIST_CODE = r"""
+import os, re, sys
+def norm(n): return re.sub(r"[-_.]+", "-", n).lower()
+want = norm(sys.argv[1])
+for d in sys.path:
+    try:
+        names = sorted(os.listdir(d or "."))
+    except OSError:
+        continue
+    for e in names:
+        stem, _, ext = e.rpartition(".")
+        if ext in ("dist-info", "egg-info") and norm(stem.split("-")[0]) == want:
+            p = os.path.join(d or ".", e)
+            p = os.path.join(p, "METADATA" if ext == "dist-info" else "PKG-INFO") if os.path.isdir(p) else p
+            try:
+                with open(p, encoding="utf-8", errors="replace") as f:
+                    for line in f:
+                        if line.startswith("Version:"):
+                            print(line.split(":", 1)[1].strip()); sys.exit(0)
+                        if not line.strip():
+                            break
+            except OSError:
+                pass
+"""
+VERSION_LIMIT = 400
+
+
+def find_executable(candidates: Iterable[str], which: Callable[[str], str | None] = shutil.which) -> str | None:
+    """The first candidate that is an executable file: an absolute path as given, a bare name on PATH."""
+    for candidate in candidates:
+        resolved = candidate if "/" in candidate else which(candidate)
+        if resolved and os.path.isfile(resolved) and os.access(resolved, os.X_OK):
+            return resolved
+    return None
+
+
+def parse_shebang(line: str) -> str | None:
+    """`#!/opt/vllm/bin/python3 -s` -> the interpreter of a console script (pip writes one such line)."""
+    if not line.startswith("#!"):
+        return None
+    words = line[2:].split()
+    return words[0] if words else None
+
+
+def script_interpreter(path: str) -> str:
+    """The Python that runs a console script (where its packages are), or `path` itself when it is not one."""
+    try:
+        with open(path, "rb") as f:
+            line = f.readline(4096).decode("utf-8", "replace")
+    except OSError:
+        return path
+    return parse_shebang(line) or path
+
+
+def version_argv(path: str, probe: dict[str, Any], name: str) -> list[str] | None:
+    """The command that prints an engine's version, from its provider's probe: `argv` runs the binary with
+    `args`; `python_dist` asks the script's own Python for the installed distribution's version."""
+    if probe.get("kind") == "argv":
+        return [path, *probe.get("args", [])]
+    if probe.get("kind") == "python_dist":
+        return [script_interpreter(path), "-c", PYTHON_DIST_CODE, probe.get("dist", name)]
+    return None
+
+
+def parse_version_output(kind: str | None, result: Result) -> str | None:
+    """What a version probe printed: a binary's whole output (llama-server prints to stderr), a Python
+    distribution's version (stdout; None when the package is not installed)."""
+    text = (result["out"] + result["err"]).strip() if kind == "argv" else result["out"].strip()
+    return text[:VERSION_LIMIT] or None
+
+
+def engines(spec: dict[str, Any], known: dict[str, list[Any]]) -> dict[str, tuple[str, Any, str | None, list[int]]]:
     """Find each engine and start its version probe, unless the binary is unchanged since engine-ctl last read
     its version (`known`: path -> [mtime_ns, size, version]); returns {name: (path, probe or version, kind, stat)}."""
-    started = {}  # type: dict[str, tuple]
+    started: dict[str, tuple[str, Any, str | None, list[int]]] = {}
     for name, entry in spec.items():
-        path = None
-        for candidate in entry.get("candidates", []):
-            resolved = candidate if "/" in candidate else shutil.which(candidate)
-            if resolved and os.path.isfile(resolved) and os.access(resolved, os.X_OK):
-                path = resolved
-                break
+        path = find_executable(entry.get("candidates", []))
         if path is None:
             continue
         st = os.stat(path)
@@ -158,123 +397,131 @@ def engines(spec, known):
             started[name] = (path, seen[2], "known", stat)
             continue
         probe = entry.get("probe") or {}
-        proc = None
-        if probe.get("kind") == "argv":
-            proc = start([path, *probe.get("args", [])])
-        elif probe.get("kind") == "python_dist":
-            python = path
-            try:
-                with open(path, "rb") as f:
-                    first = f.readline().decode("utf-8", "replace")
-                if first.startswith("#!"):
-                    python = first[2:].strip().split()[0]
-            except OSError:
-                pass
-            code = "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))"
-            proc = start([python, "-c", code, probe.get("dist", name)])
-        started[name] = (path, proc, probe.get("kind"), stat)
+        if probe.get("kind") == "python_dist" and is_own_python(script_interpreter(path)):
+            version = dist_version(probe.get("dist", name), own_site_dirs())  # no second Python to start
+            if version is not None:
+                started[name] = (path, version, "known", stat)
+            continue
+        argv = version_argv(path, probe, name)
+        started[name] = (path, start(argv) if argv else None, probe.get("kind"), stat)
     return started
 
 
-def engine_versions(started):
+def normalized_dist(name: str) -> str:
+    """A distribution's name as PEP 503 compares them: runs of - _ . are one -, lower case."""
+    import re
+
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def dist_version(name: str, dirs: Iterable[str]) -> str | None:
+    """What PYTHON_DIST_CODE prints, in this process, for the directories of an interpreter's sys.path: the
+    `Version:` of the first NAME-VERSION.dist-info (or .egg-info) found, or None."""
+    want = normalized_dist(name)
+    for d in dirs:
+        try:
+            names = sorted(os.listdir(d or "."))
+        except OSError:
+            continue
+        for e in names:
+            stem, _, ext = e.rpartition(".")
+            if ext in ("dist-info", "egg-info") and normalized_dist(stem.split("-")[0]) == want:
+                p = os.path.join(d or ".", e)
+                p = os.path.join(p, "METADATA" if ext == "dist-info" else "PKG-INFO") if os.path.isdir(p) else p
+                for line in (read(p) or "").splitlines():
+                    if line.startswith("Version:"):
+                        return line.split(":", 1)[1].strip()
+                    if not line.strip():
+                        break
+    return None
+
+
+def is_own_python(interpreter: str) -> bool:
+    """Whether `interpreter` is the Python running this probe (the host's python3: sglang's usual one)."""
+    try:
+        return os.path.realpath(interpreter) == os.path.realpath(sys.executable)
+    except OSError:
+        return False
+
+
+def own_site_dirs() -> list[str]:
+    """Where this Python, started normally, finds installed distributions (what site.main would add; the probe
+    runs with -I -S, so sys.path has none of them): the user's site-packages, then the system's (Debian's
+    dist-packages included); in a virtual environment its own, and the system's only if its pyvenv.cfg says
+    include-system-site-packages = true (and then no user site, as site.py decides)."""
+    import site
+
+    exe_dir = os.path.dirname(sys.executable)  # a venv is found as site.venv finds it (under -S it never ran)
+    venv = next((d for d in (exe_dir, os.path.dirname(exe_dir)) if os.path.isfile(os.path.join(d, "pyvenv.cfg"))), None)
+    if venv is None:
+        user = site.getusersitepackages()
+        return [*([user] if isinstance(user, str) else []), *site.getsitepackages()]
+    cfg = read(os.path.join(venv, "pyvenv.cfg")) or ""
+    system = any(
+        line.split("=", 1)[0].strip().lower() == "include-system-site-packages"
+        and line.split("=", 1)[1].strip().lower() == "true"
+        for line in cfg.splitlines()
+        if "=" in line
+    )
+    return site.getsitepackages([venv]) + (site.getsitepackages([sys.base_prefix]) if system else [])
+
+
+def engine_versions(started: dict[str, tuple[str, Any, str | None, list[int]]]) -> dict[str, dict[str, Any]]:
     found = {}
     for name, (path, proc, kind, stat) in started.items():
         version = None
         if kind == "known":
             version = proc
         elif proc is not None:
-            result = finish(proc)
-            version = (result["out"] + result["err"]).strip() if kind == "argv" else result["out"].strip() or None
+            version = parse_version_output(kind, finish(proc))
             if kind == "python_dist" and version is None:
                 continue  # the interpreter is there, the engine's package is not
-        found[name] = {"path": path, "version": (version or "")[:400] or None, "stat": stat}
+        found[name] = {"path": path, "version": (version or "")[:VERSION_LIMIT] or None, "stat": stat}
     return found
 
 
-def with_sha256(found):
+def file_sha256(path: str) -> str | None:
+    import hashlib
+
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def with_sha256(found: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each engine found, with the sha256 of its binary: what runs, whatever its version says."""
     for entry in found.values():
-        h = hashlib.sha256()
-        try:
-            with open(entry["path"], "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-            entry["sha256"] = h.hexdigest()
-        except OSError:
-            entry["sha256"] = None
+        entry["sha256"] = file_sha256(entry["path"])
     return found
 
 
-HEADER_LINES = 8
-CONTENT_LINE = re.compile(rb"^# content-sha256: [0-9a-f]{64}$", re.MULTILINE)
+def parse_haproxy_version(text: str) -> str | None:
+    """`haproxy -v`: its first line, `HAProxy version 2.6.12-1+deb12u4 2026/10/17 - https://haproxy.org/`."""
+    return first_line(text)
 
 
-def unit_file(data):
-    """What a unit file says about itself: its sha256, its text (so a hand edit is shown as a diff; up to
-    UNIT_TEXT_LIMIT), its leading comment lines (engine-ctl's header: the deployment, revision, lineage, …), and
-    the sha256 with the content-sha256 value left empty (what that line claims, when nobody edited the file)."""
-    header = []
-    for line in data.split(b"\n", HEADER_LINES)[:HEADER_LINES]:
-        if not line.startswith(b"#"):
-            break
-        header.append(line[:512].decode("utf-8", "replace"))
-    blank = CONTENT_LINE.sub(b"# content-sha256: ", data, count=1)
-    return {
-        "sha256": hashlib.sha256(data).hexdigest(),
-        "header": header,
-        "body_sha256": hashlib.sha256(blank).hexdigest(),
-        "text": data.decode("utf-8", "replace") if len(data) <= UNIT_TEXT_LIMIT else None,
-    }
+# Model files ----------------------------------------------------------------------------------------------------
+
+MODEL_FILE_SUFFIXES = (".gguf", ".safetensors")
+MODEL_FILE_NAMES = ("config.json", "model.safetensors.index.json")
 
 
-def units(prefix):
-    unit_dir = "/etc/systemd/system"
-    names, files = set(), {}
-    try:
-        for entry in os.listdir(unit_dir):
-            if entry.startswith(prefix) and entry.endswith(".service"):
-                names.add(entry)
-                with open(os.path.join(unit_dir, entry), "rb") as f:
-                    files[entry] = unit_file(f.read())
-    except OSError:
-        pass
-    out = []
-    if names:
-        ordered = sorted(names)
-        props = "Id,ActiveState,SubState,NRestarts,MainPID,ExecMainStatus,Result"
-        shown = run(["systemctl", "show", "-p", props, "--no-pager", *ordered])
-        blocks = shown["out"].strip().split("\n\n") if shown["out"].strip() else []
-        for block in blocks:
-            fields = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-            name = fields.get("Id")
-            if name:
-                fields.update(files.get(name) or {})
-                out.append(fields)
-        seen = {u.get("Id") for u in out}
-        out += [{"Id": n, **(files.get(n) or {})} for n in ordered if n not in seen]
-    return out
-
-
-def listening_ports():
-    ports = set()
-    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in (read(path) or "").splitlines()[1:]:
-            parts = line.split()
-            if len(parts) > 3 and parts[3] == "0A":
-                ports.add(int(parts[1].rsplit(":", 1)[1], 16))
-    return sorted(ports)
-
-
-def model_files(root, limit=5000):
-    files = []  # type: ignore[var-annotated]
+def model_files(root: str, limit: int = 5000, depth: int = 5) -> list[dict[str, Any]]:
+    """GGUF files and checkpoint files under `root`, at most `depth` directories down and `limit` files."""
+    files: list[dict[str, Any]] = []
     if not os.path.isdir(root):
         return files
     base_depth = root.rstrip("/").count("/")
     for dirpath, dirnames, filenames in os.walk(root):
-        if dirpath.count("/") - base_depth >= 5:
+        if dirpath.count("/") - base_depth >= depth:
             dirnames[:] = []
         for name in filenames:
-            if name.endswith((".gguf", ".safetensors")) or name in ("config.json", "model.safetensors.index.json"):
+            if name.endswith(MODEL_FILE_SUFFIXES) or name in MODEL_FILE_NAMES:
                 full = os.path.join(dirpath, name)
                 try:
                     files.append({"path": full, "size": os.path.getsize(full)})
@@ -288,73 +535,91 @@ def model_files(root, limit=5000):
 # GGUF value types (ggml's gguf.h): 0 u8, 1 i8, 2 u16, 3 i16, 4 u32, 5 i32, 6 f32, 7 bool, 8 string, 9 array,
 # 10 u64, 11 i64, 12 f64
 SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+GGUF_STRING, GGUF_ARRAY = 8, 9
+ARRAY_LIMIT = 4096
 
 
 class Reader:
-    def __init__(self, f):
+    """Little-endian GGUF values from a binary file, skipping (not building) arrays nobody keeps."""
+
+    def __init__(self, f: IO[bytes]) -> None:
         self.f = f
 
-    def take(self, fmt):
+    def take(self, fmt: str) -> Any:
         size = struct.calcsize(fmt)
         data = self.f.read(size)
         if len(data) != size:
             raise ValueError("truncated GGUF file")
         return struct.unpack(fmt, data)[0]
 
-    def string(self):
+    def string(self) -> str:
         n = self.take("<Q")
         if n > 1 << 24:
             raise ValueError("implausible string length")
-        return self.f.read(n).decode("utf-8", "replace")
+        data = self.f.read(n)
+        if len(data) != n:
+            raise ValueError("truncated GGUF file")
+        return data.decode("utf-8", "replace")
 
-    def value(self, vtype, keep):
+    def value(self, vtype: int, keep: bool) -> Any:
         if vtype in SCALARS:
             return self.take(SCALARS[vtype])
-        if vtype == 8:
+        if vtype == GGUF_STRING:
             return self.string()
-        if vtype == 9:
-            item_type = self.take("<I")
-            count = self.take("<Q")
-            if not keep:  # skip the tokenizer's large arrays without building them
-                if item_type in SCALARS:
-                    self.f.seek(count * struct.calcsize(SCALARS[item_type]), 1)
-                else:
-                    for _ in range(count):
-                        self.value(item_type, False)
-                return None
-            return [self.value(item_type, True) for _ in range(min(count, 4096))]
+        if vtype == GGUF_ARRAY:
+            return self.array(keep)
         raise ValueError("unknown GGUF value type %d" % vtype)
 
+    def array(self, keep: bool) -> list[Any] | None:
+        item_type = self.take("<I")
+        count = self.take("<Q")
+        if keep:
+            return [self.value(item_type, True) for _ in range(min(count, ARRAY_LIMIT))]
+        if item_type in SCALARS:  # the tokenizer's large arrays: seek past them
+            self.f.seek(count * struct.calcsize(SCALARS[item_type]), 1)
+        else:
+            for _ in range(count):
+                self.value(item_type, False)
+        return None
 
-def gguf(path):
+
+def read_gguf(f: IO[bytes], size: int) -> dict[str, Any]:
+    """A GGUF file's header (ggml's docs/gguf.md): magic, version, tensor count, key/value metadata (tokenizer.*
+    arrays skipped), tensor infos; the tensor data starts at the next `general.alignment` boundary after them."""
+    r = Reader(f)
+    if f.read(4) != b"GGUF":
+        return {"error": "not a GGUF file (bad magic)"}
+    version = r.take("<I")
+    n_tensors = r.take("<Q")
+    n_kv = r.take("<Q")
+    fields = {}
+    for _ in range(n_kv):
+        key = r.string()
+        vtype = r.take("<I")
+        keep = not key.startswith("tokenizer.")
+        value = r.value(vtype, keep)
+        if keep:
+            fields[key] = value
+    for _ in range(n_tensors):
+        r.string()
+        n_dims = r.take("<I")
+        f.seek(8 * n_dims + 4 + 8, 1)  # dims (u64 each), type (u32), offset (u64)
+    alignment = int(fields.get("general.alignment", 32))
+    offset = f.tell()
+    offset += (alignment - offset % alignment) % alignment
+    data = size - offset if n_tensors else 0  # a vocabulary-only file has no data (and no padding after it)
+    return {"format": "gguf", "version": version, "fields": fields, "size": size, "data_bytes": max(data, 0)}
+
+
+def gguf(path: str) -> dict[str, Any]:
     with open(path, "rb") as f:
-        r = Reader(f)
-        if f.read(4) != b"GGUF":
-            return {"error": "not a GGUF file (bad magic)"}
-        version = r.take("<I")
-        n_tensors = r.take("<Q")
-        n_kv = r.take("<Q")
-        fields = {}
-        for _ in range(n_kv):
-            key = r.string()
-            vtype = r.take("<I")
-            keep = not key.startswith("tokenizer.")
-            value = r.value(vtype, keep)
-            if keep:
-                fields[key] = value
-        for _ in range(n_tensors):
-            r.string()
-            n_dims = r.take("<I")
-            f.seek(8 * n_dims + 4 + 8, 1)
-        alignment = int(fields.get("general.alignment", 32))
-        offset = f.tell()
-        offset += (alignment - offset % alignment) % alignment
-        size = os.path.getsize(path)
-        return {"format": "gguf", "version": version, "fields": fields, "size": size, "data_bytes": size - offset}
+        return read_gguf(f, os.fstat(f.fileno()).st_size)
 
 
-def checkpoint(path):
-    out = {"format": "safetensors"}  # type: dict[str, object]
+def checkpoint(path: str) -> dict[str, Any]:
+    """A Hugging Face checkpoint directory: config.json, and the weights' size from the safetensors index's
+    `metadata.total_size` or else the sum of the .safetensors files."""
+    out: dict[str, Any] = {"format": "safetensors"}
     with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
         out["config"] = json.load(f)
     index = os.path.join(path, "model.safetensors.index.json")
@@ -368,7 +633,7 @@ def checkpoint(path):
     return out
 
 
-def model_metadata(path):
+def model_metadata(path: str) -> dict[str, Any]:
     """What the files at `path` say (a GGUF file, or a checkpoint directory), or why they cannot be read."""
     try:
         if os.path.isdir(path):
@@ -383,9 +648,11 @@ def model_metadata(path):
 MARKER = ".engine-ctl-checkpoint.json"
 
 
-def checkpoint_digest(path):
+def checkpoint_digest(path: str) -> dict[str, Any] | None:
     """The checkpoint digest of an hf: checkout engine-ctl fetched (the marker beside its files), measured now:
     a file whose size or mtime differs from what the fetch recorded is hashed again. None for other models."""
+    import hashlib
+
     root = path if os.path.isdir(path) else os.path.dirname(path)
     marker = os.path.join(root, MARKER)
     if not os.path.isfile(marker):
@@ -403,18 +670,14 @@ def checkpoint_digest(path):
             if (st.st_size, st.st_mtime_ns) == (entry["size"], entry["mtime_ns"]):
                 digests[name] = entry["sha256"]
                 continue
-            h = hashlib.sha256()
-            with open(full, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-            digests[name] = h.hexdigest()
+            digests[name] = file_sha256(full) or "missing"
         text = "".join("%s  %s\n" % (digests[p], p) for p in sorted(digests))
         return {"dir": root, "digest": hashlib.sha256(text.encode()).hexdigest()}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return {"dir": root, "error": str(exc)}
 
 
-def writable_by_others(path):
+def writable_by_others(path: str) -> str | None:
     """The first of the model's directory and its files that other users may write (seed 003: refused)."""
     import stat
 
@@ -430,7 +693,8 @@ def writable_by_others(path):
     return None
 
 
-def model_entry(path):
+def model_entry(path: str) -> dict[str, Any]:
+    """model_metadata, with the checkpoint digest of a fetched hf: checkout and a path others may write."""
     out = model_metadata(path)
     found = checkpoint_digest(path) if not out.get("missing") else None
     if found is not None:
@@ -442,43 +706,84 @@ def model_entry(path):
     return out
 
 
-def health(checks):
-    """GET each engine's health endpoint on loopback: the HTTP status, or why there was none."""
-    if not checks:
-        return {}
-    import urllib.error
-    import urllib.request
+# Engine health --------------------------------------------------------------------------------------------------
 
-    out = {}
-    for check in checks:
-        url = "http://127.0.0.1:%d%s" % (int(check["port"]), check["path"])
-        try:
-            with urllib.request.urlopen(url, timeout=3) as response:
-                out[str(check["port"])] = str(response.status)
-        except urllib.error.HTTPError as exc:
-            out[str(check["port"])] = str(exc.code)
-        except (OSError, ValueError) as exc:
-            out[str(check["port"])] = "down: " + str(getattr(exc, "reason", exc))
-    return out
+HEALTH_TIMEOUT = 3.0
+HEAD_LIMIT = 65536
 
 
-def main():
-    args = json.loads(sys.argv[1])
+def http_request(port: int, path: str) -> bytes:
+    return ("GET %s HTTP/1.0\r\nHost: 127.0.0.1:%d\r\nConnection: close\r\n\r\n" % (path, port)).encode("ascii")
+
+
+def parse_status_line(head: bytes) -> str:
+    """An HTTP response's status line, `HTTP/1.1 503 Service Unavailable` -> `503`; anything else is down."""
+    line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    parts = line.split()
+    if len(parts) >= 2 and parts[0].startswith("HTTP/") and parts[1].isdigit():
+        return parts[1]
+    return "down: not an HTTP response: %r" % line[:80]
+
+
+def http_status(port: int, path: str, timeout: float = HEALTH_TIMEOUT) -> str:
+    """GET http://127.0.0.1:PORT/PATH over a plain socket (urllib costs ~30 ms of imports): the HTTP status, or
+    `down: why` (`[Errno 111] Connection refused`, `timed out`)."""
+    import socket
+
+    head = b""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(http_request(port, path))
+            while b"\r\n" not in head and len(head) < HEAD_LIMIT:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                head += chunk
+    except (OSError, ValueError) as exc:
+        return "down: " + str(exc)
+    return parse_status_line(head)
+
+
+def health(checks: list[dict[str, Any]]) -> dict[str, str]:
+    """GET each engine's health endpoint on loopback: port -> the HTTP status, or why there was none."""
+    return {str(c["port"]): http_status(int(c["port"]), str(c["path"])) for c in checks}
+
+
+# The probe ------------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str]) -> dict[str, Any]:
+    """The probe's one argument: gather.probe_args as JSON."""
+    if len(argv) != 1:
+        raise SystemExit("usage: python3 -I -S - ARGS_JSON  (engine_ctl.shell.gather.probe_args as JSON)")
+    try:
+        args = json.loads(argv[0])
+    except ValueError as exc:
+        raise SystemExit("facts probe: ARGS_JSON is not JSON: %s" % exc) from None
+    if not isinstance(args, dict) or "models_dir" not in args or "cache_dir" not in args:
+        raise SystemExit("facts probe: ARGS_JSON must be an object with models_dir and cache_dir")
+    return args
+
+
+def probe(args: dict[str, Any]) -> dict[str, Any]:
+    """Every fact of this host. The tools that take time (engines' --version, GPU tools, haproxy -v) start first
+    and run side by side while the files are read."""
     started = engines(args.get("engines", {}), args.get("known_versions", {}))
     builds = engines(args.get("builds", {}), args.get("known_versions", {}))  # "engine\tplatform" -> one path
+    gpu_started = {key: start(argv) for key, argv in gpu_commands().items()}
     haproxy = shutil.which("haproxy")
-    haproxy_probe = start([haproxy, "-v"]) if haproxy else None
-    doc = {
-        "probe_version": 1,
-        "hostname": os.uname().nodename,
-        "os": os_release(),
-        "kernel": os.uname().release,
-        "arch": os.uname().machine,
+    haproxy_started = start([haproxy, "-v"]) if haproxy else None
+    uname = os.uname()
+    doc: dict[str, Any] = {
+        "probe_version": PROBE_VERSION,
+        "hostname": uname.nodename,
+        "os": parse_os_release(read(OS_RELEASE) or ""),
+        "kernel": uname.release,
+        "arch": uname.machine,
         "systemd": systemd_version(),
         "cpu": cpu(),
-        "memory": memory(),
+        "memory": parse_meminfo(read(MEMINFO) or ""),
         "disks": {"models_dir": disk(args["models_dir"]), "cache_dir": disk(args["cache_dir"])},
-        "gpus": gpus(),
         "units": units(args.get("unit_prefix", "engine-ctl-")),
         "ports": listening_ports(),
         "model_files": model_files(args["models_dir"]),
@@ -487,11 +792,17 @@ def main():
         "models": {p: model_entry(p) for p in args.get("model_paths", [])},
         "health": health(args.get("health", [])),
     }
+    doc["gpus"] = {key: finish(proc) for key, proc in gpu_started.items()}
     doc["engines"] = with_sha256(engine_versions(started))
     doc["engine_builds"] = with_sha256(engine_versions(builds))
-    doc["haproxy"] = (finish(haproxy_probe)["out"].splitlines() or [None])[0] if haproxy_probe else None
-    sys.stdout.write(json.dumps(doc))
+    doc["haproxy"] = parse_haproxy_version(finish(haproxy_started)["out"]) if haproxy_started else None
+    return doc
 
 
-if __name__ == "__main__":  # run on a host (`python3 -I -`); imported, its parsers can be tested
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    sys.stdout.write(json.dumps(probe(args)))
+
+
+if __name__ == "__main__":  # `python3 -I -S -` (the probe on stdin) runs as __main__
     main()
