@@ -45,6 +45,8 @@ RECORDING = Path(__file__).resolve().parent.parent / "tests" / "recordings" / "n
 """Real nvidia-smi output (tests/recordings/README.md): each GPU host is this machine with its own UUIDs."""
 SIZES = ((100, 20), (1_000, 200), (5_000, 1_000))
 PER_DEPLOYMENT = 5
+LINEAGE = "00000000-0000-4000-8000-000000000000"
+"""The state's lineage: each unit's header carries it, so the re-plan's state has the first plan's."""
 TARGET_PLAN_S = 1.0
 TARGET_STEP = 12.0
 TARGET_TEXT_S = 1.0
@@ -115,7 +117,7 @@ def load(text: str) -> DesiredState:
 
 def applied(plan: Plan, facts: dict[str, HostFacts]) -> tuple[State, dict[str, HostFacts]]:
     """The state a successful apply of `plan` records, and the hosts' facts with the units it wrote."""
-    state = State(lineage="00000000-0000-4000-8000-000000000000", serial=1)
+    state = State(lineage=LINEAGE, serial=1)
     units: dict[str, list[UnitFact]] = {h: [] for h in facts}
     for c in plan.changes:
         replicas = []
@@ -159,9 +161,9 @@ def measure(replicas: int, hosts: int, runs: int) -> Row:
     inventory, facts = fleet(hosts)
     text = documents(replicas)
     desired = load(text)
-    plan_s, first = timed(lambda: make_plan(desired, State(), inventory, facts, MODEL_FACTS), runs)
+    plan_s, first = timed(lambda: make_plan(desired, State(lineage=LINEAGE), inventory, facts, MODEL_FACTS), runs)
     assert isinstance(first, Plan)
-    loaded_s, _ = timed(lambda: make_plan(load(text), State(), inventory, facts, MODEL_FACTS), runs)
+    loaded_s, _ = timed(lambda: make_plan(load(text), State(lineage=LINEAGE), inventory, facts, MODEL_FACTS), runs)
     state, after = applied(first, facts)
     replan_s, again = timed(lambda: make_plan(desired, state, inventory, after, MODEL_FACTS), runs)
     assert isinstance(again, Plan) and not again.has_changes, "the plan of an applied state has no changes"

@@ -134,7 +134,7 @@ def test_upgrading_replaces_nothing_and_a_change_writes_the_lineage() -> None:
     roll = make_plan(desired("accelerator: cpu, context_length: 8192, replicas: {min: 2, max: 2}"), old_state, inv,
                      old_facts, {"m": SHAPE})  # fmt: skip
     steps = roll.changes[0].replicas
-    assert [s.action for s in steps] == [["create", "delete"]] * 2  # surges: create before destroy
+    assert [s.replaces for s in steps] == [True] * 2
     assert all(s.unit_text is not None and "# lineage: L1\n" in s.unit_text for s in steps)
 
 
@@ -273,7 +273,7 @@ def test_import_of_an_edited_unit_and_of_changed_documents() -> None:
     rebuilt = State(lineage=changed.lineage, deployments=changed.deployments)
     roll = make_plan(desired("accelerator: cpu, context_length: 8192"), rebuilt, inv, facts, {"m": SHAPE})
     (c,) = roll.changes
-    assert c.action == ["create", "delete"] and c.revision == 2 and c.replicas[0].old_unit == step.unit
+    assert c.replaces and c.revision == 2 and c.replicas[0].old_unit == step.unit
 
 
 # --- state rm and state mv ------------------------------------------------------------------------------------
@@ -305,7 +305,7 @@ def test_state_rm_and_mv_on_the_state_value() -> None:
     inv, _ = world(*facts.values())
     plan = make_plan(renamed, moved, inv, facts, {"m": SHAPE})
     (c,) = plan.changes
-    assert c.name == "assistant" and c.action == ["create", "delete"] and plan.drift == []
+    assert c.name == "assistant" and c.replaces and plan.drift == []
     assert [(s.old_unit, s.unit) for s in c.replicas] == [
         ("engine-ctl-chat-0a.service", "engine-ctl-assistant-0b.service"),
         ("engine-ctl-chat-1a.service", "engine-ctl-assistant-1b.service"),

@@ -23,10 +23,10 @@ def test_replace_plans_every_replica_as_a_rolling_replacement_and_then_nothing()
     inventory = world(*facts.values())[0]
     plan = make_plan(desired(spec), state, inventory, facts, {"m": SHAPE}, replace=frozenset({"chat"}))
     (c,) = plan.changes
-    assert c.action == ["create", "delete"] and c.reasons == ["a rolling replace: replace requested"]  # a surge
+    assert c.replaces and c.reasons == ["a rolling replace: replace requested"]
     assert c.revision == c.old_revision == 1 and c.strategy == "surge" and not c.field_changes
     old = {r.unit for r in state.deployments["chat"].replicas}
-    assert [r.action for r in c.replicas] == [["create", "delete"]] * 2
+    assert [r.replaces for r in c.replicas] == [True] * 2
     assert {r.old_unit for r in c.replicas} == old and not {r.unit for r in c.replicas} & old  # the other slot
     assert [r.reason for r in c.replicas] == ["replace requested"] * 2
     assert plan.summary() == {"add": 0, "change": 1, "destroy": 0}
