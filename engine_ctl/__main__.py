@@ -8,6 +8,7 @@ else is engine_ctl.cli.main's; tests/test_startup.py checks that both print the 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from engine_ctl import __version__
@@ -29,7 +30,10 @@ def main() -> None:
         sys.stderr.write("\ninterrupted\n")
         sys.stderr.flush()
         os._exit(INTERRUPTED)  # at once, as engine_ctl.cli.main.interrupted does (see there why)
-    cli_main()
+    try:
+        cli_main()
+    finally:  # the command is done: a Ctrl-C now (while Python shuts down) must not turn its status into -SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 if __name__ == "__main__":
