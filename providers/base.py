@@ -82,6 +82,11 @@ class Provider:
     amd_without_build: frozenset[str] = frozenset()
     """AMD families (see AMD_FAMILIES) that no build of this engine runs on (seed 001, GPU vendors)."""
 
+    def api_key_argv(self, key_file: str) -> list[str]:
+        """Flags that make the engine answer only requests with the key in `key_file` (the gateway's internal
+        key); [] for an engine that cannot read a key from a file (then only IPAddressAllow= guards it)."""
+        return []
+
     def engine_args_argv(self, args: Sequence[str]) -> list[str]:
         """The deployment's engine_args (already checked) in the form this engine accepts."""
         if self.takes_flag_equals_value:

@@ -24,7 +24,7 @@ from engine_ctl.core.fit.hostfacts import (
     parse_rocm_smi,
 )
 from engine_ctl.core.fit.modelfacts import ModelFacts, facts_from_gguf_fields, facts_from_hf_config
-from engine_ctl.core.render.units import UNIT_PREFIX
+from engine_ctl.core.render.units import UNIT_PREFIX, bind_address, local_address
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, fan_out
 
@@ -48,6 +48,7 @@ def probe_args(
         "models_dir": host.models_dir,
         "cache_dir": host.cache_dir,
         "unit_prefix": UNIT_PREFIX,
+        "bind": local_address(bind_address(host)),
         "engines": {
             name: {"candidates": p.executable_candidates(host.engines.get(name)), "probe": p.version_probe()}
             for name, p in PROVIDERS.items()
@@ -139,6 +140,9 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         ports_in_use=tuple(doc.get("ports") or ()),
         model_files=tuple(ModelFile(path=f["path"], size_bytes=int(f["size"])) for f in doc.get("model_files") or []),
         haproxy_version=doc.get("haproxy"),
+        gateway_files=(doc.get("gateway") or {}).get("files") if doc.get("gateway") else None,
+        gateway_servers=dict((doc.get("gateway") or {}).get("servers") or {}),
+        ip_filtering=doc.get("cgroup2"),
         warnings=tuple(warnings),
     )
 

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from engine_ctl.core.documents.inventory import Host
+from engine_ctl.core.documents.inventory import GATEWAY_ROLE, Host
 from engine_ctl.core.fit.fitting import FitResult
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.runspec import ReplicaRun
 from engine_ctl.core.model import Deployment, Model
 from engine_ctl.core.names import UNIT_PREFIX as UNIT_PREFIX  # re-exported: plan and gather use it
 from engine_ctl.core.names import unit_name
+from engine_ctl.core.render.gateway import REPLICA_KEY, is_ip
 from engine_ctl.core.render.systemd_escape import comment_text, env_assignment, exec_line, path_value
 from engine_ctl.providers import Provider
 from engine_ctl.providers.base import is_template_name
@@ -29,6 +31,7 @@ SH = "/bin/sh"
 VAR_CACHE = "/var/cache"
 CREDENTIALS_DIR = "/run/credentials"
 TEMPLATE_CREDENTIAL = "chat-template"
+KEY_CREDENTIAL = "replica-key"
 NVIDIA_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
 
@@ -75,6 +78,24 @@ def model_path_on_host(model: Model, host: Host) -> str:
     return posixpath.normpath(base)
 
 
+def bind_address(host: Host) -> str:
+    """Engines listen on the host's inventory address (where the gateway reaches them), not on every interface;
+    an inventory address that is a DNS name leaves 0.0.0.0."""
+    return host.address if is_ip(host.address) else "0.0.0.0"
+
+
+def local_address(bind: str) -> str:
+    """Where the health gate and the facts probe reach the engine from the host itself (for a URL)."""
+    if bind in ("0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{bind}]" if ":" in bind else bind
+
+
+def gateway_allow(hosts: Mapping[str, Host]) -> tuple[str, ...]:
+    """The gateway hosts' IP addresses (IPAddressAllow= takes addresses, not names)."""
+    return tuple(sorted({h.address for h in hosts.values() if GATEWAY_ROLE in h.roles and is_ip(h.address)}))
+
+
 def device_allow(run: ReplicaRun) -> list[str]:
     if not run.gpus:
         return []
@@ -83,13 +104,13 @@ def device_allow(run: ReplicaRun) -> list[str]:
     return [f"{n} rw" for n in NVIDIA_NODES] + [f"/dev/nvidia{g.index} rw" for g in run.gpus]
 
 
-def health_argv(port: int, path: str, budget_s: int) -> list[str]:
+def health_argv(port: int, path: str, budget_s: int, address: str = "127.0.0.1") -> list[str]:
     """The health gate (ExecStartPost): GET /health four times a second until it answers 200 within the start-up
     budget, and fail at once if the engine exits first ($MAINPID is set for control processes)."""
     script = (
         f"i=0; while [ $i -lt {budget_s * 4} ]; do "
         'kill -0 "$MAINPID" 2>/dev/null || { echo "the engine exited before readiness" >&2; exit 1; }; '
-        f"code=$({CURL} -s -o /dev/null -w '%{{http_code}}' --max-time 3 http://127.0.0.1:{port}{path}); "
+        f"code=$({CURL} -s -o /dev/null -w '%{{http_code}}' --max-time 3 http://{address}:{port}{path}); "
         '[ "$code" = 200 ] && exit 0; i=$((i+1)); sleep 0.25; done; '
         f'echo "no healthy answer within {budget_s} s" >&2; exit 1'
     )
@@ -157,7 +178,14 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
         "gpus": [g.uuid for g in run.gpus],
         "start_limit_interval": provider.startup_budget_s * 4 + 120,
         "exec_start": exec_line(argv),
-        "exec_health": exec_line(health_argv(run.port, provider.health_path, provider.startup_budget_s)),
+        "exec_health": exec_line(
+            health_argv(run.port, provider.health_path, provider.startup_budget_s, local_address(run.bind_address))
+        ),
+        # the host's own address too: the health gate and the facts probe call the engine there
+        "ip_allow": sorted({*run.allow_from, *([run.bind_address] if is_ip(run.bind_address) else [])})
+        if run.allow_from
+        else [],
+        "replica_key": f"{KEY_CREDENTIAL}:{REPLICA_KEY}" if run.api_key_file else None,
         "health_path": provider.health_path,
         "startup_budget": provider.startup_budget_s,
         "environment": [env_assignment(k, v) for k, v in sorted(environment.items())],
@@ -207,6 +235,8 @@ def replica_runs(
         host = hosts[p.host]
         executable = host.engines.get(provider.name) or provider.default_executable
         unit = unit_name(d.name, p.index, slot)
+        gateways = gateway_allow(hosts)
+        key_file = f"{CREDENTIALS_DIR}/{unit}/{KEY_CREDENTIAL}" if gateways and provider.api_key_argv("x") else None
         runs.append(
             (
                 ReplicaRun(
@@ -220,6 +250,9 @@ def replica_runs(
                     if model.mmproj
                     else None,
                     executable=executable,
+                    bind_address=bind_address(host),
+                    allow_from=gateways,
+                    api_key_file=key_file,
                     port=p.port,
                     gpus=p.gpus,
                     plan=result.plan.model_copy(update={"port": p.port, "threads": p.threads or result.plan.threads}),

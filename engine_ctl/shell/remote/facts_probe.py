@@ -341,7 +341,7 @@ def model_metadata(path):
         return {"error": str(exc)}
 
 
-def health(checks):
+def health(checks, address="127.0.0.1"):
     """GET each engine's health endpoint on loopback: the HTTP status, or why there was none."""
     if not checks:
         return {}
@@ -350,7 +350,7 @@ def health(checks):
 
     out = {}
     for check in checks:
-        url = "http://127.0.0.1:%d%s" % (int(check["port"]), check["path"])
+        url = "http://%s:%d%s" % (address, int(check["port"]), check["path"])
         try:
             with urllib.request.urlopen(url, timeout=3) as response:
                 out[str(check["port"])] = str(response.status)
@@ -359,6 +359,44 @@ def health(checks):
         except (OSError, ValueError) as exc:
             out[str(check["port"])] = "down: " + str(getattr(exc, "reason", exc))
     return out
+
+
+def gateway():
+    """engine-ctl's gateway on this host: its files' sha256 and each server's state as HAProxy sees it."""
+    directory = "/etc/engine-ctl/gateway"
+    files = {}
+    try:
+        for entry in sorted(os.listdir(directory)):
+            path = os.path.join(directory, entry)
+            if os.path.isfile(path) and not entry.endswith(".env"):
+                with open(path, "rb") as f:
+                    files[entry] = hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+    servers = {}
+    try:
+        import socket
+
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(3)
+        s.connect("/run/engine-ctl-gateway/admin.sock")
+        s.sendall(b"show stat\n")
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        s.close()
+        lines = data.decode().splitlines()
+        header = lines[0].lstrip("# ").split(",") if lines else []
+        for line in lines[1:]:
+            row = dict(zip(header, line.split(","), strict=False))
+            if row.get("svname") not in (None, "FRONTEND", "BACKEND"):
+                servers[row["pxname"] + "/" + row["svname"]] = row.get("status", "")
+    except (OSError, ValueError, IndexError):
+        pass
+    return {"files": files, "servers": servers}
 
 
 def main():
@@ -383,7 +421,9 @@ def main():
         "curl": shutil.which("curl"),
         "python": "%d.%d.%d" % sys.version_info[:3],
         "models": {p: model_metadata(p) for p in args.get("model_paths", [])},
-        "health": health(args.get("health", [])),
+        "health": health(args.get("health", []), args.get("bind") or "127.0.0.1"),
+        "gateway": gateway(),
+        "cgroup2": os.path.exists("/sys/fs/cgroup/cgroup.controllers"),
     }
     doc["engines"] = engine_versions(started)
     doc["haproxy"] = (finish(haproxy_probe)["out"].splitlines() or [None])[0] if haproxy_probe else None
