@@ -9,6 +9,7 @@ import re
 import shlex
 from typing import Any
 
+from engine_ctl.core.plan.gateway import GatewayChange
 from engine_ctl.core.plan.planner import DeploymentChange, Plan, ReplicaChange
 
 SENSITIVE_WORDS = ("key", "token", "secret", "password")
@@ -106,7 +107,8 @@ def render_plan(plan: Plan) -> list[tuple[str, str]]:
     if plan.refresh_only:
         out.append(("bold", "Refresh only: apply records what drifted into the state; nothing on the hosts changes."))
         return out
-    if changed:
+    gateways = [g for g in plan.gateways if g.changed]
+    if changed or gateways:
         out.append(("bold", "engine-ctl will perform the following actions:"))
     for c in changed:
         style = {"+": "add", "-": "destroy", "~": "change", "-/+": "change"}[c.symbol]
@@ -133,6 +135,10 @@ def render_plan(plan: Plan) -> list[tuple[str, str]]:
             for line in _replica_lines(step):
                 out.append((style if line[0] in "+-~" else "", f"      {line}"))
         out.append((style, "    }"))
+    for g in gateways:
+        out += _gateway_lines(g)
+    for g in plan.gateways:
+        out += [("warn", f"Warning: gateway {g.host}: {w}") for w in g.warnings]
     for c in plan.changes:
         chosen = [(k, r) for k, r in sorted(c.chosen.items()) if c.fit and k in c.fit and c.action != ["create"]]
         if chosen and c.fit:
@@ -150,12 +156,33 @@ def render_plan(plan: Plan) -> list[tuple[str, str]]:
             out.append(("warn", f"Warning: {w}"))
     s = plan.summary()
     out.append(("", ""))
+    changed = changed or gateways  # type: ignore[assignment]
     if not changed and not plan.problems:
         out.append(("bold", "No changes. The hosts match the documents."))
     elif not changed:
         out.append(("destroy", "No changes can be made; but the hosts do not match the documents:"))
         out += [("destroy", f"  {p}") for p in plan.problems]
     out.append(("bold", f"Plan: {s['add']} to add, {s['change']} to change, {s['destroy']} to destroy."))
+    return out
+
+
+def _gateway_lines(g: GatewayChange) -> list[tuple[str, str]]:
+    """`+ gateway "edge-01"` with its endpoint, its reasons and a diff of its HAProxy configuration."""
+    style = {"+": "add", "-": "destroy", "~": "change"}[g.symbol]
+    out: list[tuple[str, str]] = [("", ""), ("bold", f"  # gateway {g.host}: http://{g.endpoint}/v1")]
+    out += [("", f"  #   {reason}") for reason in g.reasons]
+    out.append((style, f'{g.symbol:>3} gateway "{g.host}" {{'))
+    if g.interim_files is not None:
+        out.append(
+            ("", f"      # replicas enter once healthy; old ones drain (up to {g.drain_timeout_s} s) before they stop")
+        )
+    for line in g.diff[2:]:
+        kind = {"+": "add", "-": "destroy"}.get(line[:1], "")
+        out.append((kind, f"      {line}"))
+    if g.maps:
+        keys = len(g.maps.get("keys.map", {}))
+        out.append(("", f"      keys: {keys} (sha256 only; applied over the stats socket, no reload)"))
+    out.append((style, "    }"))
     return out
 
 

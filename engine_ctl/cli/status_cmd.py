@@ -17,6 +17,7 @@ from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.loader import load_paths
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.plan.status import DeploymentStatus, deployment_status
+from engine_ctl.core.render.gateway import endpoint_of
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.gather import gather
 from engine_ctl.shell.transport import HostFailure, SSHOptions
@@ -44,14 +45,18 @@ def name_and_paths(name: str | None, paths: tuple[Path, ...]) -> tuple[str | Non
 
 def _live(
     records: list[DeploymentRecord], inventory_path: Path | None, paths: tuple[Path, ...], options: SSHOptions,
-    parallel: int,
+    parallel: int, gateways: list[tuple[str, str]] | None = None,
 ) -> tuple[dict[str, HostFacts], dict[str, HostFailure]]:  # fmt: skip
-    """Facts and health of the hosts the shown deployments run on; none (and no inventory) when they run nowhere."""
+    """Facts and health of the hosts the shown deployments run on, and of the gateway hosts (whose (host,
+    endpoint) pairs are added to `gateways`); none (and no inventory) when they run nowhere."""
     used = {r.host for d in records for r in d.replicas}
     if not used:
         return {}, {}
     loaded = load_paths(list(paths)) if paths else None
     inventory = resolve_inventory(inventory_path, loaded)
+    if gateways is not None:
+        gateways += [(h.name, endpoint_of(h)) for h in inventory.gateways()]
+    used |= {h.name for h in inventory.gateways()}
     hosts = [h for h in inventory.hosts if h.name in used]
     checks: dict[str, list[tuple[int, str]]] = {}
     for d in records:
@@ -62,8 +67,13 @@ def _live(
     return gather(hosts, options, parallel, health=checks)
 
 
-def _statuses(state: State, names: list[str], facts: dict) -> list[DeploymentStatus]:  # type: ignore[type-arg]
-    return [deployment_status(state.deployments[n], facts) for n in names]
+def _statuses(
+    state: State,
+    names: list[str],
+    facts: dict,
+    gateways: list[tuple[str, str]] | None = None,  # type: ignore[type-arg]
+) -> list[DeploymentStatus]:
+    return [deployment_status(state.deployments[n], facts, gateways or []) for n in names]
 
 
 @click.command(name="list")
@@ -81,8 +91,9 @@ def list_cmd(
     state = read_state(backend)
     names = sorted(state.deployments)
     records = [state.deployments[n] for n in names]
-    facts, failures = _live(records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel)
-    statuses = _statuses(state, names, facts)
+    gateways: list[tuple[str, str]] = []
+    facts, failures = _live(records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel, gateways)
+    statuses = _statuses(state, names, facts, gateways)
     if as_json:
         emit_json({"format_version": FORMAT_VERSION, "deployments": [s.model_dump(mode="json") for s in statuses]})
     else:
@@ -124,8 +135,9 @@ def status(
         )
         raise InputError([problem])
     records = [state.deployments[n] for n in names]
-    facts, failures = _live(records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel)
-    statuses = _statuses(state, names, facts)
+    gateways: list[tuple[str, str]] = []
+    facts, failures = _live(records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel, gateways)
+    statuses = _statuses(state, names, facts, gateways)
     if as_json:
         emit_json({"format_version": FORMAT_VERSION, "deployments": [s.model_dump(mode="json") for s in statuses]})
         sys.exit(1 if failures else 0)

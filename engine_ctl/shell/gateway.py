@@ -147,7 +147,9 @@ def ensure_internal_key(t: Transport, key: str, path: str) -> None:
     read it. The key travels over SSH on stdin, never in an argv, a plan or the state."""
     content = f"ENGINE_CTL_GATEWAY_KEY={key}\n" if path == INTERNAL_ENV else key + "\n"
     q = shlex.quote(path)
-    script = f"umask 077; mkdir -p $(dirname {q}); cat > {q}.new && mv {q}.new {q}"
+    # the directories stay readable (the gateway's dynamic user reads its configuration there); the key is 0600
+    script = (f"d=$(dirname {q}); mkdir -p $d && chmod 755 /etc/engine-ctl $d && umask 077 && "
+              f"cat > {q}.new && mv {q}.new {q}")  # fmt: skip
     result = t.run(["sh", "-c", script], stdin=content, timeout=30)
     if result.exit_code != 0:
         raise GatewayFailure(f"writing {path}: {result.stderr.strip()}")
@@ -169,7 +171,10 @@ def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> 
     sockets stay open, requests in flight finish in the old worker) after saving the servers' states, and set
     the key maps over the socket. Returns what was done: started, reloaded or maps."""
     staging = GATEWAY_DIR + ".new"
-    _ok(t, ["sh", "-c", f"rm -rf {staging} && mkdir -p {staging} {GATEWAY_DIR}"], "preparing the gateway directory")
+    prepare = (
+        f"rm -rf {staging} && mkdir -p {staging} {GATEWAY_DIR} && chmod 755 /etc/engine-ctl {GATEWAY_DIR} {staging}"
+    )
+    _ok(t, ["sh", "-c", prepare], "preparing the gateway directory")
     for name, text in rendered.files.items():
         t.put(f"{staging}/{name}", text.encode(), 0o644)
     env = f"set -a; [ -r {INTERNAL_ENV} ] && . {INTERNAL_ENV}; set +a; "

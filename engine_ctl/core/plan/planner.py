@@ -20,6 +20,8 @@ from engine_ctl.core.fit.hostfacts import BUSY_BYTES, HostFacts, UnitFact
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.model import Deployment, DesiredState, Model
+from engine_ctl.core.plan.gateway import GatewayChange, plan_gateways
+from engine_ctl.core.render.gateway import GATEWAY_UNIT
 from engine_ctl.core.render.units import UNIT_PREFIX, RenderedUnit, model_path_on_host, render_unit, replica_runs
 from engine_ctl.providers import Provider
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
@@ -135,16 +137,25 @@ class Plan(BaseModel):
     """Deployments this plan destroys because their documents are not among those passed (shown first)."""
     refused: list[str] = Field(default_factory=list)
     """Why the plan may not be applied at all (a deployment with prevent_destroy: true would be destroyed)."""
+    gateways: list[GatewayChange] = Field(default_factory=list)
+    """The gateway hosts (inventory role gateway): their HAProxy configuration, maps and unit."""
 
     def summary(self) -> dict[str, int]:
         add = sum(1 for c in self.changes if c.action == ["create"])
         change = sum(1 for c in self.changes if c.action in (["update"], ["delete", "create"]))
         destroy = sum(1 for c in self.changes if c.action == ["delete"])
+        add += sum(1 for g in self.gateways if g.action == ["create"])
+        change += sum(1 for g in self.gateways if g.action == ["update"])
+        destroy += sum(1 for g in self.gateways if g.action == ["delete"])
         return {"add": add, "change": change, "destroy": destroy}
 
     @property
     def has_changes(self) -> bool:
-        return any(c.changed for c in self.changes) or (self.refresh_only and bool(self.drift))
+        return (
+            any(c.changed for c in self.changes)
+            or any(g.changed for g in self.gateways)
+            or (self.refresh_only and bool(self.drift))
+        )
 
     @property
     def problems(self) -> list[str]:
@@ -660,7 +671,10 @@ def make_plan(
         )  # fmt: skip
         plan.changes.append(change)
         plan.drift.extend(drift)
-    managed = {r.unit for rec in state.deployments.values() for r in rec.replicas}
+    plan.gateways, found = plan_gateways(plan.changes, state, inventory, facts, desired.api_keys)
+    plan.drift += [Drift(host=d["host"], unit=GATEWAY_UNIT, kind=d["kind"], detail=d["detail"])  # type: ignore[arg-type]
+                   for d in found]  # fmt: skip
+    managed = {r.unit for rec in state.deployments.values() for r in rec.replicas} | {GATEWAY_UNIT}
     for host, f in sorted(facts.items()):
         for u in f.units:
             if u.name.startswith(UNIT_PREFIX) and u.name not in managed:
@@ -670,6 +684,8 @@ def make_plan(
         for c in plan.changes:
             c.action = ["no-op"]
             c.replicas = []
+        for g in plan.gateways:
+            g.action = ["no-op"]
     plan.absent = [c.name for c in plan.changes if c.action == ["delete"]]
     plan.refused = destroy_refusals(plan, state)
     return plan

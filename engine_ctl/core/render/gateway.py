@@ -65,6 +65,8 @@ class GatewayServer(BaseModel):
     address: str
     port: int
     maxconn: int
+    disabled: bool = False
+    """Starts in maintenance: a replica an apply is about to start enters only when apply lets it in."""
 
 
 class GatewayBackend(BaseModel):
