@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 from datetime import UTC, date, datetime
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -46,7 +47,7 @@ class ApiKeySpec(_Doc):
 
 
 class ApiKeyDocument(_Doc):
-    kind: str = Field(description="ApiKey")
+    kind: Literal["ApiKey"] = Field(description="ApiKey")
     metadata: ApiKeyMetadata
     spec: ApiKeySpec
 
