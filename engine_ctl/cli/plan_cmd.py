@@ -29,6 +29,7 @@ from engine_ctl.cli.planview import plan_json, plan_markdown, render_plan
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Inventory, load_inventory
 from engine_ctl.core.model import DesiredState
+from engine_ctl.core.plan.gateway import gateway_tampering
 from engine_ctl.core.plan.planner import Plan, destroy_refusals
 from engine_ctl.core.plan.refresh import refresh_state
 from engine_ctl.core.plan.savedplan import PlanFileError, decode_plan, stale_reasons, state_for_plan, tampering
@@ -299,6 +300,10 @@ def _apply_saved(
         if stale:
             hint = "run engine-ctl plan again and review the new plan"
             raise _refuse_plan(path, "the saved plan is stale: " + "; ".join(stale), hint)
+        forged_gateway = gateway_tampering(saved.gateways, saved.changes, state, inventory)
+        if forged_gateway:
+            raise _refuse_plan(path, "the saved plan's gateway is not engine-ctl's: " + "; ".join(forged_gateway),
+                               "it was edited; run engine-ctl plan again and review the new plan")  # fmt: skip
         show_plan(saved)
         return execute(saved, inventory, backend, state, options, "apply " + str(path))
 

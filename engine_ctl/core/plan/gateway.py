@@ -8,6 +8,7 @@ an old one is drained before it stops; after the apply it runs what serves then 
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -239,3 +240,39 @@ def planned_gateway(change: GatewayChange, interim: bool) -> RenderedGateway:
     files = change.interim_files if interim and change.interim_files is not None else change.files
     return RenderedGateway(host=change.host, listen="", endpoint=change.endpoint, files=files,
                            unit_text=change.unit_text, maps=change.maps)  # fmt: skip
+
+
+MAP_LINE = re.compile(r"[A-Za-z0-9/_.-]+ [A-Za-z0-9_.-]+")
+
+
+def gateway_tampering(plan_gateways_: Iterable[GatewayChange], plan_changes: Iterable[Any], state: State,
+                      inventory: Inventory) -> list[str]:  # fmt: skip
+    """Where a saved plan's gateway is not what engine-ctl renders from the plan's own changes and the state (the
+    configuration, the Lua, the unit; the key maps must be lines of names and hashes): a plan file is untrusted
+    input, and these run on the gateway hosts."""
+    expected, _ = plan_gateways(list(plan_changes), state, inventory, {}, [])
+    by_host = {g.host: g for g in expected}
+    problems = []
+    for g in plan_gateways_:
+        mine = by_host.get(g.host)
+        if g.action == ["delete"]:
+            if g.host in by_host or g.host not in state.gateways:
+                problems.append(f"gateway {g.host}: a removal engine-ctl would not plan")
+            continue
+        if mine is None:
+            problems.append(f"gateway {g.host}: not a gateway host of the inventory")
+            continue
+        for name, text in g.files.items():
+            if name in RUNTIME_MAPS:
+                if not all(MAP_LINE.fullmatch(line) for line in text.splitlines()):
+                    problems.append(f"gateway {g.host}: {name} holds something other than names and hashes")
+            elif mine.files.get(name) != text:
+                problems.append(f"gateway {g.host}: {name} differs from what engine-ctl renders")
+        if set(g.files) != set(mine.files):
+            problems.append(f"gateway {g.host}: its files are not engine-ctl's")
+        if g.unit_text != mine.unit_text:
+            problems.append(f"gateway {g.host}: its unit differs from what engine-ctl renders")
+        interim = (g.interim_files or {}).get(CONFIG_FILE)
+        if interim is not None and interim != (mine.interim_files or mine.files).get(CONFIG_FILE):
+            problems.append(f"gateway {g.host}: its interim configuration differs from what engine-ctl renders")
+    return problems
