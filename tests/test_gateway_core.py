@@ -26,6 +26,7 @@ from engine_ctl.core.render.gateway import (
     render_gateway,
 )
 from tests.fleetfacts import gpu_host
+from tests.helpers import run
 
 SHA = key_sha256("ak-example")
 SHAPE = {"m": ModelFacts(block_count=2, head_count=4, head_count_kv=4, embedding_length=64, weights_bytes=17_000_000)}
@@ -227,3 +228,18 @@ def test_a_saved_plan_with_an_edited_gateway_is_refused() -> None:
         "gateway edge: hold.lua differs from what engine-ctl renders",
         "gateway edge: keys.map holds something other than names and hashes",
     ]
+
+
+def test_key_new_prints_the_key_once_and_a_document_with_its_hash_only() -> None:
+    result = run("key", "new", "ci-bot", "--deployment", "chat", "--expires", "2027-01-31")
+    assert result.exit_code == 0, result.output
+    (key,) = [w for w in result.stderr.split() if w.startswith("ak-")]
+    assert len(key) >= 3 + 43  # 256 bits, base64url
+    assert key not in result.stdout
+    loaded = load(result.stdout)
+    assert not loaded.diagnostics
+    (doc,) = loaded.desired.api_keys
+    assert (doc.name, doc.sha256, doc.deployments) == ("ci-bot", key_sha256(key), ("chat",))
+    assert run("key", "new", "ci-bot").stderr != result.stderr  # a new random key each time
+    bad = run("key", "new", "Bad Name")
+    assert bad.exit_code == 1 and "lowercase letters" in bad.output
