@@ -152,6 +152,10 @@ def status(
             s.name, s.state, f"{s.ready}/{s.replicas}", str(s.revision), ",".join(s.hosts) or "-", s.reason or "-"
         )
         out.print(head)
+        if s.gateways:
+            behind = sum(1 for m in s.members if m.ready)
+            out.print(f"endpoint: {', '.join(g + '/v1' for g in s.gateways)} (model: {s.served_model_name}; "
+                      f"{behind} of {len(s.members)} behind the gateway)", markup=False, highlight=False)  # fmt: skip
         table = Table(box=None, pad_edge=False)
         for col in ("INSTANCE", "HOST", "STATE", "UNIT", "PORT", "GPUS", "RESTARTS", "LAST ERROR"):
             table.add_column(col)
