@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine_ctl.core.fit.hostfacts import Gpu
 from engine_ctl.core.fit.runspec import ReplicaRun
@@ -40,10 +41,53 @@ AMD_FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
+PLATFORMS = ("cuda", "rocm", "vulkan", "metal", "cpu")
+"""The builds of an engine the inventory may name, one per platform (seed 001, GPU vendors)."""
+
+# The seed's GPU-vendors table by LLVM target (what amd-smi reports as target_graphics_version): MI300X/A and
+# MI325X gfx942, MI210/MI250 gfx90a, MI100 gfx908, MI350/MI355 gfx950; RX 7900 XTX/XT/GRE and PRO W7900/W7800
+# gfx1100, RX 7800/7700 gfx1101, RX 7600 gfx1102; RX 9070 gfx1201, RX 9060 gfx1200; Ryzen AI gfx1150/gfx1151;
+# RX 6800/6900 gfx1030. Any other AMD GPU (RX 6700 gfx1031, 6600 gfx1032, RX 5000 gfx101x…) has no ROCm build.
+ROCM_GFX_LLAMACPP = frozenset(
+    {"gfx942", "gfx90a", "gfx908", "gfx1100", "gfx1101", "gfx1102", "gfx1200", "gfx1201", "gfx1150", "gfx1151",
+     "gfx1030"}
+)  # fmt: skip
+ROCM_GFX_PAGED = frozenset(
+    {"gfx942", "gfx90a", "gfx950", "gfx1100", "gfx1101", "gfx1200", "gfx1201", "gfx1150", "gfx1151"}
+)  # fmt: skip
+INSTINCT_GFX = frozenset({"gfx908", "gfx90a", "gfx942", "gfx950"})
+"""Instinct accelerators: the Vulkan build is for Radeon cards only."""
+FAMILY_GFX = {
+    "instinct-mi350": "gfx950", "instinct-mi100": "gfx908", "instinct": "gfx942", "radeon-rocm": "gfx1100",
+    "radeon-rocm-llamacpp": "gfx1030",
+}  # fmt: skip
+"""When the tools give no target: a GPU's family (by its name) stands for a target of its row."""
+
+
 def amd_family(name: str) -> str | None:
     """The seed's GPU-vendors row an AMD GPU's name falls in, or None when it names none of them."""
     lowered = name.lower()
     return next((family for family, pattern in AMD_FAMILIES if pattern.search(lowered)), None)
+
+
+@dataclass(frozen=True)
+class EngineOption:
+    """A key of the flat form's engine_config that one engine alone reads (seed 003: `cuda_graphs` on SGLang,
+    `llamacpp: {gguf_file}` on llama.cpp). The documents' model gains it as an optional field; the loader puts
+    its value in the deployment's engine_options (what the engine's argv reads), or, when it names the model's
+    file, in the model."""
+
+    key: str
+    annotation: Any
+    """The value's type as pydantic checks it; always optional (None: not written)."""
+    description: str | None = None
+    model_file: Callable[[Any], str] | None = None
+    """When the option names the model's file rather than setting the engine: the file, read from its value."""
+    model_format: str | None = None
+    """The format of that file (it decides the model's format)."""
+    recorded_when_unset: bool = False
+    """Records (state, plans) written before options moved into providers carry this key as null in every
+    deployment; keeping it there keeps their spec digest, so an upgrade starts no new revision."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +98,7 @@ class Provider:
     title: str
     formats: frozenset[str]
     auto_for_format: str | None
+    """The model format for which `engine: auto` picks this engine (one engine per format)."""
     platforms: frozenset[str]
     """Where it runs: nvidia, amd, cpu."""
     allowed_flags: tuple[str, ...]
@@ -73,14 +118,49 @@ class Provider:
     tp_must_divide_heads: bool = False
     startup_budget_s: int = 600
     cache_type_flags: tuple[str, str] = ("", "")
-    cuda_graphs_switch: bool = False
-    """Whether engine_config.cuda_graphs means something to this engine."""
+    aliases: tuple[str, ...] = ()
+    """Other names the documents accept for this engine (the flat form's `llamacpp`)."""
+    auto_for_cpu: bool = False
+    """Whether `engine: auto` with `accelerator: cpu` picks this engine."""
+    options: tuple[EngineOption, ...] = ()
+    """engine_config keys only this engine reads."""
+    parser_flags: Mapping[str, str] = field(default_factory=dict)
+    """The model's parser fields (tool_call_parser, reasoning_parser) -> the flag that sets each; a decisions
+    deployment has no parser, so these flags are refused in its extra_args."""
+    loading_statuses: frozenset[str] = frozenset()
+    """HTTP statuses the health endpoint answers while the engine is still loading its model (starting, not
+    failing)."""
+    log_prefix: str = ""
+    """A regular expression for what the engine writes before each log line (a timestamp, a level): dropped
+    from the engine's words when a replica fails to start."""
     takes_flag_equals_value: bool = True
     """Whether the engine reads `--flag=value` as one word (argparse does: vLLM, SGLang). When not (llama.cpp's
     llama-server refuses `--seed=42`), the user's engine_args are passed as `--flag value`."""
 
     amd_without_build: frozenset[str] = frozenset()
     """AMD families (see AMD_FAMILIES) that no build of this engine runs on (seed 001, GPU vendors)."""
+    rocm_gfx: frozenset[str] = frozenset()
+    """AMD targets this engine's ROCm build runs on (seed 001, GPU vendors)."""
+    vulkan_for_other_amd: bool = False
+    """Whether a Vulkan build serves the AMD GPUs the ROCm build has no kernels for (llama.cpp)."""
+
+    def build_platform(self, gpu: Gpu | None) -> str | None:
+        """Which build of this engine runs a replica on `gpu` (None: on CPUs), by the seed's GPU-vendors table;
+        None when no build of it runs there."""
+        if gpu is None:
+            return "cpu" if self.runs_on("cpu") else None
+        if not self.runs_on(gpu.vendor):
+            return None
+        if gpu.vendor == "nvidia":
+            return "cuda"
+        family = amd_family(gpu.name)
+        target = gpu.gfx_target or FAMILY_GFX.get(family or "")
+        if target is None and family is None:  # an AMD GPU named by none of the rows: not refused
+            return "rocm"
+        if target in self.rocm_gfx:
+            return "rocm"
+        instinct = target in INSTINCT_GFX or (family or "").startswith("instinct")
+        return "vulkan" if self.vulkan_for_other_amd and not instinct else None
 
     def api_key_argv(self, key_file: str) -> list[str]:
         """Flags that make the engine answer only requests with the key in `key_file` (the gateway's internal
@@ -104,7 +184,7 @@ class Provider:
         """Why this engine cannot run on `gpu`, or None when one of its builds does (seed 001, GPU vendors)."""
         if not self.runs_on(gpu.vendor):
             return f"{self.title} does not run on {gpu.vendor} GPUs"
-        if gpu.vendor == "amd" and amd_family(gpu.name) in self.amd_without_build:
+        if self.build_platform(gpu) is None or (gpu.vendor == "amd" and amd_family(gpu.name) in self.amd_without_build):
             return f"no {self.title} build runs on the {gpu.name} (GPU vendors table)"
         return None
 
@@ -130,6 +210,10 @@ class Provider:
     def cache_tokens(self, context: int, parallel: int) -> int:
         """Tokens of KV cache allocated at start."""
         return context * parallel
+
+    def context_note(self, context: int, parallel: int) -> str | None:
+        """What context_length means beside this engine's own flags, where they differ (shown in plans)."""
+        return None
 
     def compute_bytes(self, weights: int, gpus: int) -> int:
         return 512 * 1024**2

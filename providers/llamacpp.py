@@ -10,6 +10,8 @@ from engine_ctl.providers.base import (
     KEYS,
     OPENS,
     READS_FILE,
+    ROCM_GFX_LLAMACPP,
+    EngineOption,
     Provider,
     at_least_2gib,
     cache_env,
@@ -17,6 +19,7 @@ from engine_ctl.providers.base import (
     chat_template_argv,
     gpu_env,
 )
+from pydantic import BaseModel, ConfigDict, Field
 
 from engine_ctl.core.fit.runspec import ReplicaRun
 
@@ -95,6 +98,21 @@ SHORT = {
 }  # fmt: skip
 
 
+# The flat form's engine_config.llamacpp (seed 003): which GGUF file of the model directory to serve.
+class FlatLlamaCpp(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    gguf_file: str = Field(description="The GGUF file in the model directory to serve.")
+
+
+GGUF_FILE = EngineOption(
+    key="llamacpp",
+    annotation=FlatLlamaCpp | None,
+    model_file=lambda value: value.gguf_file,
+    model_format="gguf",
+)
+
+
 @dataclass(frozen=True)
 class LlamaCpp(Provider):
     """llama-server: --ctx-size is the whole cache, split between its --parallel slots."""
@@ -110,6 +128,12 @@ class LlamaCpp(Provider):
 
     def parallel_candidates(self, accelerator: str) -> tuple[int, ...]:
         return (2,) if accelerator == "cpu" else (4, 2, 1)
+
+    def context_note(self, context: int, parallel: int) -> str | None:
+        return (
+            f"tokens per request; --ctx-size {context * parallel} is context_length × parallel, "
+            "split between the parallel slots"
+        )
 
     def argv(self, run: ReplicaRun) -> list[str]:
         plan = run.plan
@@ -154,8 +178,13 @@ class LlamaCpp(Provider):
 LLAMACPP = LlamaCpp(
     name="llama.cpp",
     title="llama.cpp",
+    aliases=("llamacpp",),
     formats=frozenset({"gguf"}),
     auto_for_format="gguf",
+    auto_for_cpu=True,
+    options=(GGUF_FILE,),
+    loading_statuses=frozenset({"503"}),  # llama-server answers 503 "Loading model" until its model is loaded
+    log_prefix=r"^[\d.:]+\s+[A-Z]\s+",  # llama-server's `0.00.014.738 E ` (time, level)
     platforms=frozenset({"nvidia", "amd", "cpu"}),
     allowed_flags=ALLOWED,
     deployment_flags=SET_BY_DEPLOYMENT,
@@ -170,4 +199,6 @@ LLAMACPP = LlamaCpp(
     cache_type_flags=("--cache-type-k", "--cache-type-v"),
     takes_flag_equals_value=False,
     amd_without_build=frozenset({"instinct-mi350"}),
+    rocm_gfx=ROCM_GFX_LLAMACPP,
+    vulkan_for_other_amd=True,
 )

@@ -10,6 +10,8 @@ from engine_ctl.providers.base import (
     OPENS,
     PAGED_AMD_WITHOUT_BUILD,
     READS_FILE,
+    ROCM_GFX_PAGED,
+    EngineOption,
     PagedProvider,
     chat_template_argv,
     gpu_env,
@@ -61,6 +63,13 @@ REFUSED = {
 
 SHORT = {"-tp": "--tp-size"}
 
+CUDA_GRAPHS = EngineOption(
+    key="cuda_graphs",
+    annotation=bool | None,
+    description="SGLang: CUDA graphs (on by default).",
+    recorded_when_unset=True,
+)
+
 
 @dataclass(frozen=True)
 class SgLang(PagedProvider):
@@ -81,10 +90,10 @@ class SgLang(PagedProvider):
         if plan.kind == "embedding":
             argv += ["--is-embedding"]
         if "tools" in run.model.capabilities and run.model.tool_call_parser:
-            argv += ["--tool-call-parser", run.model.tool_call_parser]
+            argv += [self.parser_flags["tool_call_parser"], run.model.tool_call_parser]
         if run.model.reasoning_parser:
-            argv += ["--reasoning-parser", run.model.reasoning_parser]
-        if run.cuda_graphs is False:
+            argv += [self.parser_flags["reasoning_parser"], run.model.reasoning_parser]
+        if run.engine_options.get(CUDA_GRAPHS.key) is False:
             argv += ["--disable-cuda-graph"]
         argv += chat_template_argv(run, "--chat-template", "--chat-template")
         argv += ["--enable-metrics", "--host", run.bind_address, "--port", str(run.port)]
@@ -109,6 +118,10 @@ SGLANG = SgLang(
     refused_flags=REFUSED,
     short_flags=SHORT,
     in_flight_metric="sglang:num_running_reqs",
+    parser_flags={"tool_call_parser": "--tool-call-parser", "reasoning_parser": "--reasoning-parser"},
+    options=(CUDA_GRAPHS,),
+    # SGLang's /health answers 503 while the server is still starting (ServerStatus.Starting in its http_server)
+    loading_statuses=frozenset({"503"}),
     default_context_cap=32768,
     serves_decisions=True,
     default_executable="/usr/bin/python3",
@@ -117,6 +130,6 @@ SGLANG = SgLang(
     startup_budget_s=1200,
     cache_type_flags=("--kv-cache-dtype", "--kv-cache-dtype"),
     gpu_memory_fraction=MEM_FRACTION_STATIC,
-    cuda_graphs_switch=True,
     amd_without_build=PAGED_AMD_WITHOUT_BUILD,
+    rocm_gfx=ROCM_GFX_PAGED,
 )

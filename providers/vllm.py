@@ -10,6 +10,7 @@ from engine_ctl.providers.base import (
     OPENS,
     PAGED_AMD_WITHOUT_BUILD,
     READS_FILE,
+    ROCM_GFX_PAGED,
     PagedProvider,
     cache_env,
     chat_template_argv,
@@ -98,9 +99,9 @@ class Vllm(PagedProvider):
         if plan.kind == "embedding":
             argv += ["--runner", "pooling", "--convert", "embed"]
         if "tools" in run.model.capabilities and run.model.tool_call_parser:
-            argv += ["--enable-auto-tool-choice", "--tool-call-parser", run.model.tool_call_parser]
+            argv += ["--enable-auto-tool-choice", self.parser_flags["tool_call_parser"], run.model.tool_call_parser]
         if run.model.reasoning_parser:
-            argv += ["--reasoning-parser", run.model.reasoning_parser]
+            argv += [self.parser_flags["reasoning_parser"], run.model.reasoning_parser]
         argv += chat_template_argv(run, "--chat-template", "--chat-template")
         argv += ["--host", run.bind_address, "--port", str(run.port)]
         return argv + self.engine_args_argv(run.engine_args)
@@ -125,6 +126,10 @@ VLLM = Vllm(
     refused_flags=REFUSED,
     short_flags=SHORT,
     in_flight_metric="vllm:num_requests_running",
+    parser_flags={"tool_call_parser": "--tool-call-parser", "reasoning_parser": "--reasoning-parser"},
+    # vLLM's HTTP server starts once its engine has loaded the model; a 503 from /health then means the engine
+    # died, not that it is loading: no loading answer.
+    loading_statuses=frozenset(),
     default_context_cap=32768,
     serves_decisions=False,
     default_executable="/usr/local/bin/vllm",
@@ -134,4 +139,5 @@ VLLM = Vllm(
     cache_type_flags=("--kv-cache-dtype", "--kv-cache-dtype"),
     gpu_memory_fraction=GPU_MEMORY_UTILIZATION,
     amd_without_build=PAGED_AMD_WITHOUT_BUILD,
+    rocm_gfx=ROCM_GFX_PAGED,
 )

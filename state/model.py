@@ -125,6 +125,11 @@ class ReplicaRecord(Record):
     argv: list[str] = Field(default_factory=list)
     status: ReplicaStatus = "pending"
     reason: str | None = None
+    checkpoint_digest: Sha256 = ""
+    engine_version: str | None = None
+    engine_sha256: Sha256 = ""
+    """The engine build the replica was applied with (its binary's sha256): a change under it is drift."""
+    """For an hf: model: the checkpoint digest its host measured once the files were in place."""
 
 
 class DeploymentRecord(Record):

@@ -178,7 +178,7 @@ def _prepare_host(i: int, pubkey: str) -> FleetHost:
     return FleetHost(name=name, address=address, root=str(root), pid=proc.pid)
 
 
-def _wait_ssh(host: FleetHost, timeout: float = 60.0) -> str:
+def _wait_ssh(host: FleetHost, timeout: float = 180.0) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         out = sh("ssh-keyscan", "-T", "2", "-t", "ed25519", host.address, capture=True, check=False).stdout

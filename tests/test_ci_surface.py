@@ -67,14 +67,14 @@ def test_every_global_option_of_every_command_has_its_variable_shown_in_help() -
 VALUES = {
     "--state": ("/tmp/env.state.json", "/tmp/flag.state.json", "state_path"),
     "--inventory": ("/tmp/env-hosts.yaml", "/tmp/flag-hosts.yaml", "inventory_path"),
-    "--parallel": ("7", "3", "parallel"),
+    "--fanout": ("7", "3", "parallel"),
     "--lock-timeout": ("2.5", "9", "lock_timeout"),
     "--target": ("alpha beta", "gamma", "targets"),
 }
 EXPECTED = {
     "--state": ("/tmp/env.state.json", "/tmp/flag.state.json"),
     "--inventory": (Path("/tmp/env-hosts.yaml"), Path("/tmp/flag-hosts.yaml")),
-    "--parallel": (7, 3),
+    "--fanout": (7, 3),
     "--lock-timeout": (2.5, 9.0),
     "--target": (("alpha", "beta"), ("gamma",)),
 }
@@ -101,7 +101,7 @@ def test_accept_new_host_keys_from_the_environment(value: str, expected: bool, m
     ("variable", "value", "command"),
     [
         ("ENGINE_CTL_PARALLEL", "many", "plan"),
-        ("ENGINE_CTL_PARALLEL", "0", "facts"),
+        ("ENGINE_CTL_FANOUT", "0", "facts"),
         ("ENGINE_CTL_LOCK_TIMEOUT", "-1", "apply"),
         ("ENGINE_CTL_LOCK_TIMEOUT", "soon", "destroy"),
         ("ENGINE_CTL_ACCEPT_NEW_HOST_KEYS", "maybe", "status"),

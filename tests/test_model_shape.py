@@ -45,6 +45,10 @@ ARCH_70B = Architecture(layers=80, heads=64, kv_heads=8, head_dim=128)
 L40S = "0, GPU-aaaa, NVIDIA L40S, 46068, 0, 550.54.15\n"  # nvidia-smi's csv format
 
 
+ARCH_MEMORY = "host memory     = 2.0 GiB (estimated from the model's shape: layers, KV heads and head size)"
+"""The quickstart's host memory as plans say it: sized from the model's shape (memory_basis arch)."""
+
+
 def errors(text: str) -> list[tuple[str, str, int | None, int | None, str | None]]:
     _, diags = load(text)
     return [(d.field, d.message, d.location.line, d.location.column, d.hint) for d in diags if d.severity == "error"]
@@ -210,7 +214,7 @@ def test_the_quickstart_plan_knows_the_fit_before_the_weights_are_on_the_machine
     rc, out = plan_quickstart(ROOT / "examples/quickstart", tmp_path)
     assert rc == 0, out
     assert "the fit is not known yet" not in out
-    assert "+ context_length  = 1024" in out and "host memory     = 2.0 GiB (arch)" in out
+    assert "+ context_length  = 1024" in out and ARCH_MEMORY in out
     assert "the weights of tiny-llama" in out and f"at {gguf} (not found)" in out  # what this machine lacks
     assert "Plan: 1 to add, 0 to change, 0 to destroy." in out
 
@@ -233,4 +237,4 @@ def test_the_quickstart_plan_prints_the_argv_once_the_weights_are_there(tmp_path
     assert rc == 0, out
     assert f"argv: {server} --model {models}/tiny-llama/tiny-llama-f32.gguf --alias tiny-chat --ctx-size 2048 " in out
     assert "Warning" not in out and "Pending" not in out
-    assert "host memory     = 2.0 GiB (arch)" in out  # the file's own shape now
+    assert ARCH_MEMORY in out  # the file's own shape now

@@ -176,7 +176,9 @@ def test_markdown_for_a_pull_request_marks_lines_for_diff_colouring() -> None:
     from engine_ctl.cli.planview import plan_markdown
 
     text = plan_markdown(plan_for("gpus: 1", State(), h100x8()))
-    assert text.startswith("### engine-ctl plan: 1 to add, 0 to change, 0 to destroy\n\n> [!WARNING]\n")
+    assert text.startswith(
+        "### engine-ctl plan: 1 to add, 0 to change, 0 to destroy\n\nReplicas: 1 to start.\n\n> [!WARNING]\n"
+    )
     assert "<details><summary><code>+</code> <b>chat</b>: will be created" in text
     assert "```diff\n+ /usr/local/bin/llama-server\n+ --model /srv/models/m/m.gguf\n" in text
 

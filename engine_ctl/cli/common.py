@@ -9,11 +9,11 @@ from typing import Any, TypeVar
 import click
 
 from engine_ctl.cli.output import console
-from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
+from engine_ctl.core.diagnostics import Diagnostic, InputError, Location, by_place
 from engine_ctl.core.documents.inventory import Inventory, load_inventory
 from engine_ctl.core.documents.loader import LoadResult, load_paths
 from engine_ctl.core.documents.rules import check, check_hosts
-from engine_ctl.core.model import LoadedDeployment
+from engine_ctl.core.model import DesiredState, LoadedDeployment
 from engine_ctl.shell.transport import HostFailure, SSHOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -22,13 +22,17 @@ F = TypeVar("F", bound=Callable[..., Any])
 ENVIRONMENT: dict[str, str] = {
     "--state": "ENGINE_CTL_STATE",
     "--inventory": "ENGINE_CTL_INVENTORY",
-    "--parallel": "ENGINE_CTL_PARALLEL",
+    "--fanout": "ENGINE_CTL_FANOUT",
     "--lock-timeout": "ENGINE_CTL_LOCK_TIMEOUT",
     "--accept-new-host-keys": "ENGINE_CTL_ACCEPT_NEW_HOST_KEYS",
     "--target": "ENGINE_CTL_TARGET",
 }
 """Every global option and the environment variable that sets it (as CI systems expect); the flag wins over
 the variable, `--help` shows each one, and a bad value is refused naming the variable."""
+
+DEPRECATED = {"--parallel": ("ENGINE_CTL_PARALLEL", "--fanout", "ENGINE_CTL_FANOUT")}
+"""Old names kept for one release: old flag -> (its variable, the new flag, the new variable). `--parallel` was
+renamed `--fanout` so that hosts contacted at once is never confused with a deployment's spec.parallel."""
 
 
 def inventory_option(f: F) -> F:
@@ -52,33 +56,93 @@ def ssh_options(f: F) -> F:
         "1/0, true/false, yes/no.",
     )(f)
     f = click.option(
-        "--parallel",
+        "--fanout",
+        "parallel",
         default=32,
         show_default=True,
         type=click.IntRange(min=1),
-        envvar=ENVIRONMENT["--parallel"],
+        envvar=ENVIRONMENT["--fanout"],
         show_envvar=True,
-        help="Hosts contacted at once.",
+        callback=_fanout,
+        help="Hosts contacted at once (over SSH; not a deployment's spec.parallel).",
+    )(f)
+    f = click.option(
+        "--parallel",
+        "deprecated_parallel",
+        type=click.IntRange(min=1),
+        envvar=DEPRECATED["--parallel"][0],
+        show_envvar=True,  # a bad value names the variable
+        hidden=True,
+        expose_value=False,
+        is_eager=True,  # seen before --fanout, which takes its value when --fanout is not given
+        callback=_deprecated_parallel,
     )(f)
     return f
+
+
+_OLD_FANOUT = "engine_ctl.deprecated_parallel"
+
+
+def _deprecated_parallel(ctx: click.Context, param: click.Parameter, value: int | None) -> None:
+    """`--parallel N` / ENGINE_CTL_PARALLEL: still read for a release, with a note on stderr to use the new name."""
+    if value is None:
+        return
+    source = ctx.get_parameter_source(param.name or "")
+    variable, flag, new_variable = DEPRECATED["--parallel"]
+    old, new = (variable, new_variable) if source == click.core.ParameterSource.ENVIRONMENT else ("--parallel", flag)
+    console(stderr=True).print(
+        f"warning: {old} is deprecated and will be removed in the next release: use {new} "
+        "(hosts contacted at once; spec.parallel is a deployment's requests at once)"
+    )
+    ctx.meta[_OLD_FANOUT] = (value, source)
+
+
+def _fanout(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    """--fanout's value: the old name's when --fanout is not given, or only by its variable while the old flag
+    is (the flag wins over any variable)."""
+    old = ctx.meta.get(_OLD_FANOUT)
+    if old is None:
+        return value
+    old_value, old_source = old
+    source = ctx.get_parameter_source(param.name or "")
+    ParameterSource = click.core.ParameterSource
+    if source == ParameterSource.DEFAULT or (
+        source == ParameterSource.ENVIRONMENT and old_source == ParameterSource.COMMANDLINE
+    ):
+        return int(old_value)
+    return value
 
 
 def ssh_settings(accept_new_host_keys: bool) -> SSHOptions:
     return SSHOptions(accept_new_host_keys=accept_new_host_keys)
 
 
-def load_checked(paths: tuple[Path, ...], *, documents_required: bool = True) -> LoadResult:
+Pin = Callable[[DesiredState], tuple[DesiredState, list[Diagnostic]]]
+"""Pins the documents' hf: references (engine_ctl.shell.pinning.Pinner): plan and apply pin, the others don't."""
+
+
+def _loaded(paths: tuple[Path, ...], pin: Pin | None) -> tuple[LoadResult, list[Diagnostic]]:
+    """Load, pin (when asked) and check: the result and every diagnostic."""
+    result = load_paths(list(paths) or [Path(".")])
+    pinned: list[Diagnostic] = []
+    if pin is not None:
+        result.desired, pinned = pin(result.desired)
+    said = {(d.location, d.field) for d in pinned}  # the hub's refusal says it: not also "no commit" there
+    checked = [d for d in check(result.desired, frozenset(result.broken_models)) if (d.location, d.field) not in said]
+    return result, result.diagnostics + pinned + checked
+
+
+def load_checked(paths: tuple[Path, ...], *, documents_required: bool = True, pin: Pin | None = None) -> LoadResult:
     """Load documents and refuse invalid ones (exit 1 with located diagnostics). Loading no deployment or model
     document at all is an error that says what was searched (never a plan that the hosts match nothing)."""
-    result = load_paths(list(paths) or [Path(".")])
-    diagnostics = result.diagnostics + check(result.desired, frozenset(result.broken_models))
+    result, diagnostics = _loaded(paths, pin)
     errors = [d for d in diagnostics if d.severity == "error"]
     warnings = [d for d in diagnostics if d.severity == "warning"]
     err = console(stderr=True)
     note = result.skipped_note()
     if note:
         err.print(note)
-    for w in warnings:
+    for w in by_place(warnings):
         err.print(w.render())
     if errors:
         raise InputError(errors)
@@ -102,18 +166,17 @@ def no_documents(result: LoadResult) -> Diagnostic:
     )
 
 
-def load_for_plan(paths: tuple[Path, ...]) -> tuple[LoadResult, list[Diagnostic]]:
+def load_for_plan(paths: tuple[Path, ...], pin: Pin | None = None) -> tuple[LoadResult, list[Diagnostic]]:
     """Load documents for `plan`: one bad document never blocks the others' plan. The errors are printed and
     returned; the deployments they touch are left out of what is planned (and, being absent, held: the planner
     destroys nothing while any document has errors)."""
-    result = load_paths(list(paths) or [Path(".")])
-    diagnostics = result.diagnostics + check(result.desired, frozenset(result.broken_models))
+    result, diagnostics = _loaded(paths, pin)
     errors = [d for d in diagnostics if d.severity == "error"]
     err = console(stderr=True)
     note = result.skipped_note()
     if note:
         err.print(note)
-    for d in sorted(diagnostics, key=lambda d: d.severity != "error"):
+    for d in by_place(diagnostics):
         err.print(d.render())
     if not result.has_documents:  # nothing to plan: never "No changes"
         raise InputError([no_documents(result)])

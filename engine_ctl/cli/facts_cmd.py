@@ -61,10 +61,15 @@ def host_table(f: HostFacts) -> Table:
     for g in f.gpus:
         used = gib(g.memory_used_bytes) if g.memory_used_bytes is not None else "?"
         total = gib(g.memory_total_bytes) if g.memory_total_bytes is not None else "?"
-        table.add_row(f"gpu {g.index}", f"{g.name} {g.uuid} {used} used of {total}, driver {g.driver_version}")
+        target = f", {g.gfx_target}" if g.gfx_target else ""
+        table.add_row(f"gpu {g.index}", f"{g.name} {g.uuid} {used} used of {total}, driver {g.driver_version}{target}")
     for name, e in sorted(f.engines.items()):
-        table.add_row(f"engine {name}", f"{e.path} ({e.version or 'version unknown'})")
-    if not f.engines:
+        table.add_row(f"engine {name}", f"{e.path} ({e.version or 'version unknown'}) sha256 {(e.sha256 or '-')[:12]}")
+    for name, builds in sorted(f.engine_builds.items()):
+        for platform, e in sorted(builds.items()):
+            said = f"{e.path} ({e.version or 'version unknown'}) sha256 {(e.sha256 or '-')[:12]}"
+            table.add_row(f"engine {name} {platform}", said)
+    if not f.engines and not f.engine_builds:
         table.add_row("engines", "none found")
     for u in f.units:
         table.add_row(

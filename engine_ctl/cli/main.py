@@ -14,7 +14,7 @@ import sys
 import click
 
 from engine_ctl import __version__
-from engine_ctl.core.diagnostics import Diagnostic, InputError
+from engine_ctl.core.diagnostics import Diagnostic, InputError, by_place
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -77,7 +77,7 @@ def print_diagnostics(diagnostics: list[Diagnostic]) -> None:
     from engine_ctl.cli.output import console
 
     err = console(stderr=True)
-    for d in diagnostics:
+    for d in by_place(diagnostics):
         err.print(d.render())
 
 
@@ -103,19 +103,20 @@ class EngineCtlGroup(click.Group):
         return super().get_command(ctx, cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """The command list of --help, from COMMANDS' short help: no command's module is imported."""
+        """The command list of --help, from COMMANDS' short help: no command's module is imported. Each
+        description is shown whole, wrapped under its command, never cut short with `...`."""
         names = self.list_commands(ctx)
         if not names:
             return
-        limit = formatter.width - 6 - max(len(name) for name in names)
-        rows = [(name, self._listed(ctx, name).get_short_help_str(limit)) for name in names]
+        rows = [(name, self._short_help(ctx, name)) for name in names]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
-    def _listed(self, ctx: click.Context, name: str) -> click.Command:
-        """The command as --help lists it: a stand-in with COMMANDS' help until the real one is loaded."""
+    def _short_help(self, ctx: click.Context, name: str) -> str:
+        if name in COMMANDS:
+            return COMMANDS[name][1]
         command = super().get_command(ctx, name)
-        return command or click.Command(name, help=COMMANDS[name][1])
+        return command.get_short_help_str(limit=10_000) if command else ""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -128,7 +129,7 @@ class EngineCtlGroup(click.Group):
 @click.group(cls=EngineCtlGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, "--version", prog_name="engine-ctl", message="%(prog)s %(version)s")
 def cli() -> None:
-    """engine-ctl: plan and apply LLM inference engines (llama.cpp, vLLM, SGLang) on SSH-managed hosts.
+    """engine-ctl: plan and apply LLM inference engines on SSH-managed hosts.
 
     Deployments are YAML documents; `validate` checks them offline.
     """

@@ -25,7 +25,7 @@ from engine_ctl.cli.common import (
     ssh_settings,
 )
 from engine_ctl.cli.output import console, emit_json
-from engine_ctl.cli.planview import plan_json, plan_markdown, render_plan
+from engine_ctl.cli.planview import RICH_STYLES, plan_json, plan_markdown, render_plan
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Inventory, load_inventory
 from engine_ctl.core.model import DesiredState
@@ -33,14 +33,15 @@ from engine_ctl.core.plan.gateway import gateway_tampering
 from engine_ctl.core.plan.planner import Plan, destroy_refusals
 from engine_ctl.core.plan.refresh import refresh_state
 from engine_ctl.core.plan.savedplan import PlanFileError, decode_plan, stale_reasons, state_for_plan, tampering
+from engine_ctl.core.weights import Checkout
 from engine_ctl.shell.apply import Executor, Recorder
+from engine_ctl.shell.fetch import HubAccess
 from engine_ctl.shell.gather import gather
+from engine_ctl.shell.pinning import Pinner, unresolved
 from engine_ctl.shell.transport import HostFailure, SSHOptions
 from engine_ctl.shell.world import plan_world
 from engine_ctl.state import HostRecord, LocalState, Operation, State, StateBackend, StateError, open_backend
 from engine_ctl.state.local import DEFAULT_NAME, now, who
-
-STYLES = {"add": "green", "change": "yellow", "destroy": "red", "warn": "yellow", "bold": "bold", "": ""}
 
 
 def state_option(f: Any) -> Any:
@@ -115,10 +116,11 @@ def read_state(backend: StateBackend) -> State:
         raise InputError([Diagnostic(Location(backend.location), "", str(exc))]) from None
 
 
-def show_plan(plan: Plan) -> None:
+def show_plan(plan: Plan, command: str = "apply") -> None:
+    """The plan on stdout: coloured on a terminal (argv and unit diff lines by their sign), plain otherwise."""
     out = console()
-    for style, line in render_plan(plan):
-        out.print(line, style=STYLES[style] or None)
+    for style, line in render_plan(plan, command):
+        out.print(line, style=RICH_STYLES[style] or None)
 
 
 @click.command()
@@ -140,14 +142,15 @@ def plan(
     """Show what apply would change: documents + recorded state + live host facts.
 
     PATHS are the documents (default: the current directory); the inventory may be among them."""
-    loaded, errors = load_for_plan(paths)
+    pinner = Pinner()
+    loaded, errors = load_for_plan(paths, pin=pinner)
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, paths)
     state = read_state(backend)
     held = f"{len(errors)} error(s) in the documents (above)" if errors else None
     result, failures = _plan_for(
         loaded.desired, inventory, state, backend, ssh_settings(accept_new_host_keys), parallel, targets,
-        refresh_only, paths, hold_absent=held,
+        refresh_only, paths, hold_absent=held, checkouts=pinner.checkouts,
     )  # fmt: skip
     if out_path is not None and errors:
         console(stderr=True).print(f"error: the plan was not saved to {out_path}: the documents have errors")
@@ -179,24 +182,50 @@ def _load_plan_file(path: Path) -> Plan | None:
         raise InputError([Diagnostic(Location(str(path)), "", str(exc))]) from None
 
 
-def _confirm(auto_approve: bool) -> None:
+PROMPTS = {
+    "apply": ("Do you want to perform these actions? Only 'yes' will be accepted", "Apply cancelled; nothing changed."),
+    "destroy": (
+        "Do you really want to destroy these deployments? Their units are stopped and removed; the models stay. "
+        "Only 'yes' will be accepted",
+        "Destroy cancelled; nothing was destroyed.",
+    ),
+}
+"""command -> (the confirmation prompt, what is said when it is not answered yes)."""
+
+
+def _confirm(auto_approve: bool, command: str = "apply") -> None:
     if auto_approve:
         return
     if not sys.stdin.isatty():
+        hint = "review the plan, then pass --auto-approve"
         raise InputError(
             [
                 Diagnostic(
                     Location("stdin"),
                     "",
-                    "apply asks for confirmation, and stdin is not a terminal",
-                    hint="review the plan, then pass --auto-approve (or apply a saved plan file)",
+                    f"{command} asks for confirmation, and stdin is not a terminal",
+                    hint=hint + (" (or apply a saved plan file)" if command == "apply" else ""),
                 )
             ]
         )
-    answer = click.prompt("Do you want to perform these actions? Only 'yes' will be accepted", default="")
+    question, cancelled = PROMPTS[command]
+    answer = click.prompt(question, default="")
     if answer.strip() != "yes":
-        console().print("Apply cancelled; nothing changed.")
+        console().print(cancelled)
         sys.exit(1)
+
+
+def outcome_line(plan: Plan, command: str, code: int, result_text: str) -> str:
+    """The last line of apply or destroy: complete or stopped, and what was planned."""
+    s = plan.summary()
+    if command == "destroy":
+        n = s["destroy"]
+        done = f"{n} deployment{'s' if n != 1 else ''} destroyed as planned"
+        return f"\nDestroy {'complete' if code == 0 else 'stopped'}: {result_text}. ({done})"
+    return (
+        f"\nApply {'complete' if code == 0 else 'stopped'}: {result_text}. "
+        f"({s['add']} added, {s['change']} changed, {s['destroy']} destroyed as planned)"
+    )
 
 
 def execute(
@@ -221,16 +250,24 @@ def execute(
             recorder.change(lambda s: refresh_state(s, plan))
             result_text, code, unrecorded = "refreshed", 0, list[str]()
         else:
-            executor = Executor(plan, {h.name: h for h in inventory.hosts}, recorder, options, out.print, stop)
-            # On a terminal a live status line shows that the roll is under way; otherwise plain lines only.
+            # On a terminal a live status line shows that the roll is under way (or, while weights come in, a
+            # progress bar per file); otherwise plain lines only.
+            bars = None
+            if out.is_terminal and any(c.fetches for c in plan.changes):
+                from engine_ctl.cli.fetchview import FetchBars  # rich.progress: loaded only to show weights coming in
+
+                bars = FetchBars(out)
+            hub = HubAccess.from_environment(inventory.downloads, bars.update if bars else None)
+            executor = Executor(plan, {h.name: h for h in inventory.hosts}, recorder, options, out.print, stop, hub=hub)
             busy = "Applying: one replica at a time per deployment, health-gated…"
-            live = out.status(busy) if out.is_terminal else None
+            live = bars or (out.status(busy) if out.is_terminal else None)
             with live or contextlib.nullcontext():
                 result = executor.run()
             unrecorded = result.unrecorded
             code = 130 if result.interrupted else (1 if result.failed or unrecorded else 0)
             failures = "; ".join(f"{k}: {v}" for k, v in sorted(result.failed.items()))
-            result_text = "interrupted" if result.interrupted else (f"failed: {failures}" if failures else "applied")
+            done = "destroyed" if command == "destroy" else "applied"
+            result_text = "interrupted" if result.interrupted else (f"failed: {failures}" if failures else done)
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -256,20 +293,31 @@ def execute(
         code = code or 1
     for what in unrecorded:
         out.print(f"error: not recorded in the state: {what}; run engine-ctl plan to see what the hosts run")
-    s = plan.summary()
-    out.print(f"\nApply {'complete' if code == 0 else 'stopped'}: {result_text}. "
-              f"({s['add']} added, {s['change']} changed, {s['destroy']} destroyed as planned)")  # fmt: skip
+    out.print(outcome_line(plan, command.split()[0], code, result_text))
     return code
+
+
+def for_destroy(plan: Plan) -> Plan:
+    """The plan of `destroy`: only its deletions, each said as destroy asked for it (never "removed from the
+    documents": destroy reads no documents), and no deployment counted as absent."""
+    asked = "engine-ctl destroy" + "".join(f" --target {t}" for t in plan.targets)
+    changes = []
+    for c in plan.changes:
+        if c.action != ["delete"]:
+            continue
+        replicas = [r.model_copy(update={"reason": "destroyed"}) for r in c.replicas]
+        changes.append(c.model_copy(update={"reasons": [f"{asked} destroys it"], "replicas": replicas}))
+    return plan.model_copy(update={"changes": changes, "absent": []})
 
 
 def _plan_for(
     desired: DesiredState, inventory: Inventory, state: State, backend: StateBackend, options: SSHOptions,
     parallel: int, targets: tuple[str, ...], refresh_only: bool = False, documents: tuple[Path, ...] = (),
-    hold_absent: str | None = None,
+    hold_absent: str | None = None, checkouts: dict[str, Checkout] | None = None,
 ) -> tuple[Plan, dict[str, HostFailure]]:  # fmt: skip
     return plan_world(
         desired, inventory, state, backend.location, reopen_string(backend), options, parallel, targets,
-        refresh_only, documents, hold_absent,
+        refresh_only, documents, hold_absent, checkouts,
     )  # fmt: skip
 
 
@@ -323,14 +371,16 @@ def apply(
     saved = _load_plan_file(args[0]) if len(args) == 1 and args[0].is_file() else None
     if saved is not None:
         sys.exit(_apply_saved(saved, args[0], inventory_path, state_path, options, parallel, lock_timeout))
-    loaded = load_checked(args)
+    pinner = Pinner()
+    loaded = load_checked(args, pin=pinner)
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, args)
     with locked(backend, "apply", lock_timeout):
         state = read_state(backend)
         result, failures = _plan_for(
-            loaded.desired, inventory, state, backend, options, parallel, targets, documents=args
-        )
+            loaded.desired, inventory, state, backend, options, parallel, targets, documents=args,
+            checkouts=pinner.checkouts,
+        )  # fmt: skip
         show_plan(result)
         report_failures(failures)
         if not result.has_changes or result.refused:  # refused (prevent_destroy): nothing is applied
@@ -348,7 +398,7 @@ def destroy(
     accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool,
 ) -> None:  # fmt: skip
     """Stop and remove the units of every deployment in the state (or --target ones). The models stay."""
-    loaded = load_checked(paths, documents_required=False) if paths else None
+    loaded = load_checked(paths, documents_required=False, pin=unresolved) if paths else None
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, paths)
     options = ssh_settings(accept_new_host_keys)
@@ -356,13 +406,12 @@ def destroy(
         state = read_state(backend)
         keep = DesiredState()  # nothing is wanted: every (targeted) deployment in the state is deleted
         result, failures = _plan_for(keep, inventory, state, backend, options, parallel, targets)
-        result.changes = [c for c in result.changes if c.action == ["delete"]]
-        result.absent = []  # destroyed because destroy was asked for, not because documents are absent
-        show_plan(result)
+        result = for_destroy(result)
+        show_plan(result, "destroy")
         report_failures(failures)
         if not result.changes or result.refused:  # refused (prevent_destroy): nothing is destroyed
             sys.exit(1 if result.refused else 0)
-        _confirm(auto_approve)
+        _confirm(auto_approve, "destroy")
         sys.exit(execute(result, inventory, backend, state, options, "destroy"))
 
 

@@ -10,9 +10,24 @@ import shlex
 from typing import Any
 
 from engine_ctl.core.plan.gateway import GatewayChange
-from engine_ctl.core.plan.planner import DeploymentChange, Plan, ReplicaChange
+from engine_ctl.core.plan.fetching import fetch_lines
+from engine_ctl.core.plan.planner import DeploymentChange, Drift, Plan, ReplicaChange
+from engine_ctl.core.sizes import human_bytes
+from engine_ctl.providers import PROVIDERS, canonical_engine
 
 SENSITIVE_WORDS = ("key", "token", "secret", "password")
+
+MEMORY_BASIS = {
+    "arch": "estimated from the model's shape: layers, KV heads and head size",
+    "weights": "the weights' file size",
+    "catalog": "as the documents state it",
+    "estimate": "estimated from the parameter count",
+}
+"""What a fit's memory_basis means, said in words wherever a size is shown."""
+
+REPLICA_VERBS = {("create",): "to start", ("delete", "create"): "to replace", ("update",): "to repair",
+                 ("delete",): "to remove"}  # fmt: skip
+"""How the closing line counts replicas, by action."""
 
 
 def _value(path: str, value: Any) -> str:
@@ -45,22 +60,79 @@ def argv_diff(old: list[str], new: list[str]) -> list[str]:
     return lines
 
 
-def _header(c: DeploymentChange) -> str:
+def _revision(c: DeploymentChange) -> str:
+    """`revision 3 → 4`, or, when the documents did not change (a repair, a leftover removed), that it stays."""
+    if c.old_revision == c.revision:
+        return f"revision {c.revision} stays: the documents did not change"
+    return f"revision {c.old_revision} → {c.revision}"
+
+
+def _header(c: DeploymentChange, command: str = "apply") -> str:
     if c.action == ["create"]:
         return f"# {c.name} will be created (revision {c.revision})"
+    if c.action == ["delete"] and command == "destroy":
+        return f"# {c.name} will be destroyed: its units stopped and removed (the model stays)"
     if c.action == ["delete"]:
         return f"# {c.name} will be destroyed"
     if c.action == ["delete", "create"]:
         how = c.strategy or "rolling"
         return (
-            f"# {c.name} will be replaced one replica at a time ({how}), revision {c.old_revision} → {c.revision}: "
+            f"# {c.name} will be replaced one replica at a time ({how}), {_revision(c)}: "
             "the next replica only once the previous one serves; a failure halts the roll"
         )
     if c.state_only:
         return f"# {c.name}: the state is updated (revision {c.revision}); nothing changes on the hosts"
     if c.action == ["update"]:
-        return f"# {c.name} will be updated in place (revision {c.old_revision} → {c.revision})"
+        return f"# {c.name} will be updated in place ({_revision(c)})"
     return f"# {c.name}: no changes"
+
+
+def fit_note(fit: dict[str, Any], key: str) -> str:
+    """What a fit figure means where the bare number would mislead: the context is per request, beside an
+    engine flag that may be context × parallel (the provider says)."""
+    if key != "context_length":
+        return ""
+    return context_meaning(str(fit.get("engine")), int(fit["context_length"]), int(fit["parallel"]))
+
+
+def context_meaning(engine: str, context: int, parallel: int) -> str:
+    provider = PROVIDERS.get(canonical_engine(engine))
+    return (provider.context_note(context, parallel) if provider else None) or "tokens per request"
+
+
+def fit_value(c: DeploymentChange, key: str) -> str:
+    assert c.fit is not None
+    note = fit_note(c.fit, key)
+    return _value(key, c.fit.get(key)) + (f" ({note})" if note else "")
+
+
+def memory_value(fit: dict[str, Any]) -> str:
+    """`6.7 GiB (estimated from the model's shape: …)`: the size readable at any scale, the basis in words."""
+    basis = str(fit.get("memory_basis"))
+    return f"{human_bytes(int(fit.get('memory_bytes') or 0))} ({MEMORY_BASIS.get(basis, basis)})"
+
+
+def replica_counts(plan: Plan) -> dict[str, int]:
+    """Replicas this plan starts, replaces, repairs and removes, by REPLICA_VERBS (zero counts left out)."""
+    counts: dict[str, int] = {}
+    for c in plan.changes:
+        for r in c.replicas if c.changed else ():
+            verb = REPLICA_VERBS[tuple(r.action)]
+            counts[verb] = counts.get(verb, 0) + 1
+    return {verb: counts[verb] for verb in REPLICA_VERBS.values() if verb in counts}
+
+
+def replicas_line(plan: Plan) -> str:
+    """`Replicas: 2 to start, 1 to remove.`; empty when no replica changes."""
+    counts = replica_counts(plan)
+    return "Replicas: " + ", ".join(f"{n} {verb}" for verb, n in counts.items()) + "." if counts else ""
+
+
+def summary_line(plan: Plan) -> str:
+    s = plan.summary()
+    line = f"Plan: {s['add']} to add, {s['change']} to change, {s['destroy']} to destroy."
+    replicas = replicas_line(plan)
+    return f"{line} {replicas}" if replicas else line
 
 
 def _chosen(c: DeploymentChange, key: str) -> str:
@@ -86,10 +158,54 @@ def _replica_lines(r: ReplicaChange) -> list[str]:
     return lines
 
 
-def render_plan(plan: Plan) -> list[tuple[str, str]]:
-    """(style, line) pairs; style is one of '', 'add', 'change', 'destroy', 'warn', 'bold'."""
-    out: list[tuple[str, str]] = []
+def _line_style(line: str, default: str) -> str:
+    """A replica's line in its change's style; an argv diff line (`- word`, `+ word`) in its own sign's."""
+    bare = line.lstrip()
+    if bare.startswith("- "):
+        return "destroy"
+    if bare.startswith("+ "):
+        return "add"
+    return default if line[:1] in "+-~" else ""
+
+
+def unit_diff_lines(d: Drift) -> list[tuple[str, str]]:
+    """The unified diff of a hand-edited unit, each line styled by its sign (headers bold)."""
+    out = []
+    for line in d.diff:
+        style = "bold" if line.startswith(("---", "+++", "@@")) else _line_style(line, "")
+        out.append((style, line))
+    return out
+
+
+def render_plan(plan: Plan, command: str = "apply") -> list[tuple[str, str]]:
+    """(style, line) pairs; style is one of '', 'add', 'change', 'destroy', 'warn', 'bold'. `command` is the
+    command that shows it: `destroy` speaks of destroying, never of documents."""
+    out = _render_top(plan)
+    if plan.refresh_only:
+        out.append(("bold", "Refresh only: apply records what drifted into the state; nothing on the hosts changes."))
+        return out
     changed = [c for c in plan.changes if c.changed]
+    gateways = [g for g in plan.gateways if g.changed]
+    if changed and command == "destroy":
+        out.append(("bold", "engine-ctl destroy will stop and remove the units of these deployments:"))
+    elif changed or gateways:
+        out.append(("bold", "engine-ctl will perform the following actions:"))
+    for c in changed:
+        out += _render_change(c, command)
+    for g in gateways:
+        out += _gateway_lines(g)
+    for g in plan.gateways:
+        out += [("warn", f"Warning: gateway {g.host}: {w}") for w in g.warnings]
+    for c in plan.changes:
+        out += _render_notes(c)
+    out.append(("", ""))
+    return out + _render_end(plan, command, bool(changed or gateways))
+
+
+def _render_top(plan: Plan) -> list[tuple[str, str]]:
+    """What stands above the actions: deployments destroyed for absent documents, refusals, unreachable hosts,
+    drift (a hand-edited unit with the diff of its text)."""
+    out: list[tuple[str, str]] = []
     if plan.absent:  # first: with --auto-approve this is an outage nobody asked for by name
         n = len(plan.absent)
         out.append(("destroy", f"This plan destroys {n} deployment{'s' if n != 1 else ''} because "
@@ -103,67 +219,64 @@ def render_plan(plan: Plan) -> list[tuple[str, str]]:
         out.append(("bold", "Changed outside engine-ctl (drift):"))
         for d in plan.drift:
             out.append(("warn", f"  ~ {d.host} {d.unit}: {d.detail}"))
+            out += [(style, f"      {line}") for style, line in unit_diff_lines(d)]
         out.append(("", ""))
-    if plan.refresh_only:
-        out.append(("bold", "Refresh only: apply records what drifted into the state; nothing on the hosts changes."))
-        return out
-    gateways = [g for g in plan.gateways if g.changed]
-    if changed or gateways:
-        out.append(("bold", "engine-ctl will perform the following actions:"))
-    for c in changed:
-        style = {"+": "add", "-": "destroy", "~": "change", "-/+": "change"}[c.symbol]
-        out.append(("", ""))
-        out.append(("bold", f"  {_header(c)}"))
-        for reason in c.reasons:
-            out.append(("", f"  #   {reason}"))
-        out.append((style, f'{c.symbol:>3} deployment "{c.name}" {{'))
-        for f in c.field_changes:
-            if f.old is None:
-                out.append(("add", f"      + {f.path} = {_value(f.path, f.new)}"))
-            elif f.new is None:
-                out.append(("destroy", f"      - {f.path} = {_value(f.path, f.old)}"))
-            else:
-                out.append(("change", f"      ~ {f.path} = {_value(f.path, f.old)} -> {_value(f.path, f.new)}"))
-        if c.action == ["create"] and c.fit:
-            for key in ("engine", "accelerator", "gpus", "cpu_cores", "context_length", "parallel"):
-                out.append(("add", f"      + {key:<15} = {_value(key, c.fit.get(key))}{_chosen(c, key)}"))
-            memory = c.fit.get("memory_bytes") or 0
-            out.append(
-                ("add", f"      + {'host memory':<15} = {memory / 1024**3:.1f} GiB ({c.fit.get('memory_basis')})")
-            )
-        for step in c.replicas:
-            for line in _replica_lines(step):
-                out.append((style if line[0] in "+-~" else "", f"      {line}"))
-        out.append((style, "    }"))
-    for g in gateways:
-        out += _gateway_lines(g)
-    for g in plan.gateways:
-        out += [("warn", f"Warning: gateway {g.host}: {w}") for w in g.warnings]
-    for c in plan.changes:
-        chosen = [(k, r) for k, r in sorted(c.chosen.items()) if c.fit and k in c.fit and c.action != ["create"]]
-        if chosen and c.fit:
-            said = ", ".join(f"{k} {c.fit[k]}, chosen at revision {r}" for k, r in chosen)
-            out.append(("", f"{c.name}: {said} (the documents leave them out; chosen again when they change)"))
-        for b in c.blocked:
-            out.append(("destroy", f"Not reconciled: {c.name}: {b}"))
-        if c.pending_reason:
-            out.append(("warn", f"Pending: {c.name}: {c.pending_reason}"))
-            for host, why in sorted(c.waiting.items()):
-                out.append(("warn", f"  {host}: {why}"))
-        if c.failed_reason:
-            out.append(("destroy", f"Failed: {c.name}: {c.failed_reason}"))
-        for w in c.warnings:
-            out.append(("warn", f"Warning: {w}"))
-    s = plan.summary()
-    out.append(("", ""))
-    changed = changed or gateways  # type: ignore[assignment]
-    if not changed and not plan.problems:
+    return out
+
+
+def _render_change(c: DeploymentChange, command: str) -> list[tuple[str, str]]:
+    """One changed deployment: its header and reasons, field changes, fit (when created), replicas."""
+    style = {"+": "add", "-": "destroy", "~": "change", "-/+": "change"}[c.symbol]
+    out = [("", ""), ("bold", f"  {_header(c, command)}")]
+    out += [("", f"  #   {reason}") for reason in c.reasons]
+    out.append((style, f'{c.symbol:>3} deployment "{c.name}" {{'))
+    for f in c.field_changes:
+        if f.old is None:
+            out.append(("add", f"      + {f.path} = {_value(f.path, f.new)}"))
+        elif f.new is None:
+            out.append(("destroy", f"      - {f.path} = {_value(f.path, f.old)}"))
+        else:
+            out.append(("change", f"      ~ {f.path} = {_value(f.path, f.old)} -> {_value(f.path, f.new)}"))
+    if c.action == ["create"] and c.fit:
+        for key in ("engine", "accelerator", "gpus", "cpu_cores", "context_length", "parallel"):
+            out.append(("add", f"      + {key:<15} = {fit_value(c, key)}{_chosen(c, key)}"))
+        out.append(("add", f"      + {'host memory':<15} = {memory_value(c.fit)}"))
+    for step in c.replicas:
+        out += [(_line_style(line, style), f"      {line}") for line in _replica_lines(step)]
+    out += [("", f"      {line}") for line in fetch_lines(c)]
+    out.append((style, "    }"))
+    return out
+
+
+def _render_notes(c: DeploymentChange) -> list[tuple[str, str]]:
+    """Below the actions: choices kept, replicas not reconciled, Pending, Failed, warnings."""
+    out: list[tuple[str, str]] = []
+    chosen = [(k, r) for k, r in sorted(c.chosen.items()) if c.fit and k in c.fit and c.action != ["create"]]
+    if chosen and c.fit:
+        said = ", ".join(f"{k} {c.fit[k]}, chosen at revision {r}" for k, r in chosen)
+        out.append(("", f"{c.name}: {said} (the documents leave them out; chosen again when they change)"))
+    out += [("destroy", f"Not reconciled: {c.name}: {b}") for b in c.blocked]
+    if c.pending_reason:
+        out.append(("warn", f"Pending: {c.name}: {c.pending_reason}"))
+        out += [("warn", f"  {host}: {why}") for host, why in sorted(c.waiting.items())]
+    if c.failed_reason:
+        out.append(("destroy", f"Failed: {c.name}: {c.failed_reason}"))
+    return out + [("warn", f"Warning: {w}") for w in c.warnings]
+
+
+def _render_end(plan: Plan, command: str, changed: bool) -> list[tuple[str, str]]:
+    """The closing lines: why nothing changes (in destroy's words for destroy), then the counts."""
+    out: list[tuple[str, str]] = []
+    if not changed and command == "destroy":
+        which = "no deployment of the state is named by --target." if plan.targets else "the state has no deployments."
+        out.append(("bold", f"Nothing to destroy: {which}"))
+        out += [("destroy", f"  {p}") for p in plan.problems]
+    elif not changed and not plan.problems:
         out.append(("bold", "No changes. The hosts match the documents."))
     elif not changed:
         out.append(("destroy", "No changes can be made; but the hosts do not match the documents:"))
         out += [("destroy", f"  {p}") for p in plan.problems]
-    out.append(("bold", f"Plan: {s['add']} to add, {s['change']} to change, {s['destroy']} to destroy."))
-    return out
+    return [*out, ("bold", summary_line(plan))]
 
 
 def _gateway_lines(g: GatewayChange) -> list[tuple[str, str]]:
@@ -186,8 +299,8 @@ def _gateway_lines(g: GatewayChange) -> list[tuple[str, str]]:
     return out
 
 
-def plan_text(plan: Plan) -> str:
-    return "\n".join(line for _, line in render_plan(plan)) + "\n"
+def plan_text(plan: Plan, command: str = "apply") -> str:
+    return "\n".join(line for _, line in render_plan(plan, command)) + "\n"
 
 
 RICH_STYLES = {"add": "green", "change": "yellow", "destroy": "red", "warn": "yellow", "bold": "bold", "": ""}
@@ -206,6 +319,7 @@ def plan_markdown(plan: Plan, full_plan: str | None = None, limit: int = COMMENT
     full plan is: `full_plan` is the saved plan's path (`engine-ctl show FULL_PLAN` prints it)."""
     pieces = [_Piece("head", _md_head(plan))]
     pieces += [_Piece("warning", text) for text in _md_warnings(plan)]
+    pieces += [_Piece("unit diff", _md_unit_diff(d)) for d in plan.drift if d.diff]
     pieces += [_Piece("deployment", _md_section(c)) for c in plan.changes if c.changed]
     foot = _md_foot(plan, full_plan)
     whole = "".join(p.text for p in pieces) + foot
@@ -238,9 +352,9 @@ def _cut(pieces: list[_Piece], foot: str, full_plan: str | None, limit: int) -> 
 
 
 def _cut_note(left_out: list[_Piece], full_plan: str | None, limit: int) -> str:
-    warnings = sum(1 for p in left_out if p.kind == "warning")
-    sections = sum(1 for p in left_out if p.kind == "deployment")
-    parts = [f"{warnings} warning(s)"] * bool(warnings) + [f"{sections} deployment section(s)"] * bool(sections)
+    counts = {kind: sum(1 for p in left_out if p.kind == kind) for kind in ("warning", "unit diff", "deployment")}
+    names = {"warning": "warning(s)", "unit diff": "unit diff(s)", "deployment": "deployment section(s)"}
+    parts = [f"{n} {names[kind]}" for kind, n in counts.items() if n]
     missing = " and ".join(parts) or "the rest"
     where = (
         f"`engine-ctl show {_code_text(full_plan)}`"
@@ -256,6 +370,8 @@ def _cut_note(left_out: list[_Piece], full_plan: str | None, limit: int) -> str:
 def _md_head(plan: Plan) -> str:
     s = plan.summary()
     head = f"### engine-ctl plan: {s['add']} to add, {s['change']} to change, {s['destroy']} to destroy\n\n"
+    if replicas_line(plan):
+        head += replicas_line(plan) + "\n\n"
     if plan.refresh_only:
         head += "Refresh only: apply records what drifted into the state; nothing on the hosts changes.\n\n"
     elif not any(c.changed for c in plan.changes) and not plan.problems:
@@ -302,7 +418,7 @@ def _warnings(plan: Plan) -> list[str]:
             hosts = "".join(f"\n>   - {_code(h)}: {_text(why)}" for h, why in waiting)
             pending.append(f"**Pending:** {_code(c.name)}: {_text(c.pending_reason)}{hosts}")
     drift = [f"**Drift** (changed outside engine-ctl): {_code(d.host)} {_code(d.unit)}: {_text(d.detail)}"
-             for d in plan.drift]  # fmt: skip
+             + ("; its diff is below" if d.diff else "") for d in plan.drift]  # fmt: skip
     rest = [f"**Warning:** {_text(w)}" for w in other]
     return [f"**Downtime:** {_text(w)}" for w in downtime] + pending + drift + rest
 
@@ -313,6 +429,12 @@ def _alert(kind: str, items: list[str]) -> list[str]:
         out[0] = f"> [!{kind}]\n" + out[0]
         out[-1] += "\n"
     return out
+
+
+def _md_unit_diff(d: Drift) -> str:
+    """A hand-edited unit: what the edit changed, as a collapsed diff below the warnings."""
+    summary = f"Edited by hand: <code>{html.escape(d.host)}</code> <code>{html.escape(d.unit)}</code>"
+    return f"<details><summary>{summary}</summary>\n\n" + _fenced("diff", d.diff) + "\n</details>\n\n"
 
 
 def _md_section(c: DeploymentChange) -> str:
@@ -334,6 +456,7 @@ def _md_section(c: DeploymentChange) -> str:
         body.append(_fit_table(c))
     for r in c.replicas:
         body.append(_md_replica(r))
+    body += [f"- {_text(line)}\n" for line in fetch_lines(c)]
     body.append("</details>\n\n")
     return "".join(body)
 
@@ -343,9 +466,10 @@ def _fit_table(c: DeploymentChange) -> str:
     rows = ["| Fit | Value |\n|---|---|\n"]
     for key in ("engine", "accelerator", "gpus", "cpu_cores", "context_length", "parallel"):
         chosen = f" (chosen at revision {c.chosen[key]})" if key in c.chosen else ""
-        rows.append(f"| {key} | {_code(_value(key, c.fit.get(key)), cell=True)}{chosen} |\n")
-    memory = (c.fit.get("memory_bytes") or 0) / 1024**3
-    rows.append(f"| host memory | {memory:.1f} GiB ({_text(str(c.fit.get('memory_basis')))}) |\n")
+        note = fit_note(c.fit, key)
+        said = f" ({_text(note)})" if note else ""
+        rows.append(f"| {key} | {_code(_value(key, c.fit.get(key)), cell=True)}{said}{chosen} |\n")
+    rows.append(f"| host memory | {_text(memory_value(c.fit))} |\n")
     return "".join(rows) + "\n"
 
 
@@ -359,7 +483,7 @@ def _md_replica(r: ReplicaChange) -> str:
     elif action == ("delete", "create"):
         diff = argv_word_diff(r.old_argv or [], r.argv)
     else:
-        return text
+        return text + "\n"
     return text + "\n" + _fenced("diff", diff) + "\n"
 
 
@@ -419,6 +543,10 @@ def _text(text: str) -> str:
 
 def plan_json(plan: Plan) -> dict[str, Any]:
     doc = plan.model_dump(mode="json")
-    doc["summary"] = plan.summary()
+    counts = replica_counts(plan)
+    doc["summary"] = {
+        **plan.summary(),
+        "replicas": {v.removeprefix("to "): counts.get(v, 0) for v in REPLICA_VERBS.values()},
+    }
     doc["has_changes"] = plan.has_changes
     return doc

@@ -17,10 +17,11 @@ from engine_ctl.cli.common import (
 )
 from engine_ctl.cli.output import console, emit_json
 from engine_ctl.cli.plan_cmd import backend_for, read_state, state_option
+from engine_ctl.cli.planview import context_meaning, memory_value
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Inventory
 from engine_ctl.core.plan.pipeline import DeploymentRender, render_deployment
-from engine_ctl.core.sizes import gib
+from engine_ctl.core.sizes import human_bytes
 from engine_ctl.shell.transport import HostFailure
 from engine_ctl.shell.world import gather_world
 
@@ -129,16 +130,17 @@ def print_render(result: DeploymentRender, note: str | None) -> None:
         out.print(f"Pending: {fit.pending_reason}")
         return
     out.print(f"Deployment {result.deployment}: {plan.engine} on {plan.accelerator}")
+    context = f"{plan.context_length} ({context_meaning(plan.engine, plan.context_length, plan.parallel)})"
     rows = [
         ("gpus", plan.gpus),
         ("min_gpu_memory_gb", plan.min_gpu_memory_gb),
         ("cpu_cores", plan.cpu_cores),
         ("threads", plan.threads if plan.threads is not None else "-"),
-        ("context_length", plan.context_length),
+        ("context_length", context),
         ("parallel", plan.parallel),
-        ("weights", f"{gib(plan.weights_bytes)} ({plan.memory_basis})"),
-        ("kv cache", gib(plan.kv_cache_bytes)),
-        ("host memory", gib(plan.memory_bytes)),
+        ("weights", human_bytes(plan.weights_bytes)),
+        ("kv cache", human_bytes(plan.kv_cache_bytes)),
+        ("host memory", memory_value(plan.model_dump())),
     ]
     for key, value in rows:
         out.print(f"  {key:<18} {value}")

@@ -16,6 +16,7 @@ from engine_ctl.cli.plan_cmd import backend_for, read_state, state_option
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.loader import load_paths
 from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.names import UNIT_PREFIX, UNIT_SUFFIX, parse_unit_name
 from engine_ctl.core.plan.status import DeploymentStatus, deployment_status
 from engine_ctl.core.render.gateway import endpoint_of
 from engine_ctl.providers import PROVIDERS
@@ -81,7 +82,10 @@ def _statuses(
 @inventory_option
 @state_option
 @ssh_options
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--json", "as_json", is_flag=True,
+    help="Every deployment as versioned JSON: state, ready and replica counts, revision, hosts, instances.",
+)  # fmt: skip
 def list_cmd(
     paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, as_json: bool,
@@ -97,12 +101,7 @@ def list_cmd(
     if as_json:
         emit_json({"format_version": FORMAT_VERSION, "deployments": [s.model_dump(mode="json") for s in statuses]})
     else:
-        table = Table(box=None, pad_edge=False)
-        for col in ("NAME", "STATE", "READY", "REVISION", "HOSTS"):
-            table.add_column(col)
-        for s in statuses:
-            table.add_row(s.name, s.state, f"{s.ready}/{s.replicas}", str(s.revision), ",".join(s.hosts) or "-")
-        console().print(table if statuses else _no_deployments(backend.location))
+        console().print(list_table(statuses) if statuses else _no_deployments(backend.location))
         report_failures(failures)
     sys.exit(1 if failures else 0)
 
@@ -113,7 +112,10 @@ def list_cmd(
 @inventory_option
 @state_option
 @ssh_options
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--json", "as_json", is_flag=True,
+    help="The deployment(s) as versioned JSON, each instance with its host, unit, port, GPUs and last error.",
+)  # fmt: skip
 def status(
     name: str | None, paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, as_json: bool,
@@ -145,29 +147,67 @@ def status(
     if not statuses:
         out.print(_no_deployments(backend.location))
     for s in statuses:
-        head = Table(box=None, pad_edge=False)
-        for col in ("NAME", "STATE", "READY", "REVISION", "HOSTS", "REASON"):
-            head.add_column(col)
-        head.add_row(
-            s.name, s.state, f"{s.ready}/{s.replicas}", str(s.revision), ",".join(s.hosts) or "-", s.reason or "-"
-        )
-        out.print(head)
+        out.print(deployment_table(s))
         if s.gateways:
             behind = sum(1 for m in s.members if m.ready)
             out.print(f"endpoint: {', '.join(g + '/v1' for g in s.gateways)} (model: {s.served_model_name}; "
                       f"{behind} of {len(s.members)} behind the gateway)", markup=False, highlight=False)  # fmt: skip
-        table = Table(box=None, pad_edge=False)
-        for col in ("INSTANCE", "HOST", "STATE", "UNIT", "PORT", "GPUS", "RESTARTS", "LAST ERROR"):
-            table.add_column(col)
-        for i in s.instances:
-            table.add_row(
-                str(i.index), i.host, i.state, i.unit, str(i.port), ",".join(map(str, i.gpus)) or "-",
-                str(i.restarts if i.restarts is not None else "-"), i.last_error or "-",
-            )  # fmt: skip
-        out.print(table)
+        out.print(instance_table(s))
+        if s.instances:
+            out.print(units_line(s))
         out.print("")
     report_failures(failures)
     sys.exit(1 if failures else 0)
+
+
+def list_table(statuses: list[DeploymentStatus]) -> Table:
+    """NAME STATE READY REVISION HOSTS, the hosts wrapping between names."""
+    table = Table(box=None, pad_edge=False)
+    for col in ("NAME", "STATE", "READY", "REVISION"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("HOSTS", overflow="fold")
+    for s in statuses:
+        table.add_row(s.name, s.state, f"{s.ready}/{s.replicas}", str(s.revision), ", ".join(s.hosts) or "-")
+    return table
+
+
+def deployment_table(s: DeploymentStatus) -> Table:
+    """NAME STATE READY REVISION HOSTS REASON; the reason wraps, so the table fits the terminal (80 columns)."""
+    table = Table(box=None, pad_edge=False)
+    for col in ("NAME", "STATE", "READY", "REVISION"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("HOSTS", overflow="fold")
+    table.add_column("REASON", overflow="fold", ratio=1)
+    table.add_row(
+        s.name, s.state, f"{s.ready}/{s.replicas}", str(s.revision), ", ".join(s.hosts) or "-", s.reason or "-"
+    )
+    return table
+
+
+def instance_table(s: DeploymentStatus) -> Table:
+    """INSTANCE SLOT HOST PORT STATE GPUS RESTARTS LAST ERROR: fits 80 columns, and what tells a unit from its
+    surge twin (its slot, a or b) is a column of its own, never cut; the last error wraps. The unit's whole name
+    is the line below the table (units_line)."""
+    table = Table(box=None, pad_edge=False)
+    for col in ("INSTANCE", "SLOT", "HOST", "PORT", "STATE", "GPUS", "RESTARTS"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("LAST ERROR", overflow="fold", ratio=1)
+    for i in s.instances:
+        table.add_row(
+            str(i.index), _slot(i.unit), i.host, str(i.port), i.state, ",".join(map(str, i.gpus)) or "-",
+            str(i.restarts if i.restarts is not None else "-"), i.last_error or "-",
+        )  # fmt: skip
+    return table
+
+
+def units_line(s: DeploymentStatus) -> str:
+    """Each instance's unit, by the naming rule: `Units: engine-ctl-chat-<INSTANCE><SLOT>.service`."""
+    return f"Units: {UNIT_PREFIX}{s.name}-<INSTANCE><SLOT>{UNIT_SUFFIX} on each HOST"
+
+
+def _slot(unit: str) -> str:
+    parsed = parse_unit_name(unit)
+    return parsed.slot if parsed else "?"
 
 
 def _no_deployments(location: str) -> str:

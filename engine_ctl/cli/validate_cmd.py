@@ -10,7 +10,7 @@ import click
 
 from engine_ctl.cli.common import no_documents
 from engine_ctl.cli.output import console, emit_json
-from engine_ctl.core.diagnostics import Diagnostic, InputError
+from engine_ctl.core.diagnostics import Diagnostic, InputError, by_place
 from engine_ctl.core.documents.inventory import load_inventory
 from engine_ctl.core.documents.loader import OWN_KINDS, load_paths
 from engine_ctl.core.documents.rules import check, check_hosts
@@ -45,6 +45,7 @@ def validate(paths: tuple[Path, ...], inventory_path: Path | None, as_json: bool
         diagnostics.extend(check_hosts(result.desired, [h.name for h in inventory.hosts], inventory.file))
     if not result.documents and not diagnostics:  # nothing at all: never "valid"
         diagnostics.append(no_documents(result))
+    diagnostics = by_place(diagnostics)  # in reading order, whichever check found them
     errors = [d for d in diagnostics if d.severity == "error"]
     valid = not errors
     if as_json:

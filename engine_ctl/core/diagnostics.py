@@ -65,6 +65,12 @@ class InputError(Exception):
         super().__init__("\n".join(d.render() for d in self.diagnostics))
 
 
+def by_place(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
+    """In reading order: by file, then line, then column (a diagnostic without a line first in its file); the
+    order found is kept among equals."""
+    return sorted(diagnostics, key=lambda d: (d.location.file, d.location.line or 0, d.location.column or 0))
+
+
 def errors(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
     return [d for d in diagnostics if d.severity == "error"]
 

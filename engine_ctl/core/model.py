@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
-EngineChoice = Literal["auto", "llama.cpp", "vllm", "sglang"]
 Format = Literal["gguf", "safetensors"]
+FORMAT_TITLES = {"gguf": "GGUF", "safetensors": "safetensors"}
+"""How a format is written in prose."""
+OptionValue = bool | int | float | str
 
 
 class Value(BaseModel):
@@ -100,7 +109,8 @@ class Deployment(Value):
     name: str
     labels: dict[str, str] = {}
     model: str
-    engine: EngineChoice = "auto"
+    engine: str = "auto"
+    """`auto` or a provider's name (the documents accept only those; aliases are resolved on loading)."""
     replicas_min: int = 1
     replicas_max: int = 1
     idle_minutes: int | None = None
@@ -118,9 +128,49 @@ class Deployment(Value):
     devices: tuple[str, ...] = ()
     gpu_memory_bytes: int | None = None
     ram_bytes: int | None = None
-    cuda_graphs: bool | None = None
+    engine_options: dict[str, OptionValue] = {}
+    """engine_config keys only one engine reads (its provider's `options`), as written. Recorded flat, each key
+    beside the other fields as before they moved into providers, so that records and digests stay as they were."""
     prevent_destroy: bool = False
     """Any plan that would destroy the deployment is refused (recorded in the state, never a new revision)."""
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, engine: str) -> str:
+        from engine_ctl.providers import AUTO, PROVIDERS
+
+        if engine != AUTO and engine not in PROVIDERS:
+            raise ValueError(f"engine {engine!r}: {AUTO} or one of {', '.join(PROVIDERS)}")
+        return engine
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_options(cls, data: Any) -> Any:
+        """A recorded spec (a saved plan's) names engine options as fields of their own: gather them again."""
+        if not isinstance(data, dict):
+            return data
+        from engine_ctl.providers import deployment_option_keys
+
+        keys = deployment_option_keys() & data.keys()
+        if not keys:
+            return data
+        options = {**data.get("engine_options", {}), **{k: data[k] for k in keys if data[k] is not None}}
+        return {**{k: v for k, v in data.items() if k not in keys}, "engine_options": options}
+
+    @model_serializer(mode="wrap")
+    def _flat_options(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """engine_options written flat in their place: {…, "cuda_graphs": null, "prevent_destroy": …}. The keys
+        records always carried (recorded_when_unset) are there when not set too; any other only when set."""
+        from engine_ctl.providers import recorded_unset_keys
+
+        data: dict[str, Any] = handler(self)
+        if "engine_options" not in data:
+            return data
+        options = {**dict.fromkeys(recorded_unset_keys()), **data["engine_options"]}
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out.update(options if key == "engine_options" else {key: value})
+        return out
 
 
 class Origin(Value):

@@ -6,8 +6,12 @@ the index a replica's number from 0, the slot a or b (b while a surge runs besid
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from engine_ctl.core.diagnostics import Diagnostic, Location
 
 UNIT_PREFIX = "engine-ctl-"
 UNIT_SUFFIX = ".service"
@@ -64,4 +68,20 @@ __all__ = [
     "deployment_name_ok",
     "parse_unit_name",
     "unit_name",
+    "unknown_targets",
 ]
+
+
+def unknown_targets(targets: Iterable[str], known: Iterable[str], where: str) -> list[Diagnostic]:
+    """One error per `--target` that names no deployment of the documents or the state, with a did-you-mean
+    and the names there are."""
+    names = sorted(set(known))
+    out = []
+    for t in targets:
+        if t in names:
+            continue
+        close = difflib.get_close_matches(t, names, n=1, cutoff=0.6)
+        listed = f"the deployments: {', '.join(names)}" if names else "there are no deployments"
+        hint = (f"did you mean {close[0]!r}? " if close else "") + listed
+        out.append(Diagnostic(Location(where), "--target", f"no deployment named {t!r}", hint=hint))
+    return out

@@ -42,5 +42,14 @@ def gib(n_bytes: int) -> str:
     return f"{n_bytes / GIB:.1f} GiB"
 
 
+def human_bytes(n_bytes: int) -> str:
+    """A size people read at any scale, never `0.0 GiB` for something that is there: GiB from 1 GiB, MiB from
+    1 MiB, KiB from 1 KiB, else bytes (17 MB reads `16.2 MiB`)."""
+    for unit, factor in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
+        if n_bytes >= factor:
+            return f"{n_bytes / factor:.1f} {unit}"
+    return f"{n_bytes} B"
+
+
 def gb(n_bytes: int) -> str:
     return f"{n_bytes / 1000**3:.1f} GB"

@@ -16,7 +16,9 @@ from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.names import UNIT_FORM, parse_unit_name
 from engine_ctl.core.plan.planner import DeploymentChange, Plan, ReplicaChange
 from engine_ctl.core.plan.status import recorded_verdict
+from engine_ctl.core.weights import WeightsFetch, human, waiting_reason
 from engine_ctl.providers import PROVIDERS
+from engine_ctl.shell.fetch import FetchFailed, FetchProgress, HubAccess, fetch_weights
 from engine_ctl.shell.gateway import GatewayFailure
 from engine_ctl.shell.gateway_apply import GatewayApply
 from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, transport_for
@@ -69,16 +71,16 @@ def failure_argv(unit: str) -> list[str]:
 
 # Lines the health gate itself writes: a fallback only, the engine's own words come first.
 GATE_LINES = ("the engine exited before readiness", "no healthy answer within")
-LOG_PREFIX = re.compile(r"^[\d.:]+\s+[A-Z]\s+")
-"""A leading timestamp and level (llama.cpp's `0.00.014.738 E `), dropped from the reason."""
 ERROR_WORDS = ("error", "failed", "invalid", "unable", "cannot", "exception", "abort", "fatal")
 
 
-def failure_reason(output: str) -> str:
-    """Pure: the systemctl show + journal tail -> one line for LAST ERROR, in the engine's own words."""
+def failure_reason(output: str, log_prefix: str = "") -> str:
+    """Pure: the systemctl show + journal tail -> one line for LAST ERROR, in the engine's own words (without
+    what the engine writes before each line: its provider's log_prefix)."""
     head, _, log = output.partition("---")
     props = dict(line.split("=", 1) for line in head.splitlines() if "=" in line)
-    lines = [LOG_PREFIX.sub("", ln.strip()) for ln in log.splitlines() if ln.strip()]
+    prefix = re.compile(log_prefix or "(?!)")
+    lines = [prefix.sub("", ln.strip()) for ln in log.splitlines() if ln.strip()]
     engine = [ln for ln in lines if not ln.startswith(GATE_LINES)]
     interesting = [ln for ln in engine if any(w in ln.lower() for w in ERROR_WORDS)]
     # the first error is the cause (invalid magic …), the last what the engine made of it (exiting …)
@@ -136,6 +138,27 @@ def _adopt(state: State, name: str, unit: str) -> None:
             r.status = "serving"
 
 
+def _waiting(state: State, name: str, reason: str) -> None:
+    rec = _record(state, name)
+    if not any(r.status == "serving" for r in rec.replicas):
+        rec.state = "Pending"
+    rec.reason = reason
+
+
+class Throttle:
+    """True at most once every `every_s` seconds (and always when forced)."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s, self.last = every_s, float("-inf")
+
+    def due(self, force: bool) -> bool:
+        now = time.monotonic()
+        if force or now - self.last >= self.every_s:
+            self.last = now
+            return True
+        return False
+
+
 def _forget(state: State, name: str) -> None:
     state.deployments.pop(name, None)
 
@@ -179,6 +202,7 @@ class Executor:
         options: SSHOptions | None = None,
         progress: Progress | None = None,
         stop: threading.Event | None = None,
+        hub: HubAccess | None = None,
     ) -> None:
         self.plan = plan
         self.hosts = hosts
@@ -190,6 +214,9 @@ class Executor:
         self._transports: dict[str, SSHTransport | LocalTransport] = {}
         self._transports_lock = threading.Lock()
         self.result = ApplyResult()
+        self.hub = hub or HubAccess()
+        self._digests: dict[tuple[str, str], str] = {}
+        """(deployment, host) -> the checkpoint digest measured there by this apply's fetch."""
         self.gateway = (
             GatewayApply(plan, hosts, self._record, lambda: self.recorder.state, options, self.progress)
             if plan.gateways
@@ -263,6 +290,8 @@ class Executor:
                 self.result.failed[name] = change.failed_reason
                 self.progress(f"{name}: FAILED: {change.failed_reason}")
                 return
+            for fetch in change.fetches:
+                self._fetch(change, fetch)
             for unit in change.adopt:
                 self._record(lambda s, u=unit: _adopt(s, name, u), name)  # type: ignore[misc]
                 self.progress(f"{name}: {unit} runs and passed its health gate: recorded serving")
@@ -360,8 +389,15 @@ class Executor:
         budget = engine.startup_budget_s if engine else max(p.startup_budget_s for p in PROVIDERS.values())
         return budget + 60
 
-    def _replica_record(self, step: ReplicaChange, status: str) -> ReplicaRecord:
+    @staticmethod
+    def _reason(t: SSHTransport | LocalTransport, change: DeploymentChange, unit: str) -> str:
+        """Why `unit` failed, in its engine's own words."""
+        engine = PROVIDERS.get(str((change.fit or {}).get("engine")))
+        return failure_reason(t.run(failure_argv(unit)).stdout, engine.log_prefix if engine else "")
+
+    def _replica_record(self, step: ReplicaChange, status: str, digest: str = "") -> ReplicaRecord:
         return ReplicaRecord(
+            checkpoint_digest=digest, engine_version=step.engine_version, engine_sha256=step.engine_sha256,
             index=step.index, slot=step.slot, host=step.host, unit=step.unit, port=step.port, gpus=step.gpus,
             gpu_indexes=step.gpu_indexes, unit_sha256=step.unit_sha256 or "", revision=step.revision,
             argv=step.argv, status=status,  # type: ignore[arg-type]
@@ -377,13 +413,14 @@ class Executor:
     def _start_new(self, t: SSHTransport | LocalTransport, change: DeploymentChange, step: ReplicaChange) -> None:
         """Record (pending), upload, start behind the health gate; on failure remove it again and raise."""
         name = change.name
-        self._record(lambda s: _put_replica(s, name, self._replica_record(step, "pending")), name)
+        digest = self._digests.get((name, step.host), "")
+        self._record(lambda s: _put_replica(s, name, self._replica_record(step, "pending", digest)), name)
         assert step.unit_text is not None
         t.put(f"{UNIT_DIR}/{step.unit}", step.unit_text.encode(), 0o644)
         began = time.monotonic()
         result = t.run(start_argv(step.unit), timeout=self._budget(change))
         if result.exit_code != 0:
-            reason = failure_reason(t.run(failure_argv(step.unit)).stdout)
+            reason = self._reason(t, change, step.unit)
             self._run(t, remove_argv(step.unit), f"removing the failed {step.unit} on {step.host}")
             self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
             raise StepFailed(reason)
@@ -394,6 +431,35 @@ class Executor:
             f"{name}: replica {step.index} on {step.host}: {step.unit} serving on port {step.port} "
             f"(healthy after {time.monotonic() - began:.1f}s)"
         )
+
+    def _fetch(self, change: DeploymentChange, fetch: WeightsFetch) -> None:
+        """Put the deployment's hf: weights in place on one host before any replica starts there; meanwhile the
+        deployment is Pending, its reason the bytes in place ("Waiting for the weights: 3.1 of 8.0 GB")."""
+        name = change.name
+        shown = Throttle(self.hub.every_s)
+        recorded = Throttle(self.hub.record_every_s)
+
+        def on_progress(p: FetchProgress) -> None:
+            if self.hub.display is not None:
+                self.hub.display(name, fetch.host, p)
+            elif p.file and shown.due(p.file_done >= p.file_size):
+                self.progress(f"{name}: weights on {fetch.host}: {p.file} {human(p.file_done)} of {human(p.file_size)} "
+                              f"({human(p.done)} of {human(p.total)} in all)")  # fmt: skip
+            if recorded.due(False) and not fetch.in_place:
+                self._record(lambda s: _waiting(s, name, waiting_reason(p.done, p.total)), name)
+
+        with self._on(fetch.host) as t:
+            if not fetch.in_place:
+                self._record(lambda s: _waiting(s, name, waiting_reason(0, fetch.total_bytes)), name)
+            try:
+                got = fetch_weights(t[fetch.host], fetch, self.hosts[fetch.host], self.hub.downloads,
+                                    self.hub.endpoint, self.hub.token, on_progress)  # fmt: skip
+            except FetchFailed as exc:
+                raise StepFailed(str(exc)) from None
+        self._digests[(name, fetch.host)] = got.digest
+        what = f"fetched {human(got.fetched_bytes)}" if got.fetched_bytes else "in place"
+        self.progress(f"{name}: weights {fetch.repo}@{fetch.commit[:12]} on {fetch.host}: {what}, checkpoint "
+                      f"digest {got.digest[:12]}")  # fmt: skip
 
     def _remove_old(self, t: SSHTransport | LocalTransport, name: str, host: str, unit: str) -> None:
         if self.gateway is not None:
@@ -437,10 +503,11 @@ class Executor:
             tr.put(f"{UNIT_DIR}/{step.unit}", step.unit_text.encode(), 0o644)
             result = tr.run(restart_argv(step.unit), timeout=self._budget(change))
             if result.exit_code != 0:
-                reason = failure_reason(tr.run(failure_argv(step.unit)).stdout)
+                reason = self._reason(tr, change, step.unit)
                 self._record(lambda s: _set_status(s, name, step.host, step.unit, "failed", reason), name)
                 raise StepFailed(reason)
-            self._record(lambda s: _put_replica(s, name, self._replica_record(step, "serving")), name)
+            digest = self._digests.get((name, step.host), "")
+            self._record(lambda s: _put_replica(s, name, self._replica_record(step, "serving", digest)), name)
             self.progress(f"{name}: replica {step.index} on {step.host}: {step.unit} repaired ({step.reason})")
 
     def _replace(self, change: DeploymentChange, step: ReplicaChange) -> None:
@@ -469,7 +536,7 @@ class Executor:
         """Bring the previous unit back after its replacement failed; its outcome is recorded either way."""
         restored = t.run(start_argv(unit), timeout=self._budget(change))
         status = "serving" if restored.exit_code == 0 else "failed"
-        reason = None if status == "serving" else failure_reason(t.run(failure_argv(unit)).stdout)
+        reason = None if status == "serving" else self._reason(t, change, unit)
         self._record(lambda s: _set_status(s, change.name, host, unit, status, reason), change.name)
         if status == "serving" and self.gateway is not None:
             try:

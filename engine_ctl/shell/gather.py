@@ -24,6 +24,7 @@ from engine_ctl.core.fit.hostfacts import (
     parse_rocm_smi,
 )
 from engine_ctl.core.fit.modelfacts import ModelFacts, facts_from_gguf_fields, facts_from_hf_config
+from engine_ctl.core.plan.unitdiff import hide_secrets_in
 from engine_ctl.core.render.units import UNIT_PREFIX, bind_address, local_address
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, fan_out
@@ -49,6 +50,12 @@ def probe_args(
         "cache_dir": host.cache_dir,
         "unit_prefix": UNIT_PREFIX,
         "bind": local_address(bind_address(host)),
+        "builds": {
+            f"{name}\t{platform}": {"candidates": [path], "probe": PROVIDERS[name].version_probe()}
+            for name, paths in host.engine_builds.items()
+            if name in PROVIDERS
+            for platform, path in paths.items()
+        },
         "engines": {
             name: {"candidates": p.executable_candidates(host.engines.get(name)), "probe": p.version_probe()}
             for name, p in PROVIDERS.items()
@@ -87,6 +94,20 @@ def _gpus(raw: dict[str, Any]) -> tuple[list[Gpu], list[str]]:
     return gpus, warnings
 
 
+def _builds(raw: dict[str, Any]) -> dict[str, dict[str, EngineInstall]]:
+    out: dict[str, dict[str, EngineInstall]] = {}
+    for key, v in raw.items():
+        name, _, platform = key.partition("\t")
+        out.setdefault(name, {})[platform] = EngineInstall(path=v["path"], version=v.get("version"),
+                                                           sha256=v.get("sha256"))  # fmt: skip
+    return out
+
+
+def writable_problem(path: str) -> str:
+    """Seed 003: a model's directory must not be writable by other users (they could swap the weights)."""
+    return f"{path} is writable by other users: refused; remove their write access (chmod o-w {path})"
+
+
 def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
     """Pure: the probe's JSON -> HostFacts."""
     gpus, warnings = _gpus(doc.get("gpus") or {})
@@ -103,6 +124,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
             n_restarts=_int(u.get("NRestarts")),
             main_pid=_int(u.get("MainPID")),
             exec_main_status=_int(u.get("ExecMainStatus")),
+            text=hide_secrets_in(u["text"]) if isinstance(u.get("text"), str) else None,  # never a token kept
         )
         for u in doc.get("units") or []
     )
@@ -111,16 +133,23 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         warnings.append("curl is not installed: engine units' health gate needs /usr/bin/curl")
     models: dict[str, ModelFacts] = {}
     problems: dict[str, str] = {}
+    checkpoints: dict[str, str] = {}
     for path, entry in (doc.get("models") or {}).items():
         found = facts_from_model_probe(entry)
-        if found is not None:
+        if entry.get("writable"):
+            problems[path] = writable_problem(str(entry["writable"]))
+        elif found is not None:
             models[path] = found
         else:
             problems[path] = "not found" if entry.get("missing") else str(entry.get("error"))
+        measured = entry.get("checkpoint") or {}
+        if measured.get("digest"):
+            checkpoints[str(measured["dir"])] = str(measured["digest"])
     return HostFacts(
         host=host,
         models=models,
         model_problems=problems,
+        checkpoints=checkpoints,
         health={str(k): str(v) for k, v in (doc.get("health") or {}).items()},
         hostname=doc.get("hostname"),
         os=doc.get("os"),
@@ -133,8 +162,10 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         memory=Memory(total_bytes=int(doc["memory"]["total"]), available_bytes=int(doc["memory"]["available"])),
         disks=disks,
         gpus=tuple(gpus),
+        engine_builds=_builds(doc.get("engine_builds") or {}),
         engines={
-            k: EngineInstall(path=v["path"], version=v.get("version")) for k, v in (doc.get("engines") or {}).items()
+            k: EngineInstall(path=v["path"], version=v.get("version"), sha256=v.get("sha256"))
+            for k, v in (doc.get("engines") or {}).items()
         },
         units=units,
         ports_in_use=tuple(doc.get("ports") or ()),
@@ -167,13 +198,13 @@ def gather_one(
         doc = json.loads(result.stdout)
     except json.JSONDecodeError as exc:
         raise HostFailure(host.name, "command", f"facts probe printed no JSON: {exc}") from None
-    cache.remember(doc.get("engines") or {})
+    cache.remember({**(doc.get("engines") or {}), **(doc.get("engine_builds") or {})})
     return facts_from_probe(host.name, doc)
 
 
 class VersionCache:
     """Engine versions already read on a host, keyed by the binary's path, mtime and size, so that the probe
-    runs `llama-server --version` only when the binary changed. Kept in ~/.cache/engine-ctl/ (or
+    runs the engine's version probe (its provider's) only when the binary changed. Kept in ~/.cache/engine-ctl/ (or
     $ENGINE_CTL_CACHE_DIR); losing it only costs a re-read."""
 
     def __init__(self, path: Path, known: dict[str, list[Any]]) -> None:

@@ -234,6 +234,29 @@ class SSHTransport:
             if chan is not None:
                 chan.close()
 
+    def feed(self, argv: Sequence[str], stdin: str, on_line: Callable[[str], None], timeout: float) -> int:
+        """Run argv with `stdin` (then end of input) and hand each line of its stdout to on_line as it comes; no
+        pseudo-terminal, so stdin is passed as it is. Returns its exit status. Should engine-ctl go away, the
+        command's next write fails (the channel is gone) and it ends."""
+        from paramiko.ssh_exception import SSHException
+
+        conn = self._connection()
+        try:
+            chan = conn.client.get_transport().open_session(timeout=timeout)  # type: ignore[union-attr]
+            chan.settimeout(timeout)
+            chan.exec_command(shlex.join(argv))
+            chan.sendall(stdin.encode())
+            chan.shutdown_write()
+            try:
+                _pump(chan, on_line, threading.Event())
+                return int(chan.recv_exit_status())
+            finally:
+                chan.close()
+        except TimeoutError:
+            raise HostFailure(self.host.name, "timeout", f"{argv[0]} went silent for {timeout:.0f} s") from None
+        except (SSHException, OSError, EOFError) as exc:
+            raise HostFailure(self.host.name, "unreachable", f"connection lost: {exc}") from None
+
     def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
         import paramiko
         from paramiko.ssh_exception import SSHException
@@ -351,6 +374,20 @@ class LocalTransport:
                     proc.kill()
             proc.stdout.close()
         return proc.wait() if ended else None
+
+    def feed(self, argv: Sequence[str], stdin: str, on_line: Callable[[str], None], timeout: float) -> int:
+        """As SSHTransport.feed, with a subprocess."""
+        try:
+            proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        except OSError as exc:
+            on_line(f"{argv[0]}: {exc.strerror or exc}")
+            return 127
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(stdin)
+        proc.stdin.close()
+        for line in proc.stdout:
+            on_line(line.rstrip("\n"))
+        return proc.wait()
 
     def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
         target = Path(path)

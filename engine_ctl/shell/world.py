@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
-from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
+from engine_ctl.core.diagnostics import InputError
 from engine_ctl.core.documents.inventory import Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.model import DesiredState, Model
+from engine_ctl.core.names import unknown_targets
+from engine_ctl.core.plan.engines import with_engines
+from engine_ctl.core.plan.fetching import plan_fetches
 from engine_ctl.core.plan.planner import Plan, make_plan
 from engine_ctl.core.render.units import model_path_on_host
+from engine_ctl.core.weights import Checkout
 from engine_ctl.shell.gather import gather
 from engine_ctl.shell.transport import HostFailure, SSHOptions
 from engine_ctl.state.base import now
@@ -66,23 +71,24 @@ def plan_world(
     refresh_only: bool = False,
     documents: tuple[Path, ...] = (),
     hold_absent: str | None = None,
+    checkouts: Mapping[str, Checkout] | None = None,
 ) -> tuple[Plan, dict[str, HostFailure]]:
     """Gather (one round trip per host), then plan with the pure core; returns the plan and the hosts that could
-    not be reached. `state_location` names the state in messages, `reopen` is how `apply PLANFILE` finds it."""
+    not be reached. `state_location` names the state in messages, `reopen` is how `apply PLANFILE` finds it;
+    `checkouts` are the pinned hf: models' files (engine_ctl.shell.pinning), fetched by apply."""
+    known = {d.deployment.name for d in desired.deployments} | set(state.deployments)
+    unknown = unknown_targets(targets, known, state_location)  # before any host is asked
+    if unknown:
+        raise InputError(unknown)
     paths = model_paths(desired, inventory)
     facts, failures = gather(list(inventory.hosts), options, parallel, paths)
     mfacts, _notes = model_facts_by_name(desired, inventory, facts)
-    known = {d.deployment.name for d in desired.deployments} | set(state.deployments)
-    unknown = [t for t in targets if t not in known]
-    if unknown:
-        raise InputError(
-            [Diagnostic(Location(state_location), "--target", f"no deployment named {t!r}") for t in unknown]
-        )
     plan = make_plan(
         desired, state, inventory, facts, mfacts,
         unreachable={h: f.message for h, f in failures.items()}, targets=list(targets),
         refresh_only=refresh_only, created_at=now(), hold_absent=hold_absent,
     )  # fmt: skip
+    plan = with_engines(plan_fetches(plan, desired, inventory, facts, checkouts or {}, state), facts)
     plan.context = {
         "documents": [str(p.resolve()) for p in documents],
         "inventory": str(Path(inventory.file).resolve()) if inventory.file else None,

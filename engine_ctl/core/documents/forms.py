@@ -2,15 +2,34 @@
 
 Range rules (with the seeds' exact messages) live in `rules.py`; these models check shape only,
 so that every refusal can name its field and its place in the file.
+
+What depends on the engines (the names `engine:` accepts, the engine-only engine_config keys, the descriptions
+that name engines) is asked of the provider registry when this module is first imported.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-EngineName = Literal["auto", "llama.cpp", "llamacpp", "vllm", "sglang"]
+from engine_ctl import providers as registry
+from engine_ctl.core.documents.engine_text import (
+    context_defaults,
+    cpu_description,
+    engine_description,
+    flat_engine_description,
+    format_description,
+    parallel_defaults,
+    parser_description,
+)
+
+if TYPE_CHECKING:
+    EngineName = str
+else:
+    EngineName = Literal[registry.engine_choices()]
+
+
 Capability = Literal[
     "chat",
     "embeddings",
@@ -55,14 +74,11 @@ class DeploymentSpec(Doc):
         description="A Model document (kind: Model) loaded with this one. It must exist; its weights need "
         "not be on any host yet."
     )
-    engine: EngineName = Field(
-        "auto",
-        description="auto (the model's: GGUF → llama.cpp, safetensors → vllm), llama.cpp, vllm or sglang.",
-    )
+    engine: EngineName = Field("auto", description=engine_description())
     replicas: Replicas = Field(default_factory=Replicas, description="How many replicas run.")
     accelerator: Literal["gpu", "cpu"] = Field(
         "gpu",
-        description="gpu: whole GPUs of one host per replica. cpu: CPU only, llama.cpp and GGUF only.",
+        description="gpu: whole GPUs of one host per replica. cpu: CPU only, " + cpu_description(),
     )
     gpus: int | None = Field(
         None,
@@ -81,12 +97,11 @@ class DeploymentSpec(Doc):
     context_length: int | None = Field(
         None,
         description="The longest context of one request, in tokens; at least 256 and never above the model's. "
-        "Default: llama.cpp the model's, at most 8192; vLLM the model's, at most 32768.",
+        + context_defaults(),
     )
     parallel: int | None = Field(
         None,
-        description="Requests one replica serves at once, 1 to 1024. Default: llama.cpp on a GPU 4, lowered to "
-        "2 or 1 when that is what fits; llama.cpp on a CPU 2; vLLM 256.",
+        description="Requests one replica serves at once, 1 to 1024. " + parallel_defaults(),
     )
     engine_args: list[str] = Field(
         default_factory=list,
@@ -118,17 +133,33 @@ class FlatMemory(Doc):
     request: str | int = Field(description="GPU memory the engine may use: weights, KV cache and a margin, e.g. 16GiB.")
 
 
-class FlatLlamaCpp(Doc):
-    gguf_file: str = Field(description="The GGUF file in the model directory to serve.")
+class EngineConfigFields(Doc):
+    """engine_config's keys every engine reads; FlatEngineConfig adds each provider's own (engine_options)."""
 
-
-class FlatEngineConfig(Doc):
     memory: FlatMemory | None = None
     context_length: int | None = Field(None, description="As spec.context_length.")
-    cuda_graphs: bool | None = Field(None, description="SGLang: CUDA graphs (on by default).")
-    llamacpp: FlatLlamaCpp | None = None
     accept_extra_args: bool = Field(False, description="Must be true for extra_args to be passed.")
     extra_args: list[str] = Field(default_factory=list, description="As spec.engine_args.")
+
+
+def _flat_engine_config() -> type[EngineConfigFields]:
+    """The flat form's engine_config: the common keys, with the engine-only ones (sorted) after context_length."""
+    common = {name: (info.annotation, info) for name, info in EngineConfigFields.model_fields.items()}
+    own: dict[str, Any] = {
+        o.key: (o.annotation, Field(None, description=o.description)) for o in registry.engine_options()
+    }
+    clash = own.keys() & common.keys()
+    if clash:
+        raise ValueError(f"engine options {sorted(clash)} are engine_config keys every engine reads")
+    head = ("memory", "context_length")
+    fields = {k: common[k] for k in head} | own | {k: v for k, v in common.items() if k not in head}
+    return cast("type[EngineConfigFields]", create_model("FlatEngineConfig", __base__=Doc, **fields))
+
+
+if TYPE_CHECKING:
+    FlatEngineConfig = EngineConfigFields
+else:
+    FlatEngineConfig = _flat_engine_config()
 
 
 class FlatDevice(Doc):
@@ -144,7 +175,7 @@ class FlatDeploymentDocument(Doc):
     """A deployment in the flat form: name, engine, model."""
 
     name: str = Field(description="The name clients send as model in their requests.")
-    engine: EngineName = Field("auto", description="llamacpp (or llama.cpp), vllm, sglang or auto.")
+    engine: EngineName = Field("auto", description=flat_engine_description())
     model: str | HfSource = Field(
         description="A directory under the host's models directory, an absolute path, org/repo@<commit>, "
         "or {hf: org/repo}."
@@ -189,7 +220,7 @@ class ArchitectureDoc(Doc):
 
 
 class ModelSpecDoc(Doc):
-    format: Literal["gguf", "safetensors"] = Field(description="gguf (llama.cpp) or safetensors (vLLM, SGLang).")
+    format: Literal["gguf", "safetensors"] = Field(description=format_description())
     path: str | None = Field(
         None,
         description="Where the weights are on each host: a .gguf file or a checkpoint directory; relative "
@@ -206,8 +237,8 @@ class ModelSpecDoc(Doc):
     pooling: Literal["none", "mean", "cls", "last", "rank"] | None = Field(
         None, description="Embedding models: the pooling."
     )
-    tool_call_parser: str | None = Field(None, description="vLLM/SGLang: the tool-call parser.")
-    reasoning_parser: str | None = Field(None, description="vLLM/SGLang: the reasoning parser.")
+    tool_call_parser: str | None = Field(None, description=parser_description("tool_call_parser", "tool-call"))
+    reasoning_parser: str | None = Field(None, description=parser_description("reasoning_parser", "reasoning"))
     architecture: ArchitectureDoc | None = Field(
         None,
         description="The model's shape, to size the KV cache before any host has the weights: layers, kv_heads "
@@ -219,3 +250,6 @@ class ModelDocument(Doc):
     kind: Literal["Model"]
     metadata: ModelMetadata
     spec: ModelSpecDoc
+
+
+registry.seal(__name__)

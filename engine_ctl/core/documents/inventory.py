@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine_ctl.core.diagnostics import Diagnostic, InputError, format_path
 from engine_ctl.core.documents.shape import diagnostics_from
 from engine_ctl.core.documents.yamlsource import SourceDocument, read_path, text_problems
+from engine_ctl.core.sizes import parse_size
+from engine_ctl.providers import NON_ENGINE_EXECUTABLES, PROVIDERS, canonical_engine, engine_keys, seal
 
 DEFAULT_MODELS_DIR = "/var/lib/engine-ctl/models"
 DEFAULT_CACHE_DIR = "/var/cache/engine-ctl"
 GATEWAY_ROLE = "gateway"
 DEFAULT_GATEWAY_PORT = 8800
+DEFAULT_DOWNLOAD_CAP = 500 * 1024**3
+"""All hf: downloads together on a host are capped at 500 GiB (seed 003), unless downloads.cap says otherwise."""
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 EXECUTABLE = re.compile(r"/[A-Za-z0-9/._+:=,@-]*")
 """An engine's executable: systemd runs it as ExecStart's first word, where `$` cannot be escaped (`$$` stays
@@ -27,7 +31,36 @@ class _Doc(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-EngineKey = Literal["llama.cpp", "llamacpp", "vllm", "sglang", "haproxy"]
+if TYPE_CHECKING:
+    EngineKey = str
+else:
+    EngineKey = Literal[(*engine_keys(), *NON_ENGINE_EXECUTABLES)]
+"""An engine's name or alias (the providers'), or the gateway's executable."""
+
+
+def _install_example() -> str:
+    """Where an engine may be installed, for hints: the first engine's third place to look."""
+    first = next(iter(PROVIDERS.values()))
+    return first.executable_candidates(None)[-1]
+
+
+seal(__name__)
+
+
+BUILD_PLATFORMS = ("cuda", "rocm", "vulkan", "metal", "cpu")
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+class EngineBuilds(_Doc):
+    """One build of an engine per platform (seed 001, GPU vendors), and optionally what it must be."""
+
+    cuda: str | None = Field(None, description="The build for NVIDIA GPUs.")
+    rocm: str | None = Field(None, description="The build for the AMD GPUs ROCm has kernels for.")
+    vulkan: str | None = Field(None, description="The build for other AMD Radeon GPUs.")
+    metal: str | None = Field(None, description="The build for Apple silicon.")
+    cpu: str | None = Field(None, description="The build for CPUs only.")
+    version: str | None = Field(None, description="Pin: a host whose build reports another version is left out.")
+    sha256: str | None = Field(None, description="Pin: a host whose build has another sha256 is left out.")
 
 
 class HostSettings(_Doc):
@@ -50,7 +83,10 @@ class HostSettings(_Doc):
     )
     models_dir: str | None = Field(None, description=f"Where model weights live on the host ({DEFAULT_MODELS_DIR}).")
     cache_dir: str | None = Field(None, description=f"The engine cache directory ({DEFAULT_CACHE_DIR}).")
-    engines: dict[EngineKey, str] | None = Field(None, description="Engine name -> its executable on the host.")
+    engines: dict[EngineKey, str | EngineBuilds] | None = Field(
+        None, description="Engine name -> its executable on the host, or one build per platform (cuda, rocm, vulkan, "
+        "metal, cpu) with an optional version or sha256 pin."
+    )  # fmt: skip
     transport: Literal["ssh", "local"] | None = Field(None, description="local: this machine, without SSH.")
     connect_timeout: float | None = Field(None, description="Seconds to connect (10).")
     command_timeout: float | None = Field(None, description="Seconds a remote command may take (120).")
@@ -60,9 +96,20 @@ class HostEntry(HostSettings):
     name: str = Field(description="The host's name in engine-ctl.")
 
 
+class DownloadSettings(_Doc):
+    """How hosts fetch hf: weights into <models_dir>/sources."""
+
+    enabled: bool | None = Field(None, description="false: never download; hf: weights must be put in place.")
+    cap: str | int | None = Field(
+        None, description="All downloads together (everything under sources/) at most this: 500GiB by default, "
+        "or off for no cap."
+    )  # fmt: skip
+
+
 class InventoryDocument(_Doc):
     kind: Literal["Inventory"] = "Inventory"
     defaults: HostSettings | None = None
+    downloads: DownloadSettings | None = Field(None, description="hf: downloads: on or off, and their cap.")
     hosts: list[dict[str, object]] = Field(description="The hosts.")
 
 
@@ -84,9 +131,22 @@ class Host(BaseModel):
     models_dir: str = DEFAULT_MODELS_DIR
     cache_dir: str = DEFAULT_CACHE_DIR
     engines: dict[str, str] = {}
+    """Engine -> the one executable for every platform."""
+    engine_builds: dict[str, dict[str, str]] = {}
+    """Engine -> platform -> the build's executable (cuda, rocm, vulkan, metal, cpu)."""
+    engine_pins: dict[str, dict[str, str]] = {}
+    """Engine -> {"version": …, "sha256": …}: what its build must be on this host."""
     transport: Literal["ssh", "local"] = "ssh"
     connect_timeout: float = 10.0
     command_timeout: float = 120.0
+
+
+class Downloads(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    enabled: bool = True
+    cap_bytes: int | None = DEFAULT_DOWNLOAD_CAP
+    """None: no cap."""
 
 
 class Inventory(BaseModel):
@@ -94,6 +154,7 @@ class Inventory(BaseModel):
 
     file: str | None = None
     hosts: tuple[Host, ...] = ()
+    downloads: Downloads = Downloads()
 
     def gateways(self) -> list[Host]:
         """The hosts with the gateway role, in inventory order."""
@@ -139,18 +200,62 @@ def _path_problems(doc: SourceDocument, where: tuple[str | int, ...], settings: 
         if value is not None and not value.startswith("/"):
             path = (*where, key)
             out.append(Diagnostic(doc.locate(path), format_path(path), f"{value!r}: an absolute path on the host"))
-    for engine, exe in (settings.engines or {}).items():
-        if not EXECUTABLE.fullmatch(exe):
-            path = (*where, "engines", engine)
+    for _engine, exe, path in _executables(where, settings):
+        if exe is not None and not EXECUTABLE.fullmatch(exe):
             out.append(
                 Diagnostic(
                     doc.locate(path),
                     format_path(path),
                     f"executable {exe!r}: {EXECUTABLE_MESSAGE}",
-                    hint="install or link the engine under such a path, e.g. /opt/llama.cpp/bin/llama-server",
+                    hint=f"install or link the engine under such a path, e.g. {_install_example()}",
                 )
             )
     return out
+
+
+def _executables(
+    where: tuple[str | int, ...], settings: HostSettings
+) -> list[tuple[str, str | None, tuple[str | int, ...]]]:
+    """Every executable the settings name, with its document path."""
+    out: list[tuple[str, str | None, tuple[str | int, ...]]] = []
+    for engine, value in (settings.engines or {}).items():
+        if isinstance(value, str):
+            out.append((engine, value, (*where, "engines", engine)))
+        else:
+            out += [(engine, getattr(value, p), (*where, "engines", engine, p)) for p in BUILD_PLATFORMS]
+    return out
+
+
+def _pin_problems(doc: SourceDocument, where: tuple[str | int, ...], settings: HostSettings) -> list[Diagnostic]:
+    out = []
+    for engine, value in (settings.engines or {}).items():
+        if isinstance(value, EngineBuilds) and value.sha256 is not None and not SHA256_HEX.fullmatch(value.sha256):
+            path = (*where, "engines", engine, "sha256")
+            out.append(Diagnostic(doc.locate(path), format_path(path), f"{value.sha256!r}: a sha256 is 64 "
+                                  "lowercase hexadecimal digits", hint="sha256sum the engine's binary"))  # fmt: skip
+        if isinstance(value, EngineBuilds) and not any(getattr(value, p) for p in BUILD_PLATFORMS):
+            path = (*where, "engines", engine)
+            out.append(Diagnostic(doc.locate(path), format_path(path), "no build: name one per platform ("
+                                  + ", ".join(BUILD_PLATFORMS) + ")"))  # fmt: skip
+    return out
+
+
+def split_engines(engines: dict[str, object]) -> dict[str, dict[str, object]]:
+    """The engines entry as Host keeps it: plain executables, builds per platform, and pins."""
+    plain: dict[str, object] = {}
+    builds: dict[str, object] = {}
+    pins: dict[str, object] = {}
+    for key, value in engines.items():
+        name = canonical_engine(key)
+        if isinstance(value, str):
+            plain[name] = value
+            continue
+        assert isinstance(value, dict)
+        builds[name] = {p: value[p] for p in BUILD_PLATFORMS if value.get(p)}
+        pinned = {k: value[k] for k in ("version", "sha256") if value.get(k)}
+        if pinned:
+            pins[name] = pinned
+    return {"engines": plain, "engine_builds": builds, "engine_pins": pins}
 
 
 def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
@@ -165,6 +270,7 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
     base = Path(doc.file).parent
     defaults = (parsed.defaults or HostSettings()).model_dump(exclude_none=True)
     problems: list[Diagnostic] = _path_problems(doc, ("defaults",), parsed.defaults or HostSettings())
+    problems += _pin_problems(doc, ("defaults",), parsed.defaults or HostSettings())
     hosts: list[Host] = []
     seen: dict[str, int] = {}
     addresses: dict[str, int] = {}
@@ -186,7 +292,7 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
                     Diagnostic(d.location, f"hosts[{i}].{d.field}" if d.field else f"hosts[{i}]", d.message, d.hint)
                 )
             continue
-        problems.extend(_path_problems(doc, ("hosts", i), entry))
+        problems.extend(_path_problems(doc, ("hosts", i), entry) + _pin_problems(doc, ("hosts", i), entry))
         if not HOST_NAME.fullmatch(entry.name):
             problems.append(
                 Diagnostic(
@@ -225,15 +331,30 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
                 )
             )
             continue
-        engines = values.get("engines", {})
-        values["engines"] = {("llama.cpp" if k == "llamacpp" else k): v for k, v in engines.items()}
+        values.update(split_engines(values.get("engines", {})))
         for key in ("identity_file", "known_hosts"):
             values[key] = _expand(values.get(key), base)
         values["roles"] = tuple(values.get("roles", ()))
         hosts.append(Host(**values))
     if not parsed.hosts:
         problems.append(Diagnostic(doc.locate(("hosts",)), "hosts", "no hosts: list at least one host"))
-    return Inventory(file=doc.file, hosts=tuple(hosts)), problems
+    downloads, wrong = _downloads(doc, parsed.downloads)
+    return Inventory(file=doc.file, hosts=tuple(hosts), downloads=downloads), problems + wrong
+
+
+def _downloads(doc: SourceDocument, settings: DownloadSettings | None) -> tuple[Downloads, list[Diagnostic]]:
+    if settings is None:
+        return Downloads(), []
+    cap: int | None = DEFAULT_DOWNLOAD_CAP
+    if isinstance(settings.cap, str) and settings.cap.strip().lower() in ("off", "none"):
+        cap = None
+    elif settings.cap is not None:
+        try:
+            cap = parse_size(settings.cap)
+        except ValueError as exc:
+            where = ("downloads", "cap")
+            return Downloads(), [Diagnostic(doc.locate(where), format_path(where), f"{exc}, or off for no cap")]
+    return Downloads(enabled=settings.enabled is not False, cap_bytes=cap), []
 
 
 def load_inventory(path: Path) -> Inventory:

@@ -20,6 +20,7 @@ from engine_ctl.core.documents.apikey import api_key_from
 from engine_ctl.core.documents.forms import (
     DeploymentDocument,
     FlatDeploymentDocument,
+    FlatEngineConfig,
     HfSource,
     ModelDocument,
 )
@@ -38,7 +39,7 @@ from engine_ctl.core.model import (
     Origin,
 )
 from engine_ctl.core.sizes import parse_size
-from engine_ctl.providers import canonical_engine, provider
+from engine_ctl.providers import canonical_engine, deployment_option_keys, engine_options, provider
 
 KINDS = ("Deployment", "Model", "Inventory", "ApiKey")
 STATE_NAME = "engine-ctl.state.json"
@@ -116,7 +117,7 @@ def _spec_deployment(doc: SourceDocument, parsed: DeploymentDocument) -> LoadedD
         name=parsed.metadata.name,
         labels=dict(parsed.metadata.labels),
         model=spec.model,
-        engine=canonical_engine(spec.engine),  # type: ignore[arg-type]
+        engine=canonical_engine(spec.engine),
         replicas_min=rep.min,
         replicas_max=rep.max,
         idle_minutes=(15 if rep.idle_minutes is None else rep.idle_minutes) if rep.min == 0 else None,
@@ -154,9 +155,23 @@ def _spec_deployment(doc: SourceDocument, parsed: DeploymentDocument) -> LoadedD
     return LoadedDeployment(deployment=deployment, origin=origin)
 
 
+def _option_values(cfg: FlatEngineConfig) -> dict[str, Any]:
+    """The engine-only keys of a flat engine_config that were written (their providers declare them)."""
+    return {o.key: getattr(cfg, o.key) for o in engine_options() if getattr(cfg, o.key, None) is not None}
+
+
+def _model_file(cfg: FlatEngineConfig) -> tuple[str | None, str | None]:
+    """(file, format) when an engine-only key names the model's file (its EngineOption's model_file)."""
+    values = _option_values(cfg)
+    for o in engine_options():
+        if o.model_file is not None and o.key in values:
+            return o.model_file(values[o.key]), o.model_format
+    return None, None
+
+
 def _flat_model(parsed: FlatDeploymentDocument) -> Model:
     cfg = parsed.engine_config
-    gguf_file = cfg.llamacpp.gguf_file if cfg.llamacpp else None
+    model_file, file_format = _model_file(cfg)
     engine = canonical_engine(parsed.engine)
     raw = parsed.model
     hf: HfRef | None = None
@@ -167,9 +182,13 @@ def _flat_model(parsed: FlatDeploymentDocument) -> Model:
     else:
         path = raw
         name = posixpath.basename(raw.rstrip("/")) or raw
-    serves_only_gguf = engine != "auto" and provider(engine).formats == {"gguf"}
-    if gguf_file or serves_only_gguf or (path or "").endswith(".gguf"):
+    only = sorted(provider(engine).formats) if engine != "auto" else []
+    if file_format:
+        fmt = file_format
+    elif (path or "").endswith(".gguf"):
         fmt = "gguf"
+    elif len(only) == 1:
+        fmt = only[0]  # the engine serves one format only
     else:
         fmt = "safetensors"
     return Model(
@@ -177,7 +196,7 @@ def _flat_model(parsed: FlatDeploymentDocument) -> Model:
         format=fmt,  # type: ignore[arg-type]
         path=path,
         hf=hf,
-        file=gguf_file,
+        file=model_file,
         context_length=None,
         capabilities=("chat",),
     )
@@ -191,7 +210,7 @@ def _flat_deployment(doc: SourceDocument, parsed: FlatDeploymentDocument) -> tup
     deployment = Deployment(
         name=parsed.name,
         model=model.name,
-        engine=canonical_engine(parsed.engine),  # type: ignore[arg-type]
+        engine=canonical_engine(parsed.engine),
         replicas_min=parsed.replicas,
         replicas_max=parsed.replicas,
         context_length=cfg.context_length,
@@ -202,7 +221,7 @@ def _flat_deployment(doc: SourceDocument, parsed: FlatDeploymentDocument) -> tup
         devices=tuple(d.id for d in parsed.devices),
         gpu_memory_bytes=_size_or_none(gpu_mem),
         ram_bytes=_size_or_none(res.ram if res else None),
-        cuda_graphs=cfg.cuda_graphs,
+        engine_options={k: v for k, v in _option_values(cfg).items() if k in deployment_option_keys()},
         prevent_destroy=parsed.prevent_destroy,
     )
     paths: dict[str, tuple[str | int, ...]] = {
@@ -220,7 +239,7 @@ def _flat_deployment(doc: SourceDocument, parsed: FlatDeploymentDocument) -> tup
         "devices": ("devices",),
         "gpu_memory_bytes": ("engine_config", "memory", "request") if cfg.memory else ("resources", "gpu"),
         "ram_bytes": ("resources", "ram"),
-        "cuda_graphs": ("engine_config", "cuda_graphs"),
+        **{o.key: ("engine_config", o.key) for o in engine_options()},
         "prevent_destroy": ("prevent_destroy",),
         **_items(doc, "engine_args", ("engine_config", "extra_args"), len(cfg.extra_args)),
     }

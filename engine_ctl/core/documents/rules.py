@@ -8,8 +8,26 @@ from collections.abc import Iterator, Sequence
 
 from engine_ctl.core.diagnostics import Diagnostic, Location
 from engine_ctl.core.documents.engine_args import check_engine_args, split_flags
-from engine_ctl.core.model import Deployment, DesiredState, HfRef, LoadedDeployment, LoadedModel, Model, Origin
-from engine_ctl.providers import PROVIDERS, Provider, provider, provider_for_format
+from engine_ctl.core.model import (
+    FORMAT_TITLES,
+    Deployment,
+    DesiredState,
+    HfRef,
+    LoadedDeployment,
+    LoadedModel,
+    Model,
+    Origin,
+)
+from engine_ctl.providers import (
+    AUTO,
+    Provider,
+    cpu_provider,
+    decision_providers,
+    deployment_option_keys,
+    provider,
+    provider_for_format,
+    titles,
+)
 
 NAME_RULE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 NAME_MESSAGE = "lowercase letters, digits and -, not starting or ending with -, at most 40 characters"
@@ -30,7 +48,6 @@ FLAT_NAMES = {
     "replicas_max": "replicas",
     "context_length": "engine_config.context_length",
     "engine_args": "engine_config.extra_args",
-    "cuda_graphs": "engine_config.cuda_graphs",
     "accept_extra_args": "engine_config.accept_extra_args",
     "gpu_memory_bytes": "engine_config.memory.request",
     "ram_bytes": "resources.ram",
@@ -42,6 +59,8 @@ FLAT_NAMES = {
 def field_name(origin: Origin, internal: str) -> str:
     """An internal field as the document's own form names it: spec.replicas.max, or the flat form's replicas."""
     if origin.form == "flat":
+        if internal in deployment_option_keys():
+            return f"engine_config.{internal}"  # a provider's own key (an EngineOption)
         return FLAT_NAMES.get(internal, internal)
     return SPEC_NAMES.get(internal, f"spec.{internal}")
 
@@ -66,10 +85,10 @@ def _warn(origin: Origin, internal: str, message: str, hint: str | None = None) 
 
 def resolve_engine(deployment: Deployment, model: Model | None) -> Provider | None:
     """The engine a deployment runs: its own choice, or auto's pick from the model's format."""
-    if deployment.engine != "auto":
+    if deployment.engine != AUTO:
         return provider(deployment.engine)
     if deployment.accelerator == "cpu":
-        return next(p for p in PROVIDERS.values() if p.runs_on("cpu"))
+        return cpu_provider()
     if model is None:
         return None
     return provider_for_format(model.format)
@@ -101,7 +120,7 @@ def check_deployment(
         yield _err(
             o,
             "accelerator",
-            f"spec.accelerator: cpu is served by llama.cpp; {_engine_title(engine)} needs a GPU",
+            f"spec.accelerator: cpu is served by {cpu_provider().title}; {_engine_title(engine)} needs a GPU",
         )
     if model is not None and model.format not in engine.formats:
         yield _format_mismatch(loaded, engine, model)
@@ -185,25 +204,42 @@ def _engine_title(engine: Provider) -> str:
     return engine.title
 
 
+SERVED = {"gguf": "GGUF", "safetensors": "safetensors checkpoints"}
+"""A format as an engine serves it ("<engine> serves safetensors checkpoints")."""
+ONE = {"gguf": "GGUF", "safetensors": "a safetensors checkpoint"}
+"""A format as one model is it ("model qwen is a safetensors checkpoint")."""
+
+
+def _serves(engine: Provider) -> str:
+    return " and ".join(SERVED[f] for f in sorted(engine.formats))
+
+
 def _format_mismatch(loaded: LoadedDeployment, engine: Provider, model: Model) -> Diagnostic:
-    """The seed's message, at the deployment's model line; a CPU deployment is never pointed at vLLM."""
+    """The seed's message, at the deployment's model line; a CPU deployment is never pointed at a GPU engine.
+    The engines named are the providers' answers: which engine serves what, and which one `auto` picks."""
     o = loaded.origin
     if model.format == "gguf":
         message = (
-            f"model {model.name} is GGUF: serve it with llama.cpp "
-            f"({_engine_title(engine)} serves safetensors checkpoints here)"
+            f"model {model.name} is GGUF: serve it with {provider_for_format(model.format).title} "
+            f"({_engine_title(engine)} serves {_serves(engine)} here)"
         )
         return _err(o, "model", message)
     if loaded.deployment.accelerator == "cpu":
+        cpu = cpu_provider()
+        wanted = sorted(cpu.formats)[0]
         return _err(
             o,
             "model",
-            f"llama.cpp serves GGUF; model {model.name} is a safetensors checkpoint: a CPU-only deployment "
-            "is served by llama.cpp, so it needs a GGUF model",
-            hint="point the deployment at a GGUF build of the model (kind: Model with format: gguf)",
+            f"{_engine_title(engine)} serves {_serves(engine)}; model {model.name} is {ONE[model.format]}: a "
+            f"CPU-only deployment is served by {cpu.title}, so it needs a {FORMAT_TITLES[wanted]} model",
+            hint=f"point the deployment at a {FORMAT_TITLES[wanted]} build of the model (kind: Model with format: "
+            f"{wanted})",
         )
     return _err(
-        o, "model", f"llama.cpp serves GGUF; model {model.name} is a safetensors checkpoint: serve it with vllm"
+        o,
+        "model",
+        f"{_engine_title(engine)} serves {_serves(engine)}; model {model.name} is {ONE[model.format]}: serve it "
+        f"with {provider_for_format(model.format).name}",
     )
 
 
@@ -247,7 +283,7 @@ def _check_flat(loaded: LoadedDeployment, engine: Provider) -> Iterator[Diagnost
                 o,
                 "engine",
                 f"capability_missing:decisions: {_engine_title(engine)} does not serve decision models here",
-                hint="serve decision models with llama.cpp or SGLang",
+                hint=f"serve decision models with {titles(decision_providers(), ' or ')}",
             )
         if d.residency in ("deep", "host_backed"):
             yield _err(
@@ -255,7 +291,7 @@ def _check_flat(loaded: LoadedDeployment, engine: Provider) -> Iterator[Diagnost
                 "residency",
                 f"residency {d.residency}: a decisions deployment restarts instead of parking (restart_only)",
             )
-        parsers = [f for f, _ in split_flags(d.engine_args) if f in ("--tool-call-parser", "--reasoning-parser")]
+        parsers = [f for f, _ in split_flags(d.engine_args) if f in engine.parser_flags.values()]
         for flag in parsers:
             yield _err(o, "engine_args", f"engine_config.extra_args {flag}: a decisions deployment has no {flag[2:]}")
     if d.residency != "restart_only" and d.api == "chat":
@@ -264,8 +300,9 @@ def _check_flat(loaded: LoadedDeployment, engine: Provider) -> Iterator[Diagnost
             "residency",
             f"residency {d.residency}: engine-ctl stops engines instead of parking them; treated as restart_only",
         )
-    if d.cuda_graphs is not None and not engine.cuda_graphs_switch:
-        yield _warn(o, "cuda_graphs", f"engine_config.cuda_graphs: {engine.title} has no such switch; ignored")
+    own = {option.key for option in engine.options}
+    for key in sorted(d.engine_options.keys() - own):
+        yield _warn(o, key, f"engine_config.{key}: {engine.title} has no such switch; ignored")
 
 
 def check_model(loaded: LoadedModel) -> Iterator[Diagnostic]:

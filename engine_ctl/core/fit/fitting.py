@@ -593,7 +593,7 @@ def host_order(
 
 
 def replica_threads(plan: FitPlan, host: HostFacts) -> int | None:
-    """llama.cpp on a CPU: --threads at twice the replica's cores, at most the machine's."""
+    """A CPU replica's threads (its provider passes them to the engine): twice its cores, at most the machine's."""
     return min(2 * plan.cpu_cores, host.cpu.cores) if plan.accelerator == "cpu" else None
 
 

@@ -30,6 +30,8 @@ class Gpu(Fact):
     memory_total_bytes: int | None = None
     memory_used_bytes: int | None = None
     driver_version: str | None = None
+    gfx_target: str | None = None
+    """An AMD GPU's LLVM target (gfx942 for an MI300X): which build of an engine runs on it (seed 001)."""
 
 
 class Cpu(Fact):
@@ -53,6 +55,8 @@ class Disk(Fact):
 class EngineInstall(Fact):
     path: str
     version: str | None = None
+    sha256: str | None = None
+    """The sha256 of the binary (what runs, whatever its version says)."""
 
 
 class UnitFact(Fact):
@@ -63,6 +67,13 @@ class UnitFact(Fact):
     n_restarts: int | None = None
     main_pid: int | None = None
     exec_main_status: int | None = None
+    text: str | None = None
+    """The unit file's text (up to UNIT_TEXT_LIMIT bytes), so a hand edit is shown as a diff; values that look
+    secret are hidden in it (engine_ctl.core.plan.unitdiff.hide_secrets). sha256 is the file's own."""
+
+
+UNIT_TEXT_LIMIT = 256 * 1024
+"""A unit file engine-ctl writes is a few KiB; past this its text is not sent (its hash still is)."""
 
 
 class ModelFile(Fact):
@@ -82,6 +93,8 @@ class HostFacts(Fact):
     disks: dict[str, Disk] = Field(default_factory=dict)
     gpus: tuple[Gpu, ...] = ()
     engines: dict[str, EngineInstall] = Field(default_factory=dict)
+    engine_builds: dict[str, dict[str, EngineInstall]] = Field(default_factory=dict)
+    """engine -> platform (cuda, rocm, vulkan, metal, cpu) -> the build the inventory names there, as found."""
     units: tuple[UnitFact, ...] = ()
     ports_in_use: tuple[int, ...] = ()
     model_files: tuple[ModelFile, ...] = ()
@@ -95,6 +108,8 @@ class HostFacts(Fact):
     models: dict[str, ModelFacts] = Field(default_factory=dict)
     """Model metadata read on the host, by path (for the paths asked for)."""
     model_problems: dict[str, str] = Field(default_factory=dict)
+    checkpoints: dict[str, str] = Field(default_factory=dict)
+    """An hf: checkout's directory -> its checkpoint digest, measured on the host (for the paths asked for)."""
     health: dict[str, str] = Field(default_factory=dict)
     """port -> HTTP status of GET /health on loopback, or 'down: why' (for the ports asked for)."""
     warnings: tuple[str, ...] = ()
@@ -107,7 +122,10 @@ class HostFacts(Fact):
         """A hash of the facts that placement and rendering depend on (not volatile counters)."""
         stable = self.model_dump(
             include={"host", "arch", "cpu", "gpus", "engines", "units", "model_files", "models"},
-            exclude={"gpus": {"__all__": {"memory_used_bytes"}}, "units": {"__all__": {"main_pid", "n_restarts"}}},
+            exclude={
+                "gpus": {"__all__": {"memory_used_bytes"}},
+                "units": {"__all__": {"main_pid", "n_restarts", "text"}},  # the text: its sha256 is there
+            },
         )
         stable["memory_total"] = self.memory.total_bytes
         return hashlib.sha256(json.dumps(stable, sort_keys=True, default=str).encode()).hexdigest()
@@ -160,6 +178,12 @@ def _bytes_of(value: Any) -> int | None:
     return None
 
 
+def _gfx(value: object) -> str | None:
+    """amd-smi's target_graphics_version / rocm-smi's GFX Version: gfx942, gfx1100, … (None when not given)."""
+    text = str(value or "").strip().lower()
+    return text if text.startswith("gfx") and text[3:].isalnum() else None
+
+
 def parse_amd_smi(static_json: str, vram_json: str | None = None) -> list[Gpu]:
     """`amd-smi static --asic --vram --driver --json` (+ optional `amd-smi metric --mem-usage --json`)."""
     data = json.loads(static_json)
@@ -193,6 +217,7 @@ def parse_amd_smi(static_json: str, vram_json: str | None = None) -> list[Gpu]:
                 memory_total_bytes=_bytes_of(vram.get("size")),
                 memory_used_bytes=used.get(idx),
                 driver_version=str(driver.get("version")) if driver.get("version") not in (None, "N/A") else None,
+                gfx_target=_gfx(asic.get("target_graphics_version")),
             )
         )
     return gpus
@@ -218,6 +243,7 @@ def parse_rocm_smi(text: str) -> list[Gpu]:
                 memory_total_bytes=int(total) if total is not None else None,
                 memory_used_bytes=int(used) if used is not None else None,
                 driver_version=str(driver) if driver else None,
+                gfx_target=_gfx(card.get("GFX Version")),
             )
         )
     return gpus

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from engine_ctl.core.fit.hostfacts import Gpu
-from engine_ctl.core.model import Model
+from engine_ctl.core.model import Model, OptionValue
 
 MemoryBasis = Literal["estimate", "arch", "catalog", "weights"]
 
@@ -78,7 +78,8 @@ class ReplicaRun(BaseModel):
     threads: int | None = None
     engine_args: tuple[str, ...] = ()
     gpu_memory_bytes: int | None = None
-    cuda_graphs: bool | None = None
+    engine_options: dict[str, OptionValue] = {}
+    """engine_config keys only this engine reads (the deployment's engine_options)."""
     chat_template_file: str | None = None
     """Where the unit provides the model's Jinja chat template as a file (a systemd credential), if it has one."""
     cache_dir: str | None = None

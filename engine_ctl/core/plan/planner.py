@@ -20,9 +20,12 @@ from engine_ctl.core.fit.hostfacts import BUSY_BYTES, HostFacts, UnitFact
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.model import Deployment, DesiredState, Model
+from engine_ctl.core.plan.engines import engine_drift_detail, engine_refusals
+from engine_ctl.core.plan.unitdiff import attach_unit_diffs
 from engine_ctl.core.plan.gateway import GatewayChange, plan_gateways
 from engine_ctl.core.render.gateway import GATEWAY_UNIT
 from engine_ctl.core.render.units import UNIT_PREFIX, RenderedUnit, model_path_on_host, render_unit, replica_runs
+from engine_ctl.core.weights import WeightsFetch
 from engine_ctl.providers import Provider
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 
@@ -51,6 +54,9 @@ class ReplicaChange(BaseModel):
     argv: list[str] = Field(default_factory=list)
     unit_text: str | None = None
     unit_sha256: str | None = None
+    engine_version: str | None = None
+    engine_sha256: str = ""
+    """The build the unit runs (argv[0]) as the facts found it: recorded per replica when applied."""
     old_unit: str | None = None
     old_host: str | None = None
     old_slot: str | None = None
@@ -95,6 +101,8 @@ class DeploymentChange(BaseModel):
     adopt: list[str] = Field(default_factory=list)
     """Units recorded pending that run (they became ready before an apply was interrupted): recorded serving."""
     replicas: list[ReplicaChange] = Field(default_factory=list)
+    fetches: list[WeightsFetch] = Field(default_factory=list)
+    """hf: weights each host with a new replica fetches first (engine_ctl.core.plan.fetching)."""
 
     @property
     def symbol(self) -> str:
@@ -114,8 +122,12 @@ class Drift(BaseModel):
     host: str
     unit: str
     deployment: str | None = None
-    kind: Literal["edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged"]
+    kind: Literal[
+        "edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged", "weights-changed", "engine-changed"
+    ]
     detail: str
+    diff: list[str] = Field(default_factory=list)
+    """A hand-edited unit: the unified diff from the file on the host to engine-ctl's (secret values hidden)."""
 
 
 class Plan(BaseModel):
@@ -195,9 +207,14 @@ def weights_missing(model: Model, hosts: list[HostFacts], inventory: Mapping[str
     out = {}
     for h in hosts:
         path = model_path_on_host(model, inventory[h.host])
-        if path in h.model_problems:
+        if path in h.model_problems and not fetched_at_apply(model, h.model_problems[path]):
             out[h.host] = f"Waiting for the weights of {model.name} at {path} ({h.model_problems[path]})"
     return out
+
+
+def fetched_at_apply(model: Model, problem: str) -> bool:
+    """An hf: model's weights missing on a host are fetched there by apply: a replica may be placed there."""
+    return model.hf is not None and problem == "not found"
 
 
 def destroy_refusals(plan: Plan, state: State) -> list[str]:
@@ -342,7 +359,7 @@ def plan_deployment(
     change.fit = fitted.model_dump(mode="json")
     d = sized
     by_host = {h.name: h for h in inventory.hosts}
-    no_weights = weights_missing(model, hosts, by_host)
+    no_weights = {**engine_refusals(provider, d.accelerator, hosts, by_host), **weights_missing(model, hosts, by_host)}
     count = max(d.replicas_min, 1)
     records = list(record.replicas) if record else []
     replicas: list[ReplicaChange] = []
@@ -441,9 +458,10 @@ def plan_deployment(
         rc.old_unit, rc.old_host, rc.old_slot, rc.old_argv = current.unit, current.host, current.slot, current.argv
         rc.strategy = strategy
         replicas.append(rc)
+    before = len({r.index for r in live})  # replicas recorded before this plan (a second slot is not one)
     for r in live:
         if r.index >= count and r.host in facts:
-            replicas.append(_delete(r, f"replicas {len([x for x in live if x.index < count])} → {count}"))
+            replicas.append(_delete(r, f"replicas {before} → {count}"))
         elif r.index >= count:
             change.blocked.append(_out_of_reach(r, by_host))
     change.replicas = replicas
@@ -457,7 +475,7 @@ def plan_deployment(
                 "apply fails there until it is"
             )
         path = model_path_on_host(model, by_host[host])
-        if path in hf.model_problems:
+        if path in hf.model_problems and not fetched_at_apply(model, hf.model_problems[path]):
             change.warnings.append(
                 f"the weights of {model.name} are not on {host} at {path} ({hf.model_problems[path]})"
             )
@@ -561,6 +579,9 @@ def _drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host: HostFa
         return [Drift(host=record.host, unit=record.unit, deployment=name, kind="missing",
                       detail=f"unit file {record.unit} is missing on {record.host}")]  # fmt: skip
     out = []
+    engine = engine_drift_detail(record, host)
+    if engine:
+        out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="engine-changed", detail=engine))
     if fact.sha256 != record.unit_sha256:
         detail = f"unit file edited by hand (sha256 {fact.sha256[:12]}… ≠ {record.unit_sha256[:12]}…)"
         out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="edited", detail=detail))
@@ -680,6 +701,7 @@ def make_plan(
             if u.name.startswith(UNIT_PREFIX) and u.name not in managed:
                 detail = f"{u.name} on {host} is not in this state; engine-ctl leaves it alone"
                 plan.drift.append(Drift(host=host, unit=u.name, kind="unmanaged", detail=detail))
+    attach_unit_diffs(plan, facts)
     if refresh_only:
         for c in plan.changes:
             c.action = ["no-op"]

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.providers import PROVIDERS
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord
 
 DeploymentState = Literal["Pending", "Starting", "Ready", "ScaledToZero", "Failed"]
@@ -59,7 +60,9 @@ class DeploymentStatus(BaseModel):
     members: list[Member] = Field(default_factory=list)
 
 
-def instance_status(r: ReplicaRecord, facts: HostFacts | None) -> InstanceStatus:
+def instance_status(r: ReplicaRecord, facts: HostFacts | None, loading: frozenset[str] = frozenset()) -> InstanceStatus:
+    """`loading`: what the engine's health check answers while it loads its model (its provider's
+    loading_statuses): such an answer from an active unit is starting, with no error."""
     base = {"index": r.index, "host": r.host, "unit": r.unit, "port": r.port, "gpus": r.gpu_indexes}
     if facts is None:
         return InstanceStatus(**base, state="unknown", last_error=f"host {r.host} unreachable")  # type: ignore[arg-type]
@@ -74,7 +77,7 @@ def instance_status(r: ReplicaRecord, facts: HostFacts | None) -> InstanceStatus
         error = f"restarted {restarts} time(s), last: {status}"
     if unit.active_state == "active" and health == "200":
         state = "ready"
-    elif unit.active_state in ("activating", "reloading") or (unit.active_state == "active" and health == "503"):
+    elif unit.active_state in ("activating", "reloading") or (unit.active_state == "active" and health in loading):
         state = "starting"
     elif unit.active_state == "failed":
         state = "failed"
@@ -156,7 +159,9 @@ def deployment_status(
 ) -> DeploymentStatus:
     """`gateways`: (host, endpoint host:port) of each gateway host of the inventory."""
     ordered = sorted(rec.replicas, key=lambda x: (x.index, x.slot))
-    instances = [instance_status(r, facts.get(r.host)) for r in ordered]
+    engine = PROVIDERS.get(str((rec.plan or {}).get("engine")))
+    loading = engine.loading_statuses if engine else frozenset()
+    instances = [instance_status(r, facts.get(r.host), loading) for r in ordered]
     wanted = int(rec.spec.get("replicas_min", len(instances)) or 1) if rec.spec else len(instances)
     serving = [r.revision for r, i in zip(ordered, instances, strict=True) if i.state == "ready"]
     others = [i.state for i in instances if i.state != "ready"]

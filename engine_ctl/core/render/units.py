@@ -195,7 +195,7 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
         "credentials": [f"{TEMPLATE_CREDENTIAL}:{credential_value(template)}"] if template else [],
         "weights_path": path_value(weights_dir),
         "device_allow": device_allow(run),
-        # JIT compilers (vLLM, SGLang; the CUDA and ROCm runtimes for GPU kernels) need writable+executable memory.
+        # JIT compilers (provider.jit_compiles; the CUDA and ROCm runtimes for GPU kernels) need W+X memory.
         "mdwe": not provider.jit_compiles and not run.gpus,
         "syscall_deny": deny,
     }
@@ -233,7 +233,9 @@ def replica_runs(
     jinja = bool(model.chat_template) and not is_template_name(model.chat_template or "")
     for p in result.placements:
         host = hosts[p.host]
-        executable = host.engines.get(provider.name) or provider.default_executable
+        platform = provider.build_platform(p.gpus[0] if p.gpus else None)
+        builds = host.engine_builds.get(provider.name) or {}
+        executable = builds.get(platform or "") or host.engines.get(provider.name) or provider.default_executable
         unit = unit_name(d.name, p.index, slot)
         gateways = gateway_allow(hosts)
         key_file = f"{CREDENTIALS_DIR}/{unit}/{KEY_CREDENTIAL}" if gateways and provider.api_key_argv("x") else None
@@ -259,7 +261,7 @@ def replica_runs(
                     threads=p.threads,
                     engine_args=d.engine_args,
                     gpu_memory_bytes=d.gpu_memory_bytes,
-                    cuda_graphs=d.cuda_graphs,
+                    engine_options=d.engine_options,
                     chat_template_file=chat_template_path(unit) if jinja else None,
                     cache_dir=cache_path(host, d.name),
                 ),

@@ -10,6 +10,8 @@ import struct
 import subprocess
 import sys
 
+UNIT_TEXT_LIMIT = 256 * 1024  # engine_ctl.core.fit.hostfacts.UNIT_TEXT_LIMIT: a unit's text past it is not sent
+
 
 def run(argv, timeout=10):
     try:
@@ -188,15 +190,32 @@ def engine_versions(started):
     return found
 
 
+def with_sha256(found):
+    """Each engine found, with the sha256 of its binary: what runs, whatever its version says."""
+    for entry in found.values():
+        h = hashlib.sha256()
+        try:
+            with open(entry["path"], "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            entry["sha256"] = h.hexdigest()
+        except OSError:
+            entry["sha256"] = None
+    return found
+
+
 def units(prefix):
     unit_dir = "/etc/systemd/system"
-    names, hashes = set(), {}
+    names, hashes, texts = set(), {}, {}
     try:
         for entry in os.listdir(unit_dir):
             if entry.startswith(prefix) and entry.endswith(".service"):
                 names.add(entry)
                 with open(os.path.join(unit_dir, entry), "rb") as f:
-                    hashes[entry] = hashlib.sha256(f.read()).hexdigest()
+                    data = f.read()
+                hashes[entry] = hashlib.sha256(data).hexdigest()
+                if len(data) <= UNIT_TEXT_LIMIT:  # the text, so a hand edit is shown as a diff
+                    texts[entry] = data.decode("utf-8", "replace")
     except OSError:
         pass
     out = []
@@ -210,9 +229,10 @@ def units(prefix):
             name = fields.get("Id")
             if name:
                 fields["sha256"] = hashes.get(name)
+                fields["text"] = texts.get(name)
                 out.append(fields)
         seen = {u.get("Id") for u in out}
-        out += [{"Id": n, "sha256": hashes.get(n)} for n in ordered if n not in seen]
+        out += [{"Id": n, "sha256": hashes.get(n), "text": texts.get(n)} for n in ordered if n not in seen]
     return out
 
 
@@ -341,6 +361,68 @@ def model_metadata(path):
         return {"error": str(exc)}
 
 
+MARKER = ".engine-ctl-checkpoint.json"
+
+
+def checkpoint_digest(path):
+    """The checkpoint digest of an hf: checkout engine-ctl fetched (the marker beside its files), measured now:
+    a file whose size or mtime differs from what the fetch recorded is hashed again. None for other models."""
+    root = path if os.path.isdir(path) else os.path.dirname(path)
+    marker = os.path.join(root, MARKER)
+    if not os.path.isfile(marker):
+        return None
+    try:
+        with open(marker) as f:
+            recorded = json.load(f)
+        digests = {}
+        for name, entry in recorded["files"].items():
+            full = os.path.join(root, name)
+            if not os.path.isfile(full):
+                digests[name] = "missing"
+                continue
+            st = os.stat(full)
+            if (st.st_size, st.st_mtime_ns) == (entry["size"], entry["mtime_ns"]):
+                digests[name] = entry["sha256"]
+                continue
+            h = hashlib.sha256()
+            with open(full, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            digests[name] = h.hexdigest()
+        text = "".join("%s  %s\n" % (digests[p], p) for p in sorted(digests))
+        return {"dir": root, "digest": hashlib.sha256(text.encode()).hexdigest()}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return {"dir": root, "error": str(exc)}
+
+
+def writable_by_others(path):
+    """The first of the model's directory and its files that other users may write (seed 003: refused)."""
+    import stat
+
+    root = path if os.path.isdir(path) else os.path.dirname(path)
+    names = [root, path] if root != path else [root] + [os.path.join(root, n) for n in sorted(os.listdir(root))]
+    for name in names:
+        try:
+            st = os.stat(name)
+        except OSError:
+            continue
+        if st.st_mode & stat.S_IWOTH and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+            return name
+    return None
+
+
+def model_entry(path):
+    out = model_metadata(path)
+    found = checkpoint_digest(path) if not out.get("missing") else None
+    if found is not None:
+        out["checkpoint"] = found
+    if not out.get("missing") and not out.get("error"):
+        loose = writable_by_others(path)
+        if loose:
+            out["writable"] = loose
+    return out
+
+
 def health(checks, address="127.0.0.1"):
     """GET each engine's health endpoint on loopback: the HTTP status, or why there was none."""
     if not checks:
@@ -402,6 +484,7 @@ def gateway():
 def main():
     args = json.loads(sys.argv[1])
     started = engines(args.get("engines", {}), args.get("known_versions", {}))
+    builds = engines(args.get("builds", {}), args.get("known_versions", {}))  # "engine\tplatform" -> one path
     haproxy = shutil.which("haproxy")
     haproxy_probe = start([haproxy, "-v"]) if haproxy else None
     doc = {
@@ -420,12 +503,13 @@ def main():
         "model_files": model_files(args["models_dir"]),
         "curl": shutil.which("curl"),
         "python": "%d.%d.%d" % sys.version_info[:3],
-        "models": {p: model_metadata(p) for p in args.get("model_paths", [])},
+        "models": {p: model_entry(p) for p in args.get("model_paths", [])},
         "health": health(args.get("health", []), args.get("bind") or "127.0.0.1"),
         "gateway": gateway(),
         "cgroup2": os.path.exists("/sys/fs/cgroup/cgroup.controllers"),
     }
-    doc["engines"] = engine_versions(started)
+    doc["engines"] = with_sha256(engine_versions(started))
+    doc["engine_builds"] = with_sha256(engine_versions(builds))
     doc["haproxy"] = (finish(haproxy_probe)["out"].splitlines() or [None])[0] if haproxy_probe else None
     sys.stdout.write(json.dumps(doc))
 

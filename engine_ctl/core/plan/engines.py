@@ -1,0 +1,99 @@
+"""Engine builds, pinned: which build of an engine each host runs (one per platform, chosen by the seed's
+GPU-vendors table), hosts left out when they have none or it is not the pinned one, what each replica runs
+(version and sha256 of the binary, from the facts) and an engine changed under a deployment as drift. Pure."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from engine_ctl.core.documents.inventory import Host
+from engine_ctl.core.fit.hostfacts import EngineInstall, HostFacts
+from engine_ctl.providers import Provider
+from engine_ctl.state.model import ReplicaRecord
+
+if TYPE_CHECKING:
+    from engine_ctl.core.plan.planner import Plan
+
+
+def host_platform(provider: Provider, accelerator: str, facts: HostFacts) -> str | None:
+    """The platform whose build runs a replica on this host: cpu, or its GPUs' build (None: none runs there)."""
+    if accelerator == "cpu" or not facts.gpus:
+        return provider.build_platform(None)
+    return provider.build_platform(facts.gpus[0])
+
+
+def build_for(provider: Provider, host: Host, platform: str | None) -> str | None:
+    """The executable the inventory names for this platform; None when it names builds but not this one."""
+    builds = host.engine_builds.get(provider.name)
+    if builds:
+        return builds.get(platform or "")
+    return host.engines.get(provider.name) or provider.default_executable
+
+
+def engine_at(facts: HostFacts, path: str) -> EngineInstall | None:
+    """What the facts found at an executable path (a build, or the engine found on its own)."""
+    found = [*facts.engines.values(), *(b for builds in facts.engine_builds.values() for b in builds.values())]
+    return next((e for e in found if e.path == path), None)
+
+
+def engine_refusals(
+    provider: Provider, accelerator: str, hosts: list[HostFacts], inventory: Mapping[str, Host]
+) -> dict[str, str]:
+    """host -> why no replica of this engine is placed there: no build for its GPUs, or not the pinned one."""
+    out: dict[str, str] = {}
+    for facts in hosts:
+        host = inventory[facts.host]
+        platform = host_platform(provider, accelerator, facts)
+        path = build_for(provider, host, platform)
+        if path is None:
+            named = ", ".join(sorted(host.engine_builds.get(provider.name, {}))) or "none"
+            out[facts.host] = (f"no {provider.title} build for {platform} on {facts.host} (the inventory names: "
+                               f"{named}); add engines.{provider.name}.{platform}")  # fmt: skip
+            continue
+        why = pin_refusal(provider, host, facts, path)
+        if why:
+            out[facts.host] = why
+    return out
+
+
+def pin_refusal(provider: Provider, host: Host, facts: HostFacts, path: str) -> str | None:
+    pins = host.engine_pins.get(provider.name) or {}
+    if not pins:
+        return None
+    found = engine_at(facts, path)
+    if found is None:
+        return f"the pinned {provider.title} build {path} is not on {facts.host}"
+    version, digest = pins.get("version"), pins.get("sha256")
+    if version and not re.search(rf"(?<![\w.]){re.escape(version)}(?![\w.])", found.version or ""):
+        said = found.version or "unknown"
+        return f"{provider.title} at {path} on {facts.host} is version {said}, not the pinned {version}"
+    if digest and found.sha256 != digest:
+        return (f"{provider.title} at {path} on {facts.host} has sha256 {(found.sha256 or 'unknown')[:12]}…, not the "
+                f"pinned {digest[:12]}…")  # fmt: skip
+    return None
+
+
+def engine_drift_detail(record: ReplicaRecord, facts: HostFacts) -> str | None:
+    """Why the engine under a recorded replica is not the one it was applied with (None: the same one)."""
+    if not record.engine_sha256 or not record.argv:
+        return None
+    now = engine_at(facts, record.argv[0])
+    if now is None or now.sha256 is None or now.sha256 == record.engine_sha256:
+        return None
+    return (f"the engine at {record.argv[0]} on {record.host} changed: version {record.engine_version or 'unknown'} "
+            f"(sha256 {record.engine_sha256[:12]}…) → {now.version or 'unknown'} (sha256 {now.sha256[:12]}…); "
+            "the replica restarts onto it")  # fmt: skip
+
+
+def with_engines(plan: Plan, facts: Mapping[str, HostFacts]) -> Plan:
+    """Each replica the plan starts or restarts, with the version and sha256 of the build it runs (argv[0])."""
+    for change in plan.changes:
+        for step in change.replicas:
+            if step.action == ["delete"] or not step.argv or step.host not in facts:
+                continue
+            found = engine_at(facts[step.host], step.argv[0])
+            if found is not None:
+                step.engine_version, step.engine_sha256 = found.version, found.sha256 or ""
+    return plan

@@ -1,0 +1,169 @@
+"""Engine builds, pinned per platform: the seed's GPU-vendors table (001, "GPU vendors") down to the AMD gfx
+target, the inventory's builds and pins, the facts of each build (the real probe, the real llama-server), the
+hosts left out with their reason, and an engine changed under a replica."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from engine_ctl.providers import PROVIDERS
+from engine_ctl.state.model import ReplicaRecord
+
+from engine_ctl.core.diagnostics import InputError
+from engine_ctl.core.documents.inventory import Host, load_inventory
+from engine_ctl.core.fit.hostfacts import Cpu, EngineInstall, Gpu, HostFacts, Memory, parse_amd_smi
+from engine_ctl.core.plan.engines import engine_drift_detail, engine_refusals
+from engine_ctl.shell.gather import gather_one
+from engine_ctl.shell.transport import LocalTransport
+from tests.helpers import write
+from tests.llama import llama_server_dir
+
+RECORDINGS = Path(__file__).parent / "recordings"
+LLAMA, VLLM, SGLANG = PROVIDERS["llama.cpp"], PROVIDERS["vllm"], PROVIDERS["sglang"]
+
+
+def amd(name: str, gfx: str | None) -> Gpu:
+    return Gpu(index=0, uuid="GPU-1", name=name, vendor="amd", gfx_target=gfx)
+
+
+# The seed's table: machine -> (llama.cpp's build, vLLM's build); None is the table's "—".
+TABLE = [
+    (Gpu(index=0, uuid="GPU-n", name="NVIDIA H100 80GB HBM3", vendor="nvidia"), "cuda", "cuda"),
+    (amd("AMD Instinct MI300X", "gfx942"), "rocm", "rocm"),
+    (amd("AMD Instinct MI250X", "gfx90a"), "rocm", "rocm"),
+    (amd("AMD Instinct MI100", "gfx908"), "rocm", None),
+    (amd("AMD Instinct MI355X", "gfx950"), None, "rocm"),
+    (amd("AMD Radeon RX 7900 XTX", "gfx1100"), "rocm", "rocm"),
+    (amd("AMD Radeon RX 7800 XT", "gfx1101"), "rocm", "rocm"),
+    (amd("AMD Radeon RX 9070 XT", "gfx1201"), "rocm", "rocm"),
+    (amd("AMD Ryzen AI Max+ 395", "gfx1151"), "rocm", "rocm"),
+    (amd("AMD Radeon RX 7600", "gfx1102"), "rocm", None),
+    (amd("AMD Radeon RX 6900 XT", "gfx1030"), "rocm", None),
+    (amd("AMD Radeon RX 6700 XT", "gfx1031"), "vulkan", None),
+    (amd("AMD Radeon RX 5700", "gfx1010"), "vulkan", None),
+    (amd("AMD Radeon RX 6700 XT", None), "vulkan", None),  # no target reported: the name's row
+    (amd("AMD Instinct MI300X", None), "rocm", "rocm"),
+]
+
+
+@pytest.mark.parametrize(("gpu", "llama", "vllm"), TABLE, ids=[f"{g.name}-{g.gfx_target}" for g, _, _ in TABLE])
+def test_each_machine_runs_the_build_the_seeds_gpu_vendors_table_gives(gpu: Gpu, llama: str, vllm: str) -> None:
+    assert LLAMA.build_platform(gpu) == llama
+    assert VLLM.build_platform(gpu) == vllm and SGLANG.build_platform(gpu) == vllm
+    assert (LLAMA.gpu_refusal(gpu) is None) == (llama is not None)
+
+
+def test_cpus_run_the_cpu_build_of_llama_cpp_only() -> None:
+    assert LLAMA.build_platform(None) == "cpu" and VLLM.build_platform(None) is None
+
+
+def test_the_gfx_target_comes_from_amd_smis_real_output() -> None:
+    static = (RECORDINGS / "amd-smi-static-2xMI300X.json").read_text()
+    assert {g.gfx_target for g in parse_amd_smi(static)} == {"gfx942"}
+
+
+def test_the_inventory_names_one_build_per_platform_with_pins(tmp_path: Path) -> None:
+    digest = "a" * 64
+    inv = load_inventory(write(tmp_path, "hosts.yaml", f"""
+        defaults:
+          engines:
+            llama.cpp: {{cuda: /opt/llama-cuda/llama-server, vulkan: /opt/llama-vk/llama-server, version: b5000}}
+        hosts:
+          - {{name: a, address: 198.18.0.11}}
+          - name: b
+            address: 198.18.0.12
+            engines: {{llamacpp: {{cpu: /opt/llama-cpu/llama-server, sha256: {digest}}}, vllm: /opt/vllm/bin/vllm}}
+        """))  # fmt: skip
+    a, b = inv.hosts
+    assert a.engine_builds == {"llama.cpp": {"cuda": "/opt/llama-cuda/llama-server",
+                                             "vulkan": "/opt/llama-vk/llama-server"}}  # fmt: skip
+    assert a.engine_pins == {"llama.cpp": {"version": "b5000"}} and a.engines == {}
+    assert b.engine_builds == {"llama.cpp": {"cpu": "/opt/llama-cpu/llama-server"}}
+    assert b.engine_pins == {"llama.cpp": {"sha256": digest}} and b.engines == {"vllm": "/opt/vllm/bin/vllm"}
+
+
+@pytest.mark.parametrize(
+    ("entry", "said"),
+    [
+        ("{cuda: /opt/a$b/llama-server}", "hosts[0].engines.llama.cpp.cuda: executable '/opt/a$b/llama-server'"),
+        ("{cpu: /opt/l/llama-server, sha256: abc}", "hosts[0].engines.llama.cpp.sha256: 'abc': a sha256 is 64"),
+        ("{version: b1}", "hosts[0].engines.llama.cpp: no build: name one per platform"),
+        ("{rocm6: /opt/l/llama-server}", "rocm6"),
+    ],
+)
+def test_a_wrong_build_entry_is_refused_at_its_place(tmp_path: Path, entry: str, said: str) -> None:
+    path = write(tmp_path, "hosts.yaml", f"hosts:\n  - {{name: a, engines: {{llama.cpp: {entry}}}}}\n")
+    with pytest.raises(InputError) as refused:
+        load_inventory(path)
+    text = "\n".join(d.render() for d in refused.value.diagnostics)
+    assert said in text and "hosts.yaml:2" in text
+
+
+def _facts(name: str, gpus: tuple[Gpu, ...] = (), **engines: EngineInstall) -> HostFacts:
+    return HostFacts(host=name, cpu=Cpu(cores=8), memory=Memory(total_bytes=64 << 30, available_bytes=60 << 30),
+                     gpus=gpus, engine_builds={"llama.cpp": dict(engines)})  # fmt: skip
+
+
+def test_a_host_without_a_build_for_its_gpus_or_with_another_than_the_pinned_is_left_out_with_why() -> None:
+    mi300 = (amd("AMD Instinct MI300X", "gfx942"),)
+    cuda = EngineInstall(path="/opt/cuda/llama-server", version="version: 5000 (abc)", sha256="c" * 64)
+    rocm = EngineInstall(path="/opt/rocm/llama-server", version="version: 4990 (def)", sha256="d" * 64)
+    builds = {"llama.cpp": {"cuda": cuda.path, "rocm": rocm.path}}
+    hosts = {
+        "nv": Host(name="nv", address="x1", engine_builds={"llama.cpp": {"cuda": cuda.path}}),
+        "amd-none": Host(name="amd-none", address="x2", engine_builds={"llama.cpp": {"cuda": cuda.path}}),
+        "amd-pinned": Host(name="amd-pinned", address="x3", engine_builds=builds,
+                           engine_pins={"llama.cpp": {"version": "5000"}}),
+        "amd-sha": Host(name="amd-sha", address="x4", engine_builds=builds,
+                        engine_pins={"llama.cpp": {"sha256": "d" * 64}}),
+    }  # fmt: skip
+    nvidia = (Gpu(index=0, uuid="GPU-n", name="NVIDIA H100", vendor="nvidia"),)
+    facts = [
+        _facts("nv", nvidia, cuda=cuda), _facts("amd-none", mi300, cuda=cuda),
+        _facts("amd-pinned", mi300, cuda=cuda, rocm=rocm), _facts("amd-sha", mi300, cuda=cuda, rocm=rocm),
+    ]  # fmt: skip
+    refused = engine_refusals(LLAMA, "gpu", facts, hosts)
+    assert set(refused) == {"amd-none", "amd-pinned"}
+    assert refused["amd-none"] == ("no llama.cpp build for rocm on amd-none (the inventory names: cuda); add "
+                                   "engines.llama.cpp.rocm")  # fmt: skip
+    assert refused["amd-pinned"] == ("llama.cpp at /opt/rocm/llama-server on amd-pinned is version version: 4990 "
+                                     "(def), not the pinned 5000")  # fmt: skip
+    other = {"amd-sha": hosts["amd-sha"].model_copy(update={"engine_pins": {"llama.cpp": {"sha256": "e" * 64}}})}
+    assert (
+        "has sha256 dddddddddddd…, not the pinned eeeeeeeeeeee…"
+        in engine_refusals(LLAMA, "gpu", [facts[3]], other)["amd-sha"]
+    )
+
+
+def test_an_engine_changed_under_a_replica_is_named_with_its_path_versions_and_digests() -> None:
+    record = ReplicaRecord(index=0, host="h", unit="engine-ctl-d-0a.service", port=8000, unit_sha256="", revision=1,
+                           argv=["/opt/l/llama-server", "--model", "m"], engine_version="version: 1",
+                           engine_sha256="1" * 64)  # fmt: skip
+    same = _facts("h", cpu=EngineInstall(path="/opt/l/llama-server", version="version: 1", sha256="1" * 64))
+    assert engine_drift_detail(record, same) is None
+    moved = _facts("h", cpu=EngineInstall(path="/opt/l/llama-server", version="version: 2", sha256="2" * 64))
+    assert engine_drift_detail(record, moved) == (
+        "the engine at /opt/l/llama-server on h changed: version version: 1 (sha256 111111111111…) → version: 2 "
+        "(sha256 222222222222…); the replica restarts onto it"
+    )
+
+
+def test_the_facts_report_each_builds_version_and_binary_sha256(tmp_path: Path) -> None:
+    """The real probe, on this machine, with the real llama-server as the cpu build and a copy as the cuda one."""
+    real = llama_server_dir() / "bin" / "llama-server"
+    copy = tmp_path / "bin" / "llama-server"
+    shutil.copytree(real.parent, copy.parent)
+    with copy.open("ab") as f:  # another build: other bytes, the same program
+        f.write(b"\0")
+    host = Host(name="here", address="127.0.0.1", transport="local",
+                engine_builds={"llama.cpp": {"cpu": str(real), "cuda": str(copy)}})  # fmt: skip
+    facts = gather_one(LocalTransport(host))
+    found = facts.engine_builds["llama.cpp"]
+    assert found["cpu"].path == str(real) and found["cpu"].sha256 == hashlib.sha256(real.read_bytes()).hexdigest()
+    assert found["cuda"].sha256 == hashlib.sha256(copy.read_bytes()).hexdigest() != found["cpu"].sha256
+    assert "0.6.0-dev" in (found["cpu"].version or "") and "0.6.0-dev" in (found["cuda"].version or "")
+    assert os.access(copy, os.X_OK)
