@@ -9,8 +9,8 @@ import re
 import shlex
 from typing import Any
 
-from engine_ctl.core.plan.gateway import GatewayChange
 from engine_ctl.core.plan.fetching import fetch_lines
+from engine_ctl.core.plan.gateway import GatewayChange
 from engine_ctl.core.plan.planner import DeploymentChange, Drift, Plan, ReplicaChange
 from engine_ctl.core.sizes import human_bytes
 from engine_ctl.providers import PROVIDERS, canonical_engine

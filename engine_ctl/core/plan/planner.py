@@ -21,8 +21,8 @@ from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.model import Deployment, DesiredState, Model
 from engine_ctl.core.plan.engines import engine_drift_detail, engine_refusals
-from engine_ctl.core.plan.unitdiff import attach_unit_diffs
 from engine_ctl.core.plan.gateway import GatewayChange, plan_gateways
+from engine_ctl.core.plan.unitdiff import attach_unit_diffs
 from engine_ctl.core.render.gateway import GATEWAY_UNIT
 from engine_ctl.core.render.units import UNIT_PREFIX, RenderedUnit, model_path_on_host, render_unit, replica_runs
 from engine_ctl.core.weights import WeightsFetch
