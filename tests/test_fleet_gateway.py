@@ -279,8 +279,13 @@ def test_a_key_rotated_under_load_fails_no_request(gw: GatewayProject) -> None:
 
 
 def test_status_shows_the_endpoint(gw: GatewayProject) -> None:
-    status = gw.cli("status", "gw-a", "--json", check=True)
-    (dep,) = json.loads(status.stdout)["deployments"]
+    deadline = time.monotonic() + 60  # a replica killed by an earlier test is back once the gateway checks it
+    while True:
+        status = gw.cli("status", "gw-a", "--json", check=True)
+        (dep,) = json.loads(status.stdout)["deployments"]
+        if all(m["ready"] for m in dep["members"]) or time.monotonic() > deadline:
+            break
+        time.sleep(2)
     assert dep["gateways"] == [f"http://{gw.gateway.address}:8800"]
     assert dep["served_model_name"] == "gw-a" and dep["kind"] == "chat"
     assert dep["endpoint"]["external"] == f"{gw.gateway.address}:8800"
