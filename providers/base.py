@@ -162,6 +162,11 @@ class Provider:
         instinct = target in INSTINCT_GFX or (family or "").startswith("instinct")
         return "vulkan" if self.vulkan_for_other_amd and not instinct else None
 
+    def api_key_argv(self, key_file: str) -> list[str]:
+        """Flags that make the engine answer only requests with the key in `key_file` (the gateway's internal
+        key); [] for an engine that cannot read a key from a file (then only IPAddressAllow= guards it)."""
+        return []
+
     def engine_args_argv(self, args: Sequence[str]) -> list[str]:
         """The deployment's engine_args (already checked) in the form this engine accepts."""
         if self.takes_flag_equals_value:

@@ -157,9 +157,15 @@ class LlamaCpp(Provider):
             argv += ["--mmproj", run.mmproj_path]
         argv += chat_template_argv(run, "--chat-template", "--chat-template-file")
         argv += ["--host", run.bind_address, "--port", str(run.port)]
+        if run.api_key_file:
+            argv += self.api_key_argv(run.api_key_file)
         if plan.accelerator == "cpu" and run.threads:
             argv += ["--threads", str(run.threads)]
         return argv + self.engine_args_argv(run.engine_args)
+
+    def api_key_argv(self, key_file: str) -> list[str]:
+        # llama-server answers /health without the key and refuses everything else (401) without it.
+        return ["--api-key-file", key_file]
 
     def environment(self, run: ReplicaRun) -> dict[str, str]:
         return {**gpu_env(run), **cache_env(run, "LLAMA_CACHE")}

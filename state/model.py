@@ -218,6 +218,16 @@ class DeploymentRecord(Record):
         return None
 
 
+class GatewayRecord(Record):
+    """A gateway host as the last apply left it: its files' and unit's sha256 (what drift is checked against),
+    and its configuration's text (no secrets: key maps hold hashes), for the next plan's diff."""
+
+    endpoint: str = ""
+    files_sha256: dict[str, Sha256] = Field(default_factory=dict)
+    unit_sha256: Sha256
+    config: str = ""
+
+
 class HostRecord(Record):
     facts_fingerprint: str
 
@@ -255,6 +265,7 @@ class State(Record):
     engine_ctl_version: str = ""
     deployments: dict[DeploymentName, DeploymentRecord] = Field(default_factory=dict)
     hosts: dict[HostName, HostRecord] = Field(default_factory=dict)
+    gateways: dict[HostName, GatewayRecord] = Field(default_factory=dict)
     operations: list[Operation] = Field(default_factory=list)
 
     @field_validator("deployments")

@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "engine_ctl.cli.status_cmd:force_unlock",
         "Remove the state lock LOCK_ID left by a command that died.",
     ),
+    "key": ("engine_ctl.cli.key_cmd:key", "API keys for the gateway: only their SHA-256 is ever written anywhere."),
     "logs": ("engine_ctl.cli.logs_cmd:logs", "Each replica's engine log, lines prefixed by host and instance."),
     "import": (
         "engine_ctl.cli.import_cmd:import_cmd",

@@ -31,6 +31,7 @@ from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Inventory, load_inventory
 from engine_ctl.core.model import DesiredState
 from engine_ctl.core.plan.changes import DELETE, Plan
+from engine_ctl.core.plan.gateway import gateway_tampering
 from engine_ctl.core.plan.planner import destroy_refusals
 from engine_ctl.core.plan.refresh import refresh_state
 from engine_ctl.core.plan.savedplan import PlanFileError, decode_plan, stale_reasons, state_for_plan, tampering
@@ -417,6 +418,11 @@ def _apply_saved(
         if stale:
             hint = "run engine-ctl plan again and review the new plan"
             raise _refuse_plan(path, "the saved plan is stale: " + "; ".join(stale), hint, code="plan_stale")
+        forged_gateway = gateway_tampering(saved.gateways, saved.changes, state, inventory)
+        if forged_gateway:
+            raise _refuse_plan(path, "the saved plan's gateway is not engine-ctl's: " + "; ".join(forged_gateway),
+                               "it was edited; run engine-ctl plan again and review the new plan",
+                               code="plan_tampered")  # fmt: skip
         show_plan(saved, stderr=events is not None)
         return execute(saved, inventory, backend, state, options, "apply " + str(path), events)
 

@@ -12,6 +12,7 @@ from typing import Any
 from engine_ctl.core.fit.runspec import FitPlan
 from engine_ctl.core.plan.changes import CREATE, DeploymentChange, Drift, Plan, ReplicaChange
 from engine_ctl.core.plan.fetching import fetch_lines
+from engine_ctl.core.plan.gateway import GatewayChange
 from engine_ctl.core.sizes import human_bytes
 from engine_ctl.providers import PROVIDERS, canonical_engine
 
@@ -186,16 +187,21 @@ def render_plan(plan: Plan, command: str = "apply") -> list[tuple[str, str]]:
         out.append(("bold", "Refresh only: apply records what drifted into the state; nothing on the hosts changes."))
         return out
     changed = [c for c in plan.changes if c.changed]
+    gateways = [g for g in plan.gateways if g.changed]
     if changed and command == "destroy":
         out.append(("bold", "engine-ctl destroy will stop and remove the units of these deployments:"))
-    elif changed:
+    elif changed or gateways:
         out.append(("bold", "engine-ctl will perform the following actions:"))
     for c in changed:
         out += _render_change(c, command)
+    for g in gateways:
+        out += _gateway_lines(g)
+    for g in plan.gateways:
+        out += [("warn", f"Warning: gateway {g.host}: {w}") for w in g.warnings]
     for c in plan.changes:
         out += _render_notes(c)
     out.append(("", ""))
-    return out + _render_end(plan, command, bool(changed))
+    return out + _render_end(plan, command, bool(changed or gateways))
 
 
 def _render_top(plan: Plan) -> list[tuple[str, str]]:
@@ -278,6 +284,26 @@ def _render_end(plan: Plan, command: str, changed: bool) -> list[tuple[str, str]
         out.append(("destroy", "No changes can be made; but the hosts do not match the documents:"))
         out += [("destroy", f"  {p}") for p in plan.problems]
     return [*out, ("bold", summary_line(plan))]
+
+
+def _gateway_lines(g: GatewayChange) -> list[tuple[str, str]]:
+    """`+ gateway "edge-01"` with its endpoint, its reasons and a diff of its HAProxy configuration."""
+    style = {"+": "add", "-": "destroy", "~": "change"}[g.symbol]
+    out: list[tuple[str, str]] = [("", ""), ("bold", f"  # gateway {g.host}: http://{g.endpoint}/v1")]
+    out += [("", f"  #   {reason}") for reason in g.reasons]
+    out.append((style, f'{g.symbol:>3} gateway "{g.host}" {{'))
+    if g.interim_files is not None:
+        out.append(
+            ("", f"      # replicas enter once healthy; old ones drain (up to {g.drain_timeout_s} s) before they stop")
+        )
+    for line in g.diff[2:]:
+        kind = {"+": "add", "-": "destroy"}.get(line[:1], "")
+        out.append((kind, f"      {line}"))
+    if g.maps:
+        keys = len(g.maps.get("keys.map", {}))
+        out.append(("", f"      keys: {keys} (sha256 only; applied over the stats socket, no reload)"))
+    out.append((style, "    }"))
+    return out
 
 
 def plan_text(plan: Plan, command: str = "apply") -> str:

@@ -18,6 +18,7 @@ from engine_ctl.core.documents.loader import load_paths
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.names import UNIT_PREFIX, UNIT_SUFFIX, parse_unit_name
 from engine_ctl.core.plan.status import DeploymentStatus, deployment_status
+from engine_ctl.core.render.gateway import endpoint_of
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.gather import gather
 from engine_ctl.shell.transport import HostFailure, SSHOptions
@@ -45,15 +46,19 @@ def name_and_paths(name: str | None, paths: tuple[Path, ...]) -> tuple[str | Non
 
 def _live(
     records: list[DeploymentRecord], inventory_path: Path | None, paths: tuple[Path, ...], options: SSHOptions,
-    parallel: int, addresses: dict[str, str] | None = None,
+    parallel: int, addresses: dict[str, str] | None = None, gateways: list[tuple[str, str]] | None = None,
 ) -> tuple[dict[str, HostFacts], dict[str, HostFailure]]:  # fmt: skip
-    """Facts and health of the hosts the shown deployments run on; none (and no inventory) when they run nowhere.
-    `addresses`, when given, is filled with each such host's address from the inventory."""
+    """Facts and health of the hosts the shown deployments run on, and of the gateway hosts (whose (host,
+    endpoint) pairs are added to `gateways`); none (and no inventory) when they run nowhere. `addresses`, when
+    given, is filled with each such host's address from the inventory."""
     used = {r.host for d in records for r in d.replicas}
     if not used:
         return {}, {}
     loaded = load_paths(list(paths)) if paths else None
     inventory = resolve_inventory(inventory_path, loaded)
+    if gateways is not None:
+        gateways += [(h.name, endpoint_of(h)) for h in inventory.gateways()]
+    used |= {h.name for h in inventory.gateways()}
     hosts = [h for h in inventory.hosts if h.name in used]
     if addresses is not None:
         addresses.update({h.name: h.address for h in hosts})
@@ -66,8 +71,13 @@ def _live(
     return gather(hosts, options, parallel, health=checks)
 
 
-def _statuses(state: State, names: list[str], facts: dict) -> list[DeploymentStatus]:
-    return [deployment_status(state.deployments[n], facts) for n in names]
+def _statuses(
+    state: State,
+    names: list[str],
+    facts: dict[str, HostFacts],
+    gateways: list[tuple[str, str]] | None = None,
+) -> list[DeploymentStatus]:
+    return [deployment_status(state.deployments[n], facts, gateways or []) for n in names]
 
 
 def url_of(address: str | None, port: int) -> str | None:
@@ -120,8 +130,11 @@ def list_cmd(
     state = read_state(backend)
     names = sorted(state.deployments)
     records = [state.deployments[n] for n in names]
-    facts, failures = _live(records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel)
-    statuses = _statuses(state, names, facts)
+    gateways: list[tuple[str, str]] = []
+    facts, failures = _live(
+        records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel, gateways=gateways
+    )
+    statuses = _statuses(state, names, facts, gateways)
     if as_json:
         emit_json(list_json(statuses))
     else:
@@ -167,8 +180,11 @@ def status(
         raise InputError([problem])
     records = [state.deployments[n] for n in names]
     addresses: dict[str, str] = {}
-    facts, failures = _live(records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel, addresses)
-    statuses = _statuses(state, names, facts)
+    gateways: list[tuple[str, str]] = []
+    facts, failures = _live(
+        records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel, addresses, gateways
+    )
+    statuses = _statuses(state, names, facts, gateways)
     if as_json:
         emit_json(status_json(statuses, addresses))
         sys.exit(1 if failures else 0)
@@ -177,6 +193,10 @@ def status(
         out.print(_no_deployments(backend.location))
     for s in statuses:
         out.print(deployment_table(s))
+        if s.gateways:
+            behind = sum(1 for m in s.members if m.ready)
+            out.print(f"endpoint: {', '.join(g + '/v1' for g in s.gateways)} (model: {s.served_model_name}; "
+                      f"{behind} of {len(s.members)} behind the gateway)", markup=False, highlight=False)  # fmt: skip
         out.print(instance_table(s))
         if s.instances:
             out.print(units_line(s))

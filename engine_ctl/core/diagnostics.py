@@ -69,6 +69,8 @@ CODES: dict[str, str] = {
     # the inventory
     "not_absolute_path": "an inventory path (models_dir, cache_dir) that is not absolute",
     "invalid_executable": "an engine executable path systemd cannot run as given",
+    "invalid_key_hash": "an ApiKey's sha256 that is not 64 lowercase hexadecimal digits",
+    "invalid_expiry": "an ApiKey's expires that is not a date or a date and time",
     "invalid_sha256": "an engine build's sha256 that is not 64 lowercase hexadecimal digits",
     "no_engine_build": "an engine given per platform with no build for any platform",
     "duplicate_address": "two inventory hosts with the same address",

@@ -198,11 +198,23 @@ class LoadedModel(Loaded):
     model: Model
 
 
+class ApiKey(Value):
+    """An API key as the gateway checks it (kind: ApiKey): its name, its SHA-256 (never the key), its scope
+    (None: every deployment) and its expiry (epoch seconds)."""
+
+    name: str
+    sha256: str
+    deployments: tuple[str, ...] | None = None
+    expires: int | None = None
+    file: str = ""
+
+
 class DesiredState(Value):
     """Everything the documents ask for."""
 
     models: tuple[LoadedModel, ...] = ()
     deployments: tuple[LoadedDeployment, ...] = ()
+    api_keys: tuple[ApiKey, ...] = ()
 
     def model(self, name: str) -> Model | None:
         for loaded in self.models:

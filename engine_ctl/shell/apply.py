@@ -19,6 +19,8 @@ from engine_ctl.core.plan.status import recorded_verdict
 from engine_ctl.core.weights import WeightsFetch, human, waiting_reason
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.fetch import FetchFailed, FetchProgress, HubAccess, fetch_weights
+from engine_ctl.shell.gateway import GatewayFailure
+from engine_ctl.shell.gateway_apply import GatewayApply
 from engine_ctl.shell.transport import (
     CommandResult,
     HostFailure,
@@ -298,6 +300,11 @@ class Executor:
         self.hub = hub or HubAccess()
         self._digests: dict[tuple[str, str], str] = {}
         """(deployment, host) -> the checkpoint digest measured there by this apply's fetch."""
+        self.gateway = (
+            GatewayApply(plan, hosts, self._record, lambda: self.recorder.state, options, self.progress)
+            if plan.gateways
+            else None
+        )
 
     @contextmanager
     def _on(self, *names: str) -> Iterator[dict[str, Transport]]:
@@ -321,13 +328,37 @@ class Executor:
 
     def run(self) -> ApplyResult:
         changes = [c for c in self.plan.changes if c.changed or c.failed_reason or c.blocked]
+        if self.gateway is not None and not self._gateway_step(self.gateway.before, "before the roll"):
+            changes = []  # without the gateway's interim configuration and key, no replica is touched
         if changes:
             with ThreadPoolExecutor(max_workers=len(changes)) as pool:
                 list(pool.map(self._deployment, changes))
+        if self.gateway is not None:
+            self._gateway_step(self.gateway.after, "after the roll")
+            self.gateway.close()
         for t in self._transports.values():
             t.close()
         self.result.interrupted = self.stop.is_set()
         return self.result
+
+    def _gateway_step(self, step: Callable[[], None], when: str) -> bool:
+        try:
+            step()
+        except (GatewayFailure, StepFailed, HostFailure, OSError) as exc:
+            reason = f"the gateway {when}: {exc}"
+            self.result.failed.setdefault("gateway", reason)
+            self.progress(f"gateway: FAILED: {reason}")
+            return False
+        return True
+
+    def _gateway(self, step: Callable[[str, str], None], name: str, unit: str) -> None:
+        """A gateway step of a roll (a new replica enters, an old one drains); its failure halts the roll."""
+        if self.gateway is None:
+            return
+        try:
+            step(name, unit)
+        except GatewayFailure as exc:
+            raise StepFailed(str(exc)) from exc
 
     def _record(self, fn: Callable[[State], None], what: str) -> None:
         """Write the state; a backend that fails is reported (apply exits 1), never an internal error."""
@@ -493,6 +524,8 @@ class Executor:
             self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
             raise StepFailed(reason)
         self._record(lambda s: _set_status(s, name, step.host, step.unit, "serving"), name)
+        if self.gateway is not None:
+            self._gateway(self.gateway.enter, name, step.unit)
         elapsed = round(time.monotonic() - began, 1)
         self._event("healthy", name, replica=step.index, host=step.host, unit=step.unit, port=step.port,
                     revision=step.revision, elapsed_s=elapsed)  # fmt: skip
@@ -531,6 +564,8 @@ class Executor:
                       f"digest {got.digest[:12]}")  # fmt: skip
 
     def _remove_old(self, t: Transport, name: str, host: str, unit: str) -> None:
+        if self.gateway is not None:
+            self._gateway(self.gateway.drain, name, unit)
         self._record(lambda s: _set_status(s, name, host, unit, "removing"), name)
         self._run(t, remove_argv(unit), f"removing {unit} on {host}")
         self._record(lambda s: _drop_replica(s, name, host, unit), name)
@@ -594,6 +629,8 @@ class Executor:
                 self._remove_old(old_t, name, old_host, old_unit)
                 return
             # stop-then-start: no room for both; the old unit is kept to be restored if the new one fails
+            if self.gateway is not None:
+                self._gateway(self.gateway.drain, name, old_unit)
             self._record(lambda s: _set_status(s, name, old_host, old_unit, "stopped"), name)
             self._run(old_t, stop_argv(old_unit), f"stopping {old_unit} on {old_host}")
             self.progress(f"{name}: {old_unit} on {old_host} stopped (no room for a surge)")
@@ -610,6 +647,11 @@ class Executor:
         status = "serving" if restored.exit_code == 0 else "failed"
         reason = None if status == "serving" else self._reason(t, change, unit)
         self._record(lambda s: _set_status(s, change.name, host, unit, status, reason), change.name)
+        if status == "serving" and self.gateway is not None:
+            try:
+                self.gateway.enter(change.name, unit)
+            except GatewayFailure as exc:
+                self.progress(f"{change.name}: the previous {unit} is back, but not behind the gateway: {exc}")
         self.progress(f"{change.name}: the previous {unit} on {host} restored ({status})")
         self._event("healthy" if status == "serving" else "failed", change.name, host=host, unit=unit, reason=reason
                     or "the previous unit restored after its replacement failed")  # fmt: skip

@@ -27,6 +27,7 @@ from engine_ctl.core.fit.modelfacts import ModelFacts, facts_from_gguf_fields, f
 from engine_ctl.core.fit.unitheader import parse_unit_header
 from engine_ctl.core.names import UNIT_PREFIX
 from engine_ctl.core.plan.unitdiff import hide_secrets_in
+from engine_ctl.core.render.units import bind_address, local_address
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.transport import Ahead, HostFailure, LocalTransport, SSHOptions, Transport, fan_out
 
@@ -50,6 +51,7 @@ def probe_args(
         "models_dir": host.models_dir,
         "cache_dir": host.cache_dir,
         "unit_prefix": UNIT_PREFIX,
+        "bind": local_address(bind_address(host)),
         "builds": {
             f"{name}\t{platform}": {"candidates": [path], "probe": PROVIDERS[name].version_probe()}
             for name, paths in host.engine_builds.items()
@@ -173,6 +175,9 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         ports_in_use=tuple(doc.get("ports") or ()),
         model_files=tuple(ModelFile(path=f["path"], size_bytes=int(f["size"])) for f in doc.get("model_files") or []),
         haproxy_version=doc.get("haproxy"),
+        gateway_files=(doc.get("gateway") or {}).get("files") if doc.get("gateway") else None,
+        gateway_servers=dict((doc.get("gateway") or {}).get("servers") or {}),
+        ip_filtering=doc.get("cgroup2"),
         warnings=tuple(warnings),
     )
 

@@ -16,6 +16,8 @@ from engine_ctl.providers import NON_ENGINE_EXECUTABLES, PROVIDERS, canonical_en
 
 DEFAULT_MODELS_DIR = "/var/lib/engine-ctl/models"
 DEFAULT_CACHE_DIR = "/var/cache/engine-ctl"
+GATEWAY_ROLE = "gateway"
+DEFAULT_GATEWAY_PORT = 8800
 DEFAULT_DOWNLOAD_CAP = 500 * 1024**3
 """All hf: downloads together on a host are capped at 500 GiB (seed 003), unless downloads.cap says otherwise."""
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
@@ -73,7 +75,12 @@ class HostSettings(_Doc):
     )
     host_key: str | None = Field(None, description="Pinned host key: 'ssh-ed25519 AAAA…' (instead of known_hosts).")
     labels: dict[str, str] | None = Field(None, description="Your labels.")
-    roles: list[str] | None = Field(None, description="Roles such as gateway.")
+    roles: list[str] | None = Field(
+        None, description="Roles: gateway (the host runs the endpoint, HAProxy, for every deployment)."
+    )
+    gateway_port: int | None = Field(
+        None, description=f"The gateway's port on a gateway host ({DEFAULT_GATEWAY_PORT})."
+    )
     models_dir: str | None = Field(None, description=f"Where model weights live on the host ({DEFAULT_MODELS_DIR}).")
     cache_dir: str | None = Field(None, description=f"The engine cache directory ({DEFAULT_CACHE_DIR}).")
     engines: dict[EngineKey, str | EngineBuilds] | None = Field(
@@ -120,6 +127,7 @@ class Host(BaseModel):
     host_key: str | None = None
     labels: dict[str, str] = {}
     roles: tuple[str, ...] = ()
+    gateway_port: int = DEFAULT_GATEWAY_PORT
     models_dir: str = DEFAULT_MODELS_DIR
     cache_dir: str = DEFAULT_CACHE_DIR
     engines: dict[str, str] = {}
@@ -147,6 +155,10 @@ class Inventory(BaseModel):
     file: str | None = None
     hosts: tuple[Host, ...] = ()
     downloads: Downloads = Downloads()
+
+    def gateways(self) -> list[Host]:
+        """The hosts with the gateway role, in inventory order."""
+        return [h for h in self.hosts if GATEWAY_ROLE in h.roles]
 
     def host(self, name: str) -> Host | None:
         return next((h for h in self.hosts if h.name == name), None)
@@ -313,12 +325,14 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
         seen[entry.name] = i
         values = {**defaults, **entry.model_dump(exclude_none=True)}
         values["labels"] = {**defaults.get("labels", {}), **(entry.labels or {})}
-        if entry.port is not None and not 1 <= entry.port <= 65535:
-            problems.append(
-                Diagnostic(
-                    doc.locate(("hosts", i, "port")), f"hosts[{i}].port", "between 1 and 65535", code="out_of_range"
+        for key in ("port", "gateway_port"):
+            value = getattr(entry, key)
+            if value is not None and not 1 <= value <= 65535:
+                problems.append(
+                    Diagnostic(
+                        doc.locate(("hosts", i, key)), f"hosts[{i}].{key}", "between 1 and 65535", code="out_of_range"
+                    )
                 )
-            )
         values.setdefault("address", entry.name)
         same = addresses.setdefault(str(values["address"]).lower(), i)
         if same != i:

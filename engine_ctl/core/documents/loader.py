@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from engine_ctl.core.diagnostics import Diagnostic, Location
+from engine_ctl.core.documents.apikey import api_key_from
 from engine_ctl.core.documents.forms import (
     DeploymentDocument,
     FlatDeploymentDocument,
@@ -27,6 +28,7 @@ from engine_ctl.core.documents.inventory import Inventory, inventory_from
 from engine_ctl.core.documents.shape import diagnostics_from
 from engine_ctl.core.documents.yamlsource import SourceDocument, expand_paths, read_path, text_problems
 from engine_ctl.core.model import (
+    ApiKey,
     Architecture,
     Deployment,
     DesiredState,
@@ -39,7 +41,7 @@ from engine_ctl.core.model import (
 from engine_ctl.core.sizes import parse_size
 from engine_ctl.providers import canonical_engine, deployment_option_keys, engine_options, provider
 
-KINDS = ("Deployment", "Model", "Inventory")
+KINDS = ("Deployment", "Model", "Inventory", "ApiKey")
 STATE_NAME = "engine-ctl.state.json"
 OWN_KINDS = {"Plan": "a saved plan", "State": "an engine-ctl state"}
 OWN_NAMES = {
@@ -419,6 +421,7 @@ def load_documents(docs: list[SourceDocument]) -> LoadResult:
     deployments: list[LoadedDeployment] = []
     inventory: Inventory | None = None
     inventories: dict[str, Inventory] = {}
+    api_keys: list[ApiKey] = []
     problems: list[Diagnostic] = []
     described: dict[str, list[str]] = {}
     broken: set[str] = set()
@@ -442,6 +445,14 @@ def load_documents(docs: list[SourceDocument]) -> LoadResult:
             problems.extend(found)
             described.setdefault(doc.file, []).append("inventory")
             continue
+        if kind == "ApiKey":
+            key, found = api_key_from(doc)
+            problems.extend(found)
+            if key is not None:
+                problems.extend(_duplicate_key(doc, key, api_keys))
+                api_keys.append(key)
+                described.setdefault(doc.file, []).append(f"api key {key.name}")
+            continue
         schema = _SCHEMAS[kind]
         parsed, found = _validate_shape(doc, schema)
         problems.extend(found)
@@ -463,11 +474,26 @@ def load_documents(docs: list[SourceDocument]) -> LoadResult:
             problems.extend(_architecture_problems(doc, loaded_model.model))
             models.append(loaded_model)
             described.setdefault(doc.file, []).append(f"model {parsed.metadata.name}")
-    desired = DesiredState(models=tuple(models), deployments=tuple(deployments))
+    desired = DesiredState(models=tuple(models), deployments=tuple(deployments), api_keys=tuple(api_keys))
     return LoadResult(
         desired=desired, inventory=inventory, diagnostics=problems, documents=described, broken_models=broken,
         skipped=skipped, inventories=inventories,
     )  # fmt: skip
+
+
+def _duplicate_key(doc: SourceDocument, key: ApiKey, seen: list[ApiKey]) -> list[Diagnostic]:
+    """Two ApiKey documents with one name, or one key listed twice under two names."""
+    out = []
+    for other in seen:
+        if other.name == key.name:
+            out.append(Diagnostic(doc.locate(("metadata", "name")), "metadata.name",
+                                  f"a second ApiKey named {key.name!r} (also in {other.file})",
+                                  code="duplicate_name"))  # fmt: skip
+        elif other.sha256 == key.sha256:
+            out.append(Diagnostic(doc.locate(("spec", "sha256")), "spec.sha256",
+                                  f"the same key as ApiKey {other.name!r}: give each user its own key",
+                                  code="duplicate_name"))  # fmt: skip
+    return out
 
 
 def _model_name(doc: SourceDocument) -> set[str]:

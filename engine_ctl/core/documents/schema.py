@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from engine_ctl.core.documents.apikey import ApiKeyDocument
 from engine_ctl.core.documents.forms import DeploymentDocument, FlatDeploymentDocument, ModelDocument
 from engine_ctl.core.documents.inventory import InventoryDocument
 
@@ -14,7 +15,7 @@ SCHEMA_ID = "https://engine-ctl.dev/schema/engine-ctl.schema.json"
 
 def document_schema() -> dict[str, Any]:
     adapter: TypeAdapter[Any] = TypeAdapter(
-        DeploymentDocument | FlatDeploymentDocument | ModelDocument | InventoryDocument
+        DeploymentDocument | FlatDeploymentDocument | ModelDocument | InventoryDocument | ApiKeyDocument
     )
     schema = adapter.json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
@@ -22,6 +23,6 @@ def document_schema() -> dict[str, Any]:
     schema["title"] = "engine-ctl document"
     schema["description"] = (
         "A deployment (metadata/spec form or flat name/engine/model form), a model (kind: Model) "
-        "or a host inventory (hosts:)."
+        "a host inventory (hosts:) or an API key (kind: ApiKey, its SHA-256 only)."
     )
     return schema

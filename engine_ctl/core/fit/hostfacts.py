@@ -111,6 +111,12 @@ class HostFacts(Fact):
     ports_in_use: tuple[int, ...] = ()
     model_files: tuple[ModelFile, ...] = ()
     haproxy_version: str | None = None
+    gateway_files: dict[str, str] | None = None
+    """engine-ctl's gateway files on the host (name -> sha256), None where there are none."""
+    gateway_servers: dict[str, str] = Field(default_factory=dict)
+    """backend/server -> its state as the host's gateway sees it (UP, DOWN, DRAIN, MAINT, ...)."""
+    ip_filtering: bool | None = None
+    """Whether systemd's IPAddressAllow=/IPAddressDeny= are enforced (cgroup v2); None when not known."""
     models: dict[str, ModelFacts] = Field(default_factory=dict)
     """Model metadata read on the host, by path (for the paths asked for)."""
     model_problems: dict[str, str] = Field(default_factory=dict)

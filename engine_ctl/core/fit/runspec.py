@@ -68,6 +68,10 @@ class ReplicaRun(BaseModel):
     mmproj_path: str | None = None
     executable: str
     bind_address: str = "0.0.0.0"
+    allow_from: tuple[str, ...] = ()
+    """The gateway hosts' addresses: with any, the unit accepts only them and loopback (IPAddressAllow=)."""
+    api_key_file: str | None = None
+    """Where the unit provides the gateway's internal key (a credential), when the inventory has a gateway."""
     port: int
     gpus: tuple[Gpu, ...] = ()
     plan: FitPlan

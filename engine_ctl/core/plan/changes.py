@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.model import Deployment, Model
+from engine_ctl.core.plan.gateway import GatewayChange
 from engine_ctl.core.plan.ownership import ForeignUnit
 from engine_ctl.core.weights import WeightsFetch
 
@@ -191,16 +192,26 @@ class Plan(BaseModel):
     """Why the plan may not be applied at all (a deployment with prevent_destroy: true would be destroyed)."""
     owned_elsewhere: list[ForeignUnit] = Field(default_factory=list)
     """Units on these hosts that another state (another lineage) owns: listed, never drift, never touched."""
+    gateways: list[GatewayChange] = Field(default_factory=list)
+    """The gateway hosts (inventory role gateway): their HAProxy configuration, maps and unit."""
 
     def summary(self) -> dict[str, int]:
+        """Deployments and gateways to add, change and destroy."""
         add = sum(1 for c in self.changes if c.actions == CREATE)
         change = sum(1 for c in self.changes if c.actions == UPDATE or c.replaces)
         destroy = sum(1 for c in self.changes if c.actions == DELETE)
+        add += sum(1 for g in self.gateways if g.action == ["create"])
+        change += sum(1 for g in self.gateways if g.action == ["update"])
+        destroy += sum(1 for g in self.gateways if g.action == ["delete"])
         return {"add": add, "change": change, "destroy": destroy}
 
     @property
     def has_changes(self) -> bool:
-        return any(c.changed for c in self.changes) or (self.refresh_only and bool(self.drift))
+        return (
+            any(c.changed for c in self.changes)
+            or any(g.changed for g in self.gateways)
+            or (self.refresh_only and bool(self.drift))
+        )
 
     @property
     def problems(self) -> list[str]:

@@ -34,7 +34,7 @@ from engine_ctl.core.plan.diff import Names, changed_fields, spec_digest
 from engine_ctl.core.plan.drift import replica_drift
 from engine_ctl.core.plan.ownership import as_recorded
 from engine_ctl.core.plan.world import Allocation, Hosts, recorded_placement
-from engine_ctl.core.render.units import RenderedUnit, model_path_on_host, render_unit, replica_run
+from engine_ctl.core.render.units import RenderedUnit, gateway_allow, model_path_on_host, render_unit, replica_run
 from engine_ctl.providers import Provider
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord
 
@@ -397,7 +397,8 @@ def render_replica(
     hosts: Mapping[str, Host], revision: int, slot: str, lineage: str | None = None,
 ) -> RenderedUnit:  # fmt: skip
     host = hosts[p.host]
-    return render_unit(replica_run(d, model, provider, fitted, p, host, revision, slot, lineage), provider, host)
+    run = replica_run(d, model, provider, fitted, p, host, revision, slot, lineage, gateway_allow(hosts))
+    return render_unit(run, provider, host)
 
 
 def replica_change(action: list[Action], unit: RenderedUnit, revision: int, p: Placement, reason: str) -> ReplicaChange:

@@ -27,9 +27,11 @@ from engine_ctl.core.plan.changes import (
 )  # fmt: skip
 from engine_ctl.core.plan.deployment import deletion, fetched_at_apply, out_of_reach, plan_deployment, render_replica
 from engine_ctl.core.plan.drift import unmanaged_units
+from engine_ctl.core.plan.gateway import plan_gateways
 from engine_ctl.core.plan.ownership import foreign_units, hold_back, hold_foreign
 from engine_ctl.core.plan.unitdiff import attach_unit_diffs
 from engine_ctl.core.plan.world import Allocation, Hosts
+from engine_ctl.core.render.gateway import GATEWAY_UNIT
 from engine_ctl.state.model import DeploymentRecord, State
 
 
@@ -63,6 +65,16 @@ def removed(record: DeploymentRecord, hosts: Hosts) -> DeploymentChange:
         replicas=[deletion(r, "not in the documents") for r in record.replicas if r.host in hosts.facts],
         blocked=[out_of_reach(r, hosts) for r in record.replicas if r.host not in hosts.facts],
     )  # fmt: skip
+
+
+def with_gateways(
+    plan: Plan, desired: DesiredState, state: State, inventory: Inventory, facts: Mapping[str, HostFacts]
+) -> set[tuple[str, str]]:
+    """The gateway hosts' changes and drift into the plan (engine_ctl.core.plan.gateway); returns the gateway
+    units, (host, unit), which are engine-ctl's own and so never listed as unmanaged."""
+    plan.gateways, found = plan_gateways(plan.changes, state, inventory, facts, desired.api_keys)
+    plan.drift += [Drift(host=d["host"], unit=GATEWAY_UNIT, kind=d["kind"], detail=d["detail"]) for d in found]
+    return {(host, GATEWAY_UNIT) for host in facts}
 
 
 def planning_order(desired: DesiredState, state: State, targets: list[str] | None) -> list[str]:
@@ -132,11 +144,14 @@ def make_plan(
             assert record is not None
             plan.changes.append(held_back(record, hold_absent) if hold_absent else removed(record, hosts))
     hold_back(plan, foreign)
-    plan.drift.extend(unmanaged_units(state, facts, {(f.host, f.unit) for f in foreign}))
+    gateway_units = with_gateways(plan, desired, state, inventory, facts)
+    plan.drift.extend(unmanaged_units(state, facts, {(f.host, f.unit) for f in foreign} | gateway_units))
     attach_unit_diffs(plan, facts)
     if refresh_only:
         for c in plan.changes:
             c.action, c.replicas = list(NO_OP), []
+        for g in plan.gateways:
+            g.action = ["no-op"]
     plan.absent = [c.name for c in plan.changes if c.actions == DELETE]
     plan.refused = destroy_refusals(plan, state)
     return plan

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.providers import PROVIDERS
@@ -25,6 +25,23 @@ class InstanceStatus(BaseModel):
     last_error: str | None = None
 
 
+class Member(BaseModel):
+    """Seed 000's members[]: each replica, and whether it is ready: behind the endpoint, its health check
+    passing as every gateway sees it."""
+
+    run: str
+    machine: str
+    state: str
+    reason: str | None = None
+    ready: bool
+
+
+class Endpoint(BaseModel):
+    name: str
+    listen_port: int | None = None
+    external: str | None = None
+
+
 class DeploymentStatus(BaseModel):
     name: str
     state: DeploymentState
@@ -34,6 +51,13 @@ class DeploymentStatus(BaseModel):
     revision: int
     hosts: list[str]
     instances: list[InstanceStatus]
+    served_model_name: str = ""
+    """What a client puts in `model`: the deployment's name."""
+    kind: str | None = None
+    endpoint: Endpoint | None = None
+    gateways: list[str] = Field(default_factory=list)
+    """The base URLs (without /v1) where programs call it with an API key; empty without a gateway host."""
+    members: list[Member] = Field(default_factory=list)
 
 
 def instance_status(r: ReplicaRecord, facts: HostFacts | None, loading: frozenset[str] = frozenset()) -> InstanceStatus:
@@ -113,7 +137,27 @@ def recorded_verdict(
     return verdict(serving, others, wanted, target, failure=failure, pending=pending, fit_failed=fit_failed)
 
 
-def deployment_status(rec: DeploymentRecord, facts: dict[str, HostFacts]) -> DeploymentStatus:
+def members(
+    name: str,
+    ordered: Sequence[ReplicaRecord],
+    instances: Sequence[InstanceStatus],
+    gateways: Sequence[HostFacts | None],
+) -> list[Member]:
+    """Each replica as the gateways see it: ready when its engine answers and every gateway reached has it UP."""
+    out = []
+    for r, i in zip(ordered, instances, strict=True):
+        server = f"d_{name}/r{r.index}{r.slot}"
+        seen = [g.gateway_servers.get(server, "") for g in gateways if g is not None]
+        behind = bool(gateways) and bool(seen) and all(s.startswith("UP") for s in seen)
+        out.append(Member(run=r.unit, machine=r.host, state=i.state, reason=i.last_error,
+                          ready=i.state == "ready" and behind))  # fmt: skip
+    return out
+
+
+def deployment_status(
+    rec: DeploymentRecord, facts: dict[str, HostFacts], gateways: Sequence[tuple[str, str]] = ()
+) -> DeploymentStatus:
+    """`gateways`: (host, endpoint host:port) of each gateway host of the inventory."""
     ordered = sorted(rec.replicas, key=lambda x: (x.index, x.slot))
     engine = PROVIDERS.get(rec.plan.engine) if rec.plan else None
     loading = engine.loading_statuses if engine else frozenset()
@@ -128,5 +172,11 @@ def deployment_status(rec: DeploymentRecord, facts: dict[str, HostFacts]) -> Dep
     return DeploymentStatus(
         name=rec.name, state=found.state, reason=found.reason, ready=len(serving),
         replicas=max(wanted, len(instances)), revision=rec.revision, hosts=sorted({r.host for r in rec.replicas}),
-        instances=instances,
+        instances=instances, served_model_name=rec.name, kind=rec.plan.kind if rec.plan else None,
+        endpoint=Endpoint(name=rec.name, listen_port=int(gateways[0][1].rsplit(":", 1)[1]),
+                          external=gateways[0][1]) if gateways else None,
+        gateways=[f"http://{e}" for _, e in gateways],
+        members=members(rec.name, ordered, instances, [facts.get(h) for h, _ in gateways]) if gateways else
+        [Member(run=r.unit, machine=r.host, state=i.state, reason=i.last_error, ready=False)
+         for r, i in zip(ordered, instances, strict=True)],
     )  # fmt: skip

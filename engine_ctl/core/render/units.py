@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from engine_ctl.core.documents.inventory import Host
+from engine_ctl.core.documents.inventory import GATEWAY_ROLE, Host
 from engine_ctl.core.fit.runspec import FitPlan, Placement, ReplicaRun
 from engine_ctl.core.model import Deployment, Model
 from engine_ctl.core.names import UNIT_PREFIX as UNIT_PREFIX  # re-exported: plan and gather use it
 from engine_ctl.core.names import unit_name
+from engine_ctl.core.render.gateway import REPLICA_KEY, is_ip
 from engine_ctl.core.render.systemd_escape import comment_text, env_assignment, exec_line, path_value
 from engine_ctl.providers import Provider
 from engine_ctl.providers.base import is_template_name
@@ -29,6 +31,7 @@ CREDENTIALS_DIR = "/run/credentials"
 TEMPLATE_CREDENTIAL = "chat-template"
 HASH_LINE = "\n# content-sha256: \n"
 """The template's header line for the content hash, as the body (rendered without the hash) has it."""
+KEY_CREDENTIAL = "replica-key"
 NVIDIA_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
 
@@ -77,6 +80,24 @@ def model_path_on_host(model: Model, host: Host) -> str:
     return posixpath.normpath(base)
 
 
+def bind_address(host: Host) -> str:
+    """Engines listen on the host's inventory address (where the gateway reaches them), not on every interface;
+    an inventory address that is a DNS name leaves 0.0.0.0."""
+    return host.address if is_ip(host.address) else "0.0.0.0"
+
+
+def local_address(bind: str) -> str:
+    """Where the health gate and the facts probe reach the engine from the host itself (for a URL)."""
+    if bind in ("0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{bind}]" if ":" in bind else bind
+
+
+def gateway_allow(hosts: Mapping[str, Host]) -> tuple[str, ...]:
+    """The gateway hosts' IP addresses (IPAddressAllow= takes addresses, not names)."""
+    return tuple(sorted({h.address for h in hosts.values() if GATEWAY_ROLE in h.roles and is_ip(h.address)}))
+
+
 def device_allow(run: ReplicaRun) -> list[str]:
     if not run.gpus:
         return []
@@ -85,13 +106,13 @@ def device_allow(run: ReplicaRun) -> list[str]:
     return [f"{n} rw" for n in NVIDIA_NODES] + [f"/dev/nvidia{g.index} rw" for g in run.gpus]
 
 
-def health_argv(port: int, path: str, budget_s: int) -> list[str]:
+def health_argv(port: int, path: str, budget_s: int, address: str = "127.0.0.1") -> list[str]:
     """The health gate (ExecStartPost): GET /health four times a second until it answers 200 within the start-up
     budget, and fail at once if the engine exits first ($MAINPID is set for control processes)."""
     script = (
         f"i=0; while [ $i -lt {budget_s * 4} ]; do "
         'kill -0 "$MAINPID" 2>/dev/null || { echo "the engine exited before readiness" >&2; exit 1; }; '
-        f"code=$({CURL} -s -o /dev/null -w '%{{http_code}}' --max-time 3 http://127.0.0.1:{port}{path}); "
+        f"code=$({CURL} -s -o /dev/null -w '%{{http_code}}' --max-time 3 http://{address}:{port}{path}); "
         '[ "$code" = 200 ] && exit 0; i=$((i+1)); sleep 0.25; done; '
         f'echo "no healthy answer within {budget_s} s" >&2; exit 1'
     )
@@ -159,7 +180,14 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
         "gpus": [g.uuid for g in run.gpus],
         "start_limit_interval": provider.startup_budget_s * 4 + 120,
         "exec_start": exec_line(argv),
-        "exec_health": exec_line(health_argv(run.port, provider.health_path, provider.startup_budget_s)),
+        "exec_health": exec_line(
+            health_argv(run.port, provider.health_path, provider.startup_budget_s, local_address(run.bind_address))
+        ),
+        # the host's own address too: the health gate and the facts probe call the engine there
+        "ip_allow": sorted({*run.allow_from, *([run.bind_address] if is_ip(run.bind_address) else [])})
+        if run.allow_from
+        else [],
+        "replica_key": f"{KEY_CREDENTIAL}:{REPLICA_KEY}" if run.api_key_file else None,
         "health_path": provider.health_path,
         "startup_budget": provider.startup_budget_s,
         "environment": [env_assignment(k, v) for k, v in sorted(environment.items())],
@@ -195,15 +223,18 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
 
 def replica_run(
     d: Deployment, model: Model, provider: Provider, fitted: FitPlan, p: Placement, host: Host, revision: int = 1,
-    slot: str = "a", lineage: str | None = None,
+    slot: str = "a", lineage: str | None = None, gateways: tuple[str, ...] = (),
 ) -> ReplicaRun:  # fmt: skip
     """What the replica placed at `p` on `host` runs: everything its provider needs for its argv; `lineage` is the
-    owning state's, written into the unit's header."""
+    owning state's, written into the unit's header; `gateways` are the addresses it accepts requests from (with
+    loopback and itself), none when the inventory has no gateway."""
     jinja = bool(model.chat_template) and not is_template_name(model.chat_template or "")
     model_path = model_path_on_host(model, host)
     platform = provider.build_platform(p.gpus[0] if p.gpus else None)
     builds = host.engine_builds.get(provider.name) or {}
     executable = builds.get(platform or "") or host.engines.get(provider.name) or provider.default_executable
+    unit = unit_name(d.name, p.index, slot)
+    key_file = f"{CREDENTIALS_DIR}/{unit}/{KEY_CREDENTIAL}" if gateways and provider.api_key_argv("x") else None
     return ReplicaRun(
         deployment=d.name,
         revision=revision,
@@ -213,6 +244,9 @@ def replica_run(
         model_path=model_path,
         mmproj_path=posixpath.join(posixpath.dirname(model_path), model.mmproj) if model.mmproj else None,
         executable=executable,
+        bind_address=bind_address(host),
+        allow_from=gateways,
+        api_key_file=key_file,
         port=p.port,
         gpus=p.gpus,
         plan=fitted.model_copy(update={"port": p.port, "threads": p.threads or fitted.threads}),
@@ -220,7 +254,7 @@ def replica_run(
         engine_args=d.engine_args,
         gpu_memory_bytes=d.gpu_memory_bytes,
         engine_options=d.engine_options,
-        chat_template_file=chat_template_path(unit_name(d.name, p.index, slot)) if jinja else None,
+        chat_template_file=chat_template_path(unit) if jinja else None,
         cache_dir=cache_path(host, d.name),
         lineage=lineage,
     )

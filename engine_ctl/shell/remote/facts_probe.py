@@ -712,8 +712,8 @@ HEALTH_TIMEOUT = 3.0
 HEAD_LIMIT = 65536
 
 
-def http_request(port: int, path: str) -> bytes:
-    return ("GET %s HTTP/1.0\r\nHost: 127.0.0.1:%d\r\nConnection: close\r\n\r\n" % (path, port)).encode("ascii")
+def http_request(port: int, path: str, address: str = "127.0.0.1") -> bytes:
+    return ("GET %s HTTP/1.0\r\nHost: %s:%d\r\nConnection: close\r\n\r\n" % (path, address, port)).encode("ascii")
 
 
 def parse_status_line(head: bytes) -> str:
@@ -725,15 +725,15 @@ def parse_status_line(head: bytes) -> str:
     return "down: not an HTTP response: %r" % line[:80]
 
 
-def http_status(port: int, path: str, timeout: float = HEALTH_TIMEOUT) -> str:
-    """GET http://127.0.0.1:PORT/PATH over a plain socket (urllib costs ~30 ms of imports): the HTTP status, or
-    `down: why` (`[Errno 111] Connection refused`, `timed out`)."""
+def http_status(port: int, path: str, timeout: float = HEALTH_TIMEOUT, address: str = "127.0.0.1") -> str:
+    """GET http://ADDRESS:PORT/PATH over a plain socket (urllib costs ~30 ms of imports): the HTTP status, or
+    `down: why` (`[Errno 111] Connection refused`, `timed out`). Engines bind the host's inventory address."""
     import socket
 
     head = b""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-            s.sendall(http_request(port, path))
+        with socket.create_connection((address, port), timeout=timeout) as s:
+            s.sendall(http_request(port, path, address))
             while b"\r\n" not in head and len(head) < HEAD_LIMIT:
                 chunk = s.recv(4096)
                 if not chunk:
@@ -744,9 +744,63 @@ def http_status(port: int, path: str, timeout: float = HEALTH_TIMEOUT) -> str:
     return parse_status_line(head)
 
 
-def health(checks: list[dict[str, Any]]) -> dict[str, str]:
-    """GET each engine's health endpoint on loopback: port -> the HTTP status, or why there was none."""
-    return {str(c["port"]): http_status(int(c["port"]), str(c["path"])) for c in checks}
+def health(checks: list[dict[str, Any]], address: str = "127.0.0.1") -> dict[str, str]:
+    """GET each engine's health endpoint at the address engines bind: port -> the HTTP status, or why not."""
+    return {str(c["port"]): http_status(int(c["port"]), str(c["path"]), address=address) for c in checks}
+
+
+# The gateway ----------------------------------------------------------------------------------------------------
+
+GATEWAY_DIR = "/etc/engine-ctl/gateway"
+GATEWAY_SOCKET = "/run/engine-ctl-gateway/admin.sock"
+
+
+def parse_show_stat(data: str) -> dict[str, str]:
+    """HAProxy's `show stat` CSV -> {"backend/server": status} (frontends and backends' own rows left out)."""
+    lines = data.splitlines()
+    header = lines[0].lstrip("# ").split(",") if lines else []
+    servers = {}
+    for line in lines[1:]:
+        row = dict(zip(header, line.split(",")))  # noqa: B905 (the probe keeps to Python 3.7: no strict=)
+        if row.get("svname") not in (None, "FRONTEND", "BACKEND") and "pxname" in row:
+            servers[row["pxname"] + "/" + row["svname"]] = row.get("status", "")
+    return servers
+
+
+def gateway_servers(path: str = GATEWAY_SOCKET) -> dict[str, str]:
+    """Each server's state as HAProxy sees it, over its runtime socket; {} when it does not answer."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(3)
+            s.connect(path)
+            s.sendall(b"show stat\n")
+            data = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+    except OSError:
+        return {}
+    return parse_show_stat(data.decode("utf-8", "replace"))
+
+
+def gateway(directory: str = GATEWAY_DIR) -> dict[str, Any] | None:
+    """engine-ctl's gateway on this host: its files' sha256 and each server's state; None where there is none."""
+    import hashlib
+
+    files = {}
+    try:
+        for entry in sorted(os.listdir(directory)):
+            path = os.path.join(directory, entry)
+            if os.path.isfile(path) and not entry.endswith(".env"):
+                with open(path, "rb") as f:
+                    files[entry] = hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+    return {"files": files, "servers": gateway_servers()}
 
 
 # The probe ------------------------------------------------------------------------------------------------------
@@ -790,7 +844,9 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "curl": shutil.which("curl"),
         "python": "%d.%d.%d" % sys.version_info[:3],
         "models": {p: model_entry(p) for p in args.get("model_paths", [])},
-        "health": health(args.get("health", [])),
+        "health": health(args.get("health", []), args.get("bind") or "127.0.0.1"),
+        "gateway": gateway(),
+        "cgroup2": os.path.exists("/sys/fs/cgroup/cgroup.controllers"),
     }
     doc["gpus"] = {key: finish(proc) for key, proc in gpu_started.items()}
     doc["engines"] = with_sha256(engine_versions(started))

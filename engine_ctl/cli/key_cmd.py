@@ -1,0 +1,38 @@
+"""`engine-ctl key new NAME`: a random API key, printed once, and the `kind: ApiKey` document (its hash only)."""
+
+from __future__ import annotations
+
+import secrets
+import sys
+
+import click
+
+from engine_ctl.core.documents.apikey import KEY_BYTES, KEY_PREFIX, key_document, key_sha256, parse_expiry
+from engine_ctl.core.names import NAME_MESSAGE, deployment_name_ok
+
+
+@click.group()
+def key() -> None:
+    """API keys for the gateway: only their SHA-256 is ever written anywhere."""
+
+
+@key.command("new")
+@click.argument("name")
+@click.option(
+    "--deployment", "deployments", multiple=True, metavar="NAME", help="Only this deployment (repeat for more)."
+)
+@click.option("--expires", metavar="DATE", help="When the key stops working: YYYY-MM-DD (UTC) or an ISO time.")
+def new(name: str, deployments: tuple[str, ...], expires: str | None) -> None:
+    """Make a random key (256 bits) and print it once, with the ApiKey document to add to your documents.
+    The key itself is never stored: keep it where its user keeps secrets."""
+    bad = [n for n in (name, *deployments) if not deployment_name_ok(n)]
+    if bad:
+        raise click.UsageError(f"{bad[0]!r}: {NAME_MESSAGE}")
+    if expires is not None and parse_expiry(expires) is None:
+        raise click.UsageError(f"--expires {expires!r}: a date (YYYY-MM-DD) or an ISO 8601 time")
+    value = KEY_PREFIX + secrets.token_urlsafe(KEY_BYTES)
+    document = key_document(name, key_sha256(value), list(deployments) or None, expires)
+    click.echo(f"API key {name} (shown once, never stored; give it to its user):\n\n  {value}\n", err=True)
+    click.echo("Add this document to your documents, then `engine-ctl apply` (no reload, no dropped request):\n",
+               err=True)  # fmt: skip
+    sys.stdout.write(document)

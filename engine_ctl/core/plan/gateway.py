@@ -1,0 +1,282 @@
+"""Planning the gateway hosts: the configuration each should run after this plan, against what the state
+recorded and what is on the host (drift). Pure: values in, values out.
+
+Servers are the deployments' replicas: during an apply the gateway first runs the union of the replicas that
+serve now and those the plan starts (`interim`), so a new replica enters its backend once its check passes and
+an old one is drained before it stops; after the apply it runs what serves then (`after`)."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine_ctl.core.documents.inventory import Host, Inventory
+from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.model import ApiKey
+from engine_ctl.core.render.gateway import (
+    CONFIG_FILE,
+    DRAIN_TIMEOUT_S,
+    GATEWAY_UNIT,
+    RUNTIME_MAPS,
+    GatewayBackend,
+    GatewayServer,
+    RenderedGateway,
+    render_gateway,
+    server_name,
+)
+from engine_ctl.providers import PROVIDERS
+from engine_ctl.state.model import DeploymentRecord, State
+
+
+class Replica(BaseModel):
+    """A replica as the gateway knows it: its unit, where it listens."""
+
+    model_config = ConfigDict(frozen=True)
+
+    index: int
+    slot: str
+    host: str
+    port: int
+    new: bool = False
+    """Started by this apply: in maintenance in the interim configuration until apply lets it in."""
+
+
+class GatewayChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str
+    action: list[str]
+    endpoint: str
+    reasons: list[str] = Field(default_factory=list)
+    files: dict[str, str] = Field(default_factory=dict)
+    """The files after the apply (GATEWAY_DIR/name -> text)."""
+    unit_text: str = ""
+    maps: dict[str, dict[str, str]] = Field(default_factory=dict)
+    interim_files: dict[str, str] | None = None
+    """Before the deployments change: the union of old and new replicas (None when it is `files`)."""
+    diff: list[str] = Field(default_factory=list)
+    """A unified diff of haproxy.cfg, recorded -> planned."""
+    drain_timeout_s: int = DRAIN_TIMEOUT_S
+    warnings: list[str] = Field(default_factory=list)
+
+    @property
+    def symbol(self) -> str:
+        return {"create": "+", "update": "~", "delete": "-"}.get(self.action[0], " ")
+
+    @property
+    def changed(self) -> bool:
+        return self.action != ["no-op"]
+
+
+def deployment_backend(
+    name: str, replicas: Iterable[Replica], engine: str | None, parallel: int | None, hosts: Mapping[str, Host]
+) -> GatewayBackend:
+    provider = PROVIDERS.get(engine or "")
+    servers = tuple(
+        GatewayServer(
+            name=server_name(r.index, r.slot),
+            address=hosts[r.host].address,
+            port=r.port,
+            maxconn=max(int(parallel or 1), 1),
+            disabled=r.new,
+        )
+        for r in sorted(replicas, key=lambda r: (r.index, r.slot))
+        if r.host in hosts
+    )
+    return GatewayBackend(deployment=name, health_path=provider.health_path if provider else "/health", servers=servers)
+
+
+def recorded_replicas(record: DeploymentRecord) -> list[Replica]:
+    """The replicas a record says run (not those being removed or that never became ready)."""
+    return [
+        Replica(index=r.index, slot=r.slot, host=r.host, port=r.port)
+        for r in record.replicas
+        if r.status in ("serving", "pending", "stopped")
+    ]
+
+
+def backends_from_state(state: State, hosts: Mapping[str, Host]) -> list[GatewayBackend]:
+    """What the gateway should route to, from the recorded state (after an apply, whatever it did)."""
+    return [
+        deployment_backend(
+            name,
+            recorded_replicas(rec),
+            rec.plan.engine if rec.plan else None,
+            rec.plan.parallel if rec.plan else None,
+            hosts,
+        )
+        for name, rec in sorted(state.deployments.items())
+    ]
+
+
+def _planned(plan_changes: Iterable[Any], state: State) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Per deployment: replicas after the plan, the union with those now, and (engine, parallel)."""
+    after: dict[str, dict[tuple[str, int, str], Replica]] = {}
+    union: dict[str, dict[tuple[str, int, str], Replica]] = {}
+    sizing: dict[str, tuple[str | None, int | None]] = {}
+    changes = {c.name: c for c in plan_changes}
+    for name in sorted(set(state.deployments) | set(changes)):
+        record = state.deployments.get(name)
+        now = {(r.host, r.index, r.slot): r for r in (recorded_replicas(record) if record else [])}
+        final, both = dict(now), dict(now)
+        change = changes.get(name)
+        plan = (change.fit if change is not None and change.fit else None) or (record.plan if record else None)
+        sizing[name] = (plan.engine, plan.parallel) if plan else (None, None)
+        for rc in change.replicas if change is not None else []:
+            new = Replica(index=rc.index, slot=rc.slot, host=rc.host, port=rc.port)
+            if rc.action in (["delete"], ["delete", "create"]):
+                final.pop((rc.old_host or rc.host, rc.index, rc.old_slot or rc.slot), None)
+            if rc.action != ["delete"]:
+                final[(new.host, new.index, new.slot)] = new
+                both[(new.host, new.index, new.slot)] = new.model_copy(update={"new": True})
+        if change is not None and change.action == ["delete"]:
+            final = {}
+        if final or (change is not None and change.action != ["delete"]):
+            after[name] = final
+        union[name] = both
+    return after, union, sizing
+
+
+def render_for(
+    host: Host, replicas: Mapping[str, Mapping[Any, Replica]], sizing: Mapping[str, Any], keys: Iterable[ApiKey],
+    hosts: Mapping[str, Host],
+) -> RenderedGateway:  # fmt: skip
+    backends = [
+        deployment_backend(name, reps.values(), sizing[name][0], sizing[name][1], hosts)
+        for name, reps in sorted(replicas.items())
+    ]
+    return render_gateway(host, backends, keys)
+
+
+def config_diff(old: str, new: str) -> list[str]:
+    lines = difflib.unified_diff(old.splitlines(), new.splitlines(), "haproxy.cfg (recorded)", "haproxy.cfg", n=1)
+    return [ln.rstrip("\n") for ln in lines]
+
+
+def plan_gateways(
+    plan_changes: Iterable[Any],
+    state: State,
+    inventory: Inventory,
+    facts: Mapping[str, HostFacts],
+    keys: Iterable[ApiKey],
+) -> tuple[list[GatewayChange], list[dict[str, str]]]:
+    """One GatewayChange per gateway host (and a delete for a recorded gateway no longer in the inventory), and
+    the drift found on them (host, detail)."""
+    hosts = {h.name: h for h in inventory.hosts}
+    keys = list(keys)
+    after, union, sizing = _planned(list(plan_changes), state)
+    out: list[GatewayChange] = []
+    drift: list[dict[str, str]] = []
+    for host in inventory.gateways():
+        final = render_for(host, after, sizing, keys, hosts)
+        interim = render_for(host, union, sizing, keys, hosts)
+        record = state.gateways.get(host.name)
+        change = GatewayChange(
+            host=host.name, action=["no-op"], endpoint=final.endpoint, files=final.files, unit_text=final.unit_text,
+            maps=final.maps, interim_files=None if interim.files == final.files else interim.files,
+        )  # fmt: skip
+        hf = facts.get(host.name)
+        if hf is not None and hf.haproxy_version is None:
+            change.warnings.append(f"HAProxy is not installed on {host.name}: install it (apt install haproxy); "
+                                   "apply fails there until it is")  # fmt: skip
+        if hf is not None and hf.ip_filtering is False:
+            change.warnings.append(f"{host.name}'s systemd does not enforce IPAddressAllow= (cgroup v1): replicas "
+                                   "there are guarded by the gateway's internal key only")  # fmt: skip
+        old_config = record.config if record else ""
+        change.diff = config_diff(old_config, final.files[CONFIG_FILE])
+        if record is None:
+            change.action = ["create"]
+            change.reasons.append(f"new gateway on {host.name}: http://{final.endpoint}/v1")
+        else:
+            found = _drift(host.name, record.files_sha256, record.unit_sha256, hf)
+            drift.extend(found)
+            changed = [n for n, s in final.file_sha256.items() if record.files_sha256.get(n) != s]
+            if record.unit_sha256 != final.unit_sha256:
+                changed.append(GATEWAY_UNIT)
+            if changed or found or interim.files != final.files:
+                change.action = ["update"]
+                change.reasons.append("changes: " + ", ".join(changed) if changed else "the replicas roll")
+                change.reasons += [d["detail"] for d in found]
+        out.append(change)
+    for name, record in sorted(state.gateways.items()):
+        if name not in {h.name for h in inventory.gateways()}:
+            out.append(GatewayChange(host=name, action=["delete"], endpoint=record.endpoint,
+                                     reasons=[f"{name} is no longer a gateway host in the inventory"]))  # fmt: skip
+    return out, drift
+
+
+def _drift(host: str, files: Mapping[str, str], unit_sha: str, hf: HostFacts | None) -> list[dict[str, str]]:
+    if hf is None:
+        return []
+    on_host = hf.gateway_files or {}
+    out = []
+    for name, sha in sorted(files.items()):
+        if name not in on_host:
+            out.append({"host": host, "kind": "missing", "detail": f"gateway file {name} is missing on {host}"})
+        elif on_host[name] != sha:
+            out.append({"host": host, "kind": "edited", "detail": f"gateway file {name} edited by hand on {host} "
+                        f"(sha256 {on_host[name][:12]}… ≠ {sha[:12]}…)"})  # fmt: skip
+    unit = next((u for u in hf.units if u.name == GATEWAY_UNIT), None)
+    if unit is None or unit.sha256 is None:
+        out.append({"host": host, "kind": "missing", "detail": f"{GATEWAY_UNIT} is missing on {host}"})
+    elif unit.sha256 != unit_sha:
+        out.append({"host": host, "kind": "edited", "detail": f"{GATEWAY_UNIT} edited by hand on {host}"})
+    elif unit.active_state != "active":
+        out.append({"host": host, "kind": "stopped", "detail": f"{GATEWAY_UNIT} is {unit.active_state} on {host}"})
+    return out
+
+
+def gateway_after_apply(host: Host, state: State, hosts: Mapping[str, Host], change: GatewayChange) -> RenderedGateway:
+    """What a gateway runs once the apply is done, from the state it recorded (the replicas that serve then,
+    whatever failed), with the plan's key maps."""
+    rendered = render_gateway(host, backends_from_state(state, hosts), [])
+    files = {**rendered.files, **{n: t for n, t in change.files.items() if n in RUNTIME_MAPS}}
+    maps = {**rendered.maps, **{n: m for n, m in change.maps.items() if n in RUNTIME_MAPS}}
+    return rendered.model_copy(update={"files": files, "maps": maps})
+
+
+def planned_gateway(change: GatewayChange, interim: bool) -> RenderedGateway:
+    """The plan's rendering of a gateway (its interim form while replicas roll, when there is one)."""
+    files = change.interim_files if interim and change.interim_files is not None else change.files
+    return RenderedGateway(host=change.host, listen="", endpoint=change.endpoint, files=files,
+                           unit_text=change.unit_text, maps=change.maps)  # fmt: skip
+
+
+MAP_LINE = re.compile(r"[A-Za-z0-9/_.-]+ [A-Za-z0-9_.-]+")
+
+
+def gateway_tampering(plan_gateways_: Iterable[GatewayChange], plan_changes: Iterable[Any], state: State,
+                      inventory: Inventory) -> list[str]:  # fmt: skip
+    """Where a saved plan's gateway is not what engine-ctl renders from the plan's own changes and the state (the
+    configuration, the Lua, the unit; the key maps must be lines of names and hashes): a plan file is untrusted
+    input, and these run on the gateway hosts."""
+    expected, _ = plan_gateways(list(plan_changes), state, inventory, {}, [])
+    by_host = {g.host: g for g in expected}
+    problems = []
+    for g in plan_gateways_:
+        mine = by_host.get(g.host)
+        if g.action == ["delete"]:
+            if g.host in by_host or g.host not in state.gateways:
+                problems.append(f"gateway {g.host}: a removal engine-ctl would not plan")
+            continue
+        if mine is None:
+            problems.append(f"gateway {g.host}: not a gateway host of the inventory")
+            continue
+        for name, text in g.files.items():
+            if name in RUNTIME_MAPS:
+                if not all(MAP_LINE.fullmatch(line) for line in text.splitlines()):
+                    problems.append(f"gateway {g.host}: {name} holds something other than names and hashes")
+            elif mine.files.get(name) != text:
+                problems.append(f"gateway {g.host}: {name} differs from what engine-ctl renders")
+        if set(g.files) != set(mine.files):
+            problems.append(f"gateway {g.host}: its files are not engine-ctl's")
+        if g.unit_text != mine.unit_text:
+            problems.append(f"gateway {g.host}: its unit differs from what engine-ctl renders")
+        interim = (g.interim_files or {}).get(CONFIG_FILE)
+        if interim is not None and interim != (mine.interim_files or mine.files).get(CONFIG_FILE):
+            problems.append(f"gateway {g.host}: its interim configuration differs from what engine-ctl renders")
+    return problems

@@ -1,0 +1,227 @@
+"""Render a gateway host's HAProxy configuration, its Lua, its maps and its systemd unit from templates/. Pure.
+
+The gateway is the deployments' one endpoint (seed 001, "Reaching a deployment": http://<machine>:8800/v1):
+OpenAI requests are routed on the JSON body's `model` to that deployment's backend, keys are checked as SHA-256
+against keys.map, and a deployment with no serving replica holds requests (hold.lua).
+
+What needs a reload (the configuration, the Lua, the unit) is kept apart from what changes at run time over the
+stats socket with no reload (the key maps): `reload_sha256` covers only the former."""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from collections.abc import Iterable, Mapping
+from functools import cache
+from importlib import resources
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict
+
+from engine_ctl.core.documents.inventory import Host
+from engine_ctl.core.model import ApiKey
+from engine_ctl.core.render.systemd_escape import comment_text
+
+if TYPE_CHECKING:
+    import jinja2
+
+GATEWAY_UNIT = "engine-ctl-gateway.service"
+GATEWAY_DIR = "/etc/engine-ctl/gateway"
+RUN_DIR_NAME = "engine-ctl-gateway"
+RUN_DIR = f"/run/{RUN_DIR_NAME}"
+ADMIN_SOCKET = f"{RUN_DIR}/admin.sock"
+SERVER_STATE = f"{RUN_DIR}/server-state"
+INTERNAL_ENV = f"{GATEWAY_DIR}/internal.env"
+"""On a gateway host: ENGINE_CTL_GATEWAY_KEY=<hex>, the key the gateway adds to every request to a replica."""
+REPLICA_KEY = "/etc/engine-ctl/replica-key"
+"""On every engine host: the same internal key, which a replica's engine requires (root-only, 0600)."""
+HAPROXY = "/usr/sbin/haproxy"
+BACKEND_PREFIX = "d_"
+BUFSIZE = 262144
+BODY_LIMIT = 245760
+"""240 KiB: the largest request body routed. It must fit in one buffer with the request's headers (bufsize less
+HAProxy's reserve for rewrites), since the route is read from the body's `model`, which OpenAI clients write
+after `messages`."""
+MAXCONN = 1000
+"""Connections at once per gateway: each may hold two buffers, so about 512 MiB at the most."""
+HOLD_S = 120
+"""Seed 001: a request to a deployment with no serving replica is held up to 2 minutes, then 503 Retry-After: 5."""
+HOLD_CAP = 100
+"""Requests held at once per deployment; more are answered 503 with Retry-After: 5 at once."""
+DRAIN_TIMEOUT_S = 120
+"""How long a replica being replaced may finish its requests in flight (streams included) before it stops."""
+CONFIG_FILE = "haproxy.cfg"
+LUA_FILE = "hold.lua"
+MAP_FILES = ("keys.map", "expires.map", "scopes.map", "models.map")
+RUNTIME_MAPS = ("keys.map", "expires.map", "scopes.map")
+"""Maps changed over the stats socket, with no reload (models.map changes only with the backends)."""
+
+
+class GatewayServer(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    """r<index><slot>: one per replica unit."""
+    address: str
+    port: int
+    maxconn: int
+    disabled: bool = False
+    """Starts in maintenance: a replica an apply is about to start enters only when apply lets it in."""
+
+
+class GatewayBackend(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    deployment: str
+    health_path: str = "/health"
+    servers: tuple[GatewayServer, ...] = ()
+
+    @property
+    def backend(self) -> str:
+        return backend_name(self.deployment)
+
+
+class RenderedGateway(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    host: str
+    listen: str
+    endpoint: str
+    files: dict[str, str]
+    """File name (in GATEWAY_DIR) -> content: the configuration, the Lua and the maps."""
+    unit_text: str
+    maps: dict[str, dict[str, str]]
+    """The maps as key -> value, for run-time updates."""
+
+    @property
+    def file_sha256(self) -> dict[str, str]:
+        return {name: sha256(text) for name, text in sorted(self.files.items())}
+
+    @property
+    def unit_sha256(self) -> str:
+        return sha256(self.unit_text)
+
+    @property
+    def reload_sha256(self) -> str:
+        """What a reload is for: the configuration, the Lua, models.map and the unit (not the key maps)."""
+        parts = [self.files[CONFIG_FILE], self.files[LUA_FILE], self.files["models.map"], self.unit_text]
+        return sha256("\0".join(parts))
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def backend_name(deployment: str) -> str:
+    return BACKEND_PREFIX + deployment
+
+
+def server_name(index: int, slot: str) -> str:
+    return f"r{index}{slot}"
+
+
+def is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
+
+
+def endpoint_of(host: Host) -> str:
+    """host:port of a gateway: what clients call (http://<endpoint>/v1)."""
+    address = f"[{host.address}]" if ":" in host.address else host.address
+    return f"{address}:{host.gateway_port}"
+
+
+@cache
+def _environment() -> jinja2.Environment:
+    import jinja2
+
+    env = jinja2.Environment(
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined
+    )
+    env.filters["comment"] = comment_text
+    return env
+
+
+@cache
+def _template(name: str) -> jinja2.Template:
+    text = resources.files("engine_ctl.templates").joinpath(name).read_text()
+    return _environment().from_string(text)
+
+
+def _with_hash(template: str, values: Mapping[str, object]) -> str:
+    """Render twice: the header records the sha256 of the text rendered without it (as units do)."""
+    body = _template(template).render(**values, content_hash="")
+    return _template(template).render(**values, content_hash=sha256(body))
+
+
+def key_maps(keys: Iterable[ApiKey], deployments: Iterable[str]) -> dict[str, dict[str, str]]:
+    """keys.map (hash -> key name), expires.map (key name -> epoch) and scopes.map ("<key>/<deployment>" -> 1,
+    for every deployment a key may use; a key with no scope may use all of them)."""
+    names = sorted(set(deployments))
+    keys_map: dict[str, str] = {}
+    expires: dict[str, str] = {}
+    scopes: dict[str, str] = {}
+    for k in sorted(keys, key=lambda k: k.name):
+        keys_map[k.sha256] = k.name
+        if k.expires is not None:
+            expires[k.name] = str(k.expires)
+        for d in names if k.deployments is None else sorted(set(k.deployments)):
+            scopes[f"{k.name}/{d}"] = "1"
+    return {"keys.map": keys_map, "expires.map": expires, "scopes.map": scopes}
+
+
+def map_text(entries: Mapping[str, str]) -> str:
+    return "".join(f"{k} {v}\n" for k, v in sorted(entries.items()))
+
+
+def render_gateway(
+    host: Host,
+    backends: Iterable[GatewayBackend],
+    keys: Iterable[ApiKey],
+    *,
+    internal_key: bool = True,
+    hold_s: int = HOLD_S,
+    hold_cap: int = HOLD_CAP,
+    haproxy: str = HAPROXY,
+    run_dir: str = RUN_DIR,
+) -> RenderedGateway:
+    """Everything one gateway host runs, rendered from templates/ (haproxy.cfg.j2, hold.lua, gateway.service.j2)."""
+    ordered = sorted(backends, key=lambda b: b.deployment)
+    listen = f"{'[::]' if ':' in host.address else '*'}:{host.gateway_port}"
+    common = {"host": host.name, "listen": listen, "internal_key": internal_key}
+    config = _with_hash(
+        "haproxy.cfg.j2",
+        {
+            **common,
+            "endpoint": endpoint_of(host),
+            "bufsize": BUFSIZE,
+            "body_limit": BODY_LIMIT,
+            "maxconn": MAXCONN,
+            "admin_socket": f"{run_dir}/admin.sock",
+            "server_state": f"{run_dir}/server-state",
+            "hold_s": hold_s,
+            "hold_cap": hold_cap,
+            "backends": ordered,
+        },
+    )
+    lua = _with_hash("hold.lua", {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX})
+    maps = key_maps(keys, [b.deployment for b in ordered])
+    maps["models.map"] = {b.deployment: b.backend for b in ordered}
+    files = {CONFIG_FILE: config, LUA_FILE: lua, **{name: map_text(maps[name]) for name in MAP_FILES}}
+    unit = _with_hash(
+        "gateway.service.j2",
+        {
+            **common,
+            "config": f"{GATEWAY_DIR}/{CONFIG_FILE}",
+            "haproxy": haproxy,
+            "run_dir": run_dir,
+            "run_dir_name": RUN_DIR_NAME,
+            "internal_key": INTERNAL_ENV if internal_key else None,
+        },
+    )
+    return RenderedGateway(
+        host=host.name, listen=listen, endpoint=endpoint_of(host), files=files, unit_text=unit, maps=maps
+    )

@@ -1,0 +1,224 @@
+"""The gateway on its hosts: install its files (checked with `haproxy -c` first), start or reload it without
+dropping a connection, change its key maps and its servers' states over the stats socket (no reload)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from engine_ctl.core.render.gateway import (
+    ADMIN_SOCKET,
+    GATEWAY_DIR,
+    GATEWAY_UNIT,
+    HAPROXY,
+    INTERNAL_ENV,
+    REPLICA_KEY,
+    RUNTIME_MAPS,
+    SERVER_STATE,
+    RenderedGateway,
+)
+from engine_ctl.shell.transport import LocalTransport, SSHTransport
+
+UNIT_DIR = "/etc/systemd/system"
+Transport = SSHTransport | LocalTransport
+
+RUNTIME_SCRIPT = r"""
+import json, socket, sys
+path = sys.argv[1]
+def ask(command):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(path)
+    s.sendall(command.encode() + b"\n")
+    out = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        out += chunk
+    s.close()
+    return out.decode()
+answers = []
+for item in json.load(sys.stdin):
+    if isinstance(item, str):
+        answers.append(ask(item))
+        continue
+    name, entries = item["map"], item["entries"]
+    said = ask("prepare map " + name)
+    version = said.strip().rsplit(" ", 1)[-1]
+    if not version.isdigit():
+        answers.append("prepare failed: " + said)
+        continue
+    for key, value in entries.items():
+        ask("add map @%s %s %s %s" % (version, name, key, value))
+    answers.append(ask("commit map @%s %s" % (version, name)))
+print(json.dumps(answers))
+"""
+
+
+class GatewayFailure(Exception):
+    """A gateway step that failed, in words (its command's own stderr included)."""
+
+
+@dataclass(frozen=True)
+class ServerState:
+    status: str
+    """HAProxy's: UP, DOWN, DRAIN, MAINT, "UP 1/3" (going down), "DOWN 1/2" (going up), no check."""
+    in_flight: int
+
+
+def runtime(t: Transport, commands: Sequence[object], socket: str = ADMIN_SOCKET) -> list[str]:
+    """Send commands to the stats socket (one connection each); a {"map": name, "entries": {...}} item replaces a
+    map's entries atomically (prepare, add, commit). Returns HAProxy's answers."""
+    argv = ["python3", "-c", RUNTIME_SCRIPT, socket]
+    result = t.run(argv, stdin=json.dumps(list(commands)), timeout=60)
+    if result.exit_code != 0:
+        said = (result.stderr or result.stdout).strip().splitlines()
+        raise GatewayFailure(f"the gateway's stats socket {socket}: " + (said[-1] if said else "no answer"))
+    answers: list[str] = json.loads(result.stdout)
+    return answers
+
+
+def set_maps(t: Transport, maps: Mapping[str, Mapping[str, str]], socket: str = ADMIN_SOCKET) -> None:
+    """Replace the key maps in the running gateway at once (no reload, no dropped connection)."""
+    items = [{"map": name, "entries": dict(maps[name])} for name in RUNTIME_MAPS if name in maps]
+    for answer in runtime(t, items, socket):
+        if answer.startswith("prepare failed") or "nknown" in answer or "rror" in answer:
+            raise GatewayFailure(f"updating the gateway's maps: {answer.strip()}")
+
+
+def parse_stat(csv_text: str) -> dict[tuple[str, str], ServerState]:
+    """`show stat` CSV -> (backend, server) -> status and requests in flight (scur)."""
+    lines = [ln for ln in csv_text.splitlines() if ln.strip()]
+    if not lines or not lines[0].startswith("#"):
+        return {}
+    header = lines[0].lstrip("# ").split(",")
+    out = {}
+    for line in lines[1:]:
+        row = dict(zip(header, line.split(","), strict=False))
+        if row.get("svname") in ("FRONTEND", "BACKEND", None):
+            continue
+        out[(row["pxname"], row["svname"])] = ServerState(row.get("status", ""), int(row.get("scur") or 0))
+    return out
+
+
+def server_states(t: Transport, socket: str = ADMIN_SOCKET) -> dict[tuple[str, str], ServerState]:
+    return parse_stat(runtime(t, ["show stat"], socket)[0])
+
+
+def wait_for(
+    t: Transport,
+    backend: str,
+    server: str,
+    ready: Callable[[ServerState], bool],
+    timeout: float,
+    socket: str = ADMIN_SOCKET,
+) -> ServerState | None:
+    """Poll the server's state until `ready` says so; the last state seen, or None if it never was."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = server_states(t, socket).get((backend, server))
+        if state is not None and ready(state):
+            return state
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.5)
+
+
+def set_state(t: Transport, backend: str, server: str, state: str, socket: str = ADMIN_SOCKET) -> None:
+    answer = runtime(t, [f"set server {backend}/{server} state {state}"], socket)[0].strip()
+    if answer and "No such" in answer:
+        raise GatewayFailure(f"set server {backend}/{server} state {state}: {answer}")
+
+
+def _ok(t: Transport, argv: list[str], what: str, timeout: float = 120) -> str:
+    result = t.run(argv, timeout=timeout)
+    if result.exit_code != 0:
+        said = (result.stderr or result.stdout).strip().splitlines()
+        raise GatewayFailure(f"{what} failed (exit status {result.exit_code})" + (f": {said[-1]}" if said else ""))
+    return result.stdout
+
+
+def ensure_internal_key(t: Transport, key: str, path: str) -> None:
+    """Write the internal key (root-only) where the gateway (EnvironmentFile) or the replicas (LoadCredential)
+    read it. The key travels over SSH on stdin, never in an argv, a plan or the state."""
+    content = f"ENGINE_CTL_GATEWAY_KEY={key}\n" if path == INTERNAL_ENV else key + "\n"
+    q = shlex.quote(path)
+    # the directories stay readable (the gateway's dynamic user reads its configuration there); the key is 0600
+    script = (f"d=$(dirname {q}); mkdir -p $d && chmod 755 /etc/engine-ctl $d && umask 077 && "
+              f"cat > {q}.new && mv {q}.new {q}")  # fmt: skip
+    result = t.run(["sh", "-c", script], stdin=content, timeout=30)
+    if result.exit_code != 0:
+        raise GatewayFailure(f"writing {path}: {result.stderr.strip()}")
+
+
+def read_internal_key(t: Transport) -> str | None:
+    """The internal key a gateway host already has (from an earlier apply), or None."""
+    result = t.run(["sh", "-c", f"cat {INTERNAL_ENV} 2>/dev/null || cat {REPLICA_KEY} 2>/dev/null || true"])
+    for line in result.stdout.splitlines():
+        value = line.strip().removeprefix("ENGINE_CTL_GATEWAY_KEY=")
+        if len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+            return value
+    return None
+
+
+def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> str:
+    """Put the files in place, checked first: the new set is written beside the old (GATEWAY_DIR.new), checked
+    with `haproxy -c` there, then moved in. Then start the unit, or reload it (master-worker: the listening
+    sockets stay open, requests in flight finish in the old worker) after saving the servers' states, and set
+    the key maps over the socket. Returns what was done: started, reloaded or maps."""
+    staging = GATEWAY_DIR + ".new"
+    prepare = (
+        f"rm -rf {staging} && mkdir -p {staging} {GATEWAY_DIR} && chmod 755 /etc/engine-ctl {GATEWAY_DIR} {staging}"
+    )
+    _ok(t, ["sh", "-c", prepare], "preparing the gateway directory")
+    for name, text in rendered.files.items():
+        t.put(f"{staging}/{name}", text.encode(), 0o644)
+    env = f"set -a; [ -r {INTERNAL_ENV} ] && . {INTERNAL_ENV}; set +a; "
+    _ok(t, ["sh", "-c", env + f"{haproxy} -c -q -f {staging}/haproxy.cfg"], f"haproxy -c on {rendered.host}")
+    old = t.run(["sh", "-c", f"cd {GATEWAY_DIR} && sha256sum * {UNIT_DIR}/{GATEWAY_UNIT} 2>/dev/null"]).stdout
+    before = {
+        line.split()[1].rsplit("/", 1)[-1]: line.split()[0] for line in old.splitlines() if len(line.split()) == 2
+    }
+    moves = " && ".join(f"mv -f {staging}/{name} {GATEWAY_DIR}/{name}" for name in rendered.files)
+    _ok(t, ["sh", "-c", moves + f" && rmdir {staging}"], "installing the gateway's files")
+    unit_changed = before.get(GATEWAY_UNIT) != rendered.unit_sha256
+    if unit_changed:
+        t.put(f"{UNIT_DIR}/{GATEWAY_UNIT}", rendered.unit_text.encode(), 0o644)
+    active = t.run(["systemctl", "is-active", "--quiet", GATEWAY_UNIT]).exit_code == 0
+    reload_files = [n for n in rendered.files if n not in RUNTIME_MAPS]
+    if not active:
+        _ok(
+            t, ["sh", "-c", f"systemctl daemon-reload && systemctl enable --now {GATEWAY_UNIT}"], "starting the gateway"
+        )
+        return "started"
+    if unit_changed or any(before.get(n) != s for n, s in rendered.file_sha256.items() if n in reload_files):
+        save_server_state(t)
+        _ok(t, ["sh", "-c", f"systemctl daemon-reload && systemctl reload {GATEWAY_UNIT}"], "reloading the gateway")
+        wait_reloaded(t)
+        set_maps(t, rendered.maps)
+        return "reloaded"
+    set_maps(t, rendered.maps)
+    return "maps"
+
+
+def save_server_state(t: Transport) -> None:
+    """Dump the servers' states where the next worker loads them from (server-state-file), so a reload does not
+    take servers out until their next check."""
+    text = runtime(t, ["show servers state"])[0]
+    t.put(SERVER_STATE, text.encode(), 0o644)
+
+
+def wait_reloaded(t: Transport, timeout: float = 30) -> None:
+    """After a reload, wait for the new worker to answer on the stats socket."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            runtime(t, ["show info"])
+            return
+        except GatewayFailure:
+            time.sleep(0.3)
+    raise GatewayFailure("the gateway did not come back after its reload")

