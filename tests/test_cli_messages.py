@@ -224,7 +224,7 @@ def test_min_zero_warns_what_runs(tmp_path: Path) -> None:
     path, err, code = validate(tmp_path, text)
     assert code == 0
     assert err.splitlines()[:2] == [
-        f"{path}:8:19: warning: spec.replicas.min 0: scale to zero needs the gateway, which is not built yet; "
+        f"{path}:8:19: warning: spec.replicas.min 0: scale to zero needs the scaler, which is not built yet; "
         "engine-ctl runs 1 replica",
         "  hint: set min and max to the number of replicas to run",
     ]
@@ -235,7 +235,7 @@ def test_min_below_max_warns_what_runs(tmp_path: Path) -> None:
     path, err, code = validate(tmp_path, text)
     assert code == 0
     assert err.splitlines()[0] == (
-        f"{path}:8:27: warning: spec.replicas.max 3: scaling between min (2) and max needs the gateway, which is "
+        f"{path}:8:27: warning: spec.replicas.max 3: scaling between min (2) and max needs the scaler, which is "
         "not built yet; engine-ctl runs 2 replicas"
     )
 
@@ -246,7 +246,7 @@ def test_min_zero_below_max_warns_once(tmp_path: Path) -> None:
     assert err.count("warning:") == 1
     assert (
         f"{path}:8:19: warning: spec.replicas.min 0: scale to zero and scaling between min and max need the "
-        "gateway, which is not built yet; engine-ctl runs 1 replica"
+        "scaler, which is not built yet; engine-ctl runs 1 replica"
     ) in err
 
 

@@ -164,7 +164,7 @@ def _scaling_warnings(loaded: LoadedDeployment) -> Iterator[Diagnostic]:
         yield _warn(
             o,
             "replicas_min",
-            f"spec.replicas.min 0: scale to zero{also} the gateway, which is not built yet; {what}",
+            f"spec.replicas.min 0: scale to zero{also} the scaler, which is not built yet; {what}",
             hint=hint,
             code="scaling_not_built",
         )
@@ -173,7 +173,7 @@ def _scaling_warnings(loaded: LoadedDeployment) -> Iterator[Diagnostic]:
             o,
             "replicas_max",
             f"spec.replicas.max {d.replicas_max}: scaling between min ({d.replicas_min}) and max needs the "
-            f"gateway, which is not built yet; {what}",
+            f"scaler, which is not built yet; {what}",
             hint=hint,
             code="scaling_not_built",
         )
