@@ -260,7 +260,7 @@ def test_plan_shows_the_same_warning(tmp_path: Path) -> None:
     text = MODEL_GGUF + "---\nmetadata: {name: chat}\nspec:\n  model: llama\n  replicas: {min: 0, max: 1}\n"
     path = write(tmp_path, "d.yaml", text)
     result = run("plan", str(path), "--inventory", str(tmp_path / "missing-hosts.yaml"))
-    assert f"{path}:8:19: warning: spec.replicas.min 0: scale to zero needs the gateway" in result.stderr
+    assert f"{path}:8:19: warning: spec.replicas.min 0: scale to zero needs the scaler" in result.stderr
 
 
 # Shape errors name the document's own fields, never engine-ctl's classes or pydantic's union tags

@@ -122,8 +122,9 @@ def desired(context: int = 512):  # type: ignore[no-untyped-def]
 
 
 def applied(plan, facts):  # type: ignore[no-untyped-def]
-    """What a successful apply records (replicas, gateway) and what the hosts then have."""
-    state = State()
+    """What a successful apply records (replicas, gateway) and what the hosts then have; the state has the
+    lineage the plan offered (its units' headers carry it)."""
+    state = State(lineage=plan.state_lineage)
     units = []
     for c in plan.changes:
         rec = DeploymentRecord(name=c.name, revision=c.revision, spec=c.spec, model=c.model, spec_hash=c.spec_hash,

@@ -24,7 +24,7 @@ from engine_ctl.core.documents.apikey import key_sha256
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.model import ApiKey
 from engine_ctl.core.render.gateway import BODY_LIMIT, GatewayBackend, GatewayServer, render_gateway
-from engine_ctl.shell.gateway import server_states, set_maps
+from engine_ctl.shell.gateway import server_states, set_maps, set_state
 from engine_ctl.shell.transport import LocalTransport
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
@@ -78,8 +78,13 @@ def gateway(tmp_path: Path) -> Iterator[dict[str, object]]:
         ApiKey(name="chatonly", sha256=key_sha256(KEY_CHAT), deployments=("chat",)),
         ApiKey(name="old", sha256=key_sha256(KEY_OLD), expires=int(time.time()) - 60),
     ]
+    # embed's replica is one an apply is about to start: its server starts in maintenance (`disabled`), as apply
+    # renders it, and enters only when apply lets it in (set_state ready, once it is healthy)
     backends = [
-        GatewayBackend(deployment=d, servers=(GatewayServer(name="r0a", address="127.0.0.1", port=p, maxconn=2),))
+        GatewayBackend(
+            deployment=d,
+            servers=(GatewayServer(name="r0a", address="127.0.0.1", port=p, maxconn=2, disabled=d not in replicas),),
+        )
         for d, p in ports.items()
     ]
     host = Host(name="edge", address="127.0.0.1", gateway_port=free_port(), transport="local")
@@ -185,6 +190,8 @@ def test_requests_are_held_until_a_replica_serves(gateway: dict) -> None:  # typ
     waiter.start()
     time.sleep(0.5)
     gateway["replicas"]["embed"] = Replica("embed-0", ports["embed"])  # type: ignore[index]
+    socket_path = str(gateway["dir"] / "admin.sock")  # type: ignore[operator]
+    set_state(gateway["transport"], "d_embed", "r0a", "ready", socket_path)  # type: ignore[arg-type]  # apply's enter
     waiter.join(timeout=15)
     assert results and results[0][0] == 200 and results[0][2]["replica"] == "embed-0"
 

@@ -95,15 +95,19 @@ def list_json(statuses: list[DeploymentStatus]) -> dict[str, object]:
 
 
 def status_json(statuses: list[DeploymentStatus], addresses: dict[str, str]) -> dict[str, object]:
-    """`status --json`: per deployment, its members, each with its host's address, its port and its URL."""
+    """`status --json`: per deployment, its members, each with its host's address, its port and its URL, and
+    `ready`: behind the endpoint with its health check passing as every gateway sees it (with no gateway in the
+    inventory there is no endpoint, and ready is the replica's own health)."""
     out = []
     for s in statuses:
         doc = s.model_dump(mode="json", exclude={"instances"})
+        behind = {m.run: m.ready for m in s.members}
         doc["members"] = [
             {
                 **i.model_dump(mode="json"),
                 "address": addresses.get(i.host),
                 "url": url_of(addresses.get(i.host), i.port),
+                "ready": behind.get(i.unit, False) if s.members else i.state == "ready",
             }
             for i in s.instances
         ]

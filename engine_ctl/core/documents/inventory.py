@@ -325,14 +325,7 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
         seen[entry.name] = i
         values = {**defaults, **entry.model_dump(exclude_none=True)}
         values["labels"] = {**defaults.get("labels", {}), **(entry.labels or {})}
-        for key in ("port", "gateway_port"):
-            value = getattr(entry, key)
-            if value is not None and not 1 <= value <= 65535:
-                problems.append(
-                    Diagnostic(
-                        doc.locate(("hosts", i, key)), f"hosts[{i}].{key}", "between 1 and 65535", code="out_of_range"
-                    )
-                )
+        problems.extend(_port_problems(doc, i, entry))
         values.setdefault("address", entry.name)
         same = addresses.setdefault(str(values["address"]).lower(), i)
         if same != i:
@@ -358,6 +351,17 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
         )
     downloads, wrong = _downloads(doc, parsed.downloads)
     return Inventory(file=doc.file, hosts=tuple(hosts), downloads=downloads), problems + wrong
+
+
+def _port_problems(doc: SourceDocument, i: int, entry: HostEntry) -> list[Diagnostic]:
+    """The host's SSH port and gateway port, each between 1 and 65535."""
+    out = []
+    for key in ("port", "gateway_port"):
+        value = getattr(entry, key)
+        if value is not None and not 1 <= value <= 65535:
+            where = doc.locate(("hosts", i, key))
+            out.append(Diagnostic(where, f"hosts[{i}].{key}", "between 1 and 65535", code="out_of_range"))
+    return out
 
 
 def _downloads(doc: SourceDocument, settings: DownloadSettings | None) -> tuple[Downloads, list[Diagnostic]]:

@@ -446,12 +446,7 @@ def load_documents(docs: list[SourceDocument]) -> LoadResult:
             described.setdefault(doc.file, []).append("inventory")
             continue
         if kind == "ApiKey":
-            key, found = api_key_from(doc)
-            problems.extend(found)
-            if key is not None:
-                problems.extend(_duplicate_key(doc, key, api_keys))
-                api_keys.append(key)
-                described.setdefault(doc.file, []).append(f"api key {key.name}")
+            problems.extend(_add_api_key(doc, api_keys, described))
             continue
         schema = _SCHEMAS[kind]
         parsed, found = _validate_shape(doc, schema)
@@ -479,6 +474,16 @@ def load_documents(docs: list[SourceDocument]) -> LoadResult:
         desired=desired, inventory=inventory, diagnostics=problems, documents=described, broken_models=broken,
         skipped=skipped, inventories=inventories,
     )  # fmt: skip
+
+
+def _add_api_key(doc: SourceDocument, api_keys: list[ApiKey], described: dict[str, list[str]]) -> list[Diagnostic]:
+    """An ApiKey document into `api_keys` (its problems returned), unless it is invalid or a duplicate's."""
+    key, found = api_key_from(doc)
+    if key is not None:
+        found = [*found, *_duplicate_key(doc, key, api_keys)]
+        api_keys.append(key)
+        described.setdefault(doc.file, []).append(f"api key {key.name}")
+    return found
 
 
 def _duplicate_key(doc: SourceDocument, key: ApiKey, seen: list[ApiKey]) -> list[Diagnostic]:

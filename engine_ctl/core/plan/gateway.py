@@ -128,7 +128,7 @@ def _planned(plan_changes: Iterable[Any], state: State) -> tuple[dict[str, Any],
         sizing[name] = (plan.engine, plan.parallel) if plan else (None, None)
         for rc in change.replicas if change is not None else []:
             new = Replica(index=rc.index, slot=rc.slot, host=rc.host, port=rc.port)
-            if rc.action in (["delete"], ["delete", "create"]):
+            if rc.action in (["delete"], ["delete", "create"], ["create", "delete"]):  # removed, or replaced
                 final.pop((rc.old_host or rc.host, rc.index, rc.old_slot or rc.slot), None)
             if rc.action != ["delete"]:
                 final[(new.host, new.index, new.slot)] = new

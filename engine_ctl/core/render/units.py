@@ -156,16 +156,21 @@ def _cache_directives(cache: str) -> tuple[str | None, str | None]:
     return None, path_value(cache)
 
 
-def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit:
-    argv = provider.argv(run)
-    cache = run.cache_dir or cache_path(host, run.deployment)
-    cache_directory, cache_rw = _cache_directives(cache)
-    environment = {
+def _environment(run: ReplicaRun, provider: Provider, cache: str) -> dict[str, str]:
+    """The engine's environment, with its home and caches in the unit's cache directory."""
+    return {
         **provider.environment(run),
         "HOME": cache,
         "XDG_CACHE_HOME": cache,
         "HF_HOME": posixpath.join(cache, "huggingface"),
     }
+
+
+def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit:
+    argv = provider.argv(run)
+    cache = run.cache_dir or cache_path(host, run.deployment)
+    cache_directory, cache_rw = _cache_directives(cache)
+    environment = _environment(run, provider, cache)
     template = run.model.chat_template if run.chat_template_file else None
     weights_dir = run.model_path if run.model.format == "safetensors" else posixpath.dirname(run.model_path)
     deny = "~@privileged" if provider.jit_compiles else "~@privileged @resources"
