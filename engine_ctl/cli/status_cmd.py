@@ -90,7 +90,7 @@ def url_of(address: str | None, port: int) -> str | None:
 
 def list_json(statuses: list[DeploymentStatus]) -> dict[str, object]:
     """`list --json`: one summary row per deployment (no members; `status --json` has them)."""
-    rows = [s.model_dump(mode="json", exclude={"instances"}) for s in statuses]
+    rows = [s.model_dump(mode="json", exclude={"instances", "members"}) for s in statuses]
     return {"format_version": FORMAT_VERSION, "deployments": rows}
 
 
