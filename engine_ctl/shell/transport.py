@@ -306,7 +306,7 @@ class SSHTransport:
 
         conn = self._connection()
         try:
-            chan = conn.client.get_transport().open_session(timeout=timeout)  # type: ignore[union-attr]
+            chan = conn.get_transport().open_session(timeout=timeout)  # type: ignore[union-attr]
             chan.settimeout(timeout)
             chan.exec_command(shlex.join(argv))
             chan.sendall(stdin.encode())
