@@ -106,10 +106,29 @@ class DownloadSettings(_Doc):
     )  # fmt: skip
 
 
+class ScalingSettings(_Doc):
+    """The scaler's and the gateway's hold's timings (the seeds' values by default; shorter ones for tests)."""
+
+    hold_s: int | None = Field(None, ge=1, le=3600, description="Seconds a request to a deployment with no serving "
+                               "replica is held before 503 + Retry-After: 5 (120).")  # fmt: skip
+    decide_every_s: int | None = Field(None, ge=1, le=86400, description="At most one scaling decision per "
+                                       "deployment this often, in seconds (120).")  # fmt: skip
+    poll_s: int | None = Field(None, ge=1, le=3600, description="Seconds between reads of the engines' /metrics (15).")
+
+
+class Scaling(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    hold_s: int = 120
+    decide_every_s: int = 120
+    poll_s: int = 15
+
+
 class InventoryDocument(_Doc):
     kind: Literal["Inventory"] = "Inventory"
     defaults: HostSettings | None = None
     downloads: DownloadSettings | None = Field(None, description="hf: downloads: on or off, and their cap.")
+    scaling: ScalingSettings | None = Field(None, description="The scaler's timings: hold_s, decide_every_s, poll_s.")
     hosts: list[dict[str, object]] = Field(description="The hosts.")
 
 
@@ -155,6 +174,7 @@ class Inventory(BaseModel):
     file: str | None = None
     hosts: tuple[Host, ...] = ()
     downloads: Downloads = Downloads()
+    scaling: Scaling = Scaling()
 
     def gateways(self) -> list[Host]:
         """The hosts with the gateway role, in inventory order."""
@@ -350,7 +370,8 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
             Diagnostic(doc.locate(("hosts",)), "hosts", "no hosts: list at least one host", code="no_hosts")
         )
     downloads, wrong = _downloads(doc, parsed.downloads)
-    return Inventory(file=doc.file, hosts=tuple(hosts), downloads=downloads), problems + wrong
+    scaling = Scaling(**parsed.scaling.model_dump(exclude_none=True)) if parsed.scaling else Scaling()
+    return Inventory(file=doc.file, hosts=tuple(hosts), downloads=downloads, scaling=scaling), problems + wrong
 
 
 def _port_problems(doc: SourceDocument, i: int, entry: HostEntry) -> list[Diagnostic]:

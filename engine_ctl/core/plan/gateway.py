@@ -21,6 +21,7 @@ from engine_ctl.core.render.gateway import (
     CONFIG_FILE,
     DRAIN_TIMEOUT_S,
     GATEWAY_UNIT,
+    HOLD_S,
     RUNTIME_MAPS,
     GatewayBackend,
     GatewayServer,
@@ -61,6 +62,8 @@ class GatewayChange(BaseModel):
     diff: list[str] = Field(default_factory=list)
     """A unified diff of haproxy.cfg, recorded -> planned."""
     drain_timeout_s: int = DRAIN_TIMEOUT_S
+    hold_s: int = HOLD_S
+    """How long a request with no serving replica is held (the inventory's scaling.hold_s)."""
     warnings: list[str] = Field(default_factory=list)
 
     @property
@@ -143,13 +146,13 @@ def _planned(plan_changes: Iterable[Any], state: State) -> tuple[dict[str, Any],
 
 def render_for(
     host: Host, replicas: Mapping[str, Mapping[Any, Replica]], sizing: Mapping[str, Any], keys: Iterable[ApiKey],
-    hosts: Mapping[str, Host],
+    hosts: Mapping[str, Host], hold_s: int = HOLD_S,
 ) -> RenderedGateway:  # fmt: skip
     backends = [
         deployment_backend(name, reps.values(), sizing[name][0], sizing[name][1], hosts)
         for name, reps in sorted(replicas.items())
     ]
-    return render_gateway(host, backends, keys)
+    return render_gateway(host, backends, keys, hold_s=hold_s)
 
 
 def config_diff(old: str, new: str) -> list[str]:
@@ -172,12 +175,13 @@ def plan_gateways(
     out: list[GatewayChange] = []
     drift: list[dict[str, str]] = []
     for host in inventory.gateways():
-        final = render_for(host, after, sizing, keys, hosts)
-        interim = render_for(host, union, sizing, keys, hosts)
+        hold_s = inventory.scaling.hold_s
+        final = render_for(host, after, sizing, keys, hosts, hold_s)
+        interim = render_for(host, union, sizing, keys, hosts, hold_s)
         record = state.gateways.get(host.name)
         change = GatewayChange(
             host=host.name, action=["no-op"], endpoint=final.endpoint, files=final.files, unit_text=final.unit_text,
-            maps=final.maps, interim_files=None if interim.files == final.files else interim.files,
+            maps=final.maps, interim_files=None if interim.files == final.files else interim.files, hold_s=hold_s,
         )  # fmt: skip
         hf = facts.get(host.name)
         if hf is not None and hf.haproxy_version is None:
@@ -233,7 +237,7 @@ def _drift(host: str, files: Mapping[str, str], unit_sha: str, hf: HostFacts | N
 def gateway_after_apply(host: Host, state: State, hosts: Mapping[str, Host], change: GatewayChange) -> RenderedGateway:
     """What a gateway runs once the apply is done, from the state it recorded (the replicas that serve then,
     whatever failed), with the plan's key maps."""
-    rendered = render_gateway(host, backends_from_state(state, hosts), [])
+    rendered = render_gateway(host, backends_from_state(state, hosts), [], hold_s=change.hold_s)
     files = {**rendered.files, **{n: t for n, t in change.files.items() if n in RUNTIME_MAPS}}
     maps = {**rendered.maps, **{n: m for n, m in change.maps.items() if n in RUNTIME_MAPS}}
     return rendered.model_copy(update={"files": files, "maps": maps})

@@ -46,6 +46,8 @@ MAXCONN = 1000
 """Connections at once per gateway: each may hold two buffers, so about 512 MiB at the most."""
 HOLD_S = 120
 """Seed 001: a request to a deployment with no serving replica is held up to 2 minutes, then 503 Retry-After: 5."""
+WAKE_PORT = 8809
+"""The scaler hears the Lua on 127.0.0.1:WAKE_PORT (`wake <deployment>` for a held request; see render/scaler.py)."""
 HOLD_CAP = 100
 """Requests held at once per deployment; more are answered 503 with Retry-After: 5 at once."""
 DRAIN_TIMEOUT_S = 120
@@ -207,7 +209,10 @@ def render_gateway(
             "backends": ordered,
         },
     )
-    lua = _with_hash("hold.lua", {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX})
+    lua = _with_hash(
+        "hold.lua",
+        {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX, "wake_port": WAKE_PORT},
+    )
     maps = key_maps(keys, [b.deployment for b in ordered])
     maps["models.map"] = {b.deployment: b.backend for b in ordered}
     files = {CONFIG_FILE: config, LUA_FILE: lua, **{name: map_text(maps[name]) for name in MAP_FILES}}
