@@ -149,3 +149,25 @@ def plan_scaler(
     s = inventory.scaling
     return ScalerPlan(host=host.name, poll_s=s.poll_s, decide_every_s=s.decide_every_s, hold_s=s.hold_s,
                       deployments=names, running=running)  # fmt: skip
+
+
+def scaler_views_of(facts: Iterable[Any]) -> dict[str, ScalerView]:
+    """What the scaler says, from the facts of the gateway hosts (the one that runs it has its state.json)."""
+    out: dict[str, ScalerView] = {}
+    for hf in facts:
+        out.update(scaler_views(getattr(hf, "scaler_state", None)))
+    return out
+
+
+def with_scaler(status: Any, view: ScalerView | None) -> Any:
+    """A deployment's status as the scaler sees it too: ScaledToZero or Starting (with the scaler's reason) when
+    nothing serves, `replicas` wanted now, and its decisions."""
+    if view is None:
+        return status
+    update: dict[str, Any] = {"decisions": view.decisions, "replicas": view.wanted}
+    if status.ready == 0 and view.state in ("ScaledToZero", "Starting") and status.state != "Failed":
+        update.update(state=view.state, reason=view.reason)
+    if status.ready > 0 and status.state != "Failed" and view.state == "Ready":
+        update["state"] = "Ready"
+        update["reason"] = view.reason
+    return status.model_copy(update=update)

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.plan.scaler import Decision
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord
 
@@ -58,6 +59,8 @@ class DeploymentStatus(BaseModel):
     gateways: list[str] = Field(default_factory=list)
     """The base URLs (without /v1) where programs call it with an API key; empty without a gateway host."""
     members: list[Member] = Field(default_factory=list)
+    decisions: list[Decision] = Field(default_factory=list)
+    """The scaler's last decisions for this deployment, each with the figure it acted on (oldest first)."""
 
 
 def instance_status(r: ReplicaRecord, facts: HostFacts | None, loading: frozenset[str] = frozenset()) -> InstanceStatus:
