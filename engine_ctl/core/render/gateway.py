@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from engine_ctl.core.documents.inventory import Host
+from engine_ctl.core.documents.inventory import DEFAULT_HOLD_CAP, DEFAULT_HOLD_S, Host
 from engine_ctl.core.model import ApiKey
 from engine_ctl.core.render.systemd_escape import comment_text
 
@@ -44,10 +44,10 @@ HAProxy's reserve for rewrites), since the route is read from the body's `model`
 after `messages`."""
 MAXCONN = 1000
 """Connections at once per gateway: each may hold two buffers, so about 512 MiB at the most."""
-HOLD_S = 120
-"""Seed 001: a request to a deployment with no serving replica is held up to 2 minutes, then 503 Retry-After: 5."""
-HOLD_CAP = 100
-"""Requests held at once per deployment; more are answered 503 with Retry-After: 5 at once."""
+HOLD_S = DEFAULT_HOLD_S
+"""Seed 001: held up to 2 minutes, then 503 Retry-After: 5 (the inventory's gateway.hold_s sets it)."""
+HOLD_CAP = DEFAULT_HOLD_CAP
+"""Requests held at once per deployment (the inventory's gateway.hold_cap sets it)."""
 DRAIN_TIMEOUT_S = 120
 """How long a replica being replaced may finish its requests in flight (streams included) before it stops."""
 CONFIG_FILE = "haproxy.cfg"
