@@ -30,6 +30,7 @@ from engine_ctl.shell.transport import (
 )
 from engine_ctl.state.base import StateBackend
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
+from engine_ctl.state.requests import done_steps, step_done
 
 UNIT_DIR = "/etc/systemd/system"
 Progress = Callable[[str], None]
@@ -165,6 +166,13 @@ def failure_reason(output: str, log_prefix: str = "") -> str:
 
 
 # --- recording ----------------------------------------------------------------------------------------
+def step_key(deployment: str, step: ReplicaChange) -> str:
+    """A step as its request records it: what it does to which unit on which host, at which revision (a step the
+    same request would run again is the same key)."""
+    old = f" replacing {step.old_unit}@{step.old_host or step.host}" if step.old_unit else ""
+    return f"{deployment}: {'/'.join(step.action)} {step.unit}@{step.host} revision {step.revision}{old}"
+
+
 class Recorder:
     """The state in memory; every change is written at once, atomically, under one lock."""
 
@@ -285,8 +293,13 @@ class Executor:
         stop: threading.Event | None = None,
         observer: Observer | None = None,
         hub: HubAccess | None = None,
+        request_id: str | None = None,
     ) -> None:
+        """`request_id`: the request identity this apply records its completed steps under; a step it already
+        recorded as done (an earlier run of the same request, cut off) is not run again."""
         self.plan = plan
+        self.request_id = request_id
+        self.done = done_steps(recorder.state, request_id)
         self.hosts = hosts
         self.recorder = recorder
         self.options = options
@@ -445,6 +458,20 @@ class Executor:
         if self.stop.is_set():
             self.progress(f"{change.name}: interrupted before replica {step.index}; state recorded")
             raise Interrupted
+        key = step_key(change.name, step)
+        if key in self.done:
+            self.progress(f"{change.name}: replica {step.index}: done before by request {self.request_id}: {key}")
+            self._event(
+                "skipped", change.name, replica=step.index, host=step.host, unit=step.unit,
+                action="/".join(step.action), revision=step.revision, reason="done by this request before",
+            )  # fmt: skip
+            return
+        self._guarded_step(change, step)
+        if self.request_id is not None:
+            rid = self.request_id
+            self._record(lambda s: step_done(s, rid, key), change.name)
+
+    def _guarded_step(self, change: DeploymentChange, step: ReplicaChange) -> None:
         self._event(
             "started", change.name, replica=step.index, host=step.host, unit=step.unit, action="/".join(step.action),
             revision=step.revision, reason=step.reason or None,
