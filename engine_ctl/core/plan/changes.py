@@ -117,6 +117,9 @@ class DeploymentChange(Step):
     model: Model | None = None
     spec_hash: str = ""
     fit: FitPlan | None = None
+    startup_provenance: Literal["measured", "default"] = Field(default="default", exclude=True)
+    """Where the fit's start-up memory came from: `measured` (the revision's first start, recorded) or `default`
+    (the estimate)."""
     field_changes: list[FieldChange] = Field(default_factory=list)
     strategy: Strategy | None = None
     warnings: list[str] = Field(default_factory=list)
