@@ -159,6 +159,33 @@ def known_fields(model: type[BaseModel]) -> Any:
     return read
 
 
+# --- operator actions (engine-ctl stop, park, delete): recorded, shown in every plan, never undone by apply ---
+OperatorVerb = Literal["stopped", "parked", "deleted"]
+ULID_TEXT = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
+
+
+def _ulid(value: str) -> str:
+    if value and not ULID_TEXT.fullmatch(value):
+        raise refuse(f"{value!r} is not a ULID (26 characters of Crockford's base 32), nor empty")
+    return value
+
+
+Ulid = Annotated[str, AfterValidator(_ulid)]
+
+
+class OperatorAction(Record):
+    """What an operator did to a deployment by a verb: `stopped` (engine-ctl stop), `parked` (engine-ctl park),
+    `deleted` (engine-ctl delete: a tombstone while its document is still in the repository). Apply keeps it so
+    until `engine-ctl start` (or, for a tombstone, until the document is removed)."""
+
+    verb: OperatorVerb
+    when: str
+    who: str = ""
+    operation: Ulid = ""
+    level: int = 0
+    """For `parked`: the engine's sleep level (1 keeps the weights in host RAM, 2 drops them; 0: a restart)."""
+
+
 class DeploymentRecord(Record):
     name: DeploymentName
     revision: Count = 0
@@ -178,6 +205,10 @@ class DeploymentRecord(Record):
     """The names this record had before `engine-ctl state mv`: its replicas may still run units named after them
     until a roll replaces them with units of this name."""
     replicas: list[ReplicaRecord] = Field(default_factory=list)
+    id: Ulid = ""
+    """The deployment's stable ID (a ULID), given when it is first created; empty in states written before IDs."""
+    operator: OperatorAction | None = None
+    """An operator's stop, park or delete (engine_ctl.core.plan.operator): kept by apply until `start`."""
 
     _spec = field_validator("spec", mode="before")(known_fields(Deployment))
     _model = field_validator("model", mode="before")(known_fields(Model))
@@ -209,6 +240,9 @@ class DeploymentRecord(Record):
         data: dict[str, Any] = handler(self)
         if not data.get("moved_from"):
             data.pop("moved_from", None)
+        for key in ("id", "operator"):  # written only when set, as moved_from (older states read the same)
+            if not data.get(key):
+                data.pop(key, None)
         return data
 
     def replica(self, index: int, slot: str | None = None) -> ReplicaRecord | None:

@@ -93,9 +93,18 @@ CODES: dict[str, str] = {
     "plan_stale": "a saved plan no longer matches the state or a host's facts",
     "destroy_refused": "a plan that destroys a deployment with prevent_destroy: true",
     "replace_refused": "--replace (or restart) names a deployment with no replicas recorded: nothing to replace",
+    # operator verbs (stop, start, park, delete): exit status 1 unless VERB_EXIT_STATUS says otherwise
+    "still_stopping": "start right after a stop: the stop is still under way; nothing was started (exit 25)",
+    "delete_requires_cleanup": "delete of a deployment not stopped, or still stopping; nothing was deleted (exit 25)",
+    "park_refused": "park refused: the host's free memory cannot hold what sleep level 1 keeps (exit 1)",
+    "deployment_held": "a verb on a deployment another verb holds (deleted, or stopped for park) (exit 1)",
 }
 """Every diagnostic's stable `code` (the `code` of each detail in `--json` errors) and what it means; the README
 lists them all (tests/test_error_codes.py checks both ways)."""
+
+VERB_EXIT_STATUS: dict[str, int] = {"still_stopping": 25, "delete_requires_cleanup": 25}
+"""The operator verbs' refusals whose exit status is not 1 (seed 003: still_stopping exits 25; a delete refused
+"the same way" too)."""
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,8 @@ DRAIN_TIMEOUT_S = 120
 """How long a replica being replaced may finish its requests in flight (streams included) before it stops."""
 CONFIG_FILE = "haproxy.cfg"
 LUA_FILE = "hold.lua"
-MAP_FILES = ("keys.map", "expires.map", "scopes.map", "models.map")
-RUNTIME_MAPS = ("keys.map", "expires.map", "scopes.map")
+MAP_FILES = ("keys.map", "expires.map", "scopes.map", "models.map", "stopped.map")
+RUNTIME_MAPS = ("keys.map", "expires.map", "scopes.map", "stopped.map")
 """Maps changed over the stats socket, with no reload (models.map changes only with the backends)."""
 
 
@@ -187,8 +187,10 @@ def render_gateway(
     hold_cap: int = HOLD_CAP,
     haproxy: str = HAPROXY,
     run_dir: str = RUN_DIR,
+    stopped: Mapping[str, str] | None = None,
 ) -> RenderedGateway:
-    """Everything one gateway host runs, rendered from templates/ (haproxy.cfg.j2, hold.lua, gateway.service.j2)."""
+    """Everything one gateway host runs, rendered from templates/ (haproxy.cfg.j2, hold.lua, gateway.service.j2).
+    `stopped`: deployment -> ID of those an operator stopped (stopped.map: answered deployment_stopped)."""
     ordered = sorted(backends, key=lambda b: b.deployment)
     listen = f"{'[::]' if ':' in host.address else '*'}:{host.gateway_port}"
     common = {"host": host.name, "listen": listen, "internal_key": internal_key}
@@ -210,6 +212,7 @@ def render_gateway(
     lua = _with_hash("hold.lua", {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX})
     maps = key_maps(keys, [b.deployment for b in ordered])
     maps["models.map"] = {b.deployment: b.backend for b in ordered}
+    maps["stopped.map"] = dict(stopped or {})
     files = {CONFIG_FILE: config, LUA_FILE: lua, **{name: map_text(maps[name]) for name in MAP_FILES}}
     unit = _with_hash(
         "gateway.service.j2",
