@@ -199,7 +199,17 @@ class Recorder:
 def _record(state: State, name: str) -> DeploymentRecord:
     if name not in state.deployments:
         state.deployments[name] = DeploymentRecord(name=name)
-    return state.deployments[name]
+    rec = state.deployments[name]
+    if not rec.id:  # its stable ID, given once, when it is first created (or first recorded by this engine-ctl)
+        rec.id = new_id()
+    return rec
+
+
+def new_id() -> str:
+    """A deployment's (or an operation's) ID: a ULID."""
+    from ulid import ULID
+
+    return str(ULID())
 
 
 def _put_replica(state: State, name: str, replica: ReplicaRecord) -> None:

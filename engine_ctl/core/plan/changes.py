@@ -137,6 +137,8 @@ class DeploymentChange(Step):
     replicas: list[ReplicaChange] = Field(default_factory=list)
     fetches: list[WeightsFetch] = Field(default_factory=list)
     """hf: weights each host with a new replica fetches first (engine_ctl.core.plan.fetching)."""
+    operator: str | None = None
+    """Held by an operator's verb (stop, park, delete): why nothing of it changes (engine_ctl.core.plan.operator)."""
 
     _empty = field_validator("spec", "model", mode="before")(_none_if_empty)
 

@@ -147,15 +147,25 @@ def _planned(plan_changes: Iterable[Any], state: State) -> tuple[dict[str, Any],
     return after, union, sizing
 
 
+def stopped_map(deployments: Mapping[str, DeploymentRecord]) -> dict[str, str]:
+    """The gateway's stopped.map: deployment name -> its ID, for each one an operator stopped (engine-ctl stop):
+    the gateway answers deployment_stopped for them and never holds or starts them (core.plan.operator)."""
+    return {
+        name: rec.id or name
+        for name, rec in sorted(deployments.items())
+        if rec.operator is not None and rec.operator.verb == "stopped"
+    }
+
+
 def render_for(
     host: Host, replicas: Mapping[str, Mapping[Any, Replica]], sizing: Mapping[str, Any], keys: Iterable[ApiKey],
-    hosts: Mapping[str, Host], settings: GatewaySettings,
+    hosts: Mapping[str, Host], settings: GatewaySettings, stopped: Mapping[str, str] | None = None,
 ) -> RenderedGateway:  # fmt: skip
     backends = [
         deployment_backend(name, reps.values(), sizing[name][0], sizing[name][1], hosts)
         for name, reps in sorted(replicas.items())
     ]
-    return render_gateway(host, backends, keys, hold_s=settings.hold_s, hold_cap=settings.hold_cap)
+    return render_gateway(host, backends, keys, hold_s=settings.hold_s, hold_cap=settings.hold_cap, stopped=stopped)
 
 
 def config_diff(old: str, new: str) -> list[str]:
@@ -178,8 +188,9 @@ def plan_gateways(
     out: list[GatewayChange] = []
     drift: list[dict[str, str]] = []
     for host in inventory.gateways():
-        final = render_for(host, after, sizing, keys, hosts, inventory.gateway)
-        interim = render_for(host, union, sizing, keys, hosts, inventory.gateway)
+        stopped = stopped_map(state.deployments)
+        final = render_for(host, after, sizing, keys, hosts, inventory.gateway, stopped)
+        interim = render_for(host, union, sizing, keys, hosts, inventory.gateway, stopped)
         record = state.gateways.get(host.name)
         change = GatewayChange(
             host=host.name, action=["no-op"], endpoint=final.endpoint, files=final.files, unit_text=final.unit_text,
