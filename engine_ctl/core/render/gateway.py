@@ -48,6 +48,8 @@ HOLD_S = DEFAULT_HOLD_S
 """Seed 001: held up to 2 minutes, then 503 Retry-After: 5 (the inventory's gateway.hold_s sets it)."""
 HOLD_CAP = DEFAULT_HOLD_CAP
 """Requests held at once per deployment (the inventory's gateway.hold_cap sets it)."""
+WAKE_PORT = 8809
+"""The scaler hears the Lua on 127.0.0.1:WAKE_PORT (`wake <deployment>` for a held request; see render/scaler.py)."""
 DRAIN_TIMEOUT_S = 120
 """How long a replica being replaced may finish its requests in flight (streams included) before it stops."""
 CONFIG_FILE = "haproxy.cfg"
@@ -212,7 +214,10 @@ def render_gateway(
             "backends": ordered,
         },
     )
-    lua = _with_hash("hold.lua", {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX})
+    lua = _with_hash(
+        "hold.lua",
+        {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX, "wake_port": WAKE_PORT},
+    )
     maps = key_maps(keys, [b.deployment for b in ordered])
     maps["models.map"] = {b.deployment: b.backend for b in ordered}
     maps["stopped.map"] = dict(stopped or {})
