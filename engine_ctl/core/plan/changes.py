@@ -118,6 +118,9 @@ class DeploymentChange(Step):
     model: Model | None = None
     spec_hash: str = ""
     fit: FitPlan | None = None
+    startup_provenance: Literal["measured", "default"] = Field(default="default", exclude=True)
+    """Where the fit's start-up memory came from: `measured` (the revision's first start, recorded) or `default`
+    (the estimate)."""
     field_changes: list[FieldChange] = Field(default_factory=list)
     strategy: Strategy | None = None
     warnings: list[str] = Field(default_factory=list)
@@ -135,6 +138,8 @@ class DeploymentChange(Step):
     replicas: list[ReplicaChange] = Field(default_factory=list)
     fetches: list[WeightsFetch] = Field(default_factory=list)
     """hf: weights each host with a new replica fetches first (engine_ctl.core.plan.fetching)."""
+    operator: str | None = None
+    """Held by an operator's verb (stop, park, delete): why nothing of it changes (engine_ctl.core.plan.operator)."""
 
     _empty = field_validator("spec", "model", mode="before")(_none_if_empty)
 

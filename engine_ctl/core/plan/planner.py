@@ -28,6 +28,7 @@ from engine_ctl.core.plan.changes import (
 from engine_ctl.core.plan.deployment import deletion, fetched_at_apply, out_of_reach, plan_deployment, render_replica
 from engine_ctl.core.plan.drift import unmanaged_units
 from engine_ctl.core.plan.gateway import plan_gateways
+from engine_ctl.core.plan.operator import hold, without_held_drift
 from engine_ctl.core.plan.ownership import foreign_units, hold_back, hold_foreign
 from engine_ctl.core.plan.scaler import plan_scaler
 from engine_ctl.core.plan.unitdiff import attach_unit_diffs
@@ -140,6 +141,8 @@ def make_plan(
             change, drift = wanted_change(wanted[name], desired, seen, model_facts, hosts, alloc, state.lineage)
             if name in replace:
                 mark_replaced(change)
+            if record is not None and record.operator is not None:  # an operator's stop, park or delete
+                change = hold(change, record)
             plan.changes.append(change)
             plan.drift.extend(drift)
         else:
@@ -148,6 +151,7 @@ def make_plan(
     hold_back(plan, foreign)
     gateway_units = with_gateways(plan, desired, state, inventory, facts)
     plan.drift.extend(unmanaged_units(state, facts, {(f.host, f.unit) for f in foreign} | gateway_units))
+    plan.drift = without_held_drift(plan.drift, state)
     attach_unit_diffs(plan, facts)
     if refresh_only:
         for c in plan.changes:

@@ -147,7 +147,7 @@ def plan_scaler(
     views = scaler_views(getattr(hf, "scaler_state", None))
     running = {n: running_line(views[n], specs[n].replicas_min, specs[n].replicas_max) for n in names if n in views}
     s = inventory.scaling
-    return ScalerPlan(host=host.name, poll_s=s.poll_s, decide_every_s=s.decide_every_s, hold_s=s.hold_s,
+    return ScalerPlan(host=host.name, poll_s=s.poll_s, decide_every_s=s.decide_every_s, hold_s=inventory.gateway.hold_s,
                       deployments=names, running=running)  # fmt: skip
 
 

@@ -288,10 +288,17 @@ def listening_ports() -> list[int]:
 NVIDIA_SMI_QUERY = "index,uuid,name,memory.total,memory.used,driver_version"
 
 
-def gpu_commands(which: Callable[[str], str | None] = shutil.which) -> dict[str, list[str]]:
+def gpu_commands(which: Callable[[str], str | None] = shutil.which, system: str = "") -> dict[str, list[str]]:
     """The GPU tools found on PATH -> the argv whose output engine_ctl.core.fit.hostfacts parses, keyed as the probe
-    reports it. amd-smi (ROCm 6+) is preferred; rocm-smi only where amd-smi is missing."""
+    reports it. amd-smi (ROCm 6+) is preferred; rocm-smi only where amd-smi is missing. On macOS (`system` is
+    uname's Darwin) the Metal GPUs: system_profiler's SPDisplaysDataType as JSON, and the machine's memory (Apple
+    silicon's GPU shares it)."""
     commands = {}
+    profiler, sysctl = which("system_profiler"), which("sysctl")
+    if system == "Darwin" and profiler:
+        commands["system_profiler"] = [profiler, "SPDisplaysDataType", "-json"]
+        if sysctl:
+            commands["hw_memsize"] = [sysctl, "-n", "hw.memsize"]
     smi = which("nvidia-smi")
     if smi:
         commands["nvidia_smi"] = [smi, "--query-gpu=" + NVIDIA_SMI_QUERY, "--format=csv,noheader,nounits"]
@@ -838,10 +845,10 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
     and run side by side while the files are read."""
     started = engines(args.get("engines", {}), args.get("known_versions", {}))
     builds = engines(args.get("builds", {}), args.get("known_versions", {}))  # "engine\tplatform" -> one path
-    gpu_started = {key: start(argv) for key, argv in gpu_commands().items()}
+    uname = os.uname()
+    gpu_started = {key: start(argv) for key, argv in gpu_commands(system=uname.sysname).items()}
     haproxy = shutil.which("haproxy")
     haproxy_started = start([haproxy, "-v"]) if haproxy else None
-    uname = os.uname()
     doc: dict[str, Any] = {
         "probe_version": PROBE_VERSION,
         "hostname": uname.nodename,
