@@ -2,7 +2,8 @@
 units on the other hosts, the real scaler program under its hardened unit, its real SSH key and forced command,
 and the official `openai` package as the client (max_retries=0: a failure is a failure).
 
-The inventory's `scaling:` block shortens the timings (hold 20 s, a decision at most every 20 s, a poll every 2 s);
+The inventory's `gateway:` and `scaling:` blocks shorten the timings (hold 20 s, a decision at most every 20 s, a
+poll every 2 s);
 the defaults stay the seeds' (120 s, 120 s, 15 s).
 
 On-demand slots come from the plan (issue 12a: `max` slots placed, those above `min` installed and not started).
@@ -47,7 +48,7 @@ class ScalerProject:
         line = f"  - {{name: {self.gateway.name}, address: {self.gateway.address}}}"
         assert line in text
         text = text.replace(line, line[:-1] + ", roles: [gateway]}")
-        text += f"scaling: {{hold_s: {HOLD_S}, decide_every_s: {DECIDE_S}, poll_s: {POLL_S}}}\n"
+        text += f"gateway: {{hold_s: {HOLD_S}}}\nscaling: {{decide_every_s: {DECIDE_S}, poll_s: {POLL_S}}}\n"
         self.inventory.write_text(text)
         self.docs = path / "docs"
         self.docs.mkdir()
