@@ -72,12 +72,14 @@ def decide(dep: Obj, obs: Obj, mem: Obj, now: float, every: float) -> Obj | None
         return None
     running, ready = obs["running"], obs["ready"]
     parallel = max(int(dep["parallel"]), 1)
+    since = now - float(mem.get("last_decision_at") or 0)
     if not running:
         waiting = obs["held"] + obs["queued"]
+        if waiting > 0 and mem.get("hold_reason") and since < every:  # no slot was free: tried again in time
+            return None
         if waiting > 0:
             return {"action": "up", "reason": "a request at zero (%d waiting)" % waiting, "figure": float(waiting)}
         return None
-    since = now - float(mem.get("last_decision_at") or 0)
     per = obs["in_flight"] / max(len(ready), 1)
     if len(running) < dep["max"] and since >= every:
         if obs["queued"] > 0 or obs["held"] > 0:
