@@ -283,10 +283,11 @@ def outcome_line(plan: Plan, command: str, code: int, result_text: str) -> str:
 
 def execute(
     plan: Plan, inventory: Inventory, backend: StateBackend, state: State, options: SSHOptions, command: str,
-    events: JsonEvents | None = None,
+    events: JsonEvents | None = None, fanout: int = 32,
 ) -> int:  # fmt: skip
     """Run the plan with the state recorded after every step; Ctrl-C finishes the step in flight. With `events`
-    (--json) every step is also one JSON line on stdout, and the people's lines go to stderr."""
+    (--json) every step is also one JSON line on stdout, and the people's lines go to stderr. At most `fanout`
+    hosts (--fanout) are worked on at once."""
     out = console(stderr=events is not None)
     if events is not None:
         s = plan.summary()
@@ -318,7 +319,7 @@ def execute(
             hub = HubAccess.from_environment(inventory.downloads, bars.update if bars else None)
             executor = Executor(
                 plan, {h.name: h for h in inventory.hosts}, recorder, options, out.print, stop, observer=events,
-                hub=hub,
+                hub=hub, fanout=fanout,
             )  # fmt: skip
             busy = "Applying: one replica at a time per deployment, health-gated…"
             live = bars or (out.status(busy) if out.is_terminal else None)
@@ -424,7 +425,7 @@ def _apply_saved(
                                "it was edited; run engine-ctl plan again and review the new plan",
                                code="plan_tampered")  # fmt: skip
         show_plan(saved, stderr=events is not None)
-        return execute(saved, inventory, backend, state, options, "apply " + str(path), events)
+        return execute(saved, inventory, backend, state, options, "apply " + str(path), events, parallel)
 
 
 @click.command()
@@ -476,7 +477,7 @@ def _apply_documents(
                 events.plain("finished", command=command, result="no changes", exit_code=code, unrecorded=[])
             return code
         _confirm(auto_approve, as_json=events is not None)
-        code = execute(result, inventory, backend, state, options, command, events)
+        code = execute(result, inventory, backend, state, options, command, events, parallel)
         return code or (1 if failures or result.problems else 0)
 
 
@@ -523,7 +524,7 @@ def destroy(
                 events.plain("finished", command="destroy", result="no changes", exit_code=code, unrecorded=[])
             sys.exit(code)
         _confirm(auto_approve, "destroy", as_json)
-        sys.exit(execute(result, inventory, backend, state, options, "destroy", events))
+        sys.exit(execute(result, inventory, backend, state, options, "destroy", events, parallel))
 
 
 __all__ = ["apply", "destroy", "plan", "restart"]
