@@ -12,7 +12,9 @@ from engine_ctl.providers.base import (
     READS_FILE,
     ROCM_GFX_PAGED,
     EngineOption,
+    HttpCall,
     PagedProvider,
+    SleepControls,
     chat_template_argv,
     gpu_env,
 )
@@ -79,6 +81,16 @@ CUDA_GRAPHS = EngineOption(
 )
 
 
+SGLANG_SLEEP = SleepControls(
+    # SGLang's memory saver (its server arguments and http_server.py): launched with --enable-memory-saver, and
+    # --enable-weights-cpu-backup so that the weights are copied to host RAM before their GPU memory is released
+    # (output after resume is right); POST /release_memory_occupation and /resume_memory_occupation, body {}.
+    sleep=lambda level: (HttpCall("POST", "/release_memory_occupation", "{}"),),
+    wake=lambda level: (HttpCall("POST", "/resume_memory_occupation", "{}"),),
+    launch_argv=("--enable-memory-saver", "--enable-weights-cpu-backup"),
+)
+
+
 @dataclass(frozen=True)
 class SgLang(PagedProvider):
     """SGLang: `python -m sglang.launch_server`; a static memory fraction of each GPU for weights and KV."""
@@ -105,7 +117,7 @@ class SgLang(PagedProvider):
             argv += ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
         argv += chat_template_argv(run, "--chat-template", "--chat-template")
         argv += ["--enable-metrics", "--host", run.bind_address, "--port", str(run.port)]
-        return argv + self.engine_args_argv(run.engine_args)
+        return argv + self.sleep_launch(run)[0] + self.engine_args_argv(run.engine_args)
 
     def environment(self, run: ReplicaRun) -> dict[str, str]:
         return {"HF_HUB_OFFLINE": "1", "SGLANG_DISABLE_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **gpu_env(run)}
@@ -140,4 +152,5 @@ SGLANG = SgLang(
     gpu_memory_fraction=MEM_FRACTION_STATIC,
     amd_without_build=PAGED_AMD_WITHOUT_BUILD,
     rocm_gfx=ROCM_GFX_PAGED,
+    sleep_controls=SGLANG_SLEEP,
 )

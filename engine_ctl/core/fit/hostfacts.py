@@ -115,6 +115,8 @@ class HostFacts(Fact):
     """engine-ctl's gateway files on the host (name -> sha256), None where there are none."""
     gateway_servers: dict[str, str] = Field(default_factory=dict)
     """backend/server -> its state as the host's gateway sees it (UP, DOWN, DRAIN, MAINT, ...)."""
+    scaler_state: dict[str, Any] | None = None
+    """The scaler's state.json, on the gateway host that runs it (engine_ctl.core.plan.scaler reads it)."""
     ip_filtering: bool | None = None
     """Whether systemd's IPAddressAllow=/IPAddressDeny= are enforced (cgroup v2); None when not known."""
     models: dict[str, ModelFacts] = Field(default_factory=dict)

@@ -262,4 +262,5 @@ def replica_run(
         chat_template_file=chat_template_path(unit) if jinja else None,
         cache_dir=cache_path(host, d.name),
         lineage=lineage,
+        residency=d.residency if d.api == "chat" else "restart_only",
     )

@@ -842,6 +842,20 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
     return args
 
 
+SCALER_STATE = "/var/lib/engine-ctl/scaler/state.json"
+
+
+def scaler_state(path: str = SCALER_STATE) -> Any:
+    """The scaler's state.json on the gateway host that runs it (its decisions, what runs), or None."""
+    text = read(path)
+    if not text or len(text) > 1000000:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def probe(args: dict[str, Any]) -> dict[str, Any]:
     """Every fact of this host. The tools that take time (engines' --version, GPU tools, haproxy -v) start first
     and run side by side while the files are read."""
@@ -869,6 +883,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "models": {p: model_entry(p) for p in args.get("model_paths", [])},
         "health": health(args.get("health", []), args.get("bind") or "127.0.0.1"),
         "gateway": gateway(),
+        "scaler": scaler_state(),
         "cgroup2": os.path.exists("/sys/fs/cgroup/cgroup.controllers"),
     }
     doc["gpus"] = {key: finish(proc) for key, proc in gpu_started.items()}
