@@ -253,6 +253,33 @@ class Throttle:
         return False
 
 
+class FanOut:
+    """--fanout for apply: at most `limit` hosts worked on at once across all deployments (a step that needs two
+    hosts, a move, takes two of them, or all when the limit is below two)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.free = self.limit
+        self.busiest = 0
+        """The most hosts worked on at once during this apply (what the tests check)."""
+        self._cond = threading.Condition()
+
+    @contextmanager
+    def hosts(self, n: int) -> Iterator[None]:
+        n = min(max(1, n), self.limit)
+        with self._cond:
+            while self.free < n:
+                self._cond.wait()
+            self.free -= n
+            self.busiest = max(self.busiest, self.limit - self.free)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.free += n
+                self._cond.notify_all()
+
+
 def _still_named_after(rec: DeploymentRecord) -> list[str]:
     """The names a record had before `state mv` that some of its replicas' units still bear: once a roll has
     replaced them all, the old name is dropped, and nothing may act on units of that name for this record."""
@@ -326,10 +353,12 @@ class Executor:
         observer: Observer | None = None,
         hub: HubAccess | None = None,
         request_id: str | None = None,
+        fanout: int = 32,
     ) -> None:
         """`request_id`: the request identity this apply records its completed steps under; a step it already
         recorded as done (an earlier run of the same request, cut off) is not run again."""
         self.plan = plan
+        self.fanout = FanOut(fanout)
         self.request_id = request_id
         self.done = done_steps(recorder.state, request_id)
         self.hosts = hosts
@@ -360,6 +389,7 @@ class Executor:
         with ExitStack() as stack:
             for name in sorted(set(names)):
                 stack.enter_context(self._host_locks[name])
+            stack.enter_context(self.fanout.hosts(len(set(names))))  # taken last: no slot held while waiting
             out = {}
             for name in set(names):
                 with self._transports_lock:
@@ -376,7 +406,8 @@ class Executor:
         if self.gateway is not None and not self._gateway_step(self.gateway.before, "before the roll"):
             changes = []  # without the gateway's interim configuration and key, no replica is touched
         if changes:
-            with ThreadPoolExecutor(max_workers=len(changes)) as pool:
+            # one thread a deployment, no more than --fanout: each holds at most one step's hosts at a time
+            with ThreadPoolExecutor(max_workers=min(len(changes), self.fanout.limit)) as pool:
                 list(pool.map(self._deployment, changes))
         if self.gateway is not None:
             self._gateway_step(self.gateway.after, "after the roll")
