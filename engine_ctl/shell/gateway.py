@@ -155,6 +155,29 @@ def ensure_internal_key(t: Transport, key: str, path: str) -> None:
         raise GatewayFailure(f"writing {path}: {result.stderr.strip()}")
 
 
+SECRETS_SCRIPT = r"""
+import json, os, sys
+for path, text in json.load(sys.stdin).items():
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    os.chmod(folder, 0o755)
+    fd = os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path + ".new", 0o600)
+    os.replace(path + ".new", path)
+"""
+
+
+def write_secrets(t: Transport, files: Mapping[str, str]) -> None:
+    """Write root-only (0600) files holding a secret, each replaced at once. Their contents travel over SSH on
+    stdin, never in an argv, a plan, the state or a log."""
+    result = t.run(["python3", "-c", SECRETS_SCRIPT], stdin=json.dumps(dict(files)), timeout=30)
+    if result.exit_code != 0:
+        said = (result.stderr or result.stdout).strip().splitlines()
+        raise GatewayFailure(f"writing {', '.join(sorted(files))}: " + (said[-1] if said else "failed"))
+
+
 def read_internal_key(t: Transport) -> str | None:
     """The internal key a gateway host already has (from an earlier apply), or None."""
     result = t.run(["sh", "-c", f"cat {INTERNAL_ENV} 2>/dev/null || cat {REPLICA_KEY} 2>/dev/null || true"])

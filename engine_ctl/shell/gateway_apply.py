@@ -17,8 +17,8 @@ from engine_ctl.core.render.gateway import (
     GATEWAY_DIR,
     GATEWAY_UNIT,
     INTERNAL_ENV,
-    REPLICA_KEY,
     backend_name,
+    replica_key_files,
     server_name,
 )
 from engine_ctl.shell import gateway as remote
@@ -68,7 +68,7 @@ class GatewayApply:
         replica_hosts = {r.host for c in self.plan.changes for r in c.replicas if r.action != ["delete"]}
         for host in sorted(replica_hosts | {g.host for g in self.live}):
             if host in self.hosts:
-                remote.ensure_internal_key(self._t(host), key, REPLICA_KEY)
+                remote.write_secrets(self._t(host), replica_key_files([key]))
         for g in self.live:
             remote.ensure_internal_key(self._t(g.host), key, INTERNAL_ENV)
             if g.changed:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-from collections.abc import Iterable, Mapping
+import posixpath
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING
@@ -25,6 +26,8 @@ from engine_ctl.core.render.systemd_escape import comment_text
 if TYPE_CHECKING:
     import jinja2
 
+    from engine_ctl.providers import Provider
+
 GATEWAY_UNIT = "engine-ctl-gateway.service"
 GATEWAY_DIR = "/etc/engine-ctl/gateway"
 RUN_DIR_NAME = "engine-ctl-gateway"
@@ -34,7 +37,8 @@ SERVER_STATE = f"{RUN_DIR}/server-state"
 INTERNAL_ENV = f"{GATEWAY_DIR}/internal.env"
 """On a gateway host: ENGINE_CTL_GATEWAY_KEY=<hex>, the key the gateway adds to every request to a replica."""
 REPLICA_KEY = "/etc/engine-ctl/replica-key"
-"""On every engine host: the same internal key, which a replica's engine requires (root-only, 0600)."""
+"""On every engine host: the same internal key, which a replica's engine requires (root-only, 0600); each engine
+has its own form of it beside (replica_key_files)."""
 HAPROXY = "/usr/sbin/haproxy"
 BACKEND_PREFIX = "d_"
 BUFSIZE = 262144
@@ -255,3 +259,28 @@ def start_state(backends: Iterable[GatewayBackend]) -> str:
             lines.append(f"{be_id} {b.backend} {srv_id} {s.name} {s.address} 0 {admin} 1 1 0 8 2 0 6 0 0 0 - "
                          f"{s.port} - 0 0 - - 0")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+# --- the internal key on engine hosts -----------------------------------------------------------------------------
+def internal_key_path(provider: Provider) -> str | None:
+    """Where an engine host keeps this engine's form of the internal key (root-only): the file its unit loads as a
+    credential, or the EnvironmentFile= that sets its variable; None for an engine that takes no key."""
+    folder = posixpath.dirname(REPLICA_KEY)
+    if provider.internal_key_credential:
+        return f"{folder}/{provider.internal_key_credential}"
+    if provider.internal_key_env:
+        return f"{folder}/replica-key.{provider.name}.env"
+    return None
+
+
+def replica_key_files(keys: Sequence[str]) -> dict[str, str]:
+    """Every engine's form of the internal key on an engine host: path -> content. keys[0] is the key the gateways
+    send; the others (an old key during a rotation) are accepted too by the engines that take several."""
+    from engine_ctl.providers import PROVIDERS
+
+    out: dict[str, str] = {}
+    for provider in PROVIDERS.values():
+        path = internal_key_path(provider)
+        if path is not None:
+            out[path] = provider.internal_key_text(keys)
+    return out
