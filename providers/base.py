@@ -173,6 +173,12 @@ class Provider:
     """The unit credential's name when the engine reads the key from a file a flag names (api_key_argv)."""
     internal_key_env: ClassVar[str | None] = None
     """The environment variable the engine reads the key from (set by a root-only EnvironmentFile=)."""
+    internal_key_several: ClassVar[bool] = False
+    """Whether the engine accepts several keys at once (the old and the new while the key is rotated)."""
+
+    @property
+    def takes_internal_key(self) -> bool:
+        return bool(self.internal_key_credential or self.internal_key_env)
 
     def internal_key_text(self, keys: Sequence[str]) -> str:
         """The host file that gives this engine the key: keys[0] is the one the gateway sends; the others are

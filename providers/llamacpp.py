@@ -170,6 +170,7 @@ class LlamaCpp(Provider):
         return ["--api-key-file", key_file]
 
     internal_key_credential: ClassVar[str | None] = "replica-key"
+    internal_key_several: ClassVar[bool] = True
 
     def environment(self, run: ReplicaRun) -> dict[str, str]:
         return {**gpu_env(run), **cache_env(run, "LLAMA_CACHE")}

@@ -35,7 +35,13 @@ RUN_DIR = f"/run/{RUN_DIR_NAME}"
 ADMIN_SOCKET = f"{RUN_DIR}/admin.sock"
 SERVER_STATE = f"{RUN_DIR}/server-state"
 INTERNAL_ENV = f"{GATEWAY_DIR}/internal.env"
-"""On a gateway host: ENGINE_CTL_GATEWAY_KEY=<hex>, the key the gateway adds to every request to a replica."""
+"""Where engine-ctl before the key rotation kept the internal key on a gateway host (read, never written)."""
+GATEWAY_KEY = f"{GATEWAY_DIR}/internal.key"
+"""On a gateway host (root-only): the internal key as a map, `gateway <hex>` (the key the gateway adds to every
+request to a replica) and, while a rotation is under way, `next <hex>` (the key the replicas learn first). The unit
+loads it as a credential and copies it to INTERNAL_MAP; apply changes both and the running map when it rotates."""
+INTERNAL_MAP_FILE = "internal.map"
+"""In the run directory, owned by the gateway's user: the map the configuration reads the key from."""
 REPLICA_KEY = "/etc/engine-ctl/replica-key"
 """On every engine host: the same internal key, which a replica's engine requires (root-only, 0600); each engine
 has its own form of it beside (replica_key_files)."""
@@ -209,6 +215,7 @@ def render_gateway(
             "maxconn": MAXCONN,
             "admin_socket": f"{run_dir}/admin.sock",
             "server_state": f"{run_dir}/server-state",
+            "internal_map": f"{run_dir}/{INTERNAL_MAP_FILE}",
             "hold_s": hold_s,
             "hold_cap": hold_cap,
             "backends": ordered,
@@ -228,7 +235,8 @@ def render_gateway(
             "run_dir": run_dir,
             "run_dir_name": RUN_DIR_NAME,
             "start_state": f"{GATEWAY_DIR}/{START_STATE_FILE}",
-            "internal_key": INTERNAL_ENV if internal_key else None,
+            "internal_key": GATEWAY_KEY if internal_key else None,
+            "internal_map": f"{run_dir}/{INTERNAL_MAP_FILE}",
         },
     )
     return RenderedGateway(
@@ -284,3 +292,25 @@ def replica_key_files(keys: Sequence[str]) -> dict[str, str]:
         if path is not None:
             out[path] = provider.internal_key_text(keys)
     return out
+
+
+def gateway_key_text(key: str, following: str | None = None) -> str:
+    """The gateway's key map: the key it sends, and the one a rotation has given the replicas to accept next."""
+    return f"gateway {key}\n" + (f"next {following}\n" if following else "")
+
+
+def parse_gateway_key(text: str) -> tuple[str | None, str | None]:
+    """(the key sent, the next one) from a gateway's key map, or from the files engine-ctl wrote before it (the
+    environment file ENGINE_CTL_GATEWAY_KEY=<hex>, a replica's key file): a 64-digit hex key each, else None."""
+    sent: str | None = None
+    following: str | None = None
+    for line in text.splitlines():
+        name, _, value = line.strip().replace("=", " ", 1).partition(" ")
+        value = value.strip() if value else name
+        if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+            continue
+        if name == "next":
+            following = value
+        elif sent is None:
+            sent = value
+    return sent, following
