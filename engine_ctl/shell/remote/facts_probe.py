@@ -818,7 +818,7 @@ def gateway(directory: str = GATEWAY_DIR) -> dict[str, Any] | None:
     try:
         for entry in sorted(os.listdir(directory)):
             path = os.path.join(directory, entry)
-            if os.path.isfile(path) and not entry.endswith(".env"):
+            if os.path.isfile(path) and not entry.endswith((".env", ".key")):  # the internal key is no drift
                 with open(path, "rb") as f:
                     files[entry] = hashlib.sha256(f.read()).hexdigest()
     except OSError:
