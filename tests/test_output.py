@@ -57,7 +57,7 @@ def _replan(spec: str, state: State, facts: dict[str, HostFacts]) -> Plan:
 # --- replicas: a scale-down, a repair, the closing line ------------------------------------------------------
 def test_a_scale_down_reads_replicas_2_to_1_and_the_closing_line_counts_replicas() -> None:
     state, facts = _applied("gpus: 1, replicas: {min: 2, max: 2}", h100x8())
-    down = _replan("gpus: 1, replicas: {min: 1, max: 2}", state, facts)
+    down = _replan("gpus: 1, replicas: {min: 1, max: 1}", state, facts)
     (c,) = down.changes
     (removed,) = c.replicas
     assert removed.action == ["delete"] and removed.reason == "replicas 2 → 1"
