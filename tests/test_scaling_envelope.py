@@ -79,6 +79,7 @@ def test_every_slot_up_to_max_is_placed_those_above_min_on_demand_and_listed_in_
     assert "  replica 0 on gpu-h100 GPUs 0–1: always on" in text
     assert "  replica 2 on gpu-h100 GPUs 4–5: on demand" in text
     assert "installed, not started (the scaler starts it)" in text
+    assert text.rstrip().endswith("Replicas: 1 to start, 2 to install.")
     assert len({r.port for r in c.replicas}) == 3  # every unit installed has its own port
 
 
@@ -287,3 +288,12 @@ def test_min_zero_with_nothing_running_is_scaled_to_zero_and_idle_on_demand_unit
     one = [ReplicaRecord(index=0, host="h", unit="engine-ctl-chat-0a.service", port=8000, unit_sha256="",
                          revision=1, status="serving")]  # fmt: skip
     assert recorded_verdict(one, 1, 1).state == "Ready"
+
+
+def test_the_pull_request_markdown_shows_the_envelope_of_a_changed_deployment() -> None:
+    from engine_ctl.cli.planview import plan_markdown
+
+    _, facts = world(h100x8())
+    md = plan_markdown(plan(State(), facts, chat="gpus: 2, replicas: {min: 1, max: 2}"))
+    assert "```text\nchat: replicas 1..2: 1 always on, 1 on demand" in md
+    assert "  replica 1 on gpu-h100 GPUs 2–3: on demand\n```" in md

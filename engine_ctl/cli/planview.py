@@ -28,8 +28,8 @@ MEMORY_BASIS = {
 """What a fit's memory_basis means, said in words wherever a size is shown."""
 
 REPLICA_VERBS = {("create",): "to start", ("create", "delete"): "to replace", ("delete", "create"): "to replace",
-                 ("update",): "to repair", ("delete",): "to remove"}  # fmt: skip
-"""How the closing line counts replicas, by action."""
+                 ("update",): "to repair", ("delete",): "to remove", ("install",): "to install"}  # fmt: skip
+"""How the closing line counts replicas, by action (an on-demand replica's unit created: `install`)."""
 
 
 def _value(path: str, value: Any) -> str:
@@ -122,6 +122,7 @@ def replica_counts(plan: Plan) -> dict[str, int]:
             if r.role == "on-demand":  # min fell: it only stops being started at boot
                 continue
             verb = "to start" if r.role == "always-on" else REPLICA_VERBS[tuple(r.action)]  # min rose: started
+            verb = "to install" if r.on_demand and r.actions == CREATE else verb
             counts[verb] = counts.get(verb, 0) + 1
     return {verb: counts[verb] for verb in REPLICA_VERBS.values() if verb in counts}
 
@@ -293,7 +294,7 @@ def envelope_lines(c: DeploymentChange) -> list[str]:
         if s.gpu_indexes:
             where = f"GPU{'s' if len(s.gpu_indexes) > 1 else ''} {gpu_list(s.gpu_indexes)}"
         else:
-            where = f"({s.cpu_cores} cores, {human_bytes(s.memory_bytes)})"
+            where = f"({s.cpu_cores} core{'s' if s.cpu_cores != 1 else ''}, {human_bytes(s.memory_bytes)})"
         role = "on demand" if s.on_demand else "always on"
         shares = f", shares {'; '.join(s.shares)}" if s.shares else ""
         out.append(f"  replica {s.index} on {s.host} {where}: {role}{shares}")
@@ -493,6 +494,9 @@ def _md_section(c: DeploymentChange) -> str:
         body.append(_fit_table(c))
     for r in c.replicas:
         body.append(_md_replica(r))
+    envelope = envelope_lines(c)
+    if envelope:
+        body.append("\n" + _fenced("text", envelope) + "\n")
     body += [f"- {_text(line)}\n" for line in fetch_lines(c)]
     body.append("</details>\n\n")
     return "".join(body)

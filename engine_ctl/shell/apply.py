@@ -39,7 +39,8 @@ Progress = Callable[[str], None]
 class ApplyEvent:
     """One step of an apply, for pipelines and dashboards (`apply --json` prints each as a JSON line).
 
-    event: started (a replica's step begins), healthy (a unit passed its health gate), removed (an old unit is
+    event: started (a replica's step begins), healthy (a unit passed its health gate), installed (an on-demand
+    replica's unit written and loaded, not started; or one that became on demand), removed (an old unit is
     stopped and deleted), failed (a step or a deployment failed; the reason says why), recorded (the deployment's
     outcome is written to the state)."""
 
@@ -714,13 +715,15 @@ class Executor:
             try:
                 self._start_new(new_t, change, step)
             except StepFailed:
-                self._restore(old_t, change, old_host, old_unit)
+                self._restore(old_t, change, old_host, old_unit, step.on_demand)
                 raise
             self._remove_old(old_t, name, old_host, old_unit)
 
-    def _restore(self, t: Transport, change: DeploymentChange, host: str, unit: str) -> None:
-        """Bring the previous unit back after its replacement failed; its outcome is recorded either way."""
-        restored = t.run(start_argv(unit), timeout=self._budget(change))
+    def _restore(self, t: Transport, change: DeploymentChange, host: str, unit: str, on_demand: bool = False) -> None:
+        """Bring the previous unit back after its replacement failed; its outcome is recorded either way. An
+        on-demand one is started, not enabled."""
+        argv = on_demand_argv("start", unit) if on_demand else start_argv(unit)
+        restored = t.run(argv, timeout=self._budget(change))
         status = "serving" if restored.exit_code == 0 else "failed"
         reason = None if status == "serving" else self._reason(t, change, unit)
         self._record(lambda s: _set_status(s, change.name, host, unit, status, reason), change.name)
