@@ -275,3 +275,15 @@ def test_status_json_carries_the_record_and_the_seeds_fields(tmp_path: Path) -> 
     plain = run("status", "deployment", "chat", str(tmp_path))
     assert plain.stdout.splitlines()[1].split()[:5] == ["chat", "failed", "0/0", "1", "13.2"], plain.stdout
     assert run("status", "chat", str(tmp_path)).stdout == plain.stdout  # `status NAME` still works
+
+
+def test_a_revision_that_changes_only_the_instance_count_keeps_the_measured_startup() -> None:
+    from engine_ctl.core.model import Deployment, Model
+
+    model = Model(name="tiny", format="gguf", path="tiny/tiny.gguf", parameters=4170048)
+    d = Deployment(name="chat", model="tiny", accelerator="cpu", context_length=512)
+    record = DeploymentRecord(name="chat", revision=2, spec=d, model=model, startup=_measured())
+    more = d.model_copy(update={"replicas_min": 3, "replicas_max": 3})
+    assert with_measured_startup(FIT, record, 3, more, model)[1] == "measured"
+    longer = d.model_copy(update={"context_length": 1024})
+    assert with_measured_startup(FIT, record, 3, longer, model) == (FIT, "default")

@@ -16,6 +16,7 @@ from engine_ctl.core.fit.fitting import FitUnknown, fit, shape_disagreement
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.fit.placement import place_one
 from engine_ctl.core.fit.runspec import FitPlan, Placement
+from engine_ctl.core.fit.startup import same_engine
 from engine_ctl.core.model import Deployment, Model
 from engine_ctl.core.plan.changes import (
     CREATE,
@@ -136,7 +137,7 @@ def fit_step(
         change.pending_reason = fitted.reason
         change.action = list(CREATE) if record is None else change.action
         return None
-    change.fit, change.startup_provenance = with_measured_startup(fitted, record, change.revision)
+    change.fit, change.startup_provenance = with_measured_startup(fitted, record, change.revision, d, model)
     fitted = change.fit
     disagreement = shape_disagreement(model, model_facts)
     if disagreement:  # the weights' own metadata sized it; say that the Model document says otherwise
@@ -145,12 +146,20 @@ def fit_step(
 
 
 def with_measured_startup(
-    fitted: FitPlan, record: DeploymentRecord | None, revision: int
+    fitted: FitPlan,
+    record: DeploymentRecord | None,
+    revision: int,
+    d: Deployment | None = None,
+    model: Model | None = None,
 ) -> tuple[FitPlan, Literal["measured", "default"]]:
     """The fit with the start-up peak its revision's first start measured set aside instead of the estimate
-    (host RAM, and each GPU's peak), and where the figures came from."""
+    (host RAM, and each GPU's peak), and where the figures came from. A new revision that changes only the
+    instance count (same_engine) keeps the measurement."""
     startup = record.startup if record is not None else None
-    if startup is None or startup.revision != revision or startup.host_peak_bytes is None:
+    if record is None or startup is None or startup.host_peak_bytes is None:
+        return fitted, "default"
+    kept = startup.revision == record.revision and same_engine(record.spec, record.model, d, model)
+    if startup.revision != revision and not kept:
         return fitted, "default"
     update: dict[str, int] = {"memory_bytes": startup.host_peak_bytes}
     if startup.device_peak_bytes:
