@@ -207,6 +207,31 @@ class RequestRecord(Record):
 REQUESTS_KEPT = 200
 
 
+# --- operator actions (engine-ctl stop, park, delete): recorded, shown in every plan, never undone by apply ---
+OperatorVerb = Literal["stopped", "parked", "deleted"]
+
+
+def _ulid_or_empty(value: str) -> str:
+    return _ulid(value) if value else value
+
+
+Ulid = Annotated[str, AfterValidator(_ulid_or_empty)]
+"""A ULID, or empty (records written before it was given)."""
+
+
+class OperatorAction(Record):
+    """What an operator did to a deployment by a verb: `stopped` (engine-ctl stop), `parked` (engine-ctl park),
+    `deleted` (engine-ctl delete: a tombstone while its document is still in the repository). Apply keeps it so
+    until `engine-ctl start` (or, for a tombstone, until the document is removed)."""
+
+    verb: OperatorVerb
+    when: str
+    who: str = ""
+    operation: Ulid = ""
+    level: int = 0
+    """For `parked`: the engine's sleep level (1 keeps the weights in host RAM, 2 drops them; 0: a restart)."""
+
+
 class DeploymentRecord(Record):
     name: DeploymentName
     revision: Count = 0
@@ -230,6 +255,10 @@ class DeploymentRecord(Record):
     """The measured start-up of the recorded revision (None until its first start measured it)."""
     last_operation: str | None = None
     """The seed's LAST OPERATION: `initialize succeeded`, `initialize failed (launch_failed)`."""
+    id: Ulid = ""
+    """The deployment's stable ID (a ULID), given when it is first created; empty in states written before IDs."""
+    operator: OperatorAction | None = None
+    """An operator's stop, park or delete (engine_ctl.core.plan.operator): kept by apply until `start`."""
 
     _spec = field_validator("spec", mode="before")(known_fields(Deployment))
     _model = field_validator("model", mode="before")(known_fields(Model))
@@ -261,6 +290,9 @@ class DeploymentRecord(Record):
         data: dict[str, Any] = handler(self)
         if not data.get("moved_from"):
             data.pop("moved_from", None)
+        for key in ("id", "operator"):  # written only when set, as moved_from (older states read the same)
+            if not data.get(key):
+                data.pop(key, None)
         return data
 
     def replica(self, index: int, slot: str | None = None) -> ReplicaRecord | None:

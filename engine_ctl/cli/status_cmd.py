@@ -18,6 +18,7 @@ from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.loader import load_paths
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.names import UNIT_PREFIX, UNIT_SUFFIX, parse_unit_name
+from engine_ctl.core.plan.scaler import scaler_views_of, with_scaler
 from engine_ctl.core.plan.status import DeploymentStatus, deployment_status, initialize_text, startup_text
 from engine_ctl.core.render.gateway import endpoint_of
 from engine_ctl.providers import PROVIDERS
@@ -78,7 +79,8 @@ def _statuses(
     facts: dict[str, HostFacts],
     gateways: list[tuple[str, str]] | None = None,
 ) -> list[DeploymentStatus]:
-    return [deployment_status(state.deployments[n], facts, gateways or []) for n in names]
+    views = scaler_views_of(facts[h] for h, _ in gateways or [] if h in facts)
+    return [with_scaler(deployment_status(state.deployments[n], facts, gateways or []), views.get(n)) for n in names]
 
 
 def url_of(address: str | None, port: int) -> str | None:
@@ -166,11 +168,15 @@ def list_cmd(
 @click.option(
     "--json", "as_json", is_flag=True,
     help="The deployment(s) as versioned JSON, each with its members: host, address, port, URL, unit, GPUs, "
-    "last error.",
+    "last error, and the scaler's decisions.",
+)  # fmt: skip
+@click.option(
+    "--decisions", is_flag=True,
+    help="Also the scaler's last decisions (up, down, zero, wake, preempt, hold), each with the figure it acted on.",
 )  # fmt: skip
 def status(
     name: str | None, paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
-    accept_new_host_keys: bool, as_json: bool,
+    accept_new_host_keys: bool, as_json: bool, decisions: bool = False,
 ) -> None:  # fmt: skip
     """A deployment's state and each instance (seed 003): NAME STATE READY REVISION STARTUP INITIALIZE LAST
     OPERATION, then INSTANCE HOST STATE LIFECYCLE DEVICES LAST ERROR (all deployments without NAME).
@@ -182,12 +188,12 @@ def status(
     """
     if name == "deployment" and paths and not is_path(str(paths[0])):
         name, paths = str(paths[0]), paths[1:]
-    _status(name, paths, inventory_path, state_path, parallel, accept_new_host_keys, as_json)
+    _status(name, paths, inventory_path, state_path, parallel, accept_new_host_keys, as_json, decisions)
 
 
 def _status(
     name: str | None, paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
-    accept_new_host_keys: bool, as_json: bool,
+    accept_new_host_keys: bool, as_json: bool, decisions: bool = False,
 ) -> None:  # fmt: skip
     name, paths = name_and_paths(name, paths)
     backend = backend_for(state_path, paths)
@@ -228,6 +234,8 @@ def _status(
         out.print(instance_table(s))
         if s.instances:
             out.print(units_line(s))
+        if decisions:
+            out.print(decisions_table(s) if s.decisions else "decisions: none recorded by the scaler", markup=False)
         out.print("")
     report_failures(failures)
     sys.exit(1 if failures else 0)
@@ -281,6 +289,19 @@ def instance_table(s: DeploymentStatus) -> Table:
             f"{i.index}{_slot(i.unit)}" if i.index in twins else str(i.index), i.host, i.state, i.lifecycle,
             ",".join(i.devices) or "-", i.last_error or "-",
         )  # fmt: skip
+    return table
+
+
+def decisions_table(s: DeploymentStatus) -> Table:
+    """The scaler's last decisions: AT ACTION SLOT HOST FIGURE REASON (the reason wraps)."""
+    table = Table(box=None, pad_edge=False, title="the scaler's decisions", title_justify="left")
+    for col in ("AT", "ACTION", "SLOT", "HOST", "FIGURE"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("REASON", overflow="fold", ratio=1)
+    for d in s.decisions:
+        figure = "-" if d.figure is None else f"{d.figure:g}"
+        slot = "-" if d.slot is None else str(d.slot)
+        table.add_row(d.at, d.action, slot, d.host or "-", figure, d.reason)
     return table
 
 

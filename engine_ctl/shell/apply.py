@@ -22,6 +22,7 @@ from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.fetch import FetchFailed, FetchProgress, HubAccess, fetch_weights
 from engine_ctl.shell.gateway import GatewayFailure
 from engine_ctl.shell.gateway_apply import GatewayApply
+from engine_ctl.shell.scaler_apply import ScalerApply, ScalerFailure
 from engine_ctl.shell.transport import (
     CommandResult,
     HostFailure,
@@ -199,7 +200,17 @@ class Recorder:
 def _record(state: State, name: str) -> DeploymentRecord:
     if name not in state.deployments:
         state.deployments[name] = DeploymentRecord(name=name)
-    return state.deployments[name]
+    rec = state.deployments[name]
+    if not rec.id:  # its stable ID, given once, when it is first created (or first recorded by this engine-ctl)
+        rec.id = new_id()
+    return rec
+
+
+def new_id() -> str:
+    """A deployment's (or an operation's) ID: a ULID."""
+    from ulid import ULID
+
+    return str(ULID())
 
 
 def _put_replica(state: State, name: str, replica: ReplicaRecord) -> None:
@@ -378,6 +389,7 @@ class Executor:
         if self.gateway is not None:
             self._gateway_step(self.gateway.after, "after the roll")
             self.gateway.close()
+        self._scaler()
         for t in self._transports.values():
             t.close()
         self.result.interrupted = self.stop.is_set()
@@ -392,6 +404,17 @@ class Executor:
             self.progress(f"gateway: FAILED: {reason}")
             return False
         return True
+
+    def _scaler(self) -> None:
+        """The scaler after everything else: its configuration is what this apply recorded (shell/scaler_apply)."""
+        if self.plan.scaler is None or self.stop.is_set():
+            return
+        scaler = ScalerApply(self.plan.scaler, self.hosts, lambda: self.recorder.state, self.options, self.progress)
+        try:
+            scaler.run()
+        except (ScalerFailure, HostFailure, OSError) as exc:
+            self.result.failed.setdefault("scaler", f"the scaler on {self.plan.scaler.host}: {exc}")
+            self.progress(f"scaler: FAILED: {exc}")
 
     def _gateway(self, step: Callable[[str, str], None], name: str, unit: str) -> None:
         """A gateway step of a roll (a new replica enters, an old one drains); its failure halts the roll."""

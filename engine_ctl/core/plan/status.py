@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.plan.scaler import Decision
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord
 
@@ -74,6 +75,8 @@ class DeploymentStatus(BaseModel):
     plan: dict[str, Any] | None = None
     capabilities: list[str] = Field(default_factory=list)
     ready_replicas: int = 0
+    decisions: list[Decision] = Field(default_factory=list)
+    """The scaler's last decisions for this deployment, each with the figure it acted on (oldest first)."""
 
 
 # --- seed 003's status: start-up, initialize, last operation, lifecycle, devices (lifecycle records) ----------
