@@ -39,8 +39,8 @@ def test_revisions_startup_and_the_seeds_tables(project: Project) -> None:
     name = project.name
     project.write("replicas: {min: 1, max: 2}\ncontext_length: 512")
     first = project.cli("apply", "--auto-approve", check=True)
-    found = REQUEST.search(first.stdout.splitlines()[0])
-    assert found, first.stdout
+    found = REQUEST.search(first.stderr.splitlines()[0])
+    assert found, first.stderr
     state = project.state()
     (request,) = [r for r in state["requests"] if r["id"] == found.group(1)]
     assert request["command"] == "apply" and request["exit_code"] == 0 and request["result"] == "applied"

@@ -117,7 +117,7 @@ def test_apply_prints_its_request_identity_and_a_finished_one_is_reported_not_re
     before = (tmp_path / "engine-ctl.state.json").read_text()
     again = run("apply", str(tmp_path), "--request-id", ULID_A.lower(), "--auto-approve")
     assert again.exit_code == 0, again.output
-    assert again.stdout.splitlines()[0] == (
+    assert again.stderr.splitlines()[0] == (
         f"Request identity: {ULID_A} (reuse --request-id {ULID_A} to recover this command)"
     )
     assert (f"Request {ULID_A} (`apply`) finished at 2026-12-03T11:01:00+00:00: applied (exit status 0); "
@@ -287,3 +287,22 @@ def test_a_revision_that_changes_only_the_instance_count_keeps_the_measured_star
     assert with_measured_startup(FIT, record, 3, more, model)[1] == "measured"
     longer = d.model_copy(update={"context_length": 1024})
     assert with_measured_startup(FIT, record, 3, longer, model) == (FIT, "default")
+
+
+def test_an_operator_verb_prints_its_request_identity_and_a_finished_one_is_not_redone(tmp_path: Path) -> None:
+    state_file = tmp_path / "engine-ctl.state.json"
+    state = State()
+    begin(state, ULID_A, "stop deployment chat", "me", "2026-12-03T11:00:00+00:00")
+    finish(state, ULID_A, "done", 0, "2026-12-03T11:00:01+00:00")
+    LocalState(state_file).write(state)
+    before = state_file.read_text()
+    again = run("stop", "deployment", "chat", "--state", str(state_file), "--request-id", ULID_A)
+    assert again.exit_code == 0, again.output
+    assert again.stderr.splitlines()[0] == (
+        f"Request identity: {ULID_A} (reuse --request-id {ULID_A} to recover this command)"
+    )
+    assert f"Request {ULID_A} (`stop deployment chat`) finished at 2026-12-03T11:00:01+00:00: done" in again.stdout
+    assert state_file.read_text() == before
+    other = run("park", "deployment", "chat", "--state", str(state_file), "--request-id", ULID_A)
+    assert other.exit_code == 1
+    assert "was recorded for `stop deployment chat`, not `park deployment chat`" in other.stderr
