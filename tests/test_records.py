@@ -306,3 +306,17 @@ def test_an_operator_verb_prints_its_request_identity_and_a_finished_one_is_not_
     other = run("park", "deployment", "chat", "--state", str(state_file), "--request-id", ULID_A)
     assert other.exit_code == 1
     assert "was recorded for `stop deployment chat`, not `park deployment chat`" in other.stderr
+
+
+def test_an_estimate_above_what_any_host_gives_runs_its_first_start_alone_on_one_host() -> None:
+    from engine_ctl.core.fit.hostfacts import Cpu, HostFacts, Memory
+    from engine_ctl.core.plan.deployment import whole_host
+
+    def host(name: str, available_gib: int) -> HostFacts:
+        return HostFacts(host=name, cpu=Cpu(cores=8),
+                         memory=Memory(total_bytes=64 * GIB, available_bytes=available_gib * GIB))  # fmt: skip
+
+    capped, alone = whole_host(FIT, [host("a", 4), host("b", 5)])  # the estimate: 6 GiB of host memory
+    assert alone and capped.memory_bytes == 5 * GIB and capped.min_gpu_memory_bytes == FIT.min_gpu_memory_bytes
+    assert whole_host(FIT, [host("a", 4), host("b", 7)]) == (FIT, False)
+    assert whole_host(FIT, []) == (FIT, False)
