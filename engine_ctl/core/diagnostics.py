@@ -182,6 +182,7 @@ bad input (400 INVALID_DEPLOYMENT)."""
 
 EXIT_STATUSES: dict[str, int] = {
     "revision_mismatch": 26,
+    **VERB_EXIT_STATUS,
 }
 """The exit status of a command refused with one of these codes; every other code exits 1 (README, Exit codes)."""
 

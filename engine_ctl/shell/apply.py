@@ -13,7 +13,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 from engine_ctl.core.documents.inventory import Host
-from engine_ctl.core.fit.startup import measure_script, parse_measurement, sampler
+from engine_ctl.core.fit.startup import measure_script, parse_measurement, same_engine, sampler
 from engine_ctl.core.names import UNIT_FORM, parse_unit_name
 from engine_ctl.core.plan.changes import CREATE, DELETE, SURGE, UPDATE, DeploymentChange, Plan, ReplicaChange
 from engine_ctl.core.plan.status import recorded_verdict
@@ -324,6 +324,14 @@ def _initialized(state: State, name: str, startup: StartupRecord | None, elapsed
         rec.startup = startup
 
 
+def carry_startup(rec: DeploymentRecord, change: DeploymentChange) -> None:
+    """A new revision that changes only the instance count keeps the engine, and so its measured start-up."""
+    s = rec.startup
+    kept = s is not None and s.revision == rec.revision != change.revision
+    if s is not None and kept and same_engine(rec.spec, rec.model, change.spec, change.model):
+        rec.startup = s.model_copy(update={"revision": change.revision})
+
+
 def _forget(state: State, name: str) -> None:
     state.deployments.pop(name, None)
 
@@ -595,6 +603,7 @@ class Executor:
             return
         rec = _record(state, change.name)
         if applied:
+            carry_startup(rec, change)
             rec.revision = change.revision
             rec.spec, rec.model, rec.spec_hash, rec.plan = change.spec, change.model, change.spec_hash, change.fit
             rec.chosen = dict(change.chosen)

@@ -141,6 +141,9 @@ class DeploymentChange(Step):
     spec_hash: str = ""
     fit: FitPlan | None = None
     startup_provenance: Literal["measured", "default"] = Field(default="default", exclude=True)
+    whole_host: bool = Field(default=False, exclude=True)
+    """The estimated start-up peak is above what any host can give: the first start runs alone on one host and
+    sets aside all of it (the fit's memory_bytes is that host's)."""
     """Where the fit's start-up memory came from: `measured` (the revision's first start, recorded) or `default`
     (the estimate)."""
     field_changes: list[FieldChange] = Field(default_factory=list)
