@@ -143,6 +143,7 @@ def list_cmd(
         emit_json(list_json(statuses))
     else:
         console().print(list_table(statuses) if statuses else _no_deployments(backend.location))
+        _sleep_warning(records)
         report_failures(failures)
     sys.exit(1 if failures else 0)
 
@@ -195,8 +196,11 @@ def status(
     out = console()
     if not statuses:
         out.print(_no_deployments(backend.location))
+    _sleep_warning(records)
     for s in statuses:
         out.print(deployment_table(s))
+        if s.id:
+            out.print(f"Deployment ID: {s.id}", markup=False, highlight=False)
         if s.gateways:
             behind = sum(1 for m in s.members if m.ready)
             out.print(f"endpoint: {', '.join(g + '/v1' for g in s.gateways)} (model: {s.served_model_name}; "
@@ -207,6 +211,15 @@ def status(
         out.print("")
     report_failures(failures)
     sys.exit(1 if failures else 0)
+
+
+def _sleep_warning(records: list[DeploymentRecord]) -> None:
+    """While parking is on for a deployment shown: the warning that its engine runs with its sleep controls."""
+    from engine_ctl.core.plan.operator import sleep_controls_warning
+
+    warning = sleep_controls_warning(records)
+    if warning:
+        console(stderr=True).print(warning, markup=False, highlight=False)
 
 
 def list_table(statuses: list[DeploymentStatus]) -> Table:

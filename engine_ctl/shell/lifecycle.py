@@ -131,10 +131,9 @@ class Verbs:
         if rec.operator is None:
             return None
         if rec.operator.verb == "parked":
-            level = rec.operator.level
-            jobs = self.unit_states(rec, "park" if level else "stop")
-            watched = [s for k, s in jobs.items() if "/park-" in k or "/stop-" in k or not level]
-            return parking_phase("parked", watched)
+            asleep = rec.operator.level > 0  # its engine stays active: only the park job tells
+            jobs = self.unit_states(rec, "park" if asleep else "stop")
+            return parking_phase("parked", [s for k, s in jobs.items() if not asleep or "/park-" in k])
         return self.stop_phase(rec) if rec.operator.verb == "stopped" else "deleted"
 
     def wait_stopped(self, rec: DeploymentRecord, within: float = STOP_WAIT_S) -> bool:
@@ -217,17 +216,17 @@ class Verbs:
             return Outcome(operation="", note=f"{name} is not stopped or parked; nothing to start")
         if rec.operator.verb == "deleted":
             return self._undelete(name)
-        if self.phase(rec) in ("stopping", "parking"):
-            if not wait:
-                raise Refused(
-                    f"{name} is still stopping; nothing was started. Retry in a moment, or run "
-                    f"`engine-ctl start deployment {name} --wait`, which waits for the stop to finish and then starts",
-                    code="still_stopping",
-                )
+        if wait:  # seed 003: --wait says it waits for the stop, however long that is
             on_wait()
             if not self._wait_phase(rec):
                 raise Refused(f"the stop of {name} did not finish within {STOP_WAIT_S}s; nothing was started",
                               code="still_stopping")  # fmt: skip
+        elif self.phase(rec) in ("stopping", "parking"):
+            raise Refused(
+                f"{name} is still stopping; nothing was started. Retry in a moment, or run "
+                f"`engine-ctl start deployment {name} --wait`, which waits for the stop to finish and then starts",
+                code="still_stopping",
+            )
         return self._start(name, wait)
 
     def _wait_phase(self, rec: DeploymentRecord) -> bool:

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 
 from engine_ctl.core.plan.changes import NO_OP, DeploymentChange, Drift
 from engine_ctl.core.plan.gateway import stopped_map
+from engine_ctl.providers import PROVIDERS
 from engine_ctl.state.model import DeploymentRecord, OperatorAction, State
 
 STOP_WAIT_S = 160
@@ -78,6 +79,18 @@ def held_by(state: State, name: str) -> OperatorAction | None:
     return record.operator if record is not None else None
 
 
+def sleep_controls_warning(records: Iterable[DeploymentRecord]) -> str | None:
+    """list's and status's warning while parking is on for any deployment shown (its engine launched with its
+    sleep controls)."""
+    names = []
+    for rec in records:
+        provider = PROVIDERS.get(rec.plan.engine) if rec.plan else None
+        residency = rec.spec.residency if rec.spec is not None and rec.spec.api == "chat" else "restart_only"
+        if provider is not None and provider.parks_asleep(residency):
+            names.append(rec.name)
+    return SLEEP_CONTROLS_WARNING.format(names=", ".join(names)) if names else None
+
+
 def scaler_stopped(record: DeploymentRecord) -> bool:
     """The scaler's `stopped` (scaler.json): it never starts a slot of a deployment an operator stopped, parked or
     deleted."""
@@ -108,5 +121,7 @@ def park_refusal(keeps_bytes: int, available_bytes: int | None, host: str, name:
             "(level 2 drops the weights)")  # fmt: skip
 
 
-__all__ = ["DRAIN_S", "STOP_SETTLE_S", "STOP_WAIT_S", "hold", "note", "park_refusal", "parking_phase", "scaler_stopped",
-           "stop_phase", "stopped_map", "without_held_drift"]  # fmt: skip
+__all__ = [
+    "DRAIN_S", "STOP_SETTLE_S", "STOP_WAIT_S", "hold", "note", "park_refusal", "parking_phase", "scaler_stopped",
+    "sleep_controls_warning", "stop_phase", "stopped_map", "without_held_drift",
+]  # fmt: skip
