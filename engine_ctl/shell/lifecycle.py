@@ -13,9 +13,18 @@ from dataclasses import dataclass, field
 
 from engine_ctl.core.diagnostics import VERB_EXIT_STATUS
 from engine_ctl.core.documents.inventory import Host, Inventory
-from engine_ctl.core.plan.gateway import stopped_map
+from engine_ctl.core.plan.gateway import backends_from_state, stopped_map
 from engine_ctl.core.plan.operator import STOP_WAIT_S, park_refusal, parking_phase, stop_phase
-from engine_ctl.core.render.gateway import GATEWAY_DIR, backend_name, map_text, server_name, sha256
+from engine_ctl.core.render.gateway import (
+    CONFIG_FILE,
+    GATEWAY_DIR,
+    RUNTIME_MAPS,
+    backend_name,
+    map_text,
+    render_gateway,
+    server_name,
+    sha256,
+)
 from engine_ctl.shell import gateway as remote
 from engine_ctl.shell.apply import UNIT_DIR, new_id, remove_argv
 from engine_ctl.shell.operator import (
@@ -34,9 +43,11 @@ from engine_ctl.shell.operator import (
 from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, transport_for
 from engine_ctl.state import Operation, State, StateBackend, StateError
 from engine_ctl.state.base import now, who
-from engine_ctl.state.model import DeploymentRecord, OperatorAction
+from engine_ctl.state.model import DeploymentRecord, GatewayRecord, OperatorAction
 
 Transport = SSHTransport | LocalTransport
+KEY_MAPS = tuple(n for n in RUNTIME_MAPS if n != "stopped.map")
+"""The gateway's key maps: rendered from the ApiKey documents, which the verbs do not read, so left as they are."""
 STILL_STOPPING = VERB_EXIT_STATUS["still_stopping"]
 """Seed 003: the exit status of a start (or a delete) refused while the stop is still under way."""
 
@@ -159,6 +170,22 @@ class Verbs:
             remote.set_maps(t, {"stopped.map": entries})
             t.put(f"{GATEWAY_DIR}/stopped.map", text.encode(), 0o644)
             state.gateways[g.name].files_sha256["stopped.map"] = sha256(text)
+
+    def reconfigure(self, state: State) -> None:
+        """Each gateway's configuration from the state (a deleted deployment's servers gone), installed as apply
+        installs it (checked, then reloaded without dropping a connection); its key maps are left as they are."""
+        hosts = {h.name: h for h in self.inventory.hosts}
+        for g in self._gateways(state):
+            t = self._t(g.name)
+            rendered = render_gateway(g, backends_from_state(state, hosts), [], stopped=stopped_map(state.deployments))
+            kept = {n: t.run(["cat", f"{GATEWAY_DIR}/{n}"]).stdout for n in KEY_MAPS}
+            files = {**rendered.files, **kept}
+            maps = {"stopped.map": rendered.maps["stopped.map"]}
+            remote.install(t, rendered.model_copy(update={"files": files, "maps": maps}))
+            state.gateways[g.name] = GatewayRecord(
+                endpoint=rendered.endpoint, files_sha256={n: sha256(x) for n, x in sorted(files.items())},
+                unit_sha256=rendered.unit_sha256, config=rendered.files[CONFIG_FILE],
+            )  # fmt: skip
 
     def servers(self, state: State, rec: DeploymentRecord, to: str) -> None:
         """Each replica's server on every gateway: `maint` (nothing routed to it) or `ready`."""
@@ -350,7 +377,7 @@ class Verbs:
             rec.state, rec.reason = "Pending", "deleted by an operator"
             self._log(state, f"delete deployment {name}", operation, "deleted")
             state = self._write(state)
-            self.publish_stopped(state)
+            self.reconfigure(state)
             self._write(state)
         return Outcome(operation=operation)
 
