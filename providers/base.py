@@ -135,7 +135,7 @@ class Provider:
     auto_for_format: str | None
     """The model format for which `engine: auto` picks this engine (one engine per format)."""
     platforms: frozenset[str]
-    """Where it runs: nvidia, amd, cpu."""
+    """Where it runs: nvidia, amd, apple (Metal), cpu."""
     allowed_flags: tuple[str, ...]
     deployment_flags: Mapping[str, str]
     """Flags the deployment sets -> where to set them instead."""
@@ -199,6 +199,8 @@ class Provider:
             return None
         if gpu.vendor == "nvidia":
             return "cuda"
+        if gpu.vendor == "apple":
+            return "metal"
         family = amd_family(gpu.name)
         target = gpu.gfx_target or FAMILY_GFX.get(family or "")
         if target is None and family is None:  # an AMD GPU named by none of the rows: not refused
@@ -331,6 +333,8 @@ def gpu_env(run: ReplicaRun) -> dict[str, str]:
     if not run.gpus:
         return {}
     uuids = ",".join(g.uuid for g in run.gpus)
+    if run.gpus[0].vendor == "apple":  # Metal has one GPU and no visible-devices variable
+        return {}
     if run.gpus[0].vendor == "amd":
         return {"ROCR_VISIBLE_DEVICES": uuids}
     return {"CUDA_VISIBLE_DEVICES": uuids, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}

@@ -23,6 +23,10 @@ from engine_ctl.core.fit.runspec import ReplicaRun
 
 GPU_MEMORY_UTILIZATION = 0.90
 
+# The release the seed pins (vllm/vllm-openai:v0.30.0); every flag below is checked against its argument list,
+# tests/engine_flags/vllm-0.30.0.txt (made by tests/tools/engine_flags.py from the release's own source).
+RELEASE = "0.30.0"
+
 ALLOWED = (
     "--dtype", "--quantization", "--kv-cache-dtype", "--enable-prefix-caching", "--no-enable-prefix-caching",
     "--enforce-eager", "--no-enforce-eager", "--max-num-batched-tokens", "--enable-chunked-prefill",
@@ -77,7 +81,8 @@ SHORT = {
     "-tp": "--tensor-parallel-size",
     "-pp": "--pipeline-parallel-size",
     "-q": "--quantization",
-    "-O": "--compilation-config",
+    "-O": "--optimization-level",  # vLLM's parser rewrites -O<n> to --optimization-level <n> (argparse_utils.py)
+    "-cc": "--compilation-config",
     "-dp": "--data-parallel-size",
 }
 

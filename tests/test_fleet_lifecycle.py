@@ -118,7 +118,7 @@ def test_each_deployment_gets_a_stable_id_shown_in_status(lc: Lifecycle) -> None
     first = lc.state()["deployments"]["lc"]["id"]
     assert ULID.fullmatch(first)
     shown = lc.cli("status", "lc")
-    assert f"Deployment ID: {first}" in shown.stdout, shown.stdout + shown.stderr
+    assert re.search(rf"^ID\s+{first}$", shown.stdout, re.MULTILINE), shown.stdout + shown.stderr
     again = lc.cli("apply", "--auto-approve")
     assert again.returncode == 0 and lc.state()["deployments"]["lc"]["id"] == first
 

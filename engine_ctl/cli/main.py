@@ -16,7 +16,7 @@ from typing import NoReturn
 import click
 
 from engine_ctl import __version__
-from engine_ctl.core.diagnostics import Diagnostic, InputError, by_place
+from engine_ctl.core.diagnostics import Diagnostic, InputError, by_place, exit_status
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -176,7 +176,7 @@ class EngineCtlGroup(click.Group):
                 print_diagnostics(exc.diagnostics)
             if as_json:  # a script reads the error object on stdout, as documented
                 print_error_object(exc.diagnostics, one_line=command in JSON_LINES)
-            ctx.exit(EXIT_ERROR)
+            ctx.exit(exit_status(exc.diagnostics))
         except (KeyboardInterrupt, click.exceptions.Abort):  # Ctrl-C anywhere, a click prompt included
             interrupted()
 
@@ -216,7 +216,7 @@ def main() -> None:
         code = cli.main(prog_name="engine-ctl", standalone_mode=False)
     except InputError as exc:
         print_diagnostics(exc.diagnostics)
-        sys.exit(EXIT_ERROR)
+        sys.exit(exit_status(exc.diagnostics))
     except (KeyboardInterrupt, click.exceptions.Abort):
         interrupted()
     except click.ClickException as exc:

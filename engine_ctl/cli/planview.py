@@ -200,8 +200,20 @@ def render_plan(plan: Plan, command: str = "apply") -> list[tuple[str, str]]:
         out += [("warn", f"Warning: gateway {g.host}: {w}") for w in g.warnings]
     for c in plan.changes:
         out += _render_notes(c)
+    out += _scaler_lines(plan)
     out.append(("", ""))
     return out + _render_end(plan, command, bool(changed or gateways))
+
+
+def _scaler_lines(plan: Plan) -> list[tuple[str, str]]:
+    """Where the scaler runs (exactly one, the first gateway host by name) and what it says runs now."""
+    s = plan.scaler
+    if s is None:
+        return []
+    out = [("", ""), ("bold", f"  # scaler on {s.host} (the first gateway host by name): "
+                              f"{', '.join(s.deployments)}")]  # fmt: skip
+    out += [("", f"    {name}: {line}") for name, line in sorted(s.running.items())]
+    return out
 
 
 def _render_top(plan: Plan) -> list[tuple[str, str]]:

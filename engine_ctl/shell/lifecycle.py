@@ -187,6 +187,22 @@ class Verbs:
                 unit_sha256=rendered.unit_sha256, config=rendered.files[CONFIG_FILE],
             )  # fmt: skip
 
+    def refresh_scaler(self, state: State, name: str) -> None:
+        """The scaler's configuration (scaler.json) again, where the deployment scales: `stopped` for a held one, so
+        the scaler never starts its slots. A failure is said, never fatal: the next apply writes it too."""
+        from engine_ctl.core.plan.scaler import plan_scaler, scales
+        from engine_ctl.shell.scaler_apply import ScalerApply, ScalerFailure
+
+        rec = state.deployments.get(name)
+        plan = plan_scaler([], state, self.inventory, {}) if rec is not None and scales(rec.spec) else None
+        if plan is None:
+            return
+        hosts = {h.name: h for h in self.inventory.hosts}
+        try:
+            ScalerApply(plan, hosts, lambda: state, self.options, self.progress).run()
+        except (ScalerFailure, HostFailure, OSError) as exc:
+            self.progress(f"warning: the scaler's configuration was not updated: {exc}; `engine-ctl apply` does it")
+
     def servers(self, state: State, rec: DeploymentRecord, to: str) -> None:
         """Each replica's server on every gateway: `maint` (nothing routed to it) or `ready`."""
         for g in self._gateways(state):
@@ -213,6 +229,7 @@ class Verbs:
             self.publish_stopped(state)
             self.servers(state, rec, "maint")
             state = self._write(state)
+            self.refresh_scaler(state, name)
             self._detach(rec, "stop", lambda p, h, r: stop_job(p, h, r))
         return Outcome(operation=operation)
 
@@ -275,6 +292,7 @@ class Verbs:
             state = self._write(state)
             self.publish_stopped(state)
             state = self._write(state)
+            self.refresh_scaler(state, name)
         asleep = held.verb == "parked" and held.level > 0
         provider = provider_of(rec)
         ready = 0
@@ -322,6 +340,7 @@ class Verbs:
             self._log(state, f"park deployment {name}", operation, "park requested")
             state = self._write(state)
             self.servers(state, rec, "maint")
+            self.refresh_scaler(state, name)
             if asleep:
                 self._detach(rec, "park", lambda p, h, r: sleep_job(p, h, r, level))
             else:
@@ -378,7 +397,8 @@ class Verbs:
             self._log(state, f"delete deployment {name}", operation, "deleted")
             state = self._write(state)
             self.reconfigure(state)
-            self._write(state)
+            state = self._write(state)
+            self.refresh_scaler(state, name)
         return Outcome(operation=operation)
 
 

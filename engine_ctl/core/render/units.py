@@ -99,7 +99,7 @@ def gateway_allow(hosts: Mapping[str, Host]) -> tuple[str, ...]:
 
 
 def device_allow(run: ReplicaRun) -> list[str]:
-    if not run.gpus:
+    if not run.gpus or run.gpus[0].vendor == "apple":
         return []
     if run.gpus[0].vendor == "amd":
         return ["/dev/kfd rw", "char-drm rw"]
