@@ -152,6 +152,17 @@ def test_a_request_through_the_gateway_for_the_stopped_deployment_is_refused_and
     assert lc.unit_state() == "inactive"
 
 
+def test_engine_controls_are_never_reachable_through_the_gateway(lc: Lifecycle) -> None:
+    """Sleep controls (vLLM's /sleep, /wake_up; SGLang's /release_memory_occupation) live beside /v1 on a replica's
+    port: the gateway forwards only /v1/."""
+    for path in ("/sleep?level=1", "/wake_up", "/release_memory_occupation", "/slots"):
+        req = urllib.request.Request(f"http://{lc.gateway.address}:8800{path}", data=b"{}", method="POST",
+                                     headers={"Authorization": f"Bearer {KEY}"})  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=10)
+        assert refused.value.code == 404 and json.loads(refused.value.read())["error"]["code"] == "unknown_url"
+
+
 def test_plan_and_apply_keep_it_stopped_and_say_so(lc: Lifecycle) -> None:
     plan = lc.cli("plan", "--detailed-exitcode")
     assert plan.returncode == 0, plan.stdout + plan.stderr

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from engine_ctl.core.diagnostics import VERB_EXIT_STATUS
+from engine_ctl.core.diagnostics import EXIT_STATUSES
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.plan.gateway import backends_from_state, stopped_map
 from engine_ctl.core.plan.operator import STOP_WAIT_S, park_refusal, parking_phase, stop_phase
@@ -48,7 +48,7 @@ from engine_ctl.state.model import DeploymentRecord, GatewayRecord, OperatorActi
 Transport = SSHTransport | LocalTransport
 KEY_MAPS = tuple(n for n in RUNTIME_MAPS if n != "stopped.map")
 """The gateway's key maps: rendered from the ApiKey documents, which the verbs do not read, so left as they are."""
-STILL_STOPPING = VERB_EXIT_STATUS["still_stopping"]
+STILL_STOPPING = EXIT_STATUSES["still_stopping"]
 """Seed 003: the exit status of a start (or a delete) refused while the stop is still under way."""
 
 
@@ -61,7 +61,7 @@ class Refused(Exception):
 
     @property
     def exit_status(self) -> int:
-        return VERB_EXIT_STATUS.get(self.code, 1)
+        return EXIT_STATUSES.get(self.code, 1)
 
 
 @dataclass
