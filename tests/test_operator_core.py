@@ -144,3 +144,14 @@ def test_the_id_and_the_verb_are_read_back_and_refused_when_malformed() -> None:
         assert "deployments.chat.id" in str(exc)
     else:
         raise AssertionError("a malformed ID was read")
+
+
+def test_a_held_deployment_on_an_unreachable_host_gives_apply_nothing_to_record() -> None:
+    """Apply records a change it runs (a blocked one too, at its revision): a held one must carry none, so a
+    document edited while stopped is never recorded without being rolled."""
+    state, facts = running("gpus: 1, context_length: 4096")
+    inv = world(*facts.values())[0]
+    plan = make_plan(desired("gpus: 1, context_length: 8192"), held(state, "stopped"), inv, {}, {"m": SHAPE})
+    (c,) = plan.changes
+    assert not c.changed and not c.blocked and c.failed_reason is None and c.replicas == []
+    assert any("could not be reached" in w for w in c.warnings), c.warnings

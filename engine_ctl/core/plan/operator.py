@@ -56,12 +56,14 @@ def hold(change: DeploymentChange, record: DeploymentRecord) -> DeploymentChange
     its document are still listed (they roll in after start)."""
     assert record.operator is not None
     why = note(record.operator, record.name)
+    said = [*change.blocked, *([f"Failed: {change.failed_reason}"] if change.failed_reason else [])]
     held = change.model_copy(
-        update={"action": list(NO_OP), "replicas": [], "fetches": [], "adopt": [], "operator": why, "reasons": []}
-    )
+        update={"action": list(NO_OP), "replicas": [], "fetches": [], "adopt": [], "operator": why, "reasons": [],
+                "blocked": [], "failed_reason": None, "warnings": [*change.warnings, *said]}  # nothing for apply to do
+    )  # fmt: skip
     if change.field_changes:
         fields = ", ".join(f.path for f in change.field_changes)
-        held.warnings = [*change.warnings, f"{record.name}: the documents changed ({fields}); the change rolls in "
+        held.warnings = [*held.warnings, f"{record.name}: the documents changed ({fields}); the change rolls in "
                          f"with the first apply after `engine-ctl start deployment {record.name}`"]  # fmt: skip
     return held
 
