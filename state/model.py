@@ -178,6 +178,9 @@ class DeploymentRecord(Record):
     """The names this record had before `engine-ctl state mv`: its replicas may still run units named after them
     until a roll replaces them with units of this name."""
     replicas: list[ReplicaRecord] = Field(default_factory=list)
+    decision_reference: dict[str, Any] | None = None
+    """A decisions deployment's first complete answer to the readiness question, for the wake check:
+    {"version": the check's version, "choice", "probabilities"} (engine_ctl.core.decisions)."""
 
     _spec = field_validator("spec", mode="before")(known_fields(Deployment))
     _model = field_validator("model", mode="before")(known_fields(Model))
@@ -209,6 +212,8 @@ class DeploymentRecord(Record):
         data: dict[str, Any] = handler(self)
         if not data.get("moved_from"):
             data.pop("moved_from", None)
+        if data.get("decision_reference") is None:
+            data.pop("decision_reference", None)  # written only for a decisions deployment
         return data
 
     def replica(self, index: int, slot: str | None = None) -> ReplicaRecord | None:

@@ -12,12 +12,15 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
+from engine_ctl.core.decisions import DecisionAnswer, comparable_reference
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.names import UNIT_FORM, parse_unit_name
 from engine_ctl.core.plan.changes import CREATE, DELETE, SURGE, UPDATE, DeploymentChange, Plan, ReplicaChange
 from engine_ctl.core.plan.status import recorded_verdict
+from engine_ctl.core.render.units import bind_address, local_address
 from engine_ctl.core.weights import WeightsFetch, human, waiting_reason
 from engine_ctl.providers import PROVIDERS
+from engine_ctl.shell.decisions import prove_ready
 from engine_ctl.shell.fetch import FetchFailed, FetchProgress, HubAccess, fetch_weights
 from engine_ctl.shell.gateway import GatewayFailure
 from engine_ctl.shell.gateway_apply import GatewayApply
@@ -204,6 +207,13 @@ def _adopt(state: State, name: str, unit: str) -> None:
             r.status = "serving"
 
 
+def _reference(state: State, name: str, answer: DecisionAnswer) -> None:
+    """The first answer to the readiness decision, kept for the wake check (one of an older check is replaced)."""
+    rec = _record(state, name)
+    if comparable_reference(rec.decision_reference) is None:
+        rec.decision_reference = answer.as_record()
+
+
 def _waiting(state: State, name: str, reason: str) -> None:
     rec = _record(state, name)
     if not any(r.status == "serving" for r in rec.replicas):
@@ -381,6 +391,7 @@ class Executor:
             for fetch in change.fetches:
                 self._fetch(change, fetch)
             for unit in change.adopt:
+                self._prove_adopted(change, unit)
                 self._record(lambda s, u=unit: _adopt(s, name, u), name)  # type: ignore[misc]
                 self.progress(f"{name}: {unit} runs and passed its health gate: recorded serving")
                 self._event("recorded", name, unit=unit, state="serving")
@@ -523,6 +534,11 @@ class Executor:
             self._run(t, remove_argv(step.unit), f"removing the failed {step.unit} on {step.host}")
             self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
             raise StepFailed(reason)
+        why = self._not_ready(t, change, step.host, step.port)
+        if why:  # a decisions replica that does not answer the readiness decision never serves
+            self._run(t, remove_argv(step.unit), f"removing the unready {step.unit} on {step.host}")
+            self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
+            raise StepFailed(why)
         self._record(lambda s: _set_status(s, name, step.host, step.unit, "serving"), name)
         if self.gateway is not None:
             self._gateway(self.gateway.enter, name, step.unit)
@@ -609,8 +625,9 @@ class Executor:
             assert step.unit_text is not None
             result = tr.run(restart_argv(step.unit, upload=True), stdin=step.unit_text, timeout=self._budget(change))
             _uploaded(result, step)
-            if result.exit_code != 0:
-                reason = self._reason(tr, change, step.unit)
+            reason = self._reason(tr, change, step.unit) if result.exit_code != 0 else None
+            reason = reason or self._not_ready(tr, change, step.host, step.port)
+            if reason:
                 self._record(lambda s: _set_status(s, name, step.host, step.unit, "failed", reason), name)
                 raise StepFailed(reason)
             digest = self._digests.get((name, step.host), "")
@@ -644,8 +661,11 @@ class Executor:
     def _restore(self, t: Transport, change: DeploymentChange, host: str, unit: str) -> None:
         """Bring the previous unit back after its replacement failed; its outcome is recorded either way."""
         restored = t.run(start_argv(unit), timeout=self._budget(change))
-        status = "serving" if restored.exit_code == 0 else "failed"
-        reason = None if status == "serving" else self._reason(t, change, unit)
+        reason = self._reason(t, change, unit) if restored.exit_code != 0 else None
+        if reason is None and (rec := self.recorder.state.deployments.get(change.name)) is not None:
+            port = next((r.port for r in rec.replicas if r.unit == unit and r.host == host), None)
+            reason = self._not_ready(t, change, host, port) if port is not None else None
+        status = "serving" if reason is None else "failed"
         self._record(lambda s: _set_status(s, change.name, host, unit, status, reason), change.name)
         if status == "serving" and self.gateway is not None:
             try:
@@ -655,3 +675,28 @@ class Executor:
         self.progress(f"{change.name}: the previous {unit} on {host} restored ({status})")
         self._event("healthy" if status == "serving" else "failed", change.name, host=host, unit=unit, reason=reason
                     or "the previous unit restored after its replacement failed")  # fmt: skip
+
+    # --- decisions (seed 003): a decisions replica is ready once it answers the readiness decision ---------------
+    def _not_ready(self, t: Transport, change: DeploymentChange, host: str, port: int) -> str | None:
+        """None when the replica is proven ready: not a decisions deployment, or it answered the readiness
+        question completely (its first answer is recorded for the wake check); otherwise why not."""
+        if change.spec is None or change.spec.api != "decisions":
+            return None
+        found = prove_ready(t, local_address(bind_address(self.hosts[host])), port, change.name)
+        if isinstance(found, str):
+            return f"launch_failed: not ready: the readiness decision failed: {found}"
+        self._record(lambda s: _reference(s, change.name, found), change.name)
+        shown = ", ".join(f"{k} {v:.3f}" for k, v in found.probabilities.items())
+        self.progress(f"{change.name}: {host}:{port} answered the readiness decision: {found.choice} ({shown})")
+        return None
+
+    def _prove_adopted(self, change: DeploymentChange, unit: str) -> None:
+        """The same readiness decision for a unit found already running (apply restarted, the host came back)."""
+        rec = self.recorder.state.deployments.get(change.name)
+        replica = next((r for r in rec.replicas if r.unit == unit), None) if rec else None
+        if replica is None or change.spec is None or change.spec.api != "decisions":
+            return
+        with self._on(replica.host) as t:
+            why = self._not_ready(t[replica.host], change, replica.host, replica.port)
+        if why:
+            raise StepFailed(f"{unit} on {replica.host} runs but is not ready: {why}")
