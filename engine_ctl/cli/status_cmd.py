@@ -197,6 +197,8 @@ def status(
         out.print(_no_deployments(backend.location))
     for s in statuses:
         out.print(deployment_table(s))
+        if s.api:
+            out.print(f"API: {s.api} (POST /v1/systemone)", markup=False, highlight=False)
         if s.gateways:
             behind = sum(1 for m in s.members if m.ready)
             out.print(f"endpoint: {', '.join(g + '/v1' for g in s.gateways)} (model: {s.served_model_name}; "

@@ -113,6 +113,16 @@ def version_numbers(text: str | None) -> tuple[int, int, int] | None:
     return int(major), int(minor), int(patch or 0)
 
 
+SHOWN_VERSION = re.compile(r"(?<![\w.])v?\d+\.\d+(?:\.\d+)?(?:[-+][\w.]+)?")
+
+
+def shown_version(text: str | None) -> str:
+    """What an engine's --version says, cut to the version itself ("version: 0.6.0-dev (build 0, …)" ->
+    "0.6.0-dev"); "unknown" when it says none."""
+    found = SHOWN_VERSION.search(text or "")
+    return found.group(0) if found else "unknown"
+
+
 def meets_floor(version: str | None, floor: str) -> bool:
     """True when `version` is `floor` or newer (a development build of the floor itself, 0.7.0-dev, counts)."""
     have, need = version_numbers(version), version_numbers(floor)

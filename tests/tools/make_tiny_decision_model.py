@@ -16,6 +16,7 @@ Usage: python -m tests.tools.make_tiny_decision_model VOCAB.gguf OUT.gguf [--mal
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -54,6 +55,20 @@ def make_decision(vocab_path: Path, out: Path, malformed: bool = False) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     plain.unlink()
+    return out
+
+
+def tiny_decision_model(malformed: bool = False) -> Path:
+    """The tiny decision GGUF (or the one answering malformed), made once per machine next to the llama-server
+    cache, as tests/llama.py's tiny_model is."""
+    from tests.llama import llama_server_dir
+
+    base = llama_server_dir()
+    out = base / "models" / ("tiny-decision-malformed.gguf" if malformed else "tiny-decision.gguf")
+    if not out.exists():
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        make_decision(base / "models" / "ggml-vocab-llama-spm.gguf", tmp, malformed)
+        tmp.rename(out)
     return out
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from engine_ctl.core.decisions import meets_floor
+from engine_ctl.core.decisions import meets_floor, shown_version
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.plan.engines import build_for, engine_at, host_platform
@@ -28,7 +28,7 @@ def decisions_refusal(provider: Provider, accelerator: str, facts: HostFacts, ho
     said = found.version if found else None
     if meets_floor(said, provider.decisions_min_version):
         return None
-    return (f"{HOST_CAPABILITY_MISSING}: {provider.title} at {path} on {facts.host} is version {said or 'unknown'}; "
+    return (f"{HOST_CAPABILITY_MISSING}: {provider.title} at {path} on {facts.host} is version {shown_version(said)}; "
             f"decision models need {provider.decisions_min_version} or newer (register a build that serves "
             f"POST /v1/systemone with engines.{provider.name}.decisions: true in the inventory)")  # fmt: skip
 

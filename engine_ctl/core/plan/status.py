@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.providers import PROVIDERS
@@ -58,6 +58,15 @@ class DeploymentStatus(BaseModel):
     gateways: list[str] = Field(default_factory=list)
     """The base URLs (without /v1) where programs call it with an API key; empty without a gateway host."""
     members: list[Member] = Field(default_factory=list)
+    api: Literal["decisions"] | None = None
+    """"decisions" for a decision model (seed 003: status shows an API line for it); a chat deployment has none."""
+
+    @model_serializer(mode="wrap")
+    def _api_only_for_decisions(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("api") is None:
+            data.pop("api", None)
+        return data
 
 
 def instance_status(r: ReplicaRecord, facts: HostFacts | None, loading: frozenset[str] = frozenset()) -> InstanceStatus:
@@ -173,6 +182,7 @@ def deployment_status(
         name=rec.name, state=found.state, reason=found.reason, ready=len(serving),
         replicas=max(wanted, len(instances)), revision=rec.revision, hosts=sorted({r.host for r in rec.replicas}),
         instances=instances, served_model_name=rec.name, kind=rec.plan.kind if rec.plan else None,
+        api="decisions" if rec.spec is not None and rec.spec.api == "decisions" else None,
         endpoint=Endpoint(name=rec.name, listen_port=int(gateways[0][1].rsplit(":", 1)[1]),
                           external=gateways[0][1]) if gateways else None,
         gateways=[f"http://{e}" for _, e in gateways],
