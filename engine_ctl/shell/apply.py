@@ -7,7 +7,7 @@ import re
 import shlex
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -17,6 +17,7 @@ from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.names import UNIT_FORM, parse_unit_name
 from engine_ctl.core.plan.changes import CREATE, DELETE, SURGE, UPDATE, DeploymentChange, Plan, ReplicaChange
 from engine_ctl.core.plan.status import recorded_verdict
+from engine_ctl.core.render.gateway import REPLICA_KEY
 from engine_ctl.core.render.units import bind_address, local_address
 from engine_ctl.core.weights import WeightsFetch, human, waiting_reason
 from engine_ctl.providers import PROVIDERS
@@ -534,7 +535,7 @@ class Executor:
             self._run(t, remove_argv(step.unit), f"removing the failed {step.unit} on {step.host}")
             self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
             raise StepFailed(reason)
-        why = self._not_ready(t, change, step.host, step.port)
+        why = self._not_ready(t, change, step.host, step.port, step.argv)
         if why:  # a decisions replica that does not answer the readiness decision never serves
             self._run(t, remove_argv(step.unit), f"removing the unready {step.unit} on {step.host}")
             self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
@@ -626,7 +627,7 @@ class Executor:
             result = tr.run(restart_argv(step.unit, upload=True), stdin=step.unit_text, timeout=self._budget(change))
             _uploaded(result, step)
             reason = self._reason(tr, change, step.unit) if result.exit_code != 0 else None
-            reason = reason or self._not_ready(tr, change, step.host, step.port)
+            reason = reason or self._not_ready(tr, change, step.host, step.port, step.argv)
             if reason:
                 self._record(lambda s: _set_status(s, name, step.host, step.unit, "failed", reason), name)
                 raise StepFailed(reason)
@@ -663,8 +664,8 @@ class Executor:
         restored = t.run(start_argv(unit), timeout=self._budget(change))
         reason = self._reason(t, change, unit) if restored.exit_code != 0 else None
         if reason is None and (rec := self.recorder.state.deployments.get(change.name)) is not None:
-            port = next((r.port for r in rec.replicas if r.unit == unit and r.host == host), None)
-            reason = self._not_ready(t, change, host, port) if port is not None else None
+            found = next((r for r in rec.replicas if r.unit == unit and r.host == host), None)
+            reason = self._not_ready(t, change, host, found.port, found.argv) if found is not None else None
         status = "serving" if reason is None else "failed"
         self._record(lambda s: _set_status(s, change.name, host, unit, status, reason), change.name)
         if status == "serving" and self.gateway is not None:
@@ -677,12 +678,15 @@ class Executor:
                     or "the previous unit restored after its replacement failed")  # fmt: skip
 
     # --- decisions (seed 003): a decisions replica is ready once it answers the readiness decision ---------------
-    def _not_ready(self, t: Transport, change: DeploymentChange, host: str, port: int) -> str | None:
+    def _not_ready(
+        self, t: Transport, change: DeploymentChange, host: str, port: int, argv: Sequence[str] | None
+    ) -> str | None:
         """None when the replica is proven ready: not a decisions deployment, or it answered the readiness
         question completely (its first answer is recorded for the wake check); otherwise why not."""
         if change.spec is None or change.spec.api != "decisions":
             return None
-        found = prove_ready(t, local_address(bind_address(self.hosts[host])), port, change.name)
+        key_file = REPLICA_KEY if REPLICA_KEY in (argv or ()) else None  # behind a gateway: the internal key
+        found = prove_ready(t, local_address(bind_address(self.hosts[host])), port, change.name, key_file)
         if isinstance(found, str):
             return f"launch_failed: not ready: the readiness decision failed: {found}"
         self._record(lambda s: _reference(s, change.name, found), change.name)
@@ -697,6 +701,6 @@ class Executor:
         if replica is None or change.spec is None or change.spec.api != "decisions":
             return
         with self._on(replica.host) as t:
-            why = self._not_ready(t[replica.host], change, replica.host, replica.port)
+            why = self._not_ready(t[replica.host], change, replica.host, replica.port, replica.argv)
         if why:
             raise StepFailed(f"{unit} on {replica.host} runs but is not ready: {why}")
