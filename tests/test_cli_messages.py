@@ -47,7 +47,10 @@ def test_status_path_argument_reads_the_state_beside_it(tmp_path: Path) -> None:
     for arg in (f"{deploy}/", str(deploy)):
         result = run("status", arg)
         assert result.exit_code == 0, result.output
-        assert "chat  Failed  0/0    1         -      does not fit any host" in result.stdout
+        lines = result.stdout.splitlines()
+        assert lines[0].split() == ["NAME", "STATE", "READY", "REVISION", "STARTUP", "INITIALIZE", "LAST", "OPERATION"]
+        assert lines[1].split() == ["chat", "failed", "0/0", "1", "-", "-", "-"], result.stdout
+        assert "Reason    does not fit any host" in result.stdout
 
 
 def test_status_name_then_paths_without_an_inventory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

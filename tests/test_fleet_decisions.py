@@ -95,7 +95,7 @@ def test_a_decisions_deployment_is_ready_once_it_answers_the_readiness_decision(
     status = json.loads(p.cli("status", p.name, "--json", check=True).stdout)
     (dep,) = status["deployments"]
     assert dep["api"] == "decisions" and dep["state"] == "Ready"
-    assert "API" in p.cli("status", p.name, check=True).stdout
+    assert re.search(r"^API +decisions$", p.cli("status", p.name, check=True).stdout, re.M)
 
 
 def test_a_model_answering_malformed_never_becomes_ready_and_gets_no_chat_request(decider: Project) -> None:

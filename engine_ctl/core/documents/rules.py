@@ -286,11 +286,11 @@ def _check_flat(loaded: LoadedDeployment, engine: Provider) -> Iterator[Diagnost
             "engine_config.extra_args: set engine_config.accept_extra_args: true to pass extra engine arguments",
             code="extra_args_not_accepted",
         )
-    if d.residency != "restart_only" and d.api == "chat":
+    if d.residency != "restart_only" and d.api == "chat" and not engine.parks_asleep(d.residency):
         yield _warn(
             o,
             "residency",
-            f"residency {d.residency}: engine-ctl stops engines instead of parking them; treated as restart_only",
+            f"residency {d.residency}: {engine.title} has no sleep mode; a park stops it (treated as restart_only)",
             code="ignored_field",
         )
     own = {option.key for option in engine.options}

@@ -14,13 +14,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine_ctl.core.documents.inventory import Host, Inventory
+from engine_ctl.core.documents.inventory import GatewaySettings, Host, Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.model import ApiKey
 from engine_ctl.core.render.gateway import (
     CONFIG_FILE,
     DRAIN_TIMEOUT_S,
     GATEWAY_UNIT,
+    HOLD_CAP,
+    HOLD_S,
     RUNTIME_MAPS,
     GatewayBackend,
     GatewayServer,
@@ -62,6 +64,10 @@ class GatewayChange(BaseModel):
     """A unified diff of haproxy.cfg, recorded -> planned."""
     drain_timeout_s: int = DRAIN_TIMEOUT_S
     warnings: list[str] = Field(default_factory=list)
+    hold_s: int = HOLD_S
+    """The inventory's gateway.hold_s: how long a request waits for a serving replica."""
+    hold_cap: int = HOLD_CAP
+    """The inventory's gateway.hold_cap: requests held at once per deployment."""
 
     @property
     def symbol(self) -> str:
@@ -146,15 +152,25 @@ def _planned(plan_changes: Iterable[Any], state: State) -> tuple[dict[str, Any],
     return after, union, sizing
 
 
+def stopped_map(deployments: Mapping[str, DeploymentRecord]) -> dict[str, str]:
+    """The gateway's stopped.map: deployment name -> its ID, for each one an operator stopped (engine-ctl stop):
+    the gateway answers deployment_stopped for them and never holds or starts them (core.plan.operator)."""
+    return {
+        name: rec.id or name
+        for name, rec in sorted(deployments.items())
+        if rec.operator is not None and rec.operator.verb == "stopped"
+    }
+
+
 def render_for(
     host: Host, replicas: Mapping[str, Mapping[Any, Replica]], sizing: Mapping[str, Any], keys: Iterable[ApiKey],
-    hosts: Mapping[str, Host],
+    hosts: Mapping[str, Host], settings: GatewaySettings, stopped: Mapping[str, str] | None = None,
 ) -> RenderedGateway:  # fmt: skip
     backends = [
         deployment_backend(name, reps.values(), sizing[name][0], sizing[name][1], hosts, sizing[name][2])
         for name, reps in sorted(replicas.items())
     ]
-    return render_gateway(host, backends, keys)
+    return render_gateway(host, backends, keys, hold_s=settings.hold_s, hold_cap=settings.hold_cap, stopped=stopped)
 
 
 def config_diff(old: str, new: str) -> list[str]:
@@ -177,12 +193,14 @@ def plan_gateways(
     out: list[GatewayChange] = []
     drift: list[dict[str, str]] = []
     for host in inventory.gateways():
-        final = render_for(host, after, sizing, keys, hosts)
-        interim = render_for(host, union, sizing, keys, hosts)
+        stopped = stopped_map(state.deployments)
+        final = render_for(host, after, sizing, keys, hosts, inventory.gateway, stopped)
+        interim = render_for(host, union, sizing, keys, hosts, inventory.gateway, stopped)
         record = state.gateways.get(host.name)
         change = GatewayChange(
             host=host.name, action=["no-op"], endpoint=final.endpoint, files=final.files, unit_text=final.unit_text,
             maps=final.maps, interim_files=None if interim.files == final.files else interim.files,
+            hold_s=inventory.gateway.hold_s, hold_cap=inventory.gateway.hold_cap,
         )  # fmt: skip
         hf = facts.get(host.name)
         if hf is not None and hf.haproxy_version is None:
@@ -238,7 +256,9 @@ def _drift(host: str, files: Mapping[str, str], unit_sha: str, hf: HostFacts | N
 def gateway_after_apply(host: Host, state: State, hosts: Mapping[str, Host], change: GatewayChange) -> RenderedGateway:
     """What a gateway runs once the apply is done, from the state it recorded (the replicas that serve then,
     whatever failed), with the plan's key maps."""
-    rendered = render_gateway(host, backends_from_state(state, hosts), [])
+    rendered = render_gateway(
+        host, backends_from_state(state, hosts), [], hold_s=change.hold_s, hold_cap=change.hold_cap
+    )
     files = {**rendered.files, **{n: t for n, t in change.files.items() if n in RUNTIME_MAPS}}
     maps = {**rendered.maps, **{n: m for n, m in change.maps.items() if n in RUNTIME_MAPS}}
     return rendered.model_copy(update={"files": files, "maps": maps})
@@ -281,6 +301,8 @@ def gateway_tampering(plan_gateways_: Iterable[GatewayChange], plan_changes: Ite
             problems.append(f"gateway {g.host}: its files are not engine-ctl's")
         if g.unit_text != mine.unit_text:
             problems.append(f"gateway {g.host}: its unit differs from what engine-ctl renders")
+        if (g.hold_s, g.hold_cap) != (mine.hold_s, mine.hold_cap):
+            problems.append(f"gateway {g.host}: its hold settings are not the inventory's")
         interim = (g.interim_files or {}).get(CONFIG_FILE)
         if interim is not None and interim != (mine.interim_files or mine.files).get(CONFIG_FILE):
             problems.append(f"gateway {g.host}: its interim configuration differs from what engine-ctl renders")

@@ -28,7 +28,9 @@ from engine_ctl.core.plan.changes import (
 from engine_ctl.core.plan.deployment import deletion, fetched_at_apply, out_of_reach, plan_deployment, render_replica
 from engine_ctl.core.plan.drift import unmanaged_units
 from engine_ctl.core.plan.gateway import plan_gateways
+from engine_ctl.core.plan.operator import hold, without_held_drift
 from engine_ctl.core.plan.ownership import foreign_units, hold_back, hold_foreign
+from engine_ctl.core.plan.scaler import plan_scaler
 from engine_ctl.core.plan.unitdiff import attach_unit_diffs
 from engine_ctl.core.plan.world import Allocation, Hosts
 from engine_ctl.core.render.gateway import GATEWAY_UNIT
@@ -73,6 +75,7 @@ def with_gateways(
     """The gateway hosts' changes and drift into the plan (engine_ctl.core.plan.gateway); returns the gateway
     units, (host, unit), which are engine-ctl's own and so never listed as unmanaged."""
     plan.gateways, found = plan_gateways(plan.changes, state, inventory, facts, desired.api_keys)
+    plan.scaler = plan_scaler(plan.changes, state, inventory, facts)
     plan.drift += [Drift(host=d["host"], unit=GATEWAY_UNIT, kind=d["kind"], detail=d["detail"]) for d in found]
     return {(host, GATEWAY_UNIT) for host in facts}
 
@@ -138,6 +141,8 @@ def make_plan(
             change, drift = wanted_change(wanted[name], desired, seen, model_facts, hosts, alloc, state.lineage)
             if name in replace:
                 mark_replaced(change)
+            if record is not None and record.operator is not None:  # an operator's stop, park or delete
+                change = hold(change, record)
             plan.changes.append(change)
             plan.drift.extend(drift)
         else:
@@ -146,6 +151,7 @@ def make_plan(
     hold_back(plan, foreign)
     gateway_units = with_gateways(plan, desired, state, inventory, facts)
     plan.drift.extend(unmanaged_units(state, facts, {(f.host, f.unit) for f in foreign} | gateway_units))
+    plan.drift = without_held_drift(plan.drift, state)
     attach_unit_diffs(plan, facts)
     if refresh_only:
         for c in plan.changes:
