@@ -569,7 +569,7 @@ def start_deployment(
     refused = hosts.engine_refusals(provider, sized.accelerator)
     refused = {**refused, **_decisions_refused(change, sized, provider, hosts)}
     if change.failed_reason:
-        return change, []
+        return change, None
     t = Target(d=sized, model=model, provider=provider, fitted=fitted, revision=change.revision, hosts=hosts,
                alloc=alloc, no_weights={**refused, **weights_missing(model, hosts)}, change=change,
                lineage=lineage)  # fmt: skip
