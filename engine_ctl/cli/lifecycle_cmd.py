@@ -11,22 +11,12 @@ import click
 
 from engine_ctl.cli.common import find_inventory, inventory_option, ssh_options, ssh_settings
 from engine_ctl.cli.plan_cmd import backend_for, lock_timeout_option, state_option
-from engine_ctl.cli.requests import (
-    announce,
-    recorded,
-    report_continuing,
-    report_finished,
-    request_identity,
-    request_option,
-)
+from engine_ctl.cli.requests import recorded_verb
 from engine_ctl.core.plan.operator import STOP_WAIT_S
 from engine_ctl.shell.lifecycle import Outcome, Refused, Verbs
 from engine_ctl.shell.operator import OperatorFailure
 from engine_ctl.shell.transport import HostFailure
 from engine_ctl.state import StateError
-from engine_ctl.state.base import now, who
-from engine_ctl.state.requests import begin as begin_request
-from engine_ctl.state.requests import finish as finish_request
 
 
 def say(line: str = "") -> None:
@@ -44,7 +34,7 @@ def _progress(line: str) -> None:
 
 
 def verb_options(f: Any) -> Any:
-    for option in (request_option, lock_timeout_option, ssh_options, state_option, inventory_option):
+    for option in (lock_timeout_option, ssh_options, state_option, inventory_option):
         f = option(f)
     return click.argument("name")(f)
 
@@ -58,54 +48,18 @@ def _verbs(state_path: str | None, inventory_path: Path | None, accept_new_host_
     )  # fmt: skip
 
 
-def _run(verbs: Verbs, command: str, request_id: str | None, action: Callable[[], Outcome]) -> Outcome:
-    """The verb under its request identity (printed first, recorded in the state with its result; a finished
-    request given again reports its result and does nothing; an unfinished one runs again, each verb being
-    idempotent), its refusals and failures as one `error` line each with their exit status."""
-    rid = request_identity(request_id)
-    announce(rid)
+def _run(verbs: Verbs, action: Callable[[], Outcome]) -> Outcome:
+    """The verb, with its refusals and failures as one `error` line each and their exit status."""
     try:
-        if _begun(verbs, rid, command):
-            sys.exit(0)
-        outcome = action()
+        return action()
     except Refused as exc:
-        _finish(verbs, rid, f"refused: {exc.code}", exc.exit_status)
         fail(exc.message, exc.code, exc.exit_status)
     except (OperatorFailure, StateError) as exc:
-        _finish(verbs, rid, f"failed: {exc}", 1)
         fail(str(exc))
     except HostFailure as exc:
-        _finish(verbs, rid, f"failed: host {exc.host}", 1)
         fail(f"host {exc.host}: {exc.kind}: {exc.message}")
     finally:
         verbs.close()
-    _finish(verbs, rid, outcome.note or "done", 0)
-    return outcome
-
-
-def _begun(verbs: Verbs, rid: str, command: str) -> bool:
-    """Record the request; True when it had finished (its result is reported, nothing is done again)."""
-    with verbs.backend.lock(command, timeout=verbs.lock_timeout):
-        state = verbs.backend.read()
-        found = recorded(state, rid, command, verbs.backend.location)
-        if found is not None and found.finished is not None:
-            report_finished(found)
-            return True
-        if found is not None:
-            report_continuing(found)
-        begin_request(state, rid, command, who(), now())
-        verbs.backend.write(state)
-    return False
-
-
-def _finish(verbs: Verbs, rid: str, result: str, code: int) -> None:
-    try:
-        with verbs.backend.lock("record a request", timeout=max(verbs.lock_timeout, 10)):
-            state = verbs.backend.read()
-            finish_request(state, rid, result, code, now())
-            verbs.backend.write(state)
-    except StateError as exc:
-        _progress(f"error: the request's result was not recorded: {exc}")
 
 
 def _accepted(what: str, name: str, out: Outcome) -> None:
@@ -130,34 +84,30 @@ delete = _group("delete", "Delete a deployment's units (never its model files); 
 
 
 @stop.command("deployment")
+@recorded_verb("stop")
 @verb_options
 def stop_deployment(name: str, inventory_path: Path | None, state_path: str | None, parallel: int,
-                    accept_new_host_keys: bool, lock_timeout: float, request_id: str | None) -> None:  # fmt: skip
+                    accept_new_host_keys: bool, lock_timeout: float) -> None:  # fmt: skip
     """Stop deployment NAME: returns once the stop is accepted, while the engine is still going away. The gateway
     answers its requests with deployment_stopped at once; apply keeps it stopped until `engine-ctl start`."""
     verbs = _verbs(state_path, inventory_path, accept_new_host_keys, lock_timeout)
-    _accepted("Stop", name, _run(verbs, f"stop deployment {name}", request_id, lambda: verbs.stop(name)))
+    _accepted("Stop", name, _run(verbs, lambda: verbs.stop(name)))
 
 
 @start.command("deployment")
+@recorded_verb("start")
 @verb_options
 @click.option("--wait", is_flag=True, help=f"Wait (at most {STOP_WAIT_S}s) for a stop to finish, start, and return "
               "when the engine answers.")  # fmt: skip
 def start_deployment(name: str, inventory_path: Path | None, state_path: str | None, parallel: int,
-                     accept_new_host_keys: bool, lock_timeout: float, request_id: str | None,
-                     wait: bool) -> None:  # fmt: skip
+                     accept_new_host_keys: bool, lock_timeout: float, wait: bool) -> None:  # fmt: skip
     """Start deployment NAME again. Right after a stop it is refused (exit 25, still_stopping) unless --wait."""
     verbs = _verbs(state_path, inventory_path, accept_new_host_keys, lock_timeout)
 
     def waiting() -> None:
         say(f"Waiting for the stop of {name} to finish (at most {STOP_WAIT_S}s)")
 
-    out = _run(
-        verbs,
-        f"start deployment {name}" + (" --wait" if wait else ""),
-        request_id,
-        lambda: verbs.start(name, wait, waiting),
-    )
+    out = _run(verbs, lambda: verbs.start(name, wait, waiting))
     if out.note:
         say(out.note)
     elif out.ready:
@@ -171,22 +121,23 @@ def start_deployment(name: str, inventory_path: Path | None, state_path: str | N
 
 
 @park.command("deployment")
+@recorded_verb("park")
 @verb_options
 def park_deployment(name: str, inventory_path: Path | None, state_path: str | None, parallel: int,
-                    accept_new_host_keys: bool, lock_timeout: float, request_id: str | None) -> None:  # fmt: skip
+                    accept_new_host_keys: bool, lock_timeout: float) -> None:  # fmt: skip
     """Park deployment NAME by its residency: an engine with a sleep mode sleeps (parked: level 1 keeps the weights
     in host RAM; deep: level 2 drops them), one without stops (restart_only). Returns once the park is accepted;
     status shows parking, then parked; `engine-ctl start` wakes it."""
     verbs = _verbs(state_path, inventory_path, accept_new_host_keys, lock_timeout)
-    _accepted("Park", name, _run(verbs, f"park deployment {name}", request_id, lambda: verbs.park(name)))
+    _accepted("Park", name, _run(verbs, lambda: verbs.park(name)))
 
 
 @delete.command("deployment")
+@recorded_verb("delete")
 @verb_options
 @click.option("--stop", "and_stop", is_flag=True, help="Stop it first and wait for the stop to finish.")
 def delete_deployment(name: str, inventory_path: Path | None, state_path: str | None, parallel: int,
-                      accept_new_host_keys: bool, lock_timeout: float, request_id: str | None,
-                      and_stop: bool) -> None:  # fmt: skip
+                      accept_new_host_keys: bool, lock_timeout: float, and_stop: bool) -> None:  # fmt: skip
     """Delete deployment NAME: its units are removed, its model files never touched. Refused
     (delete_requires_cleanup) until a stop has finished; --stop stops it and waits. The state keeps a tombstone:
     no plan re-creates it while its document is still there."""
@@ -195,12 +146,7 @@ def delete_deployment(name: str, inventory_path: Path | None, state_path: str | 
     def waiting() -> None:
         say(f"Waiting for the stop of {name} to finish (at most {STOP_WAIT_S}s)")
 
-    out = _run(
-        verbs,
-        f"delete deployment {name}" + (" --stop" if and_stop else ""),
-        request_id,
-        lambda: verbs.delete(name, and_stop, waiting),
-    )
+    out = _run(verbs, lambda: verbs.delete(name, and_stop, waiting))
     if out.note:
         say(out.note)
         return

@@ -165,7 +165,8 @@ def with_scaler(status: Any, view: ScalerView | None) -> Any:
     if view is None:
         return status
     update: dict[str, Any] = {"decisions": view.decisions, "replicas": view.wanted}
-    if status.ready == 0 and view.state in ("ScaledToZero", "Starting") and status.state != "Failed":
+    failed = any(i.state == "failed" for i in status.instances)  # a unit that failed says so, whoever started it
+    if status.ready == 0 and view.state in ("ScaledToZero", "Starting") and not failed:
         update.update(state=view.state, reason=view.reason)
     if status.ready > 0 and status.state != "Failed" and view.state == "Ready":
         update["state"] = "Ready"
