@@ -223,6 +223,27 @@ def test_park_and_wake_of_a_llamacpp_deployment_is_a_restart(lc: Lifecycle) -> N
     assert lc.ask()[0] == 200
 
 
+def test_a_park_asleep_is_parking_while_its_park_job_runs_then_parked(lc: Lifecycle) -> None:
+    """An engine that sleeps (vLLM, SGLang) stays active while parked, so status asks its host for the park job
+    (`park-<unit>`, a transient systemd unit). No such engine runs here: the record says a level-1 park of `lc`,
+    and a real transient unit of that name stands for its job."""
+    path = lc.docs / "engine-ctl.state.json"
+    before = path.read_text()
+    doc = json.loads(before)
+    doc["deployments"]["lc"]["operator"] = {"verb": "parked", "when": "2026-12-03T11:00:00+00:00", "level": 1}
+    path.write_text(json.dumps(doc))
+    try:
+        lc.on_engine_host(f"systemd-run --quiet --collect --unit=park-{UNIT} sleep 60")
+        shown = lc.cli("status", "lc").stdout
+        assert re.search(r"^lc\s+parking\s", shown, re.MULTILINE), shown
+        lc.on_engine_host(f"systemctl stop park-{UNIT}")
+        shown = lc.cli("status", "lc").stdout
+        assert re.search(r"^lc\s+parked\s", shown, re.MULTILINE), shown
+    finally:
+        lc.on_engine_host(f"systemctl stop park-{UNIT} 2>/dev/null")
+        path.write_text(before)
+
+
 def test_delete_right_after_stop_is_refused_then_delete_stop_removes_the_units_and_keeps_the_weights(
     lc: Lifecycle,
 ) -> None:
