@@ -127,8 +127,8 @@ def test_stop_then_an_immediate_start_is_refused_with_25_and_nothing_starts(lc: 
     stopped = lc.cli("stop", "deployment", "lc")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     lines = stopped.stdout.splitlines()
-    rid = identity(lines[0])
-    assert lines[1:3] == ["Stop requested for lc", ""] and re.fullmatch(r"  Operation   [0-9A-Z]{26}", lines[3]), lines
+    rid = identity(stopped.stderr.splitlines()[0])  # first, on stderr: stdout is what the verb did
+    assert lines[:2] == ["Stop requested for lc", ""] and re.fullmatch(r"  Operation   [0-9A-Z]{26}", lines[2]), lines
     start = lc.cli("start", "deployment", "lc")
     assert start.returncode == 25, start.stdout + start.stderr
     assert start.stderr.splitlines()[-1] == (
@@ -188,8 +188,8 @@ def test_plan_and_apply_keep_it_stopped_and_say_so(lc: Lifecycle) -> None:
 def test_start_wait_starts_it_and_returns_when_it_answers(lc: Lifecycle) -> None:
     started = lc.cli("start", "deployment", "lc", "--wait")
     assert started.returncode == 0, started.stdout + started.stderr
-    identity(started.stdout.splitlines()[0])
-    assert started.stdout.splitlines()[1:] == [
+    identity(started.stderr.splitlines()[0])
+    assert started.stdout.splitlines() == [
         "Waiting for the stop of lc to finish (at most 160s)",
         "Started lc: ready",
         "",
@@ -208,7 +208,8 @@ def test_park_and_wake_of_a_llamacpp_deployment_is_a_restart(lc: Lifecycle) -> N
     before = lc.main_pid()
     parked = lc.cli("park", "deployment", "lc")
     assert parked.returncode == 0, parked.stdout + parked.stderr
-    assert parked.stdout.splitlines()[1:3] == ["Park requested for lc", ""], parked.stdout
+    assert parked.stdout.splitlines()[:2] == ["Park requested for lc", ""], parked.stdout
+    identity(parked.stderr.splitlines()[0])
     seen = set()
     deadline = time.monotonic() + 90
     while "parked" not in seen:
