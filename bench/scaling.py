@@ -81,7 +81,7 @@ def main(rounds: int, clients: int) -> None:
                     replicas: {{min: 0, max: 1, idle_minutes: 60}}}}
             """)  # fmt: skip
         p.cli("apply", "--auto-approve", check=True)
-        p.envelope({"zero": (0, 1)})
+        p.installed()
         r = p.state().deployments["zero"].replicas[0]
         url = f"http://{one.address}:{r.port}/health"
         p.wait("at zero", lambda: p.scaler_state().get("deployments", {}).get("zero", {}).get("running") == [], 30)

@@ -6,10 +6,8 @@ The inventory's `gateway:` and `scaling:` blocks shorten the timings (hold 20 s,
 poll every 2 s);
 the defaults stay the seeds' (120 s, 120 s, 15 s).
 
-On-demand slots come from the plan (issue 12a: `max` slots placed, those above `min` installed and not started).
-Where the plan in this tree does not place them yet, `envelope()` puts the recorded replicas into the same
-contract by hand (the unit installed and stopped, its gateway server in maintenance) before installing the scaler
-with engine-ctl's own ScalerApply, so the scaler is tested on what the contract says it will find."""
+Everything is what `engine-ctl apply` does: on-demand slots installed and not started, the scaler installed on the
+first gateway host by name with its key and the forced command on the replica hosts."""
 
 from __future__ import annotations
 
@@ -28,10 +26,8 @@ from engine_ctl.state import State
 
 from engine_ctl.core.documents.apikey import key_sha256
 from engine_ctl.core.documents.inventory import load_inventory
-from engine_ctl.core.plan.scaler import ScalerPlan, scaler_deployment, scaler_deployments
+from engine_ctl.core.plan.scaler import scaler_deployments
 from engine_ctl.core.render.scaler import SCALER_KEY, SCALER_STATE, SCALER_UNIT
-from engine_ctl.shell.scaler_apply import ScalerApply
-from engine_ctl.shell.transport import SSHOptions
 from tests.fleet import Fleet, FleetHost
 
 KEY = "ak-test-scaler-" + "d4" * 24
@@ -101,28 +97,13 @@ class ScalerProject:
             assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
             time.sleep(1)
 
-    def envelope(self, limits: dict[str, tuple[int, int]]) -> None:
-        """The scaling contract on what apply placed, where this tree's plan does not yet place on-demand slots:
-        slots at or above min stopped with their servers in maintenance; then the scaler installed by
-        ScalerApply (engine-ctl's own) on the first gateway host by name."""
+    def installed(self) -> None:
+        """What apply did for scaling: on-demand slots installed and not started (status standby), and the scaler
+        running on the first gateway host by name."""
         state, inv = self.state(), load_inventory(self.inventory)
-        hosts = {h.name: h for h in inv.hosts}
-        if scaler_deployments(state, hosts):  # the plan places on-demand slots itself: apply did it all
-            return
-        deployments = []
-        for name, (lo, hi) in sorted(limits.items()):
-            d = scaler_deployment(state.deployments[name], hosts)
-            assert d is not None
-            slots = tuple(s.model_copy(update={"always_on": s.index < lo}) for s in d.slots)
-            deployments.append(d.model_copy(update={"min": lo, "max": hi, "slots": slots}))
-            for s in slots:
-                if not s.always_on:
-                    self.fleet.ssh(self.host_of(s.host), f"systemctl disable --now {s.unit}")
-                    self.on_gateway(admin(f"set server d_{name}/{s.server} state maint"))
-        plan = ScalerPlan(host=self.gateway.name, poll_s=POLL_S, decide_every_s=DECIDE_S, hold_s=HOLD_S)
-        ScalerApply(plan, hosts, lambda: state, SSHOptions(), lambda _m: None).install(
-            hosts[self.gateway.name], deployments
-        )
+        assert scaler_deployments(state, {h.name: h for h in inv.hosts}), "no on-demand slot in the state"
+        assert all(r.status == "standby" for d in state.deployments.values() for r in d.replicas if r.on_demand)
+        assert self.on_gateway(f"systemctl is-active {SCALER_UNIT}").stdout.strip() == "active"
 
 
 def admin(command: str) -> str:
@@ -146,7 +127,7 @@ def sp(fleet: Fleet, weights: None, tmp_path_factory: pytest.TempPathFactory) ->
                 replicas: {{min: 0, max: 1, idle_minutes: 1}}}}
         """)  # fmt: skip
     p.cli("apply", "--auto-approve", check=True)
-    p.envelope({"zero": (0, 1)})
+    p.installed()
     yield p
     p.on_gateway(f"systemctl disable --now {SCALER_UNIT}", check=False)
     if (p.docs / "engine-ctl.state.json").exists():

@@ -68,10 +68,10 @@ def lp(fleet: Fleet, weights: None, tmp_path_factory: pytest.TempPathFactory) ->
     p.write("""
         metadata: {name: burst}
         spec: {model: tiny, accelerator: cpu, cpu_cores: 1, context_length: 512, parallel: 2,
-               replicas: {min: 3, max: 3}}
+               replicas: {min: 1, max: 3}}
         """)  # fmt: skip
     p.cli("apply", "--auto-approve", check=True)
-    p.envelope({"burst": (1, 3)})
+    p.installed()
     yield p
     p.on_gateway(f"systemctl disable --now {SCALER_UNIT}", check=False)
     if (p.docs / "engine-ctl.state.json").exists():

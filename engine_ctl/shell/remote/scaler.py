@@ -350,9 +350,11 @@ class Scaler:
         running, ready, in_flight = [], [], 0.0
         for slot in dep["slots"]:
             s = servers.get(slot["server"])
-            if s is None or s["status"].startswith("MAINT"):
+            if not self.runs(slot, s):
                 continue
             running.append(slot["index"])
+            if s is None:
+                continue
             if s["status"].startswith("UP") or s["status"].startswith("DRAIN"):
                 ready.append(slot["index"])
                 code, text = http_get("http://%s:%d/metrics" % (slot["address"], slot["port"]), self.key)
@@ -369,6 +371,14 @@ class Scaler:
         idle = now - float(mem.get("last_request_at") or now)
         return {"running": sorted(running), "ready": sorted(ready), "in_flight": in_flight,
                 "queued": int(stats.get("queued", 0)), "held": held, "idle_s": idle}  # fmt: skip
+
+    def runs(self, slot: Obj, server: Obj | None) -> bool:
+        """Whether a slot runs: an on-demand one when its unit is in use on its host (as last read there), else
+        when its gateway server is in service (not in maintenance)."""
+        seen = self.seen.get(slot["host"])
+        if not slot["always_on"] and seen is not None:
+            return any(u["unit"] == slot["unit"] for u in seen[1].get("active", []))
+        return server is not None and not server["status"].startswith("MAINT")
 
     def statuses(self, names: list[str], fresh: bool) -> dict[str, Obj]:
         """Each host's status: read now (fresh), or as read within the last poll when the scaler has not acted
@@ -421,12 +431,12 @@ class Scaler:
         stats = self.gateway()
         with self.lock:
             wakes, self.wakes = self.wakes, {}
-        observed = {}
-        for dep in self.deps:
-            observed[dep["name"]] = self.observe(dep, stats.get(dep["backend"], {}), wakes.get(dep["name"], 0), now)
         if refresh:
             idle = [d for d in self.deps if not self.mem(d["name"]).get("busy")]
             self.statuses(sorted({s["host"] for d in idle for s in d["slots"] if not s["always_on"]}), fresh=True)
+        observed = {}
+        for dep in self.deps:
+            observed[dep["name"]] = self.observe(dep, stats.get(dep["backend"], {}), wakes.get(dep["name"], 0), now)
         every = float(self.config.get("decide_every_s", 120))
         order = sorted(self.deps, key=lambda d: (-int(d.get("priority", 0)), d["name"]))
         for dep in order:
