@@ -373,12 +373,13 @@ class Scaler:
                 "queued": int(stats.get("queued", 0)), "held": held, "idle_s": idle}  # fmt: skip
 
     def runs(self, slot: Obj, server: Obj | None) -> bool:
-        """Whether a slot runs: an on-demand one when its unit is in use on its host (as last read there), else
-        when its gateway server is in service (not in maintenance)."""
+        """Whether a slot runs: its gateway server in service (not in maintenance) and, for an on-demand one, its
+        unit in use on its host (as last read there)."""
+        in_service = server is not None and not server["status"].startswith("MAINT")
         seen = self.seen.get(slot["host"])
         if not slot["always_on"] and seen is not None:
-            return any(u["unit"] == slot["unit"] for u in seen[1].get("active", []))
-        return server is not None and not server["status"].startswith("MAINT")
+            return in_service and any(u["unit"] == slot["unit"] for u in seen[1].get("active", []))
+        return in_service
 
     def statuses(self, names: list[str], fresh: bool) -> dict[str, Obj]:
         """Each host's status: read now (fresh), or as read within the last poll when the scaler has not acted
