@@ -97,6 +97,19 @@ def test_a_decisions_deployment_is_ready_once_it_answers_the_readiness_decision(
     assert dep["api"] == "decisions" and dep["state"] == "Ready"
     assert re.search(r"^API +decisions$", p.cli("status", p.name, check=True).stdout, re.M)
 
+    # found already running, now answering malformed (its weights swapped under it, the unit restarted by hand):
+    # its GET /health answers 200, but status asks the readiness decision again and it is not ready
+    host = p.fleet.host(replica["host"])
+    p.fleet.ssh(host, f"cd {MODELS_DIR}/tiny && cp decide-bad.gguf swap.tmp && mv swap.tmp decide.gguf && "
+                      f"systemctl restart {replica['unit']}")  # fmt: skip
+    assert p.health(replica) == 200
+    (dep,) = json.loads(p.cli("status", p.name, "--json", check=True).stdout)["deployments"]
+    (member,) = dep["members"]
+    assert dep["state"] != "Ready" and member["ready"] is False, dep
+    assert "decision: answers.route.probabilities.billing is None" in json.dumps(dep), dep
+    p.fleet.ssh(host, f"cp {tiny_decision_model()} {MODELS_DIR}/tiny/swap.tmp && mv {MODELS_DIR}/tiny/swap.tmp "
+                      f"{MODELS_DIR}/tiny/decide.gguf")  # fmt: skip
+
 
 def test_a_model_answering_malformed_never_becomes_ready_and_gets_no_chat_request(decider: Project) -> None:
     p = decider
