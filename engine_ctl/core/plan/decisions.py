@@ -1,6 +1,6 @@
 """Which hosts may run a decisions deployment (seed 003, Decision models): those whose engine build serves
-decision models, by the version the facts report (llama.cpp 0.7.0 or newer, SGLang 0.5.22 or newer) or by the
-inventory's registration of the build (engines.<engine>.decisions: true). An older one is never chosen, and
+decision models, by the version the facts report (each provider's decisions_min_version, the seed's floors) or
+by the inventory's registration of the build (engines.<engine>.decisions: true). An older one is never chosen, and
 naming it is refused with host_capability_missing:decisions. Pure."""
 
 from __future__ import annotations
