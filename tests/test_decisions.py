@@ -27,6 +27,7 @@ from engine_ctl.core.documents.inventory import Host, load_inventory
 from engine_ctl.core.fit.hostfacts import Cpu, EngineInstall, HostFacts, Memory
 from engine_ctl.core.plan.decisions import decided_facts, decisions_refusals, readiness_checks
 from engine_ctl.core.plan.status import deployment_status
+from engine_ctl.core.render.gateway import REPLICA_KEY
 from tests.helpers import load, messages, write
 
 COMMIT = "b968826d9c46dd6066d109eabc6255188de91218"
@@ -209,7 +210,8 @@ def test_status_reads_a_decisions_replica_as_ready_only_by_its_decision() -> Non
 
 def test_the_probe_asks_each_decisions_replica_with_the_internal_key_behind_a_gateway() -> None:
     rec, _ = _running("200", None)
-    keyed = rec.replicas[0].model_copy(update={"argv": ["/bin/llama-server", "--api-key-file", "/etc/k"]})
-    (check,) = readiness_checks(rec.model_copy(update={"replicas": [keyed]}), "/etc/k")["h"]
-    assert check == {"port": 8001, "path": "/v1/systemone", "body": readiness_body("d"), "key_file": "/etc/k"}
-    assert "key_file" not in readiness_checks(rec, "/etc/k")["h"][0]
+    credential = "/run/credentials/engine-ctl-d-0a.service/replica-key"  # what units.py gives a replica behind one
+    keyed = rec.replicas[0].model_copy(update={"argv": ["/bin/llama-server", "--api-key-file", credential]})
+    (check,) = readiness_checks(rec.model_copy(update={"replicas": [keyed]}))["h"]
+    assert check == {"port": 8001, "path": "/v1/systemone", "body": readiness_body("d"), "key_file": REPLICA_KEY}
+    assert "key_file" not in readiness_checks(rec)["h"][0]

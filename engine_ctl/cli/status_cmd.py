@@ -21,7 +21,7 @@ from engine_ctl.core.names import UNIT_PREFIX, UNIT_SUFFIX, parse_unit_name
 from engine_ctl.core.plan.decisions import readiness_checks
 from engine_ctl.core.plan.scaler import scaler_views_of, with_scaler
 from engine_ctl.core.plan.status import DeploymentStatus, deployment_status, initialize_text, startup_text
-from engine_ctl.core.render.gateway import REPLICA_KEY, endpoint_of
+from engine_ctl.core.render.gateway import endpoint_of
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.gather import gather
 from engine_ctl.shell.transport import HostFailure, SSHOptions
@@ -73,7 +73,7 @@ def _live(
             checks.setdefault(r.host, []).append((r.port, path))
     decisions: dict[str, list[dict[str, object]]] = {}
     for d in records:  # a decisions deployment's replicas are asked the readiness decision too
-        for host, asked in readiness_checks(d, REPLICA_KEY).items():
+        for host, asked in readiness_checks(d).items():
             decisions.setdefault(host, []).extend(asked)
     return gather(hosts, options, parallel, health=checks, decisions=decisions)
 

@@ -5,12 +5,14 @@ naming it is refused with host_capability_missing:decisions. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from engine_ctl.core.decisions import READINESS_PATH, check_answer, meets_floor, readiness_body, shown_version
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.plan.engines import build_for, engine_at, host_platform
+from engine_ctl.core.render.gateway import REPLICA_KEY
+from engine_ctl.core.render.units import CREDENTIALS_DIR, KEY_CREDENTIAL
 from engine_ctl.providers import Provider
 from engine_ctl.state.model import DeploymentRecord
 
@@ -46,14 +48,23 @@ def decisions_refusals(
     return out
 
 
-def readiness_checks(rec: DeploymentRecord, key_file: str | None) -> dict[str, list[dict[str, object]]]:
+def internal_key_file(argv: Sequence[str] | None) -> str | None:
+    """Where the host keeps the internal key a replica requires (it runs behind a gateway: its argv names the key
+    credential systemd gives it), for the readiness decision to send; None when it requires none."""
+    credential = f"/{KEY_CREDENTIAL}"
+    needs = any(a.startswith(CREDENTIALS_DIR + "/") and a.endswith(credential) for a in argv or ())
+    return REPLICA_KEY if needs else None
+
+
+def readiness_checks(rec: DeploymentRecord) -> dict[str, list[dict[str, object]]]:
     """host -> the readiness requests the facts probe sends a decisions deployment's replicas (none for chat)."""
     if rec.spec is None or rec.spec.api != "decisions":
         return {}
     out: dict[str, list[dict[str, object]]] = {}
     for r in rec.replicas:
         check = {"port": r.port, "path": READINESS_PATH, "body": readiness_body(rec.name)}
-        if key_file is not None and key_file in r.argv:  # behind a gateway the replica requires the internal key
+        key_file = internal_key_file(r.argv)
+        if key_file is not None:  # behind a gateway the replica requires the internal key
             check["key_file"] = key_file
         out.setdefault(r.host, []).append(check)
     return out
