@@ -28,7 +28,8 @@ def readiness_argv(address: str, port: int, key_file: str | None = None) -> list
             "--data-binary", "@-", "-o", "-", "-w", "\\n%{http_code}", url]  # fmt: skip
     if key_file is None:
         return argv
-    header = f"Authorization: Bearer $(cat {shlex.quote(key_file)})"
+    first_key = f"grep -o -m1 '[0-9a-f]\\{{64\\}}' {shlex.quote(key_file)} | head -n1"
+    header = f"Authorization: Bearer $({first_key})"
     return [SH, "-c", f"{shlex.join(argv)} -H @/dev/fd/3 3<<EOF\n{header}\nEOF\n"]
 
 
