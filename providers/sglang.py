@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine_ctl.providers.base import (
     FETCHES,
@@ -19,7 +20,8 @@ from engine_ctl.providers.base import (
     gpu_env,
 )
 
-from engine_ctl.core.fit.runspec import ReplicaRun
+if TYPE_CHECKING:  # annotations only
+    from engine_ctl.core.fit.runspec import ReplicaRun
 
 MEM_FRACTION_STATIC = 0.88
 
