@@ -37,7 +37,7 @@ def rows(text: str, header: str) -> list[list[str]]:
 
 def test_revisions_startup_and_the_seeds_tables(project: Project) -> None:
     name = project.name
-    project.write("replicas: {min: 1, max: 2}\ncontext_length: 512")
+    project.write("replicas: {min: 1, max: 1}\ncontext_length: 512")
     first = project.cli("apply", "--auto-approve", check=True)
     found = REQUEST.search(first.stderr.splitlines()[0])
     assert found, first.stderr
