@@ -616,6 +616,7 @@ class Executor:
         rec = _record(state, change.name)
         if applied:
             carry_startup(rec, change)
+            rec.whole_host = change.whole_host
             rec.revision = change.revision
             rec.spec, rec.model, rec.spec_hash, rec.plan = change.spec, change.model, change.spec_hash, change.fit
             rec.chosen = dict(change.chosen)
