@@ -320,3 +320,34 @@ def test_an_estimate_above_what_any_host_gives_runs_its_first_start_alone_on_one
     assert alone and capped.memory_bytes == 5 * GIB and capped.min_gpu_memory_bytes == FIT.min_gpu_memory_bytes
     assert whole_host(FIT, [host("a", 4), host("b", 7)]) == (FIT, False)
     assert whole_host(FIT, []) == (FIT, False)
+
+
+def test_state_rm_records_its_request_in_its_one_write_and_a_rerun_does_nothing(tmp_path: Path) -> None:
+    state_file = tmp_path / "engine-ctl.state.json"
+    LocalState(state_file).write(State(deployments={"chat": DeploymentRecord(name="chat", revision=1)}))
+    removed = run("state", "rm", "chat", "--state", str(state_file), "--request-id", ULID_A)
+    assert removed.exit_code == 0, removed.output
+    assert removed.stderr.startswith(f"Request identity: {ULID_A} ")
+    after = LocalState(state_file).read()
+    assert after.serial == 2 and "chat" not in after.deployments  # one write: the edit and its request
+    (request,) = after.requests
+    assert (request.id, request.command, request.exit_code, request.result) == (ULID_A, "state rm chat", 0,
+                                                                                 "forgot chat")  # fmt: skip
+    again = run("state", "rm", "chat", "--state", str(state_file), "--request-id", ULID_A)
+    assert again.exit_code == 0 and "nothing was done again" in again.stdout
+    assert LocalState(state_file).read().serial == 2
+
+
+def test_whole_host_is_in_the_plan_only_when_true_and_status_names_it_until_measured() -> None:
+    from engine_ctl.core.plan.changes import DeploymentChange
+
+    alone = DeploymentChange(name="chat", action=["create"], revision=1, whole_host=True)
+    assert alone.model_dump()["whole_host"] is True
+    assert DeploymentChange.model_validate_json(alone.model_dump_json()).whole_host
+    assert "whole_host" not in DeploymentChange(name="chat", action=["create"], revision=1).model_dump()
+    cpu = FIT.model_copy(update={"accelerator": "cpu", "gpus": 0})
+    estimated = startup_status(DeploymentRecord(name="c", revision=1, plan=cpu, whole_host=True))
+    assert estimated is not None and estimated.whole_host and estimated.provenance == "default"
+    measured = startup_status(DeploymentRecord(name="c", revision=1, plan=cpu, whole_host=True,
+                                               startup=_measured(1)))  # fmt: skip
+    assert measured is not None and not measured.whole_host and measured.provenance == "measured"
