@@ -61,6 +61,15 @@ def test_cpus_run_the_cpu_build_of_llama_cpp_only() -> None:
     assert LLAMA.build_platform(None) == "cpu" and VLLM.build_platform(None) is None
 
 
+def test_apple_silicon_runs_the_metal_build_of_llama_cpp_only() -> None:
+    from engine_ctl.core.fit.hostfacts import parse_system_profiler
+
+    (gpu,) = parse_system_profiler((RECORDINGS / "system-profiler-displays-M2Max.json").read_text())
+    assert LLAMA.build_platform(gpu) == "metal" and LLAMA.gpu_refusal(gpu) is None
+    assert VLLM.build_platform(gpu) is None and VLLM.gpu_refusal(gpu) == "vLLM does not run on apple GPUs"
+    assert SGLANG.build_platform(gpu) is None
+
+
 def test_the_gfx_target_comes_from_amd_smis_real_output() -> None:
     static = (RECORDINGS / "amd-smi-static-2xMI300X.json").read_text()
     assert {g.gfx_target for g in parse_amd_smi(static)} == {"gfx942"}
@@ -167,3 +176,20 @@ def test_the_facts_report_each_builds_version_and_binary_sha256(tmp_path: Path) 
     assert found["cuda"].sha256 == hashlib.sha256(copy.read_bytes()).hexdigest() != found["cpu"].sha256
     assert "0.6.0-dev" in (found["cpu"].version or "") and "0.6.0-dev" in (found["cuda"].version or "")
     assert os.access(copy, os.X_OK)
+
+
+def test_a_mac_with_apple_silicon_runs_the_metal_build_the_inventory_names() -> None:
+    from engine_ctl.core.fit.hostfacts import parse_system_profiler
+    from engine_ctl.core.plan.engines import build_for, host_platform
+
+    gpus = tuple(parse_system_profiler((RECORDINGS / "system-profiler-displays-M2Max.json").read_text()))
+    metal = EngineInstall(path="/opt/llama-metal/llama-server", version="version: 5000 (abc)", sha256="f" * 64)
+    named = {"llama.cpp": {"metal": metal.path, "cuda": "/opt/cuda/llama-server"}}
+    mac = Host(name="mac", address="x5", engine_builds=named)
+    facts = _facts("mac", gpus, metal=metal)
+    assert host_platform(LLAMA, "gpu", facts) == "metal" and build_for(LLAMA, mac, "metal") == metal.path
+    assert engine_refusals(LLAMA, "gpu", [facts], {"mac": mac}) == {}
+    cuda_only = Host(name="mac", address="x5", engine_builds={"llama.cpp": {"cuda": "/opt/cuda/llama-server"}})
+    assert engine_refusals(LLAMA, "gpu", [facts], {"mac": cuda_only})["mac"] == (
+        "no llama.cpp build for metal on mac (the inventory names: cuda); add engines.llama.cpp.metal"
+    )

@@ -396,6 +396,7 @@ def test_the_status_tables_fit_80_columns_and_show_each_slot() -> None:
     text = out.getvalue()
     assert max(len(line.rstrip()) for line in text.splitlines()) <= 80, text
     rows = [line.split() for line in text.splitlines() if line.startswith(("0 ", "1 "))]
-    assert [r[:2] for r in rows] == [["0", "b"], ["1", "a"]], text  # instance and slot, never cut
+    assert [r[:3] for r in rows] == [["0", "gpu-h100-rack1-01", "ready"], ["1", "gpu-h100-rack1-02", "failed"]], text
+    assert "engine-ctl-qwen-coder-32b-instruct-0b.service" in "".join(text.split())  # the unit, whole
     assert "Units: engine-ctl-qwen-coder-32b-instruct-<INSTANCE><SLOT>.service on each HOST" in text
     assert "tensor data out of bounds" in " ".join(text.split())  # the error wraps, whole

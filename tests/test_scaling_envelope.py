@@ -266,6 +266,9 @@ def test_blind_drops_only_the_named_servers_maintenance_flag() -> None:
     text = "backend d_a\n    server r1a 1.2.3.4:8001 maxconn 1 disabled\n"
     text += "backend d_b\n    server r1a 1:2 maxconn 1 disabled"
     text = "# content-sha256: 00ff\n" + text
+    state = "1 d_a 2 r1a 1.2.3.4 0 4 1 1 0 8 2 0 6 0 0 0 - 8001 - 0 0 - - 0"
+    assert blind(state, {("d_a", "r1a")}) == blind(state.replace(" 0 4 1 ", " 0 0 1 "), {("d_a", "r1a")})
+    assert blind(state, set()) != blind(state.replace(" 0 4 1 ", " 0 0 1 "), set())
     assert blind(text, {("d_a", "r1a")}).splitlines() == [
         "backend d_a", "    server r1a 1.2.3.4:8001 maxconn 1", "backend d_b", "    server r1a 1:2 maxconn 1 disabled",
     ]  # fmt: skip
@@ -297,3 +300,15 @@ def test_the_pull_request_markdown_shows_the_envelope_of_a_changed_deployment() 
     md = plan_markdown(plan(State(), facts, chat="gpus: 2, replicas: {min: 1, max: 2}"))
     assert "```text\nchat: replicas 1..2: 1 always on, 1 on demand" in md
     assert "  replica 1 on gpu-h100 GPUs 2–3: on demand\n```" in md
+
+
+def test_without_a_gateway_host_the_plan_warns_that_only_min_replicas_run() -> None:
+    _, facts = world(h100x8())
+    alone = change(plan(State(), facts, chat="gpus: 1, replicas: {min: 1, max: 3}"), "chat")
+    assert any("only the scaler starts them; it runs on a gateway host" in w and "1 replica will run" in w
+               for w in alone.warnings)  # fmt: skip
+    _, with_gateway = world(h100x8(), gateway=True)
+    served = change(plan(State(), with_gateway, gateway=True, chat="gpus: 1, replicas: {min: 1, max: 3}"), "chat")
+    assert not any("gateway host" in w for w in served.warnings)
+    fixed = change(plan(State(), facts, chat="gpus: 1, replicas: {min: 2, max: 2}"), "chat")
+    assert not any("gateway host" in w for w in fixed.warnings)

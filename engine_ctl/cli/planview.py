@@ -210,8 +210,20 @@ def render_plan(plan: Plan, command: str = "apply") -> list[tuple[str, str]]:
         out += [("warn", f"Warning: gateway {g.host}: {w}") for w in g.warnings]
     for c in plan.changes:
         out += _render_notes(c)
+    out += _scaler_lines(plan)
     out.append(("", ""))
     return out + _render_end(plan, command, bool(changed or gateways))
+
+
+def _scaler_lines(plan: Plan) -> list[tuple[str, str]]:
+    """Where the scaler runs (exactly one, the first gateway host by name) and what it says runs now."""
+    s = plan.scaler
+    if s is None:
+        return []
+    out = [("", ""), ("bold", f"  # scaler on {s.host} (the first gateway host by name): "
+                              f"{', '.join(s.deployments)}")]  # fmt: skip
+    out += [("", f"    {name}: {line}") for name, line in sorted(s.running.items())]
+    return out
 
 
 def _render_top(plan: Plan) -> list[tuple[str, str]]:
@@ -273,6 +285,8 @@ def _render_notes(c: DeploymentChange) -> list[tuple[str, str]]:
         said = ", ".join(f"{k} {getattr(fit, k)}, chosen at revision {r}" for k, r in chosen)
         out.append(("", f"{c.name}: {said} (the documents leave them out; chosen again when they change)"))
     out += [("destroy", f"Not reconciled: {c.name}: {b}") for b in c.blocked]
+    if c.operator:
+        out.append(("bold", f"Held: {c.name} was {c.operator}"))
     if c.pending_reason:
         out.append(("warn", f"Pending: {c.name}: {c.pending_reason}"))
         out += [("warn", f"  {host}: {why}") for host, why in sorted(c.waiting.items())]
@@ -425,6 +439,7 @@ def _md_warnings(plan: Plan) -> list[str]:
     reconciled) above WARNING (downtime, pending, drift, then the rest). Each item is one piece; the first of a
     group opens its alert."""
     owned = [f"**Owned elsewhere** (another state's unit, left alone): {_text(f.line)}" for f in plan.owned_elsewhere]
+    owned += [f"**Held:** {_code(c.name)} was {_text(c.operator)}" for c in plan.changes if c.operator]
     return _alert("CAUTION", _cautions(plan)) + _alert("WARNING", _warnings(plan)) + _alert("NOTE", owned)
 
 

@@ -13,6 +13,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 from engine_ctl.core.documents.inventory import Host
+from engine_ctl.core.fit.startup import measure_script, parse_measurement, sampler
 from engine_ctl.core.names import UNIT_FORM, parse_unit_name
 from engine_ctl.core.plan.changes import CREATE, DELETE, SURGE, UPDATE, DeploymentChange, Plan, ReplicaChange
 from engine_ctl.core.plan.status import recorded_verdict
@@ -21,6 +22,7 @@ from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.fetch import FetchFailed, FetchProgress, HubAccess, fetch_weights
 from engine_ctl.shell.gateway import GatewayFailure
 from engine_ctl.shell.gateway_apply import GatewayApply
+from engine_ctl.shell.scaler_apply import ScalerApply, ScalerFailure
 from engine_ctl.shell.transport import (
     CommandResult,
     HostFailure,
@@ -29,7 +31,8 @@ from engine_ctl.shell.transport import (
     transport_for,
 )
 from engine_ctl.state.base import StateBackend
-from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
+from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, StartupRecord, State
+from engine_ctl.state.requests import done_steps, step_done
 
 UNIT_DIR = "/etc/systemd/system"
 Progress = Callable[[str], None]
@@ -110,6 +113,14 @@ def start_argv(unit: str, upload: bool = False) -> list[str]:
     return _enable_and("start", unit, upload)
 
 
+def measured_start_argv(unit: str, upload: bool = False) -> list[str]:
+    """start_argv with nvidia-smi's per-process figures sampled in the background while the engine starts (where
+    there is an nvidia-smi), for the first start of a revision to measure its peak."""
+    script = start_argv(unit, upload)[2]
+    return ["sh", "-c", f"{sampler(unit)}( {script} ); rc=$?; [ -n \"$sampler\" ] && kill $sampler 2>/dev/null; "
+            "exit $rc"]  # fmt: skip
+
+
 def restart_argv(unit: str, upload: bool = False) -> list[str]:
     return _enable_and("restart", unit, upload)
 
@@ -185,10 +196,17 @@ def failure_reason(output: str, log_prefix: str = "") -> str:
         "start-limit-hit": "3 restarts without serving",
         "core-dump": "the engine crashed (core dump)",
     }.get(result, f"the replica did not start ({result})")
-    return f"launch_failed: {what}" + (f": {last}" if last else "")
+    return f"launch_failed: launch failed: engine launch failed: {what}" + (f": {last}" if last else "")
 
 
 # --- recording ----------------------------------------------------------------------------------------
+def step_key(deployment: str, step: ReplicaChange) -> str:
+    """A step as its request records it: what it does to which unit on which host, at which revision (a step the
+    same request would run again is the same key)."""
+    old = f" replacing {step.old_unit}@{step.old_host or step.host}" if step.old_unit else ""
+    return f"{deployment}: {'/'.join(step.action)} {step.unit}@{step.host} revision {step.revision}{old}"
+
+
 class Recorder:
     """The state in memory; every change is written at once, atomically, under one lock."""
 
@@ -206,7 +224,17 @@ class Recorder:
 def _record(state: State, name: str) -> DeploymentRecord:
     if name not in state.deployments:
         state.deployments[name] = DeploymentRecord(name=name)
-    return state.deployments[name]
+    rec = state.deployments[name]
+    if not rec.id:  # its stable ID, given once, when it is first created (or first recorded by this engine-ctl)
+        rec.id = new_id()
+    return rec
+
+
+def new_id() -> str:
+    """A deployment's (or an operation's) ID: a ULID."""
+    from ulid import ULID
+
+    return str(ULID())
 
 
 def _put_replica(state: State, name: str, replica: ReplicaRecord) -> None:
@@ -254,6 +282,18 @@ def _still_named_after(rec: DeploymentRecord) -> list[str]:
     replaced them all, the old name is dropped, and nothing may act on units of that name for this record."""
     named = {parsed.deployment for r in rec.replicas if (parsed := parse_unit_name(r.unit)) is not None}
     return [n for n in rec.moved_from if n in named]
+
+
+def _initialized(state: State, name: str, startup: StartupRecord | None, elapsed: float, failure: str | None) -> None:
+    """The seed's LAST OPERATION of a first start (initialize succeeded, or failed with its error's code) and, once
+    measured, the revision's start-up record."""
+    rec = _record(state, name)
+    if failure is not None:
+        rec.last_operation = f"initialize failed ({failure.split(':', 1)[0]})"
+        return
+    rec.last_operation = "initialize succeeded"
+    if startup is not None:
+        rec.startup = startup
 
 
 def _forget(state: State, name: str) -> None:
@@ -309,8 +349,13 @@ class Executor:
         stop: threading.Event | None = None,
         observer: Observer | None = None,
         hub: HubAccess | None = None,
+        request_id: str | None = None,
     ) -> None:
+        """`request_id`: the request identity this apply records its completed steps under; a step it already
+        recorded as done (an earlier run of the same request, cut off) is not run again."""
         self.plan = plan
+        self.request_id = request_id
+        self.done = done_steps(recorder.state, request_id)
         self.hosts = hosts
         self.recorder = recorder
         self.options = options
@@ -360,6 +405,7 @@ class Executor:
         if self.gateway is not None:
             self._gateway_step(self.gateway.after, "after the roll")
             self.gateway.close()
+        self._scaler()
         for t in self._transports.values():
             t.close()
         self.result.interrupted = self.stop.is_set()
@@ -374,6 +420,17 @@ class Executor:
             self.progress(f"gateway: FAILED: {reason}")
             return False
         return True
+
+    def _scaler(self) -> None:
+        """The scaler after everything else: its configuration is what this apply recorded (shell/scaler_apply)."""
+        if self.plan.scaler is None or self.stop.is_set():
+            return
+        scaler = ScalerApply(self.plan.scaler, self.hosts, lambda: self.recorder.state, self.options, self.progress)
+        try:
+            scaler.run()
+        except (ScalerFailure, HostFailure, OSError) as exc:
+            self.result.failed.setdefault("scaler", f"the scaler on {self.plan.scaler.host}: {exc}")
+            self.progress(f"scaler: FAILED: {exc}")
 
     def _gateway(self, step: Callable[[str, str], None], name: str, unit: str) -> None:
         """A gateway step of a roll (a new replica enters, an old one drains); its failure halts the roll."""
@@ -469,6 +526,20 @@ class Executor:
         if self.stop.is_set():
             self.progress(f"{change.name}: interrupted before replica {step.index}; state recorded")
             raise Interrupted
+        key = step_key(change.name, step)
+        if key in self.done:
+            self.progress(f"{change.name}: replica {step.index}: done before by request {self.request_id}: {key}")
+            self._event(
+                "skipped", change.name, replica=step.index, host=step.host, unit=step.unit,
+                action="/".join(step.action), revision=step.revision, reason="done by this request before",
+            )  # fmt: skip
+            return
+        self._guarded_step(change, step)
+        if self.request_id is not None:
+            rid = self.request_id
+            self._record(lambda s: step_done(s, rid, key), change.name)
+
+    def _guarded_step(self, change: DeploymentChange, step: ReplicaChange) -> None:
         self._event(
             "started", change.name, replica=step.index, host=step.host, unit=step.unit, action="/".join(step.action),
             revision=step.revision, reason=step.reason or None,
@@ -558,14 +629,21 @@ class Executor:
         self._record(lambda s: _put_replica(s, name, self._replica_record(step, "pending", digest)), name)
         assert step.unit_text is not None
         began = time.monotonic()
-        argv = on_demand_argv("start", step.unit, upload=True) if step.on_demand else start_argv(step.unit, True)
+        measure = self._first_start(name, step.revision)
+        if step.on_demand:  # the scaler runs it: started, never enabled
+            argv = on_demand_argv("start", step.unit, upload=True)
+        else:
+            argv = measured_start_argv(step.unit, upload=True) if measure else start_argv(step.unit, upload=True)
         result = t.run(argv, stdin=step.unit_text, timeout=self._budget(change))
         _uploaded(result, step)
         if result.exit_code != 0:
             reason = self._reason(t, change, step.unit)
             self._run(t, remove_argv(step.unit), f"removing the failed {step.unit} on {step.host}")
             self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
+            self._record(lambda s: _initialized(s, name, None, time.monotonic() - began, reason), name)
             raise StepFailed(reason)
+        if measure:
+            self._measure(t, name, step, time.monotonic() - began)
         self._record(lambda s: _set_status(s, name, step.host, step.unit, "serving"), name)
         if self.gateway is not None:
             self._gateway(self.gateway.enter, name, step.unit)
@@ -576,6 +654,25 @@ class Executor:
             f"{name}: replica {step.index} on {step.host}: {step.unit} serving on port {step.port} "
             f"(healthy after {time.monotonic() - began:.1f}s)"
         )
+
+    def _first_start(self, name: str, revision: int) -> bool:
+        """Whether no start of this revision has been measured yet (the first start measures its peak)."""
+        rec = self.recorder.state.deployments.get(name)
+        return rec is None or rec.startup is None or rec.startup.revision != revision
+
+    def _measure(self, t: Transport, name: str, step: ReplicaChange, elapsed: float) -> None:
+        """Record the start-up peak the host measured (its cgroup, nvidia-smi's samples) and the time to ready."""
+        found = parse_measurement(t.run(measure_script(step.unit), timeout=60).stdout)
+        devices = {u: n for u, n in found.device_peak_bytes.items() if u in step.gpus}
+        record = StartupRecord(
+            revision=step.revision, host=step.host, host_peak_bytes=found.host_peak_bytes,
+            host_source=found.host_source, device_peak_bytes=devices, device_source=found.device_source if devices
+            else "", initialize_s=round(elapsed, 1), measured_at=utc_now(),
+        )  # fmt: skip
+        self._record(lambda s: _initialized(s, name, record, elapsed, None), name)
+        self.progress(f"{name}: start-up of revision {step.revision} measured on {step.host}: "
+                      f"{human(found.host_peak_bytes or 0)} host RAM ({found.host_source or 'no figure'})"
+                      + "".join(f", {human(n)} on {u}" for u, n in devices.items()))  # fmt: skip
 
     def _fetch(self, change: DeploymentChange, fetch: WeightsFetch) -> None:
         """Put the deployment's hf: weights in place on one host before any replica starts there; meanwhile the

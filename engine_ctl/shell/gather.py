@@ -22,6 +22,7 @@ from engine_ctl.core.fit.hostfacts import (
     parse_amd_smi,
     parse_nvidia_smi,
     parse_rocm_smi,
+    parse_system_profiler,
 )
 from engine_ctl.core.fit.modelfacts import ModelFacts, facts_from_gguf_fields, facts_from_hf_config
 from engine_ctl.core.fit.unitheader import parse_unit_header
@@ -82,6 +83,11 @@ def _gpus(raw: dict[str, Any]) -> tuple[list[Gpu], list[str]]:
         ("nvidia_smi", "nvidia-smi", parse_nvidia_smi),
         ("amd_smi_static", "amd-smi", lambda out: parse_amd_smi(out, _ok_output(raw.get("amd_smi_metric")))),
         ("rocm_smi", "rocm-smi", parse_rocm_smi),
+        (
+            "system_profiler",
+            "system_profiler",
+            lambda out: parse_system_profiler(out, _ok_output(raw.get("hw_memsize"))),
+        ),
     ]
     gpus: list[Gpu] = []
     warnings: list[str] = []
@@ -177,6 +183,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         haproxy_version=doc.get("haproxy"),
         gateway_files=(doc.get("gateway") or {}).get("files") if doc.get("gateway") else None,
         gateway_servers=dict((doc.get("gateway") or {}).get("servers") or {}),
+        scaler_state=doc["scaler"] if isinstance(doc.get("scaler"), dict) else None,
         ip_filtering=doc.get("cgroup2"),
         warnings=tuple(warnings),
     )

@@ -19,6 +19,12 @@ DEFAULT_CACHE_DIR = "/var/cache/engine-ctl"
 GATEWAY_ROLE = "gateway"
 DEFAULT_GATEWAY_PORT = 8800
 DEFAULT_DOWNLOAD_CAP = 500 * 1024**3
+DEFAULT_HOLD_S = 120
+"""Seed 001: a request to a deployment with no serving replica is held up to 2 minutes, then 503 Retry-After: 5."""
+DEFAULT_HOLD_CAP = 100
+"""Requests held at once per deployment; more are answered 503 with Retry-After: 5 at once."""
+HOLD_S_RANGE = (1, 3600)
+HOLD_CAP_RANGE = (0, 10000)
 """All hf: downloads together on a host are capped at 500 GiB (seed 003), unless downloads.cap says otherwise."""
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 EXECUTABLE = re.compile(r"/[A-Za-z0-9/._+:=,@-]*")
@@ -106,10 +112,43 @@ class DownloadSettings(_Doc):
     )  # fmt: skip
 
 
+class GatewaySettingsDocument(_Doc):
+    """The gateway's settings, the same on every gateway host."""
+
+    hold_s: int | None = Field(
+        None, description=f"Seconds a request to a deployment with no serving replica is held before it is answered "
+        f"503 with Retry-After: 5 ({DEFAULT_HOLD_S}; {HOLD_S_RANGE[0]} to {HOLD_S_RANGE[1]})."
+    )  # fmt: skip
+    hold_cap: int | None = Field(
+        None, description=f"Requests held at once per deployment; more are answered 503 at once ({DEFAULT_HOLD_CAP}; "
+        f"{HOLD_CAP_RANGE[0]} to {HOLD_CAP_RANGE[1]}, 0: never hold)."
+    )  # fmt: skip
+
+
+class ScalingSettings(_Doc):
+    """The scaler's timings (the seeds' values by default; shorter ones for tests). How long the gateway holds a
+    request is the gateway block's hold_s."""
+
+    decide_every_s: int | None = Field(None, ge=1, le=86400, description="At most one scaling decision per "
+                                       "deployment this often, in seconds (120).")  # fmt: skip
+    poll_s: int | None = Field(None, ge=1, le=3600, description="Seconds between reads of the engines' /metrics (15).")
+
+
+class Scaling(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    decide_every_s: int = 120
+    poll_s: int = 15
+
+
 class InventoryDocument(_Doc):
     kind: Literal["Inventory"] = "Inventory"
     defaults: HostSettings | None = None
     downloads: DownloadSettings | None = Field(None, description="hf: downloads: on or off, and their cap.")
+    gateway: GatewaySettingsDocument | None = Field(
+        None, description="The gateway's settings: how long and how many requests are held (hold_s, hold_cap)."
+    )
+    scaling: ScalingSettings | None = Field(None, description="The scaler's timings: decide_every_s, poll_s.")
     hosts: list[dict[str, object]] = Field(description="The hosts.")
 
 
@@ -149,12 +188,21 @@ class Downloads(BaseModel):
     """None: no cap."""
 
 
+class GatewaySettings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    hold_s: int = DEFAULT_HOLD_S
+    hold_cap: int = DEFAULT_HOLD_CAP
+
+
 class Inventory(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     file: str | None = None
     hosts: tuple[Host, ...] = ()
     downloads: Downloads = Downloads()
+    gateway: GatewaySettings = GatewaySettings()
+    scaling: Scaling = Scaling()
 
     def gateways(self) -> list[Host]:
         """The hosts with the gateway role, in inventory order."""
@@ -350,7 +398,30 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
             Diagnostic(doc.locate(("hosts",)), "hosts", "no hosts: list at least one host", code="no_hosts")
         )
     downloads, wrong = _downloads(doc, parsed.downloads)
-    return Inventory(file=doc.file, hosts=tuple(hosts), downloads=downloads), problems + wrong
+    gateway, out_of_range = _gateway_settings(doc, parsed.gateway)
+    scaling = Scaling(**parsed.scaling.model_dump(exclude_none=True)) if parsed.scaling else Scaling()
+    inventory = Inventory(file=doc.file, hosts=tuple(hosts), downloads=downloads, gateway=gateway, scaling=scaling)
+    return inventory, problems + wrong + out_of_range
+
+
+def _gateway_settings(
+    doc: SourceDocument, settings: GatewaySettingsDocument | None
+) -> tuple[GatewaySettings, list[Diagnostic]]:
+    """The gateway block's hold time and cap, each within its range (an error at the field otherwise)."""
+    if settings is None:
+        return GatewaySettings(), []
+    problems = []
+    limits = (("hold_s", HOLD_S_RANGE, DEFAULT_HOLD_S, " seconds"), ("hold_cap", HOLD_CAP_RANGE, DEFAULT_HOLD_CAP, ""))
+    for key, (low, high), default, unit in limits:
+        value = getattr(settings, key)
+        if value is not None and not low <= value <= high:
+            where = ("gateway", key)
+            problems.append(Diagnostic(doc.locate(where), format_path(where), f"between {low} and {high}{unit}, "
+                                       f"not {value}", hint=f"leave it out for the default, {default}",
+                                       code="out_of_range"))  # fmt: skip
+    if problems:
+        return GatewaySettings(), problems
+    return GatewaySettings(**settings.model_dump(exclude_none=True)), []
 
 
 def _port_problems(doc: SourceDocument, i: int, entry: HostEntry) -> list[Diagnostic]:

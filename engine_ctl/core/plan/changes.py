@@ -18,6 +18,7 @@ from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.model import Deployment, Model
 from engine_ctl.core.plan.gateway import GatewayChange
 from engine_ctl.core.plan.ownership import ForeignUnit
+from engine_ctl.core.plan.scaler import ScalerPlan
 from engine_ctl.core.weights import WeightsFetch
 
 FORMAT_VERSION = 2
@@ -139,6 +140,9 @@ class DeploymentChange(Step):
     model: Model | None = None
     spec_hash: str = ""
     fit: FitPlan | None = None
+    startup_provenance: Literal["measured", "default"] = Field(default="default", exclude=True)
+    """Where the fit's start-up memory came from: `measured` (the revision's first start, recorded) or `default`
+    (the estimate)."""
     field_changes: list[FieldChange] = Field(default_factory=list)
     strategy: Strategy | None = None
     warnings: list[str] = Field(default_factory=list)
@@ -158,6 +162,8 @@ class DeploymentChange(Step):
     """hf: weights each host with a new replica fetches first (engine_ctl.core.plan.fetching)."""
     envelope: list[Slot] = Field(default_factory=list)
     """Every slot (0..max-1) placed, always on (below `min`) or on demand; empty when max equals min."""
+    operator: str | None = None
+    """Held by an operator's verb (stop, park, delete): why nothing of it changes (engine_ctl.core.plan.operator)."""
 
     _empty = field_validator("spec", "model", mode="before")(_none_if_empty)
 
@@ -218,6 +224,8 @@ class Plan(BaseModel):
     """Units on these hosts that another state (another lineage) owns: listed, never drift, never touched."""
     gateways: list[GatewayChange] = Field(default_factory=list)
     """The gateway hosts (inventory role gateway): their HAProxy configuration, maps and unit."""
+    scaler: ScalerPlan | None = None
+    """The scaler (on the first gateway host by name) when a deployment scales; apply installs it."""
 
     def summary(self) -> dict[str, int]:
         """Deployments and gateways to add, change and destroy."""

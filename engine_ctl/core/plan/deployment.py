@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.fitting import FitUnknown, fit, shape_disagreement
@@ -152,11 +153,26 @@ def fit_step(
         change.pending_reason = fitted.reason
         change.action = list(CREATE) if record is None else change.action
         return None
-    change.fit = fitted
+    change.fit, change.startup_provenance = with_measured_startup(fitted, record, change.revision)
+    fitted = change.fit
     disagreement = shape_disagreement(model, model_facts)
     if disagreement:  # the weights' own metadata sized it; say that the Model document says otherwise
         change.warnings.append(disagreement)
     return fitted
+
+
+def with_measured_startup(
+    fitted: FitPlan, record: DeploymentRecord | None, revision: int
+) -> tuple[FitPlan, Literal["measured", "default"]]:
+    """The fit with the start-up peak its revision's first start measured set aside instead of the estimate
+    (host RAM, and each GPU's peak), and where the figures came from."""
+    startup = record.startup if record is not None else None
+    if startup is None or startup.revision != revision or startup.host_peak_bytes is None:
+        return fitted, "default"
+    update: dict[str, int] = {"memory_bytes": startup.host_peak_bytes}
+    if startup.device_peak_bytes:
+        update["min_gpu_memory_bytes"] = max(startup.device_peak_bytes.values())
+    return fitted.model_copy(update=update), "measured"
 
 
 def weights_missing(model: Model, hosts: Hosts) -> dict[str, str]:

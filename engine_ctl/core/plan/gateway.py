@@ -14,13 +14,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine_ctl.core.documents.inventory import Host, Inventory
+from engine_ctl.core.documents.inventory import GatewaySettings, Host, Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.model import ApiKey
 from engine_ctl.core.render.gateway import (
     CONFIG_FILE,
     DRAIN_TIMEOUT_S,
     GATEWAY_UNIT,
+    HOLD_CAP,
+    HOLD_S,
     RUNTIME_MAPS,
     GatewayBackend,
     GatewayServer,
@@ -66,6 +68,10 @@ class GatewayChange(BaseModel):
     """A unified diff of haproxy.cfg, recorded -> planned."""
     drain_timeout_s: int = DRAIN_TIMEOUT_S
     warnings: list[str] = Field(default_factory=list)
+    hold_s: int = HOLD_S
+    """The inventory's gateway.hold_s: how long a request waits for a serving replica."""
+    hold_cap: int = HOLD_CAP
+    """The inventory's gateway.hold_cap: requests held at once per deployment."""
 
     @property
     def symbol(self) -> str:
@@ -158,15 +164,25 @@ def _planned(
     return after, union, sizing
 
 
+def stopped_map(deployments: Mapping[str, DeploymentRecord]) -> dict[str, str]:
+    """The gateway's stopped.map: deployment name -> its ID, for each one an operator stopped (engine-ctl stop):
+    the gateway answers deployment_stopped for them and never holds or starts them (core.plan.operator)."""
+    return {
+        name: rec.id or name
+        for name, rec in sorted(deployments.items())
+        if rec.operator is not None and rec.operator.verb == "stopped"
+    }
+
+
 def render_for(
     host: Host, replicas: Mapping[str, Mapping[Any, Replica]], sizing: Mapping[str, Any], keys: Iterable[ApiKey],
-    hosts: Mapping[str, Host],
+    hosts: Mapping[str, Host], settings: GatewaySettings, stopped: Mapping[str, str] | None = None,
 ) -> RenderedGateway:  # fmt: skip
     backends = [
         deployment_backend(name, reps.values(), sizing[name][0], sizing[name][1], hosts)
         for name, reps in sorted(replicas.items())
     ]
-    return render_gateway(host, backends, keys)
+    return render_gateway(host, backends, keys, hold_s=settings.hold_s, hold_cap=settings.hold_cap, stopped=stopped)
 
 
 def config_diff(old: str, new: str) -> list[str]:
@@ -186,16 +202,17 @@ def plan_gateways(
     hosts = {h.name: h for h in inventory.hosts}
     keys = list(keys)
     after, union, sizing = _planned(list(plan_changes), state, facts)
-    idle = on_demand_servers(after)
     out: list[GatewayChange] = []
     drift: list[dict[str, str]] = []
     for host in inventory.gateways():
-        final = render_for(host, after, sizing, keys, hosts)
-        interim = render_for(host, union, sizing, keys, hosts)
+        stopped = stopped_map(state.deployments)
+        final = render_for(host, after, sizing, keys, hosts, inventory.gateway, stopped)
+        interim = render_for(host, union, sizing, keys, hosts, inventory.gateway, stopped)
         record = state.gateways.get(host.name)
         change = GatewayChange(
             host=host.name, action=["no-op"], endpoint=final.endpoint, files=final.files, unit_text=final.unit_text,
             maps=final.maps, interim_files=None if interim.files == final.files else interim.files,
+            hold_s=inventory.gateway.hold_s, hold_cap=inventory.gateway.hold_cap,
         )  # fmt: skip
         hf = facts.get(host.name)
         if hf is not None and hf.haproxy_version is None:
@@ -212,9 +229,9 @@ def plan_gateways(
         else:
             found = _drift(host.name, record.files_sha256, record.unit_sha256, hf)
             drift.extend(found)
-            changed = [n for n, s in final.file_sha256.items() if record.files_sha256.get(n) != s]
-            if CONFIG_FILE in changed and blind(record.config, idle) == blind(final.files[CONFIG_FILE], idle):
-                changed.remove(CONFIG_FILE)  # only on-demand servers' maintenance differs: the scaler's doing
+            # on-demand servers as the recorded configuration had them: whether the scaler runs them is not a change
+            was = render_for(host, as_recorded(after, record.config), sizing, keys, hosts, inventory.gateway, stopped)
+            changed = [n for n, s in was.file_sha256.items() if record.files_sha256.get(n) != s]
             if record.unit_sha256 != final.unit_sha256:
                 changed.append(GATEWAY_UNIT)
             if changed or found or interim.files != final.files:
@@ -253,7 +270,9 @@ def _drift(host: str, files: Mapping[str, str], unit_sha: str, hf: HostFacts | N
 def gateway_after_apply(host: Host, state: State, hosts: Mapping[str, Host], change: GatewayChange) -> RenderedGateway:
     """What a gateway runs once the apply is done, from the state it recorded (the replicas that serve then,
     whatever failed), with the plan's key maps."""
-    rendered = render_gateway(host, backends_from_state(state, hosts), [])
+    rendered = render_gateway(
+        host, backends_from_state(state, hosts), [], hold_s=change.hold_s, hold_cap=change.hold_cap
+    )
     files = {**rendered.files, **{n: t for n, t in change.files.items() if n in RUNTIME_MAPS}}
     maps = {**rendered.maps, **{n: m for n, m in change.maps.items() if n in RUNTIME_MAPS}}
     return rendered.model_copy(update={"files": files, "maps": maps})
@@ -297,6 +316,8 @@ def gateway_tampering(plan_gateways_: Iterable[GatewayChange], plan_changes: Ite
             problems.append(f"gateway {g.host}: its files are not engine-ctl's")
         if g.unit_text != mine.unit_text:
             problems.append(f"gateway {g.host}: its unit differs from what engine-ctl renders")
+        if (g.hold_s, g.hold_cap) != (mine.hold_s, mine.hold_cap):
+            problems.append(f"gateway {g.host}: its hold settings are not the inventory's")
         interim = (g.interim_files or {}).get(CONFIG_FILE)
         if interim is not None and blind(interim, idle) != blind((mine.interim_files or mine.files)[CONFIG_FILE], idle):
             problems.append(f"gateway {g.host}: its interim configuration differs from what engine-ctl renders")
@@ -311,12 +332,35 @@ def on_demand_servers(after: Mapping[str, Mapping[Any, Replica]]) -> set[tuple[s
     }  # fmt: skip
 
 
-def blind(config: str, servers: set[tuple[str, str]]) -> str:
-    """haproxy.cfg without the maintenance flag of the `servers` given (on-demand ones): whether the scaler runs
-    them when a plan is made changes nothing to plan (the gateway's runtime state is the scaler's). Without the
-    header's content hash too, which follows the flags."""
+def as_recorded(after: Mapping[str, Mapping[Any, Replica]], config: str) -> dict[str, dict[Any, Replica]]:
+    """The replicas after the plan with each on-demand one active as the recorded haproxy.cfg had it (its server
+    not `disabled`), whatever the facts say now."""
+    disabled = {(b, s) for b, s, flag in servers_in(config) if flag}
+    return {
+        name: {k: r.model_copy(update={"active": (backend_name(name), server_name(r.index, r.slot)) not in disabled})
+               if r.on_demand else r for k, r in reps.items()}
+        for name, reps in after.items()
+    }  # fmt: skip
+
+
+def servers_in(config: str) -> list[tuple[str, str, bool]]:
+    """(backend, server, disabled) of each server line of a haproxy.cfg."""
     out, backend = [], ""
     for line in config.splitlines():
+        words = line.split()
+        if words[:1] == ["backend"] and len(words) > 1:
+            backend = words[1]
+        elif words[:1] == ["server"] and len(words) > 1:
+            out.append((backend, words[1], words[-1] == "disabled"))
+    return out
+
+
+def blind(text: str, servers: set[tuple[str, str]]) -> str:
+    """A gateway file without the maintenance of the `servers` given (on-demand ones): `disabled` in haproxy.cfg,
+    the admin state in start.state; and without the header's content hash, which follows them. Whether the scaler
+    runs them when a plan is made changes nothing to compare (the gateway's runtime state is the scaler's)."""
+    out, backend = [], ""
+    for line in text.splitlines():
         words = line.split()
         if line.startswith("# content-sha256:"):
             continue
@@ -324,5 +368,7 @@ def blind(config: str, servers: set[tuple[str, str]]) -> str:
             backend = words[1]
         elif words[:1] == ["server"] and len(words) > 1 and (backend, words[1]) in servers:
             line = line.removesuffix(" disabled")
+        elif len(words) > 6 and words[0].isdigit() and (words[1], words[3]) in servers:  # start.state
+            line = " ".join([*words[:6], "-", *words[7:]])
         out.append(line)
     return "\n".join(out)

@@ -38,10 +38,13 @@ from engine_ctl.core.plan.diff import Names
 from engine_ctl.core.plan.drift import unmanaged_units
 from engine_ctl.core.plan.envelope import envelopes
 from engine_ctl.core.plan.gateway import plan_gateways
+from engine_ctl.core.plan.operator import hold, without_held_drift
 from engine_ctl.core.plan.ownership import foreign_units, hold_back, hold_foreign
+from engine_ctl.core.plan.scaler import plan_scaler, scales
 from engine_ctl.core.plan.unitdiff import attach_unit_diffs
 from engine_ctl.core.plan.world import Allocation, Hosts
 from engine_ctl.core.render.gateway import GATEWAY_UNIT
+from engine_ctl.core.render.scaler import scaler_host
 from engine_ctl.state.model import DeploymentRecord, State
 
 
@@ -83,8 +86,23 @@ def with_gateways(
     """The gateway hosts' changes and drift into the plan (engine_ctl.core.plan.gateway); returns the gateway
     units, (host, unit), which are engine-ctl's own and so never listed as unmanaged."""
     plan.gateways, found = plan_gateways(plan.changes, state, inventory, facts, desired.api_keys)
+    plan.scaler = plan_scaler(plan.changes, state, inventory, facts)
+    if scaler_host(inventory) is None:
+        for c in plan.changes:
+            c.warnings += no_scaler_warning(c)
     plan.drift += [Drift(host=d["host"], unit=GATEWAY_UNIT, kind=d["kind"], detail=d["detail"]) for d in found]
     return {(host, GATEWAY_UNIT) for host in facts}
+
+
+def no_scaler_warning(change: DeploymentChange) -> list[str]:
+    """A deployment with on-demand replicas and no gateway host: only the scaler starts them, and it runs on the
+    first gateway host (none in the inventory), so only the always-on replicas run."""
+    d = change.spec
+    if d is None or change.actions == DELETE or not scales(d):
+        return []
+    runs = f"{d.replicas_min} replica" + ("s" if d.replicas_min != 1 else "")
+    return [f"{change.name}: replicas above min ({d.replicas_min}) are on demand and only the scaler starts them; "
+            f"it runs on a gateway host (roles: [gateway]) and the inventory has none: {runs} will run"]  # fmt: skip
 
 
 def planning_order(desired: DesiredState, state: State, targets: list[str] | None) -> list[str]:
@@ -115,6 +133,13 @@ def field_names(loaded: LoadedDeployment) -> Names:
         return field_name(loaded.origin, internal)
 
     return names
+
+
+def held(change: DeploymentChange, record: DeploymentRecord | None) -> DeploymentChange:
+    """The change, or (an operator's stop, park or delete recorded) its held form: engine_ctl.core.plan.operator."""
+    if record is not None and record.operator is not None:
+        return hold(change, record)
+    return change
 
 
 def finish_all(
@@ -180,9 +205,11 @@ def make_plan(
             assert record is not None
             plan.changes.append(held_back(record, hold_absent) if hold_absent else removed(record, hosts))
     plan.drift += finish_all(started, state, wanted, alloc, replace)
+    plan.changes = [held(c, state.deployments.get(c.name)) if c.name in wanted else c for c in plan.changes]
     hold_back(plan, foreign)
     gateway_units = with_gateways(plan, desired, state, inventory, facts)
     plan.drift.extend(unmanaged_units(state, facts, {(f.host, f.unit) for f in foreign} | gateway_units))
+    plan.drift = without_held_drift(plan.drift, state)
     attach_unit_diffs(plan, facts)
     if refresh_only:
         for c in plan.changes:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from engine_ctl.core.documents.inventory import Host
+from engine_ctl.core.documents.inventory import DEFAULT_HOLD_CAP, DEFAULT_HOLD_S, Host
 from engine_ctl.core.model import ApiKey
 from engine_ctl.core.render.systemd_escape import comment_text
 
@@ -44,16 +44,21 @@ HAProxy's reserve for rewrites), since the route is read from the body's `model`
 after `messages`."""
 MAXCONN = 1000
 """Connections at once per gateway: each may hold two buffers, so about 512 MiB at the most."""
-HOLD_S = 120
-"""Seed 001: a request to a deployment with no serving replica is held up to 2 minutes, then 503 Retry-After: 5."""
-HOLD_CAP = 100
-"""Requests held at once per deployment; more are answered 503 with Retry-After: 5 at once."""
+HOLD_S = DEFAULT_HOLD_S
+"""Seed 001: held up to 2 minutes, then 503 Retry-After: 5 (the inventory's gateway.hold_s sets it)."""
+HOLD_CAP = DEFAULT_HOLD_CAP
+"""Requests held at once per deployment (the inventory's gateway.hold_cap sets it)."""
+WAKE_PORT = 8809
+"""The scaler hears the Lua on 127.0.0.1:WAKE_PORT (`wake <deployment>` for a held request; see render/scaler.py)."""
 DRAIN_TIMEOUT_S = 120
 """How long a replica being replaced may finish its requests in flight (streams included) before it stops."""
 CONFIG_FILE = "haproxy.cfg"
 LUA_FILE = "hold.lua"
-MAP_FILES = ("keys.map", "expires.map", "scopes.map", "models.map")
-RUNTIME_MAPS = ("keys.map", "expires.map", "scopes.map")
+START_STATE_FILE = "start.state"
+"""Every server DOWN, in HAProxy's server-state format: what a freshly started gateway loads (its unit copies it
+to the state file before HAProxy starts), so no request goes to a replica before its first check passes."""
+MAP_FILES = ("keys.map", "expires.map", "scopes.map", "models.map", "stopped.map")
+RUNTIME_MAPS = ("keys.map", "expires.map", "scopes.map", "stopped.map")
 """Maps changed over the stats socket, with no reload (models.map changes only with the backends)."""
 
 
@@ -187,8 +192,10 @@ def render_gateway(
     hold_cap: int = HOLD_CAP,
     haproxy: str = HAPROXY,
     run_dir: str = RUN_DIR,
+    stopped: Mapping[str, str] | None = None,
 ) -> RenderedGateway:
-    """Everything one gateway host runs, rendered from templates/ (haproxy.cfg.j2, hold.lua, gateway.service.j2)."""
+    """Everything one gateway host runs, rendered from templates/ (haproxy.cfg.j2, hold.lua, gateway.service.j2).
+    `stopped`: deployment -> ID of those an operator stopped (stopped.map: answered deployment_stopped)."""
     ordered = sorted(backends, key=lambda b: b.deployment)
     listen = f"{'[::]' if ':' in host.address else '*'}:{host.gateway_port}"
     common = {"host": host.name, "listen": listen, "internal_key": internal_key}
@@ -207,10 +214,15 @@ def render_gateway(
             "backends": ordered,
         },
     )
-    lua = _with_hash("hold.lua", {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX})
+    lua = _with_hash(
+        "hold.lua",
+        {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX, "wake_port": WAKE_PORT},
+    )
     maps = key_maps(keys, [b.deployment for b in ordered])
     maps["models.map"] = {b.deployment: b.backend for b in ordered}
+    maps["stopped.map"] = dict(stopped or {})
     files = {CONFIG_FILE: config, LUA_FILE: lua, **{name: map_text(maps[name]) for name in MAP_FILES}}
+    files[START_STATE_FILE] = start_state(ordered)
     unit = _with_hash(
         "gateway.service.j2",
         {
@@ -219,9 +231,35 @@ def render_gateway(
             "haproxy": haproxy,
             "run_dir": run_dir,
             "run_dir_name": RUN_DIR_NAME,
+            "start_state": f"{GATEWAY_DIR}/{START_STATE_FILE}",
             "internal_key": INTERNAL_ENV if internal_key else None,
         },
     )
     return RenderedGateway(
         host=host.name, listen=listen, endpoint=endpoint_of(host), files=files, unit_text=unit, maps=maps
     )
+
+
+# --- servers DOWN at start --------------------------------------------------------------------------------------
+STATE_COLUMNS = (
+    "be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state srv_uweight srv_iweight "
+    "srv_time_since_last_change srv_check_status srv_check_result srv_check_health srv_check_state srv_agent_state "
+    "bk_f_forced_id srv_f_forced_id srv_fqdn srv_port srvrecord srv_use_ssl srv_check_port srv_check_addr "
+    "srv_agent_addr srv_agent_port"
+)
+"""HAProxy 2.6's server-state file, version 1 (what `show servers state` prints)."""
+
+
+def start_state(backends: Iterable[GatewayBackend]) -> str:
+    """The server-state file a fresh gateway starts from: every server DOWN (operational state 0, health 0, its
+    last check a failed connection), so it enters only once its health check passes (rise 1, every second while
+    down) and a request meanwhile is held, never sent to an engine that is not serving. Without it HAProxy starts
+    every server UP until its first check fails. A `disabled` server keeps its maintenance (admin state 4).
+    Proxies and servers are matched by name (no forced ids)."""
+    lines = ["1", "# " + STATE_COLUMNS]
+    for be_id, b in enumerate(backends, start=1):
+        for srv_id, s in enumerate(b.servers, start=1):
+            admin = 4 if s.disabled else 0
+            lines.append(f"{be_id} {b.backend} {srv_id} {s.name} {s.address} 0 {admin} 1 1 0 8 2 0 6 0 0 0 - "
+                         f"{s.port} - 0 0 - - 0")  # fmt: skip
+    return "\n".join(lines) + "\n"

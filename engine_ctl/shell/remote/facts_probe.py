@@ -288,10 +288,17 @@ def listening_ports() -> list[int]:
 NVIDIA_SMI_QUERY = "index,uuid,name,memory.total,memory.used,driver_version"
 
 
-def gpu_commands(which: Callable[[str], str | None] = shutil.which) -> dict[str, list[str]]:
+def gpu_commands(which: Callable[[str], str | None] = shutil.which, system: str = "") -> dict[str, list[str]]:
     """The GPU tools found on PATH -> the argv whose output engine_ctl.core.fit.hostfacts parses, keyed as the probe
-    reports it. amd-smi (ROCm 6+) is preferred; rocm-smi only where amd-smi is missing."""
+    reports it. amd-smi (ROCm 6+) is preferred; rocm-smi only where amd-smi is missing. On macOS (`system` is
+    uname's Darwin) the Metal GPUs: system_profiler's SPDisplaysDataType as JSON, and the machine's memory (Apple
+    silicon's GPU shares it)."""
     commands = {}
+    profiler, sysctl = which("system_profiler"), which("sysctl")
+    if system == "Darwin" and profiler:
+        commands["system_profiler"] = [profiler, "SPDisplaysDataType", "-json"]
+        if sysctl:
+            commands["hw_memsize"] = [sysctl, "-n", "hw.memsize"]
     smi = which("nvidia-smi")
     if smi:
         commands["nvidia_smi"] = [smi, "--query-gpu=" + NVIDIA_SMI_QUERY, "--format=csv,noheader,nounits"]
@@ -819,15 +826,29 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
     return args
 
 
+SCALER_STATE = "/var/lib/engine-ctl/scaler/state.json"
+
+
+def scaler_state(path: str = SCALER_STATE) -> Any:
+    """The scaler's state.json on the gateway host that runs it (its decisions, what runs), or None."""
+    text = read(path)
+    if not text or len(text) > 1000000:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def probe(args: dict[str, Any]) -> dict[str, Any]:
     """Every fact of this host. The tools that take time (engines' --version, GPU tools, haproxy -v) start first
     and run side by side while the files are read."""
     started = engines(args.get("engines", {}), args.get("known_versions", {}))
     builds = engines(args.get("builds", {}), args.get("known_versions", {}))  # "engine\tplatform" -> one path
-    gpu_started = {key: start(argv) for key, argv in gpu_commands().items()}
+    uname = os.uname()
+    gpu_started = {key: start(argv) for key, argv in gpu_commands(system=uname.sysname).items()}
     haproxy = shutil.which("haproxy")
     haproxy_started = start([haproxy, "-v"]) if haproxy else None
-    uname = os.uname()
     doc: dict[str, Any] = {
         "probe_version": PROBE_VERSION,
         "hostname": uname.nodename,
@@ -846,6 +867,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "models": {p: model_entry(p) for p in args.get("model_paths", [])},
         "health": health(args.get("health", []), args.get("bind") or "127.0.0.1"),
         "gateway": gateway(),
+        "scaler": scaler_state(),
         "cgroup2": os.path.exists("/sys/fs/cgroup/cgroup.controllers"),
     }
     doc["gpus"] = {key: finish(proc) for key, proc in gpu_started.items()}
