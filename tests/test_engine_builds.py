@@ -5,6 +5,7 @@ hosts left out with their reason, and an engine changed under a replica."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -193,3 +194,31 @@ def test_a_mac_with_apple_silicon_runs_the_metal_build_the_inventory_names() -> 
     assert engine_refusals(LLAMA, "gpu", [facts], {"mac": cuda_only})["mac"] == (
         "no llama.cpp build for metal on mac (the inventory names: cuda); add engines.llama.cpp.metal"
     )
+
+
+def test_a_binarys_sha256_is_read_again_only_when_the_binary_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real probe on this machine: the digest is cached by path, mtime, size, ctime and inode (issue 10), so an
+    unchanged engine is not hashed on every facts; a rewrite is noticed even with its mtime and size put back."""
+    monkeypatch.setenv("ENGINE_CTL_CACHE_DIR", str(tmp_path / "cache"))
+    real = llama_server_dir() / "bin" / "llama-server"
+    copy = tmp_path / "bin" / "llama-server"
+    shutil.copytree(real.parent, copy.parent)
+    host = Host(name="here", address="127.0.0.1", transport="local", engine_builds={"llama.cpp": {"cpu": str(copy)}})
+    first = gather_one(LocalTransport(host)).engine_builds["llama.cpp"]["cpu"]
+    assert first.sha256 == hashlib.sha256(copy.read_bytes()).hexdigest()
+    cache = tmp_path / "cache" / "engine-versions" / "here.json"
+    known = json.loads(cache.read_text())
+    assert known[str(copy)]["sha256"] == first.sha256 and known[str(copy)]["version"] == first.version
+    known[str(copy)]["sha256"] = "0" * 64  # what the cache says is what the facts say while the file is unchanged
+    cache.write_text(json.dumps(known))
+    assert gather_one(LocalTransport(host)).engine_builds["llama.cpp"]["cpu"].sha256 == "0" * 64
+    before = copy.stat()
+    data = bytearray(copy.read_bytes())
+    data[-1] ^= 0xFF  # the same size, other bytes, written in place; then the old mtime put back
+    copy.write_bytes(bytes(data))
+    os.utime(copy, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert copy.stat().st_size == before.st_size and copy.stat().st_mtime_ns == before.st_mtime_ns
+    again = gather_one(LocalTransport(host)).engine_builds["llama.cpp"]["cpu"]
+    assert again.sha256 == hashlib.sha256(bytes(data)).hexdigest() != first.sha256

@@ -335,11 +335,12 @@ def outcome_line(plan: Plan, command: str, code: int, result_text: str) -> str:
 
 def execute(
     plan: Plan, inventory: Inventory, backend: StateBackend, state: State, options: SSHOptions, command: str,
-    events: JsonEvents | None = None, request_id: str | None = None,
+    events: JsonEvents | None = None, request_id: str | None = None, fanout: int = 32,
 ) -> int:  # fmt: skip
     """Run the plan with the state recorded after every step; Ctrl-C finishes the step in flight. With `events`
     (--json) every step is also one JSON line on stdout, and the people's lines go to stderr. With `request_id`
-    the request is recorded first, each completed step under it, and its result at the end."""
+    the request is recorded first, each completed step under it, and its result at the end. At most `fanout`
+    hosts (--fanout) are worked on at once."""
     out = console(stderr=events is not None)
     if events is not None:
         s = plan.summary()
@@ -374,7 +375,7 @@ def execute(
             hub = HubAccess.from_environment(inventory.downloads, bars.update if bars else None)
             executor = Executor(
                 plan, {h.name: h for h in inventory.hosts}, recorder, options, out.print, stop, observer=events,
-                hub=hub, request_id=request_id,
+                hub=hub, request_id=request_id, fanout=fanout,
             )  # fmt: skip
             busy = "Applying: one replica at a time per deployment, health-gated…"
             live = bars or (out.status(busy) if out.is_terminal else None)
@@ -486,7 +487,9 @@ def _apply_saved(
                                "it was edited; run engine-ctl plan again and review the new plan",
                                code="plan_tampered")  # fmt: skip
         show_plan(saved, stderr=events is not None)
-        return execute(saved, inventory, backend, state, options, "apply " + str(path), events, request.id)
+        return execute(
+            saved, inventory, backend, state, options, "apply " + str(path), events, request.id, fanout=parallel
+        )
 
 
 @click.command()
@@ -516,7 +519,7 @@ def apply(
     if bad:
         raise InputError(bad)
     request = Request(request_identity(request_id), checks)
-    announce(request.id, stderr=as_json)
+    announce(request.id)
     saved = _load_plan_file(args[0]) if len(args) == 1 and args[0].is_file() else None
     if saved is not None:
         sys.exit(_apply_saved(saved, args[0], inventory_path, state_path, options, parallel, lock_timeout, events,
@@ -553,7 +556,7 @@ def _apply_documents(
                 events.plain("finished", command=command, result="no changes", exit_code=code, unrecorded=[])
             return code
         _confirm(auto_approve, as_json=events is not None)
-        code = execute(result, inventory, backend, state, options, command, events, request.id)
+        code = execute(result, inventory, backend, state, options, command, events, request.id, fanout=parallel)
         return code or (1 if failures or result.problems else 0)
 
 
@@ -573,7 +576,7 @@ def restart(
     events = JsonEvents() if as_json else None
     chosen = tuple(dict.fromkeys((*targets, name)))
     request = Request(request_identity(request_id))
-    announce(request.id, stderr=as_json)
+    announce(request.id)
     sys.exit(_apply_documents(paths, inventory_path, state_path, options, parallel, chosen, lock_timeout,
                               auto_approve, events, False, (name,), f"restart {name}", request))  # fmt: skip
 
@@ -589,7 +592,7 @@ def destroy(
 ) -> None:  # fmt: skip
     """Stop and remove the units of every deployment in the state (or --target ones). The models stay."""
     request = Request(request_identity(request_id))
-    announce(request.id, stderr=as_json)
+    announce(request.id)
     loaded = load_checked(paths, documents_required=False, pin=unresolved) if paths else None
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, paths)
@@ -611,7 +614,7 @@ def destroy(
                 events.plain("finished", command="destroy", result="no changes", exit_code=code, unrecorded=[])
             sys.exit(code)
         _confirm(auto_approve, "destroy", as_json)
-        sys.exit(execute(result, inventory, backend, state, options, "destroy", events, request.id))
+        sys.exit(execute(result, inventory, backend, state, options, "destroy", events, request.id, fanout=parallel))
 
 
 __all__ = ["apply", "destroy", "plan", "restart"]

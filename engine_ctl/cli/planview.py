@@ -605,4 +605,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "replicas": {v.removeprefix("to "): counts.get(v, 0) for v in REPLICA_VERBS.values()},
     }
     doc["has_changes"] = plan.has_changes
+    for change, shown in zip(plan.changes, doc.get("changes", []), strict=False):
+        shown["startup_provenance"] = change.startup_provenance  # measured start-up, or the estimate (default)
+        shown["whole_host"] = change.whole_host
     return doc

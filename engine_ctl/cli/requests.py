@@ -5,6 +5,9 @@ recorded, and one that finished reports its result and does nothing."""
 
 from __future__ import annotations
 
+import functools
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -12,8 +15,10 @@ from ulid import ULID
 
 from engine_ctl.cli.output import console
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
+from engine_ctl.state.base import StateBackend, now, who
 from engine_ctl.state.model import ULID as ULID_FORM
-from engine_ctl.state.model import RequestRecord, State
+from engine_ctl.state.model import RequestRecord, State, StateError
+from engine_ctl.state.requests import begin, finish
 
 
 def request_option(f: Any) -> Any:
@@ -38,10 +43,11 @@ def request_identity(given: str | None) -> str:
     return given.upper()
 
 
-def announce(request_id: str, stderr: bool = False) -> None:
-    """The first line of a command that changes something (on stderr under --json: stdout carries the events)."""
+def announce(request_id: str) -> None:
+    """The first line of a command that changes something, on stderr: on a terminal it comes first, and stdout
+    stays the command's result (the events under --json, what a verb did) for scripts."""
     line = f"Request identity: {request_id} (reuse --request-id {request_id} to recover this command)"
-    console(stderr=stderr).print(line, markup=False, highlight=False, soft_wrap=True)
+    console(stderr=True).print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def recorded(state: State, request_id: str, command: str, location: str) -> RequestRecord | None:
@@ -70,3 +76,49 @@ def report_continuing(found: RequestRecord, stderr: bool = False) -> None:
         f"Continuing request {found.id} (`{found.command}`, started {found.started} by {found.who}): "
         f"{len(found.steps)} step(s) it completed are not run again", markup=False, highlight=False, soft_wrap=True,
     )  # fmt: skip
+
+
+def recorded_verb(verb: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """An operator verb (`stop|start|park|delete deployment NAME`) with its request identity: printed first,
+    a finished request run again reports its result and does nothing, and the verb's outcome (its exit status) is
+    recorded under it. A verb cut off is run again whole with the same identity (each verb is idempotent: a
+    stop of a stopped deployment, a start of a started one, do nothing more)."""
+
+    def wrap(f: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(f)
+        def verb_with_request(*args: Any, request_id: str | None = None, **kwargs: Any) -> None:
+            from engine_ctl.cli.plan_cmd import backend_for
+
+            command = f"{verb} deployment {kwargs['name']}"
+            rid = request_identity(request_id)
+            announce(rid)
+            backend = backend_for(kwargs.get("state_path"), ())
+            found = recorded(backend.read(), rid, command, backend.location) if request_id else None
+            if found is not None and found.finished is not None:
+                sys.exit(report_finished(found))
+            code = 1
+            try:
+                f(*args, **kwargs)
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                raise
+            finally:
+                _record_verb(backend, rid, command, code)
+
+        return request_option(verb_with_request)
+
+    return wrap
+
+
+def _record_verb(backend: StateBackend, request_id: str, command: str, code: int) -> None:
+    """The verb's request, finished with its exit status (a state that cannot be written is said, not raised)."""
+    result = "done" if code == 0 else f"refused or failed (exit status {code})"
+    try:
+        with backend.lock(f"{command} (request {request_id})", timeout=10):
+            state = backend.read()
+            begin(state, request_id, command, who(), now())
+            finish(state, request_id, result, code, now())
+            backend.write(state)
+    except StateError as exc:
+        console(stderr=True).print(f"error: request {request_id} was not recorded: {exc}", markup=False)

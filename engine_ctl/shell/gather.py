@@ -43,7 +43,7 @@ def probe_args(
     host: Host,
     model_paths: Sequence[str] = (),
     health: Sequence[tuple[int, str]] = (),
-    known_versions: Mapping[str, list[Any]] | None = None,
+    known_versions: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "known_versions": dict(known_versions or {}),
@@ -214,11 +214,12 @@ def gather_one(
 
 
 class VersionCache:
-    """Engine versions already read on a host, keyed by the binary's path, mtime and size, so that the probe
-    runs the engine's version probe (its provider's) only when the binary changed. Kept in ~/.cache/engine-ctl/ (or
-    $ENGINE_CTL_CACHE_DIR); losing it only costs a re-read."""
+    """Engine versions and sha256 digests already read on a host, keyed by the binary's path, mtime, size, ctime
+    and inode (path -> {"stat", "version", "sha256"}), so that the probe runs the engine's version probe (its
+    provider's) and hashes the binary only when it changed. Kept in ~/.cache/engine-ctl/ (or $ENGINE_CTL_CACHE_DIR);
+    losing it only costs a re-read."""
 
-    def __init__(self, path: Path, known: dict[str, list[Any]]) -> None:
+    def __init__(self, path: Path, known: dict[str, Any]) -> None:
         self.path, self.known = path, known
 
     @classmethod
@@ -232,7 +233,11 @@ class VersionCache:
         return cls(path, known if isinstance(known, dict) else {})
 
     def remember(self, engines: dict[str, Any]) -> None:
-        fresh = {e["path"]: [*e["stat"], e.get("version")] for e in engines.values() if e.get("stat")}
+        fresh = {
+            e["path"]: {"stat": e["stat"], "version": e.get("version"), "sha256": e.get("sha256")}
+            for e in engines.values()
+            if e.get("stat")
+        }
         if fresh == self.known:
             return
         try:

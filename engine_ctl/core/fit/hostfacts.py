@@ -198,8 +198,8 @@ def _gfx(value: object) -> str | None:
     return text if text.startswith("gfx") and text[3:].isalnum() else None
 
 
-# Metal's default working-set limit on Apple silicon (what llama.cpp's Metal backend reads as
-# recommendedMaxWorkingSetSize): about two thirds of the machine's memory up to 36 GiB, three quarters above.
+# Metal's default working-set limit on Apple silicon (MTLDevice.recommendedMaxWorkingSetSize, what an engine's Metal
+# backend may use): about two thirds of the machine's memory up to 36 GiB, three quarters above.
 APPLE_SMALL_MACHINE_BYTES = 36 * 1024 * MIB
 
 

@@ -141,6 +141,9 @@ class DeploymentChange(Step):
     spec_hash: str = ""
     fit: FitPlan | None = None
     startup_provenance: Literal["measured", "default"] = Field(default="default", exclude=True)
+    whole_host: bool = Field(default=False, exclude=True)
+    """The estimated start-up peak is above what any host can give: the first start runs alone on one host and
+    sets aside all of it (the fit's memory_bytes is that host's)."""
     """Where the fit's start-up memory came from: `measured` (the revision's first start, recorded) or `default`
     (the estimate)."""
     field_changes: list[FieldChange] = Field(default_factory=list)
@@ -160,10 +163,10 @@ class DeploymentChange(Step):
     replicas: list[ReplicaChange] = Field(default_factory=list)
     fetches: list[WeightsFetch] = Field(default_factory=list)
     """hf: weights each host with a new replica fetches first (engine_ctl.core.plan.fetching)."""
-    envelope: list[Slot] = Field(default_factory=list)
-    """Every slot (0..max-1) placed, always on (below `min`) or on demand; empty when max equals min."""
     operator: str | None = None
     """Held by an operator's verb (stop, park, delete): why nothing of it changes (engine_ctl.core.plan.operator)."""
+    envelope: list[Slot] = Field(default_factory=list)
+    """Every slot (0..max-1) placed, always on (below `min`) or on demand; empty when max equals min."""
 
     _empty = field_validator("spec", "model", mode="before")(_none_if_empty)
 

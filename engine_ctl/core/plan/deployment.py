@@ -13,9 +13,11 @@ from typing import Literal
 
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.fitting import FitUnknown, fit, shape_disagreement
+from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.fit.placement import place_one
 from engine_ctl.core.fit.runspec import FitPlan, Placement
+from engine_ctl.core.fit.startup import same_engine
 from engine_ctl.core.model import Deployment, Model
 from engine_ctl.core.plan.changes import (
     CREATE,
@@ -31,11 +33,13 @@ from engine_ctl.core.plan.changes import (
     Strategy,
     replace_actions,
 )  # fmt: skip
+from engine_ctl.core.plan.decisions import decisions_refusals
 from engine_ctl.core.plan.diff import Names, changed_fields, spec_digest
 from engine_ctl.core.plan.drift import replica_drift
 from engine_ctl.core.plan.ownership import as_recorded
 from engine_ctl.core.plan.world import Allocation, Hosts, recorded_placement
 from engine_ctl.core.render.units import RenderedUnit, gateway_allow, model_path_on_host, render_unit, replica_run
+from engine_ctl.core.sizes import gib_down, gib_up
 from engine_ctl.providers import Provider
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord
 
@@ -153,7 +157,11 @@ def fit_step(
         change.pending_reason = fitted.reason
         change.action = list(CREATE) if record is None else change.action
         return None
-    change.fit, change.startup_provenance = with_measured_startup(fitted, record, change.revision)
+    change.fit, change.startup_provenance = with_measured_startup(fitted, record, change.revision, d, model)
+    if change.startup_provenance == "default":
+        change.fit, change.whole_host = whole_host(change.fit, [h for h in hosts.reached if d.host in (None, h.host)])
+        if change.whole_host:
+            change.warnings.append(whole_host_warning(d.name, fitted, change.fit))
     fitted = change.fit
     disagreement = shape_disagreement(model, model_facts)
     if disagreement:  # the weights' own metadata sized it; say that the Model document says otherwise
@@ -162,17 +170,41 @@ def fit_step(
 
 
 def with_measured_startup(
-    fitted: FitPlan, record: DeploymentRecord | None, revision: int
+    fitted: FitPlan,
+    record: DeploymentRecord | None,
+    revision: int,
+    d: Deployment | None = None,
+    model: Model | None = None,
 ) -> tuple[FitPlan, Literal["measured", "default"]]:
     """The fit with the start-up peak its revision's first start measured set aside instead of the estimate
-    (host RAM, and each GPU's peak), and where the figures came from."""
+    (host RAM, and each GPU's peak), and where the figures came from. A new revision that changes only the
+    instance count (same_engine) keeps the measurement."""
     startup = record.startup if record is not None else None
-    if startup is None or startup.revision != revision or startup.host_peak_bytes is None:
+    if record is None or startup is None or startup.host_peak_bytes is None:
+        return fitted, "default"
+    kept = startup.revision == record.revision and same_engine(record.spec, record.model, d, model)
+    if startup.revision != revision and not kept:
         return fitted, "default"
     update: dict[str, int] = {"memory_bytes": startup.host_peak_bytes}
     if startup.device_peak_bytes:
         update["min_gpu_memory_bytes"] = max(startup.device_peak_bytes.values())
     return fitted.model_copy(update=update), "measured"
+
+
+def whole_host(fitted: FitPlan, hosts: list[HostFacts]) -> tuple[FitPlan, bool]:
+    """Before a first start has measured it: an estimated start-up peak (host memory) above what every host can
+    give (its memory available) is set to the most one host gives, so that its first start runs alone there and
+    sets aside all of it (whole_host). Unchanged when some host can give it, or none was reached."""
+    limit = max((h.memory.available_bytes for h in hosts), default=0)
+    if not limit or fitted.memory_bytes <= limit:
+        return fitted, False
+    return fitted.model_copy(update={"memory_bytes": limit}), True
+
+
+def whole_host_warning(name: str, estimated: FitPlan, capped: FitPlan) -> str:
+    return (f"{name}: its estimated start-up peak ({gib_up(estimated.memory_bytes)} of host memory) is above what "
+            f"any host can give; its first start runs alone on the host with the most ({gib_down(capped.memory_bytes)}"
+            ") and sets aside all of it (whole_host), and the measured peak is set aside after it")  # fmt: skip
 
 
 def weights_missing(model: Model, hosts: Hosts) -> dict[str, str]:
@@ -535,6 +567,9 @@ def start_deployment(
     if fitted is None:
         return change, None
     refused = hosts.engine_refusals(provider, sized.accelerator)
+    refused = {**refused, **_decisions_refused(change, sized, provider, hosts)}
+    if change.failed_reason:
+        return change, None
     t = Target(d=sized, model=model, provider=provider, fitted=fitted, revision=change.revision, hosts=hosts,
                alloc=alloc, no_weights={**refused, **weights_missing(model, hosts)}, change=change,
                lineage=lineage)  # fmt: skip
@@ -571,6 +606,17 @@ def place_on_demand(t: Target, alloc: Allocation) -> None:
             f"{t.d.name}: on-demand replica {stopped} has no place ({why}); the scaler can run at most {stopped} "
             f"of the {t.count} replicas of spec.replicas.max"
         )
+
+
+def _decisions_refused(change: DeploymentChange, d: Deployment, provider: Provider, hosts: Hosts) -> dict[str, str]:
+    """A decisions deployment leaves out the hosts whose engine cannot serve decisions; naming one fails it."""
+    if d.api != "decisions":
+        return {}
+    refused = decisions_refusals(provider, d.accelerator, hosts.reached, hosts.inventory)
+    if d.host in refused:
+        change.failed_reason = refused[d.host]
+        change.warnings.append(f"{d.name} is Failed: {refused[d.host]}; its running replicas are left as they are")
+    return refused
 
 
 def decide_with_strategy(t: Target, record: DeploymentRecord | None, d: Deployment, names: Names | None) -> None:

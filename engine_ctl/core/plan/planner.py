@@ -135,13 +135,6 @@ def field_names(loaded: LoadedDeployment) -> Names:
     return names
 
 
-def held(change: DeploymentChange, record: DeploymentRecord | None) -> DeploymentChange:
-    """The change, or (an operator's stop, park or delete recorded) its held form: engine_ctl.core.plan.operator."""
-    if record is not None and record.operator is not None:
-        return hold(change, record)
-    return change
-
-
 def finish_all(
     started: list[tuple[str, DeploymentChange, Target | None]], state: State,
     wanted: Mapping[str, LoadedDeployment], alloc: Allocation, replace: frozenset[str],
@@ -162,6 +155,16 @@ def finish_all(
             mark_replaced(change)
     envelopes([t for _, _, t in started if t is not None], alloc.taken)
     return drift
+
+
+def held_by_operator(
+    change: DeploymentChange, state: State, wanted: Mapping[str, LoadedDeployment]
+) -> DeploymentChange:
+    """A wanted deployment an operator's stop, park or delete holds: nothing of it changes (core.plan.operator)."""
+    record = state.deployments.get(change.name)
+    if change.name in wanted and record is not None and record.operator is not None:
+        return hold(change, record)
+    return change
 
 
 def make_plan(
@@ -205,7 +208,7 @@ def make_plan(
             assert record is not None
             plan.changes.append(held_back(record, hold_absent) if hold_absent else removed(record, hosts))
     plan.drift += finish_all(started, state, wanted, alloc, replace)
-    plan.changes = [held(c, state.deployments.get(c.name)) if c.name in wanted else c for c in plan.changes]
+    plan.changes = [held_by_operator(c, state, wanted) for c in plan.changes]
     hold_back(plan, foreign)
     gateway_units = with_gateways(plan, desired, state, inventory, facts)
     plan.drift.extend(unmanaged_units(state, facts, {(f.host, f.unit) for f in foreign} | gateway_units))

@@ -389,19 +389,32 @@ def parse_version_output(kind: str | None, result: Result) -> str | None:
     return text[:VERSION_LIMIT] or None
 
 
-def engines(spec: dict[str, Any], known: dict[str, list[Any]]) -> dict[str, tuple[str, Any, str | None, list[int]]]:
+def file_stat(path: str) -> list[int]:
+    """What says a binary is unchanged: mtime and size, and ctime and inode (which no one can set back: a file
+    replaced, rewritten or touched has new ones), so a cached version or digest is never one of another file."""
+    st = os.stat(path)
+    return [st.st_mtime_ns, st.st_size, st.st_ctime_ns, st.st_ino]
+
+
+def known_entry(known: dict[str, Any], path: str, stat: list[int]) -> dict[str, Any] | None:
+    """What engine-ctl last read of this binary (gather.VersionCache: path -> {stat, version, sha256}), when it is
+    still the same file."""
+    seen = known.get(path)
+    return seen if isinstance(seen, dict) and seen.get("stat") == stat else None
+
+
+def engines(spec: dict[str, Any], known: dict[str, Any]) -> dict[str, tuple[str, Any, str | None, list[int]]]:
     """Find each engine and start its version probe, unless the binary is unchanged since engine-ctl last read
-    its version (`known`: path -> [mtime_ns, size, version]); returns {name: (path, probe or version, kind, stat)}."""
+    its version (`known`, see known_entry); returns {name: (path, probe or version, kind, stat)}."""
     started: dict[str, tuple[str, Any, str | None, list[int]]] = {}
     for name, entry in spec.items():
         path = find_executable(entry.get("candidates", []))
         if path is None:
             continue
-        st = os.stat(path)
-        stat = [st.st_mtime_ns, st.st_size]
-        seen = known.get(path)
-        if seen and seen[:2] == stat:
-            started[name] = (path, seen[2], "known", stat)
+        stat = file_stat(path)
+        seen = known_entry(known, path, stat)
+        if seen is not None:
+            started[name] = (path, seen.get("version"), "known", stat)
             continue
         probe = entry.get("probe") or {}
         if probe.get("kind") == "python_dist" and is_own_python(script_interpreter(path)):
@@ -500,10 +513,13 @@ def file_sha256(path: str) -> str | None:
     return h.hexdigest()
 
 
-def with_sha256(found: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each engine found, with the sha256 of its binary: what runs, whatever its version says."""
+def with_sha256(found: dict[str, dict[str, Any]], known: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each engine found, with the sha256 of its binary: what runs, whatever its version says. Read again only
+    when the binary changed since engine-ctl last hashed it (`known`, see known_entry): a 500 MB engine is not
+    hashed on every facts and plan."""
     for entry in found.values():
-        entry["sha256"] = file_sha256(entry["path"])
+        seen = known_entry(known, entry["path"], entry["stat"])
+        entry["sha256"] = seen.get("sha256") if seen and seen.get("sha256") else file_sha256(entry["path"])
     return found
 
 
@@ -802,7 +818,7 @@ def gateway(directory: str = GATEWAY_DIR) -> dict[str, Any] | None:
     try:
         for entry in sorted(os.listdir(directory)):
             path = os.path.join(directory, entry)
-            if os.path.isfile(path) and not entry.endswith(".env"):
+            if os.path.isfile(path) and not entry.endswith((".env", ".key")):  # the internal key is no drift
                 with open(path, "rb") as f:
                     files[entry] = hashlib.sha256(f.read()).hexdigest()
     except OSError:
@@ -871,8 +887,8 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "cgroup2": os.path.exists("/sys/fs/cgroup/cgroup.controllers"),
     }
     doc["gpus"] = {key: finish(proc) for key, proc in gpu_started.items()}
-    doc["engines"] = with_sha256(engine_versions(started))
-    doc["engine_builds"] = with_sha256(engine_versions(builds))
+    doc["engines"] = with_sha256(engine_versions(started), args.get("known_versions", {}))
+    doc["engine_builds"] = with_sha256(engine_versions(builds), args.get("known_versions", {}))
     doc["haproxy"] = parse_haproxy_version(finish(haproxy_started)["out"]) if haproxy_started else None
     return doc
 
