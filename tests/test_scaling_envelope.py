@@ -312,3 +312,11 @@ def test_without_a_gateway_host_the_plan_warns_that_only_min_replicas_run() -> N
     assert not any("gateway host" in w for w in served.warnings)
     fixed = change(plan(State(), facts, chat="gpus: 1, replicas: {min: 2, max: 2}"), "chat")
     assert not any("gateway host" in w for w in fixed.warnings)
+
+
+def test_the_scaler_unit_on_a_gateway_host_is_never_listed_as_unmanaged() -> None:
+    _, facts = world(h100x8(), gateway=True)
+    scaler = UnitFact(name="engine-ctl-scaler.service", sha256="0" * 64, active_state="active")
+    facts["edge"] = facts["edge"].model_copy(update={"units": (scaler,)})
+    p = plan(State(), facts, gateway=True, chat="gpus: 1, replicas: {min: 0, max: 1}")
+    assert not [d for d in p.drift if d.unit == "engine-ctl-scaler.service"]
