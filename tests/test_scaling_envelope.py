@@ -320,3 +320,28 @@ def test_the_scaler_unit_on_a_gateway_host_is_never_listed_as_unmanaged() -> Non
     facts["edge"] = facts["edge"].model_copy(update={"units": (scaler,)})
     p = plan(State(), facts, gateway=True, chat="gpus: 1, replicas: {min: 0, max: 1}")
     assert not [d for d in p.drift if d.unit == "engine-ctl-scaler.service"]
+
+
+def test_two_on_demand_slots_that_both_become_always_on_do_not_share_the_lower_priority_one_moves() -> None:
+    _, facts = world(h100x8())
+    both = {"a": "gpus: 8, priority: 5, replicas: {min: 0, max: 1}", "b": "gpus: 4, replicas: {min: 0, max: 1}"}
+    state, facts = applied(plan(State(), facts, **both), State(), facts)
+    shared = set(state.deployments["a"].replicas[0].gpus) & set(state.deployments["b"].replicas[0].gpus)
+    assert len(shared) == 4  # on demand: they overlap
+    always = {n: s.replace("min: 0", "min: 1") for n, s in both.items()}
+    p = plan(state, facts, **always)
+    a, b = change(p, "a"), change(p, "b")
+    assert [r.role for r in a.replicas] == ["always-on"]  # the higher priority keeps its GPUs, started in place
+    assert b.pending_reason and not any(r.action == ["update"] for r in b.replicas)  # no room left: it waits
+
+
+def test_an_interrupted_stop_then_start_is_not_a_displacement() -> None:
+    _, facts = world(h100x8())
+    state, facts = applied(plan(State(), facts, chat="gpus: 8"), State(), facts)
+    rec = state.deployments["chat"]
+    old = rec.replicas[0].model_copy(update={"slot": "b", "unit": rec.replicas[0].unit.replace("0a", "0b"),
+                                             "status": "stopped"})  # fmt: skip
+    rec.replicas.append(old)
+    p = plan(state, facts, chat="gpus: 8")
+    (c,) = p.changes
+    assert [(r.action, r.unit) for r in c.replicas] == [(["delete"], old.unit)]  # only the leftover goes
