@@ -70,6 +70,41 @@ def amd_family(name: str) -> str | None:
     return next((family for family, pattern in AMD_FAMILIES if pattern.search(lowered)), None)
 
 
+# --- parking: an engine's sleep controls (engine-ctl park) -----------------------------------------------------
+PARKING_RESIDENCIES = frozenset({"parked", "deep", "host_backed"})
+"""Residencies that park an engine asleep (restart_only stops it instead)."""
+
+
+@dataclass(frozen=True)
+class HttpCall:
+    """One request to the engine's own port, made from its host (never through the gateway)."""
+
+    method: str
+    path: str
+    body: str | None = None
+
+
+@dataclass(frozen=True)
+class SleepControls:
+    """How an engine parks without a restart, and wakes: the HTTP calls on the replica's port, in order, and
+    what it must be launched with for them to exist."""
+
+    sleep: Callable[[int], tuple[HttpCall, ...]]
+    """level (1 keeps the weights in host RAM, 2 drops them) -> the calls that put it to sleep."""
+    wake: Callable[[int], tuple[HttpCall, ...]]
+    """the level it slept at -> the calls that wake it, serving again."""
+    asleep: HttpCall | None = None
+    """A GET answering JSON {asleep_key: true|false}, to confirm a sleep and a wake; None when there is none."""
+    asleep_key: str = ""
+    launch_argv: tuple[str, ...] = ()
+    launch_env: Mapping[str, str] = field(default_factory=dict)
+
+    @staticmethod
+    def level(residency: str) -> int:
+        """Seed 003: parked (and host_backed) sleep at level 1, keeping the weights in host RAM; deep at 2."""
+        return 2 if residency == "deep" else 1
+
+
 @dataclass(frozen=True)
 class EngineOption:
     """A key of the flat form's engine_config that one engine alone reads (seed 003: `cuda_graphs` on SGLang,
@@ -100,7 +135,7 @@ class Provider:
     auto_for_format: str | None
     """The model format for which `engine: auto` picks this engine (one engine per format)."""
     platforms: frozenset[str]
-    """Where it runs: nvidia, amd, cpu."""
+    """Where it runs: nvidia, amd, apple (Metal), cpu."""
     allowed_flags: tuple[str, ...]
     deployment_flags: Mapping[str, str]
     """Flags the deployment sets -> where to set them instead."""
@@ -143,6 +178,17 @@ class Provider:
     """AMD targets this engine's ROCm build runs on (seed 001, GPU vendors)."""
     vulkan_for_other_amd: bool = False
     """Whether a Vulkan build serves the AMD GPUs the ROCm build has no kernels for (llama.cpp)."""
+    sleep_controls: SleepControls | None = None
+    """How it parks asleep (vLLM's sleep mode, SGLang's memory release); None: a park restarts it (llama.cpp)."""
+
+    def parks_asleep(self, residency: str) -> bool:
+        return self.sleep_controls is not None and residency in PARKING_RESIDENCIES
+
+    def sleep_launch(self, run: ReplicaRun) -> tuple[list[str], dict[str, str]]:
+        """The flags and environment that enable its sleep controls, when its residency parks it asleep."""
+        if self.sleep_controls is None or not self.parks_asleep(run.residency):
+            return [], {}
+        return list(self.sleep_controls.launch_argv), dict(self.sleep_controls.launch_env)
 
     def build_platform(self, gpu: Gpu | None) -> str | None:
         """Which build of this engine runs a replica on `gpu` (None: on CPUs), by the seed's GPU-vendors table;
@@ -153,6 +199,8 @@ class Provider:
             return None
         if gpu.vendor == "nvidia":
             return "cuda"
+        if gpu.vendor == "apple":
+            return "metal"
         family = amd_family(gpu.name)
         target = gpu.gfx_target or FAMILY_GFX.get(family or "")
         if target is None and family is None:  # an AMD GPU named by none of the rows: not refused
@@ -305,6 +353,8 @@ def gpu_env(run: ReplicaRun) -> dict[str, str]:
     if not run.gpus:
         return {}
     uuids = ",".join(g.uuid for g in run.gpus)
+    if run.gpus[0].vendor == "apple":  # Metal has one GPU and no visible-devices variable
+        return {}
     if run.gpus[0].vendor == "amd":
         return {"ROCR_VISIBLE_DEVICES": uuids}
     return {"CUDA_VISIBLE_DEVICES": uuids, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}

@@ -14,7 +14,9 @@ from engine_ctl.providers.base import (
     READS_FILE,
     ROCM_GFX_PAGED,
     EngineOption,
+    HttpCall,
     PagedProvider,
+    SleepControls,
     chat_template_argv,
     gpu_env,
 )
@@ -23,12 +25,17 @@ from engine_ctl.core.fit.runspec import ReplicaRun
 
 MEM_FRACTION_STATIC = 0.88
 
+# The release the flags are checked against: the seed's floor for decision models (SGLang 0.5.22); its argument
+# list is tests/engine_flags/sglang-0.5.22.txt (made by tests/tools/engine_flags.py from the release's own source).
+RELEASE = "0.5.22"
+
 ALLOWED = (
     "--dtype", "--quantization", "--kv-cache-dtype", "--chunked-prefill-size", "--max-prefill-tokens",
-    "--schedule-policy", "--schedule-conservativeness", "--disable-radix-cache", "--disable-cuda-graph",
-    "--cuda-graph-max-bs", "--enable-torch-compile", "--torch-compile-max-bs", "--attention-backend",
+    "--schedule-policy", "--schedule-conservativeness", "--disable-radix-cache",
+    "--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill",
+    "--enable-torch-compile", "--torch-compile-max-bs", "--attention-backend",
     "--sampling-backend", "--random-seed", "--tool-call-parser", "--reasoning-parser", "--max-total-tokens",
-    "--stream-interval", "--log-level", "--enable-mixed-chunk", "--enable-dp-attention",
+    "--stream-interval", "--log-level", "--enable-mixed-chunk",
     "--num-continuous-decode-steps",
     "--disable-overlap-schedule", "--page-size", "--preferred-sampling-params",
 )  # fmt: skip
@@ -48,6 +55,9 @@ SET_BY_DEPLOYMENT = {
     "--enable-metrics": "the deployment",
     "--is-embedding": "the model's capabilities",
     "--chat-template": "the model's chat_template",
+    "--cuda-graph-backend-decode": "engine_config.cuda_graphs",
+    "--cuda-graph-backend-prefill": "engine_config.cuda_graphs",
+    "--disable-cuda-graph": "engine_config.cuda_graphs",
 }
 
 REFUSED = {
@@ -63,13 +73,23 @@ REFUSED = {
     "--ssl-certfile": KEYS,
 }
 
-SHORT = {"-tp": "--tp-size"}
+SHORT: dict[str, str] = {}  # SGLang 0.5.22 has no short flags but -h
 
 CUDA_GRAPHS = EngineOption(
     key="cuda_graphs",
     annotation=bool | None,
     description="SGLang: CUDA graphs (on by default).",
     recorded_when_unset=True,
+)
+
+
+SGLANG_SLEEP = SleepControls(
+    # SGLang's memory saver (its server arguments and http_server.py): launched with --enable-memory-saver, and
+    # --enable-weights-cpu-backup so that the weights are copied to host RAM before their GPU memory is released
+    # (output after resume is right); POST /release_memory_occupation and /resume_memory_occupation, body {}.
+    sleep=lambda level: (HttpCall("POST", "/release_memory_occupation", "{}"),),
+    wake=lambda level: (HttpCall("POST", "/resume_memory_occupation", "{}"),),
+    launch_argv=("--enable-memory-saver", "--enable-weights-cpu-backup"),
 )
 
 
@@ -95,13 +115,13 @@ class SgLang(PagedProvider):
             argv += [self.parser_flags["tool_call_parser"], run.model.tool_call_parser]
         if run.model.reasoning_parser:
             argv += [self.parser_flags["reasoning_parser"], run.model.reasoning_parser]
-        if run.engine_options.get(CUDA_GRAPHS.key) is False:
-            argv += ["--disable-cuda-graph"]
+        if run.engine_options.get(CUDA_GRAPHS.key) is False:  # --disable-cuda-graph is deprecated in 0.5.22
+            argv += ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
         argv += chat_template_argv(run, "--chat-template", "--chat-template")
         argv += ["--enable-metrics", "--host", run.bind_address, "--port", str(run.port)]
         if run.api_key_file:
             argv += self.api_key_argv(run.api_key_file)
-        return argv + self.engine_args_argv(run.engine_args)
+        return argv + self.sleep_launch(run)[0] + self.engine_args_argv(run.engine_args)
 
     def api_key_argv(self, key_file: str) -> list[str]:
         # SGLang takes its key from --api-key only (in argv, which every local user may read); a YAML file named by
@@ -147,4 +167,5 @@ SGLANG = SgLang(
     gpu_memory_fraction=MEM_FRACTION_STATIC,
     amd_without_build=PAGED_AMD_WITHOUT_BUILD,
     rocm_gfx=ROCM_GFX_PAGED,
+    sleep_controls=SGLANG_SLEEP,
 )

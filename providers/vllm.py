@@ -12,7 +12,9 @@ from engine_ctl.providers.base import (
     PAGED_AMD_WITHOUT_BUILD,
     READS_FILE,
     ROCM_GFX_PAGED,
+    HttpCall,
     PagedProvider,
+    SleepControls,
     cache_env,
     chat_template_argv,
     gpu_env,
@@ -21,6 +23,10 @@ from engine_ctl.providers.base import (
 from engine_ctl.core.fit.runspec import ReplicaRun
 
 GPU_MEMORY_UTILIZATION = 0.90
+
+# The release the seed pins (vllm/vllm-openai:v0.30.0); every flag below is checked against its argument list,
+# tests/engine_flags/vllm-0.30.0.txt (made by tests/tools/engine_flags.py from the release's own source).
+RELEASE = "0.30.0"
 
 ALLOWED = (
     "--dtype", "--quantization", "--kv-cache-dtype", "--enable-prefix-caching", "--no-enable-prefix-caching",
@@ -76,7 +82,8 @@ SHORT = {
     "-tp": "--tensor-parallel-size",
     "-pp": "--pipeline-parallel-size",
     "-q": "--quantization",
-    "-O": "--compilation-config",
+    "-O": "--optimization-level",  # vLLM's parser rewrites -O<n> to --optimization-level <n> (argparse_utils.py)
+    "-cc": "--compilation-config",
     "-dp": "--data-parallel-size",
 }
 
@@ -105,7 +112,7 @@ class Vllm(PagedProvider):
             argv += [self.parser_flags["reasoning_parser"], run.model.reasoning_parser]
         argv += chat_template_argv(run, "--chat-template", "--chat-template")
         argv += ["--host", run.bind_address, "--port", str(run.port)]
-        return argv + self.engine_args_argv(run.engine_args)
+        return argv + self.sleep_launch(run)[0] + self.engine_args_argv(run.engine_args)
 
     # vLLM requires `Authorization: Bearer <VLLM_API_KEY>` on /v1 and leaves /health open (vllm/entrypoints/openai/
     # api_server.py, "if token := args.api_key or envs.VLLM_API_KEY"); one key only from the environment.
@@ -113,11 +120,32 @@ class Vllm(PagedProvider):
 
     def environment(self, run: ReplicaRun) -> dict[str, str]:
         env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **gpu_env(run)}
-        return {**env, **cache_env(run, "VLLM_CACHE_ROOT")}
+        return {**env, **cache_env(run, "VLLM_CACHE_ROOT"), **self.sleep_launch(run)[1]}
 
     def version_probe(self) -> dict[str, object]:
         """How the facts probe reads the installed version without starting the engine."""
         return {"kind": "python_dist", "dist": "vllm"}
+
+
+def _vllm_wake(level: int) -> tuple[HttpCall, ...]:
+    """Level 1 wakes with one call. Level 2 dropped the weights: wake the weights' memory, reload them from the
+    checkpoint, then the KV cache (vLLM's sleep-mode docs, "Level 2 sleep" with tags)."""
+    if level == 1:
+        return (HttpCall("POST", "/wake_up"),)
+    reload = HttpCall("POST", "/collective_rpc", '{"method": "reload_weights"}')
+    return HttpCall("POST", "/wake_up?tags=weights"), reload, HttpCall("POST", "/wake_up?tags=kv_cache")
+
+
+VLLM_SLEEP = SleepControls(
+    # vLLM's sleep mode (docs.vllm.ai, features/sleep_mode): launched with --enable-sleep-mode, and the HTTP
+    # endpoints exist with VLLM_SERVER_DEV_MODE=1: POST /sleep?level=N, POST /wake_up, GET /is_sleeping.
+    sleep=lambda level: (HttpCall("POST", f"/sleep?level={level}"),),
+    wake=_vllm_wake,
+    asleep=HttpCall("GET", "/is_sleeping"),
+    asleep_key="is_sleeping",
+    launch_argv=("--enable-sleep-mode",),
+    launch_env={"VLLM_SERVER_DEV_MODE": "1"},
+)
 
 
 VLLM = Vllm(
@@ -145,4 +173,5 @@ VLLM = Vllm(
     gpu_memory_fraction=GPU_MEMORY_UTILIZATION,
     amd_without_build=PAGED_AMD_WITHOUT_BUILD,
     rocm_gfx=ROCM_GFX_PAGED,
+    sleep_controls=VLLM_SLEEP,
 )

@@ -37,7 +37,8 @@ from engine_ctl.core.names import (
 )
 
 FORMAT_VERSION = 1
-ReplicaStatus = Literal["pending", "serving", "stopped", "failed", "removing"]
+ReplicaStatus = Literal["pending", "serving", "stopped", "failed", "removing", "standby"]
+"""standby: an on-demand replica's unit, installed by apply and not started by it (the scaler starts it)."""
 ERRORS_SHOWN = 5
 MAX_GPU_INDEX = 1023
 GPU_UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
@@ -142,6 +143,9 @@ class ReplicaRecord(Record):
     engine_sha256: Sha256 = ""
     """The engine build the replica was applied with (its binary's sha256): a change under it is drift."""
     """For an hf: model: the checkpoint digest its host measured once the files were in place."""
+    on_demand: bool = False
+    """A slot above the deployment's `min` (all of them with min: 0): its unit is installed, never enabled or
+    started by apply; the scaler starts and stops it. Its being active or not is never drift."""
 
 
 def known_fields(model: type[BaseModel]) -> Any:
@@ -157,6 +161,79 @@ def known_fields(model: type[BaseModel]) -> Any:
         return value
 
     return read
+
+
+# --- lifecycle records (issue 13 §2-4): start-up measured, last operation, request identities ---------------
+ULID = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
+"""A ULID as python-ulid writes it: 26 characters of Crockford's base 32, the first at most 7."""
+
+
+def _ulid(value: str) -> str:
+    if not ULID.fullmatch(value):
+        raise refuse(f"{value!r} is not a ULID (26 characters of Crockford's base 32)")
+    return value
+
+
+RequestId = Annotated[str, AfterValidator(_ulid)]
+
+
+class StartupRecord(Record):
+    """What the first start of a revision measured: the peak host RAM of the engine's unit (its cgroup), the peak
+    GPU memory of each device (the GPU tool's per-process figures, sampled while it started), and the time from
+    start to ready. Later fits of the revision set these aside instead of the estimate."""
+
+    revision: Count
+    host: HostName
+    host_peak_bytes: Count | None = None
+    host_source: str = ""
+    """Where the host figure came from: `cgroup v1 memory.max_usage_in_bytes` or `cgroup v2 memory.peak`."""
+    device_peak_bytes: dict[GpuUuid, Count] = Field(default_factory=dict)
+    device_source: str = ""
+    """Where the device figures came from: `nvidia-smi --query-compute-apps`."""
+    initialize_s: float | None = None
+    measured_at: str = ""
+
+
+class RequestRecord(Record):
+    """A command that changes something, by its request identity: what it was, the steps it completed (so a
+    re-run with --request-id does none twice) and, once it ended, its result and exit status."""
+
+    id: RequestId
+    command: str
+    who: str = ""
+    started: str = ""
+    steps: list[str] = Field(default_factory=list)
+    finished: str | None = None
+    result: str | None = None
+    exit_code: int | None = None
+
+
+REQUESTS_KEPT = 200
+
+
+# --- operator actions (engine-ctl stop, park, delete): recorded, shown in every plan, never undone by apply ---
+OperatorVerb = Literal["stopped", "parked", "deleted"]
+
+
+def _ulid_or_empty(value: str) -> str:
+    return _ulid(value) if value else value
+
+
+Ulid = Annotated[str, AfterValidator(_ulid_or_empty)]
+"""A ULID, or empty (records written before it was given)."""
+
+
+class OperatorAction(Record):
+    """What an operator did to a deployment by a verb: `stopped` (engine-ctl stop), `parked` (engine-ctl park),
+    `deleted` (engine-ctl delete: a tombstone while its document is still in the repository). Apply keeps it so
+    until `engine-ctl start` (or, for a tombstone, until the document is removed)."""
+
+    verb: OperatorVerb
+    when: str
+    who: str = ""
+    operation: Ulid = ""
+    level: int = 0
+    """For `parked`: the engine's sleep level (1 keeps the weights in host RAM, 2 drops them; 0: a restart)."""
 
 
 class DeploymentRecord(Record):
@@ -178,6 +255,14 @@ class DeploymentRecord(Record):
     """The names this record had before `engine-ctl state mv`: its replicas may still run units named after them
     until a roll replaces them with units of this name."""
     replicas: list[ReplicaRecord] = Field(default_factory=list)
+    startup: StartupRecord | None = None
+    """The measured start-up of the recorded revision (None until its first start measured it)."""
+    last_operation: str | None = None
+    """The seed's LAST OPERATION: `initialize succeeded`, `initialize failed (launch_failed)`."""
+    id: Ulid = ""
+    """The deployment's stable ID (a ULID), given when it is first created; empty in states written before IDs."""
+    operator: OperatorAction | None = None
+    """An operator's stop, park or delete (engine_ctl.core.plan.operator): kept by apply until `start`."""
 
     _spec = field_validator("spec", mode="before")(known_fields(Deployment))
     _model = field_validator("model", mode="before")(known_fields(Model))
@@ -209,6 +294,9 @@ class DeploymentRecord(Record):
         data: dict[str, Any] = handler(self)
         if not data.get("moved_from"):
             data.pop("moved_from", None)
+        for key in ("id", "operator"):  # written only when set, as moved_from (older states read the same)
+            if not data.get(key):
+                data.pop(key, None)
         return data
 
     def replica(self, index: int, slot: str | None = None) -> ReplicaRecord | None:
@@ -267,6 +355,11 @@ class State(Record):
     hosts: dict[HostName, HostRecord] = Field(default_factory=dict)
     gateways: dict[HostName, GatewayRecord] = Field(default_factory=dict)
     operations: list[Operation] = Field(default_factory=list)
+    requests: list[RequestRecord] = Field(default_factory=list)
+    """The last REQUESTS_KEPT commands that changed something, by request identity."""
+
+    def request(self, request_id: str) -> RequestRecord | None:
+        return next((r for r in self.requests if r.id == request_id), None)
 
     @field_validator("deployments")
     @classmethod

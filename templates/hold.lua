@@ -7,6 +7,20 @@ local PREFIX = "{{ backend_prefix }}"
 local held = {}
 local scopes = Map.new("scopes.map", Map._str)
 
+-- The scaler's wake (engine-ctl-scaler on this host, 127.0.0.1:{{ wake_port }}): a held request pokes it with
+-- `wake <deployment>` and never waits for an answer; the scaler starts one replica per deployment (single-flight)
+-- whether or not the client stays. Poked again every WAKE_EVERY_MS while held, in case the scaler restarted.
+local WAKE_PORT = {{ wake_port }}
+local WAKE_EVERY_MS = 5000
+local function wake(name)
+    local s = core.tcp()
+    s:settimeout(1)
+    if s:connect("127.0.0.1", WAKE_PORT) then
+        s:send("wake " .. string.sub(name, #PREFIX + 1) .. "\n")
+    end
+    s:close()
+end
+
 local function serving(name)
     local backend = core.backends[name]
     if backend == nil then
@@ -35,9 +49,13 @@ core.register_action("hold", { "http-req" }, function(txn)
     end
     held[name] = count + 1
     local waited = 0
+    wake(name)
     while waited < HOLD_MS do
         core.msleep(STEP_MS)
         waited = waited + STEP_MS
+        if waited % WAKE_EVERY_MS == 0 then
+            wake(name)
+        end
         if serving(name) then
             held[name] = held[name] - 1
             return

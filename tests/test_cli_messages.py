@@ -47,7 +47,10 @@ def test_status_path_argument_reads_the_state_beside_it(tmp_path: Path) -> None:
     for arg in (f"{deploy}/", str(deploy)):
         result = run("status", arg)
         assert result.exit_code == 0, result.output
-        assert "chat  Failed  0/0    1         -      does not fit any host" in result.stdout
+        lines = result.stdout.splitlines()
+        assert lines[0].split() == ["NAME", "STATE", "READY", "REVISION", "STARTUP", "INITIALIZE", "LAST", "OPERATION"]
+        assert lines[1].split() == ["chat", "failed", "0/0", "1", "-", "-", "-"], result.stdout
+        assert "Reason    does not fit any host" in result.stdout
 
 
 def test_status_name_then_paths_without_an_inventory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -224,9 +227,9 @@ def test_min_zero_warns_what_runs(tmp_path: Path) -> None:
     path, err, code = validate(tmp_path, text)
     assert code == 0
     assert err.splitlines()[:2] == [
-        f"{path}:8:19: warning: spec.replicas.min 0: scale to zero needs the scaler, which is not built yet; "
-        "engine-ctl runs 1 replica",
-        "  hint: set min and max to the number of replicas to run",
+        f"{path}:8:19: warning: spec.replicas.min 0: the replica is on demand: apply installs its unit and does "
+        "not start it, and the scaler that starts it is not built yet; none runs",
+        "  hint: set min and max to the number of replicas to run always",
     ]
 
 
@@ -235,8 +238,8 @@ def test_min_below_max_warns_what_runs(tmp_path: Path) -> None:
     path, err, code = validate(tmp_path, text)
     assert code == 0
     assert err.splitlines()[0] == (
-        f"{path}:8:27: warning: spec.replicas.max 3: scaling between min (2) and max needs the scaler, which is "
-        "not built yet; engine-ctl runs 2 replicas"
+        f"{path}:8:27: warning: spec.replicas.max 3: replicas above min (2) are on demand: apply installs their "
+        "units and does not start them, and the scaler that starts them is not built yet; engine-ctl runs 2 replicas"
     )
 
 
@@ -245,8 +248,8 @@ def test_min_zero_below_max_warns_once(tmp_path: Path) -> None:
     path, err, _ = validate(tmp_path, text)
     assert err.count("warning:") == 1
     assert (
-        f"{path}:8:19: warning: spec.replicas.min 0: scale to zero and scaling between min and max need the "
-        "scaler, which is not built yet; engine-ctl runs 1 replica"
+        f"{path}:8:19: warning: spec.replicas.min 0: all 4 replicas are on demand: apply installs their units and "
+        "does not start them, and the scaler that starts them is not built yet; none runs"
     ) in err
 
 
@@ -260,7 +263,7 @@ def test_plan_shows_the_same_warning(tmp_path: Path) -> None:
     text = MODEL_GGUF + "---\nmetadata: {name: chat}\nspec:\n  model: llama\n  replicas: {min: 0, max: 1}\n"
     path = write(tmp_path, "d.yaml", text)
     result = run("plan", str(path), "--inventory", str(tmp_path / "missing-hosts.yaml"))
-    assert f"{path}:8:19: warning: spec.replicas.min 0: scale to zero needs the scaler" in result.stderr
+    assert f"{path}:8:19: warning: spec.replicas.min 0: the replica is on demand" in result.stderr
 
 
 # Shape errors name the document's own fields, never engine-ctl's classes or pydantic's union tags

@@ -5,6 +5,7 @@ hosts left out with their reason, and an engine changed under a replica."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -59,6 +60,15 @@ def test_each_machine_runs_the_build_the_seeds_gpu_vendors_table_gives(gpu: Gpu,
 
 def test_cpus_run_the_cpu_build_of_llama_cpp_only() -> None:
     assert LLAMA.build_platform(None) == "cpu" and VLLM.build_platform(None) is None
+
+
+def test_apple_silicon_runs_the_metal_build_of_llama_cpp_only() -> None:
+    from engine_ctl.core.fit.hostfacts import parse_system_profiler
+
+    (gpu,) = parse_system_profiler((RECORDINGS / "system-profiler-displays-M2Max.json").read_text())
+    assert LLAMA.build_platform(gpu) == "metal" and LLAMA.gpu_refusal(gpu) is None
+    assert VLLM.build_platform(gpu) is None and VLLM.gpu_refusal(gpu) == "vLLM does not run on apple GPUs"
+    assert SGLANG.build_platform(gpu) is None
 
 
 def test_the_gfx_target_comes_from_amd_smis_real_output() -> None:
@@ -167,3 +177,48 @@ def test_the_facts_report_each_builds_version_and_binary_sha256(tmp_path: Path) 
     assert found["cuda"].sha256 == hashlib.sha256(copy.read_bytes()).hexdigest() != found["cpu"].sha256
     assert "0.6.0-dev" in (found["cpu"].version or "") and "0.6.0-dev" in (found["cuda"].version or "")
     assert os.access(copy, os.X_OK)
+
+
+def test_a_mac_with_apple_silicon_runs_the_metal_build_the_inventory_names() -> None:
+    from engine_ctl.core.fit.hostfacts import parse_system_profiler
+    from engine_ctl.core.plan.engines import build_for, host_platform
+
+    gpus = tuple(parse_system_profiler((RECORDINGS / "system-profiler-displays-M2Max.json").read_text()))
+    metal = EngineInstall(path="/opt/llama-metal/llama-server", version="version: 5000 (abc)", sha256="f" * 64)
+    named = {"llama.cpp": {"metal": metal.path, "cuda": "/opt/cuda/llama-server"}}
+    mac = Host(name="mac", address="x5", engine_builds=named)
+    facts = _facts("mac", gpus, metal=metal)
+    assert host_platform(LLAMA, "gpu", facts) == "metal" and build_for(LLAMA, mac, "metal") == metal.path
+    assert engine_refusals(LLAMA, "gpu", [facts], {"mac": mac}) == {}
+    cuda_only = Host(name="mac", address="x5", engine_builds={"llama.cpp": {"cuda": "/opt/cuda/llama-server"}})
+    assert engine_refusals(LLAMA, "gpu", [facts], {"mac": cuda_only})["mac"] == (
+        "no llama.cpp build for metal on mac (the inventory names: cuda); add engines.llama.cpp.metal"
+    )
+
+
+def test_a_binarys_sha256_is_read_again_only_when_the_binary_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real probe on this machine: the digest is cached by path, mtime, size, ctime and inode (issue 10), so an
+    unchanged engine is not hashed on every facts; a rewrite is noticed even with its mtime and size put back."""
+    monkeypatch.setenv("ENGINE_CTL_CACHE_DIR", str(tmp_path / "cache"))
+    real = llama_server_dir() / "bin" / "llama-server"
+    copy = tmp_path / "bin" / "llama-server"
+    shutil.copytree(real.parent, copy.parent)
+    host = Host(name="here", address="127.0.0.1", transport="local", engine_builds={"llama.cpp": {"cpu": str(copy)}})
+    first = gather_one(LocalTransport(host)).engine_builds["llama.cpp"]["cpu"]
+    assert first.sha256 == hashlib.sha256(copy.read_bytes()).hexdigest()
+    cache = tmp_path / "cache" / "engine-versions" / "here.json"
+    known = json.loads(cache.read_text())
+    assert known[str(copy)]["sha256"] == first.sha256 and known[str(copy)]["version"] == first.version
+    known[str(copy)]["sha256"] = "0" * 64  # what the cache says is what the facts say while the file is unchanged
+    cache.write_text(json.dumps(known))
+    assert gather_one(LocalTransport(host)).engine_builds["llama.cpp"]["cpu"].sha256 == "0" * 64
+    before = copy.stat()
+    data = bytearray(copy.read_bytes())
+    data[-1] ^= 0xFF  # the same size, other bytes, written in place; then the old mtime put back
+    copy.write_bytes(bytes(data))
+    os.utime(copy, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert copy.stat().st_size == before.st_size and copy.stat().st_mtime_ns == before.st_mtime_ns
+    again = gather_one(LocalTransport(host)).engine_builds["llama.cpp"]["cpu"]
+    assert again.sha256 == hashlib.sha256(bytes(data)).hexdigest() != first.sha256

@@ -140,3 +140,16 @@ def test_a_command_refusing_input_under_json_prints_the_error_object(
     assert result.exit_code == 1, result.output
     (detail,) = json.loads(result.stdout)["error"]["details"]
     assert detail["code"] == code
+
+
+def readme_exit_statuses() -> dict[str, int]:
+    text = (ROOT / "README.md").read_text()
+    table = text.split("### Exit status of each error code", 1)[1].split("\n#", 1)[0]
+    return {code: int(n) for code, n in re.findall(r"^\| `([a-z_0-9]+)` \| (\d+) \|", table, re.MULTILINE)}
+
+
+def test_the_readme_lists_the_exit_status_of_every_code_that_does_not_exit_1() -> None:
+    from engine_ctl.core.diagnostics import EXIT_STATUSES
+
+    assert readme_exit_statuses() == EXIT_STATUSES
+    assert set(EXIT_STATUSES) <= set(CODES) and all(n not in (0, 1, 2, 130) for n in EXIT_STATUSES.values())

@@ -61,3 +61,47 @@ def test_a_failing_gpu_tool_is_a_warning_and_the_others_still_parse() -> None:
     assert [g.vendor for g in gpus] == ["nvidia"] * 8 + ["amd"] * 2
     assert gpus[8].memory_used_bytes == 283 * MIB
     assert warnings == ["rocm-smi failed (exit 2): rocm-smi: no devices"]
+
+
+def test_system_profiler_apple_silicon_is_one_metal_gpu_sharing_the_machines_memory() -> None:
+    """tests/recordings/README.md names where the format comes from (a test double: no Mac runs here)."""
+    from engine_ctl.core.fit.hostfacts import parse_system_profiler
+
+    (gpu,) = parse_system_profiler(
+        recording("system-profiler-displays-M2Max.json"), recording("sysctl-hw-memsize-64GiB.txt")
+    )
+    assert gpu.vendor == "apple" and gpu.name == "Apple M2 Max (38-core GPU)" and gpu.uuid == "metal0"
+    assert gpu.memory_total_bytes == 64 * 1024 * MIB * 3 // 4  # Metal's working-set share above 36 GiB
+    assert gpu.driver_version == "metal3"
+    (small,) = parse_system_profiler(recording("system-profiler-displays-M2Max.json"), "17179869184\n")
+    assert small.memory_total_bytes == 16 * 1024 * MIB * 2 // 3
+    (unknown,) = parse_system_profiler(recording("system-profiler-displays-M2Max.json"))
+    assert unknown.memory_total_bytes is None
+
+
+def test_system_profiler_skips_gpus_that_are_not_apple_silicon_with_metal() -> None:
+    import json
+
+    from engine_ctl.core.fit.hostfacts import parse_system_profiler
+
+    doc = json.loads(recording("system-profiler-displays-M2Max.json"))
+    intel_mac_radeon = {"_name": "AMD Radeon Pro 5500M", "spdisplays_vendor": "sppci_vendor_amd",
+                        "spdisplays_vram": "8 GB", "sppci_model": "AMD Radeon Pro 5500M",
+                        "spdisplays_mtlgpufamilysupport": "spdisplays_metal3"}  # fmt: skip
+    no_metal = {**doc["SPDisplaysDataType"][0]}
+    del no_metal["spdisplays_mtlgpufamilysupport"]
+    assert parse_system_profiler(json.dumps({"SPDisplaysDataType": [intel_mac_radeon, no_metal]})) == []
+    assert parse_system_profiler("system_profiler: not JSON") == []
+    assert parse_system_profiler("[]") == []
+
+
+def test_the_gathered_facts_carry_the_metal_gpu() -> None:
+    from engine_ctl.shell.gather import _gpus
+
+    gpus, warnings = _gpus(
+        {
+            "system_profiler": {"code": 0, "out": recording("system-profiler-displays-M2Max.json"), "err": ""},
+            "hw_memsize": {"code": 0, "out": recording("sysctl-hw-memsize-64GiB.txt"), "err": ""},
+        }
+    )
+    assert [(g.vendor, g.memory_total_bytes) for g in gpus] == [("apple", 48 * 1024 * MIB)] and warnings == []

@@ -152,6 +152,16 @@ def test_gpu_commands_are_found_on_path() -> None:
     assert probe.gpu_commands(lambda _: None) == {}
 
 
+def test_on_macos_the_probe_asks_system_profiler_for_the_metal_gpus() -> None:
+    found = {"system_profiler": "/usr/sbin/system_profiler", "sysctl": "/usr/sbin/sysctl"}
+    commands = probe.gpu_commands(found.get, system="Darwin")
+    assert commands == {
+        "system_profiler": ["/usr/sbin/system_profiler", "SPDisplaysDataType", "-json"],
+        "hw_memsize": ["/usr/sbin/sysctl", "-n", "hw.memsize"],
+    }
+    assert probe.gpu_commands(found.get, system="Linux") == {}  # sysctl is on Linux too; Metal is not
+
+
 def test_python_dist_version_is_what_importlib_metadata_says() -> None:
     """The probe's light scan of sys.path, run by a real interpreter (this one), against importlib.metadata."""
     for dist in ("click", "pydantic", "ruamel.yaml", "typing_extensions", "Ruamel_Yaml"):

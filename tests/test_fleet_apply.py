@@ -35,7 +35,7 @@ def test_plan_apply_plan_is_empty_and_every_replica_answers(project: Project) ->
     (dep,) = json.loads(status.stdout)["deployments"]
     assert dep["state"] == "Ready" and dep["ready"] == 2 and dep["revision"] == 1
     listed = project.cli("list", check=True).stdout
-    assert project.name in listed and "Ready" in listed and "2/2" in listed
+    assert project.name in listed and "ready" in listed and "2/2" in listed
 
 
 def test_a_changed_context_length_rolls_with_the_deployment_answering_throughout(project: Project) -> None:

@@ -53,3 +53,33 @@ def test_a_jump_host_with_an_unknown_key_is_refused(
         t.run(["true"])
     t.close()
     assert failure.value.kind == "host_key" and f"unknown host key for {jump.address}" in failure.value.message
+
+
+def test_run_stream_and_feed_share_one_connection_and_say_what_timed_out(
+    fleet: Fleet, fleet_inventory: Inventory, ssh_config: Path
+) -> None:
+    """The three ways a command runs (issue 10: one session helper behind them): output, exit status, stdin,
+    the one reused connection, and a command past its time named as such."""
+    import threading
+
+    ssh_config.write_text(f"Host *\n  IdentityFile {fleet.key}\n")
+    t = SSHTransport(fleet_inventory.hosts[0])
+    try:
+        ran = t.run(["sh", "-c", "cat; echo err >&2; exit 3"], stdin="in\n")
+        assert (ran.exit_code, ran.stdout, ran.stderr) == (3, "in\n", "err\n")
+        streamed: list[str] = []
+        assert t.stream(["sh", "-c", "echo a; echo b >&2; exit 4"], streamed.append, threading.Event()) == 4
+        assert [line.strip() for line in streamed] == ["a", "b"]  # stdout and stderr together, on a terminal
+        fed: list[str] = []
+        assert t.feed(["sh", "-c", "tr a-z A-Z; exit 5"], "one\ntwo\n", fed.append, timeout=10) == 5
+        assert [line.strip() for line in fed] == ["ONE", "TWO"]
+        connections = t.run(["sh", "-c", "ss -Htn state established '( sport = :22 )' | wc -l"]).stdout
+        assert connections.strip() == "1"
+        with pytest.raises(HostFailure) as slow:
+            t.run(["sleep", "5"], timeout=1)
+        assert (slow.value.kind, slow.value.message) == ("timeout", "sleep did not finish within 1 s")
+        with pytest.raises(HostFailure) as silent:
+            t.feed(["sleep", "5"], "", fed.append, timeout=1)
+        assert (silent.value.kind, silent.value.message) == ("timeout", "sleep went silent for 1 s")
+    finally:
+        t.close()

@@ -228,7 +228,9 @@ def test_a_failure_reason_is_the_engines_own_words_not_systemds() -> None:
         "the engine exited before readiness\n"
     )
     reason = failure_reason(output)
-    assert reason.startswith("launch_failed: the engine exited before readiness (exit status 1): ")
+    assert reason.startswith(
+        "launch_failed: launch failed: engine launch failed: the engine exited before readiness (exit status 1): "
+    )
     assert "failed to load model" in reason and "Failed to start" not in reason
 
 

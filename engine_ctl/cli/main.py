@@ -16,7 +16,7 @@ from typing import NoReturn
 import click
 
 from engine_ctl import __version__
-from engine_ctl.core.diagnostics import Diagnostic, InputError, by_place
+from engine_ctl.core.diagnostics import Diagnostic, InputError, by_place, exit_status
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -28,6 +28,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "apply": (
         "engine_ctl.cli.plan_cmd:apply",
         "Make the hosts match the documents: plan, confirm, then roll replicas one at a time, health-gated.",
+    ),
+    "delete": (
+        "engine_ctl.cli.lifecycle_cmd:delete",
+        "Delete a deployment's units (never its model files); the state keeps a tombstone.",
     ),
     "destroy": (
         "engine_ctl.cli.plan_cmd:destroy",
@@ -52,6 +56,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "engine_ctl.cli.status_cmd:list_cmd",
         "Every deployment: NAME STATE READY REVISION HOSTS, from the state and live health.",
     ),
+    "park": (
+        "engine_ctl.cli.lifecycle_cmd:park",
+        "Take a deployment off its GPUs without losing it: asleep where its engine has a sleep mode, else stopped.",
+    ),
     "plan": (
         "engine_ctl.cli.plan_cmd:plan",
         "Show what apply would change: documents + recorded state + live host facts.",
@@ -70,6 +78,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "engine_ctl.cli.validate_cmd:schema",
         "Print the JSON Schema of engine-ctl documents (for editors' YAML language servers).",
     ),
+    "start": (
+        "engine_ctl.cli.lifecycle_cmd:start",
+        "Start a deployment an operator stopped or parked (or lift its delete).",
+    ),
     "state": (
         "engine_ctl.cli.status_cmd:state_group",
         "Inspect the recorded state, move it between backends (push, pull), forget or rename a deployment's record "
@@ -77,7 +89,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "status": (
         "engine_ctl.cli.status_cmd:status",
-        "A deployment's state and each instance: INSTANCE HOST STATE … LAST ERROR (all deployments without NAME).",
+        "A deployment's state and each instance (seed 003): NAME STATE READY REVISION STARTUP INITIALIZE LAST "
+        "OPERATION, then INSTANCE HOST STATE LIFECYCLE DEVICES LAST ERROR (all deployments without NAME).",
+    ),
+    "stop": (
+        "engine_ctl.cli.lifecycle_cmd:stop",
+        "Stop a deployment's engines and keep them stopped (apply too) until `start`.",
     ),
     "validate": (
         "engine_ctl.cli.validate_cmd:validate",
@@ -160,7 +177,7 @@ class EngineCtlGroup(click.Group):
                 print_diagnostics(exc.diagnostics)
             if as_json:  # a script reads the error object on stdout, as documented
                 print_error_object(exc.diagnostics, one_line=command in JSON_LINES)
-            ctx.exit(EXIT_ERROR)
+            ctx.exit(exit_status(exc.diagnostics))
         except (KeyboardInterrupt, click.exceptions.Abort):  # Ctrl-C anywhere, a click prompt included
             interrupted()
 
@@ -200,7 +217,7 @@ def main() -> None:
         code = cli.main(prog_name="engine-ctl", standalone_mode=False)
     except InputError as exc:
         print_diagnostics(exc.diagnostics)
-        sys.exit(EXIT_ERROR)
+        sys.exit(exit_status(exc.diagnostics))
     except (KeyboardInterrupt, click.exceptions.Abort):
         interrupted()
     except click.ClickException as exc:

@@ -9,6 +9,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,14 @@ from engine_ctl.cli.common import (
 from engine_ctl.cli.environments import current_env, env_option, inventory_names, state_file_name, state_for_env
 from engine_ctl.cli.output import console, emit_json
 from engine_ctl.cli.planview import RICH_STYLES, plan_json, plan_markdown, render_plan
+from engine_ctl.cli.requests import (
+    announce,
+    recorded,
+    report_continuing,
+    report_finished,
+    request_identity,
+    request_option,
+)
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Inventory, load_inventory
 from engine_ctl.core.model import DesiredState
@@ -34,6 +43,8 @@ from engine_ctl.core.plan.changes import DELETE, Plan
 from engine_ctl.core.plan.gateway import gateway_tampering
 from engine_ctl.core.plan.planner import destroy_refusals
 from engine_ctl.core.plan.refresh import refresh_state
+from engine_ctl.core.plan.revisions import mismatches as revision_mismatches
+from engine_ctl.core.plan.revisions import parse_checks as parse_revision_checks
 from engine_ctl.core.plan.savedplan import PlanFileError, decode_plan, stale_reasons, state_for_plan, tampering
 from engine_ctl.core.weights import Checkout
 from engine_ctl.shell.apply import ApplyEvent, Executor, Recorder, utc_now
@@ -44,6 +55,8 @@ from engine_ctl.shell.transport import HostFailure, SSHOptions
 from engine_ctl.shell.world import plan_world
 from engine_ctl.state import HostRecord, LocalState, Operation, State, StateBackend, StateError, open_backend
 from engine_ctl.state.local import DEFAULT_NAME, now, who
+from engine_ctl.state.requests import begin as begin_request
+from engine_ctl.state.requests import finish as finish_request
 
 
 def state_option(f: Any) -> Any:
@@ -124,11 +137,29 @@ def reopen_string(backend: StateBackend) -> str:
     return backend.location
 
 
+def lock_operation(command: str, request_id: str | None) -> str:
+    """What the lock says its holder does: the command, and its request identity."""
+    return f"{command} (request {request_id})" if request_id else command
+
+
 @contextlib.contextmanager
-def locked(backend: StateBackend, operation: str, timeout: float) -> Iterator[None]:
-    """Hold the state lock for a writing command; state problems become located errors (exit 1)."""
+def locked(backend: StateBackend, operation: str, timeout: float, request_id: str | None = None) -> Iterator[None]:
+    """Hold the state lock for a writing command; state problems become located errors (exit 1). A stale lock
+    left by this same request (its process killed on this machine) is cleared, so a re-run with --request-id
+    continues it."""
+    from engine_ctl.state.base import LockHeld
+
     try:
-        with backend.lock(operation, timeout=timeout):
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(backend.lock(operation, timeout=timeout))
+            except LockHeld as exc:
+                if not (request_id and exc.stale and f"(request {request_id})" in exc.info.operation):
+                    raise
+                backend.force_unlock(exc.info.id)
+                console(stderr=True).print(f"Cleared the lock request {request_id} left ({exc.stale})",
+                                           markup=False, highlight=False)  # fmt: skip
+                stack.enter_context(backend.lock(operation, timeout=timeout))
             yield
     except StateError as exc:
         raise InputError([Diagnostic(Location(backend.location), "", str(exc), code="state_error")]) from None
@@ -139,6 +170,27 @@ def read_state(backend: StateBackend) -> State:
         return backend.read()
     except StateError as exc:
         raise InputError([Diagnostic(Location(backend.location), "", str(exc), code="state_error")]) from None
+
+
+@dataclass(frozen=True)
+class Request:
+    """The request identity of a command that changes something, and the revisions its apply checks."""
+
+    id: str
+    revisions: dict[str, int] = field(default_factory=dict)
+
+    def check(self, state: State, command: str, location: str, stderr: bool = False) -> int | None:
+        """Under the lock: a finished request's exit status (reported; nothing is done again), or None to go on
+        (a cut-off one said to continue); refused when a --revision check fails."""
+        found = recorded(state, self.id, command, location)
+        if found is not None and found.finished is not None:
+            return report_finished(found, stderr)
+        if found is not None:
+            report_continuing(found, stderr)
+        refused = revision_mismatches(self.revisions, {n: d.revision for n, d in state.deployments.items()}, location)
+        if refused and found is None:  # a cut-off request continues: it was checked when it began
+            raise InputError(refused)
+        return None
 
 
 def show_plan(plan: Plan, command: str = "apply", stderr: bool = False) -> None:
@@ -283,18 +335,23 @@ def outcome_line(plan: Plan, command: str, code: int, result_text: str) -> str:
 
 def execute(
     plan: Plan, inventory: Inventory, backend: StateBackend, state: State, options: SSHOptions, command: str,
-    events: JsonEvents | None = None,
+    events: JsonEvents | None = None, request_id: str | None = None, fanout: int = 32,
 ) -> int:  # fmt: skip
     """Run the plan with the state recorded after every step; Ctrl-C finishes the step in flight. With `events`
-    (--json) every step is also one JSON line on stdout, and the people's lines go to stderr."""
+    (--json) every step is also one JSON line on stdout, and the people's lines go to stderr. With `request_id`
+    the request is recorded first, each completed step under it, and its result at the end. At most `fanout`
+    hosts (--fanout) are worked on at once."""
     out = console(stderr=events is not None)
     if events is not None:
         s = plan.summary()
-        events.plain("planned", command=command, refresh_only=plan.refresh_only, **s)
+        extra = {"request_id": request_id} if request_id else {}
+        events.plain("planned", command=command, refresh_only=plan.refresh_only, **s, **extra)
     refused = destroy_refusals(plan, state)  # also for a saved plan: the state says what may not be destroyed
     if refused:
         raise InputError([Diagnostic(Location(backend.location), "", r, code="destroy_refused") for r in refused])
     recorder = Recorder(backend, state)
+    if request_id is not None:
+        recorder.change(lambda s: begin_request(s, request_id, command, who(), now()))
     stop = threading.Event()
 
     def on_interrupt(signum: int, frame: object) -> None:
@@ -318,7 +375,7 @@ def execute(
             hub = HubAccess.from_environment(inventory.downloads, bars.update if bars else None)
             executor = Executor(
                 plan, {h.name: h for h in inventory.hosts}, recorder, options, out.print, stop, observer=events,
-                hub=hub,
+                hub=hub, request_id=request_id, fanout=fanout,
             )  # fmt: skip
             busy = "Applying: one replica at a time per deployment, health-gated…"
             live = bars or (out.status(busy) if out.is_terminal else None)
@@ -346,6 +403,8 @@ def execute(
             )
         )
         del s.operations[:-200]
+        if request_id is not None and result_text != "interrupted":  # Ctrl-C: a re-run continues it
+            finish_request(s, request_id, result_text, code, now())
 
     try:
         recorder.change(log)
@@ -390,7 +449,7 @@ def _refuse_plan(path: Path, message: str, hint: str, code: str) -> InputError:
 
 def _apply_saved(
     saved: Plan, path: Path, inventory_path: Path | None, state_path: str | None, options: SSHOptions,
-    parallel: int, lock_timeout: float, events: JsonEvents | None = None,
+    parallel: int, lock_timeout: float, events: JsonEvents | None, request: Request,
 ) -> int:  # fmt: skip
     """`apply PLANFILE`: exactly what was reviewed, or a refusal that says why."""
     ctx = saved.context
@@ -410,8 +469,12 @@ def _apply_saved(
             code="plan_tampered",
         )
     backend = open_backend(state_for_env(state_path, env) if state_path else (ctx.state or ""))
-    with locked(backend, "apply", lock_timeout):
-        state = state_for_plan(saved, read_state(backend))
+    with locked(backend, lock_operation("apply", request.id), lock_timeout, request.id):
+        recorded_state = read_state(backend)
+        finished = request.check(recorded_state, "apply " + str(path), backend.location, stderr=events is not None)
+        if finished is not None:
+            return finished
+        state = state_for_plan(saved, recorded_state)
         hosts = [h for h in inventory.hosts if h.name in saved.host_fingerprints]
         facts, _ = gather(hosts, options, parallel, ctx.model_paths)
         stale = stale_reasons(saved, state, {h: f.fingerprint() for h, f in facts.items()})
@@ -424,7 +487,9 @@ def _apply_saved(
                                "it was edited; run engine-ctl plan again and review the new plan",
                                code="plan_tampered")  # fmt: skip
         show_plan(saved, stderr=events is not None)
-        return execute(saved, inventory, backend, state, options, "apply " + str(path), events)
+        return execute(
+            saved, inventory, backend, state, options, "apply " + str(path), events, request.id, fanout=parallel
+        )
 
 
 @click.command()
@@ -433,10 +498,16 @@ def _apply_saved(
 @click.option("--refresh-only", is_flag=True, help="Only record in the state what drifted on the hosts; no host "
               "is changed.")  # fmt: skip
 @replace_option
+@click.option(
+    "--revision", "revision_checks", multiple=True, metavar="NAME=N",
+    help="Apply only while deployment NAME's recorded revision is N (the REVISION column of `engine-ctl list`): "
+    "refused with revision_mismatch (exit 26) when someone applied a change since (repeatable).",
+)  # fmt: skip
+@request_option
 def apply(
     args: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool, as_json: bool,
-    refresh_only: bool, replace: tuple[str, ...],
+    refresh_only: bool, replace: tuple[str, ...], revision_checks: tuple[str, ...], request_id: str | None,
 ) -> None:  # fmt: skip
     """Make the hosts match the documents: plan, confirm, then roll replicas one at a time, health-gated.
 
@@ -444,26 +515,35 @@ def apply(
     or refused if the state or a host's facts changed since."""
     options = ssh_settings(accept_new_host_keys)
     events = JsonEvents() if as_json else None
+    checks, bad = parse_revision_checks(revision_checks)
+    if bad:
+        raise InputError(bad)
+    request = Request(request_identity(request_id), checks)
+    announce(request.id)
     saved = _load_plan_file(args[0]) if len(args) == 1 and args[0].is_file() else None
     if saved is not None:
-        sys.exit(_apply_saved(saved, args[0], inventory_path, state_path, options, parallel, lock_timeout, events))
+        sys.exit(_apply_saved(saved, args[0], inventory_path, state_path, options, parallel, lock_timeout, events,
+                              request))  # fmt: skip
     command = "apply" + "".join(f" --replace {n}" for n in replace) + (" --refresh-only" if refresh_only else "")
     sys.exit(_apply_documents(args, inventory_path, state_path, options, parallel, targets, lock_timeout,
-                              auto_approve, events, refresh_only, replace, command))  # fmt: skip
+                              auto_approve, events, refresh_only, replace, command, request))  # fmt: skip
 
 
 def _apply_documents(
     args: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, options: SSHOptions,
     parallel: int, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool, events: JsonEvents | None,
-    refresh_only: bool, replace: tuple[str, ...], command: str,
+    refresh_only: bool, replace: tuple[str, ...], command: str, request: Request,
 ) -> int:  # fmt: skip
     """Plan from the documents, show, confirm, execute: apply and restart."""
     pinner = Pinner()
     loaded = load_checked(args, pin=pinner)
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, args)
-    with locked(backend, "apply", lock_timeout):
+    with locked(backend, lock_operation("apply", request.id), lock_timeout, request.id):
         state = read_state(backend)
+        finished = request.check(state, command, backend.location, stderr=events is not None)
+        if finished is not None:
+            return finished
         result, failures = _plan_for(
             loaded.desired, inventory, state, backend, options, parallel, targets, refresh_only, args,
             replace=replace, checkouts=pinner.checkouts,
@@ -476,7 +556,7 @@ def _apply_documents(
                 events.plain("finished", command=command, result="no changes", exit_code=code, unrecorded=[])
             return code
         _confirm(auto_approve, as_json=events is not None)
-        code = execute(result, inventory, backend, state, options, command, events)
+        code = execute(result, inventory, backend, state, options, command, events, request.id, fanout=parallel)
         return code or (1 if failures or result.problems else 0)
 
 
@@ -484,33 +564,44 @@ def _apply_documents(
 @click.argument("name")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @writing_options
+@request_option
 def restart(
     name: str, paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool, as_json: bool,
+    request_id: str | None,
 ) -> None:  # fmt: skip
     """Restart deployment NAME: replace its replicas one at a time, health-gated, without editing a document
     (the same as `apply --target NAME --replace NAME`). PATHS are the documents (default: the current directory)."""
     options = ssh_settings(accept_new_host_keys)
     events = JsonEvents() if as_json else None
     chosen = tuple(dict.fromkeys((*targets, name)))
+    request = Request(request_identity(request_id))
+    announce(request.id)
     sys.exit(_apply_documents(paths, inventory_path, state_path, options, parallel, chosen, lock_timeout,
-                              auto_approve, events, False, (name,), f"restart {name}"))  # fmt: skip
+                              auto_approve, events, False, (name,), f"restart {name}", request))  # fmt: skip
 
 
 @click.command()
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @writing_options
+@request_option
 def destroy(
     paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool, as_json: bool,
+    request_id: str | None,
 ) -> None:  # fmt: skip
     """Stop and remove the units of every deployment in the state (or --target ones). The models stay."""
+    request = Request(request_identity(request_id))
+    announce(request.id)
     loaded = load_checked(paths, documents_required=False, pin=unresolved) if paths else None
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, paths)
     options = ssh_settings(accept_new_host_keys)
-    with locked(backend, "destroy", lock_timeout):
+    with locked(backend, lock_operation("destroy", request.id), lock_timeout, request.id):
         state = read_state(backend)
+        finished = request.check(state, "destroy", backend.location, stderr=as_json)
+        if finished is not None:
+            sys.exit(finished)
         keep = DesiredState()  # nothing is wanted: every (targeted) deployment in the state is deleted
         result, failures = _plan_for(keep, inventory, state, backend, options, parallel, targets)
         result = for_destroy(result)
@@ -523,7 +614,7 @@ def destroy(
                 events.plain("finished", command="destroy", result="no changes", exit_code=code, unrecorded=[])
             sys.exit(code)
         _confirm(auto_approve, "destroy", as_json)
-        sys.exit(execute(result, inventory, backend, state, options, "destroy", events))
+        sys.exit(execute(result, inventory, backend, state, options, "destroy", events, request.id, fanout=parallel))
 
 
 __all__ = ["apply", "destroy", "plan", "restart"]

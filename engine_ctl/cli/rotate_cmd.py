@@ -21,7 +21,16 @@ import click
 
 from engine_ctl.cli.common import load_checked, resolve_inventory, ssh_settings
 from engine_ctl.cli.output import console
-from engine_ctl.cli.plan_cmd import JsonEvents, _apply_documents, backend_for, locked, read_state, writing_options
+from engine_ctl.cli.plan_cmd import (
+    JsonEvents,
+    Request,
+    _apply_documents,
+    backend_for,
+    locked,
+    read_state,
+    writing_options,
+)
+from engine_ctl.cli.requests import announce, request_identity
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.render.gateway import replica_key_files
 from engine_ctl.providers import PROVIDERS
@@ -109,8 +118,12 @@ def rotate_internal(
         out.print("The gateways staged a new internal key; restarting every deployment to accept it…")
         names = tuple(sorted(state.deployments))
         events = JsonEvents() if as_json else None
+        request = Request(request_identity(None))
+        if names:
+            announce(request.id, stderr=as_json)
         code = _apply_documents(paths, inventory_path, state_path, options, parallel, targets or names, lock_timeout,
-                                auto_approve, events, False, names, "key rotate-internal") if names else 0  # fmt: skip
+                                auto_approve, events, False, names, "key rotate-internal",
+                                request) if names else 0  # fmt: skip
         if code != 0:
             out.print("The internal key was not switched (a replica was not restarted): run `engine-ctl key "
                       "rotate-internal` again; the gateways keep sending the current key.")  # fmt: skip

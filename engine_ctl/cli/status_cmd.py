@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.table import Table
@@ -17,7 +18,8 @@ from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.loader import load_paths
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.names import UNIT_PREFIX, UNIT_SUFFIX, parse_unit_name
-from engine_ctl.core.plan.status import DeploymentStatus, deployment_status
+from engine_ctl.core.plan.scaler import scaler_views_of, with_scaler
+from engine_ctl.core.plan.status import DeploymentStatus, deployment_status, initialize_text, startup_text
 from engine_ctl.core.render.gateway import endpoint_of
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.gather import gather
@@ -77,7 +79,8 @@ def _statuses(
     facts: dict[str, HostFacts],
     gateways: list[tuple[str, str]] | None = None,
 ) -> list[DeploymentStatus]:
-    return [deployment_status(state.deployments[n], facts, gateways or []) for n in names]
+    views = scaler_views_of(facts[h] for h, _ in gateways or [] if h in facts)
+    return [with_scaler(deployment_status(state.deployments[n], facts, gateways or []), views.get(n)) for n in names]
 
 
 def url_of(address: str | None, port: int) -> str | None:
@@ -90,8 +93,17 @@ def url_of(address: str | None, port: int) -> str | None:
 
 def list_json(statuses: list[DeploymentStatus]) -> dict[str, object]:
     """`list --json`: one summary row per deployment (no members; `status --json` has them)."""
-    rows = [s.model_dump(mode="json", exclude={"instances", "members"}) for s in statuses]
+    rows = [without_chat_api(s.model_dump(mode="json", exclude={"instances", "members"})) for s in statuses]
     return {"format_version": FORMAT_VERSION, "deployments": rows}
+
+
+def without_chat_api(doc: dict[str, Any]) -> dict[str, Any]:
+    """A chat deployment has no `api` (seed 003: a decisions deployment says "api": "decisions"); `status` is seed
+    000's status.state and status.reason beside them."""
+    if doc.get("api") is None:
+        doc.pop("api", None)
+    doc["status"] = {"state": doc.get("state"), "reason": doc.get("reason")}
+    return doc
 
 
 def status_json(statuses: list[DeploymentStatus], addresses: dict[str, str]) -> dict[str, object]:
@@ -100,7 +112,7 @@ def status_json(statuses: list[DeploymentStatus], addresses: dict[str, str]) -> 
     inventory there is no endpoint, and ready is the replica's own health)."""
     out = []
     for s in statuses:
-        doc = s.model_dump(mode="json", exclude={"instances"})
+        doc = without_chat_api(s.model_dump(mode="json", exclude={"instances"}))
         behind = {m.run: m.ready for m in s.members}
         doc["members"] = [
             {
@@ -156,18 +168,33 @@ def list_cmd(
 @click.option(
     "--json", "as_json", is_flag=True,
     help="The deployment(s) as versioned JSON, each with its members: host, address, port, URL, unit, GPUs, "
-    "last error.",
+    "last error, and the scaler's decisions.",
+)  # fmt: skip
+@click.option(
+    "--decisions", is_flag=True,
+    help="Also the scaler's last decisions (up, down, zero, wake, preempt, hold), each with the figure it acted on.",
 )  # fmt: skip
 def status(
     name: str | None, paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
-    accept_new_host_keys: bool, as_json: bool,
+    accept_new_host_keys: bool, as_json: bool, decisions: bool = False,
 ) -> None:  # fmt: skip
-    """A deployment's state and each instance: INSTANCE HOST STATE … LAST ERROR (all deployments without NAME).
+    """A deployment's state and each instance (seed 003): NAME STATE READY REVISION STARTUP INITIALIZE LAST
+    OPERATION, then INSTANCE HOST STATE LIFECYCLE DEVICES LAST ERROR (all deployments without NAME).
 
-    NAME is read as a path, not a deployment, when it looks like one (it has a / or ends in .yaml, .yml or .json,
-    or is . or ..) or is an existing file or directory: `engine-ctl status .` shows every deployment of the
-    state beside the documents in the current directory.
+    `status deployment NAME` and `status NAME` are the same. NAME is read as a path, not a deployment, when it
+    looks like one (it has a / or ends in .yaml, .yml or .json, or is . or ..) or is an existing file or
+    directory: `engine-ctl status .` shows every deployment of the state beside the documents in the current
+    directory.
     """
+    if name == "deployment" and paths and not is_path(str(paths[0])):
+        name, paths = str(paths[0]), paths[1:]
+    _status(name, paths, inventory_path, state_path, parallel, accept_new_host_keys, as_json, decisions)
+
+
+def _status(
+    name: str | None, paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
+    accept_new_host_keys: bool, as_json: bool, decisions: bool = False,
+) -> None:  # fmt: skip
     name, paths = name_and_paths(name, paths)
     backend = backend_for(state_path, paths)
     state = read_state(backend)
@@ -197,13 +224,18 @@ def status(
         out.print(_no_deployments(backend.location))
     for s in statuses:
         out.print(deployment_table(s))
+        for line in detail_lines(s):
+            out.print(line, markup=False, highlight=False)
         if s.gateways:
             behind = sum(1 for m in s.members if m.ready)
             out.print(f"endpoint: {', '.join(g + '/v1' for g in s.gateways)} (model: {s.served_model_name}; "
                       f"{behind} of {len(s.members)} behind the gateway)", markup=False, highlight=False)  # fmt: skip
+        out.print("")
         out.print(instance_table(s))
         if s.instances:
             out.print(units_line(s))
+        if decisions:
+            out.print(decisions_table(s) if s.decisions else "decisions: none recorded by the scaler", markup=False)
         out.print("")
     report_failures(failures)
     sys.exit(1 if failures else 0)
@@ -216,42 +248,67 @@ def list_table(statuses: list[DeploymentStatus]) -> Table:
         table.add_column(col, no_wrap=True)
     table.add_column("HOSTS", overflow="fold")
     for s in statuses:
-        table.add_row(s.name, s.state, f"{s.ready}/{s.replicas}", str(s.revision), ", ".join(s.hosts) or "-")
+        table.add_row(s.name, s.state.lower(), f"{s.ready}/{s.replicas}", str(s.revision), ", ".join(s.hosts) or "-")
     return table
 
 
 def deployment_table(s: DeploymentStatus) -> Table:
-    """NAME STATE READY REVISION HOSTS REASON; the reason wraps, so the table fits the terminal (80 columns)."""
+    """Seed 003's NAME STATE READY REVISION STARTUP INITIALIZE LAST OPERATION (the state in lowercase, as the
+    seed writes it); the last operation wraps, so the table fits the terminal (80 columns)."""
     table = Table(box=None, pad_edge=False)
-    for col in ("NAME", "STATE", "READY", "REVISION"):
+    for col in ("NAME", "STATE", "READY", "REVISION", "STARTUP", "INITIALIZE"):
         table.add_column(col, no_wrap=True)
-    table.add_column("HOSTS", overflow="fold")
-    table.add_column("REASON", overflow="fold", ratio=1)
+    table.add_column("LAST OPERATION", overflow="fold", ratio=1)
     table.add_row(
-        s.name, s.state, f"{s.ready}/{s.replicas}", str(s.revision), ", ".join(s.hosts) or "-", s.reason or "-"
-    )
+        s.name, s.state.lower(), f"{s.ready}/{s.replicas}", str(s.revision), startup_text(s.startup),
+        initialize_text(s.initialize_s), s.last_operation or "-",
+    )  # fmt: skip
     return table
 
 
+def detail_lines(s: DeploymentStatus) -> list[str]:
+    """Under the deployment's row: its API (a decisions deployment only), its hosts and why it is in its state."""
+    lines = [f"API       {s.api}"] if s.api else []
+    lines.append(f"Hosts     {', '.join(s.hosts) or '-'}")
+    if s.reason:
+        lines.append(f"Reason    {s.reason}")
+    return lines
+
+
 def instance_table(s: DeploymentStatus) -> Table:
-    """INSTANCE SLOT HOST PORT STATE GPUS RESTARTS LAST ERROR: fits 80 columns, and what tells a unit from its
-    surge twin (its slot, a or b) is a column of its own, never cut; the last error wraps. The unit's whole name
-    is the line below the table (units_line)."""
+    """Seed 003's INSTANCE HOST STATE LIFECYCLE DEVICES LAST ERROR; the last error wraps, whole. An instance and
+    its surge twin (the same index, slots a and b) read 0a and 0b; the unit's whole name is the line below the
+    table (units_line)."""
     table = Table(box=None, pad_edge=False)
-    for col in ("INSTANCE", "SLOT", "HOST", "PORT", "STATE", "GPUS", "RESTARTS"):
+    for col in ("INSTANCE", "HOST", "STATE", "LIFECYCLE", "DEVICES"):
         table.add_column(col, no_wrap=True)
     table.add_column("LAST ERROR", overflow="fold", ratio=1)
+    twins = {i.index for i in s.instances if sum(1 for j in s.instances if j.index == i.index) > 1}
     for i in s.instances:
         table.add_row(
-            str(i.index), _slot(i.unit), i.host, str(i.port), i.state, ",".join(map(str, i.gpus)) or "-",
-            str(i.restarts if i.restarts is not None else "-"), i.last_error or "-",
+            f"{i.index}{_slot(i.unit)}" if i.index in twins else str(i.index), i.host, i.state, i.lifecycle,
+            ",".join(i.devices) or "-", i.last_error or "-",
         )  # fmt: skip
+    return table
+
+
+def decisions_table(s: DeploymentStatus) -> Table:
+    """The scaler's last decisions: AT ACTION SLOT HOST FIGURE REASON (the reason wraps)."""
+    table = Table(box=None, pad_edge=False, title="the scaler's decisions", title_justify="left")
+    for col in ("AT", "ACTION", "SLOT", "HOST", "FIGURE"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("REASON", overflow="fold", ratio=1)
+    for d in s.decisions:
+        figure = "-" if d.figure is None else f"{d.figure:g}"
+        slot = "-" if d.slot is None else str(d.slot)
+        table.add_row(d.at, d.action, slot, d.host or "-", figure, d.reason)
     return table
 
 
 def units_line(s: DeploymentStatus) -> str:
     """Each instance's unit, by the naming rule: `Units: engine-ctl-chat-<INSTANCE><SLOT>.service`."""
-    return f"Units: {UNIT_PREFIX}{s.name}-<INSTANCE><SLOT>{UNIT_SUFFIX} on each HOST"
+    now = ", ".join(i.unit for i in s.instances)
+    return f"Units: {UNIT_PREFIX}{s.name}-<INSTANCE><SLOT>{UNIT_SUFFIX} on each HOST" + (f"; now {now}" if now else "")
 
 
 def _slot(unit: str) -> str:

@@ -55,7 +55,8 @@ CODES: dict[str, str] = {
     "hf_unresolved": "an hf: reference the hub could not resolve to its commit (or resolved to another one)",
     "unknown_host": "spec.host, --target or a host argument names no host of the inventory",
     "ignored_field": "warning: a field that is accepted but has no effect",
-    "scaling_not_built": "warning: scaling between min and max (or to zero) needs the scaler, not built yet",
+    "scaling_not_built": "warning: replicas above min are on demand (installed, not started); the scaler that "
+    "starts them is not built yet",
     # engine arguments
     "too_many_args": "more engine arguments than engine-ctl takes",
     "arg_too_long": "an engine argument longer than engine-ctl takes",
@@ -93,9 +94,23 @@ CODES: dict[str, str] = {
     "plan_stale": "a saved plan no longer matches the state or a host's facts",
     "destroy_refused": "a plan that destroys a deployment with prevent_destroy: true",
     "replace_refused": "--replace (or restart) names a deployment with no replicas recorded: nothing to replace",
+    # revisions and request identities (lifecycle records)
+    "revision_mismatch": "apply --revision NAME=N, and NAME's recorded revision is not N: someone applied since",
+    "invalid_revision_check": "--revision is not NAME=N (a deployment name and a whole number)",
+    "invalid_request_id": "--request-id is not a ULID (26 characters of Crockford's base 32)",
+    "request_mismatch": "--request-id names a request recorded for another command",
+    # operator verbs (stop, start, park, delete): exit status 1 unless VERB_EXIT_STATUS says otherwise
+    "still_stopping": "start right after a stop: the stop is still under way; nothing was started (exit 25)",
+    "delete_requires_cleanup": "delete of a deployment not stopped, or still stopping; nothing was deleted (exit 25)",
+    "park_refused": "park refused: the host's free memory cannot hold what sleep level 1 keeps (exit 1)",
+    "deployment_held": "a verb on a deployment another verb holds (deleted, or stopped for park) (exit 1)",
 }
 """Every diagnostic's stable `code` (the `code` of each detail in `--json` errors) and what it means; the README
 lists them all (tests/test_error_codes.py checks both ways)."""
+
+VERB_EXIT_STATUS: dict[str, int] = {"still_stopping": 25, "delete_requires_cleanup": 25}
+"""The operator verbs' refusals whose exit status is not 1 (seed 003: still_stopping exits 25; a delete refused
+"the same way" too)."""
 
 
 @dataclass(frozen=True)
@@ -157,10 +172,26 @@ REFUSALS = frozenset(
         "plan_tampered",
         "plan_stale",
         "destroy_refused",
+        "revision_mismatch",
+        "request_mismatch",
     }
 )
 """Codes of a command refused for what the state, a lock or a saved plan says (409 REFUSED); every other code is
 bad input (400 INVALID_DEPLOYMENT)."""
+
+
+EXIT_STATUSES: dict[str, int] = {
+    "revision_mismatch": 26,
+    **VERB_EXIT_STATUS,
+}
+"""The exit status of a command refused with one of these codes; every other code exits 1 (README, Exit codes)."""
+
+
+def exit_status(diagnostics: Iterable[Diagnostic]) -> int:
+    """The exit status of a command that failed with these diagnostics: its first error's code's (EXIT_STATUSES),
+    else 1."""
+    found = [d for d in diagnostics if d.severity == "error"]
+    return EXIT_STATUSES.get(found[0].code, 1) if found else 1
 
 
 def error_object(diagnostics: Iterable[Diagnostic]) -> dict[str, object]:

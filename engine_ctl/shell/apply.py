@@ -13,6 +13,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 from engine_ctl.core.documents.inventory import Host
+from engine_ctl.core.fit.startup import measure_script, parse_measurement, same_engine, sampler
 from engine_ctl.core.names import UNIT_FORM, parse_unit_name
 from engine_ctl.core.plan.changes import CREATE, DELETE, SURGE, UPDATE, DeploymentChange, Plan, ReplicaChange
 from engine_ctl.core.plan.status import recorded_verdict
@@ -21,6 +22,7 @@ from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.fetch import FetchFailed, FetchProgress, HubAccess, fetch_weights
 from engine_ctl.shell.gateway import GatewayFailure
 from engine_ctl.shell.gateway_apply import GatewayApply
+from engine_ctl.shell.scaler_apply import ScalerApply, ScalerFailure
 from engine_ctl.shell.transport import (
     CommandResult,
     HostFailure,
@@ -29,7 +31,8 @@ from engine_ctl.shell.transport import (
     transport_for,
 )
 from engine_ctl.state.base import StateBackend
-from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
+from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, StartupRecord, State
+from engine_ctl.state.requests import done_steps, step_done
 
 UNIT_DIR = "/etc/systemd/system"
 Progress = Callable[[str], None]
@@ -39,7 +42,8 @@ Progress = Callable[[str], None]
 class ApplyEvent:
     """One step of an apply, for pipelines and dashboards (`apply --json` prints each as a JSON line).
 
-    event: started (a replica's step begins), healthy (a unit passed its health gate), removed (an old unit is
+    event: started (a replica's step begins), healthy (a unit passed its health gate), installed (an on-demand
+    replica's unit written and loaded, not started; or one that became on demand), removed (an old unit is
     stopped and deleted), failed (a step or a deployment failed; the reason says why), recorded (the deployment's
     outcome is written to the state)."""
 
@@ -95,10 +99,11 @@ def _reload_unless_loaded(q: str) -> str:
     return f"[ \"{state}\" = 'LoadState=loaded NeedDaemonReload=no ' ] || systemctl daemon-reload"
 
 
-def _enable_and(verb: str, unit: str, upload: bool) -> list[str]:
+def _enable_and(verb: str, unit: str, upload: bool, enable: bool = True) -> list[str]:
     q = shlex.quote(unit)
     then = f"{{ systemctl reset-failed {q} 2>/dev/null; systemctl {verb} {q}; }}"
-    load = f"systemctl enable --no-reload {q} && {{ {_reload_unless_loaded(q)}; }} && {then}"
+    first = f"systemctl enable --no-reload {q}" if enable else f"systemctl disable --no-reload {q} 2>/dev/null; true"
+    load = f"{first} && {{ {_reload_unless_loaded(q)}; }} && {then}"
     return ["sh", "-c", (_upload(unit) if upload else "") + load]
 
 
@@ -108,8 +113,39 @@ def start_argv(unit: str, upload: bool = False) -> list[str]:
     return _enable_and("start", unit, upload)
 
 
+def measured_argv(start: list[str], unit: str) -> list[str]:
+    """A start (start_argv, on_demand_argv: `sh -c SCRIPT`) with nvidia-smi's per-process figures sampled in the
+    background while the engine starts (where there is an nvidia-smi), for the first start of a revision to
+    measure its peak."""
+    script = start[2]
+    return ["sh", "-c", f"{sampler(unit)}( {script} ); rc=$?; [ -n \"$sampler\" ] && kill $sampler 2>/dev/null; "
+            "exit $rc"]  # fmt: skip
+
+
 def restart_argv(unit: str, upload: bool = False) -> list[str]:
     return _enable_and("restart", unit, upload)
+
+
+def install_argv(unit: str) -> list[str]:
+    """An on-demand replica's unit: write the file from stdin and load it (daemon-reload); never enabled or started
+    (the scaler starts it)."""
+    q = shlex.quote(unit)
+    return ["sh", "-c", _upload(unit) + f"systemctl disable --no-reload {q} 2>/dev/null; systemctl daemon-reload"]
+
+
+def on_demand_argv(verb: str, unit: str, upload: bool = False) -> list[str]:
+    """(Write the unit file from stdin,) keep it disabled, reload, then `verb` it: `start` (a roll of an on-demand
+    replica the scaler runs) or `try-restart` (a repair: restarted only if it runs)."""
+    return _enable_and(verb, unit, upload, enable=False)
+
+
+def active_argv(unit: str) -> list[str]:
+    return ["systemctl", "is-active", "--quiet", unit]
+
+
+def disable_argv(unit: str) -> list[str]:
+    """A replica that becomes on demand: not started at boot any more, left running."""
+    return ["systemctl", "disable", "--no-reload", unit]
 
 
 def stop_argv(unit: str) -> list[str]:
@@ -161,10 +197,17 @@ def failure_reason(output: str, log_prefix: str = "") -> str:
         "start-limit-hit": "3 restarts without serving",
         "core-dump": "the engine crashed (core dump)",
     }.get(result, f"the replica did not start ({result})")
-    return f"launch_failed: {what}" + (f": {last}" if last else "")
+    return f"launch_failed: launch failed: engine launch failed: {what}" + (f": {last}" if last else "")
 
 
 # --- recording ----------------------------------------------------------------------------------------
+def step_key(deployment: str, step: ReplicaChange) -> str:
+    """A step as its request records it: what it does to which unit on which host, at which revision (a step the
+    same request would run again is the same key)."""
+    old = f" replacing {step.old_unit}@{step.old_host or step.host}" if step.old_unit else ""
+    return f"{deployment}: {'/'.join(step.action)} {step.unit}@{step.host} revision {step.revision}{old}"
+
+
 class Recorder:
     """The state in memory; every change is written at once, atomically, under one lock."""
 
@@ -182,7 +225,17 @@ class Recorder:
 def _record(state: State, name: str) -> DeploymentRecord:
     if name not in state.deployments:
         state.deployments[name] = DeploymentRecord(name=name)
-    return state.deployments[name]
+    rec = state.deployments[name]
+    if not rec.id:  # its stable ID, given once, when it is first created (or first recorded by this engine-ctl)
+        rec.id = new_id()
+    return rec
+
+
+def new_id() -> str:
+    """A deployment's (or an operation's) ID: a ULID."""
+    from ulid import ULID
+
+    return str(ULID())
 
 
 def _put_replica(state: State, name: str, replica: ReplicaRecord) -> None:
@@ -225,11 +278,58 @@ class Throttle:
         return False
 
 
+class FanOut:
+    """--fanout for apply: at most `limit` hosts worked on at once across all deployments (a step that needs two
+    hosts, a move, takes two of them, or all when the limit is below two)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.free = self.limit
+        self.busiest = 0
+        """The most hosts worked on at once during this apply (what the tests check)."""
+        self._cond = threading.Condition()
+
+    @contextmanager
+    def hosts(self, n: int) -> Iterator[None]:
+        n = min(max(1, n), self.limit)
+        with self._cond:
+            while self.free < n:
+                self._cond.wait()
+            self.free -= n
+            self.busiest = max(self.busiest, self.limit - self.free)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.free += n
+                self._cond.notify_all()
+
+
 def _still_named_after(rec: DeploymentRecord) -> list[str]:
     """The names a record had before `state mv` that some of its replicas' units still bear: once a roll has
     replaced them all, the old name is dropped, and nothing may act on units of that name for this record."""
     named = {parsed.deployment for r in rec.replicas if (parsed := parse_unit_name(r.unit)) is not None}
     return [n for n in rec.moved_from if n in named]
+
+
+def _initialized(state: State, name: str, startup: StartupRecord | None, elapsed: float, failure: str | None) -> None:
+    """The seed's LAST OPERATION of a first start (initialize succeeded, or failed with its error's code) and, once
+    measured, the revision's start-up record."""
+    rec = _record(state, name)
+    if failure is not None:
+        rec.last_operation = f"initialize failed ({failure.split(':', 1)[0]})"
+        return
+    rec.last_operation = "initialize succeeded"
+    if startup is not None:
+        rec.startup = startup
+
+
+def carry_startup(rec: DeploymentRecord, change: DeploymentChange) -> None:
+    """A new revision that changes only the instance count keeps the engine, and so its measured start-up."""
+    s = rec.startup
+    kept = s is not None and s.revision == rec.revision != change.revision
+    if s is not None and kept and same_engine(rec.spec, rec.model, change.spec, change.model):
+        rec.startup = s.model_copy(update={"revision": change.revision})
 
 
 def _forget(state: State, name: str) -> None:
@@ -285,8 +385,15 @@ class Executor:
         stop: threading.Event | None = None,
         observer: Observer | None = None,
         hub: HubAccess | None = None,
+        request_id: str | None = None,
+        fanout: int = 32,
     ) -> None:
+        """`request_id`: the request identity this apply records its completed steps under; a step it already
+        recorded as done (an earlier run of the same request, cut off) is not run again."""
         self.plan = plan
+        self.fanout = FanOut(fanout)
+        self.request_id = request_id
+        self.done = done_steps(recorder.state, request_id)
         self.hosts = hosts
         self.recorder = recorder
         self.options = options
@@ -315,6 +422,7 @@ class Executor:
         with ExitStack() as stack:
             for name in sorted(set(names)):
                 stack.enter_context(self._host_locks[name])
+            stack.enter_context(self.fanout.hosts(len(set(names))))  # taken last: no slot held while waiting
             out = {}
             for name in set(names):
                 with self._transports_lock:
@@ -331,11 +439,13 @@ class Executor:
         if self.gateway is not None and not self._gateway_step(self.gateway.before, "before the roll"):
             changes = []  # without the gateway's interim configuration and key, no replica is touched
         if changes:
-            with ThreadPoolExecutor(max_workers=len(changes)) as pool:
+            # one thread a deployment, no more than --fanout: each holds at most one step's hosts at a time
+            with ThreadPoolExecutor(max_workers=min(len(changes), self.fanout.limit)) as pool:
                 list(pool.map(self._deployment, changes))
         if self.gateway is not None:
             self._gateway_step(self.gateway.after, "after the roll")
             self.gateway.close()
+        self._scaler()
         for t in self._transports.values():
             t.close()
         self.result.interrupted = self.stop.is_set()
@@ -350,6 +460,17 @@ class Executor:
             self.progress(f"gateway: FAILED: {reason}")
             return False
         return True
+
+    def _scaler(self) -> None:
+        """The scaler after everything else: its configuration is what this apply recorded (shell/scaler_apply)."""
+        if self.plan.scaler is None or self.stop.is_set():
+            return
+        scaler = ScalerApply(self.plan.scaler, self.hosts, lambda: self.recorder.state, self.options, self.progress)
+        try:
+            scaler.run()
+        except (ScalerFailure, HostFailure, OSError) as exc:
+            self.result.failed.setdefault("scaler", f"the scaler on {self.plan.scaler.host}: {exc}")
+            self.progress(f"scaler: FAILED: {exc}")
 
     def _gateway(self, step: Callable[[str, str], None], name: str, unit: str) -> None:
         """A gateway step of a roll (a new replica enters, an old one drains); its failure halts the roll."""
@@ -445,6 +566,20 @@ class Executor:
         if self.stop.is_set():
             self.progress(f"{change.name}: interrupted before replica {step.index}; state recorded")
             raise Interrupted
+        key = step_key(change.name, step)
+        if key in self.done:
+            self.progress(f"{change.name}: replica {step.index}: done before by request {self.request_id}: {key}")
+            self._event(
+                "skipped", change.name, replica=step.index, host=step.host, unit=step.unit,
+                action="/".join(step.action), revision=step.revision, reason="done by this request before",
+            )  # fmt: skip
+            return
+        self._guarded_step(change, step)
+        if self.request_id is not None:
+            rid = self.request_id
+            self._record(lambda s: step_done(s, rid, key), change.name)
+
+    def _guarded_step(self, change: DeploymentChange, step: ReplicaChange) -> None:
         self._event(
             "started", change.name, replica=step.index, host=step.host, unit=step.unit, action="/".join(step.action),
             revision=step.revision, reason=step.reason or None,
@@ -468,11 +603,12 @@ class Executor:
             return
         rec = _record(state, change.name)
         if applied:
+            carry_startup(rec, change)
             rec.revision = change.revision
             rec.spec, rec.model, rec.spec_hash, rec.plan = change.spec, change.model, change.spec_hash, change.fit
             rec.chosen = dict(change.chosen)
             rec.moved_from = _still_named_after(rec)
-        wanted = (change.spec.replicas_min or 1) if change.spec else len(rec.replicas)
+        wanted = change.spec.replicas_min if change.spec else len(rec.replicas)
         target = change.revision if applied else rec.revision
         pending = "; ".join([*([change.pending_reason] if change.pending_reason else []), *change.blocked]) or None
         rec.last_error = failure if failure else (None if applied else rec.last_error)
@@ -499,7 +635,7 @@ class Executor:
             checkpoint_digest=digest, engine_version=step.engine_version, engine_sha256=step.engine_sha256,
             index=step.index, slot=step.slot, host=step.host, unit=step.unit, port=step.port, gpus=step.gpus,
             gpu_indexes=step.gpu_indexes, unit_sha256=step.unit_sha256 or "", revision=step.revision,
-            argv=step.argv, status=status,
+            argv=step.argv, status=status, on_demand=step.on_demand,
         )  # fmt: skip
 
     def _run(self, t: Transport, argv: list[str], what: str, timeout: float = 120) -> None:
@@ -509,20 +645,44 @@ class Executor:
             said = (result.stderr or result.stdout).strip().splitlines()
             raise StepFailed(f"{what} failed (exit status {result.exit_code})" + (f": {said[-1]}" if said else ""))
 
+    def _install(self, t: Transport, change: DeploymentChange, step: ReplicaChange) -> None:
+        """An on-demand replica: record (pending), write its unit and load it, record it standby. Not started."""
+        name = change.name
+        digest = self._digests.get((name, step.host), "")
+        self._record(lambda s: _put_replica(s, name, self._replica_record(step, "pending", digest)), name)
+        assert step.unit_text is not None
+        result = t.run(install_argv(step.unit), stdin=step.unit_text)
+        _uploaded(result, step)
+        if result.exit_code != 0:
+            said = (result.stderr or result.stdout).strip().splitlines()
+            self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
+            raise StepFailed(f"installing {step.unit} on {step.host} failed" + (f": {said[-1]}" if said else ""))
+        self._record(lambda s: _set_status(s, name, step.host, step.unit, "standby"), name)
+        self._event("installed", name, replica=step.index, host=step.host, unit=step.unit, port=step.port,
+                    revision=step.revision)  # fmt: skip
+        self.progress(f"{name}: replica {step.index} on {step.host}: {step.unit} installed, on demand (not started)")
+
     def _start_new(self, t: Transport, change: DeploymentChange, step: ReplicaChange) -> None:
-        """Record (pending), upload, start behind the health gate; on failure remove it again and raise."""
+        """Record (pending), upload, start behind the health gate; on failure remove it again and raise. An
+        on-demand replica's unit is started without being enabled (the scaler stops it)."""
         name = change.name
         digest = self._digests.get((name, step.host), "")
         self._record(lambda s: _put_replica(s, name, self._replica_record(step, "pending", digest)), name)
         assert step.unit_text is not None
         began = time.monotonic()
-        result = t.run(start_argv(step.unit, upload=True), stdin=step.unit_text, timeout=self._budget(change))
+        measure = self._first_start(name, step.revision)
+        start = on_demand_argv("start", step.unit, upload=True) if step.on_demand else start_argv(step.unit, True)
+        argv = measured_argv(start, step.unit) if measure else start
+        result = t.run(argv, stdin=step.unit_text, timeout=self._budget(change))
         _uploaded(result, step)
         if result.exit_code != 0:
             reason = self._reason(t, change, step.unit)
             self._run(t, remove_argv(step.unit), f"removing the failed {step.unit} on {step.host}")
             self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
+            self._record(lambda s: _initialized(s, name, None, time.monotonic() - began, reason), name)
             raise StepFailed(reason)
+        if measure:
+            self._measure(t, name, step, time.monotonic() - began)
         self._record(lambda s: _set_status(s, name, step.host, step.unit, "serving"), name)
         if self.gateway is not None:
             self._gateway(self.gateway.enter, name, step.unit)
@@ -533,6 +693,25 @@ class Executor:
             f"{name}: replica {step.index} on {step.host}: {step.unit} serving on port {step.port} "
             f"(healthy after {time.monotonic() - began:.1f}s)"
         )
+
+    def _first_start(self, name: str, revision: int) -> bool:
+        """Whether no start of this revision has been measured yet (the first start measures its peak)."""
+        rec = self.recorder.state.deployments.get(name)
+        return rec is None or rec.startup is None or rec.startup.revision != revision
+
+    def _measure(self, t: Transport, name: str, step: ReplicaChange, elapsed: float) -> None:
+        """Record the start-up peak the host measured (its cgroup, nvidia-smi's samples) and the time to ready."""
+        found = parse_measurement(t.run(measure_script(step.unit), timeout=60).stdout)
+        devices = {u: n for u, n in found.device_peak_bytes.items() if u in step.gpus}
+        record = StartupRecord(
+            revision=step.revision, host=step.host, host_peak_bytes=found.host_peak_bytes,
+            host_source=found.host_source, device_peak_bytes=devices, device_source=found.device_source if devices
+            else "", initialize_s=round(elapsed, 1), measured_at=utc_now(),
+        )  # fmt: skip
+        self._record(lambda s: _initialized(s, name, record, elapsed, None), name)
+        self.progress(f"{name}: start-up of revision {step.revision} measured on {step.host}: "
+                      f"{human(found.host_peak_bytes or 0)} host RAM ({found.host_source or 'no figure'})"
+                      + "".join(f", {human(n)} on {u}" for u, n in devices.items()))  # fmt: skip
 
     def _fetch(self, change: DeploymentChange, fetch: WeightsFetch) -> None:
         """Put the deployment's hf: weights in place on one host before any replica starts there; meanwhile the
@@ -592,7 +771,7 @@ class Executor:
         name = change.name
         if step.actions == CREATE:
             with self._on(step.host) as t:
-                self._start_new(t[step.host], change, step)
+                (self._install if step.on_demand else self._start_new)(t[step.host], change, step)
         elif step.actions == DELETE:
             host, unit = step.old_host or step.host, step.old_unit or step.unit
             with self._on(host) as t:
@@ -603,27 +782,62 @@ class Executor:
             self._replace(change, step)
 
     def _repair(self, change: DeploymentChange, step: ReplicaChange) -> None:
+        """Rewrite and restart a drifted replica (an on-demand one only if it runs), or change its role only."""
+        if step.role is not None:
+            self._role(change, step)
+            return
         name = change.name
         with self._on(step.host) as t:
             tr = t[step.host]
             assert step.unit_text is not None
-            result = tr.run(restart_argv(step.unit, upload=True), stdin=step.unit_text, timeout=self._budget(change))
+            argv = on_demand_argv("try-restart", step.unit, True) if step.on_demand else restart_argv(step.unit, True)
+            result = tr.run(argv, stdin=step.unit_text, timeout=self._budget(change))
             _uploaded(result, step)
             if result.exit_code != 0:
                 reason = self._reason(tr, change, step.unit)
                 self._record(lambda s: _set_status(s, name, step.host, step.unit, "failed", reason), name)
                 raise StepFailed(reason)
             digest = self._digests.get((name, step.host), "")
-            self._record(lambda s: _put_replica(s, name, self._replica_record(step, "serving", digest)), name)
+            status = "standby" if step.on_demand and tr.run(active_argv(step.unit)).exit_code != 0 else "serving"
+            self._record(lambda s: _put_replica(s, name, self._replica_record(step, status, digest)), name)
             self.progress(f"{name}: replica {step.index} on {step.host}: {step.unit} repaired ({step.reason})")
             self._event("healthy", name, replica=step.index, host=step.host, unit=step.unit, port=step.port,
                         revision=step.revision)  # fmt: skip
+
+    def _role(self, change: DeploymentChange, step: ReplicaChange) -> None:
+        """`min` moved past the replica: always on (enable; start unless it runs: a no-op then) or on demand
+        (disable; it runs on if it runs). Nothing is rewritten or restarted."""
+        name = change.name
+        with self._on(step.host) as t:
+            tr = t[step.host]
+            if step.role == "always-on":
+                result = tr.run(start_argv(step.unit), timeout=self._budget(change))
+                if result.exit_code != 0:
+                    reason = self._reason(tr, change, step.unit)
+                    self._record(lambda s: _set_status(s, name, step.host, step.unit, "failed", reason), name)
+                    raise StepFailed(reason)
+                status = "serving"
+            else:
+                self._run(tr, disable_argv(step.unit), f"disabling {step.unit} on {step.host}")
+                status = "serving" if tr.run(active_argv(step.unit)).exit_code == 0 else "standby"
+            digest = self._digests.get((name, step.host), "")
+            self._record(lambda s: _put_replica(s, name, self._replica_record(step, status, digest)), name)
+        if status == "serving" and self.gateway is not None:
+            self._gateway(self.gateway.enter, name, step.unit)
+        self.progress(f"{name}: replica {step.index} on {step.host}: {step.unit} {step.reason}")
+        self._event("healthy" if status == "serving" else "installed", name, replica=step.index, host=step.host,
+                    unit=step.unit, port=step.port, revision=step.revision)  # fmt: skip
 
     def _replace(self, change: DeploymentChange, step: ReplicaChange) -> None:
         name = change.name
         old_host, old_unit = step.old_host or step.host, step.old_unit or step.unit
         with self._on(step.host, old_host) as t:
             new_t, old_t = t[step.host], t[old_host]
+            if step.on_demand and old_t.run(active_argv(old_unit)).exit_code != 0:
+                # an on-demand replica the scaler does not run: its new unit installed, the old one removed
+                self._install(new_t, change, step)
+                self._remove_old(old_t, name, old_host, old_unit)
+                return
             if step.actions == SURGE:  # create before destroy: the old replica serves until the new one does
                 self._start_new(new_t, change, step)  # raises StepFailed with the old replica untouched
                 self._remove_old(old_t, name, old_host, old_unit)
@@ -637,13 +851,15 @@ class Executor:
             try:
                 self._start_new(new_t, change, step)
             except StepFailed:
-                self._restore(old_t, change, old_host, old_unit)
+                self._restore(old_t, change, old_host, old_unit, step.on_demand)
                 raise
             self._remove_old(old_t, name, old_host, old_unit)
 
-    def _restore(self, t: Transport, change: DeploymentChange, host: str, unit: str) -> None:
-        """Bring the previous unit back after its replacement failed; its outcome is recorded either way."""
-        restored = t.run(start_argv(unit), timeout=self._budget(change))
+    def _restore(self, t: Transport, change: DeploymentChange, host: str, unit: str, on_demand: bool = False) -> None:
+        """Bring the previous unit back after its replacement failed; its outcome is recorded either way. An
+        on-demand one is started, not enabled."""
+        argv = on_demand_argv("start", unit) if on_demand else start_argv(unit)
+        restored = t.run(argv, timeout=self._budget(change))
         status = "serving" if restored.exit_code == 0 else "failed"
         reason = None if status == "serving" else self._reason(t, change, unit)
         self._record(lambda s: _set_status(s, change.name, host, unit, status, reason), change.name)

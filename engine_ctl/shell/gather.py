@@ -22,6 +22,7 @@ from engine_ctl.core.fit.hostfacts import (
     parse_amd_smi,
     parse_nvidia_smi,
     parse_rocm_smi,
+    parse_system_profiler,
 )
 from engine_ctl.core.fit.modelfacts import ModelFacts, facts_from_gguf_fields, facts_from_hf_config
 from engine_ctl.core.fit.unitheader import parse_unit_header
@@ -42,7 +43,7 @@ def probe_args(
     host: Host,
     model_paths: Sequence[str] = (),
     health: Sequence[tuple[int, str]] = (),
-    known_versions: Mapping[str, list[Any]] | None = None,
+    known_versions: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "known_versions": dict(known_versions or {}),
@@ -82,6 +83,11 @@ def _gpus(raw: dict[str, Any]) -> tuple[list[Gpu], list[str]]:
         ("nvidia_smi", "nvidia-smi", parse_nvidia_smi),
         ("amd_smi_static", "amd-smi", lambda out: parse_amd_smi(out, _ok_output(raw.get("amd_smi_metric")))),
         ("rocm_smi", "rocm-smi", parse_rocm_smi),
+        (
+            "system_profiler",
+            "system_profiler",
+            lambda out: parse_system_profiler(out, _ok_output(raw.get("hw_memsize"))),
+        ),
     ]
     gpus: list[Gpu] = []
     warnings: list[str] = []
@@ -177,6 +183,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         haproxy_version=doc.get("haproxy"),
         gateway_files=(doc.get("gateway") or {}).get("files") if doc.get("gateway") else None,
         gateway_servers=dict((doc.get("gateway") or {}).get("servers") or {}),
+        scaler_state=doc["scaler"] if isinstance(doc.get("scaler"), dict) else None,
         ip_filtering=doc.get("cgroup2"),
         warnings=tuple(warnings),
     )
@@ -207,11 +214,12 @@ def gather_one(
 
 
 class VersionCache:
-    """Engine versions already read on a host, keyed by the binary's path, mtime and size, so that the probe
-    runs the engine's version probe (its provider's) only when the binary changed. Kept in ~/.cache/engine-ctl/ (or
-    $ENGINE_CTL_CACHE_DIR); losing it only costs a re-read."""
+    """Engine versions and sha256 digests already read on a host, keyed by the binary's path, mtime, size, ctime
+    and inode (path -> {"stat", "version", "sha256"}), so that the probe runs the engine's version probe (its
+    provider's) and hashes the binary only when it changed. Kept in ~/.cache/engine-ctl/ (or $ENGINE_CTL_CACHE_DIR);
+    losing it only costs a re-read."""
 
-    def __init__(self, path: Path, known: dict[str, list[Any]]) -> None:
+    def __init__(self, path: Path, known: dict[str, Any]) -> None:
         self.path, self.known = path, known
 
     @classmethod
@@ -225,7 +233,11 @@ class VersionCache:
         return cls(path, known if isinstance(known, dict) else {})
 
     def remember(self, engines: dict[str, Any]) -> None:
-        fresh = {e["path"]: [*e["stat"], e.get("version")] for e in engines.values() if e.get("stat")}
+        fresh = {
+            e["path"]: {"stat": e["stat"], "version": e.get("version"), "sha256": e.get("sha256")}
+            for e in engines.values()
+            if e.get("stat")
+        }
         if fresh == self.known:
             return
         try:

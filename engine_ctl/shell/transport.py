@@ -20,7 +20,8 @@ import shlex
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -257,69 +258,60 @@ class SSHTransport:
     def connect(self) -> None:
         self._connection()
 
-    def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None) -> CommandResult:
+    @contextmanager
+    def _session(self, argv: Sequence[str], timeout: float, silent: str | None, pty: bool = False) -> Iterator[Any]:
+        """One command on the host's one reused connection: a session channel with argv started on it, closed
+        after. Without a pseudo-terminal reads and writes wait at most `timeout`, and running past it is the
+        HostFailure "argv[0] <silent>"; a broken connection is the HostFailure "connection lost"."""
         SSHException = _paramiko().SSHException
         client = self._connection()
-        command = shlex.join(argv)
-        limit = timeout or self.options.command_timeout or self.host.command_timeout
-        try:
-            chan = client.get_transport().open_session(timeout=limit)  # type: ignore[union-attr]
-            chan.settimeout(limit)
-            chan.exec_command(command)
-            if stdin is not None:
-                chan.sendall(stdin.encode())
-            chan.shutdown_write()
-            out, err = _drain(chan, limit)
-            code = chan.recv_exit_status()
-            chan.close()
-        except TimeoutError:
-            raise HostFailure(self.host.name, "timeout", f"{argv[0]} did not finish within {limit:.0f} s") from None
-        except (SSHException, OSError, EOFError) as exc:
-            raise HostFailure(self.host.name, "unreachable", f"connection lost: {exc}") from None
-        return CommandResult(code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
-
-    def stream(self, argv: Sequence[str], on_line: Callable[[str], None], stop: threading.Event) -> int | None:
-        """Run argv and hand each line of its output (stdout and stderr together) to on_line as it comes. Returns
-        its exit status, or None once `stop` is set: the channel is closed, and since the command runs on a
-        pseudo-terminal the remote side hangs up on it (SIGHUP), so nothing is left running there."""
-        SSHException = _paramiko().SSHException
-        client = self._connection()
-        limit = self.options.command_timeout or self.host.command_timeout
         chan = None
         try:
-            chan = client.get_transport().open_session(timeout=limit)  # type: ignore[union-attr]
-            chan.get_pty(term="dumb", width=4096)
+            chan = client.get_transport().open_session(timeout=timeout)  # type: ignore[union-attr]
+            if pty:
+                chan.get_pty(term="dumb", width=4096)
+            else:
+                chan.settimeout(timeout)
             chan.exec_command(shlex.join(argv))
-            ended = _pump(chan, on_line, stop)
-            return chan.recv_exit_status() if ended else None
+            yield chan
+        except TimeoutError as exc:
+            if silent is None:
+                raise HostFailure(self.host.name, "unreachable", f"connection lost: {exc}") from None
+            raise HostFailure(self.host.name, "timeout", f"{argv[0]} {silent}") from None
         except (SSHException, OSError, EOFError) as exc:
             raise HostFailure(self.host.name, "unreachable", f"connection lost: {exc}") from None
         finally:
             if chan is not None:
                 chan.close()
 
+    def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None) -> CommandResult:
+        limit = timeout or self.options.command_timeout or self.host.command_timeout
+        with self._session(argv, limit, f"did not finish within {limit:.0f} s") as chan:
+            if stdin is not None:
+                chan.sendall(stdin.encode())
+            chan.shutdown_write()
+            out, err = _drain(chan, limit)
+            code = chan.recv_exit_status()
+        return CommandResult(code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+    def stream(self, argv: Sequence[str], on_line: Callable[[str], None], stop: threading.Event) -> int | None:
+        """Run argv and hand each line of its output (stdout and stderr together) to on_line as it comes. Returns
+        its exit status, or None once `stop` is set: the channel is closed, and since the command runs on a
+        pseudo-terminal the remote side hangs up on it (SIGHUP), so nothing is left running there."""
+        limit = self.options.command_timeout or self.host.command_timeout
+        with self._session(argv, limit, None, pty=True) as chan:
+            ended = _pump(chan, on_line, stop)
+            return chan.recv_exit_status() if ended else None
+
     def feed(self, argv: Sequence[str], stdin: str, on_line: Callable[[str], None], timeout: float) -> int:
         """Run argv with `stdin` (then end of input) and hand each line of its stdout to on_line as it comes; no
         pseudo-terminal, so stdin is passed as it is. Returns its exit status. Should engine-ctl go away, the
         command's next write fails (the channel is gone) and it ends."""
-        from paramiko.ssh_exception import SSHException
-
-        conn = self._connection()
-        try:
-            chan = conn.get_transport().open_session(timeout=timeout)  # type: ignore[union-attr]
-            chan.settimeout(timeout)
-            chan.exec_command(shlex.join(argv))
+        with self._session(argv, timeout, f"went silent for {timeout:.0f} s") as chan:
             chan.sendall(stdin.encode())
             chan.shutdown_write()
-            try:
-                _pump(chan, on_line, threading.Event())
-                return int(chan.recv_exit_status())
-            finally:
-                chan.close()
-        except TimeoutError:
-            raise HostFailure(self.host.name, "timeout", f"{argv[0]} went silent for {timeout:.0f} s") from None
-        except (SSHException, OSError, EOFError) as exc:
-            raise HostFailure(self.host.name, "unreachable", f"connection lost: {exc}") from None
+            _pump(chan, on_line, threading.Event(), silent_s=timeout)
+            return int(chan.recv_exit_status())
 
     def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
         paramiko = _paramiko()
@@ -459,15 +451,26 @@ def _drain(chan: paramiko.Channel, timeout: float) -> tuple[bytes, bytes]:
     return bytes(out), bytes(err)
 
 
-def _pump(source: paramiko.Channel | IO[bytes], on_line: Callable[[str], None], stop: threading.Event) -> bool:
-    """Read `source` line by line into on_line until it ends (True) or `stop` is set (False)."""
+def _pump(
+    source: paramiko.Channel | IO[bytes],
+    on_line: Callable[[str], None],
+    stop: threading.Event,
+    silent_s: float | None = None,
+) -> bool:
+    """Read `source` line by line into on_line until it ends (True) or `stop` is set (False); TimeoutError when
+    it says nothing for `silent_s` seconds."""
     import select
+    import time
 
     pending = b""
+    heard = time.monotonic()
     while not stop.is_set():
         ready, _, _ = select.select([source], [], [], 0.25)
         if not ready:
+            if silent_s is not None and time.monotonic() - heard > silent_s:
+                raise TimeoutError(f"nothing for {silent_s:.0f} s")
             continue
+        heard = time.monotonic()
         data = source.recv(65536) if hasattr(source, "recv") else os.read(source.fileno(), 65536)
         if not data:
             break

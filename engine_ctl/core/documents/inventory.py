@@ -125,6 +125,22 @@ class GatewaySettingsDocument(_Doc):
     )  # fmt: skip
 
 
+class ScalingSettings(_Doc):
+    """The scaler's timings (the seeds' values by default; shorter ones for tests). How long the gateway holds a
+    request is the gateway block's hold_s."""
+
+    decide_every_s: int | None = Field(None, ge=1, le=86400, description="At most one scaling decision per "
+                                       "deployment this often, in seconds (120).")  # fmt: skip
+    poll_s: int | None = Field(None, ge=1, le=3600, description="Seconds between reads of the engines' /metrics (15).")
+
+
+class Scaling(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    decide_every_s: int = 120
+    poll_s: int = 15
+
+
 class InventoryDocument(_Doc):
     kind: Literal["Inventory"] = "Inventory"
     defaults: HostSettings | None = None
@@ -132,6 +148,7 @@ class InventoryDocument(_Doc):
     gateway: GatewaySettingsDocument | None = Field(
         None, description="The gateway's settings: how long and how many requests are held (hold_s, hold_cap)."
     )
+    scaling: ScalingSettings | None = Field(None, description="The scaler's timings: decide_every_s, poll_s.")
     hosts: list[dict[str, object]] = Field(description="The hosts.")
 
 
@@ -185,6 +202,7 @@ class Inventory(BaseModel):
     hosts: tuple[Host, ...] = ()
     downloads: Downloads = Downloads()
     gateway: GatewaySettings = GatewaySettings()
+    scaling: Scaling = Scaling()
 
     def gateways(self) -> list[Host]:
         """The hosts with the gateway role, in inventory order."""
@@ -381,7 +399,8 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
         )
     downloads, wrong = _downloads(doc, parsed.downloads)
     gateway, out_of_range = _gateway_settings(doc, parsed.gateway)
-    inventory = Inventory(file=doc.file, hosts=tuple(hosts), downloads=downloads, gateway=gateway)
+    scaling = Scaling(**parsed.scaling.model_dump(exclude_none=True)) if parsed.scaling else Scaling()
+    inventory = Inventory(file=doc.file, hosts=tuple(hosts), downloads=downloads, gateway=gateway, scaling=scaling)
     return inventory, problems + wrong + out_of_range
 
 

@@ -154,26 +154,23 @@ def _check_replicas(loaded: LoadedDeployment) -> Iterator[Diagnostic]:
 
 
 def _scaling_warnings(loaded: LoadedDeployment) -> Iterator[Diagnostic]:
-    """Until the gateway and the scaler exist, say exactly what will run: min replicas, at least one."""
+    """Replicas above min are on demand: apply installs their units and never starts them. Until the scaler that
+    starts them is in engine-ctl (issue 12, being built), say exactly what runs: min replicas."""
     d, o = loaded.deployment, loaded.origin
-    runs = max(d.replicas_min, 1)
-    what = f"engine-ctl runs {runs} replica" + ("s" if runs > 1 else "")
-    hint = "set min and max to the number of replicas to run"
+    hint = "set min and max to the number of replicas to run always"
+    tail = "apply installs their units and does not start them, and the scaler that starts them is not built yet"
     if d.replicas_min == 0:
-        also = " and scaling between min and max need" if d.replicas_max > 1 else " needs"
-        yield _warn(
-            o,
-            "replicas_min",
-            f"spec.replicas.min 0: scale to zero{also} the scaler, which is not built yet; {what}",
-            hint=hint,
-            code="scaling_not_built",
-        )
+        every = "the replica is" if d.replicas_max == 1 else f"all {d.replicas_max} replicas are"
+        if d.replicas_max == 1:
+            tail = "apply installs its unit and does not start it, and the scaler that starts it is not built yet"
+        yield _warn(o, "replicas_min", f"spec.replicas.min 0: {every} on demand: {tail}; none runs", hint=hint,
+                    code="scaling_not_built")  # fmt: skip
     elif d.replicas_max > d.replicas_min:
+        runs = f"engine-ctl runs {d.replicas_min} replica" + ("s" if d.replicas_min > 1 else "")
         yield _warn(
             o,
             "replicas_max",
-            f"spec.replicas.max {d.replicas_max}: scaling between min ({d.replicas_min}) and max needs the "
-            f"scaler, which is not built yet; {what}",
+            f"spec.replicas.max {d.replicas_max}: replicas above min ({d.replicas_min}) are on demand: {tail}; {runs}",
             hint=hint,
             code="scaling_not_built",
         )
@@ -309,11 +306,11 @@ def _check_flat(loaded: LoadedDeployment, engine: Provider) -> Iterator[Diagnost
                 f"engine_config.extra_args {flag}: a decisions deployment has no {flag[2:]}",
                 code="decisions_conflict",
             )
-    if d.residency != "restart_only" and d.api == "chat":
+    if d.residency != "restart_only" and d.api == "chat" and not engine.parks_asleep(d.residency):
         yield _warn(
             o,
             "residency",
-            f"residency {d.residency}: engine-ctl stops engines instead of parking them; treated as restart_only",
+            f"residency {d.residency}: {engine.title} has no sleep mode; a park stops it (treated as restart_only)",
             code="ignored_field",
         )
     own = {option.key for option in engine.options}

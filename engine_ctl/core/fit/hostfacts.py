@@ -27,7 +27,7 @@ class Gpu(Fact):
     index: int
     uuid: str
     name: str
-    vendor: Literal["nvidia", "amd"]
+    vendor: Literal["nvidia", "amd", "apple"]
     memory_total_bytes: int | None = None
     memory_used_bytes: int | None = None
     driver_version: str | None = None
@@ -115,6 +115,8 @@ class HostFacts(Fact):
     """engine-ctl's gateway files on the host (name -> sha256), None where there are none."""
     gateway_servers: dict[str, str] = Field(default_factory=dict)
     """backend/server -> its state as the host's gateway sees it (UP, DOWN, DRAIN, MAINT, ...)."""
+    scaler_state: dict[str, Any] | None = None
+    """The scaler's state.json, on the gateway host that runs it (engine_ctl.core.plan.scaler reads it)."""
     ip_filtering: bool | None = None
     """Whether systemd's IPAddressAllow=/IPAddressDeny= are enforced (cgroup v2); None when not known."""
     models: dict[str, ModelFacts] = Field(default_factory=dict)
@@ -194,6 +196,47 @@ def _gfx(value: object) -> str | None:
     """amd-smi's target_graphics_version / rocm-smi's GFX Version: gfx942, gfx1100, … (None when not given)."""
     text = str(value or "").strip().lower()
     return text if text.startswith("gfx") and text[3:].isalnum() else None
+
+
+# Metal's default working-set limit on Apple silicon (MTLDevice.recommendedMaxWorkingSetSize, what an engine's Metal
+# backend may use): about two thirds of the machine's memory up to 36 GiB, three quarters above.
+APPLE_SMALL_MACHINE_BYTES = 36 * 1024 * MIB
+
+
+def apple_gpu_bytes(memsize: int) -> int:
+    return memsize * 2 // 3 if memsize <= APPLE_SMALL_MACHINE_BYTES else memsize * 3 // 4
+
+
+def parse_system_profiler(text: str, memsize_text: str | None = None) -> list[Gpu]:
+    """`system_profiler SPDisplaysDataType -json` on macOS: {"SPDisplaysDataType": [one object per GPU]}, each with
+    `sppci_model` ("Apple M2 Max"), `spdisplays_vendor` ("sppci_vendor_Apple" on Apple silicon), `sppci_cores`
+    and, where Metal runs, `spdisplays_mtlgpufamilysupport` ("spdisplays_metal3"). Apple silicon's GPU has no VRAM
+    of its own: its memory is Metal's share of `sysctl -n hw.memsize`. Only Apple-silicon GPUs with Metal are
+    reported (an Intel Mac's discrete GPU has no engine build here)."""
+    try:
+        rows = json.loads(text).get("SPDisplaysDataType") or []
+    except (ValueError, AttributeError):
+        return []
+    memsize = _num(memsize_text or "")
+    gpus: list[Gpu] = []
+    for row in rows:
+        if not isinstance(row, dict) or row.get("spdisplays_vendor") != "sppci_vendor_Apple":
+            continue
+        if not row.get("spdisplays_mtlgpufamilysupport"):
+            continue
+        name = str(row.get("sppci_model") or row.get("_name") or "Apple GPU")
+        cores = str(row.get("sppci_cores") or "")
+        gpus.append(
+            Gpu(
+                index=len(gpus),
+                uuid=f"metal{len(gpus)}",
+                name=f"{name} ({cores}-core GPU)" if cores.isdigit() else name,
+                vendor="apple",
+                memory_total_bytes=apple_gpu_bytes(int(memsize)) if memsize else None,
+                driver_version=str(row["spdisplays_mtlgpufamilysupport"]).removeprefix("spdisplays_"),
+            )
+        )
+    return gpus
 
 
 def parse_amd_smi(static_json: str, vram_json: str | None = None) -> list[Gpu]:

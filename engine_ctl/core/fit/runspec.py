@@ -89,3 +89,5 @@ class ReplicaRun(BaseModel):
     lineage: str | None = None
     """The lineage of the state the unit belongs to, written into its header; None renders a unit as engine-ctl
     wrote it before it recorded lineages."""
+    residency: str = "restart_only"
+    """How a park treats it (the deployment's residency): an engine with sleep controls is launched with them on."""

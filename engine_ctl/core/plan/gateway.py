@@ -27,6 +27,7 @@ from engine_ctl.core.render.gateway import (
     GatewayBackend,
     GatewayServer,
     RenderedGateway,
+    backend_name,
     render_gateway,
     server_name,
 )
@@ -45,6 +46,9 @@ class Replica(BaseModel):
     port: int
     new: bool = False
     """Started by this apply: in maintenance in the interim configuration until apply lets it in."""
+    on_demand: bool = False
+    """Above `min`: the scaler starts it. Rendered in maintenance unless its unit is `active`."""
+    active: bool = False
 
 
 class GatewayChange(BaseModel):
@@ -88,7 +92,7 @@ def deployment_backend(
             address=hosts[r.host].address,
             port=r.port,
             maxconn=max(int(parallel or 1), 1),
-            disabled=r.new,
+            disabled=r.new or (r.on_demand and not r.active),
         )
         for r in sorted(replicas, key=lambda r: (r.index, r.slot))
         if r.host in hosts
@@ -96,13 +100,23 @@ def deployment_backend(
     return GatewayBackend(deployment=name, health_path=provider.health_path if provider else "/health", servers=servers)
 
 
-def recorded_replicas(record: DeploymentRecord) -> list[Replica]:
-    """The replicas a record says run (not those being removed or that never became ready)."""
+def recorded_replicas(record: DeploymentRecord, facts: Mapping[str, HostFacts] | None = None) -> list[Replica]:
+    """The replicas a record says run (not those being removed or that never became ready), and its on-demand
+    ones: active when `facts` (else the record) says the unit runs."""
     return [
-        Replica(index=r.index, slot=r.slot, host=r.host, port=r.port)
+        Replica(index=r.index, slot=r.slot, host=r.host, port=r.port, on_demand=r.on_demand,
+                active=r.on_demand and unit_active(r.host, r.unit, r.status, facts))
         for r in record.replicas
-        if r.status in ("serving", "pending", "stopped")
-    ]
+        if r.status in ("serving", "pending", "stopped", "standby")
+    ]  # fmt: skip
+
+
+def unit_active(host: str, unit: str, status: str, facts: Mapping[str, HostFacts] | None) -> bool:
+    """Whether an on-demand unit runs: as the host's facts say, or (no facts of it) as apply recorded it."""
+    hf = (facts or {}).get(host)
+    if hf is None:
+        return status == "serving"
+    return any(u.name == unit and u.active_state == "active" for u in hf.units)
 
 
 def backends_from_state(state: State, hosts: Mapping[str, Host]) -> list[GatewayBackend]:
@@ -119,7 +133,9 @@ def backends_from_state(state: State, hosts: Mapping[str, Host]) -> list[Gateway
     ]
 
 
-def _planned(plan_changes: Iterable[Any], state: State) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _planned(
+    plan_changes: Iterable[Any], state: State, facts: Mapping[str, HostFacts] | None = None
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Per deployment: replicas after the plan, the union with those now, and (engine, parallel)."""
     after: dict[str, dict[tuple[str, int, str], Replica]] = {}
     union: dict[str, dict[tuple[str, int, str], Replica]] = {}
@@ -127,13 +143,14 @@ def _planned(plan_changes: Iterable[Any], state: State) -> tuple[dict[str, Any],
     changes = {c.name: c for c in plan_changes}
     for name in sorted(set(state.deployments) | set(changes)):
         record = state.deployments.get(name)
-        now = {(r.host, r.index, r.slot): r for r in (recorded_replicas(record) if record else [])}
+        now = {(r.host, r.index, r.slot): r for r in (recorded_replicas(record, facts) if record else [])}
         final, both = dict(now), dict(now)
         change = changes.get(name)
         plan = (change.fit if change is not None and change.fit else None) or (record.plan if record else None)
         sizing[name] = (plan.engine, plan.parallel) if plan else (None, None)
         for rc in change.replicas if change is not None else []:
-            new = Replica(index=rc.index, slot=rc.slot, host=rc.host, port=rc.port)
+            new = Replica(index=rc.index, slot=rc.slot, host=rc.host, port=rc.port, on_demand=rc.on_demand,
+                          active=rc.active)  # fmt: skip
             if rc.action in (["delete"], ["delete", "create"], ["create", "delete"]):  # removed, or replaced
                 final.pop((rc.old_host or rc.host, rc.index, rc.old_slot or rc.slot), None)
             if rc.action != ["delete"]:
@@ -147,15 +164,25 @@ def _planned(plan_changes: Iterable[Any], state: State) -> tuple[dict[str, Any],
     return after, union, sizing
 
 
+def stopped_map(deployments: Mapping[str, DeploymentRecord]) -> dict[str, str]:
+    """The gateway's stopped.map: deployment name -> its ID, for each one an operator stopped (engine-ctl stop):
+    the gateway answers deployment_stopped for them and never holds or starts them (core.plan.operator)."""
+    return {
+        name: rec.id or name
+        for name, rec in sorted(deployments.items())
+        if rec.operator is not None and rec.operator.verb == "stopped"
+    }
+
+
 def render_for(
     host: Host, replicas: Mapping[str, Mapping[Any, Replica]], sizing: Mapping[str, Any], keys: Iterable[ApiKey],
-    hosts: Mapping[str, Host], settings: GatewaySettings,
+    hosts: Mapping[str, Host], settings: GatewaySettings, stopped: Mapping[str, str] | None = None,
 ) -> RenderedGateway:  # fmt: skip
     backends = [
         deployment_backend(name, reps.values(), sizing[name][0], sizing[name][1], hosts)
         for name, reps in sorted(replicas.items())
     ]
-    return render_gateway(host, backends, keys, hold_s=settings.hold_s, hold_cap=settings.hold_cap)
+    return render_gateway(host, backends, keys, hold_s=settings.hold_s, hold_cap=settings.hold_cap, stopped=stopped)
 
 
 def config_diff(old: str, new: str) -> list[str]:
@@ -174,12 +201,14 @@ def plan_gateways(
     the drift found on them (host, detail)."""
     hosts = {h.name: h for h in inventory.hosts}
     keys = list(keys)
-    after, union, sizing = _planned(list(plan_changes), state)
+    after, union, sizing = _planned(list(plan_changes), state, facts)
+    idle = on_demand_servers(after)
     out: list[GatewayChange] = []
     drift: list[dict[str, str]] = []
     for host in inventory.gateways():
-        final = render_for(host, after, sizing, keys, hosts, inventory.gateway)
-        interim = render_for(host, union, sizing, keys, hosts, inventory.gateway)
+        stopped = stopped_map(state.deployments)
+        final = render_for(host, after, sizing, keys, hosts, inventory.gateway, stopped)
+        interim = render_for(host, union, sizing, keys, hosts, inventory.gateway, stopped)
         record = state.gateways.get(host.name)
         change = GatewayChange(
             host=host.name, action=["no-op"], endpoint=final.endpoint, files=final.files, unit_text=final.unit_text,
@@ -202,6 +231,8 @@ def plan_gateways(
             found = _drift(host.name, record.files_sha256, record.unit_sha256, hf)
             drift.extend(found)
             changed = [n for n, s in final.file_sha256.items() if record.files_sha256.get(n) != s]
+            if CONFIG_FILE in changed and blind(record.config, idle) == blind(final.files[CONFIG_FILE], idle):
+                changed.remove(CONFIG_FILE)  # only on-demand servers' maintenance differs: the scaler's doing
             if record.unit_sha256 != final.unit_sha256:
                 changed.append(GATEWAY_UNIT)
             if changed or found or interim.files != final.files:
@@ -264,6 +295,7 @@ def gateway_tampering(plan_gateways_: Iterable[GatewayChange], plan_changes: Ite
     configuration, the Lua, the unit; the key maps must be lines of names and hashes): a plan file is untrusted
     input, and these run on the gateway hosts."""
     expected, _ = plan_gateways(list(plan_changes), state, inventory, {}, [])
+    idle = on_demand_servers(_planned(list(plan_changes), state)[0])
     by_host = {g.host: g for g in expected}
     problems = []
     for g in plan_gateways_:
@@ -279,7 +311,7 @@ def gateway_tampering(plan_gateways_: Iterable[GatewayChange], plan_changes: Ite
             if name in RUNTIME_MAPS:
                 if not all(MAP_LINE.fullmatch(line) for line in text.splitlines()):
                     problems.append(f"gateway {g.host}: {name} holds something other than names and hashes")
-            elif mine.files.get(name) != text:
+            elif blind(mine.files.get(name) or "", idle) != blind(text, idle):
                 problems.append(f"gateway {g.host}: {name} differs from what engine-ctl renders")
         if set(g.files) != set(mine.files):
             problems.append(f"gateway {g.host}: its files are not engine-ctl's")
@@ -288,6 +320,31 @@ def gateway_tampering(plan_gateways_: Iterable[GatewayChange], plan_changes: Ite
         if (g.hold_s, g.hold_cap) != (mine.hold_s, mine.hold_cap):
             problems.append(f"gateway {g.host}: its hold settings are not the inventory's")
         interim = (g.interim_files or {}).get(CONFIG_FILE)
-        if interim is not None and interim != (mine.interim_files or mine.files).get(CONFIG_FILE):
+        if interim is not None and blind(interim, idle) != blind((mine.interim_files or mine.files)[CONFIG_FILE], idle):
             problems.append(f"gateway {g.host}: its interim configuration differs from what engine-ctl renders")
     return problems
+
+
+def on_demand_servers(after: Mapping[str, Mapping[Any, Replica]]) -> set[tuple[str, str]]:
+    """(backend, server) of every on-demand replica after the plan."""
+    return {
+        (backend_name(name), server_name(r.index, r.slot)) for name, reps in after.items() for r in reps.values()
+        if r.on_demand
+    }  # fmt: skip
+
+
+def blind(config: str, servers: set[tuple[str, str]]) -> str:
+    """haproxy.cfg without the maintenance flag of the `servers` given (on-demand ones): whether the scaler runs
+    them when a plan is made changes nothing to plan (the gateway's runtime state is the scaler's). Without the
+    header's content hash too, which follows the flags."""
+    out, backend = [], ""
+    for line in config.splitlines():
+        words = line.split()
+        if line.startswith("# content-sha256:"):
+            continue
+        if words[:1] == ["backend"] and len(words) > 1:
+            backend = words[1]
+        elif words[:1] == ["server"] and len(words) > 1 and (backend, words[1]) in servers:
+            line = line.removesuffix(" disabled")
+        out.append(line)
+    return "\n".join(out)

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.plan.scaler import Decision
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord
 
 DeploymentState = Literal["Pending", "Starting", "Ready", "ScaledToZero", "Failed"]
+Provenance = Literal["measured", "default"]
+GIB = 1024**3
+MIB = 1024**2
 
 
 class InstanceStatus(BaseModel):
@@ -23,6 +27,10 @@ class InstanceStatus(BaseModel):
     state: Literal["ready", "starting", "failed", "stopped", "unknown"]
     restarts: int | None = None
     last_error: str | None = None
+    lifecycle: str = "active"
+    """Seed 003's LIFECYCLE: active (apply keeps it running), removing (being replaced or removed), stopped."""
+    devices: list[str] = Field(default_factory=list)
+    """Seed 003's DEVICES: gpu0, gpu1, … (empty on a CPU deployment)."""
 
 
 class Member(BaseModel):
@@ -58,6 +66,93 @@ class DeploymentStatus(BaseModel):
     gateways: list[str] = Field(default_factory=list)
     """The base URLs (without /v1) where programs call it with an API key; empty without a gateway host."""
     members: list[Member] = Field(default_factory=list)
+    startup: StartupStatus | None = None
+    initialize_s: float | None = None
+    last_operation: str | None = None
+    api: str | None = None
+    """`decisions` for a decisions deployment; None (left out of --json) for chat."""
+    spec: dict[str, Any] | None = None
+    plan: dict[str, Any] | None = None
+    capabilities: list[str] = Field(default_factory=list)
+    ready_replicas: int = 0
+    decisions: list[Decision] = Field(default_factory=list)
+    """The scaler's last decisions for this deployment, each with the figure it acted on (oldest first)."""
+
+
+# --- seed 003's status: start-up, initialize, last operation, lifecycle, devices (lifecycle records) ----------
+class StartupStatus(BaseModel):
+    """What a start of the recorded revision sets aside (seed 003's STARTUP), and where each figure came from:
+    `measured` by its first start, or `default` (the fit's estimate)."""
+
+    reserved_bytes: int
+    """The card's memory on a GPU (all of the replica's GPUs), the host RAM on a CPU deployment."""
+    ram_bytes: int | None = None
+    """On a discrete GPU: the host RAM the engine process takes beside the card's memory."""
+    provenance: Provenance
+    device_provenance: Provenance | None = None
+    host_provenance: Provenance | None = None
+    measured: dict[str, Any] | None = None
+    """The start-up record: revision, host, host_peak_bytes, device_peak_bytes, sources, initialize_s."""
+
+
+def startup_status(rec: DeploymentRecord) -> StartupStatus | None:
+    plan = rec.plan
+    if plan is None:
+        return None
+    m = rec.startup if rec.startup is not None and rec.startup.revision == rec.revision else None
+    host_m = m.host_peak_bytes if m is not None else None
+    host: tuple[int, Provenance] = (host_m, "measured") if host_m is not None else (plan.memory_bytes, "default")
+    measured = m.model_dump(mode="json") if m is not None else None
+    if plan.accelerator == "cpu" or plan.gpus == 0:
+        return StartupStatus(reserved_bytes=host[0], provenance=host[1], measured=measured)
+    dev_m = sum(m.device_peak_bytes.values()) if m is not None and m.device_peak_bytes else None
+    dev: tuple[int, Provenance] = (
+        (dev_m, "measured") if dev_m is not None else (plan.min_gpu_memory_bytes * plan.gpus, "default")
+    )
+    both: Provenance = "measured" if host[1] == dev[1] == "measured" else "default"
+    return StartupStatus(reserved_bytes=dev[0], ram_bytes=host[0], provenance=both, device_provenance=dev[1],
+                         host_provenance=host[1], measured=measured)  # fmt: skip
+
+
+def size_text(n: int) -> str:
+    """13.2 GiB; below 1 GiB in MiB (a tiny model's 41.3 MiB)."""
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / MIB:.1f} MiB"
+
+
+def startup_text(s: StartupStatus | None) -> str:
+    """`13.2 GiB (+4.0 GiB RAM)` on a discrete GPU, `28.5 GiB` otherwise; `-` before anything was fitted."""
+    if s is None:
+        return "-"
+    return size_text(s.reserved_bytes) + (f" (+{size_text(s.ram_bytes)} RAM)" if s.ram_bytes is not None else "")
+
+
+def initialize_text(seconds: float | None) -> str:
+    return f"{round(seconds)}s" if seconds is not None else "-"
+
+
+def lifecycle_of(r: ReplicaRecord) -> str:
+    return {"removing": "removing", "stopped": "stopped"}.get(r.status, "active")
+
+
+def with_records(i: InstanceStatus, r: ReplicaRecord) -> InstanceStatus:
+    return i.model_copy(update={"lifecycle": lifecycle_of(r), "devices": [f"gpu{g}" for g in r.gpu_indexes]})
+
+
+def record_fields(rec: DeploymentRecord) -> dict[str, Any]:
+    """The recorded fields seed 003's status shows, and seed 000's "What the cluster returns" that the record
+    holds (the specification with what was chosen, the plan, its capabilities)."""
+    startup = startup_status(rec)
+    measured = rec.startup if rec.startup is not None and rec.startup.revision == rec.revision else None
+    spec = rec.spec.model_dump(mode="json") if rec.spec is not None else None
+    if spec is not None and rec.plan is not None:
+        spec.update({f: getattr(rec.plan, f) for f in rec.chosen if hasattr(rec.plan, f)})
+    return {
+        "startup": startup, "initialize_s": measured.initialize_s if measured else None,
+        "last_operation": rec.last_operation,
+        "api": rec.spec.api if rec.spec is not None and rec.spec.api != "chat" else None,
+        "spec": spec, "plan": rec.plan.model_dump(mode="json") if rec.plan is not None else None,
+        "capabilities": list(rec.plan.capabilities) if rec.plan is not None else [],
+    }  # fmt: skip
 
 
 def instance_status(r: ReplicaRecord, facts: HostFacts | None, loading: frozenset[str] = frozenset()) -> InstanceStatus:
@@ -113,6 +208,8 @@ def verdict(
             return Verdict(state="Starting", reason=pending or "a replica is starting")
         if failure or any(o == "failed" for o in others):
             return Verdict(state="Failed", reason=failure or "no replica serves")
+        if not others and wanted == 0 and not pending:  # min: 0, and no on-demand replica runs
+            return Verdict(state="ScaledToZero", reason="no replica runs; the next request starts one")
         if not others:
             return Verdict(state="Pending", reason=pending)
         return Verdict(state="Failed", reason=pending or "no replica serves")
@@ -131,9 +228,12 @@ def recorded_verdict(
     replicas: list[ReplicaRecord], wanted: int, target: int, *,
     failure: str | None = None, pending: str | None = None, fit_failed: bool = False,
 ) -> Verdict:  # fmt: skip
-    """The verdict from the replicas as the state records them (what apply writes)."""
+    """The verdict from the replicas as the state records them (what apply writes). An on-demand replica apply
+    installed and did not start (standby) is not counted: the scaler starts it."""
     serving = [r.revision for r in replicas if r.status == "serving"]
-    others = ["starting" if r.status == "pending" else r.status for r in replicas if r.status != "serving"]
+    others = [
+        "starting" if r.status == "pending" else r.status for r in replicas if r.status not in ("serving", "standby")
+    ]
     return verdict(serving, others, wanted, target, failure=failure, pending=pending, fit_failed=fit_failed)
 
 
@@ -154,6 +254,12 @@ def members(
     return out
 
 
+def idle(r: ReplicaRecord, i: InstanceStatus) -> bool:
+    """An on-demand replica whose unit is installed and does not run: the scaler has not started it (or stopped
+    it). Not a replica that fails to serve."""
+    return r.on_demand and i.state == "stopped"
+
+
 def deployment_status(
     rec: DeploymentRecord, facts: dict[str, HostFacts], gateways: Sequence[tuple[str, str]] = ()
 ) -> DeploymentStatus:
@@ -161,17 +267,18 @@ def deployment_status(
     ordered = sorted(rec.replicas, key=lambda x: (x.index, x.slot))
     engine = PROVIDERS.get(rec.plan.engine) if rec.plan else None
     loading = engine.loading_statuses if engine else frozenset()
-    instances = [instance_status(r, facts.get(r.host), loading) for r in ordered]
-    wanted = (rec.spec.replicas_min or 1) if rec.spec else len(instances)
+    instances = [with_records(instance_status(r, facts.get(r.host), loading), r) for r in ordered]
+    wanted = rec.spec.replicas_min if rec.spec else len(instances)
     serving = [r.revision for r, i in zip(ordered, instances, strict=True) if i.state == "ready"]
-    others = [i.state for i in instances if i.state != "ready"]
+    others = [i.state for r, i in zip(ordered, instances, strict=True) if i.state != "ready" and not idle(r, i)]
     # "cannot be served as asked" (the fit failed) stays Failed whatever still runs; apply records it so
     fit_failed = rec.state == "Failed" and rec.last_error is not None and rec.reason == rec.last_error
     failure = rec.last_error or (rec.reason if rec.state == "Failed" else None)
     found = verdict(serving, others, wanted, rec.revision, failure=failure, fit_failed=fit_failed)
     return DeploymentStatus(
         name=rec.name, state=found.state, reason=found.reason, ready=len(serving),
-        replicas=max(wanted, len(instances)), revision=rec.revision, hosts=sorted({r.host for r in rec.replicas}),
+        replicas=max(wanted, len(serving) + len(others)), revision=rec.revision,
+        hosts=sorted({r.host for r in rec.replicas}),
         instances=instances, served_model_name=rec.name, kind=rec.plan.kind if rec.plan else None,
         endpoint=Endpoint(name=rec.name, listen_port=int(gateways[0][1].rsplit(":", 1)[1]),
                           external=gateways[0][1]) if gateways else None,
@@ -179,4 +286,5 @@ def deployment_status(
         members=members(rec.name, ordered, instances, [facts.get(h) for h, _ in gateways]) if gateways else
         [Member(run=r.unit, machine=r.host, state=i.state, reason=i.last_error, ready=False)
          for r, i in zip(ordered, instances, strict=True)],
+        ready_replicas=len(serving), **record_fields(rec),
     )  # fmt: skip

@@ -58,6 +58,8 @@ HOLD_S = DEFAULT_HOLD_S
 """Seed 001: held up to 2 minutes, then 503 Retry-After: 5 (the inventory's gateway.hold_s sets it)."""
 HOLD_CAP = DEFAULT_HOLD_CAP
 """Requests held at once per deployment (the inventory's gateway.hold_cap sets it)."""
+WAKE_PORT = 8809
+"""The scaler hears the Lua on 127.0.0.1:WAKE_PORT (`wake <deployment>` for a held request; see render/scaler.py)."""
 DRAIN_TIMEOUT_S = 120
 """How long a replica being replaced may finish its requests in flight (streams included) before it stops."""
 CONFIG_FILE = "haproxy.cfg"
@@ -65,8 +67,8 @@ LUA_FILE = "hold.lua"
 START_STATE_FILE = "start.state"
 """Every server DOWN, in HAProxy's server-state format: what a freshly started gateway loads (its unit copies it
 to the state file before HAProxy starts), so no request goes to a replica before its first check passes."""
-MAP_FILES = ("keys.map", "expires.map", "scopes.map", "models.map")
-RUNTIME_MAPS = ("keys.map", "expires.map", "scopes.map")
+MAP_FILES = ("keys.map", "expires.map", "scopes.map", "models.map", "stopped.map")
+RUNTIME_MAPS = ("keys.map", "expires.map", "scopes.map", "stopped.map")
 """Maps changed over the stats socket, with no reload (models.map changes only with the backends)."""
 
 
@@ -200,8 +202,10 @@ def render_gateway(
     hold_cap: int = HOLD_CAP,
     haproxy: str = HAPROXY,
     run_dir: str = RUN_DIR,
+    stopped: Mapping[str, str] | None = None,
 ) -> RenderedGateway:
-    """Everything one gateway host runs, rendered from templates/ (haproxy.cfg.j2, hold.lua, gateway.service.j2)."""
+    """Everything one gateway host runs, rendered from templates/ (haproxy.cfg.j2, hold.lua, gateway.service.j2).
+    `stopped`: deployment -> ID of those an operator stopped (stopped.map: answered deployment_stopped)."""
     ordered = sorted(backends, key=lambda b: b.deployment)
     listen = f"{'[::]' if ':' in host.address else '*'}:{host.gateway_port}"
     common = {"host": host.name, "listen": listen, "internal_key": internal_key}
@@ -221,9 +225,13 @@ def render_gateway(
             "backends": ordered,
         },
     )
-    lua = _with_hash("hold.lua", {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX})
+    lua = _with_hash(
+        "hold.lua",
+        {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX, "wake_port": WAKE_PORT},
+    )
     maps = key_maps(keys, [b.deployment for b in ordered])
     maps["models.map"] = {b.deployment: b.backend for b in ordered}
+    maps["stopped.map"] = dict(stopped or {})
     files = {CONFIG_FILE: config, LUA_FILE: lua, **{name: map_text(maps[name]) for name in MAP_FILES}}
     files[START_STATE_FILE] = start_state(ordered)
     unit = _with_hash(

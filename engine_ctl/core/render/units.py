@@ -98,7 +98,7 @@ def gateway_allow(hosts: Mapping[str, Host]) -> tuple[str, ...]:
 
 
 def device_allow(run: ReplicaRun) -> list[str]:
-    if not run.gpus:
+    if not run.gpus or run.gpus[0].vendor == "apple":
         return []
     if run.gpus[0].vendor == "amd":
         return ["/dev/kfd rw", "char-drm rw"]
@@ -267,4 +267,5 @@ def replica_run(
         chat_template_file=chat_template_path(unit) if jinja else None,
         cache_dir=cache_path(host, d.name),
         lineage=lineage,
+        residency=d.residency if d.api == "chat" else "restart_only",
     )

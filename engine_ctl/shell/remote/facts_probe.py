@@ -288,10 +288,17 @@ def listening_ports() -> list[int]:
 NVIDIA_SMI_QUERY = "index,uuid,name,memory.total,memory.used,driver_version"
 
 
-def gpu_commands(which: Callable[[str], str | None] = shutil.which) -> dict[str, list[str]]:
+def gpu_commands(which: Callable[[str], str | None] = shutil.which, system: str = "") -> dict[str, list[str]]:
     """The GPU tools found on PATH -> the argv whose output engine_ctl.core.fit.hostfacts parses, keyed as the probe
-    reports it. amd-smi (ROCm 6+) is preferred; rocm-smi only where amd-smi is missing."""
+    reports it. amd-smi (ROCm 6+) is preferred; rocm-smi only where amd-smi is missing. On macOS (`system` is
+    uname's Darwin) the Metal GPUs: system_profiler's SPDisplaysDataType as JSON, and the machine's memory (Apple
+    silicon's GPU shares it)."""
     commands = {}
+    profiler, sysctl = which("system_profiler"), which("sysctl")
+    if system == "Darwin" and profiler:
+        commands["system_profiler"] = [profiler, "SPDisplaysDataType", "-json"]
+        if sysctl:
+            commands["hw_memsize"] = [sysctl, "-n", "hw.memsize"]
     smi = which("nvidia-smi")
     if smi:
         commands["nvidia_smi"] = [smi, "--query-gpu=" + NVIDIA_SMI_QUERY, "--format=csv,noheader,nounits"]
@@ -382,19 +389,32 @@ def parse_version_output(kind: str | None, result: Result) -> str | None:
     return text[:VERSION_LIMIT] or None
 
 
-def engines(spec: dict[str, Any], known: dict[str, list[Any]]) -> dict[str, tuple[str, Any, str | None, list[int]]]:
+def file_stat(path: str) -> list[int]:
+    """What says a binary is unchanged: mtime and size, and ctime and inode (which no one can set back: a file
+    replaced, rewritten or touched has new ones), so a cached version or digest is never one of another file."""
+    st = os.stat(path)
+    return [st.st_mtime_ns, st.st_size, st.st_ctime_ns, st.st_ino]
+
+
+def known_entry(known: dict[str, Any], path: str, stat: list[int]) -> dict[str, Any] | None:
+    """What engine-ctl last read of this binary (gather.VersionCache: path -> {stat, version, sha256}), when it is
+    still the same file."""
+    seen = known.get(path)
+    return seen if isinstance(seen, dict) and seen.get("stat") == stat else None
+
+
+def engines(spec: dict[str, Any], known: dict[str, Any]) -> dict[str, tuple[str, Any, str | None, list[int]]]:
     """Find each engine and start its version probe, unless the binary is unchanged since engine-ctl last read
-    its version (`known`: path -> [mtime_ns, size, version]); returns {name: (path, probe or version, kind, stat)}."""
+    its version (`known`, see known_entry); returns {name: (path, probe or version, kind, stat)}."""
     started: dict[str, tuple[str, Any, str | None, list[int]]] = {}
     for name, entry in spec.items():
         path = find_executable(entry.get("candidates", []))
         if path is None:
             continue
-        st = os.stat(path)
-        stat = [st.st_mtime_ns, st.st_size]
-        seen = known.get(path)
-        if seen and seen[:2] == stat:
-            started[name] = (path, seen[2], "known", stat)
+        stat = file_stat(path)
+        seen = known_entry(known, path, stat)
+        if seen is not None:
+            started[name] = (path, seen.get("version"), "known", stat)
             continue
         probe = entry.get("probe") or {}
         if probe.get("kind") == "python_dist" and is_own_python(script_interpreter(path)):
@@ -493,10 +513,13 @@ def file_sha256(path: str) -> str | None:
     return h.hexdigest()
 
 
-def with_sha256(found: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each engine found, with the sha256 of its binary: what runs, whatever its version says."""
+def with_sha256(found: dict[str, dict[str, Any]], known: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each engine found, with the sha256 of its binary: what runs, whatever its version says. Read again only
+    when the binary changed since engine-ctl last hashed it (`known`, see known_entry): a 500 MB engine is not
+    hashed on every facts and plan."""
     for entry in found.values():
-        entry["sha256"] = file_sha256(entry["path"])
+        seen = known_entry(known, entry["path"], entry["stat"])
+        entry["sha256"] = seen.get("sha256") if seen and seen.get("sha256") else file_sha256(entry["path"])
     return found
 
 
@@ -819,15 +842,29 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
     return args
 
 
+SCALER_STATE = "/var/lib/engine-ctl/scaler/state.json"
+
+
+def scaler_state(path: str = SCALER_STATE) -> Any:
+    """The scaler's state.json on the gateway host that runs it (its decisions, what runs), or None."""
+    text = read(path)
+    if not text or len(text) > 1000000:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def probe(args: dict[str, Any]) -> dict[str, Any]:
     """Every fact of this host. The tools that take time (engines' --version, GPU tools, haproxy -v) start first
     and run side by side while the files are read."""
     started = engines(args.get("engines", {}), args.get("known_versions", {}))
     builds = engines(args.get("builds", {}), args.get("known_versions", {}))  # "engine\tplatform" -> one path
-    gpu_started = {key: start(argv) for key, argv in gpu_commands().items()}
+    uname = os.uname()
+    gpu_started = {key: start(argv) for key, argv in gpu_commands(system=uname.sysname).items()}
     haproxy = shutil.which("haproxy")
     haproxy_started = start([haproxy, "-v"]) if haproxy else None
-    uname = os.uname()
     doc: dict[str, Any] = {
         "probe_version": PROBE_VERSION,
         "hostname": uname.nodename,
@@ -846,11 +883,12 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "models": {p: model_entry(p) for p in args.get("model_paths", [])},
         "health": health(args.get("health", []), args.get("bind") or "127.0.0.1"),
         "gateway": gateway(),
+        "scaler": scaler_state(),
         "cgroup2": os.path.exists("/sys/fs/cgroup/cgroup.controllers"),
     }
     doc["gpus"] = {key: finish(proc) for key, proc in gpu_started.items()}
-    doc["engines"] = with_sha256(engine_versions(started))
-    doc["engine_builds"] = with_sha256(engine_versions(builds))
+    doc["engines"] = with_sha256(engine_versions(started), args.get("known_versions", {}))
+    doc["engine_builds"] = with_sha256(engine_versions(builds), args.get("known_versions", {}))
     doc["haproxy"] = parse_haproxy_version(finish(haproxy_started)["out"]) if haproxy_started else None
     return doc
 

@@ -1,0 +1,160 @@
+"""`engine-ctl stop|start|park|delete deployment NAME`: the operator verbs (engine_ctl.shell.lifecycle)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from engine_ctl.cli.common import find_inventory, inventory_option, ssh_options, ssh_settings
+from engine_ctl.cli.plan_cmd import backend_for, lock_timeout_option, state_option
+from engine_ctl.cli.requests import recorded_verb
+from engine_ctl.core.plan.operator import STOP_WAIT_S
+from engine_ctl.shell.lifecycle import Outcome, Refused, Verbs
+from engine_ctl.shell.operator import OperatorFailure
+from engine_ctl.shell.transport import HostFailure
+from engine_ctl.state import StateError
+
+
+def say(line: str = "") -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def fail(message: str, code: str | None = None, status: int = 1) -> NoReturn:
+    sys.stderr.write((f"error [{code}]: " if code else "error: ") + message + "\n")
+    sys.exit(status)
+
+
+def _progress(line: str) -> None:
+    sys.stderr.write(line + "\n")
+
+
+def verb_options(f: Any) -> Any:
+    for option in (lock_timeout_option, ssh_options, state_option, inventory_option):
+        f = option(f)
+    return click.argument("name")(f)
+
+
+def _verbs(state_path: str | None, inventory_path: Path | None, accept_new_host_keys: bool,
+           lock_timeout: float) -> Verbs:  # fmt: skip
+    return Verbs(
+        backend=backend_for(state_path, ()), inventory=find_inventory(inventory_path, None),
+        options=ssh_settings(accept_new_host_keys), progress=_progress,
+        lock_timeout=lock_timeout,
+    )  # fmt: skip
+
+
+def _run(verbs: Verbs, action: Callable[[], Outcome]) -> Outcome:
+    """The verb, with its refusals and failures as one `error` line each and their exit status."""
+    try:
+        return action()
+    except Refused as exc:
+        fail(exc.message, exc.code, exc.exit_status)
+    except (OperatorFailure, StateError) as exc:
+        fail(str(exc))
+    except HostFailure as exc:
+        fail(f"host {exc.host}: {exc.kind}: {exc.message}")
+    finally:
+        verbs.close()
+
+
+def _accepted(what: str, name: str, out: Outcome) -> None:
+    if out.note:
+        say(out.note)
+        return
+    say(f"{what} requested for {name}")
+    say()
+    say(f"  Operation   {out.operation}")
+
+
+def _group(name: str, help_text: str) -> click.Group:
+    return click.Group(name=name, help=help_text)
+
+
+stop = _group("stop", "Stop a deployment's engines and keep them stopped (apply too) until `start`.")
+start = _group("start", "Start a deployment an operator stopped or parked (or lift its delete).")
+park = _group(
+    "park", "Take a deployment off its GPUs without losing it: asleep where its engine has a sleep mode, else stopped."
+)
+delete = _group("delete", "Delete a deployment's units (never its model files); the state keeps a tombstone.")
+
+
+@stop.command("deployment")
+@recorded_verb("stop")
+@verb_options
+def stop_deployment(name: str, inventory_path: Path | None, state_path: str | None, parallel: int,
+                    accept_new_host_keys: bool, lock_timeout: float) -> None:  # fmt: skip
+    """Stop deployment NAME: returns once the stop is accepted, while the engine is still going away. The gateway
+    answers its requests with deployment_stopped at once; apply keeps it stopped until `engine-ctl start`."""
+    verbs = _verbs(state_path, inventory_path, accept_new_host_keys, lock_timeout)
+    _accepted("Stop", name, _run(verbs, lambda: verbs.stop(name)))
+
+
+@start.command("deployment")
+@recorded_verb("start")
+@verb_options
+@click.option("--wait", is_flag=True, help=f"Wait (at most {STOP_WAIT_S}s) for a stop to finish, start, and return "
+              "when the engine answers.")  # fmt: skip
+def start_deployment(name: str, inventory_path: Path | None, state_path: str | None, parallel: int,
+                     accept_new_host_keys: bool, lock_timeout: float, wait: bool) -> None:  # fmt: skip
+    """Start deployment NAME again. Right after a stop it is refused (exit 25, still_stopping) unless --wait."""
+    verbs = _verbs(state_path, inventory_path, accept_new_host_keys, lock_timeout)
+
+    def waiting() -> None:
+        say(f"Waiting for the stop of {name} to finish (at most {STOP_WAIT_S}s)")
+
+    out = _run(verbs, lambda: verbs.start(name, wait, waiting))
+    if out.note:
+        say(out.note)
+    elif out.ready:
+        say(f"Started {name}: ready")
+        say()
+        say(f"  Ready       {out.ready}/{out.replicas}")
+        say(f"  Hosts       {', '.join(out.hosts)}")
+        say("  Operation   initialize succeeded")
+    else:
+        _accepted("Start", name, out)
+
+
+@park.command("deployment")
+@recorded_verb("park")
+@verb_options
+def park_deployment(name: str, inventory_path: Path | None, state_path: str | None, parallel: int,
+                    accept_new_host_keys: bool, lock_timeout: float) -> None:  # fmt: skip
+    """Park deployment NAME by its residency: an engine with a sleep mode sleeps (parked: level 1 keeps the weights
+    in host RAM; deep: level 2 drops them), one without stops (restart_only). Returns once the park is accepted;
+    status shows parking, then parked; `engine-ctl start` wakes it."""
+    verbs = _verbs(state_path, inventory_path, accept_new_host_keys, lock_timeout)
+    _accepted("Park", name, _run(verbs, lambda: verbs.park(name)))
+
+
+@delete.command("deployment")
+@recorded_verb("delete")
+@verb_options
+@click.option("--stop", "and_stop", is_flag=True, help="Stop it first and wait for the stop to finish.")
+def delete_deployment(name: str, inventory_path: Path | None, state_path: str | None, parallel: int,
+                      accept_new_host_keys: bool, lock_timeout: float, and_stop: bool) -> None:  # fmt: skip
+    """Delete deployment NAME: its units are removed, its model files never touched. Refused
+    (delete_requires_cleanup) until a stop has finished; --stop stops it and waits. The state keeps a tombstone:
+    no plan re-creates it while its document is still there."""
+    verbs = _verbs(state_path, inventory_path, accept_new_host_keys, lock_timeout)
+
+    def waiting() -> None:
+        say(f"Waiting for the stop of {name} to finish (at most {STOP_WAIT_S}s)")
+
+    out = _run(verbs, lambda: verbs.delete(name, and_stop, waiting))
+    if out.note:
+        say(out.note)
+        return
+    say(f"Deleted {name}")
+    say()
+    say(f"  Operation   {out.operation}")
+    say(f"its units are removed and its model files kept; remove its document (the next apply forgets it), or run "
+        f"`engine-ctl start deployment {name}` and apply to bring it back")  # fmt: skip
+
+
+__all__ = ["delete", "park", "start", "stop"]

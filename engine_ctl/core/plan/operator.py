@@ -1,0 +1,112 @@
+"""Operator verbs in a declarative tool (engine-ctl stop, start, park, delete). Pure: values in, values out.
+
+The documents say what a deployment is; an operator's verb says what is done with it for now, and is recorded in
+the state (DeploymentRecord.operator). Every plan shows it, and apply never undoes it:
+
+- stopped (`engine-ctl stop`): the units stay installed, disabled and stopped; the gateway answers its requests
+  with deployment_stopped and never holds or starts them; the scaler never starts a slot. Until `start`.
+- parked (`engine-ctl park`): asleep (by its provider's SleepControls) or, for an engine with no sleep mode
+  (residency restart_only), stopped; requests are held by the gateway. Until `start`.
+- deleted (`engine-ctl delete`): the units are gone and the record is a tombstone: while the document is still
+  in the repository the plan says so and re-creates nothing; once the document is removed, the next apply
+  forgets the record. `engine-ctl start deployment NAME` lifts the tombstone, and the next apply creates it.
+
+A document change made while a deployment is held is shown (its field changes) and rolled in by the first apply
+after `start`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from engine_ctl.core.plan.changes import NO_OP, DeploymentChange, Drift
+from engine_ctl.core.plan.gateway import stopped_map
+from engine_ctl.state.model import DeploymentRecord, OperatorAction, State
+
+STOP_WAIT_S = 160
+"""Seed 003: `start --wait` waits at most 160 s for a stop to finish (the drain, then the engine's own stop)."""
+STOP_SETTLE_S = 5
+"""Once the gateway answers deployment_stopped, a stop waits this long, then for the engine's requests in flight
+(at most DRAIN_S), before it stops the engine: requests the gateway forwarded just before still finish."""
+DRAIN_S = 120
+"""How long a stop or a park waits for the engine's requests in flight to finish (the gateway's drain timeout)."""
+SLEEP_CONTROLS_WARNING = (
+    "warning: {names} run with the engine's sleep controls enabled (parking is on): they listen on the replica's "
+    "own port, answer only loopback and the gateway hosts, and the gateway forwards only /v1/ to them"
+)
+
+HELD_DRIFT = frozenset({"stopped"})
+"""Drift that is the operator's doing on a held deployment (its units stopped): never drift, never repaired."""
+
+
+def note(action: OperatorAction, name: str) -> str:
+    """What every plan says of a held deployment."""
+    by = f" by {action.who}" if action.who else ""
+    if action.verb == "deleted":
+        return (f"deleted by an operator{by} at {action.when}; not re-created while its document is here: remove "
+                f"the document (the next apply forgets it), or run `engine-ctl start deployment {name}` to bring "
+                "it back")  # fmt: skip
+    return (f"{action.verb} by an operator{by} at {action.when}; apply keeps it {action.verb} until "
+            f"`engine-ctl start deployment {name}`")  # fmt: skip
+
+
+def hold(change: DeploymentChange, record: DeploymentRecord) -> DeploymentChange:
+    """The plan of a deployment an operator holds: nothing on its hosts changes, and the plan says why; changes of
+    its document are still listed (they roll in after start)."""
+    assert record.operator is not None
+    why = note(record.operator, record.name)
+    held = change.model_copy(
+        update={"action": list(NO_OP), "replicas": [], "fetches": [], "adopt": [], "operator": why, "reasons": []}
+    )
+    if change.field_changes:
+        fields = ", ".join(f.path for f in change.field_changes)
+        held.warnings = [*change.warnings, f"{record.name}: the documents changed ({fields}); the change rolls in "
+                         f"with the first apply after `engine-ctl start deployment {record.name}`"]  # fmt: skip
+    return held
+
+
+def without_held_drift(drift: Iterable[Drift], state: State) -> list[Drift]:
+    """Drift less the operator's doing: a held deployment's units stopped."""
+    return [
+        d for d in drift
+        if not (d.kind in HELD_DRIFT and d.deployment is not None and held_by(state, d.deployment) is not None)
+    ]  # fmt: skip
+
+
+def held_by(state: State, name: str) -> OperatorAction | None:
+    record = state.deployments.get(name)
+    return record.operator if record is not None else None
+
+
+def scaler_stopped(record: DeploymentRecord) -> bool:
+    """The scaler's `stopped` (scaler.json): it never starts a slot of a deployment an operator stopped, parked or
+    deleted."""
+    return record.operator is not None
+
+
+def stop_phase(unit_states: Iterable[str]) -> str:
+    """From the ActiveState of each replica's unit and of its stop job: `stopping` while any is still active,
+    activating or deactivating; `stopped` once all are inactive or failed (or gone)."""
+    going = {"active", "activating", "deactivating", "reloading", "refreshing"}
+    return "stopping" if any(s in going for s in unit_states) else "stopped"
+
+
+def parking_phase(verb: str | None, unit_states: Iterable[str]) -> str | None:
+    """status's STATE for a parked deployment: `parking` while the park job runs, then `parked`."""
+    if verb != "parked":
+        return None
+    return "parking" if stop_phase(unit_states) == "stopping" else "parked"
+
+
+def park_refusal(keeps_bytes: int, available_bytes: int | None, host: str, name: str) -> str | None:
+    """A park at level 1 keeps the weights in host RAM: refused when the host's free memory cannot hold them."""
+    if keeps_bytes <= 0 or available_bytes is None or available_bytes >= keeps_bytes:
+        return None
+    gib = 1024**3
+    return (f"{name} cannot park on {host}: sleep level 1 keeps {keeps_bytes / gib:.1f} GiB of weights in host "
+            f"RAM, and {host} has {available_bytes / gib:.1f} GiB free; free memory there, or set residency: deep "
+            "(level 2 drops the weights)")  # fmt: skip
+
+
+__all__ = ["DRAIN_S", "STOP_SETTLE_S", "STOP_WAIT_S", "hold", "note", "park_refusal", "parking_phase", "scaler_stopped",
+           "stop_phase", "stopped_map", "without_held_drift"]  # fmt: skip

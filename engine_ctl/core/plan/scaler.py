@@ -1,0 +1,173 @@
+"""The scaler's envelope from the recorded deployments, and reading the scaler's own state back (for `status` and
+the plan's "N running of min..max, by the scaler, <time>: <reason>"). Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from engine_ctl.core.documents.inventory import Host, Inventory
+from engine_ctl.core.render.scaler import ScalerDeployment, SlotInput, scaler_host, scaler_slot
+from engine_ctl.providers import PROVIDERS
+from engine_ctl.state.model import DeploymentRecord, State
+
+
+def slot_inputs(rec: DeploymentRecord) -> list[SlotInput]:
+    """Every placed replica of a record (slot a; a surge's b exists only during an apply)."""
+    cpu = rec.plan is not None and rec.plan.accelerator == "cpu"
+    ram = rec.plan.memory_bytes if rec.plan is not None and cpu else 0
+    cores = rec.plan.cpu_cores if rec.plan is not None and cpu else 0
+    return [
+        SlotInput(
+            index=r.index,
+            slot=r.slot,
+            host=r.host,
+            port=r.port,
+            unit=r.unit,
+            gpus=tuple(r.gpus),
+            ram_bytes=ram,
+            cpu_cores=cores,
+            on_demand=bool(getattr(r, "on_demand", False)),
+        )
+        for r in sorted(rec.replicas, key=lambda r: (r.index, r.slot))
+        if r.status != "removing"
+    ]
+
+
+def scaler_deployment(rec: DeploymentRecord, hosts: Mapping[str, Host]) -> ScalerDeployment | None:
+    if rec.spec is None or rec.plan is None:
+        return None
+    provider = PROVIDERS.get(rec.plan.engine)
+    health = provider.health_path if provider else "/health"
+    slots = [s for s in (scaler_slot(i, hosts, health) for i in slot_inputs(rec)) if s is not None]
+    return ScalerDeployment(
+        name=rec.name, id=rec.name, min=rec.spec.replicas_min, max=rec.spec.replicas_max,
+        parallel=max(rec.plan.parallel, 1), idle_minutes=rec.spec.idle_minutes, priority=rec.spec.priority,
+        metric=provider.in_flight_metric if provider else "", stopped=bool(getattr(rec, "stopped", False)),
+        slots=tuple(slots),
+    )  # fmt: skip
+
+
+def scaler_deployments(state: State, hosts: Mapping[str, Host]) -> list[ScalerDeployment]:
+    """The deployments the scaler acts on: those with an on-demand slot."""
+    found = (scaler_deployment(rec, hosts) for _, rec in sorted(state.deployments.items()))
+    return [d for d in found if d is not None and d.scales]
+
+
+class Decision(BaseModel):
+    """One decision of the scaler, as its state.json records it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    at: str
+    action: str
+    """up, down, zero, wake, preempt, hold (nothing free), failed."""
+    slot: int | None = None
+    host: str | None = None
+    reason: str
+    figure: float | None = None
+    """The figure it acted on (in flight per replica, idle seconds)."""
+
+
+class ScalerView(BaseModel):
+    """What the scaler says of one deployment (its state.json's entry)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    state: str = "Ready"
+    reason: str | None = None
+    wanted: int = 0
+    ready: int = 0
+    running: list[int] = []
+    decisions: list[Decision] = []
+
+
+def scaler_views(document: Any) -> dict[str, ScalerView]:
+    """The scaler's state.json (as the gateway host's facts carry it) -> deployment -> what it says; {} for
+    anything else (no scaler, an unreadable file)."""
+    if not isinstance(document, dict) or not isinstance(document.get("deployments"), dict):
+        return {}
+    out = {}
+    for name, entry in document["deployments"].items():
+        try:
+            out[str(name)] = ScalerView.model_validate(entry)
+        except ValueError:
+            continue
+    return out
+
+
+def running_line(view: ScalerView, lo: int, hi: int) -> str:
+    """The plan's line: "3 running of 1..4, by the scaler, 14:02:10: in flight 7.0/replica > 3/4 of parallel 4"."""
+    line = f"{len(view.running)} running of {lo}..{hi}"
+    last = view.decisions[-1] if view.decisions else None
+    if last is None:
+        return line
+    clock = last.at[11:19] if len(last.at) >= 19 else last.at
+    return f"{line}, by the scaler, {clock}: {last.reason}"
+
+
+def decision_rows(views: Mapping[str, ScalerView], names: Iterable[str]) -> list[dict[str, object]]:
+    return [{"deployment": n, **d.model_dump(mode="json")} for n in names if n in views for d in views[n].decisions]
+
+
+class ScalerPlan(BaseModel):
+    """Where the scaler runs and with what timings, and what it says runs now: the plan shows it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str
+    poll_s: int
+    decide_every_s: int
+    hold_s: int
+    deployments: list[str] = []
+    """The deployments it acts on (max above min, or min 0)."""
+    running: dict[str, str] = {}
+    """Deployment -> "N running of min..max, by the scaler, <time>: <reason>" (from the scaler's state.json)."""
+
+
+def scales(spec: Any) -> bool:
+    return spec is not None and (spec.replicas_max > spec.replicas_min or spec.replicas_min == 0)
+
+
+def plan_scaler(
+    changes: Iterable[Any], state: State, inventory: Inventory, facts: Mapping[str, Any]
+) -> ScalerPlan | None:
+    """The scaler of this plan: on the first gateway host by name (exactly one), or None without a gateway or a
+    deployment that scales."""
+    host = scaler_host(inventory)
+    specs = {c.name: c.spec for c in changes if c.action != ["delete"]}
+    for name, rec in state.deployments.items():
+        specs.setdefault(name, rec.spec)
+    names = sorted(n for n, spec in specs.items() if scales(spec))
+    if host is None or not names:
+        return None
+    hf = facts.get(host.name)
+    views = scaler_views(getattr(hf, "scaler_state", None))
+    running = {n: running_line(views[n], specs[n].replicas_min, specs[n].replicas_max) for n in names if n in views}
+    s = inventory.scaling
+    return ScalerPlan(host=host.name, poll_s=s.poll_s, decide_every_s=s.decide_every_s, hold_s=inventory.gateway.hold_s,
+                      deployments=names, running=running)  # fmt: skip
+
+
+def scaler_views_of(facts: Iterable[Any]) -> dict[str, ScalerView]:
+    """What the scaler says, from the facts of the gateway hosts (the one that runs it has its state.json)."""
+    out: dict[str, ScalerView] = {}
+    for hf in facts:
+        out.update(scaler_views(getattr(hf, "scaler_state", None)))
+    return out
+
+
+def with_scaler(status: Any, view: ScalerView | None) -> Any:
+    """A deployment's status as the scaler sees it too: ScaledToZero or Starting (with the scaler's reason) when
+    nothing serves, `replicas` wanted now, and its decisions."""
+    if view is None:
+        return status
+    update: dict[str, Any] = {"decisions": view.decisions, "replicas": view.wanted}
+    if status.ready == 0 and view.state in ("ScaledToZero", "Starting") and status.state != "Failed":
+        update.update(state=view.state, reason=view.reason)
+    if status.ready > 0 and status.state != "Failed" and view.state == "Ready":
+        update["state"] = "Ready"
+        update["reason"] = view.reason
+    return status.model_copy(update=update)

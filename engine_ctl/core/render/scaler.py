@@ -1,0 +1,202 @@
+"""Render the scaler's configuration (scaler.json) and its systemd unit from the planned deployments. Pure.
+
+The scaler (engine_ctl/shell/remote/scaler.py, stdlib only) runs on one gateway host, the first by name, and
+starts and stops a deployment's on-demand replica units within the plan's envelope: slots 0..min-1 are always
+on, slots min..max-1 on demand (with `min: 0`, all are). Its configuration names every slot it may act on, with
+the host, the unit, the gateway server and the devices (GPUs, or memory on a CPU host) the slot takes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from functools import cache
+from importlib import resources
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict
+
+from engine_ctl.core.documents.inventory import Host, Inventory
+from engine_ctl.core.render.gateway import ADMIN_SOCKET, HOLD_S, WAKE_PORT, backend_name, server_name
+from engine_ctl.core.render.systemd_escape import comment_text
+
+if TYPE_CHECKING:
+    import jinja2
+
+SCALER_UNIT = "engine-ctl-scaler.service"
+SCALER_DIR = "/etc/engine-ctl/scaler"
+SCALER_CONFIG = f"{SCALER_DIR}/scaler.json"
+SCALER_PROGRAM = f"{SCALER_DIR}/scaler.py"
+SCALER_KEY = f"{SCALER_DIR}/id_ed25519"
+"""The scaler's SSH key: generated on the scaler host by apply, 0600, root's; it never leaves that host."""
+SCALER_KNOWN_HOSTS = f"{SCALER_DIR}/known_hosts"
+STATE_DIR_NAME = "engine-ctl/scaler"
+SCALER_STATE = f"/var/lib/{STATE_DIR_NAME}/state.json"
+COMMAND_PATH = "/usr/local/lib/engine-ctl/scaler-command"
+"""On replica hosts: the forced command of the scaler's key (start, stop, is-active of replica units; status)."""
+KEY_COMMENT = "engine-ctl-scaler"
+POLL_S = 15
+"""Seed 000: the engines' /metrics are read every 15 s."""
+DECIDE_EVERY_S = 120
+"""Seed 000: at most one decision per deployment every 120 s."""
+FORMAT = 1
+PYTHON = "/usr/bin/python3"
+
+
+class ScalerSlot(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    index: int
+    host: str
+    ssh_host: str
+    """user@address[:port] as the scaler's ssh reaches it ("root@198.18.0.12", port apart)."""
+    ssh_port: int = 22
+    address: str
+    port: int
+    unit: str
+    server: str
+    devices: tuple[str, ...] = ()
+    ram_bytes: int = 0
+    cpu_cores: int = 0
+    always_on: bool = False
+    health_path: str = "/health"
+
+
+class ScalerDeployment(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    id: str
+    min: int
+    max: int
+    parallel: int
+    idle_minutes: int | None = None
+    priority: int = 0
+    metric: str = ""
+    stopped: bool = False
+    slots: tuple[ScalerSlot, ...] = ()
+
+    @property
+    def backend(self) -> str:
+        return backend_name(self.name)
+
+    @property
+    def scales(self) -> bool:
+        """Whether the scaler has anything to do: a slot that is on demand."""
+        return any(not s.always_on for s in self.slots)
+
+
+class SlotInput(BaseModel):
+    """One placed replica as the plan or the state knows it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    index: int
+    slot: str = "a"
+    host: str
+    port: int
+    unit: str
+    gpus: tuple[str, ...] = ()
+    ram_bytes: int = 0
+    cpu_cores: int = 0
+    on_demand: bool = False
+
+
+class RenderedScaler(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    host: str
+    config: str
+    unit_text: str
+
+    @property
+    def config_sha256(self) -> str:
+        return sha256(self.config)
+
+    @property
+    def unit_sha256(self) -> str:
+        return sha256(self.unit_text)
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def scaler_host(inventory: Inventory) -> Host | None:
+    """Exactly one scaler: on the first gateway host by name (None without a gateway)."""
+    gateways = sorted(inventory.gateways(), key=lambda h: h.name)
+    return gateways[0] if gateways else None
+
+
+def ssh_target(host: Host) -> str:
+    return f"{host.user or 'root'}@{host.address}"
+
+
+def scaler_slot(s: SlotInput, hosts: Mapping[str, Host], health_path: str) -> ScalerSlot | None:
+    host = hosts.get(s.host)
+    if host is None:
+        return None
+    return ScalerSlot(
+        index=s.index, host=s.host, ssh_host=ssh_target(host), ssh_port=host.port, address=host.address,
+        port=s.port, unit=s.unit, server=server_name(s.index, s.slot), devices=tuple(s.gpus),
+        ram_bytes=s.ram_bytes, cpu_cores=s.cpu_cores, always_on=not s.on_demand, health_path=health_path,
+    )  # fmt: skip
+
+
+def render_config(
+    deployments: Iterable[ScalerDeployment],
+    *,
+    poll_s: int = POLL_S,
+    decide_every_s: int = DECIDE_EVERY_S,
+    hold_s: int = HOLD_S,
+    wake_port: int = WAKE_PORT,
+) -> str:
+    """scaler.json: the envelope of every deployment the scaler acts on, in name order (stable text)."""
+    out = {
+        "format": FORMAT,
+        "poll_s": poll_s,
+        "decide_every_s": decide_every_s,
+        "hold_s": hold_s,
+        "wake_port": wake_port,
+        "gateway_socket": ADMIN_SOCKET,
+        "key": SCALER_KEY,
+        "known_hosts": SCALER_KNOWN_HOSTS,
+        "deployments": [_deployment_json(d) for d in sorted(deployments, key=lambda d: d.name)],
+    }
+    return json.dumps(out, indent=1, sort_keys=True) + "\n"
+
+
+def _deployment_json(d: ScalerDeployment) -> dict[str, object]:
+    body = d.model_dump(mode="json")
+    body["backend"] = d.backend
+    body["slots"] = [s.model_dump(mode="json") for s in sorted(d.slots, key=lambda s: (s.index, s.server))]
+    return body
+
+
+@cache
+def _template(name: str) -> jinja2.Template:
+    import jinja2
+
+    env = jinja2.Environment(
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined
+    )
+    env.filters["comment"] = comment_text
+    return env.from_string(resources.files("engine_ctl.templates").joinpath(name).read_text())
+
+
+def render_unit(host: str, program_sha256: str, python: str = PYTHON) -> str:
+    """engine-ctl-scaler.service, hardened; the program's sha256 in its header so a new program restarts it."""
+    values = {
+        "host": host, "python": python, "program": SCALER_PROGRAM, "config": SCALER_CONFIG,
+        "state_dir": STATE_DIR_NAME, "program_sha256": program_sha256, "scaler_dir": SCALER_DIR,
+    }  # fmt: skip
+    body = _template("scaler.service.j2").render(**values, content_hash="")
+    return _template("scaler.service.j2").render(**values, content_hash=sha256(body))
+
+
+def render_scaler(
+    host: Host, deployments: Sequence[ScalerDeployment], program_sha256: str, **settings: int
+) -> RenderedScaler:
+    return RenderedScaler(
+        host=host.name, config=render_config(deployments, **settings), unit_text=render_unit(host.name, program_sha256)
+    )

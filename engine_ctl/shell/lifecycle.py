@@ -1,0 +1,359 @@
+"""The operator verbs' shell: stop, start, park, delete one deployment, recorded in the state (under its lock),
+on its hosts (engine_ctl.shell.operator) and on the gateways (stopped.map, the servers' states).
+
+What each verb means in a declarative tool is in engine_ctl.core.plan.operator."""
+
+from __future__ import annotations
+
+import getpass
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from engine_ctl.core.diagnostics import VERB_EXIT_STATUS
+from engine_ctl.core.documents.inventory import Host, Inventory
+from engine_ctl.core.plan.gateway import stopped_map
+from engine_ctl.core.plan.operator import STOP_WAIT_S, park_refusal, parking_phase, stop_phase
+from engine_ctl.core.render.gateway import GATEWAY_DIR, backend_name, map_text, server_name, sha256
+from engine_ctl.shell import gateway as remote
+from engine_ctl.shell.apply import UNIT_DIR, new_id, remove_argv
+from engine_ctl.shell.operator import (
+    OperatorFailure,
+    job_argv,
+    job_unit,
+    provider_of,
+    run_checked,
+    said,
+    sleep_job,
+    start_unit_argv,
+    stop_job,
+    unit_states,
+    wake_job,
+)
+from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, transport_for
+from engine_ctl.state import Operation, State, StateBackend, StateError
+from engine_ctl.state.base import now, who
+from engine_ctl.state.model import DeploymentRecord, OperatorAction
+
+Transport = SSHTransport | LocalTransport
+STILL_STOPPING = VERB_EXIT_STATUS["still_stopping"]
+"""Seed 003: the exit status of a start (or a delete) refused while the stop is still under way."""
+
+
+class Refused(Exception):
+    """A verb refused (nothing was changed): its code and the seed's words."""
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+    @property
+    def exit_status(self) -> int:
+        return VERB_EXIT_STATUS.get(self.code, 1)
+
+
+@dataclass
+class Outcome:
+    """What a verb did, for the CLI to print."""
+
+    operation: str
+    ready: int = 0
+    replicas: int = 0
+    hosts: list[str] = field(default_factory=list)
+    note: str = ""
+
+
+@dataclass
+class Verbs:
+    backend: StateBackend
+    inventory: Inventory
+    options: SSHOptions | None = None
+    progress: Callable[[str], None] = lambda _m: None
+    lock_timeout: float = 0.0
+    _transports: dict[str, Transport] = field(default_factory=dict)
+
+    # --- plumbing ---------------------------------------------------------------------------------------------
+    def _t(self, host: str) -> Transport:
+        if host not in self._transports:
+            h = self.inventory.host(host)
+            if h is None:
+                raise OperatorFailure(f"host {host} is not in the inventory")
+            self._transports[host] = transport_for(h, self.options)
+        return self._transports[host]
+
+    def close(self) -> None:
+        for t in self._transports.values():
+            t.close()
+
+    def _host(self, name: str) -> Host:
+        h = self.inventory.host(name)
+        if h is None:
+            raise OperatorFailure(f"host {name} is not in the inventory")
+        return h
+
+    @contextmanager
+    def _locked(self, verb: str) -> Iterator[State]:
+        with self.backend.lock(f"{verb} deployment", timeout=self.lock_timeout):
+            yield self.backend.read()
+
+    def _write(self, state: State) -> State:
+        return self.backend.write(state)
+
+    def record(self, name: str) -> DeploymentRecord:
+        state = self.backend.read()
+        rec = state.deployments.get(name)
+        if rec is None:
+            known = ", ".join(sorted(state.deployments)) or "none"
+            raise Refused(f"no deployment named {name!r} in the state (deployments: {known})",
+                          code="unknown_deployment")  # fmt: skip
+        return rec
+
+    @staticmethod
+    def _log(state: State, command: str, operation: str, result: str) -> None:
+        state.operations.append(Operation(id=operation, who=who(), when=now(), command=command, result=result))
+        del state.operations[:-200]
+
+    # --- what the hosts say -----------------------------------------------------------------------------------
+    def unit_states(self, rec: DeploymentRecord, verb: str = "stop") -> dict[str, str]:
+        """(host/unit) -> ActiveState of each replica's unit and of its `verb` job."""
+        out: dict[str, str] = {}
+        for host in sorted({r.host for r in rec.replicas}):
+            units = [u for r in rec.replicas if r.host == host for u in (r.unit, job_unit(verb, r.unit))]
+            out.update({f"{host}/{u}": s for u, s in unit_states(self._t(host), units).items()})
+        return out
+
+    def stop_phase(self, rec: DeploymentRecord) -> str:
+        return stop_phase(self.unit_states(rec).values())
+
+    def phase(self, rec: DeploymentRecord) -> str | None:
+        """`stopping`/`stopped` for a stopped deployment, `parking`/`parked` for a parked one, else None."""
+        if rec.operator is None:
+            return None
+        if rec.operator.verb == "parked":
+            level = rec.operator.level
+            jobs = self.unit_states(rec, "park" if level else "stop")
+            watched = [s for k, s in jobs.items() if "/park-" in k or "/stop-" in k or not level]
+            return parking_phase("parked", watched)
+        return self.stop_phase(rec) if rec.operator.verb == "stopped" else "deleted"
+
+    def wait_stopped(self, rec: DeploymentRecord, within: float = STOP_WAIT_S) -> bool:
+        deadline = time.monotonic() + within
+        while self.stop_phase(rec) == "stopping":
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(1)
+        return True
+
+    # --- the gateways -----------------------------------------------------------------------------------------
+    def _gateways(self, state: State) -> list[Host]:
+        """The gateway hosts an apply has set up (recorded in the state)."""
+        return [h for h in self.inventory.gateways() if h.name in state.gateways]
+
+    def publish_stopped(self, state: State) -> None:
+        """stopped.map on every gateway, at once over its stats socket and in its file (a reload keeps it), and
+        its sha256 recorded (so the next plan sees no drift)."""
+        entries = stopped_map(state.deployments)
+        text = map_text(entries)
+        for g in self._gateways(state):
+            t = self._t(g.name)
+            remote.set_maps(t, {"stopped.map": entries})
+            t.put(f"{GATEWAY_DIR}/stopped.map", text.encode(), 0o644)
+            state.gateways[g.name].files_sha256["stopped.map"] = sha256(text)
+
+    def servers(self, state: State, rec: DeploymentRecord, to: str) -> None:
+        """Each replica's server on every gateway: `maint` (nothing routed to it) or `ready`."""
+        for g in self._gateways(state):
+            t = self._t(g.name)
+            known = remote.server_states(t)
+            for r in rec.replicas:
+                where = (backend_name(rec.name), server_name(r.index, r.slot))
+                if where in known:
+                    remote.set_state(t, *where, to)
+
+    # --- stop -------------------------------------------------------------------------------------------------
+    def stop(self, name: str) -> Outcome:
+        """Recorded stopped, the gateways answer deployment_stopped, and each replica's stop job accepted."""
+        with self._locked("stop") as state:
+            rec = self._held(state, name, allowed=("stopped", "parked"))
+            operation = new_id()
+            if rec.operator is not None and rec.operator.verb == "stopped":
+                return Outcome(operation=rec.operator.operation, note=f"{name} is already stopped")
+            rec.operator = OperatorAction(verb="stopped", when=now(), who=getpass.getuser(), operation=operation)
+            for r in rec.replicas:
+                r.status = "stopped"
+            self._log(state, f"stop deployment {name}", operation, "stop requested")
+            state = self._write(state)
+            self.publish_stopped(state)
+            self.servers(state, rec, "maint")
+            state = self._write(state)
+            self._detach(rec, "stop", lambda p, h, r: stop_job(p, h, r))
+        return Outcome(operation=operation)
+
+    def _held(self, state: State, name: str, allowed: tuple[str, ...]) -> DeploymentRecord:
+        rec = state.deployments.get(name)
+        if rec is None:
+            self.record(name)  # raises unknown_deployment
+            raise AssertionError
+        if rec.operator is not None and rec.operator.verb not in allowed:
+            raise Refused(f"{name} was {rec.operator.verb} by an operator; `engine-ctl start deployment {name}` "
+                          "first", code="deployment_held")  # fmt: skip
+        return rec
+
+    def _detach(self, rec: DeploymentRecord, verb: str, make: Callable[..., object]) -> None:
+        provider = provider_of(rec)
+        for r in rec.replicas:
+            job = make(provider, self._host(r.host), r)
+            t = self._t(r.host)
+            result = t.run(job_argv(job, detached_as=job_unit(verb, r.unit)), timeout=60)  # type: ignore[arg-type]
+            if result.exit_code != 0:
+                raise OperatorFailure(f"{verb} of {r.unit} on {r.host} was not accepted: {said(result)}")
+            self.progress(f"{rec.name}: {verb} of {r.unit} on {r.host} accepted ({job_unit(verb, r.unit)})")
+
+    # --- start ------------------------------------------------------------------------------------------------
+    def start(self, name: str, wait: bool, on_wait: Callable[[], None] = lambda: None) -> Outcome:
+        rec = self.record(name)
+        if rec.operator is None:
+            return Outcome(operation="", note=f"{name} is not stopped or parked; nothing to start")
+        if rec.operator.verb == "deleted":
+            return self._undelete(name)
+        if self.phase(rec) in ("stopping", "parking"):
+            if not wait:
+                raise Refused(
+                    f"{name} is still stopping; nothing was started. Retry in a moment, or run "
+                    f"`engine-ctl start deployment {name} --wait`, which waits for the stop to finish and then starts",
+                    code="still_stopping",
+                )
+            on_wait()
+            if not self._wait_phase(rec):
+                raise Refused(f"the stop of {name} did not finish within {STOP_WAIT_S}s; nothing was started",
+                              code="still_stopping")  # fmt: skip
+        return self._start(name, wait)
+
+    def _wait_phase(self, rec: DeploymentRecord) -> bool:
+        deadline = time.monotonic() + STOP_WAIT_S
+        while self.phase(rec) in ("stopping", "parking"):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(1)
+        return True
+
+    def _start(self, name: str, wait: bool) -> Outcome:
+        with self._locked("start") as state:
+            rec = state.deployments[name]
+            held = rec.operator
+            assert held is not None
+            operation = new_id()
+            rec.operator = None
+            self._log(state, f"start deployment {name}", operation, "start requested")
+            state = self._write(state)
+            self.publish_stopped(state)
+            state = self._write(state)
+        asleep = held.verb == "parked" and held.level > 0
+        provider = provider_of(rec)
+        ready = 0
+        for r in rec.replicas:
+            t = self._t(r.host)
+            if asleep and provider is not None:
+                run_checked(t, job_argv(wake_job(provider, self._host(r.host), r, held.level)),
+                            f"waking {r.unit} on {r.host}", timeout=600)  # fmt: skip
+            else:
+                run_checked(t, start_unit_argv(r.unit, wait or asleep), f"starting {r.unit} on {r.host}", timeout=900)
+            ready += 1 if (wait or asleep) else 0
+            self.progress(f"{name}: {r.unit} on {r.host} {'answers' if wait or asleep else 'start accepted'}")
+        with self._locked("start") as state:
+            for r in state.deployments[name].replicas:
+                r.status = "serving"
+            self.servers(state, state.deployments[name], "ready")
+            self._write(state)
+        return Outcome(operation=operation, ready=ready, replicas=len(rec.replicas),
+                       hosts=sorted({r.host for r in rec.replicas}))  # fmt: skip
+
+    def _undelete(self, name: str) -> Outcome:
+        with self._locked("start") as state:
+            operation = new_id()
+            state.deployments[name].operator = None
+            self._log(state, f"start deployment {name}", operation, "tombstone lifted")
+            self._write(state)
+        return Outcome(operation=operation, note=f"{name} is no longer deleted: the next apply creates it")
+
+    # --- park -------------------------------------------------------------------------------------------------
+    def park(self, name: str) -> Outcome:
+        with self._locked("park") as state:
+            rec = self._held(state, name, allowed=("parked",))
+            if rec.operator is not None:
+                return Outcome(operation=rec.operator.operation, note=f"{name} is already parked")
+            provider = provider_of(rec)
+            residency = rec.spec.residency if rec.spec and rec.spec.api == "chat" else "restart_only"
+            controls = provider.sleep_controls if provider is not None else None
+            asleep = provider is not None and provider.parks_asleep(residency)
+            level = controls.level(residency) if asleep and controls is not None else 0
+            if level == 1:
+                self._room_for_weights(rec)
+            operation = new_id()
+            rec.operator = OperatorAction(verb="parked", when=now(), who=getpass.getuser(), operation=operation,
+                                          level=level)  # fmt: skip
+            self._log(state, f"park deployment {name}", operation, "park requested")
+            state = self._write(state)
+            self.servers(state, rec, "maint")
+            if asleep:
+                self._detach(rec, "park", lambda p, h, r: sleep_job(p, h, r, level))
+            else:
+                self._detach(rec, "stop", lambda p, h, r: stop_job(p, h, r))
+        return Outcome(operation=operation)
+
+    def _room_for_weights(self, rec: DeploymentRecord) -> None:
+        """Level 1 keeps the weights in host RAM: refused where the host's free memory cannot hold them."""
+        keeps = rec.plan.weights_bytes if rec.plan else 0
+        for host in sorted({r.host for r in rec.replicas}):
+            out = self._t(host).run(["sh", "-c", "awk '/^MemAvailable:/ {print $2 * 1024}' /proc/meminfo"]).stdout
+            free = int(out.strip()) if out.strip().isdigit() else None
+            on_host = sum(1 for r in rec.replicas if r.host == host)
+            refusal = park_refusal(keeps * on_host, free, host, rec.name)
+            if refusal:
+                raise Refused(refusal, code="park_refused")
+
+    # --- delete -----------------------------------------------------------------------------------------------
+    def delete(self, name: str, stop: bool, on_wait: Callable[[], None] = lambda: None) -> Outcome:
+        rec = self.record(name)
+        if rec.operator is not None and rec.operator.verb == "deleted":
+            return Outcome(operation=rec.operator.operation, note=f"{name} is already deleted")
+        stopped = rec.operator is not None and rec.operator.verb == "stopped"
+        if not stop and (not stopped or self.stop_phase(rec) == "stopping"):
+            what = "is still stopping" if stopped else "is not stopped"
+            raise Refused(
+                f"{name} {what}; nothing was deleted. Run `engine-ctl delete deployment {name} --stop`, which stops "
+                "it, waits for the stop to finish and then deletes it",
+                code="delete_requires_cleanup",
+            )
+        if not stopped:
+            self.stop(name)
+            rec = self.record(name)
+        if self.stop_phase(rec) == "stopping":
+            on_wait()
+            if not self.wait_stopped(rec):
+                raise Refused(f"the stop of {name} did not finish within {STOP_WAIT_S}s; nothing was deleted",
+                              code="delete_requires_cleanup")  # fmt: skip
+        return self._delete(name)
+
+    def _delete(self, name: str) -> Outcome:
+        """Each unit removed (never the model's files); the record kept as a tombstone (core.plan.operator)."""
+        with self._locked("delete") as state:
+            rec = state.deployments[name]
+            for r in list(rec.replicas):
+                run_checked(self._t(r.host), remove_argv(r.unit), f"removing {UNIT_DIR}/{r.unit} on {r.host}")
+                rec.replicas = [x for x in rec.replicas if x is not r]
+                state = self._write(state)
+                rec = state.deployments[name]
+                self.progress(f"{name}: {r.unit} on {r.host} removed")
+            operation = new_id()
+            rec.operator = OperatorAction(verb="deleted", when=now(), who=getpass.getuser(), operation=operation)
+            rec.state, rec.reason = "Pending", "deleted by an operator"
+            self._log(state, f"delete deployment {name}", operation, "deleted")
+            state = self._write(state)
+            self.publish_stopped(state)
+            self._write(state)
+        return Outcome(operation=operation)
+
+
+__all__ = ["STILL_STOPPING", "HostFailure", "OperatorFailure", "Outcome", "Refused", "StateError", "Verbs"]

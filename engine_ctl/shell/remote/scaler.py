@@ -1,0 +1,575 @@
+"""The scaler: starts and stops a deployment's on-demand replicas within the plan's envelope. Stdlib only.
+
+Runs on one gateway host (the first by name) as engine-ctl-scaler.service: `python3 -I -S scaler.py --config
+/etc/engine-ctl/scaler/scaler.json`. Every poll_s (15 s) it reads each serving replica's GET /metrics (the
+provider's in-flight metric) and the gateway's counts over its admin socket (queued, sessions, request totals per
+backend), and hears the gateway's Lua on 127.0.0.1:<wake_port> (`wake <deployment>` for a held request). It
+decides at most once every decide_every_s per deployment, one replica at a time:
+- up when requests in flight per replica exceed 3/4 of `parallel` or requests queue (at zero: on the first
+  request, at once);
+- down when load stayed low (one replica fewer would be at most half full) for decide_every_s;
+- to zero when a `min: 0` deployment had no client request for idle_minutes (health checks and metrics reads
+  never reach a backend's request count, so they never count).
+It starts a slot health-gated (GET health_path answers 200), then puts its server into the gateway's backend; it
+drains a server (no new request, wait for those in flight) before stopping it. A slot whose devices (or whose
+cores and memory, on a CPU host) are taken by another running engine-ctl unit or a GPU process is not started:
+another slot is, or the decision says why none is free; a higher-priority deployment may preempt a
+lower-priority replica above that deployment's min.
+
+Replica hosts are reached over SSH with the scaler's own key, which a forced command there limits to start, stop
+and is-active of engine-ctl's replica units and a read-only status (scaler_command.py). State (decisions, times,
+averages, what is in flight) is kept in /var/lib/engine-ctl/scaler/state.json, written atomically, so a restart
+carries on where it was and does not flap.
+
+Hosts may run an older Python than engine-ctl: this file keeps to Python 3.7's grammar and library. The decision
+(`decide`) and the slot choice (`choose_slot`) are pure functions over plain values, unit-tested locally."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    Obj = dict[str, Any]
+
+STATE_PATH = "/var/lib/engine-ctl/scaler/state.json"
+INTERNAL_ENV = "/etc/engine-ctl/gateway/internal.env"
+KEEP_DECISIONS = 20
+UP_FRACTION = 0.75
+LOW_FRACTION = 0.5
+DRAIN_S = 120
+START_BUDGET_S = 600
+ENTER_S = 60
+AVERAGE_WEIGHT = 0.3
+IN_USE = ("active", "activating", "deactivating", "reloading")
+
+
+def utc(now: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+
+
+# The decision (pure) ------------------------------------------------------------------------------------------
+
+
+def decide(dep: Obj, obs: Obj, mem: Obj, now: float, every: float) -> Obj | None:
+    """What to do for one deployment now: {"action": up|down|zero, "reason", "figure"} or None.
+
+    obs: running (slot indexes in service or starting), ready (serving), in_flight, queued, held, idle_s.
+    mem: last_decision_at, low_since (kept by `observe_low`)."""
+    if dep.get("stopped") or mem.get("busy"):
+        return None
+    running, ready = obs["running"], obs["ready"]
+    parallel = max(int(dep["parallel"]), 1)
+    if not running:
+        waiting = obs["held"] + obs["queued"]
+        if waiting > 0:
+            return {"action": "up", "reason": "a request at zero (%d waiting)" % waiting, "figure": float(waiting)}
+        return None
+    since = now - float(mem.get("last_decision_at") or 0)
+    per = obs["in_flight"] / max(len(ready), 1)
+    if len(running) < dep["max"] and since >= every:
+        if obs["queued"] > 0 or obs["held"] > 0:
+            n = obs["queued"] + obs["held"]
+            return {"action": "up", "reason": "%d requests queued" % n, "figure": float(n)}
+        if per > UP_FRACTION * parallel:
+            return {"action": "up", "reason": "in flight %.1f/replica > 3/4 of parallel %d" % (per, parallel),
+                    "figure": round(per, 2)}  # fmt: skip
+    floor = max(int(dep["min"]), 1)
+    low_since = mem.get("low_since")
+    if len(running) > floor and low_since is not None and now - low_since >= every and since >= every:
+        fewer = obs["in_flight"] / (len(running) - 1)
+        return {"action": "down", "reason": "load low for %ds: in flight %.1f/replica with one fewer <= 1/2 of "
+                "parallel %d" % (now - low_since, fewer, parallel), "figure": round(fewer, 2)}  # fmt: skip
+    idle = dep.get("idle_minutes")
+    if int(dep["min"]) == 0 and len(running) == 1 and idle and obs["idle_s"] >= idle * 60 and obs["in_flight"] == 0:
+        return {"action": "zero", "reason": "no request for %d min (idle_minutes %d)" % (obs["idle_s"] // 60, idle),
+                "figure": float(int(obs["idle_s"]))}  # fmt: skip
+    return None
+
+
+def observe_low(dep: Obj, obs: Obj, mem: Obj, now: float) -> None:
+    """Keep low_since: since when one replica fewer would have been at most half full, with nothing queued."""
+    running = obs["running"]
+    parallel = max(int(dep["parallel"]), 1)
+    low = (
+        len(running) > 1
+        and obs["queued"] == 0
+        and obs["held"] == 0
+        and obs["in_flight"] / (len(running) - 1) <= LOW_FRACTION * parallel
+    )
+    if not low:
+        mem["low_since"] = None
+    elif mem.get("low_since") is None:
+        mem["low_since"] = now
+
+
+# Choosing a slot (pure) ---------------------------------------------------------------------------------------
+
+
+def slot_conflict(slot: Obj, host: Obj, known: dict[str, Obj]) -> str | None:
+    """Why a slot cannot start now on its host, or None. host: the forced command's `status` (active units with
+    their devices, busy GPUs, cores, memory); known: unit -> its slot in any deployment of the config."""
+    mine = set(slot.get("devices") or [])
+    cores, ram = int(slot.get("cpu_cores") or 0), int(slot.get("ram_bytes") or 0)
+    for unit in host.get("active", []):
+        name = unit["unit"]
+        if name == slot["unit"]:
+            continue
+        taken = mine & set(unit.get("devices") or [])
+        if taken:
+            return "GPU %s in use by %s" % (sorted(taken)[0], name)
+        other = known.get(name) or {}
+        cores += int(other.get("cpu_cores") or 0)
+        ram += int(other.get("ram_bytes") or 0)
+    busy = mine & set(host.get("gpu_busy") or [])
+    if busy:
+        return "GPU %s in use by another process" % sorted(busy)[0]
+    if not mine and slot.get("cpu_cores") and host.get("cores") and cores > int(host["cores"]):
+        return "%d cores in use on %s of %s" % (cores - int(slot["cpu_cores"]), slot["host"], host["cores"])
+    if not mine and ram and host.get("mem_total") and ram > int(host["mem_total"]):
+        return "memory in use on %s" % slot["host"]
+    return None
+
+
+def choose_slot(dep: Obj, running: list[int], hosts: dict[str, Obj], known: dict[str, Obj]) -> tuple[Obj | None, str]:
+    """The lowest on-demand slot not running whose host has room; else (None, why none is free)."""
+    why = []
+    for slot in sorted(dep["slots"], key=lambda s: s["index"]):
+        if slot["always_on"] or slot["index"] in running:
+            continue
+        host = hosts.get(slot["host"])
+        if host is None:
+            why.append("%s unreachable" % slot["host"])
+            continue
+        conflict = slot_conflict(slot, host, known)
+        if conflict is None:
+            return slot, ""
+        why.append("slot %d: %s" % (slot["index"], conflict))
+    return None, "; ".join(why) or "every slot runs (max %d)" % dep["max"]
+
+
+def preemptable(dep: Obj, deps: list[Obj], running: dict[str, list[int]]) -> list[tuple[Obj, Obj]]:
+    """(deployment, slot) of lower priority that run above their min, on demand, lowest priority first."""
+    out = []
+    for other in sorted(deps, key=lambda d: (d.get("priority", 0), d["name"])):
+        if other["name"] == dep["name"] or other.get("priority", 0) >= dep.get("priority", 0):
+            continue
+        mine = running.get(other["name"], [])
+        if len(mine) <= int(other["min"]):
+            continue
+        for slot in sorted(other["slots"], key=lambda s: -s["index"]):
+            if slot["index"] in mine and not slot["always_on"]:
+                out.append((other, slot))
+    return out
+
+
+# The gateway's admin socket and the replicas ------------------------------------------------------------------
+
+
+def admin(path: str, command: str, timeout: float = 10) -> str:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(path)
+        s.sendall(command.encode() + b"\n")
+        out = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        s.close()
+    return out.decode()
+
+
+def parse_stat(text: str) -> dict[str, Obj]:
+    """`show stat` -> backend -> {queued, sessions, requests, servers: name -> {status, sessions}}."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines or not lines[0].startswith("#"):
+        return {}
+    header = lines[0].lstrip("# ").split(",")
+    out: dict[str, Obj] = {}
+    for line in lines[1:]:
+        row = dict(zip(header, line.split(",")))  # noqa: B905 (strict= is Python 3.10)
+        b = out.setdefault(row.get("pxname", ""), {"queued": 0, "sessions": 0, "requests": 0, "servers": {}})
+        if row.get("svname") == "BACKEND":
+            b["queued"] = int(row.get("qcur") or 0)
+            b["sessions"] = int(row.get("scur") or 0)
+            b["requests"] = int(row.get("req_tot") or row.get("stot") or 0)
+        elif row.get("svname") != "FRONTEND":
+            b["servers"][row["svname"]] = {"status": row.get("status", ""), "sessions": int(row.get("scur") or 0)}
+    return out
+
+
+def metric_sum(text: str, name: str) -> float | None:
+    """The sum of a Prometheus metric's samples (any labels); None when absent."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{"):
+            try:
+                total += float(line.rsplit(" ", 1)[-1])
+                seen = True
+            except ValueError:
+                continue
+    return total if seen else None
+
+
+def http_get(url: str, key: str, timeout: float = 5) -> tuple[int, str]:
+    request = urllib.request.Request(url, headers={"Authorization": "Bearer " + key} if key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except (OSError, ValueError):
+        return 0, ""
+
+
+def read_key(path: str = INTERNAL_ENV) -> str:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("ENGINE_CTL_GATEWAY_KEY="):
+                    return line.strip().split("=", 1)[1]
+    except OSError:
+        pass
+    return ""
+
+
+# State --------------------------------------------------------------------------------------------------------
+
+
+def load_state(path: str) -> Obj:
+    try:
+        with open(path) as f:
+            state = json.load(f)
+        if isinstance(state, dict) and isinstance(state.get("deployments"), dict):
+            return state
+    except (OSError, ValueError):
+        pass
+    return {"format": 1, "deployments": {}}
+
+
+def save_state(path: str, state: Obj) -> None:
+    """Atomically: a whole new file, synced, renamed over the old one."""
+    tmp = path + ".new"
+    with open(tmp, "w") as f:
+        json.dump(state, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# The scaler ---------------------------------------------------------------------------------------------------
+
+
+class Scaler:
+    def __init__(self, config: Obj, state_path: str, log: Callable[[str], None]) -> None:
+        self.config, self.state_path, self.log = config, state_path, log
+        self.deps = [d for d in config["deployments"]]
+        self.known = {s["unit"]: dict(s, deployment=d["name"]) for d in self.deps for s in d["slots"]}
+        self.state = load_state(state_path)
+        self.lock = threading.RLock()
+        self.wakes: dict[str, int] = {}
+        self.woken = threading.Event()
+        self.key = read_key(config.get("internal_env", INTERNAL_ENV))
+        self.stats: dict[str, Obj] = {}
+        for d in self.deps:
+            self.mem(d["name"]).setdefault("last_request_at", time.time())
+
+    def mem(self, name: str) -> Obj:
+        return self.state["deployments"].setdefault(name, {"decisions": [], "running": [], "state": "Ready"})
+
+    def save(self) -> None:
+        with self.lock:
+            self.state["updated"] = utc(time.time())
+            live = {d["name"] for d in self.deps}
+            self.state["deployments"] = {k: v for k, v in self.state["deployments"].items() if k in live}
+            save_state(self.state_path, self.state)
+
+    def record(self, name: str, action: str, reason: str, figure: float | None = None, slot: Obj | None = None) -> None:
+        with self.lock:
+            mem = self.mem(name)
+            entry = {"at": utc(time.time()), "action": action, "reason": reason, "figure": figure}
+            if slot is not None:
+                entry.update(slot=slot["index"], host=slot["host"])
+            mem["decisions"] = [*(mem.get("decisions") or [])[-(KEEP_DECISIONS - 1) :], entry]
+            self.save()
+        self.log("%s: %s%s: %s" % (name, action, "" if slot is None else " slot %d" % slot["index"], reason))
+
+    # --- hearing the gateway ----------------------------------------------------------------------------------
+    def listen(self, port: int) -> None:
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", port))
+        server.listen(64)
+        while True:
+            conn, _ = server.accept()
+            threading.Thread(target=self._heard, args=(conn,), daemon=True).start()
+
+    def _heard(self, conn: socket.socket) -> None:
+        conn.settimeout(2)
+        try:
+            words = conn.recv(256).decode(errors="replace").split()
+        except OSError:
+            words = []
+        finally:
+            conn.close()
+        if len(words) == 2 and words[0] == "wake" and any(d["name"] == words[1] for d in self.deps):
+            with self.lock:
+                self.wakes[words[1]] = self.wakes.get(words[1], 0) + 1
+            self.woken.set()
+
+    # --- observing --------------------------------------------------------------------------------------------
+    def gateway(self) -> dict[str, Obj]:
+        try:
+            return parse_stat(admin(self.config["gateway_socket"], "show stat"))
+        except OSError as exc:
+            self.log("the gateway's admin socket: %s" % exc)
+            return {}
+
+    def observe(self, dep: Obj, stats: Obj, held: int, now: float) -> Obj:
+        servers = stats.get("servers", {})
+        mem = self.mem(dep["name"])
+        running, ready, in_flight = [], [], 0.0
+        for slot in dep["slots"]:
+            s = servers.get(slot["server"])
+            if s is None or s["status"].startswith("MAINT"):
+                continue
+            running.append(slot["index"])
+            if s["status"].startswith("UP") or s["status"].startswith("DRAIN"):
+                ready.append(slot["index"])
+                code, text = http_get("http://%s:%d/metrics" % (slot["address"], slot["port"]), self.key)
+                found = metric_sum(text, dep["metric"]) if code == 200 and dep.get("metric") else None
+                in_flight += found if found is not None else s["sessions"]
+        busy = mem.get("busy") or {}
+        if busy.get("action") == "up" and busy.get("slot") not in running:
+            running.append(busy["slot"])
+        requests = int(stats.get("requests", 0))
+        if requests > int(mem.get("requests_seen") or 0) or held or in_flight or stats.get("queued"):
+            mem["last_request_at"] = now
+        mem["requests_seen"] = requests
+        mem["average"] = round(AVERAGE_WEIGHT * in_flight + (1 - AVERAGE_WEIGHT) * float(mem.get("average") or 0), 3)
+        idle = now - float(mem.get("last_request_at") or now)
+        return {"running": sorted(running), "ready": sorted(ready), "in_flight": in_flight,
+                "queued": int(stats.get("queued", 0)), "held": held, "idle_s": idle}  # fmt: skip
+
+    def host_status(self, host: str) -> Obj | None:
+        slot = next(s for s in self.known.values() if s["host"] == host)
+        code, out = self.ssh(slot, "status")
+        if code != 0:
+            self.log("%s: status: %s" % (host, out.strip()[-200:]))
+            return None
+        try:
+            status = json.loads(out)
+        except ValueError:
+            return None
+        return status if isinstance(status, dict) else None
+
+    def ssh(self, slot: Obj, command: str, timeout: float = 60) -> tuple[int, str]:
+        argv = ["ssh", "-F", "/dev/null", "-i", self.config["key"], "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+                "-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile=" + self.config["known_hosts"],
+                "-o", "GlobalKnownHostsFile=/dev/null", "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR",
+                "-p", str(slot.get("ssh_port", 22)), slot["ssh_host"], command]  # fmt: skip
+        try:
+            p = subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return -1, str(exc)
+        return p.returncode, (p.stdout or p.stderr).decode(errors="replace")
+
+    # --- one cycle --------------------------------------------------------------------------------------------
+    def cycle(self) -> None:
+        now = time.time()
+        stats = self.gateway()
+        with self.lock:
+            wakes, self.wakes = self.wakes, {}
+        observed = {}
+        for dep in self.deps:
+            observed[dep["name"]] = self.observe(dep, stats.get(dep["backend"], {}), wakes.get(dep["name"], 0), now)
+        every = float(self.config.get("decide_every_s", 120))
+        order = sorted(self.deps, key=lambda d: (-int(d.get("priority", 0)), d["name"]))
+        for dep in order:
+            obs, mem = observed[dep["name"]], self.mem(dep["name"])
+            observe_low(dep, obs, mem, now)
+            self.summarise(dep, obs)
+            choice = decide(dep, obs, mem, now, every)
+            if choice is not None:
+                self.act(dep, choice, obs, observed)
+        self.save()
+
+    def summarise(self, dep: Obj, obs: Obj) -> None:
+        mem = self.mem(dep["name"])
+        busy = mem.get("busy") or {}
+        mem["running"], mem["ready"] = obs["running"], len(obs["ready"])
+        mem["wanted"] = len(obs["running"])
+        if not obs["running"] and int(dep["min"]) == 0:
+            mem["state"] = "ScaledToZero"
+            mem["reason"] = mem.get("hold_reason") or "no request for %d min: it holds no GPU" % (obs["idle_s"] // 60)
+        elif not obs["ready"]:
+            mem["state"] = "Starting"
+            mem["reason"] = "replica %s is loading" % busy.get("slot", "?")
+        else:
+            mem["state"], mem["reason"] = "Ready", "%d of %d..%d serving" % (len(obs["ready"]), dep["min"], dep["max"])
+
+    def act(self, dep: Obj, choice: Obj, obs: Obj, observed: dict[str, Obj]) -> None:
+        name, mem = dep["name"], self.mem(dep["name"])
+        if choice["action"] in ("down", "zero"):
+            slot = next(s for s in sorted(dep["slots"], key=lambda s: -s["index"])
+                        if s["index"] in obs["running"] and not s["always_on"])  # fmt: skip
+            self.launch(dep, "down", slot, choice)
+            return
+        hosts: dict[str, Obj] = {}
+        for h in sorted({s["host"] for s in dep["slots"] if not s["always_on"]}):
+            status = self.host_status(h)
+            if status is not None:
+                hosts[h] = status
+        slot, why = choose_slot(dep, obs["running"], hosts, self.known)
+        if slot is None:
+            slot = self.preempt(dep, obs, observed, hosts, choice)
+        if slot is None:
+            mem["hold_reason"] = "no slot free: " + why
+            mem["last_decision_at"] = time.time()
+            self.record(name, "hold", "no slot free: " + why, choice["figure"])
+            return
+        mem.pop("hold_reason", None)
+        self.launch(dep, "up", slot, choice)
+
+    def preempt(self, dep: Obj, obs: Obj, observed: dict[str, Obj], hosts: dict[str, Obj], choice: Obj) -> Obj | None:
+        """Drain and stop a lower-priority replica above its min whose stopping frees a slot of `dep`."""
+        running = {n: o["running"] for n, o in observed.items()}
+        for other, victim in preemptable(dep, self.deps, running):
+            if self.mem(other["name"]).get("busy") or victim["host"] not in hosts:
+                continue
+            left = dict(hosts[victim["host"]])
+            left["active"] = [u for u in left.get("active", []) if u["unit"] != victim["unit"]]
+            slot, _ = choose_slot(dep, obs["running"], dict(hosts, **{victim["host"]: left}), self.known)
+            if slot is None:
+                continue
+            reason = "preempted by %s (priority %s > %s)" % (
+                dep["name"],
+                dep.get("priority", 0),
+                other.get("priority", 0),
+            )
+            self.mem(other["name"])["last_decision_at"] = time.time()
+            self.record(other["name"], "preempt", reason, choice["figure"], victim)
+            self.drain_and_stop(other, victim)
+            return slot
+        return None
+
+    def launch(self, dep: Obj, action: str, slot: Obj, choice: Obj) -> None:
+        mem = self.mem(dep["name"])
+        with self.lock:
+            mem["busy"] = {"action": action, "slot": slot["index"], "since": time.time()}
+            mem["last_decision_at"] = time.time()
+        self.record(dep["name"], choice["action"], choice["reason"], choice["figure"], slot)
+        threading.Thread(target=self.carry_out, args=(dep, action, slot), daemon=True).start()
+
+    def carry_out(self, dep: Obj, action: str, slot: Obj) -> None:
+        """One replica's start (health-gated, then into the backend) or drain and stop; `busy` until done, so a
+        scaler killed half-way resumes it (resume)."""
+        try:
+            if action == "up":
+                self.start(dep, slot)
+            else:
+                self.drain_and_stop(dep, slot)
+        except Exception as exc:  # a failure is a decision to record, never the end of the scaler
+            self.record(dep["name"], "failed", "%s slot %d: %s" % (action, slot["index"], exc), None, slot)
+        finally:
+            with self.lock:
+                self.mem(dep["name"]).pop("busy", None)
+                self.save()
+            self.woken.set()
+
+    def start(self, dep: Obj, slot: Obj) -> None:
+        code, out = self.ssh(slot, "start " + slot["unit"], timeout=120)
+        if code != 0:
+            raise RuntimeError("start %s on %s: %s" % (slot["unit"], slot["host"], out.strip()[-300:]))
+        url = "http://%s:%d%s" % (slot["address"], slot["port"], slot["health_path"])
+        started = time.time()
+        checked = started
+        while http_get(url, "", timeout=2)[0] != 200:
+            if time.time() > started + START_BUDGET_S:
+                self.ssh(slot, "stop " + slot["unit"])
+                raise RuntimeError("%s did not answer %s with 200 within %d s" % (slot["unit"], url, START_BUDGET_S))
+            if time.time() - checked >= 5:  # a unit that died while loading is not waited for
+                checked = time.time()
+                if self.ssh(slot, "is-active " + slot["unit"])[0] != 0:
+                    raise RuntimeError("%s on %s stopped while loading" % (slot["unit"], slot["host"]))
+            time.sleep(0.2)
+        where = "%s/%s" % (dep["backend"], slot["server"])
+        admin(self.config["gateway_socket"], "set server %s state ready" % where)
+        admin(self.config["gateway_socket"], "set server %s health up" % where)
+        self.log("%s: slot %d serving" % (dep["name"], slot["index"]))
+
+    def drain_and_stop(self, dep: Obj, slot: Obj) -> None:
+        where = "%s/%s" % (dep["backend"], slot["server"])
+        sock = self.config["gateway_socket"]
+        admin(sock, "set server %s state drain" % where)
+        deadline = time.time() + DRAIN_S
+        while time.time() < deadline:
+            server = parse_stat(admin(sock, "show stat")).get(dep["backend"], {}).get("servers", {}).get(slot["server"])
+            if server is None or server["sessions"] == 0:
+                break
+            time.sleep(0.5)
+        admin(sock, "set server %s state maint" % where)
+        code, out = self.ssh(slot, "stop " + slot["unit"], timeout=120)
+        if code != 0:
+            raise RuntimeError("stop %s on %s: %s" % (slot["unit"], slot["host"], out.strip()[-300:]))
+        self.log("%s: slot %d stopped" % (dep["name"], slot["index"]))
+
+    def resume(self) -> None:
+        """What a killed scaler left half-done: carry it out (a start is idempotent, so is a stop)."""
+        for dep in self.deps:
+            busy = self.mem(dep["name"]).get("busy")
+            slot = next((s for s in dep["slots"] if busy and s["index"] == busy.get("slot")), None)
+            if busy and slot is not None:
+                self.log("%s: resuming %s of slot %d" % (dep["name"], busy["action"], slot["index"]))
+                threading.Thread(target=self.carry_out, args=(dep, busy["action"], slot), daemon=True).start()
+            elif busy:
+                self.mem(dep["name"]).pop("busy", None)
+
+    def run(self) -> None:
+        threading.Thread(target=self.listen, args=(int(self.config.get("wake_port", 8809)),), daemon=True).start()
+        self.resume()
+        poll = float(self.config.get("poll_s", 15))
+        while True:
+            try:
+                self.cycle()
+            except Exception as exc:  # one bad cycle (a socket gone during a reload) never ends the scaler
+                self.log("cycle failed: %r" % (exc,))
+            self.woken.wait(poll)
+            self.woken.clear()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="engine-ctl's scaler")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--state", default=STATE_PATH)
+    args = parser.parse_args(argv)
+    with open(args.config) as f:
+        config = json.load(f)
+
+    def log(message: str) -> None:
+        sys.stdout.write(message + "\n")
+        sys.stdout.flush()
+
+    log("engine-ctl scaler: %d deployments" % len(config.get("deployments", [])))
+    Scaler(config, args.state, log).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
