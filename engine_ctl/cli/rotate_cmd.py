@@ -120,7 +120,7 @@ def rotate_internal(
         events = JsonEvents() if as_json else None
         request = Request(request_identity(None))
         if names:
-            announce(request.id, stderr=as_json)
+            announce(request.id)
         code = _apply_documents(paths, inventory_path, state_path, options, parallel, targets or names, lock_timeout,
                                 auto_approve, events, False, names, "key rotate-internal",
                                 request) if names else 0  # fmt: skip
