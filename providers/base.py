@@ -147,6 +147,9 @@ class Provider:
     in_flight_metric: str = ""
     default_context_cap: int = 8192
     serves_decisions: bool = False
+    decisions_min_version: str | None = None
+    """The oldest release that serves decision models (seed 003): a build reporting an older version serves
+    them only where the inventory says so (engines.<engine>.decisions: true)."""
     default_executable: str = ""
     jit_compiles: bool = False
     """JIT compilers need writable+executable memory: MemoryDenyWriteExecute stays off."""

@@ -198,6 +198,7 @@ LLAMACPP = LlamaCpp(
     in_flight_metric="llamacpp:requests_processing",
     default_context_cap=8192,
     serves_decisions=True,
+    decisions_min_version="0.7.0",
     default_executable="/usr/local/bin/llama-server",
     jit_compiles=False,
     startup_budget_s=600,

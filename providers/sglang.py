@@ -159,6 +159,7 @@ SGLANG = SgLang(
     loading_statuses=frozenset({"503"}),
     default_context_cap=32768,
     serves_decisions=True,
+    decisions_min_version="0.5.22",
     default_executable="/usr/bin/python3",
     jit_compiles=True,
     tp_must_divide_heads=True,

@@ -263,6 +263,9 @@ class DeploymentRecord(Record):
     """The deployment's stable ID (a ULID), given when it is first created; empty in states written before IDs."""
     operator: OperatorAction | None = None
     """An operator's stop, park or delete (engine_ctl.core.plan.operator): kept by apply until `start`."""
+    decision_reference: dict[str, Any] | None = None
+    """A decisions deployment's first complete answer to the readiness question, for the wake check:
+    {"version": the check's version, "choice", "probabilities"} (engine_ctl.core.decisions)."""
 
     _spec = field_validator("spec", mode="before")(known_fields(Deployment))
     _model = field_validator("model", mode="before")(known_fields(Model))
@@ -297,6 +300,8 @@ class DeploymentRecord(Record):
         for key in ("id", "operator"):  # written only when set, as moved_from (older states read the same)
             if not data.get(key):
                 data.pop(key, None)
+        if data.get("decision_reference") is None:
+            data.pop("decision_reference", None)  # written only for a decisions deployment
         return data
 
     def replica(self, index: int, slot: str | None = None) -> ReplicaRecord | None:

@@ -213,3 +213,17 @@ def test_the_plan_line_says_what_runs_and_why() -> None:
     )
     assert running_line(ScalerView(), 0, 2) == "0 running of 0..2"
     assert scaler_views("not json") == {}
+
+
+def test_status_says_scaled_to_zero_when_the_scaler_stopped_the_last_replica() -> None:
+    from engine_ctl.core.plan.scaler import with_scaler
+    from engine_ctl.core.plan.status import DeploymentStatus, InstanceStatus
+
+    stopped = InstanceStatus(index=0, host="h1", unit="engine-ctl-chat-0a.service", port=8001, state="stopped", gpus=[])
+    status = DeploymentStatus(name="chat", state="Failed", reason="no replica serves", ready=0, replicas=1,
+                              revision=1, hosts=["h1"], instances=[stopped])  # fmt: skip
+    view = ScalerView(state="ScaledToZero", reason="no request for 1 min: it holds no GPU", wanted=0)
+    shown = with_scaler(status, view)
+    assert (shown.state, shown.reason, shown.replicas) == ("ScaledToZero", view.reason, 0)
+    failed = status.model_copy(update={"instances": [stopped.model_copy(update={"state": "failed"})]})
+    assert with_scaler(failed, view).state == "Failed"

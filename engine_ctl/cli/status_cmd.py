@@ -155,6 +155,7 @@ def list_cmd(
         emit_json(list_json(statuses))
     else:
         console().print(list_table(statuses) if statuses else _no_deployments(backend.location))
+        _sleep_warning(records)
         report_failures(failures)
     sys.exit(1 if failures else 0)
 
@@ -222,6 +223,7 @@ def _status(
     out = console()
     if not statuses:
         out.print(_no_deployments(backend.location))
+    _sleep_warning(records)
     for s in statuses:
         out.print(deployment_table(s))
         for line in detail_lines(s):
@@ -239,6 +241,15 @@ def _status(
         out.print("")
     report_failures(failures)
     sys.exit(1 if failures else 0)
+
+
+def _sleep_warning(records: list[DeploymentRecord]) -> None:
+    """While parking is on for a deployment shown: the warning that its engine runs with its sleep controls."""
+    from engine_ctl.core.plan.operator import sleep_controls_warning
+
+    warning = sleep_controls_warning(records)
+    if warning:
+        console(stderr=True).print(warning, markup=False, highlight=False)
 
 
 def list_table(statuses: list[DeploymentStatus]) -> Table:
@@ -269,6 +280,7 @@ def deployment_table(s: DeploymentStatus) -> Table:
 def detail_lines(s: DeploymentStatus) -> list[str]:
     """Under the deployment's row: its API (a decisions deployment only), its hosts and why it is in its state."""
     lines = [f"API       {s.api}"] if s.api else []
+    lines += [f"ID        {s.id}"] if s.id else []  # the deployment's stable ID (a ULID)
     lines.append(f"Hosts     {', '.join(s.hosts) or '-'}")
     if s.reason:
         lines.append(f"Reason    {s.reason}")

@@ -7,18 +7,22 @@ import re
 import shlex
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
+from engine_ctl.core.decisions import DecisionAnswer, comparable_reference
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.startup import measure_script, parse_measurement, same_engine, sampler
 from engine_ctl.core.names import UNIT_FORM, parse_unit_name
 from engine_ctl.core.plan.changes import CREATE, DELETE, SURGE, UPDATE, DeploymentChange, Plan, ReplicaChange
 from engine_ctl.core.plan.status import recorded_verdict
+from engine_ctl.core.render.gateway import REPLICA_KEY
+from engine_ctl.core.render.units import bind_address, local_address
 from engine_ctl.core.weights import WeightsFetch, human, waiting_reason
 from engine_ctl.providers import PROVIDERS
+from engine_ctl.shell.decisions import prove_ready
 from engine_ctl.shell.fetch import FetchFailed, FetchProgress, HubAccess, fetch_weights
 from engine_ctl.shell.gateway import GatewayFailure
 from engine_ctl.shell.gateway_apply import GatewayApply
@@ -255,6 +259,13 @@ def _adopt(state: State, name: str, unit: str) -> None:
     for r in rec.replicas if rec else []:
         if r.unit == unit and r.status == "pending":
             r.status = "serving"
+
+
+def _reference(state: State, name: str, answer: DecisionAnswer) -> None:
+    """The first answer to the readiness decision, kept for the wake check (one of an older check is replaced)."""
+    rec = _record(state, name)
+    if comparable_reference(rec.decision_reference) is None:
+        rec.decision_reference = answer.as_record()
 
 
 def _waiting(state: State, name: str, reason: str) -> None:
@@ -502,6 +513,7 @@ class Executor:
             for fetch in change.fetches:
                 self._fetch(change, fetch)
             for unit in change.adopt:
+                self._prove_adopted(change, unit)
                 self._record(lambda s, u=unit: _adopt(s, name, u), name)  # type: ignore[misc]
                 self.progress(f"{name}: {unit} runs and passed its health gate: recorded serving")
                 self._event("recorded", name, unit=unit, state="serving")
@@ -681,6 +693,12 @@ class Executor:
             self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
             self._record(lambda s: _initialized(s, name, None, time.monotonic() - began, reason), name)
             raise StepFailed(reason)
+        why = self._not_ready(t, change, step.host, step.port, step.argv)
+        if why:  # a decisions replica that does not answer the readiness decision never serves
+            self._run(t, remove_argv(step.unit), f"removing the unready {step.unit} on {step.host}")
+            self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
+            self._record(lambda s: _initialized(s, name, None, time.monotonic() - began, why), name)
+            raise StepFailed(why)
         if measure:
             self._measure(t, name, step, time.monotonic() - began)
         self._record(lambda s: _set_status(s, name, step.host, step.unit, "serving"), name)
@@ -793,8 +811,9 @@ class Executor:
             argv = on_demand_argv("try-restart", step.unit, True) if step.on_demand else restart_argv(step.unit, True)
             result = tr.run(argv, stdin=step.unit_text, timeout=self._budget(change))
             _uploaded(result, step)
-            if result.exit_code != 0:
-                reason = self._reason(tr, change, step.unit)
+            reason = self._reason(tr, change, step.unit) if result.exit_code != 0 else None
+            reason = reason or self._not_ready(tr, change, step.host, step.port, step.argv)
+            if reason:
                 self._record(lambda s: _set_status(s, name, step.host, step.unit, "failed", reason), name)
                 raise StepFailed(reason)
             digest = self._digests.get((name, step.host), "")
@@ -860,8 +879,11 @@ class Executor:
         on-demand one is started, not enabled."""
         argv = on_demand_argv("start", unit) if on_demand else start_argv(unit)
         restored = t.run(argv, timeout=self._budget(change))
-        status = "serving" if restored.exit_code == 0 else "failed"
-        reason = None if status == "serving" else self._reason(t, change, unit)
+        reason = self._reason(t, change, unit) if restored.exit_code != 0 else None
+        if reason is None and (rec := self.recorder.state.deployments.get(change.name)) is not None:
+            found = next((r for r in rec.replicas if r.unit == unit and r.host == host), None)
+            reason = self._not_ready(t, change, host, found.port, found.argv) if found is not None else None
+        status = "serving" if reason is None else "failed"
         self._record(lambda s: _set_status(s, change.name, host, unit, status, reason), change.name)
         if status == "serving" and self.gateway is not None:
             try:
@@ -871,3 +893,31 @@ class Executor:
         self.progress(f"{change.name}: the previous {unit} on {host} restored ({status})")
         self._event("healthy" if status == "serving" else "failed", change.name, host=host, unit=unit, reason=reason
                     or "the previous unit restored after its replacement failed")  # fmt: skip
+
+    # --- decisions (seed 003): a decisions replica is ready once it answers the readiness decision ---------------
+    def _not_ready(
+        self, t: Transport, change: DeploymentChange, host: str, port: int, argv: Sequence[str] | None
+    ) -> str | None:
+        """None when the replica is proven ready: not a decisions deployment, or it answered the readiness
+        question completely (its first answer is recorded for the wake check); otherwise why not."""
+        if change.spec is None or change.spec.api != "decisions":
+            return None
+        key_file = REPLICA_KEY if REPLICA_KEY in (argv or ()) else None  # behind a gateway: the internal key
+        found = prove_ready(t, local_address(bind_address(self.hosts[host])), port, change.name, key_file)
+        if isinstance(found, str):
+            return f"launch_failed: not ready: the readiness decision failed: {found}"
+        self._record(lambda s: _reference(s, change.name, found), change.name)
+        shown = ", ".join(f"{k} {v:.3f}" for k, v in found.probabilities.items())
+        self.progress(f"{change.name}: {host}:{port} answered the readiness decision: {found.choice} ({shown})")
+        return None
+
+    def _prove_adopted(self, change: DeploymentChange, unit: str) -> None:
+        """The same readiness decision for a unit found already running (apply restarted, the host came back)."""
+        rec = self.recorder.state.deployments.get(change.name)
+        replica = next((r for r in rec.replicas if r.unit == unit), None) if rec else None
+        if replica is None or change.spec is None or change.spec.api != "decisions":
+            return
+        with self._on(replica.host) as t:
+            why = self._not_ready(t[replica.host], change, replica.host, replica.port, replica.argv)
+        if why:
+            raise StepFailed(f"{unit} on {replica.host} runs but is not ready: {why}")

@@ -33,6 +33,7 @@ from engine_ctl.core.plan.changes import (
     Strategy,
     replace_actions,
 )  # fmt: skip
+from engine_ctl.core.plan.decisions import decisions_refusals
 from engine_ctl.core.plan.diff import Names, changed_fields, spec_digest
 from engine_ctl.core.plan.drift import replica_drift
 from engine_ctl.core.plan.ownership import as_recorded
@@ -566,6 +567,9 @@ def start_deployment(
     if fitted is None:
         return change, None
     refused = hosts.engine_refusals(provider, sized.accelerator)
+    refused = {**refused, **_decisions_refused(change, sized, provider, hosts)}
+    if change.failed_reason:
+        return change, None
     t = Target(d=sized, model=model, provider=provider, fitted=fitted, revision=change.revision, hosts=hosts,
                alloc=alloc, no_weights={**refused, **weights_missing(model, hosts)}, change=change,
                lineage=lineage)  # fmt: skip
@@ -602,6 +606,17 @@ def place_on_demand(t: Target, alloc: Allocation) -> None:
             f"{t.d.name}: on-demand replica {stopped} has no place ({why}); the scaler can run at most {stopped} "
             f"of the {t.count} replicas of spec.replicas.max"
         )
+
+
+def _decisions_refused(change: DeploymentChange, d: Deployment, provider: Provider, hosts: Hosts) -> dict[str, str]:
+    """A decisions deployment leaves out the hosts whose engine cannot serve decisions; naming one fails it."""
+    if d.api != "decisions":
+        return {}
+    refused = decisions_refusals(provider, d.accelerator, hosts.reached, hosts.inventory)
+    if d.host in refused:
+        change.failed_reason = refused[d.host]
+        change.warnings.append(f"{d.name} is Failed: {refused[d.host]}; its running replicas are left as they are")
+    return refused
 
 
 def decide_with_strategy(t: Target, record: DeploymentRecord | None, d: Deployment, names: Names | None) -> None:

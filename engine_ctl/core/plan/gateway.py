@@ -83,8 +83,9 @@ class GatewayChange(BaseModel):
 
 
 def deployment_backend(
-    name: str, replicas: Iterable[Replica], engine: str | None, parallel: int | None, hosts: Mapping[str, Host]
-) -> GatewayBackend:
+    name: str, replicas: Iterable[Replica], engine: str | None, parallel: int | None, hosts: Mapping[str, Host],
+    api: str = "chat",
+) -> GatewayBackend:  # fmt: skip
     provider = PROVIDERS.get(engine or "")
     servers = tuple(
         GatewayServer(
@@ -97,7 +98,8 @@ def deployment_backend(
         for r in sorted(replicas, key=lambda r: (r.index, r.slot))
         if r.host in hosts
     )
-    return GatewayBackend(deployment=name, health_path=provider.health_path if provider else "/health", servers=servers)
+    health = provider.health_path if provider else "/health"
+    return GatewayBackend(deployment=name, health_path=health, servers=servers, api=api)
 
 
 def recorded_replicas(record: DeploymentRecord, facts: Mapping[str, HostFacts] | None = None) -> list[Replica]:
@@ -128,6 +130,7 @@ def backends_from_state(state: State, hosts: Mapping[str, Host]) -> list[Gateway
             rec.plan.engine if rec.plan else None,
             rec.plan.parallel if rec.plan else None,
             hosts,
+            rec.spec.api if rec.spec else "chat",
         )
         for name, rec in sorted(state.deployments.items())
     ]
@@ -139,7 +142,7 @@ def _planned(
     """Per deployment: replicas after the plan, the union with those now, and (engine, parallel)."""
     after: dict[str, dict[tuple[str, int, str], Replica]] = {}
     union: dict[str, dict[tuple[str, int, str], Replica]] = {}
-    sizing: dict[str, tuple[str | None, int | None]] = {}
+    sizing: dict[str, tuple[str | None, int | None, str]] = {}
     changes = {c.name: c for c in plan_changes}
     for name in sorted(set(state.deployments) | set(changes)):
         record = state.deployments.get(name)
@@ -147,7 +150,9 @@ def _planned(
         final, both = dict(now), dict(now)
         change = changes.get(name)
         plan = (change.fit if change is not None and change.fit else None) or (record.plan if record else None)
-        sizing[name] = (plan.engine, plan.parallel) if plan else (None, None)
+        spec = (change.spec if change is not None and change.spec else None) or (record.spec if record else None)
+        api = spec.api if spec else "chat"  # a decisions deployment's backend answers POST /v1/systemone only
+        sizing[name] = (plan.engine, plan.parallel, api) if plan else (None, None, api)
         for rc in change.replicas if change is not None else []:
             new = Replica(index=rc.index, slot=rc.slot, host=rc.host, port=rc.port, on_demand=rc.on_demand,
                           active=rc.active)  # fmt: skip
@@ -179,7 +184,7 @@ def render_for(
     hosts: Mapping[str, Host], settings: GatewaySettings, stopped: Mapping[str, str] | None = None,
 ) -> RenderedGateway:  # fmt: skip
     backends = [
-        deployment_backend(name, reps.values(), sizing[name][0], sizing[name][1], hosts)
+        deployment_backend(name, reps.values(), sizing[name][0], sizing[name][1], hosts, sizing[name][2])
         for name, reps in sorted(replicas.items())
     ]
     return render_gateway(host, backends, keys, hold_s=settings.hold_s, hold_cap=settings.hold_cap, stopped=stopped)

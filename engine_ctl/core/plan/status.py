@@ -13,6 +13,8 @@ from engine_ctl.providers import PROVIDERS
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord
 
 DeploymentState = Literal["Pending", "Starting", "Ready", "ScaledToZero", "Failed"]
+HeldState = Literal["stopping", "stopped", "parking", "parked", "deleted"]
+"""An operator's verb in progress or done (lowercase, as seed 003 shows them)."""
 Provenance = Literal["measured", "default"]
 GIB = 1024**3
 MIB = 1024**2
@@ -52,7 +54,7 @@ class Endpoint(BaseModel):
 
 class DeploymentStatus(BaseModel):
     name: str
-    state: DeploymentState
+    state: DeploymentState | HeldState
     reason: str | None = None
     ready: int
     replicas: int
@@ -66,6 +68,8 @@ class DeploymentStatus(BaseModel):
     gateways: list[str] = Field(default_factory=list)
     """The base URLs (without /v1) where programs call it with an API key; empty without a gateway host."""
     members: list[Member] = Field(default_factory=list)
+    id: str = ""
+    """The deployment's stable ID (a ULID; empty for a record written before IDs)."""
     startup: StartupStatus | None = None
     initialize_s: float | None = None
     last_operation: str | None = None
@@ -275,9 +279,11 @@ def deployment_status(
     fit_failed = rec.state == "Failed" and rec.last_error is not None and rec.reason == rec.last_error
     failure = rec.last_error or (rec.reason if rec.state == "Failed" else None)
     found = verdict(serving, others, wanted, rec.revision, failure=failure, fit_failed=fit_failed)
+    held = held_state(rec, facts)
     return DeploymentStatus(
-        name=rec.name, state=found.state, reason=found.reason, ready=len(serving),
-        replicas=max(wanted, len(serving) + len(others)), revision=rec.revision,
+        id=rec.id,
+        name=rec.name, state=held[0] if held else found.state, reason=held[1] if held else found.reason,
+        ready=len(serving), replicas=max(wanted, len(serving) + len(others)), revision=rec.revision,
         hosts=sorted({r.host for r in rec.replicas}),
         instances=instances, served_model_name=rec.name, kind=rec.plan.kind if rec.plan else None,
         endpoint=Endpoint(name=rec.name, listen_port=int(gateways[0][1].rsplit(":", 1)[1]),
@@ -288,3 +294,23 @@ def deployment_status(
          for r, i in zip(ordered, instances, strict=True)],
         ready_replicas=len(serving), **record_fields(rec),
     )  # fmt: skip
+
+
+def held_state(rec: DeploymentRecord, facts: dict[str, HostFacts]) -> tuple[HeldState, str] | None:
+    """A deployment an operator holds (engine_ctl.core.plan.operator): stopping then stopped, parking then parked
+    (for a park that stops the engine, by its units' states), or deleted; None when no verb holds it."""
+    held = rec.operator
+    if held is None:
+        return None
+    reason = f"{held.verb} by an operator at {held.when}"
+    if held.verb == "deleted":
+        return "deleted", reason
+    states = []
+    for r in rec.replicas:
+        unit = next((u for u in facts[r.host].units if u.name == r.unit), None) if r.host in facts else None
+        states.append(unit.active_state if unit is not None else "inactive")
+    going = any(s in ("active", "activating", "deactivating", "reloading") for s in states)
+    if held.verb == "parked":
+        asleep = held.level > 0  # asleep, its unit active: parked once accepted
+        return ("parking" if going and not asleep else "parked"), reason
+    return ("stopping" if going else "stopped"), reason

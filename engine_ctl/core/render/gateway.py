@@ -90,6 +90,9 @@ class GatewayBackend(BaseModel):
     deployment: str
     health_path: str = "/health"
     servers: tuple[GatewayServer, ...] = ()
+    api: str = "chat"
+    """decisions: the backend answers POST /v1/systemone only, and its servers' health check is the readiness
+    decision (seed 003); chat: everything under /v1 but /v1/systemone."""
 
     @property
     def backend(self) -> str:
@@ -223,6 +226,7 @@ def render_gateway(
             "hold_s": hold_s,
             "hold_cap": hold_cap,
             "backends": ordered,
+            **decisions_context(ordered, internal_key),
         },
     )
     lua = _with_hash(
@@ -322,3 +326,23 @@ def parse_gateway_key(text: str) -> tuple[str | None, str | None]:
         elif sent is None:
             sent = value
     return sent, following
+
+
+# --- decision models (seed 003): routed to POST /v1/systemone only, checked with the readiness decision ---------
+def decisions_context(backends: list[GatewayBackend], internal_key: bool) -> dict[str, object]:
+    """The template's values for decisions backends: their names (one ACL), and each one's health check body:
+    the readiness request with its own served model name, as HAProxy's `http-check send ... body` takes it."""
+    from engine_ctl.core.decisions import READINESS_PATH, readiness_body
+
+    decisions = [b for b in backends if b.api == "decisions"]
+    return {
+        "decisions_backends": " ".join(b.backend for b in decisions),
+        "decisions_path": READINESS_PATH,
+        "decisions_checks": {b.backend: _haproxy_quoted(readiness_body(b.deployment)) for b in decisions},
+        "decisions_auth": internal_key,
+    }
+
+
+def _haproxy_quoted(text: str) -> str:
+    """A string in HAProxy's single quotes (no escapes inside; a ' ends it and is written '\\'')."""
+    return "'" + text.replace("'", "'\\''") + "'"

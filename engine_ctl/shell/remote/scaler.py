@@ -384,6 +384,9 @@ class Scaler:
                 "-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile=" + self.config["known_hosts"],
                 "-o", "GlobalKnownHostsFile=/dev/null", "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR",
                 "-p", str(slot.get("ssh_port", 22)), slot["ssh_host"], command]  # fmt: skip
+        control = self.config.get("control_dir")
+        if control and os.path.isdir(control):  # one connection per host, kept: a wake costs no SSH handshake
+            argv[1:1] = ["-o", "ControlMaster=auto", "-o", "ControlPath=%s/%%C" % control, "-o", "ControlPersist=600"]
         try:
             p = subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
