@@ -5,7 +5,7 @@ model, and the real HAProxy with the configuration engine-ctl renders in front o
   straight to the replica, alternating (target: p50 <= 1 ms);
 - throughput at 8 concurrent clients through the gateway against direct (target: >= 0.95x).
 
-Run:  .venv/bin/python -m bench.gateway [REQUESTS] [--rounds 6] [--seconds 5] [--variants]
+Run:  .venv/bin/python -m bench.gateway [REQUESTS] [--rounds 16] [--seconds 2] [--variants]
 
 Throughput is measured in rounds: each round measures direct and the gateway back to back, in an order that turns
 around every round, and the ratio reported is the median of the rounds' ratios (the machine is shared and its load
@@ -91,7 +91,8 @@ def variants(config: str) -> dict[str, str]:
     """The rendered configuration, and the same with one suspect of overhead taken out: the body's buffering
     (wait-for-body, and so the route on the body's model: the model map is skipped for a fixed backend), the
     large buffers (tune.bufsize 256 KiB, HAProxy's default 16 KiB instead), the hold's rules (Lua runs only with no
-    server up, but its ACLs are evaluated on every request) and the per-server maxconn (HAProxy's own queue)."""
+    server up, but its ACLs are evaluated on every request), the per-server maxconn (HAProxy's own queue), HAProxy's
+    threads (one per CPU by default) and, as the floor, a plain proxy with no rule at all."""
     lines = config.splitlines(keepends=True)
 
     def without(*needles: str) -> str:
@@ -105,7 +106,25 @@ def variants(config: str) -> dict[str, str]:
         "bufsize 16 KiB": config.replace("tune.bufsize 262144", "tune.bufsize 16384"),
         "no hold rules": without("lua.hold", "var(txn.hold)"),
         "no server maxconn": config.replace(" maxconn 8", ""),
+        "nbthread 1": config.replace("    master-worker\n", "    master-worker\n    nbthread 1\n"),
+        "plain proxy": plain_proxy(config),
     }
+
+
+def plain_proxy(config: str) -> str:
+    """The floor: HAProxy passing requests to the same server with no rule at all (no key, no route, no body)."""
+    lines = [ln.strip() for ln in config.splitlines()]
+
+    def first(prefix: str) -> str:
+        return next((ln for ln in lines if ln.startswith(prefix)), "")
+
+    bind, server, sock = first("bind "), first("server "), first("stats socket ")
+    return (f"global\n    master-worker\n    {sock}\n    maxconn 1000\n"
+            "defaults\n    mode http\n    timeout connect 3s\n    timeout client 10m\n    timeout server 10m\n"
+            f"frontend api\n    {bind}\n    http-request return status 200 content-type text/plain string ok if {{ path /health }}\n"
+            "    default_backend d_bench\n"
+            f"backend d_bench\n    balance leastconn\n    option httpchk GET /health\n"
+            f"    default-server check inter 5s\n    {server}\n")  # fmt: skip
 
 
 def start_gateways(tmp: str, replica: int, chosen: list[str]) -> tuple[dict[str, int], list[subprocess.Popen[bytes]]]:
@@ -151,7 +170,52 @@ def overhead(replica: int, gateway: int, requests: int) -> None:
           f"  (target p50 <= 1 ms: {'ok' if p50 <= 1 else 'MISSED'})", flush=True)  # fmt: skip
 
 
-def rounds_of(replica: int, ports: dict[str, int], rounds: int, seconds: float) -> dict[str, list[float]]:
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process and its children (HAProxy's master and its worker)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total = (int(fields[11]) + int(fields[12])) / tick
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                total += cpu_seconds(int(child))
+    except (OSError, ValueError, IndexError):
+        pass
+    return total
+
+
+class Meter:
+    """Requests and CPU seconds per path (direct or a gateway), over every slice of every round."""
+
+    def __init__(self, engine: int, gateways: dict[str, int]) -> None:
+        self.engine, self.gateways = engine, gateways
+        self.requests: dict[str, float] = {}
+        self.engine_cpu: dict[str, float] = {}
+        self.gateway_cpu: dict[str, float] = {}
+
+    def slice(self, name: str, port: int, seconds: float) -> float:
+        pid = self.gateways.get(name)
+        e0, g0 = cpu_seconds(self.engine), cpu_seconds(pid) if pid else 0.0
+        rate = throughput(port, pid is not None, seconds=seconds)
+        self.requests[name] = self.requests.get(name, 0) + rate * seconds
+        self.engine_cpu[name] = self.engine_cpu.get(name, 0) + cpu_seconds(self.engine) - e0
+        if pid:
+            self.gateway_cpu[name] = self.gateway_cpu.get(name, 0) + cpu_seconds(pid) - g0
+        return rate
+
+    def report(self) -> None:
+        """CPU per request: what the load cannot blur. On a host shared with the engine (as here) the gateway can
+        cost at most its share of the CPU both use; on a gateway host of its own, none of the engine's."""
+        engine_us = self.engine_cpu["direct"] / self.requests["direct"] * 1e6
+        print(f"  CPU per request: engine {engine_us:.0f} us (direct)", flush=True)
+        for name, cpu in self.gateway_cpu.items():
+            us = cpu / self.requests[name] * 1e6
+            print(f"  CPU per request: HAProxy ({name}) {us:.0f} us, {us / (us + engine_us):.1%} of the CPU a request "
+                  f"takes through it: the most it can take from throughput on a shared host", flush=True)  # fmt: skip
+
+
+def rounds_of(replica: int, ports: dict[str, int], rounds: int, seconds: float, meter: Meter) -> dict[str, list[float]]:
     """Each round measures direct and every gateway back to back, the order turned around every round (the
     machine's load drifts); a gateway's ratio in a round is against the direct figure of the same round."""
     ratios: dict[str, list[float]] = {name: [] for name in ports}
@@ -159,7 +223,7 @@ def rounds_of(replica: int, ports: dict[str, int], rounds: int, seconds: float) 
     order = ["direct", *ports]
     for r in range(rounds):
         this = order if r % 2 == 0 else order[::-1]
-        got = {n: throughput(replica if n == "direct" else ports[n], n != "direct", seconds=seconds) for n in this}
+        got = {n: meter.slice(n, replica if n == "direct" else ports[n], seconds) for n in this}
         for n, v in got.items():
             rates[n].append(v)
         for n in ports:
@@ -172,6 +236,7 @@ def rounds_of(replica: int, ports: dict[str, int], rounds: int, seconds: float) 
             line += f", ratio to direct: median {statistics.median(ratios[n]):.3f} (rounds: " + ", ".join(
                 f"{x:.3f}" for x in ratios[n]) + ")"  # fmt: skip
         print(line, flush=True)
+    meter.report()
     return ratios
 
 
@@ -197,7 +262,8 @@ def main(requests: int, rounds: int, seconds: float, all_variants: bool) -> None
             for port in (replica, *ports.values()):  # warm every path (the first seconds run slower)
                 throughput(port, port != replica, seconds=1)
             print(f"throughput at 8 clients, {rounds} rounds of {seconds:g} s each:", flush=True)
-            ratios = rounds_of(replica, ports, rounds, seconds)
+            meter = Meter(engine.pid, {name: p.pid for name, p in zip(ports, procs, strict=True)})
+            ratios = rounds_of(replica, ports, rounds, seconds, meter)
             ratio = statistics.median(ratios["rendered"])
             print(f"throughput ratio gateway/direct at 8 clients (median of {rounds} rounds): {ratio:.3f}"
                   f"  (target >= 0.95: {'ok' if ratio >= 0.95 else 'MISSED'})", flush=True)  # fmt: skip
@@ -212,8 +278,8 @@ def main(requests: int, rounds: int, seconds: float, all_variants: bool) -> None
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="The gateway's overhead and throughput against direct calls.")
     parser.add_argument("requests", nargs="?", type=int, default=300, help="request pairs for the overhead (300)")
-    parser.add_argument("--rounds", type=int, default=6, help="throughput rounds, order alternating (6)")
-    parser.add_argument("--seconds", type=float, default=5, help="seconds per throughput measurement (5)")
+    parser.add_argument("--rounds", type=int, default=16, help="throughput rounds, order alternating (16)")
+    parser.add_argument("--seconds", type=float, default=2, help="seconds per throughput measurement (2)")
     parser.add_argument("--variants", action="store_true",
                         help="also measure the configuration without each suspect of overhead")  # fmt: skip
     args = parser.parse_args()
