@@ -17,8 +17,8 @@ from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.startup import measure_script, parse_measurement, same_engine, sampler
 from engine_ctl.core.names import UNIT_FORM, parse_unit_name
 from engine_ctl.core.plan.changes import CREATE, DELETE, SURGE, UPDATE, DeploymentChange, Plan, ReplicaChange
+from engine_ctl.core.plan.decisions import internal_key_file
 from engine_ctl.core.plan.status import recorded_verdict, size_text
-from engine_ctl.core.render.gateway import REPLICA_KEY
 from engine_ctl.core.render.units import bind_address, local_address
 from engine_ctl.core.weights import WeightsFetch, human, waiting_reason
 from engine_ctl.providers import PROVIDERS
@@ -903,7 +903,7 @@ class Executor:
         question completely (its first answer is recorded for the wake check); otherwise why not."""
         if change.spec is None or change.spec.api != "decisions":
             return None
-        key_file = REPLICA_KEY if REPLICA_KEY in (argv or ()) else None  # behind a gateway: the internal key
+        key_file = internal_key_file(argv)  # behind a gateway the replica requires the internal key
         found = prove_ready(t, local_address(bind_address(self.hosts[host])), port, change.name, key_file)
         if isinstance(found, str):
             return f"launch_failed: not ready: the readiness decision failed: {found}"

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.plan.decisions import decided_facts
 from engine_ctl.core.plan.scaler import Decision
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord
@@ -273,6 +274,7 @@ def deployment_status(
 ) -> DeploymentStatus:
     """`gateways`: (host, endpoint host:port) of each gateway host of the inventory."""
     ordered = sorted(rec.replicas, key=lambda x: (x.index, x.slot))
+    facts = decided_facts(rec, facts)  # a decisions replica is ready by its decision, not GET /health alone
     engine = PROVIDERS.get(rec.plan.engine) if rec.plan else None
     loading = engine.loading_statuses if engine else frozenset()
     instances = [with_records(instance_status(r, facts.get(r.host), loading), r) for r in ordered]
