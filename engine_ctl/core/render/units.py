@@ -175,6 +175,18 @@ def _environment(run: ReplicaRun, provider: Provider, cache: str) -> dict[str, s
     }
 
 
+def _guards(run: ReplicaRun, provider: Provider) -> dict[str, object]:
+    """Who may call the engine: the addresses allowed (with the host's own: the health gate and the facts probe
+    call the engine there), and the internal key the gateways send, as a credential or an environment file."""
+    allowed = {*run.allow_from, *([run.bind_address] if is_ip(run.bind_address) else [])}
+    credential = f"{provider.internal_key_credential}:{internal_key_path(provider)}" if run.api_key_file else None
+    return {
+        "ip_allow": sorted(allowed) if run.allow_from else [],
+        "replica_key": credential,
+        "replica_key_env": run.api_key_env_file,
+    }
+
+
 def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit:
     argv = provider.argv(run)
     cache = run.cache_dir or cache_path(host, run.deployment)
@@ -197,14 +209,7 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
         "exec_health": exec_line(
             health_argv(run.port, provider.health_path, provider.startup_budget_s, local_address(run.bind_address))
         ),
-        # the host's own address too: the health gate and the facts probe call the engine there
-        "ip_allow": sorted({*run.allow_from, *([run.bind_address] if is_ip(run.bind_address) else [])})
-        if run.allow_from
-        else [],
-        "replica_key": f"{provider.internal_key_credential}:{internal_key_path(provider)}"
-        if run.api_key_file
-        else None,
-        "replica_key_env": run.api_key_env_file,
+        **_guards(run, provider),
         "health_path": provider.health_path,
         "startup_budget": provider.startup_budget_s,
         "environment": [env_assignment(k, v) for k, v in sorted(environment.items())],
