@@ -24,6 +24,7 @@ from engine_ctl.core.render.gateway import (
     HOLD_CAP,
     HOLD_S,
     RUNTIME_MAPS,
+    START_STATE_FILE,
     GatewayBackend,
     GatewayServer,
     RenderedGateway,
@@ -237,7 +238,9 @@ def plan_gateways(
             drift.extend(found)
             changed = [n for n, s in final.file_sha256.items() if record.files_sha256.get(n) != s]
             if CONFIG_FILE in changed and blind(record.config, idle) == blind(final.files[CONFIG_FILE], idle):
-                changed.remove(CONFIG_FILE)  # only on-demand servers' maintenance differs: the scaler's doing
+                # only on-demand servers' maintenance differs: the scaler's doing (start.state, rendered from the
+                # same servers, differs only in their admin state then)
+                changed = [n for n in changed if n not in (CONFIG_FILE, START_STATE_FILE)]
             if record.unit_sha256 != final.unit_sha256:
                 changed.append(GATEWAY_UNIT)
             if changed or found or interim.files != final.files:
@@ -339,9 +342,9 @@ def on_demand_servers(after: Mapping[str, Mapping[Any, Replica]]) -> set[tuple[s
 
 
 def blind(config: str, servers: set[tuple[str, str]]) -> str:
-    """haproxy.cfg without the maintenance flag of the `servers` given (on-demand ones): whether the scaler runs
-    them when a plan is made changes nothing to plan (the gateway's runtime state is the scaler's). Without the
-    header's content hash too, which follows the flags."""
+    """haproxy.cfg (or start.state) without the maintenance flag of the `servers` given (on-demand ones): whether
+    the scaler runs them when a plan is made changes nothing to plan (the gateway's runtime state is the scaler's).
+    Without the header's content hash too, which follows the flags."""
     out, backend = [], ""
     for line in config.splitlines():
         words = line.split()
@@ -351,5 +354,7 @@ def blind(config: str, servers: set[tuple[str, str]]) -> str:
             backend = words[1]
         elif words[:1] == ["server"] and len(words) > 1 and (backend, words[1]) in servers:
             line = line.removesuffix(" disabled")
+        elif len(words) > 6 and words[0].isdigit() and (words[1], words[3]) in servers:  # start.state's admin state
+            line = " ".join([*words[:6], "0", *words[7:]])
         out.append(line)
     return "\n".join(out)

@@ -172,3 +172,15 @@ def with_scaler(status: Any, view: ScalerView | None) -> Any:
         update["state"] = "Ready"
         update["reason"] = view.reason
     return status.model_copy(update=update)
+
+
+def without_scaler(changes: Iterable[Any], inventory: Inventory) -> dict[str, str]:
+    """Deployment -> a warning, for those that scale when the inventory has no gateway host (so no scaler)."""
+    if scaler_host(inventory) is not None:
+        return {}
+    return {
+        c.name: "replicas above min are on demand and the scaler that starts them runs on a gateway host: give a "
+        "host roles: [gateway] in the inventory, or set min to the number of replicas to run"
+        for c in changes
+        if c.action != ["delete"] and scales(c.spec)
+    }
