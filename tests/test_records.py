@@ -351,3 +351,29 @@ def test_whole_host_is_in_the_plan_only_when_true_and_status_names_it_until_meas
     measured = startup_status(DeploymentRecord(name="c", revision=1, plan=cpu, whole_host=True,
                                                startup=_measured(1)))  # fmt: skip
     assert measured is not None and not measured.whole_host and measured.provenance == "measured"
+
+
+def test_apply_skips_a_step_its_request_recorded_as_done_without_touching_a_host(tmp_path: Path) -> None:
+    """The executor itself (no host: a step it ran would fail with `host … is not in the inventory`)."""
+    from engine_ctl.core.plan.changes import DeploymentChange, Plan, ReplicaChange
+    from engine_ctl.shell.apply import ApplyEvent, Executor, Recorder, step_key
+
+    step = ReplicaChange(action=["create"], index=0, host="h1", unit="engine-ctl-chat-0a.service", slot="a",
+                         port=8000, revision=1, unit_text="[Service]\n")  # fmt: skip
+    change = DeploymentChange(name="chat", action=["create"], revision=1, replicas=[step])
+    backend = LocalState(tmp_path / "engine-ctl.state.json")
+    state = State()
+    begin(state, ULID_A, "apply", "me", "then")
+    step_done(state, ULID_A, step_key("chat", step))
+    plan = Plan(changes=[change], state_serial=0, state_lineage="x")
+    events: list[ApplyEvent] = []
+    recorder = Recorder(backend, backend.write(state))
+    result = Executor(plan, {}, recorder, observer=events.append, request_id=ULID_A).run()
+    assert [e.event for e in events if e.replica == 0] == ["skipped"] and not result.failed, (events, result)
+    again = Executor(
+        Plan(changes=[change], state_serial=0, state_lineage="x"),
+        {},
+        Recorder(backend, backend.read()),
+        request_id=None,
+    ).run()
+    assert "host h1 is not in the inventory" in again.failed["chat"]  # without the request, it would have run
