@@ -6,7 +6,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:  # annotations only: validate loads the providers without the fit's models (bench.startup)
     from engine_ctl.core.fit.hostfacts import Gpu
@@ -148,6 +148,9 @@ class Provider:
     in_flight_metric: str = ""
     default_context_cap: int = 8192
     serves_decisions: bool = False
+    decisions_min_version: str | None = None
+    """The oldest release that serves decision models (seed 003): a build reporting an older version serves
+    them only where the inventory says so (engines.<engine>.decisions: true)."""
     default_executable: str = ""
     jit_compiles: bool = False
     """JIT compilers need writable+executable memory: MemoryDenyWriteExecute stays off."""
@@ -213,8 +216,28 @@ class Provider:
 
     def api_key_argv(self, key_file: str) -> list[str]:
         """Flags that make the engine answer only requests with the key in `key_file` (the gateway's internal
-        key); [] for an engine that cannot read a key from a file (then only IPAddressAllow= guards it)."""
+        key, a credential of the unit written as internal_key_text gives it); [] for an engine that takes it
+        otherwise (internal_key_env) or not at all (then only IPAddressAllow= guards it)."""
         return []
+
+    # The gateway's internal key: how this engine is given it, never in its argv or its unit's text.
+    internal_key_credential: ClassVar[str | None] = None
+    """The unit credential's name when the engine reads the key from a file a flag names (api_key_argv)."""
+    internal_key_env: ClassVar[str | None] = None
+    """The environment variable the engine reads the key from (set by a root-only EnvironmentFile=)."""
+    internal_key_several: ClassVar[bool] = False
+    """Whether the engine accepts several keys at once (the old and the new while the key is rotated)."""
+
+    @property
+    def takes_internal_key(self) -> bool:
+        return bool(self.internal_key_credential or self.internal_key_env)
+
+    def internal_key_text(self, keys: Sequence[str]) -> str:
+        """The host file that gives this engine the key: keys[0] is the one the gateway sends; the others are
+        accepted too, where the engine can take several (during a rotation)."""
+        if self.internal_key_env:
+            return f"{self.internal_key_env}={keys[0]}\n"
+        return "".join(k + "\n" for k in keys)
 
     def engine_args_argv(self, args: Sequence[str]) -> list[str]:
         """The deployment's engine_args (already checked) in the form this engine accepts."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from engine_ctl.providers.base import (
     FETCHES,
@@ -166,8 +166,12 @@ class LlamaCpp(Provider):
         return argv + self.engine_args_argv(run.engine_args)
 
     def api_key_argv(self, key_file: str) -> list[str]:
-        # llama-server answers /health without the key and refuses everything else (401) without it.
+        # llama-server answers /health without the key and refuses everything else (401) without it; its key file
+        # holds one key a line, each accepted (llama.cpp's common/arg.cpp, --api-key-file)
         return ["--api-key-file", key_file]
+
+    internal_key_credential: ClassVar[str | None] = "replica-key"
+    internal_key_several: ClassVar[bool] = True
 
     def environment(self, run: ReplicaRun) -> dict[str, str]:
         return {**gpu_env(run), **cache_env(run, "LLAMA_CACHE")}
@@ -195,6 +199,7 @@ LLAMACPP = LlamaCpp(
     in_flight_metric="llamacpp:requests_processing",
     default_context_cap=8192,
     serves_decisions=True,
+    decisions_min_version="0.7.0",
     default_executable="/usr/local/bin/llama-server",
     jit_compiles=False,
     startup_budget_s=600,

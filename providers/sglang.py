@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from engine_ctl.providers.base import (
     FETCHES,
@@ -119,7 +120,20 @@ class SgLang(PagedProvider):
             argv += ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
         argv += chat_template_argv(run, "--chat-template", "--chat-template")
         argv += ["--enable-metrics", "--host", run.bind_address, "--port", str(run.port)]
+        if run.api_key_file:
+            argv += self.api_key_argv(run.api_key_file)
         return argv + self.sleep_launch(run)[0] + self.engine_args_argv(run.engine_args)
+
+    def api_key_argv(self, key_file: str) -> list[str]:
+        # SGLang takes its key from --api-key only (in argv, which every local user may read); a YAML file named by
+        # --config gives it the same way (sglang/srt/server_args_config_parser.py: keys are the flags' names), and
+        # its middleware leaves /health and /metrics open (sglang/srt/utils.py, add_api_key_middleware).
+        return ["--config", key_file]
+
+    internal_key_credential: ClassVar[str | None] = "replica-key.yaml"
+
+    def internal_key_text(self, keys: Sequence[str]) -> str:
+        return f"api-key: {keys[0]}\n"
 
     def environment(self, run: ReplicaRun) -> dict[str, str]:
         return {"HF_HUB_OFFLINE": "1", "SGLANG_DISABLE_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **gpu_env(run)}
@@ -146,6 +160,7 @@ SGLANG = SgLang(
     loading_statuses=frozenset({"503"}),
     default_context_cap=32768,
     serves_decisions=True,
+    decisions_min_version="0.5.22",
     default_executable="/usr/bin/python3",
     jit_compiles=True,
     tp_must_divide_heads=True,

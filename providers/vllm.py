@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from engine_ctl.providers.base import (
     FETCHES,
@@ -114,6 +114,10 @@ class Vllm(PagedProvider):
         argv += chat_template_argv(run, "--chat-template", "--chat-template")
         argv += ["--host", run.bind_address, "--port", str(run.port)]
         return argv + self.sleep_launch(run)[0] + self.engine_args_argv(run.engine_args)
+
+    # vLLM requires `Authorization: Bearer <VLLM_API_KEY>` on /v1 and leaves /health open (vllm/entrypoints/openai/
+    # api_server.py, "if token := args.api_key or envs.VLLM_API_KEY"); one key only from the environment.
+    internal_key_env: ClassVar[str | None] = "VLLM_API_KEY"
 
     def environment(self, run: ReplicaRun) -> dict[str, str]:
         env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **gpu_env(run)}

@@ -37,7 +37,8 @@ from engine_ctl.core.names import (
 )
 
 FORMAT_VERSION = 1
-ReplicaStatus = Literal["pending", "serving", "stopped", "failed", "removing"]
+ReplicaStatus = Literal["pending", "serving", "stopped", "failed", "removing", "standby"]
+"""standby: an on-demand replica's unit, installed by apply and not started by it (the scaler starts it)."""
 ERRORS_SHOWN = 5
 MAX_GPU_INDEX = 1023
 GPU_UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
@@ -142,6 +143,9 @@ class ReplicaRecord(Record):
     engine_sha256: Sha256 = ""
     """The engine build the replica was applied with (its binary's sha256): a change under it is drift."""
     """For an hf: model: the checkpoint digest its host measured once the files were in place."""
+    on_demand: bool = False
+    """A slot above the deployment's `min` (all of them with min: 0): its unit is installed, never enabled or
+    started by apply; the scaler starts and stops it. Its being active or not is never drift."""
 
 
 def known_fields(model: type[BaseModel]) -> Any:
@@ -253,12 +257,18 @@ class DeploymentRecord(Record):
     replicas: list[ReplicaRecord] = Field(default_factory=list)
     startup: StartupRecord | None = None
     """The measured start-up of the recorded revision (None until its first start measured it)."""
+    whole_host: bool = False
+    """The recorded revision's estimated start-up peak was above what any host gives: its first start runs alone
+    on one host and sets aside all of it (until a start measures it)."""
     last_operation: str | None = None
     """The seed's LAST OPERATION: `initialize succeeded`, `initialize failed (launch_failed)`."""
     id: Ulid = ""
     """The deployment's stable ID (a ULID), given when it is first created; empty in states written before IDs."""
     operator: OperatorAction | None = None
     """An operator's stop, park or delete (engine_ctl.core.plan.operator): kept by apply until `start`."""
+    decision_reference: dict[str, Any] | None = None
+    """A decisions deployment's first complete answer to the readiness question, for the wake check:
+    {"version": the check's version, "choice", "probabilities"} (engine_ctl.core.decisions)."""
 
     _spec = field_validator("spec", mode="before")(known_fields(Deployment))
     _model = field_validator("model", mode="before")(known_fields(Model))
@@ -293,6 +303,8 @@ class DeploymentRecord(Record):
         for key in ("id", "operator"):  # written only when set, as moved_from (older states read the same)
             if not data.get(key):
                 data.pop(key, None)
+        if data.get("decision_reference") is None:
+            data.pop("decision_reference", None)  # written only for a decisions deployment
         return data
 
     def replica(self, index: int, slot: str | None = None) -> ReplicaRecord | None:

@@ -46,6 +46,8 @@ class GatewayProject:
         self.docs = path / "docs"
         self.docs.mkdir()
         self.base = f"http://{self.gateway.address}:8800/v1"
+        self.said: list[str] = []
+        """Everything the CLI printed: the internal key must never be in it."""
 
     def write(
         self,
@@ -87,6 +89,7 @@ class GatewayProject:
         if args[0] in ("plan", "apply", "destroy", "status"):
             argv += [str(self.docs), "--inventory", str(self.inventory)]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, cwd=self.path)
+        self.said.append(proc.stdout + proc.stderr)
         assert "Traceback" not in proc.stderr, proc.stderr
         if check:
             assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -276,6 +279,53 @@ def test_a_key_rotated_under_load_fails_no_request(gw: GatewayProject) -> None:
     with pytest.raises(openai.AuthenticationError):
         ask(gw.client(KEY_ALL), "gw-a")
     assert ask(gw.client(KEY_NEW), "gw-a") == "gw-a"
+
+
+def internal_keys(gw: GatewayProject) -> dict[str, str]:
+    """path on host -> content, of every internal key file (each must be root's, 0600)."""
+    out = {}
+    hosts = {gw.gateway.name, *(r["host"] for name in ("gw-a", "gw-b") for r in gw.replicas(name))}
+    for name in sorted(hosts):
+        for path in ("/etc/engine-ctl/gateway/internal.key", "/etc/engine-ctl/replica-key",
+                     "/etc/engine-ctl/replica-key.yaml", "/etc/engine-ctl/replica-key.vllm.env"):  # fmt: skip
+            found = gw.fleet.ssh(gw.host(name), f"stat -c '%U %a' {path} && cat {path}", check=False)
+            if found.returncode == 0:
+                owner, _, text = found.stdout.partition("\n")
+                assert owner == "root 600", f"{name}:{path} is {owner}"
+                out[f"{name}:{path}"] = text
+    return out
+
+
+def test_the_internal_key_is_on_the_hosts_only(gw: GatewayProject) -> None:
+    keys = internal_keys(gw)
+    (gateway_map,) = [t for p, t in keys.items() if p.endswith("internal.key")]
+    key = gateway_map.split()[1]
+    assert gateway_map == f"gateway {key}\n" and len(key) == 64
+    assert {t for p, t in keys.items() if p.endswith("/replica-key")} == {key + "\n"}
+    assert any(p.endswith("replica-key.vllm.env") and t == f"VLLM_API_KEY={key}\n" for p, t in keys.items())
+    state_text = (gw.docs / "engine-ctl.state.json").read_text()
+    assert key not in state_text and not any(key in said for said in gw.said)
+    assert key not in gw.cli("plan", "--json").stdout
+
+
+def test_the_internal_key_rotates_under_load_and_fails_no_request(gw: GatewayProject) -> None:
+    old = next(t for p, t in internal_keys(gw).items() if p.endswith("internal.key")).split()[1]
+    client_key = KEY_NEW if "rotated" in gw.keys else KEY_ALL  # a client key the documents hold now
+    load_a, load_b = Load(gw, "gw-a"), Load(gw, "gw-b", clients=2)
+    load_a.key = load_b.key = client_key
+    with load_a, load_b:
+        rotated = gw.cli("key", "rotate-internal", str(gw.docs), "--inventory", str(gw.inventory), "--auto-approve")
+    assert rotated.returncode == 0, rotated.stdout + rotated.stderr
+    assert "now send the new internal key" in rotated.stdout + rotated.stderr
+    for load in (load_a, load_b):
+        assert load.ok > 4 and not load.failed, f"{len(load.failed)} failed: " + "; ".join(load.failed[:3])
+    keys = internal_keys(gw)
+    new = next(t for p, t in keys.items() if p.endswith("internal.key")).split()[1]
+    assert new != old and next(t for p, t in keys.items() if p.endswith("internal.key")) == f"gateway {new}\n"
+    assert {t for p, t in keys.items() if p.endswith("/replica-key")} == {new + "\n"}, "the old key is dropped"
+    assert not any(old in said or new in said for said in gw.said)
+    assert ask(gw.client(client_key), "gw-a") == "gw-a" and ask(gw.client(client_key), "gw-b") == "gw-b"
+    assert gw.cli("plan", "--detailed-exitcode").returncode == 0, "a rotation leaves nothing to apply"
 
 
 def test_status_shows_the_endpoint(gw: GatewayProject) -> None:

@@ -57,7 +57,7 @@ def _replan(spec: str, state: State, facts: dict[str, HostFacts]) -> Plan:
 # --- replicas: a scale-down, a repair, the closing line ------------------------------------------------------
 def test_a_scale_down_reads_replicas_2_to_1_and_the_closing_line_counts_replicas() -> None:
     state, facts = _applied("gpus: 1, replicas: {min: 2, max: 2}", h100x8())
-    down = _replan("gpus: 1, replicas: {min: 1, max: 2}", state, facts)
+    down = _replan("gpus: 1, replicas: {min: 1, max: 1}", state, facts)
     (c,) = down.changes
     (removed,) = c.replicas
     assert removed.action == ["delete"] and removed.reason == "replicas 2 → 1"
@@ -66,7 +66,8 @@ def test_a_scale_down_reads_replicas_2_to_1_and_the_closing_line_counts_replicas
     assert text.rstrip().endswith("Plan: 0 to add, 1 to change, 0 to destroy. Replicas: 1 to remove.")
     assert "Replicas: 1 to remove." in plan_markdown(down)
     assert plan_json(down)["summary"] == {
-        "add": 0, "change": 1, "destroy": 0, "replicas": {"start": 0, "replace": 0, "repair": 0, "remove": 1}
+        "add": 0, "change": 1, "destroy": 0, "replicas": {"start": 0, "replace": 0, "repair": 0, "remove": 1,
+                                                      "install": 0}
     }  # fmt: skip
     first = plan_for("gpus: 1, replicas: {min: 2, max: 2}", State(), h100x8())
     assert plan_text(first).rstrip().endswith("Plan: 1 to add, 0 to change, 0 to destroy. Replicas: 2 to start.")

@@ -49,9 +49,11 @@ def applied(plan: Plan, state: State, facts: dict[str, HostFacts]) -> tuple[Stat
                 units[r.old_host or r.host] = [u for u in units[r.old_host or r.host] if u.name != r.old_unit]
             if r.action != ["delete"]:
                 rec.replicas = [x for x in rec.replicas if x.unit != r.unit] + [_record(r)]
+                running = not r.on_demand or r.active  # an on-demand unit is installed, not started
                 units[r.host] = [u for u in units[r.host] if u.name != r.unit] + [
-                    UnitFact(name=r.unit, sha256=r.unit_sha256, active_state="active", sub_state="running")
-                ]
+                    UnitFact(name=r.unit, sha256=r.unit_sha256, active_state="active" if running else "inactive",
+                             sub_state="running" if running else "dead")
+                ]  # fmt: skip
         rec.revision, rec.spec, rec.model, rec.spec_hash, rec.plan = c.revision, c.spec, c.model, c.spec_hash, c.fit
         rec.state, rec.chosen = "Ready", dict(c.chosen)
     return new, {h: f.model_copy(update={"units": tuple(units[h])}) for h, f in facts.items()}
@@ -60,7 +62,8 @@ def applied(plan: Plan, state: State, facts: dict[str, HostFacts]) -> tuple[Stat
 def _record(r: ReplicaChange) -> ReplicaRecord:
     return ReplicaRecord(
         index=r.index, slot=r.slot, host=r.host, unit=r.unit, port=r.port, gpus=r.gpus, gpu_indexes=r.gpu_indexes,
-        unit_sha256=r.unit_sha256 or "", revision=r.revision, argv=r.argv, status="serving",
+        unit_sha256=r.unit_sha256 or "", revision=r.revision, argv=r.argv, on_demand=r.on_demand,
+        status="standby" if r.on_demand and not r.active else "serving",
     )  # fmt: skip
 
 
@@ -84,8 +87,9 @@ def test_only_the_replica_count_changes_in_place() -> None:
         desired("gpus: 1, replicas: {min: 3, max: 3}"), state, world(*facts.values())[0], facts, {"m": SHAPE}
     )
     (c,) = p3.changes
-    assert c.action == ["update"] and [r.action for r in c.replicas] == [["create"], ["create"]]
-    assert len({g for r in c.replicas for g in r.gpus} | set(state.deployments["chat"].replicas[0].gpus)) == 3
+    # the two on-demand slots, installed by the first apply, become always on: started, nothing rewritten
+    assert c.action == ["update"] and [(r.action, r.role) for r in c.replicas] == [(["update"], "always-on")] * 2
+    assert len({g for r in state.deployments["chat"].replicas for g in r.gpus}) == 3
 
 
 def test_context_change_is_a_surge_with_a_free_gpu_and_stop_then_start_without() -> None:

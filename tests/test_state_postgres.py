@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import signal
 import socket
 import subprocess
@@ -159,7 +160,10 @@ def test_two_processes_the_second_is_refused_with_who_and_since(
     assert held is not None and held.pid == holder.pid
     refused = engine_ctl("apply", str(QUICKSTART), "--state", backend.location, "--auto-approve")
     assert refused.returncode == 1
-    assert f"the state is locked by {held.who} since {held.when} for `apply` (lock ID {held.id})" in refused.stderr
+    # the holder's command, then the request identity it prints (Request identity: <ULID>), then the lock's ID
+    lock_said = r"the state is locked by (.+?) since (\S+) for `apply \(request \w{26}\)` \(lock ID (\S+)\)"
+    said = re.search(lock_said, refused.stderr)
+    assert said is not None and said.groups() == (held.who, held.when, held.id), refused.stderr
     assert f"pid {holder.pid}" in held.who and "pg_terminate_backend(" in refused.stderr
     assert backend.lock_info() == held and holder.poll() is None  # the holder keeps its lock
 
@@ -181,7 +185,8 @@ def test_kill_9_of_the_holder_the_next_command_proceeds_at_once_and_says_the_loc
     assert took < 30, took
     assert backend.lock_info() is None
     (logged,) = backend.read().operations
-    assert logged.command == "destroy: cleared a stale lock" and held.id in (logged.result or "")
+    assert re.fullmatch(r"destroy \(request \w{26}\): cleared a stale lock", logged.command), logged.command
+    assert held.id in (logged.result or "")
 
 
 def test_lock_timeout_waits_on_the_lock_and_goes_on_when_the_holder_dies(

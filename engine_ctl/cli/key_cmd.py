@@ -11,7 +11,21 @@ from engine_ctl.core.documents.apikey import KEY_BYTES, KEY_PREFIX, key_document
 from engine_ctl.core.names import NAME_MESSAGE, deployment_name_ok
 
 
-@click.group()
+class _KeyGroup(click.Group):
+    """`key new` here; `key rotate-internal` (which reaches the hosts) loaded only when it runs."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), "rotate-internal"])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name == "rotate-internal":
+            from engine_ctl.cli.rotate_cmd import rotate_internal
+
+            return rotate_internal
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_KeyGroup)
 def key() -> None:
     """API keys for the gateway: only their SHA-256 is ever written anywhere."""
 

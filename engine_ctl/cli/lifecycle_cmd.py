@@ -11,6 +11,7 @@ import click
 
 from engine_ctl.cli.common import find_inventory, inventory_option, ssh_options, ssh_settings
 from engine_ctl.cli.plan_cmd import backend_for, lock_timeout_option, state_option
+from engine_ctl.cli.requests import recorded_verb
 from engine_ctl.core.plan.operator import STOP_WAIT_S
 from engine_ctl.shell.lifecycle import Outcome, Refused, Verbs
 from engine_ctl.shell.operator import OperatorFailure
@@ -83,6 +84,7 @@ delete = _group("delete", "Delete a deployment's units (never its model files); 
 
 
 @stop.command("deployment")
+@recorded_verb("stop")
 @verb_options
 def stop_deployment(name: str, inventory_path: Path | None, state_path: str | None, parallel: int,
                     accept_new_host_keys: bool, lock_timeout: float) -> None:  # fmt: skip
@@ -93,6 +95,7 @@ def stop_deployment(name: str, inventory_path: Path | None, state_path: str | No
 
 
 @start.command("deployment")
+@recorded_verb("start")
 @verb_options
 @click.option("--wait", is_flag=True, help=f"Wait (at most {STOP_WAIT_S}s) for a stop to finish, start, and return "
               "when the engine answers.")  # fmt: skip
@@ -118,6 +121,7 @@ def start_deployment(name: str, inventory_path: Path | None, state_path: str | N
 
 
 @park.command("deployment")
+@recorded_verb("park")
 @verb_options
 def park_deployment(name: str, inventory_path: Path | None, state_path: str | None, parallel: int,
                     accept_new_host_keys: bool, lock_timeout: float) -> None:  # fmt: skip
@@ -129,6 +133,7 @@ def park_deployment(name: str, inventory_path: Path | None, state_path: str | No
 
 
 @delete.command("deployment")
+@recorded_verb("delete")
 @verb_options
 @click.option("--stop", "and_stop", is_flag=True, help="Stop it first and wait for the stop to finish.")
 def delete_deployment(name: str, inventory_path: Path | None, state_path: str | None, parallel: int,

@@ -89,7 +89,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "status": (
         "engine_ctl.cli.status_cmd:status",
-        "A deployment's state and each instance: INSTANCE HOST STATE … LAST ERROR (all deployments without NAME).",
+        "A deployment's state and each instance (seed 003): NAME STATE READY REVISION STARTUP INITIALIZE LAST "
+        "OPERATION, then INSTANCE HOST STATE LIFECYCLE DEVICES LAST ERROR (all deployments without NAME).",
     ),
     "stop": (
         "engine_ctl.cli.lifecycle_cmd:stop",

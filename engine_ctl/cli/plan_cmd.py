@@ -519,7 +519,7 @@ def apply(
     if bad:
         raise InputError(bad)
     request = Request(request_identity(request_id), checks)
-    announce(request.id, stderr=as_json)
+    announce(request.id)
     saved = _load_plan_file(args[0]) if len(args) == 1 and args[0].is_file() else None
     if saved is not None:
         sys.exit(_apply_saved(saved, args[0], inventory_path, state_path, options, parallel, lock_timeout, events,
@@ -576,7 +576,7 @@ def restart(
     events = JsonEvents() if as_json else None
     chosen = tuple(dict.fromkeys((*targets, name)))
     request = Request(request_identity(request_id))
-    announce(request.id, stderr=as_json)
+    announce(request.id)
     sys.exit(_apply_documents(paths, inventory_path, state_path, options, parallel, chosen, lock_timeout,
                               auto_approve, events, False, (name,), f"restart {name}", request))  # fmt: skip
 
@@ -592,7 +592,7 @@ def destroy(
 ) -> None:  # fmt: skip
     """Stop and remove the units of every deployment in the state (or --target ones). The models stay."""
     request = Request(request_identity(request_id))
-    announce(request.id, stderr=as_json)
+    announce(request.id)
     loaded = load_checked(paths, documents_required=False, pin=unresolved) if paths else None
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, paths)

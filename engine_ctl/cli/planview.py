@@ -11,6 +11,7 @@ from typing import Any
 
 from engine_ctl.core.fit.runspec import FitPlan
 from engine_ctl.core.plan.changes import CREATE, DeploymentChange, Drift, Plan, ReplicaChange
+from engine_ctl.core.plan.envelope import gpu_list
 from engine_ctl.core.plan.fetching import fetch_lines
 from engine_ctl.core.plan.gateway import GatewayChange
 from engine_ctl.core.sizes import human_bytes
@@ -27,8 +28,8 @@ MEMORY_BASIS = {
 """What a fit's memory_basis means, said in words wherever a size is shown."""
 
 REPLICA_VERBS = {("create",): "to start", ("create", "delete"): "to replace", ("delete", "create"): "to replace",
-                 ("update",): "to repair", ("delete",): "to remove"}  # fmt: skip
-"""How the closing line counts replicas, by action."""
+                 ("update",): "to repair", ("delete",): "to remove", ("install",): "to install"}  # fmt: skip
+"""How the closing line counts replicas, by action (an on-demand replica's unit created: `install`)."""
 
 
 def _value(path: str, value: Any) -> str:
@@ -118,7 +119,10 @@ def replica_counts(plan: Plan) -> dict[str, int]:
     counts: dict[str, int] = {}
     for c in plan.changes:
         for r in c.replicas if c.changed else ():
-            verb = REPLICA_VERBS[tuple(r.action)]
+            if r.role == "on-demand":  # min fell: it only stops being started at boot
+                continue
+            verb = "to start" if r.role == "always-on" else REPLICA_VERBS[tuple(r.action)]  # min rose: started
+            verb = "to install" if r.on_demand and r.actions == CREATE else verb
             counts[verb] = counts.get(verb, 0) + 1
     return {verb: counts[verb] for verb in REPLICA_VERBS.values() if verb in counts}
 
@@ -142,13 +146,19 @@ def _chosen(c: DeploymentChange, key: str) -> str:
 
 def _replica_lines(r: ReplicaChange) -> list[str]:
     gpus = f", GPUs {','.join(map(str, r.gpu_indexes))}" if r.gpu_indexes else ""
+    gpus += ", on demand" if r.on_demand else ""
     action = tuple(r.action)
     if action == ("create",):
         lines = [f"+ replica {r.index} on {r.host}: {r.unit} (port {r.port}{gpus})", f"    argv: {argv_line(r.argv)}"]
+        if r.on_demand:
+            lines[0] += ": installed, not started (the scaler starts it)"
     elif action == ("delete",):
         lines = [f"- replica {r.index} on {r.old_host or r.host}: {r.old_unit or r.unit} ({r.reason})"]
+    elif action == ("update",) and r.role:
+        lines = [f"~ replica {r.index} on {r.host}: {r.unit} {r.reason}"]
     elif action == ("update",):
-        lines = [f"~ replica {r.index} on {r.host}: {r.unit} rewritten and restarted ({r.reason})"]
+        how = "rewritten (restarted only if the scaler runs it)" if r.on_demand else "rewritten and restarted"
+        lines = [f"~ replica {r.index} on {r.host}: {r.unit} {how} ({r.reason})"]
     else:
         where = r.host if r.host == r.old_host else f"{r.old_host} → {r.host}"
         what = f"{r.old_unit} → {r.unit} ({r.strategy}, port {r.port}{gpus})"
@@ -282,7 +292,27 @@ def _render_notes(c: DeploymentChange) -> list[tuple[str, str]]:
         out += [("warn", f"  {host}: {why}") for host, why in sorted(c.waiting.items())]
     if c.failed_reason:
         out.append(("destroy", f"Failed: {c.name}: {c.failed_reason}"))
+    out += [("", line) for line in envelope_lines(c)]
     return out + [("warn", f"Warning: {w}") for w in c.warnings]
+
+
+def envelope_lines(c: DeploymentChange) -> list[str]:
+    """The scaling envelope: every slot, where it is, always on or on demand, and what an on-demand slot shares
+    with other deployments' (`replica 2 on gpu-02 GPUs 2–3: on demand`)."""
+    if not c.envelope or c.spec is None:
+        return []
+    d = c.spec
+    out = [f"{c.name}: replicas {d.replicas_min}..{d.replicas_max}: {d.replicas_min} always on, "
+           f"{len([s for s in c.envelope if s.on_demand])} on demand (installed; the scaler starts them):"]  # fmt: skip
+    for s in c.envelope:
+        if s.gpu_indexes:
+            where = f"GPU{'s' if len(s.gpu_indexes) > 1 else ''} {gpu_list(s.gpu_indexes)}"
+        else:
+            where = f"({s.cpu_cores} core{'s' if s.cpu_cores != 1 else ''}, {human_bytes(s.memory_bytes)})"
+        role = "on demand" if s.on_demand else "always on"
+        shares = f", shares {'; '.join(s.shares)}" if s.shares else ""
+        out.append(f"  replica {s.index} on {s.host} {where}: {role}{shares}")
+    return out
 
 
 def _render_end(plan: Plan, command: str, changed: bool) -> list[tuple[str, str]]:
@@ -479,6 +509,9 @@ def _md_section(c: DeploymentChange) -> str:
         body.append(_fit_table(c))
     for r in c.replicas:
         body.append(_md_replica(r))
+    envelope = envelope_lines(c)
+    if envelope:
+        body.append("\n" + _fenced("text", envelope) + "\n")
     body += [f"- {_text(line)}\n" for line in fetch_lines(c)]
     body.append("</details>\n\n")
     return "".join(body)
@@ -572,4 +605,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "replicas": {v.removeprefix("to "): counts.get(v, 0) for v in REPLICA_VERBS.values()},
     }
     doc["has_changes"] = plan.has_changes
+    for change, shown in zip(plan.changes, doc.get("changes", []), strict=False):
+        shown["startup_provenance"] = change.startup_provenance  # measured start-up, or the estimate (default)
+        shown["whole_host"] = change.whole_host
     return doc

@@ -55,7 +55,6 @@ CODES: dict[str, str] = {
     "hf_unresolved": "an hf: reference the hub could not resolve to its commit (or resolved to another one)",
     "unknown_host": "spec.host, --target or a host argument names no host of the inventory",
     "ignored_field": "warning: a field that is accepted but has no effect",
-    "scaling_not_built": "warning: scaling between min and max (or to zero) needs the scaler, not built yet",
     # engine arguments
     "too_many_args": "more engine arguments than engine-ctl takes",
     "arg_too_long": "an engine argument longer than engine-ctl takes",
@@ -98,18 +97,15 @@ CODES: dict[str, str] = {
     "invalid_revision_check": "--revision is not NAME=N (a deployment name and a whole number)",
     "invalid_request_id": "--request-id is not a ULID (26 characters of Crockford's base 32)",
     "request_mismatch": "--request-id names a request recorded for another command",
-    # operator verbs (stop, start, park, delete): exit status 1 unless VERB_EXIT_STATUS says otherwise
+    # operator verbs (stop, start, park, delete): exit status 1 unless EXIT_STATUSES says otherwise
     "still_stopping": "start right after a stop: the stop is still under way; nothing was started (exit 25)",
     "delete_requires_cleanup": "delete of a deployment not stopped, or still stopping; nothing was deleted (exit 25)",
     "park_refused": "park refused: the host's free memory cannot hold what sleep level 1 keeps (exit 1)",
     "deployment_held": "a verb on a deployment another verb holds (deleted, or stopped for park) (exit 1)",
+    "deployment_stopped": "the gateway's answer (HTTP 409) to a request for a deployment an operator stopped",
 }
 """Every diagnostic's stable `code` (the `code` of each detail in `--json` errors) and what it means; the README
 lists them all (tests/test_error_codes.py checks both ways)."""
-
-VERB_EXIT_STATUS: dict[str, int] = {"still_stopping": 25, "delete_requires_cleanup": 25}
-"""The operator verbs' refusals whose exit status is not 1 (seed 003: still_stopping exits 25; a delete refused
-"the same way" too)."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +177,9 @@ bad input (400 INVALID_DEPLOYMENT)."""
 
 EXIT_STATUSES: dict[str, int] = {
     "revision_mismatch": 26,
+    # operator verbs (seed 003: still_stopping exits 25; a delete right after a stop is refused "the same way")
+    "still_stopping": 25,
+    "delete_requires_cleanup": 25,
 }
 """The exit status of a command refused with one of these codes; every other code exits 1 (README, Exit codes)."""
 

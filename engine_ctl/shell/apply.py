@@ -7,18 +7,22 @@ import re
 import shlex
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
+from engine_ctl.core.decisions import DecisionAnswer, comparable_reference
 from engine_ctl.core.documents.inventory import Host
-from engine_ctl.core.fit.startup import measure_script, parse_measurement, sampler
+from engine_ctl.core.fit.startup import measure_script, parse_measurement, same_engine, sampler
 from engine_ctl.core.names import UNIT_FORM, parse_unit_name
 from engine_ctl.core.plan.changes import CREATE, DELETE, SURGE, UPDATE, DeploymentChange, Plan, ReplicaChange
-from engine_ctl.core.plan.status import recorded_verdict
+from engine_ctl.core.plan.decisions import internal_key_file
+from engine_ctl.core.plan.status import recorded_verdict, size_text
+from engine_ctl.core.render.units import bind_address, local_address
 from engine_ctl.core.weights import WeightsFetch, human, waiting_reason
 from engine_ctl.providers import PROVIDERS
+from engine_ctl.shell.decisions import prove_ready
 from engine_ctl.shell.fetch import FetchFailed, FetchProgress, HubAccess, fetch_weights
 from engine_ctl.shell.gateway import GatewayFailure
 from engine_ctl.shell.gateway_apply import GatewayApply
@@ -42,7 +46,8 @@ Progress = Callable[[str], None]
 class ApplyEvent:
     """One step of an apply, for pipelines and dashboards (`apply --json` prints each as a JSON line).
 
-    event: started (a replica's step begins), healthy (a unit passed its health gate), removed (an old unit is
+    event: started (a replica's step begins), healthy (a unit passed its health gate), installed (an on-demand
+    replica's unit written and loaded, not started; or one that became on demand), removed (an old unit is
     stopped and deleted), failed (a step or a deployment failed; the reason says why), recorded (the deployment's
     outcome is written to the state)."""
 
@@ -98,10 +103,11 @@ def _reload_unless_loaded(q: str) -> str:
     return f"[ \"{state}\" = 'LoadState=loaded NeedDaemonReload=no ' ] || systemctl daemon-reload"
 
 
-def _enable_and(verb: str, unit: str, upload: bool) -> list[str]:
+def _enable_and(verb: str, unit: str, upload: bool, enable: bool = True) -> list[str]:
     q = shlex.quote(unit)
     then = f"{{ systemctl reset-failed {q} 2>/dev/null; systemctl {verb} {q}; }}"
-    load = f"systemctl enable --no-reload {q} && {{ {_reload_unless_loaded(q)}; }} && {then}"
+    first = f"systemctl enable --no-reload {q}" if enable else f"systemctl disable --no-reload {q} 2>/dev/null; true"
+    load = f"{first} && {{ {_reload_unless_loaded(q)}; }} && {then}"
     return ["sh", "-c", (_upload(unit) if upload else "") + load]
 
 
@@ -111,16 +117,39 @@ def start_argv(unit: str, upload: bool = False) -> list[str]:
     return _enable_and("start", unit, upload)
 
 
-def measured_start_argv(unit: str, upload: bool = False) -> list[str]:
-    """start_argv with nvidia-smi's per-process figures sampled in the background while the engine starts (where
-    there is an nvidia-smi), for the first start of a revision to measure its peak."""
-    script = start_argv(unit, upload)[2]
+def measured_argv(start: list[str], unit: str) -> list[str]:
+    """A start (start_argv, on_demand_argv: `sh -c SCRIPT`) with nvidia-smi's per-process figures sampled in the
+    background while the engine starts (where there is an nvidia-smi), for the first start of a revision to
+    measure its peak."""
+    script = start[2]
     return ["sh", "-c", f"{sampler(unit)}( {script} ); rc=$?; [ -n \"$sampler\" ] && kill $sampler 2>/dev/null; "
             "exit $rc"]  # fmt: skip
 
 
 def restart_argv(unit: str, upload: bool = False) -> list[str]:
     return _enable_and("restart", unit, upload)
+
+
+def install_argv(unit: str) -> list[str]:
+    """An on-demand replica's unit: write the file from stdin and load it (daemon-reload); never enabled or started
+    (the scaler starts it)."""
+    q = shlex.quote(unit)
+    return ["sh", "-c", _upload(unit) + f"systemctl disable --no-reload {q} 2>/dev/null; systemctl daemon-reload"]
+
+
+def on_demand_argv(verb: str, unit: str, upload: bool = False) -> list[str]:
+    """(Write the unit file from stdin,) keep it disabled, reload, then `verb` it: `start` (a roll of an on-demand
+    replica the scaler runs) or `try-restart` (a repair: restarted only if it runs)."""
+    return _enable_and(verb, unit, upload, enable=False)
+
+
+def active_argv(unit: str) -> list[str]:
+    return ["systemctl", "is-active", "--quiet", unit]
+
+
+def disable_argv(unit: str) -> list[str]:
+    """A replica that becomes on demand: not started at boot any more, left running."""
+    return ["systemctl", "disable", "--no-reload", unit]
 
 
 def stop_argv(unit: str) -> list[str]:
@@ -232,6 +261,13 @@ def _adopt(state: State, name: str, unit: str) -> None:
             r.status = "serving"
 
 
+def _reference(state: State, name: str, answer: DecisionAnswer) -> None:
+    """The first answer to the readiness decision, kept for the wake check (one of an older check is replaced)."""
+    rec = _record(state, name)
+    if comparable_reference(rec.decision_reference) is None:
+        rec.decision_reference = answer.as_record()
+
+
 def _waiting(state: State, name: str, reason: str) -> None:
     rec = _record(state, name)
     if not any(r.status == "serving" for r in rec.replicas):
@@ -297,6 +333,14 @@ def _initialized(state: State, name: str, startup: StartupRecord | None, elapsed
     rec.last_operation = "initialize succeeded"
     if startup is not None:
         rec.startup = startup
+
+
+def carry_startup(rec: DeploymentRecord, change: DeploymentChange) -> None:
+    """A new revision that changes only the instance count keeps the engine, and so its measured start-up."""
+    s = rec.startup
+    kept = s is not None and s.revision == rec.revision != change.revision
+    if s is not None and kept and same_engine(rec.spec, rec.model, change.spec, change.model):
+        rec.startup = s.model_copy(update={"revision": change.revision})
 
 
 def _forget(state: State, name: str) -> None:
@@ -469,6 +513,7 @@ class Executor:
             for fetch in change.fetches:
                 self._fetch(change, fetch)
             for unit in change.adopt:
+                self._prove_adopted(change, unit)
                 self._record(lambda s, u=unit: _adopt(s, name, u), name)  # type: ignore[misc]
                 self.progress(f"{name}: {unit} runs and passed its health gate: recorded serving")
                 self._event("recorded", name, unit=unit, state="serving")
@@ -570,11 +615,13 @@ class Executor:
             return
         rec = _record(state, change.name)
         if applied:
+            carry_startup(rec, change)
+            rec.whole_host = change.whole_host
             rec.revision = change.revision
             rec.spec, rec.model, rec.spec_hash, rec.plan = change.spec, change.model, change.spec_hash, change.fit
             rec.chosen = dict(change.chosen)
             rec.moved_from = _still_named_after(rec)
-        wanted = (change.spec.replicas_min or 1) if change.spec else len(rec.replicas)
+        wanted = change.spec.replicas_min if change.spec else len(rec.replicas)
         target = change.revision if applied else rec.revision
         pending = "; ".join([*([change.pending_reason] if change.pending_reason else []), *change.blocked]) or None
         rec.last_error = failure if failure else (None if applied else rec.last_error)
@@ -601,7 +648,7 @@ class Executor:
             checkpoint_digest=digest, engine_version=step.engine_version, engine_sha256=step.engine_sha256,
             index=step.index, slot=step.slot, host=step.host, unit=step.unit, port=step.port, gpus=step.gpus,
             gpu_indexes=step.gpu_indexes, unit_sha256=step.unit_sha256 or "", revision=step.revision,
-            argv=step.argv, status=status,
+            argv=step.argv, status=status, on_demand=step.on_demand,
         )  # fmt: skip
 
     def _run(self, t: Transport, argv: list[str], what: str, timeout: float = 120) -> None:
@@ -611,15 +658,34 @@ class Executor:
             said = (result.stderr or result.stdout).strip().splitlines()
             raise StepFailed(f"{what} failed (exit status {result.exit_code})" + (f": {said[-1]}" if said else ""))
 
+    def _install(self, t: Transport, change: DeploymentChange, step: ReplicaChange) -> None:
+        """An on-demand replica: record (pending), write its unit and load it, record it standby. Not started."""
+        name = change.name
+        digest = self._digests.get((name, step.host), "")
+        self._record(lambda s: _put_replica(s, name, self._replica_record(step, "pending", digest)), name)
+        assert step.unit_text is not None
+        result = t.run(install_argv(step.unit), stdin=step.unit_text)
+        _uploaded(result, step)
+        if result.exit_code != 0:
+            said = (result.stderr or result.stdout).strip().splitlines()
+            self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
+            raise StepFailed(f"installing {step.unit} on {step.host} failed" + (f": {said[-1]}" if said else ""))
+        self._record(lambda s: _set_status(s, name, step.host, step.unit, "standby"), name)
+        self._event("installed", name, replica=step.index, host=step.host, unit=step.unit, port=step.port,
+                    revision=step.revision)  # fmt: skip
+        self.progress(f"{name}: replica {step.index} on {step.host}: {step.unit} installed, on demand (not started)")
+
     def _start_new(self, t: Transport, change: DeploymentChange, step: ReplicaChange) -> None:
-        """Record (pending), upload, start behind the health gate; on failure remove it again and raise."""
+        """Record (pending), upload, start behind the health gate; on failure remove it again and raise. An
+        on-demand replica's unit is started without being enabled (the scaler stops it)."""
         name = change.name
         digest = self._digests.get((name, step.host), "")
         self._record(lambda s: _put_replica(s, name, self._replica_record(step, "pending", digest)), name)
         assert step.unit_text is not None
         began = time.monotonic()
         measure = self._first_start(name, step.revision)
-        argv = measured_start_argv(step.unit, upload=True) if measure else start_argv(step.unit, upload=True)
+        start = on_demand_argv("start", step.unit, upload=True) if step.on_demand else start_argv(step.unit, True)
+        argv = measured_argv(start, step.unit) if measure else start
         result = t.run(argv, stdin=step.unit_text, timeout=self._budget(change))
         _uploaded(result, step)
         if result.exit_code != 0:
@@ -628,6 +694,12 @@ class Executor:
             self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
             self._record(lambda s: _initialized(s, name, None, time.monotonic() - began, reason), name)
             raise StepFailed(reason)
+        why = self._not_ready(t, change, step.host, step.port, step.argv)
+        if why:  # a decisions replica that does not answer the readiness decision never serves
+            self._run(t, remove_argv(step.unit), f"removing the unready {step.unit} on {step.host}")
+            self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
+            self._record(lambda s: _initialized(s, name, None, time.monotonic() - began, why), name)
+            raise StepFailed(why)
         if measure:
             self._measure(t, name, step, time.monotonic() - began)
         self._record(lambda s: _set_status(s, name, step.host, step.unit, "serving"), name)
@@ -657,8 +729,8 @@ class Executor:
         )  # fmt: skip
         self._record(lambda s: _initialized(s, name, record, elapsed, None), name)
         self.progress(f"{name}: start-up of revision {step.revision} measured on {step.host}: "
-                      f"{human(found.host_peak_bytes or 0)} host RAM ({found.host_source or 'no figure'})"
-                      + "".join(f", {human(n)} on {u}" for u, n in devices.items()))  # fmt: skip
+                      f"{size_text(found.host_peak_bytes or 0)} host RAM ({found.host_source or 'no figure'})"
+                      + "".join(f", {size_text(n)} on {u}" for u, n in devices.items()))  # fmt: skip
 
     def _fetch(self, change: DeploymentChange, fetch: WeightsFetch) -> None:
         """Put the deployment's hf: weights in place on one host before any replica starts there; meanwhile the
@@ -718,7 +790,7 @@ class Executor:
         name = change.name
         if step.actions == CREATE:
             with self._on(step.host) as t:
-                self._start_new(t[step.host], change, step)
+                (self._install if step.on_demand else self._start_new)(t[step.host], change, step)
         elif step.actions == DELETE:
             host, unit = step.old_host or step.host, step.old_unit or step.unit
             with self._on(host) as t:
@@ -729,27 +801,63 @@ class Executor:
             self._replace(change, step)
 
     def _repair(self, change: DeploymentChange, step: ReplicaChange) -> None:
+        """Rewrite and restart a drifted replica (an on-demand one only if it runs), or change its role only."""
+        if step.role is not None:
+            self._role(change, step)
+            return
         name = change.name
         with self._on(step.host) as t:
             tr = t[step.host]
             assert step.unit_text is not None
-            result = tr.run(restart_argv(step.unit, upload=True), stdin=step.unit_text, timeout=self._budget(change))
+            argv = on_demand_argv("try-restart", step.unit, True) if step.on_demand else restart_argv(step.unit, True)
+            result = tr.run(argv, stdin=step.unit_text, timeout=self._budget(change))
             _uploaded(result, step)
-            if result.exit_code != 0:
-                reason = self._reason(tr, change, step.unit)
+            reason = self._reason(tr, change, step.unit) if result.exit_code != 0 else None
+            reason = reason or self._not_ready(tr, change, step.host, step.port, step.argv)
+            if reason:
                 self._record(lambda s: _set_status(s, name, step.host, step.unit, "failed", reason), name)
                 raise StepFailed(reason)
             digest = self._digests.get((name, step.host), "")
-            self._record(lambda s: _put_replica(s, name, self._replica_record(step, "serving", digest)), name)
+            status = "standby" if step.on_demand and tr.run(active_argv(step.unit)).exit_code != 0 else "serving"
+            self._record(lambda s: _put_replica(s, name, self._replica_record(step, status, digest)), name)
             self.progress(f"{name}: replica {step.index} on {step.host}: {step.unit} repaired ({step.reason})")
             self._event("healthy", name, replica=step.index, host=step.host, unit=step.unit, port=step.port,
                         revision=step.revision)  # fmt: skip
+
+    def _role(self, change: DeploymentChange, step: ReplicaChange) -> None:
+        """`min` moved past the replica: always on (enable; start unless it runs: a no-op then) or on demand
+        (disable; it runs on if it runs). Nothing is rewritten or restarted."""
+        name = change.name
+        with self._on(step.host) as t:
+            tr = t[step.host]
+            if step.role == "always-on":
+                result = tr.run(start_argv(step.unit), timeout=self._budget(change))
+                if result.exit_code != 0:
+                    reason = self._reason(tr, change, step.unit)
+                    self._record(lambda s: _set_status(s, name, step.host, step.unit, "failed", reason), name)
+                    raise StepFailed(reason)
+                status = "serving"
+            else:
+                self._run(tr, disable_argv(step.unit), f"disabling {step.unit} on {step.host}")
+                status = "serving" if tr.run(active_argv(step.unit)).exit_code == 0 else "standby"
+            digest = self._digests.get((name, step.host), "")
+            self._record(lambda s: _put_replica(s, name, self._replica_record(step, status, digest)), name)
+        if status == "serving" and self.gateway is not None:
+            self._gateway(self.gateway.enter, name, step.unit)
+        self.progress(f"{name}: replica {step.index} on {step.host}: {step.unit} {step.reason}")
+        self._event("healthy" if status == "serving" else "installed", name, replica=step.index, host=step.host,
+                    unit=step.unit, port=step.port, revision=step.revision)  # fmt: skip
 
     def _replace(self, change: DeploymentChange, step: ReplicaChange) -> None:
         name = change.name
         old_host, old_unit = step.old_host or step.host, step.old_unit or step.unit
         with self._on(step.host, old_host) as t:
             new_t, old_t = t[step.host], t[old_host]
+            if step.on_demand and old_t.run(active_argv(old_unit)).exit_code != 0:
+                # an on-demand replica the scaler does not run: its new unit installed, the old one removed
+                self._install(new_t, change, step)
+                self._remove_old(old_t, name, old_host, old_unit)
+                return
             if step.actions == SURGE:  # create before destroy: the old replica serves until the new one does
                 self._start_new(new_t, change, step)  # raises StepFailed with the old replica untouched
                 self._remove_old(old_t, name, old_host, old_unit)
@@ -763,15 +871,20 @@ class Executor:
             try:
                 self._start_new(new_t, change, step)
             except StepFailed:
-                self._restore(old_t, change, old_host, old_unit)
+                self._restore(old_t, change, old_host, old_unit, step.on_demand)
                 raise
             self._remove_old(old_t, name, old_host, old_unit)
 
-    def _restore(self, t: Transport, change: DeploymentChange, host: str, unit: str) -> None:
-        """Bring the previous unit back after its replacement failed; its outcome is recorded either way."""
-        restored = t.run(start_argv(unit), timeout=self._budget(change))
-        status = "serving" if restored.exit_code == 0 else "failed"
-        reason = None if status == "serving" else self._reason(t, change, unit)
+    def _restore(self, t: Transport, change: DeploymentChange, host: str, unit: str, on_demand: bool = False) -> None:
+        """Bring the previous unit back after its replacement failed; its outcome is recorded either way. An
+        on-demand one is started, not enabled."""
+        argv = on_demand_argv("start", unit) if on_demand else start_argv(unit)
+        restored = t.run(argv, timeout=self._budget(change))
+        reason = self._reason(t, change, unit) if restored.exit_code != 0 else None
+        if reason is None and (rec := self.recorder.state.deployments.get(change.name)) is not None:
+            found = next((r for r in rec.replicas if r.unit == unit and r.host == host), None)
+            reason = self._not_ready(t, change, host, found.port, found.argv) if found is not None else None
+        status = "serving" if reason is None else "failed"
         self._record(lambda s: _set_status(s, change.name, host, unit, status, reason), change.name)
         if status == "serving" and self.gateway is not None:
             try:
@@ -781,3 +894,31 @@ class Executor:
         self.progress(f"{change.name}: the previous {unit} on {host} restored ({status})")
         self._event("healthy" if status == "serving" else "failed", change.name, host=host, unit=unit, reason=reason
                     or "the previous unit restored after its replacement failed")  # fmt: skip
+
+    # --- decisions (seed 003): a decisions replica is ready once it answers the readiness decision ---------------
+    def _not_ready(
+        self, t: Transport, change: DeploymentChange, host: str, port: int, argv: Sequence[str] | None
+    ) -> str | None:
+        """None when the replica is proven ready: not a decisions deployment, or it answered the readiness
+        question completely (its first answer is recorded for the wake check); otherwise why not."""
+        if change.spec is None or change.spec.api != "decisions":
+            return None
+        key_file = internal_key_file(argv)  # behind a gateway the replica requires the internal key
+        found = prove_ready(t, local_address(bind_address(self.hosts[host])), port, change.name, key_file)
+        if isinstance(found, str):
+            return f"launch_failed: not ready: the readiness decision failed: {found}"
+        self._record(lambda s: _reference(s, change.name, found), change.name)
+        shown = ", ".join(f"{k} {v:.3f}" for k, v in found.probabilities.items())
+        self.progress(f"{change.name}: {host}:{port} answered the readiness decision: {found.choice} ({shown})")
+        return None
+
+    def _prove_adopted(self, change: DeploymentChange, unit: str) -> None:
+        """The same readiness decision for a unit found already running (apply restarted, the host came back)."""
+        rec = self.recorder.state.deployments.get(change.name)
+        replica = next((r for r in rec.replicas if r.unit == unit), None) if rec else None
+        if replica is None or change.spec is None or change.spec.api != "decisions":
+            return
+        with self._on(replica.host) as t:
+            why = self._not_ready(t[replica.host], change, replica.host, replica.port, replica.argv)
+        if why:
+            raise StepFailed(f"{unit} on {replica.host} runs but is not ready: {why}")

@@ -12,13 +12,18 @@ from dataclasses import dataclass
 from engine_ctl.core.render.gateway import (
     ADMIN_SOCKET,
     GATEWAY_DIR,
+    GATEWAY_KEY,
     GATEWAY_UNIT,
     HAPROXY,
     INTERNAL_ENV,
+    INTERNAL_MAP_FILE,
     REPLICA_KEY,
+    RUN_DIR,
     RUNTIME_MAPS,
     SERVER_STATE,
     RenderedGateway,
+    gateway_key_text,
+    parse_gateway_key,
 )
 from engine_ctl.shell.transport import LocalTransport, SSHTransport
 
@@ -142,27 +147,61 @@ def _ok(t: Transport, argv: list[str], what: str, timeout: float = 120) -> str:
     return result.stdout
 
 
-def ensure_internal_key(t: Transport, key: str, path: str) -> None:
-    """Write the internal key (root-only) where the gateway (EnvironmentFile) or the replicas (LoadCredential)
-    read it. The key travels over SSH on stdin, never in an argv, a plan or the state."""
-    content = f"ENGINE_CTL_GATEWAY_KEY={key}\n" if path == INTERNAL_ENV else key + "\n"
-    q = shlex.quote(path)
-    # the directories stay readable (the gateway's dynamic user reads its configuration there); the key is 0600
-    script = (f"d=$(dirname {q}); mkdir -p $d && chmod 755 /etc/engine-ctl $d && umask 077 && "
-              f"cat > {q}.new && mv {q}.new {q}")  # fmt: skip
-    result = t.run(["sh", "-c", script], stdin=content, timeout=30)
+SECRETS_SCRIPT = r"""
+import json, os, sys
+given = json.load(sys.stdin)
+for path, text in given["files"].items():
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    if path not in given["owned"]:
+        os.chmod(folder, 0o755)
+    fd = os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path + ".new", 0o600)
+    if path in given["owned"]:  # the folder's owner reads it (the gateway's dynamic user, its run directory)
+        st = os.stat(folder)
+        os.chown(path + ".new", st.st_uid, st.st_gid)
+    os.replace(path + ".new", path)
+"""
+
+
+def write_secrets(t: Transport, files: Mapping[str, str], owned: Sequence[str] = ()) -> None:
+    """Write files holding a secret (0600, root's, or for those in `owned` their folder's owner's), each replaced at
+    once. Their contents travel over SSH on stdin, never in an argv, a plan, the state or a log."""
+    given = {"files": dict(files), "owned": list(owned)}
+    result = t.run(["python3", "-c", SECRETS_SCRIPT], stdin=json.dumps(given), timeout=30)
     if result.exit_code != 0:
-        raise GatewayFailure(f"writing {path}: {result.stderr.strip()}")
+        said = (result.stderr or result.stdout).strip().splitlines()
+        raise GatewayFailure(f"writing {', '.join(sorted(files))}: " + (said[-1] if said else "failed"))
 
 
-def read_internal_key(t: Transport) -> str | None:
-    """The internal key a gateway host already has (from an earlier apply), or None."""
-    result = t.run(["sh", "-c", f"cat {INTERNAL_ENV} 2>/dev/null || cat {REPLICA_KEY} 2>/dev/null || true"])
-    for line in result.stdout.splitlines():
-        value = line.strip().removeprefix("ENGINE_CTL_GATEWAY_KEY=")
-        if len(value) == 64 and all(c in "0123456789abcdef" for c in value):
-            return value
-    return None
+def read_internal_key(t: Transport) -> tuple[str | None, str | None]:
+    """The internal key a gateway host already has (from an earlier apply) and the next one, while a rotation is
+    under way; (None, None) on a host with none."""
+    files = " ".join(shlex.quote(p) for p in (GATEWAY_KEY, INTERNAL_ENV, REPLICA_KEY))
+    result = t.run(["sh", "-c", f"for f in {files}; do [ -r $f ] && {{ cat $f; exit 0; }}; done; true"])
+    return parse_gateway_key(result.stdout)
+
+
+def internal_key_commands(map_name: str, key: str, following: str | None) -> list[str]:
+    """The stats socket's commands that make a running gateway send `key` (and know `following` as next)."""
+    commands = [f"set map {map_name} gateway {key}", f"del map {map_name} next"]
+    return commands + ([f"add map {map_name} next {following}"] if following else [])
+
+
+def set_internal_key(t: Transport, key: str, following: str | None, socket: str = ADMIN_SOCKET) -> None:
+    """The gateway's key map: the root-only file its unit loads at a start, the copy a reload reads in its run
+    directory and, in a running gateway, the map itself (no reload: the next request carries the new key)."""
+    text, name = gateway_key_text(key, following), f"{RUN_DIR}/{INTERNAL_MAP_FILE}"
+    write_secrets(t, {GATEWAY_KEY: text, name: text}, owned=[name])
+    if t.run(["systemctl", "is-active", "--quiet", GATEWAY_UNIT]).exit_code != 0:
+        return
+    answer = runtime(t, internal_key_commands(name, key, following), socket)[0].strip()
+    if "nknown map" in answer:  # a gateway of an older engine-ctl (its key in its environment): its reload follows
+        return
+    if answer:
+        raise GatewayFailure(f"changing the gateway's internal key: {answer}")
 
 
 def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> str:
@@ -177,8 +216,7 @@ def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> 
     _ok(t, ["sh", "-c", prepare], "preparing the gateway directory")
     for name, text in rendered.files.items():
         t.put(f"{staging}/{name}", text.encode(), 0o644)
-    env = f"set -a; [ -r {INTERNAL_ENV} ] && . {INTERNAL_ENV}; set +a; "
-    _ok(t, ["sh", "-c", env + f"{haproxy} -c -q -f {staging}/haproxy.cfg"], f"haproxy -c on {rendered.host}")
+    _ok(t, [haproxy, "-c", "-q", "-f", f"{staging}/haproxy.cfg"], f"haproxy -c on {rendered.host}")
     old = t.run(["sh", "-c", f"cd {GATEWAY_DIR} && sha256sum * {UNIT_DIR}/{GATEWAY_UNIT} 2>/dev/null"]).stdout
     before = {
         line.split()[1].rsplit("/", 1)[-1]: line.split()[0] for line in old.splitlines() if len(line.split()) == 2

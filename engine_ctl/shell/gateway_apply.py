@@ -16,9 +16,8 @@ from engine_ctl.core.render.gateway import (
     CONFIG_FILE,
     GATEWAY_DIR,
     GATEWAY_UNIT,
-    INTERNAL_ENV,
-    REPLICA_KEY,
     backend_name,
+    replica_key_files,
     server_name,
 )
 from engine_ctl.shell import gateway as remote
@@ -64,13 +63,14 @@ class GatewayApply:
             for g in self.changes:
                 self._remove(g)
             return
-        key = self._internal_key()
+        key, following = self._internal_key()
+        accepted = [key, following] if following else [key]  # during a rotation, replicas learn the next key too
         replica_hosts = {r.host for c in self.plan.changes for r in c.replicas if r.action != ["delete"]}
         for host in sorted(replica_hosts | {g.host for g in self.live}):
             if host in self.hosts:
-                remote.ensure_internal_key(self._t(host), key, REPLICA_KEY)
+                remote.write_secrets(self._t(host), replica_key_files(accepted))
         for g in self.live:
-            remote.ensure_internal_key(self._t(g.host), key, INTERNAL_ENV)
+            remote.set_internal_key(self._t(g.host), key, following)
             if g.changed:
                 done = remote.install(self._t(g.host), planned_gateway(g, interim=True))
                 self.progress(f"gateway {g.host}: {done} (http://{g.endpoint}/v1)")
@@ -78,14 +78,14 @@ class GatewayApply:
             if g.action == ["delete"]:
                 self._remove(g)
 
-    def _internal_key(self) -> str:
-        """The key the gateways already share, or a new one (256 bits). It never leaves the hosts and this
-        process: not in a plan, the state or a log."""
+    def _internal_key(self) -> tuple[str, str | None]:
+        """The key the gateways already share (and the next one, during a rotation), or a new one (256 bits). It
+        never leaves the hosts and this process: not in a plan, the state or a log."""
         for g in self.live:
-            found = remote.read_internal_key(self._t(g.host))
+            found, following = remote.read_internal_key(self._t(g.host))
             if found:
-                return found
-        return secrets.token_hex(32)
+                return found, following
+        return secrets.token_hex(32), None
 
     def _remove(self, g: GatewayChange) -> None:
         if g.host in self.hosts:

@@ -11,11 +11,20 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from engine_ctl.core.diagnostics import VERB_EXIT_STATUS
+from engine_ctl.core.diagnostics import EXIT_STATUSES
 from engine_ctl.core.documents.inventory import Host, Inventory
-from engine_ctl.core.plan.gateway import stopped_map
+from engine_ctl.core.plan.gateway import backends_from_state, stopped_map
 from engine_ctl.core.plan.operator import STOP_WAIT_S, park_refusal, parking_phase, stop_phase
-from engine_ctl.core.render.gateway import GATEWAY_DIR, backend_name, map_text, server_name, sha256
+from engine_ctl.core.render.gateway import (
+    CONFIG_FILE,
+    GATEWAY_DIR,
+    RUNTIME_MAPS,
+    backend_name,
+    map_text,
+    render_gateway,
+    server_name,
+    sha256,
+)
 from engine_ctl.shell import gateway as remote
 from engine_ctl.shell.apply import UNIT_DIR, new_id, remove_argv
 from engine_ctl.shell.operator import (
@@ -34,10 +43,12 @@ from engine_ctl.shell.operator import (
 from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, transport_for
 from engine_ctl.state import Operation, State, StateBackend, StateError
 from engine_ctl.state.base import now, who
-from engine_ctl.state.model import DeploymentRecord, OperatorAction
+from engine_ctl.state.model import DeploymentRecord, GatewayRecord, OperatorAction
 
 Transport = SSHTransport | LocalTransport
-STILL_STOPPING = VERB_EXIT_STATUS["still_stopping"]
+KEY_MAPS = tuple(n for n in RUNTIME_MAPS if n != "stopped.map")
+"""The gateway's key maps: rendered from the ApiKey documents, which the verbs do not read, so left as they are."""
+STILL_STOPPING = EXIT_STATUSES["still_stopping"]
 """Seed 003: the exit status of a start (or a delete) refused while the stop is still under way."""
 
 
@@ -50,7 +61,7 @@ class Refused(Exception):
 
     @property
     def exit_status(self) -> int:
-        return VERB_EXIT_STATUS.get(self.code, 1)
+        return EXIT_STATUSES.get(self.code, 1)
 
 
 @dataclass
@@ -131,10 +142,9 @@ class Verbs:
         if rec.operator is None:
             return None
         if rec.operator.verb == "parked":
-            level = rec.operator.level
-            jobs = self.unit_states(rec, "park" if level else "stop")
-            watched = [s for k, s in jobs.items() if "/park-" in k or "/stop-" in k or not level]
-            return parking_phase("parked", watched)
+            asleep = rec.operator.level > 0  # its engine stays active: only the park job tells
+            jobs = self.unit_states(rec, "park" if asleep else "stop")
+            return parking_phase("parked", [s for k, s in jobs.items() if not asleep or "/park-" in k])
         return self.stop_phase(rec) if rec.operator.verb == "stopped" else "deleted"
 
     def wait_stopped(self, rec: DeploymentRecord, within: float = STOP_WAIT_S) -> bool:
@@ -160,6 +170,38 @@ class Verbs:
             remote.set_maps(t, {"stopped.map": entries})
             t.put(f"{GATEWAY_DIR}/stopped.map", text.encode(), 0o644)
             state.gateways[g.name].files_sha256["stopped.map"] = sha256(text)
+
+    def reconfigure(self, state: State) -> None:
+        """Each gateway's configuration from the state (a deleted deployment's servers gone), installed as apply
+        installs it (checked, then reloaded without dropping a connection); its key maps are left as they are."""
+        hosts = {h.name: h for h in self.inventory.hosts}
+        for g in self._gateways(state):
+            t = self._t(g.name)
+            rendered = render_gateway(g, backends_from_state(state, hosts), [], stopped=stopped_map(state.deployments))
+            kept = {n: t.run(["cat", f"{GATEWAY_DIR}/{n}"]).stdout for n in KEY_MAPS}
+            files = {**rendered.files, **kept}
+            maps = {"stopped.map": rendered.maps["stopped.map"]}
+            remote.install(t, rendered.model_copy(update={"files": files, "maps": maps}))
+            state.gateways[g.name] = GatewayRecord(
+                endpoint=rendered.endpoint, files_sha256={n: sha256(x) for n, x in sorted(files.items())},
+                unit_sha256=rendered.unit_sha256, config=rendered.files[CONFIG_FILE],
+            )  # fmt: skip
+
+    def refresh_scaler(self, state: State, name: str) -> None:
+        """The scaler's configuration (scaler.json) again, where the deployment scales: `stopped` for a held one, so
+        the scaler never starts its slots. A failure is said, never fatal: the next apply writes it too."""
+        from engine_ctl.core.plan.scaler import plan_scaler, scales
+        from engine_ctl.shell.scaler_apply import ScalerApply, ScalerFailure
+
+        rec = state.deployments.get(name)
+        plan = plan_scaler([], state, self.inventory, {}) if rec is not None and scales(rec.spec) else None
+        if plan is None:
+            return
+        hosts = {h.name: h for h in self.inventory.hosts}
+        try:
+            ScalerApply(plan, hosts, lambda: state, self.options, self.progress).run()
+        except (ScalerFailure, HostFailure, OSError) as exc:
+            self.progress(f"warning: the scaler's configuration was not updated: {exc}; `engine-ctl apply` does it")
 
     def servers(self, state: State, rec: DeploymentRecord, to: str) -> None:
         """Each replica's server on every gateway: `maint` (nothing routed to it) or `ready`."""
@@ -187,6 +229,7 @@ class Verbs:
             self.publish_stopped(state)
             self.servers(state, rec, "maint")
             state = self._write(state)
+            self.refresh_scaler(state, name)
             self._detach(rec, "stop", lambda p, h, r: stop_job(p, h, r))
         return Outcome(operation=operation)
 
@@ -217,17 +260,17 @@ class Verbs:
             return Outcome(operation="", note=f"{name} is not stopped or parked; nothing to start")
         if rec.operator.verb == "deleted":
             return self._undelete(name)
-        if self.phase(rec) in ("stopping", "parking"):
-            if not wait:
-                raise Refused(
-                    f"{name} is still stopping; nothing was started. Retry in a moment, or run "
-                    f"`engine-ctl start deployment {name} --wait`, which waits for the stop to finish and then starts",
-                    code="still_stopping",
-                )
+        if wait:  # seed 003: --wait says it waits for the stop, however long that is
             on_wait()
             if not self._wait_phase(rec):
                 raise Refused(f"the stop of {name} did not finish within {STOP_WAIT_S}s; nothing was started",
                               code="still_stopping")  # fmt: skip
+        elif self.phase(rec) in ("stopping", "parking"):
+            raise Refused(
+                f"{name} is still stopping; nothing was started. Retry in a moment, or run "
+                f"`engine-ctl start deployment {name} --wait`, which waits for the stop to finish and then starts",
+                code="still_stopping",
+            )
         return self._start(name, wait)
 
     def _wait_phase(self, rec: DeploymentRecord) -> bool:
@@ -249,6 +292,7 @@ class Verbs:
             state = self._write(state)
             self.publish_stopped(state)
             state = self._write(state)
+            self.refresh_scaler(state, name)
         asleep = held.verb == "parked" and held.level > 0
         provider = provider_of(rec)
         ready = 0
@@ -296,6 +340,7 @@ class Verbs:
             self._log(state, f"park deployment {name}", operation, "park requested")
             state = self._write(state)
             self.servers(state, rec, "maint")
+            self.refresh_scaler(state, name)
             if asleep:
                 self._detach(rec, "park", lambda p, h, r: sleep_job(p, h, r, level))
             else:
@@ -351,8 +396,9 @@ class Verbs:
             rec.state, rec.reason = "Pending", "deleted by an operator"
             self._log(state, f"delete deployment {name}", operation, "deleted")
             state = self._write(state)
-            self.publish_stopped(state)
-            self._write(state)
+            self.reconfigure(state)
+            state = self._write(state)
+            self.refresh_scaler(state, name)
         return Outcome(operation=operation)
 
 

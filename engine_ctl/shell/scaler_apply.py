@@ -85,7 +85,11 @@ class ScalerApply:
         host = self.hosts.get(self.plan.host)
         if host is None:
             return
-        deployments = scaler_deployments(self.state(), self.hosts)
+        self.install(host, scaler_deployments(self.state(), self.hosts))
+
+    def install(self, host: Host, deployments: list[ScalerDeployment]) -> None:
+        """The key, the forced command on the slots' hosts, then the scaler's files and unit (removed when no
+        deployment scales)."""
         t = transport_for(host, self.options)
         try:
             if not deployments:

@@ -114,6 +114,7 @@ class DeploymentSpec(Doc):
         description="true: any plan that would destroy this deployment is refused (Terraform's lifecycle "
         "prevent_destroy), also when its document is left out. Changing it changes nothing on the hosts.",
     )
+    api: Literal["chat", "decisions"] = Field("chat", description="chat, or decisions (POST /v1/systemone).")
 
 
 class DeploymentDocument(Doc):

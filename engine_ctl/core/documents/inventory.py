@@ -67,6 +67,11 @@ class EngineBuilds(_Doc):
     cpu: str | None = Field(None, description="The build for CPUs only.")
     version: str | None = Field(None, description="Pin: a host whose build reports another version is left out.")
     sha256: str | None = Field(None, description="Pin: a host whose build has another sha256 is left out.")
+    decisions: bool | None = Field(
+        None, description="true: this build serves decision models (api: decisions) whatever version it reports: "
+        "the operator's registration, for a build older than the engine's decisions floor that serves "
+        "POST /v1/systemone (a development build). Every replica still proves it with the readiness decision."
+    )  # fmt: skip
 
 
 class HostSettings(_Doc):
@@ -175,6 +180,8 @@ class Host(BaseModel):
     """Engine -> platform -> the build's executable (cuda, rocm, vulkan, metal, cpu)."""
     engine_pins: dict[str, dict[str, str]] = {}
     """Engine -> {"version": …, "sha256": …}: what its build must be on this host."""
+    engine_decisions: dict[str, bool] = {}
+    """Engine -> true where the inventory registers its build as serving decision models (below the floor)."""
     transport: Literal["ssh", "local"] = "ssh"
     connect_timeout: float = 10.0
     command_timeout: float = 120.0
@@ -297,6 +304,7 @@ def split_engines(engines: dict[str, object]) -> dict[str, dict[str, object]]:
     plain: dict[str, object] = {}
     builds: dict[str, object] = {}
     pins: dict[str, object] = {}
+    decisions: dict[str, object] = {}
     for key, value in engines.items():
         name = canonical_engine(key)
         if isinstance(value, str):
@@ -307,7 +315,9 @@ def split_engines(engines: dict[str, object]) -> dict[str, dict[str, object]]:
         pinned = {k: value[k] for k in ("version", "sha256") if value.get(k)}
         if pinned:
             pins[name] = pinned
-    return {"engines": plain, "engine_builds": builds, "engine_pins": pins}
+        if value.get("decisions") is not None:
+            decisions[name] = bool(value["decisions"])
+    return {"engines": plain, "engine_builds": builds, "engine_pins": pins, "engine_decisions": decisions}
 
 
 def _host_entry(doc: SourceDocument, i: int, raw: object) -> tuple[HostEntry | None, list[Diagnostic]]:

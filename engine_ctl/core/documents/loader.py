@@ -134,9 +134,11 @@ def _spec_deployment(doc: SourceDocument, parsed: DeploymentDocument) -> LoadedD
         priority=spec.priority,
         host=spec.host,
         prevent_destroy=spec.prevent_destroy,
+        api=spec.api,
     )
     paths: dict[str, tuple[str | int, ...]] = {
         "name": ("metadata", "name"),
+        "api": ("spec", "api"),
         "model": ("spec", "model"),
         "engine": ("spec", "engine"),
         "replicas_min": ("spec", "replicas", "min"),

@@ -127,6 +127,7 @@ def check_deployment(
         yield _format_mismatch(loaded, engine, model)
     yield from _check_args(loaded, engine)
     yield from _check_flat(loaded, engine)
+    yield from _check_decisions(loaded, engine, model)
 
 
 def _check_replicas(loaded: LoadedDeployment) -> Iterator[Diagnostic]:
@@ -139,8 +140,6 @@ def _check_replicas(loaded: LoadedDeployment) -> Iterator[Diagnostic]:
         yield _err(o, "replicas_min", "spec.replicas.min: at least 0", code="out_of_range")
     elif d.replicas_min > d.replicas_max:
         yield _err(o, "replicas_min", "spec.replicas.min: at most spec.replicas.max", code="out_of_range")
-    elif 1 <= d.replicas_max <= 64:
-        yield from _scaling_warnings(loaded)
     if d.idle_minutes is not None and not 1 <= d.idle_minutes <= 1440:
         yield _err(o, "idle_minutes", "spec.replicas.idle_minutes: between 1 and 1440", code="out_of_range")
     if d.replicas_min > 0 and written(o, "idle_minutes"):
@@ -150,32 +149,6 @@ def _check_replicas(loaded: LoadedDeployment) -> Iterator[Diagnostic]:
             "spec.replicas.idle_minutes: ignored (cleared) because spec.replicas.min is above 0",
             hint="idle_minutes applies only with min: 0 (scale to zero)",
             code="ignored_field",
-        )
-
-
-def _scaling_warnings(loaded: LoadedDeployment) -> Iterator[Diagnostic]:
-    """Until the gateway and the scaler exist, say exactly what will run: min replicas, at least one."""
-    d, o = loaded.deployment, loaded.origin
-    runs = max(d.replicas_min, 1)
-    what = f"engine-ctl runs {runs} replica" + ("s" if runs > 1 else "")
-    hint = "set min and max to the number of replicas to run"
-    if d.replicas_min == 0:
-        also = " and scaling between min and max need" if d.replicas_max > 1 else " needs"
-        yield _warn(
-            o,
-            "replicas_min",
-            f"spec.replicas.min 0: scale to zero{also} the scaler, which is not built yet; {what}",
-            hint=hint,
-            code="scaling_not_built",
-        )
-    elif d.replicas_max > d.replicas_min:
-        yield _warn(
-            o,
-            "replicas_max",
-            f"spec.replicas.max {d.replicas_max}: scaling between min ({d.replicas_min}) and max needs the "
-            f"scaler, which is not built yet; {what}",
-            hint=hint,
-            code="scaling_not_built",
         )
 
 
@@ -285,30 +258,6 @@ def _check_flat(loaded: LoadedDeployment, engine: Provider) -> Iterator[Diagnost
             "engine_config.extra_args: set engine_config.accept_extra_args: true to pass extra engine arguments",
             code="extra_args_not_accepted",
         )
-    if d.api == "decisions":
-        if not engine.serves_decisions:
-            yield _err(
-                o,
-                "engine",
-                f"capability_missing:decisions: {_engine_title(engine)} does not serve decision models here",
-                hint=f"serve decision models with {titles(decision_providers(), ' or ')}",
-                code="capability_missing",
-            )
-        if d.residency in ("deep", "host_backed"):
-            yield _err(
-                o,
-                "residency",
-                f"residency {d.residency}: a decisions deployment restarts instead of parking (restart_only)",
-                code="decisions_conflict",
-            )
-        parsers = [f for f, _ in split_flags(d.engine_args) if f in engine.parser_flags.values()]
-        for flag in parsers:
-            yield _err(
-                o,
-                "engine_args",
-                f"engine_config.extra_args {flag}: a decisions deployment has no {flag[2:]}",
-                code="decisions_conflict",
-            )
     if d.residency != "restart_only" and d.api == "chat" and not engine.parks_asleep(d.residency):
         yield _warn(
             o,
@@ -319,6 +268,46 @@ def _check_flat(loaded: LoadedDeployment, engine: Provider) -> Iterator[Diagnost
     own = {option.key for option in engine.options}
     for key in sorted(d.engine_options.keys() - own):
         yield _warn(o, key, f"engine_config.{key}: {engine.title} has no such switch; ignored", code="ignored_field")
+
+
+def _check_decisions(loaded: LoadedDeployment, engine: Provider, model: Model | None) -> Iterator[Diagnostic]:
+    """Seed 003, Decision models: the engine serves them; restart_only; no tool-call or reasoning parser."""
+    d, o = loaded.deployment, loaded.origin
+    if d.api != "decisions":
+        return
+    if not engine.serves_decisions:
+        yield _err(
+            o,
+            "engine",
+            f"capability_missing:decisions: {_engine_title(engine)} does not serve decision models here",
+            hint=f"serve decision models with {titles(decision_providers(), ' or ')}",
+            code="capability_missing",
+        )
+    if d.residency in ("deep", "host_backed"):
+        yield _err(
+            o,
+            "residency",
+            f"residency {d.residency}: a decisions deployment restarts instead of parking (restart_only)",
+            code="decisions_conflict",
+        )
+    parser_flags = {*engine.parser_flags.values(), *(f for p in decision_providers() for f in p.parser_flags.values())}
+    for flag in [f for f, _ in split_flags(d.engine_args) if f in parser_flags]:
+        yield _err(
+            o,
+            "engine_args",
+            f"engine_config.extra_args {flag}: a decisions deployment has no {flag[2:]}",
+            code="decisions_conflict",
+        )
+    for key in ("tool_call_parser", "reasoning_parser"):
+        if model is not None and getattr(model, key):
+            yield _err(
+                o,
+                "api",
+                f"api: decisions: model {model.name!r} sets {key}; a decisions deployment has no "
+                f"{key.removesuffix('_parser').replace('_', '-')} parser",
+                hint=f"leave {key} out of the Model document, or serve the model as chat",
+                code="decisions_conflict",
+            )
 
 
 def check_model(loaded: LoadedModel) -> Iterator[Diagnostic]:

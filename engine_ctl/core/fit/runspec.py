@@ -72,6 +72,8 @@ class ReplicaRun(BaseModel):
     """The gateway hosts' addresses: with any, the unit accepts only them and loopback (IPAddressAllow=)."""
     api_key_file: str | None = None
     """Where the unit provides the gateway's internal key (a credential), when the inventory has a gateway."""
+    api_key_env_file: str | None = None
+    """The root-only EnvironmentFile= that sets the engine's key variable (an engine with no key-file flag)."""
     port: int
     gpus: tuple[Gpu, ...] = ()
     plan: FitPlan

@@ -15,6 +15,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+from engine_ctl.core.model import Deployment, Model
+
 MIB = 1024 * 1024
 COMPUTE_APPS = "nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits"
 """NVIDIA's per-process query (nvidia-smi manual, `nvidia-smi --help-query-compute-apps`): one line per process on a
@@ -109,3 +111,18 @@ def device_peaks(samples: list[list[tuple[str, str, int]]], pids: set[str]) -> d
         for uuid, used in per.items():
             peaks[uuid] = max(peaks.get(uuid, 0), used)
     return peaks
+
+
+COUNT_FIELDS = frozenset({"replicas_min", "replicas_max", "idle_minutes", "priority", "labels", "prevent_destroy"})
+"""Fields of a deployment that never change what its engine runs: a revision that changes only these keeps the
+engine (no restart), and so keeps its measured start-up."""
+
+
+def same_engine(
+    old: Deployment | None, old_model: Model | None, new: Deployment | None, new_model: Model | None
+) -> bool:
+    """Whether two specifications run the same engine: they differ at most in COUNT_FIELDS, and the model is the
+    same."""
+    if old is None or new is None or old_model != new_model:
+        return False
+    return old.model_dump(exclude=set(COUNT_FIELDS)) == new.model_dump(exclude=set(COUNT_FIELDS))

@@ -102,11 +102,33 @@ class ReplicaChange(Step):
     placement: Placement | None = None
     """Where the unit was rendered for (host, GPUs, port, threads): apply renders it again from this to prove a
     saved plan's unit is engine-ctl's own."""
+    on_demand: bool = False
+    """The slot is above `min`: apply installs its unit (file + daemon-reload) and never enables or starts it; a
+    replacement is rolled only if the unit is active when apply comes to it (the scaler started it)."""
+    active: bool = False
+    """An on-demand unit that the facts found active (the scaler runs it): its gateway server stays enabled."""
+    role: Literal["always-on", "on-demand"] | None = None
+    """An update that only changes the slot's role (min changed): always-on enables and starts the unit (a no-op
+    for one already active), on-demand disables it and leaves it running. Nothing is rewritten or restarted."""
 
 
 def _none_if_empty(value: Any) -> Any:
     """Format 1 wrote {} for a spec or model it did not have."""
     return None if value == {} else value
+
+
+class Slot(BaseModel):
+    """One place a replica of the deployment may run, as the plan leaves it (the scaling envelope)."""
+
+    index: int
+    host: str
+    port: int
+    gpu_indexes: list[int] = Field(default_factory=list)
+    cpu_cores: int = 0
+    memory_bytes: int = 0
+    on_demand: bool = False
+    shares: list[str] = Field(default_factory=list)
+    """Other deployments' on-demand slots this one overlaps (`embed replica 1`): they never run at once."""
 
 
 class DeploymentChange(Step):
@@ -119,6 +141,9 @@ class DeploymentChange(Step):
     spec_hash: str = ""
     fit: FitPlan | None = None
     startup_provenance: Literal["measured", "default"] = Field(default="default", exclude=True)
+    whole_host: bool = Field(default=False, exclude_if=lambda v: not v)
+    """The estimated start-up peak is above what any host can give: the first start runs alone on one host and
+    sets aside all of it (the fit's memory_bytes is that host's)."""
     """Where the fit's start-up memory came from: `measured` (the revision's first start, recorded) or `default`
     (the estimate)."""
     field_changes: list[FieldChange] = Field(default_factory=list)
@@ -140,6 +165,8 @@ class DeploymentChange(Step):
     """hf: weights each host with a new replica fetches first (engine_ctl.core.plan.fetching)."""
     operator: str | None = None
     """Held by an operator's verb (stop, park, delete): why nothing of it changes (engine_ctl.core.plan.operator)."""
+    envelope: list[Slot] = Field(default_factory=list)
+    """Every slot (0..max-1) placed, always on (below `min`) or on demand; empty when max equals min."""
 
     _empty = field_validator("spec", "model", mode="before")(_none_if_empty)
 
@@ -237,5 +264,5 @@ class Plan(BaseModel):
 
 __all__ = [
     "FORMAT_VERSION", "Action", "DeploymentChange", "Drift", "FieldChange", "Plan", "PlanContext", "ReplicaChange",
-    "Strategy",
+    "Slot", "Strategy",
 ]  # fmt: skip

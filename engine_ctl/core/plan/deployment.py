@@ -13,9 +13,11 @@ from typing import Literal
 
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.fitting import FitUnknown, fit, shape_disagreement
+from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.fit.placement import place_one
 from engine_ctl.core.fit.runspec import FitPlan, Placement
+from engine_ctl.core.fit.startup import same_engine
 from engine_ctl.core.model import Deployment, Model
 from engine_ctl.core.plan.changes import (
     CREATE,
@@ -31,11 +33,13 @@ from engine_ctl.core.plan.changes import (
     Strategy,
     replace_actions,
 )  # fmt: skip
+from engine_ctl.core.plan.decisions import decisions_refusals
 from engine_ctl.core.plan.diff import Names, changed_fields, spec_digest
 from engine_ctl.core.plan.drift import replica_drift
 from engine_ctl.core.plan.ownership import as_recorded
 from engine_ctl.core.plan.world import Allocation, Hosts, recorded_placement
 from engine_ctl.core.render.units import RenderedUnit, gateway_allow, model_path_on_host, render_unit, replica_run
+from engine_ctl.core.sizes import gib_down, gib_up
 from engine_ctl.providers import Provider
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord
 
@@ -61,10 +65,27 @@ class Target:
     """Replicas of this deployment (below the count) on each host, as placement spreads them."""
     lineage: str | None = None
     """The owning state's lineage, written into each unit's header."""
+    always_pending: bool = False
+    """An always-on replica could not be placed (the change is Pending): no on-demand slot is placed."""
+    placed: dict[int, Placement] = field(default_factory=dict)
+    """Each slot's placement after the plan (new, replaced or kept): the scaling envelope."""
+    live: list[ReplicaRecord] = field(default_factory=list)
+    exclusive: frozenset[str] = frozenset()
+    """GPUs the always-on replicas of every deployment hold (known once they are all placed): an on-demand slot
+    never shares them."""
 
     @property
     def count(self) -> int:
-        return max(self.d.replicas_min, 1)
+        """The slots: replicas up to `max`, each placed (seed 000: replicas.max, at least 1)."""
+        return max(self.d.replicas_max, self.d.replicas_min, 1)
+
+    @property
+    def always(self) -> int:
+        """The always-on replicas: slots below `min` (none with min: 0); the others are on demand."""
+        return min(self.d.replicas_min, self.count)
+
+    def on_demand(self, index: int) -> bool:
+        return index >= self.always
 
     def render(self, p: Placement, revision: int, slot: str, owner: str | None = None) -> RenderedUnit:
         """The unit at `p`, with `owner` as the lineage in its header (the state's when not given)."""
@@ -136,7 +157,11 @@ def fit_step(
         change.pending_reason = fitted.reason
         change.action = list(CREATE) if record is None else change.action
         return None
-    change.fit, change.startup_provenance = with_measured_startup(fitted, record, change.revision)
+    change.fit, change.startup_provenance = with_measured_startup(fitted, record, change.revision, d, model)
+    if change.startup_provenance == "default":
+        change.fit, change.whole_host = whole_host(change.fit, [h for h in hosts.reached if d.host in (None, h.host)])
+        if change.whole_host:
+            change.warnings.append(whole_host_warning(d.name, fitted, change.fit))
     fitted = change.fit
     disagreement = shape_disagreement(model, model_facts)
     if disagreement:  # the weights' own metadata sized it; say that the Model document says otherwise
@@ -145,17 +170,41 @@ def fit_step(
 
 
 def with_measured_startup(
-    fitted: FitPlan, record: DeploymentRecord | None, revision: int
+    fitted: FitPlan,
+    record: DeploymentRecord | None,
+    revision: int,
+    d: Deployment | None = None,
+    model: Model | None = None,
 ) -> tuple[FitPlan, Literal["measured", "default"]]:
     """The fit with the start-up peak its revision's first start measured set aside instead of the estimate
-    (host RAM, and each GPU's peak), and where the figures came from."""
+    (host RAM, and each GPU's peak), and where the figures came from. A new revision that changes only the
+    instance count (same_engine) keeps the measurement."""
     startup = record.startup if record is not None else None
-    if startup is None or startup.revision != revision or startup.host_peak_bytes is None:
+    if record is None or startup is None or startup.host_peak_bytes is None:
+        return fitted, "default"
+    kept = startup.revision == record.revision and same_engine(record.spec, record.model, d, model)
+    if startup.revision != revision and not kept:
         return fitted, "default"
     update: dict[str, int] = {"memory_bytes": startup.host_peak_bytes}
     if startup.device_peak_bytes:
         update["min_gpu_memory_bytes"] = max(startup.device_peak_bytes.values())
     return fitted.model_copy(update=update), "measured"
+
+
+def whole_host(fitted: FitPlan, hosts: list[HostFacts]) -> tuple[FitPlan, bool]:
+    """Before a first start has measured it: an estimated start-up peak (host memory) above what every host can
+    give (its memory available) is set to the most one host gives, so that its first start runs alone there and
+    sets aside all of it (whole_host). Unchanged when some host can give it, or none was reached."""
+    limit = max((h.memory.available_bytes for h in hosts), default=0)
+    if not limit or fitted.memory_bytes <= limit:
+        return fitted, False
+    return fitted.model_copy(update={"memory_bytes": limit}), True
+
+
+def whole_host_warning(name: str, estimated: FitPlan, capped: FitPlan) -> str:
+    return (f"{name}: its estimated start-up peak ({gib_up(estimated.memory_bytes)} of host memory) is above what "
+            f"any host can give; its first start runs alone on the host with the most ({gib_down(capped.memory_bytes)}"
+            ") and sets aside all of it (whole_host), and the measured peak is set aside after it")  # fmt: skip
 
 
 def weights_missing(model: Model, hosts: Hosts) -> dict[str, str]:
@@ -209,15 +258,21 @@ def current_replica(candidates: list[ReplicaRecord], hosts: Hosts) -> ReplicaRec
 # --- place --------------------------------------------------------------------------------------------------
 
 
-def place_replicas(t: Target, live: list[ReplicaRecord]) -> None:
-    """Each replica index below the count: created where there is none, kept (or repaired where it drifted),
-    or replaced when its unit's content changes. Stops at the first replica that cannot be placed (Pending)."""
+def count_on_host(t: Target, live: list[ReplicaRecord]) -> None:
+    """The deployment's recorded slots on each host (placement spreads them)."""
+    for r in live:
+        if r.index < t.count:
+            t.on_host[r.host] = t.on_host.get(r.host, 0) + 1
+
+
+def place_replicas(t: Target, live: list[ReplicaRecord], indexes: range) -> int | None:
+    """Each replica index of `indexes`: created where there is none, kept (or repaired where it drifted), or
+    replaced when its unit's content changes. Stops at the first replica that cannot be placed (Pending), and
+    returns its index (None: all placed)."""
     by_index: dict[int, list[ReplicaRecord]] = {}
     for r in live:
         by_index.setdefault(r.index, []).append(r)
-        if r.index < t.count:
-            t.on_host[r.host] = t.on_host.get(r.host, 0) + 1
-    for index in range(t.count):
+    for index in indexes:
         candidates = by_index.get(index, [])
         current = current_replica(candidates, t.hosts)
         for extra in (r for r in candidates if r is not current):
@@ -234,7 +289,8 @@ def place_replicas(t: Target, live: list[ReplicaRecord]) -> None:
                 t.change.adopt.append(current.unit)  # it runs: it passed its health gate before apply was cut off
             placed = keep_replica(t, current) or replace_replica(t, current, index)
         if not placed:
-            break
+            return index
+    return None
 
 
 def create_replica(t: Target, index: int) -> bool:
@@ -247,7 +303,11 @@ def create_replica(t: Target, index: int) -> bool:
     p = result.placements[0]
     t.alloc.take(p)
     t.on_host[p.host] = t.on_host.get(p.host, 0) + 1
-    t.replicas.append(replica_change(list(CREATE), t.render(p, t.revision, "a"), t.revision, p, reason="new replica"))
+    t.placed[index] = p
+    why = "new replica, on demand: installed, not started" if t.on_demand(index) else "new replica"
+    rc = replica_change(list(CREATE), t.render(p, t.revision, "a"), t.revision, p, reason=why)
+    rc.on_demand = t.on_demand(index)
+    t.replicas.append(rc)
     return True
 
 
@@ -257,17 +317,46 @@ def keep_replica(t: Target, current: ReplicaRecord) -> bool:
     facts = t.hosts.facts[current.host]
     same_place = recorded_placement(current, facts, t.fitted)
     moving = t.d.host not in (None, current.host)  # spec.host changed: a replacement onto the new host
-    if same_place is None or len(same_place.gpus) != t.fitted.gpus or moving:
+    if same_place is None or len(same_place.gpus) != t.fitted.gpus or moving or displaced(t, current):
         return False
     unit_now = t.render_recorded(same_place, current)
     if unit_now.sha256 != current.unit_sha256:
         return False
-    found = replica_drift(t.d.name, current, t.hosts.unit(current.host, current.unit), facts)
+    t.placed[current.index] = same_place
+    on_demand = t.on_demand(current.index)
+    seen = current.model_copy(update={"on_demand": True}) if on_demand else current  # its activity: not drift
+    found = replica_drift(t.d.name, seen, t.hosts.unit(current.host, current.unit), facts)
     t.drift.extend(found)
     if found:
         why = "; ".join(f.detail for f in found)
-        t.replicas.append(replica_change(list(UPDATE), unit_now, current.revision, same_place, reason=why))
+        rc = replica_change(list(UPDATE), unit_now, current.revision, same_place, reason=why)
+    elif current.on_demand != on_demand:
+        rc = role_change(t, unit_now, current, same_place)
+    else:
+        return True
+    rc.on_demand, rc.active = on_demand, on_demand and t.hosts.running(current.host, current.unit)
+    t.replicas.append(rc)
     return True
+
+
+def displaced(t: Target, current: ReplicaRecord) -> bool:
+    """A recorded replica that must be placed again: an always-on one whose GPUs one of a higher priority took
+    (two on-demand slots that both became always-on), or an on-demand one whose GPUs an always-on replica took."""
+    if current.unit in t.alloc.displaced:
+        return True
+    return t.on_demand(current.index) and bool(set(current.gpus) & t.exclusive)
+
+
+def role_change(t: Target, unit: RenderedUnit, current: ReplicaRecord, p: Placement) -> ReplicaChange:
+    """`min` moved past this slot: it becomes always on (enabled, and started unless it runs) or on demand
+    (disabled, left as it is). Nothing is rewritten or restarted."""
+    if t.on_demand(current.index):
+        why = "now on demand: disabled, left running if it runs (the scaler stops it when idle)"
+    else:
+        why = "now always on: enabled, and started unless the scaler already runs it"
+    rc = replica_change(list(UPDATE), unit, current.revision, p, reason=why)
+    rc.role = "on-demand" if t.on_demand(current.index) else "always-on"
+    return rc
 
 
 def replace_replica(t: Target, current: ReplicaRecord, index: int) -> bool:
@@ -294,6 +383,7 @@ def replace_replica(t: Target, current: ReplicaRecord, index: int) -> bool:
         kept = {} if moving else {"port": current.port}
         p = stop_start.placements[0].model_copy(update={"index": index, **kept})
     t.alloc.take(p)
+    t.placed[index] = p
     if p.host != current.host:
         t.on_host[current.host] = t.on_host.get(current.host, 1) - 1
         t.on_host[p.host] = t.on_host.get(p.host, 0) + 1
@@ -303,6 +393,10 @@ def replace_replica(t: Target, current: ReplicaRecord, index: int) -> bool:
                         reason=why)  # fmt: skip
     rc.old_unit, rc.old_host, rc.old_slot, rc.old_argv = current.unit, current.host, current.slot, current.argv
     rc.strategy = strategy
+    rc.on_demand = t.on_demand(index)
+    rc.active = rc.on_demand and t.hosts.running(current.host, current.unit)
+    if rc.on_demand:
+        rc.reason += "; on demand: rolled if the scaler runs it, else only installed"
     t.replicas.append(rc)
     return True
 
@@ -391,7 +485,7 @@ def needs_clearing(record: DeploymentRecord, change: DeploymentChange) -> bool:
     """A recorded failure, or a state that is not Ready, while every replica matches and runs: apply records it."""
     if change.blocked or change.pending_reason or change.replicas:
         return False
-    return record.last_error is not None or record.state != "Ready"
+    return record.last_error is not None or record.state not in ("Ready", "ScaledToZero")
 
 
 def strategy_warnings(t: Target) -> None:
@@ -399,7 +493,7 @@ def strategy_warnings(t: Target) -> None:
     if not t.strategies:
         return
     t.change.strategy = "stop-then-start" if "stop-then-start" in t.strategies else "surge"
-    if t.change.strategy == "stop-then-start" and t.count - 1 < 1:
+    if t.change.strategy == "stop-then-start" and t.always <= 1:
         room = "GPU" if t.fitted.accelerator == "gpu" else "room"
         t.change.warnings.append(f"{t.d.name} will have no serving replica during the change: no free {room} for a "
                                  "surge, so stop-then-start")  # fmt: skip
@@ -429,7 +523,7 @@ def deletion(r: ReplicaRecord, reason: str, cleanup: bool = False) -> ReplicaCha
     return ReplicaChange(
         index=r.index, action=[Action.DELETE], host=r.host, unit=r.unit, slot=r.slot, port=r.port, gpus=list(r.gpus),
         revision=r.revision, old_unit=r.unit, old_host=r.host, old_slot=r.slot, old_argv=r.argv, reason=reason,
-        cleanup=cleanup,
+        cleanup=cleanup, on_demand=r.on_demand,
     )  # fmt: skip
 
 
@@ -447,22 +541,82 @@ def plan_deployment(
     names: Names | None = None,
     lineage: str | None = None,
 ) -> tuple[DeploymentChange, list[Drift]]:
-    """resolve → fit → leftovers → place → shrink → warn → decide. `lineage`: the owning state's (unit headers)."""
+    """One deployment alone, both phases (start_deployment, then finish_deployment)."""
+    change, t = start_deployment(d, model, provider, model_facts, record, hosts, alloc, names, lineage)
+    if t is None:
+        return change, []
+    finish_deployment(t, alloc, record, d, names)
+    return change, t.drift
+
+
+def start_deployment(
+    d: Deployment,
+    model: Model,
+    provider: Provider,
+    model_facts: ModelFacts | None,
+    record: DeploymentRecord | None,
+    hosts: Hosts,
+    alloc: Allocation,
+    names: Names | None = None,
+    lineage: str | None = None,
+) -> tuple[DeploymentChange, Target | None]:
+    """resolve → fit → leftovers → place the always-on replicas. `lineage`: the owning state's (unit headers).
+    None for the target when there is no fit (the change says Failed or Pending)."""
     change, sized = resolve(d, model, record, names)
     fitted = fit_step(change, sized, model, model_facts, hosts, record, names)
     if fitted is None:
-        return change, []
+        return change, None
     refused = hosts.engine_refusals(provider, sized.accelerator)
+    refused = {**refused, **_decisions_refused(change, sized, provider, hosts)}
+    if change.failed_reason:
+        return change, None
     t = Target(d=sized, model=model, provider=provider, fitted=fitted, revision=change.revision, hosts=hosts,
                alloc=alloc, no_weights={**refused, **weights_missing(model, hosts)}, change=change,
                lineage=lineage)  # fmt: skip
-    t.replicas, live = leftovers(list(record.replicas) if record else [], hosts, alloc)
-    place_replicas(t, live)
-    shrink(t, live)
-    change.replicas = t.replicas
-    change.warnings += host_warnings(t)
+    t.replicas, t.live = leftovers(list(record.replicas) if record else [], hosts, alloc)
+    count_on_host(t, t.live)
+    if place_replicas(t, t.live, range(t.always)) is not None:
+        t.always_pending = True
+    return change, t
+
+
+def finish_deployment(
+    t: Target, alloc: Allocation, record: DeploymentRecord | None, d: Deployment, names: Names | None
+) -> None:
+    """Once every deployment's always-on replicas are placed: the on-demand slots (in the deployment's own view
+    of the room, where other deployments' on-demand slots do not count), then shrink → warn → decide."""
+    if not t.always_pending and t.count > t.always:
+        place_on_demand(t, alloc)
+    shrink(t, t.live)
+    t.change.replicas = t.replicas
+    t.change.warnings += host_warnings(t)
     decide_with_strategy(t, record, d, names)
-    return change, t.drift
+
+
+def place_on_demand(t: Target, alloc: Allocation) -> None:
+    """Slots `min`..`max`-1. One that has no place is a warning (the scaler can run fewer), not Pending."""
+    t.exclusive = frozenset(alloc.taken.gpus)
+    t.alloc = alloc.view(t.d.name)
+    pending, waiting = t.change.pending_reason, t.change.waiting
+    stopped = place_replicas(t, t.live, range(t.always, t.count))
+    if stopped is not None:
+        why = t.change.pending_reason
+        t.change.pending_reason, t.change.waiting = pending, waiting
+        t.change.warnings.append(
+            f"{t.d.name}: on-demand replica {stopped} has no place ({why}); the scaler can run at most {stopped} "
+            f"of the {t.count} replicas of spec.replicas.max"
+        )
+
+
+def _decisions_refused(change: DeploymentChange, d: Deployment, provider: Provider, hosts: Hosts) -> dict[str, str]:
+    """A decisions deployment leaves out the hosts whose engine cannot serve decisions; naming one fails it."""
+    if d.api != "decisions":
+        return {}
+    refused = decisions_refusals(provider, d.accelerator, hosts.reached, hosts.inventory)
+    if d.host in refused:
+        change.failed_reason = refused[d.host]
+        change.warnings.append(f"{d.name} is Failed: {refused[d.host]}; its running replicas are left as they are")
+    return refused
 
 
 def decide_with_strategy(t: Target, record: DeploymentRecord | None, d: Deployment, names: Names | None) -> None:

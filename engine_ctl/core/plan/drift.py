@@ -13,7 +13,8 @@ from engine_ctl.state.model import ReplicaRecord, State
 
 def replica_drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host: HostFacts) -> list[Drift]:
     """How the recorded replica's unit differs on its host: missing, edited by hand, stopped or crash-looping
-    (and the GPUs another process holds meanwhile)."""
+    (and the GPUs another process holds meanwhile). An on-demand replica's unit being active or not is the
+    scaler's doing, never drift: only its file (and its engine) are checked."""
     if fact is None or fact.sha256 is None:
         return [Drift(host=record.host, unit=record.unit, deployment=name, kind="missing",
                       detail=f"unit file {record.unit} is missing on {record.host}")]  # fmt: skip
@@ -24,7 +25,7 @@ def replica_drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host:
     if fact.sha256 != record.unit_sha256:
         detail = f"unit file edited by hand (sha256 {fact.sha256[:12]}… ≠ {record.unit_sha256[:12]}…)"
         out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="edited", detail=detail))
-    if fact.active_state != "active":
+    if fact.active_state != "active" and not record.on_demand:
         out.append(_not_running(name, record, fact))
         held = [g for g in host.gpus if g.uuid in record.gpus and (g.memory_used_bytes or 0) > BUSY_BYTES]
         for g in held:

@@ -27,6 +27,7 @@ from engine_ctl.core.render.gateway import (
     GatewayBackend,
     GatewayServer,
     RenderedGateway,
+    backend_name,
     render_gateway,
     server_name,
 )
@@ -45,6 +46,9 @@ class Replica(BaseModel):
     port: int
     new: bool = False
     """Started by this apply: in maintenance in the interim configuration until apply lets it in."""
+    on_demand: bool = False
+    """Above `min`: the scaler starts it. Rendered in maintenance unless its unit is `active`."""
+    active: bool = False
 
 
 class GatewayChange(BaseModel):
@@ -79,8 +83,9 @@ class GatewayChange(BaseModel):
 
 
 def deployment_backend(
-    name: str, replicas: Iterable[Replica], engine: str | None, parallel: int | None, hosts: Mapping[str, Host]
-) -> GatewayBackend:
+    name: str, replicas: Iterable[Replica], engine: str | None, parallel: int | None, hosts: Mapping[str, Host],
+    api: str = "chat",
+) -> GatewayBackend:  # fmt: skip
     provider = PROVIDERS.get(engine or "")
     servers = tuple(
         GatewayServer(
@@ -88,21 +93,32 @@ def deployment_backend(
             address=hosts[r.host].address,
             port=r.port,
             maxconn=max(int(parallel or 1), 1),
-            disabled=r.new,
+            disabled=r.new or (r.on_demand and not r.active),
         )
         for r in sorted(replicas, key=lambda r: (r.index, r.slot))
         if r.host in hosts
     )
-    return GatewayBackend(deployment=name, health_path=provider.health_path if provider else "/health", servers=servers)
+    health = provider.health_path if provider else "/health"
+    return GatewayBackend(deployment=name, health_path=health, servers=servers, api=api)
 
 
-def recorded_replicas(record: DeploymentRecord) -> list[Replica]:
-    """The replicas a record says run (not those being removed or that never became ready)."""
+def recorded_replicas(record: DeploymentRecord, facts: Mapping[str, HostFacts] | None = None) -> list[Replica]:
+    """The replicas a record says run (not those being removed or that never became ready), and its on-demand
+    ones: active when `facts` (else the record) says the unit runs."""
     return [
-        Replica(index=r.index, slot=r.slot, host=r.host, port=r.port)
+        Replica(index=r.index, slot=r.slot, host=r.host, port=r.port, on_demand=r.on_demand,
+                active=r.on_demand and unit_active(r.host, r.unit, r.status, facts))
         for r in record.replicas
-        if r.status in ("serving", "pending", "stopped")
-    ]
+        if r.status in ("serving", "pending", "stopped", "standby")
+    ]  # fmt: skip
+
+
+def unit_active(host: str, unit: str, status: str, facts: Mapping[str, HostFacts] | None) -> bool:
+    """Whether an on-demand unit runs: as the host's facts say, or (no facts of it) as apply recorded it."""
+    hf = (facts or {}).get(host)
+    if hf is None:
+        return status == "serving"
+    return any(u.name == unit and u.active_state == "active" for u in hf.units)
 
 
 def backends_from_state(state: State, hosts: Mapping[str, Host]) -> list[GatewayBackend]:
@@ -114,26 +130,32 @@ def backends_from_state(state: State, hosts: Mapping[str, Host]) -> list[Gateway
             rec.plan.engine if rec.plan else None,
             rec.plan.parallel if rec.plan else None,
             hosts,
+            rec.spec.api if rec.spec else "chat",
         )
         for name, rec in sorted(state.deployments.items())
     ]
 
 
-def _planned(plan_changes: Iterable[Any], state: State) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _planned(
+    plan_changes: Iterable[Any], state: State, facts: Mapping[str, HostFacts] | None = None
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Per deployment: replicas after the plan, the union with those now, and (engine, parallel)."""
     after: dict[str, dict[tuple[str, int, str], Replica]] = {}
     union: dict[str, dict[tuple[str, int, str], Replica]] = {}
-    sizing: dict[str, tuple[str | None, int | None]] = {}
+    sizing: dict[str, tuple[str | None, int | None, str]] = {}
     changes = {c.name: c for c in plan_changes}
     for name in sorted(set(state.deployments) | set(changes)):
         record = state.deployments.get(name)
-        now = {(r.host, r.index, r.slot): r for r in (recorded_replicas(record) if record else [])}
+        now = {(r.host, r.index, r.slot): r for r in (recorded_replicas(record, facts) if record else [])}
         final, both = dict(now), dict(now)
         change = changes.get(name)
         plan = (change.fit if change is not None and change.fit else None) or (record.plan if record else None)
-        sizing[name] = (plan.engine, plan.parallel) if plan else (None, None)
+        spec = (change.spec if change is not None and change.spec else None) or (record.spec if record else None)
+        api = spec.api if spec else "chat"  # a decisions deployment's backend answers POST /v1/systemone only
+        sizing[name] = (plan.engine, plan.parallel, api) if plan else (None, None, api)
         for rc in change.replicas if change is not None else []:
-            new = Replica(index=rc.index, slot=rc.slot, host=rc.host, port=rc.port)
+            new = Replica(index=rc.index, slot=rc.slot, host=rc.host, port=rc.port, on_demand=rc.on_demand,
+                          active=rc.active)  # fmt: skip
             if rc.action in (["delete"], ["delete", "create"], ["create", "delete"]):  # removed, or replaced
                 final.pop((rc.old_host or rc.host, rc.index, rc.old_slot or rc.slot), None)
             if rc.action != ["delete"]:
@@ -162,7 +184,7 @@ def render_for(
     hosts: Mapping[str, Host], settings: GatewaySettings, stopped: Mapping[str, str] | None = None,
 ) -> RenderedGateway:  # fmt: skip
     backends = [
-        deployment_backend(name, reps.values(), sizing[name][0], sizing[name][1], hosts)
+        deployment_backend(name, reps.values(), sizing[name][0], sizing[name][1], hosts, sizing[name][2])
         for name, reps in sorted(replicas.items())
     ]
     return render_gateway(host, backends, keys, hold_s=settings.hold_s, hold_cap=settings.hold_cap, stopped=stopped)
@@ -184,7 +206,7 @@ def plan_gateways(
     the drift found on them (host, detail)."""
     hosts = {h.name: h for h in inventory.hosts}
     keys = list(keys)
-    after, union, sizing = _planned(list(plan_changes), state)
+    after, union, sizing = _planned(list(plan_changes), state, facts)
     out: list[GatewayChange] = []
     drift: list[dict[str, str]] = []
     for host in inventory.gateways():
@@ -212,7 +234,9 @@ def plan_gateways(
         else:
             found = _drift(host.name, record.files_sha256, record.unit_sha256, hf)
             drift.extend(found)
-            changed = [n for n, s in final.file_sha256.items() if record.files_sha256.get(n) != s]
+            # on-demand servers as the recorded configuration had them: whether the scaler runs them is not a change
+            was = render_for(host, as_recorded(after, record.config), sizing, keys, hosts, inventory.gateway, stopped)
+            changed = [n for n, s in was.file_sha256.items() if record.files_sha256.get(n) != s]
             if record.unit_sha256 != final.unit_sha256:
                 changed.append(GATEWAY_UNIT)
             if changed or found or interim.files != final.files:
@@ -275,6 +299,7 @@ def gateway_tampering(plan_gateways_: Iterable[GatewayChange], plan_changes: Ite
     configuration, the Lua, the unit; the key maps must be lines of names and hashes): a plan file is untrusted
     input, and these run on the gateway hosts."""
     expected, _ = plan_gateways(list(plan_changes), state, inventory, {}, [])
+    idle = on_demand_servers(_planned(list(plan_changes), state)[0])
     by_host = {g.host: g for g in expected}
     problems = []
     for g in plan_gateways_:
@@ -290,7 +315,7 @@ def gateway_tampering(plan_gateways_: Iterable[GatewayChange], plan_changes: Ite
             if name in RUNTIME_MAPS:
                 if not all(MAP_LINE.fullmatch(line) for line in text.splitlines()):
                     problems.append(f"gateway {g.host}: {name} holds something other than names and hashes")
-            elif mine.files.get(name) != text:
+            elif blind(mine.files.get(name) or "", idle) != blind(text, idle):
                 problems.append(f"gateway {g.host}: {name} differs from what engine-ctl renders")
         if set(g.files) != set(mine.files):
             problems.append(f"gateway {g.host}: its files are not engine-ctl's")
@@ -299,6 +324,56 @@ def gateway_tampering(plan_gateways_: Iterable[GatewayChange], plan_changes: Ite
         if (g.hold_s, g.hold_cap) != (mine.hold_s, mine.hold_cap):
             problems.append(f"gateway {g.host}: its hold settings are not the inventory's")
         interim = (g.interim_files or {}).get(CONFIG_FILE)
-        if interim is not None and interim != (mine.interim_files or mine.files).get(CONFIG_FILE):
+        if interim is not None and blind(interim, idle) != blind((mine.interim_files or mine.files)[CONFIG_FILE], idle):
             problems.append(f"gateway {g.host}: its interim configuration differs from what engine-ctl renders")
     return problems
+
+
+def on_demand_servers(after: Mapping[str, Mapping[Any, Replica]]) -> set[tuple[str, str]]:
+    """(backend, server) of every on-demand replica after the plan."""
+    return {
+        (backend_name(name), server_name(r.index, r.slot)) for name, reps in after.items() for r in reps.values()
+        if r.on_demand
+    }  # fmt: skip
+
+
+def as_recorded(after: Mapping[str, Mapping[Any, Replica]], config: str) -> dict[str, dict[Any, Replica]]:
+    """The replicas after the plan with each on-demand one active as the recorded haproxy.cfg had it (its server
+    not `disabled`), whatever the facts say now."""
+    disabled = {(b, s) for b, s, flag in servers_in(config) if flag}
+    return {
+        name: {k: r.model_copy(update={"active": (backend_name(name), server_name(r.index, r.slot)) not in disabled})
+               if r.on_demand else r for k, r in reps.items()}
+        for name, reps in after.items()
+    }  # fmt: skip
+
+
+def servers_in(config: str) -> list[tuple[str, str, bool]]:
+    """(backend, server, disabled) of each server line of a haproxy.cfg."""
+    out, backend = [], ""
+    for line in config.splitlines():
+        words = line.split()
+        if words[:1] == ["backend"] and len(words) > 1:
+            backend = words[1]
+        elif words[:1] == ["server"] and len(words) > 1:
+            out.append((backend, words[1], words[-1] == "disabled"))
+    return out
+
+
+def blind(text: str, servers: set[tuple[str, str]]) -> str:
+    """A gateway file without the maintenance of the `servers` given (on-demand ones): `disabled` in haproxy.cfg,
+    the admin state in start.state; and without the header's content hash, which follows them. Whether the scaler
+    runs them when a plan is made changes nothing to compare (the gateway's runtime state is the scaler's)."""
+    out, backend = [], ""
+    for line in text.splitlines():
+        words = line.split()
+        if line.startswith("# content-sha256:"):
+            continue
+        if words[:1] == ["backend"] and len(words) > 1:
+            backend = words[1]
+        elif words[:1] == ["server"] and len(words) > 1 and (backend, words[1]) in servers:
+            line = line.removesuffix(" disabled")
+        elif len(words) > 6 and words[0].isdigit() and (words[1], words[3]) in servers:  # start.state
+            line = " ".join([*words[:6], "-", *words[7:]])
+        out.append(line)
+    return "\n".join(out)

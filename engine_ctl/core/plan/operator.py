@@ -21,6 +21,7 @@ from collections.abc import Iterable
 
 from engine_ctl.core.plan.changes import NO_OP, DeploymentChange, Drift
 from engine_ctl.core.plan.gateway import stopped_map
+from engine_ctl.providers import PROVIDERS
 from engine_ctl.state.model import DeploymentRecord, OperatorAction, State
 
 STOP_WAIT_S = 160
@@ -55,12 +56,14 @@ def hold(change: DeploymentChange, record: DeploymentRecord) -> DeploymentChange
     its document are still listed (they roll in after start)."""
     assert record.operator is not None
     why = note(record.operator, record.name)
+    said = [*change.blocked, *([f"Failed: {change.failed_reason}"] if change.failed_reason else [])]
     held = change.model_copy(
-        update={"action": list(NO_OP), "replicas": [], "fetches": [], "adopt": [], "operator": why, "reasons": []}
-    )
+        update={"action": list(NO_OP), "replicas": [], "fetches": [], "adopt": [], "operator": why, "reasons": [],
+                "blocked": [], "failed_reason": None, "warnings": [*change.warnings, *said]}  # nothing for apply to do
+    )  # fmt: skip
     if change.field_changes:
         fields = ", ".join(f.path for f in change.field_changes)
-        held.warnings = [*change.warnings, f"{record.name}: the documents changed ({fields}); the change rolls in "
+        held.warnings = [*held.warnings, f"{record.name}: the documents changed ({fields}); the change rolls in "
                          f"with the first apply after `engine-ctl start deployment {record.name}`"]  # fmt: skip
     return held
 
@@ -76,6 +79,18 @@ def without_held_drift(drift: Iterable[Drift], state: State) -> list[Drift]:
 def held_by(state: State, name: str) -> OperatorAction | None:
     record = state.deployments.get(name)
     return record.operator if record is not None else None
+
+
+def sleep_controls_warning(records: Iterable[DeploymentRecord]) -> str | None:
+    """list's and status's warning while parking is on for any deployment shown (its engine launched with its
+    sleep controls)."""
+    names = []
+    for rec in records:
+        provider = PROVIDERS.get(rec.plan.engine) if rec.plan else None
+        residency = rec.spec.residency if rec.spec is not None and rec.spec.api == "chat" else "restart_only"
+        if provider is not None and provider.parks_asleep(residency):
+            names.append(rec.name)
+    return SLEEP_CONTROLS_WARNING.format(names=", ".join(names)) if names else None
 
 
 def scaler_stopped(record: DeploymentRecord) -> bool:
@@ -108,5 +123,7 @@ def park_refusal(keeps_bytes: int, available_bytes: int | None, host: str, name:
             "(level 2 drops the weights)")  # fmt: skip
 
 
-__all__ = ["DRAIN_S", "STOP_SETTLE_S", "STOP_WAIT_S", "hold", "note", "park_refusal", "parking_phase", "scaler_stopped",
-           "stop_phase", "stopped_map", "without_held_drift"]  # fmt: skip
+__all__ = [
+    "DRAIN_S", "STOP_SETTLE_S", "STOP_WAIT_S", "hold", "note", "park_refusal", "parking_phase", "scaler_stopped",
+    "sleep_controls_warning", "stop_phase", "stopped_map", "without_held_drift",
+]  # fmt: skip

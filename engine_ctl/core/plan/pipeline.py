@@ -81,7 +81,7 @@ def _from_change(
             units[step.index] = render_replica(d, model, provider, fitted, step.placement, hosts, step.revision,
                                                step.slot, lineage)  # fmt: skip
     touched = {step.index for step in change.replicas}
-    for r in _kept(record, touched, max(d.replicas_min, 1)):
+    for r in _kept(record, touched, max(d.replicas_max, d.replicas_min, 1)):  # every slot, on demand too
         hf = facts.get(r.host)
         placement = recorded_placement(r, hf, fitted) if hf is not None and r.host in hosts else None
         if placement is not None:

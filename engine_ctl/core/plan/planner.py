@@ -25,15 +25,26 @@ from engine_ctl.core.plan.changes import (
     Plan,
     ReplicaChange,
 )  # fmt: skip
-from engine_ctl.core.plan.deployment import deletion, fetched_at_apply, out_of_reach, plan_deployment, render_replica
+from engine_ctl.core.plan.deployment import (
+    Target,
+    deletion,
+    fetched_at_apply,
+    finish_deployment,
+    out_of_reach,
+    render_replica,
+    start_deployment,
+)
+from engine_ctl.core.plan.diff import Names
 from engine_ctl.core.plan.drift import unmanaged_units
+from engine_ctl.core.plan.envelope import envelopes
 from engine_ctl.core.plan.gateway import plan_gateways
 from engine_ctl.core.plan.operator import hold, without_held_drift
 from engine_ctl.core.plan.ownership import foreign_units, hold_back, hold_foreign
-from engine_ctl.core.plan.scaler import plan_scaler
+from engine_ctl.core.plan.scaler import plan_scaler, without_scaler
 from engine_ctl.core.plan.unitdiff import attach_unit_diffs
 from engine_ctl.core.plan.world import Allocation, Hosts
 from engine_ctl.core.render.gateway import GATEWAY_UNIT
+from engine_ctl.core.render.scaler import SCALER_UNIT
 from engine_ctl.state.model import DeploymentRecord, State
 
 
@@ -72,12 +83,16 @@ def removed(record: DeploymentRecord, hosts: Hosts) -> DeploymentChange:
 def with_gateways(
     plan: Plan, desired: DesiredState, state: State, inventory: Inventory, facts: Mapping[str, HostFacts]
 ) -> set[tuple[str, str]]:
-    """The gateway hosts' changes and drift into the plan (engine_ctl.core.plan.gateway); returns the gateway
-    units, (host, unit), which are engine-ctl's own and so never listed as unmanaged."""
+    """The gateway hosts' changes and drift into the plan (engine_ctl.core.plan.gateway); returns the gateway's
+    and the scaler's units, (host, unit), which are engine-ctl's own and so never listed as unmanaged."""
     plan.gateways, found = plan_gateways(plan.changes, state, inventory, facts, desired.api_keys)
     plan.scaler = plan_scaler(plan.changes, state, inventory, facts)
+    alone = without_scaler(plan.changes, inventory)
+    for change in plan.changes:
+        if change.name in alone:
+            change.warnings.append(alone[change.name])
     plan.drift += [Drift(host=d["host"], unit=GATEWAY_UNIT, kind=d["kind"], detail=d["detail"]) for d in found]
-    return {(host, GATEWAY_UNIT) for host in facts}
+    return {(host, unit) for host in facts for unit in (GATEWAY_UNIT, SCALER_UNIT)}
 
 
 def planning_order(desired: DesiredState, state: State, targets: list[str] | None) -> list[str]:
@@ -93,16 +108,53 @@ def planning_order(desired: DesiredState, state: State, targets: list[str] | Non
 def wanted_change(
     loaded: LoadedDeployment, desired: DesiredState, record: DeploymentRecord | None,
     model_facts: Mapping[str, ModelFacts | None], hosts: Hosts, alloc: Allocation, lineage: str | None = None,
-) -> tuple[DeploymentChange, list[Drift]]:  # fmt: skip
-    d, origin = loaded.deployment, loaded.origin
+) -> tuple[DeploymentChange, Target | None]:  # fmt: skip
+    """The deployment's first phase (its always-on replicas placed): deployment.start_deployment."""
+    d = loaded.deployment
     model = desired.model(d.model)
     provider = resolve_engine(d, model)
     assert model is not None and provider is not None  # the documents passed the rules
+    names = field_names(loaded)
+    return start_deployment(d, model, provider, model_facts.get(model.name), record, hosts, alloc, names, lineage)
 
+
+def field_names(loaded: LoadedDeployment) -> Names:
     def names(internal: str) -> str:
-        return field_name(origin, internal)
+        return field_name(loaded.origin, internal)
 
-    return plan_deployment(d, model, provider, model_facts.get(model.name), record, hosts, alloc, names, lineage)
+    return names
+
+
+def finish_all(
+    started: list[tuple[str, DeploymentChange, Target | None]], state: State,
+    wanted: Mapping[str, LoadedDeployment], alloc: Allocation, replace: frozenset[str],
+) -> list[Drift]:  # fmt: skip
+    """Once every deployment's always-on replicas are placed: each one's on-demand slots, in the same order (the
+    highest priority first), then shrink and decide (deployment.finish_deployment); the envelopes last. Returns
+    the drift found."""
+    from engine_ctl.core.plan.replace import forced, mark_replaced
+
+    drift: list[Drift] = []
+    for name, change, target in started:
+        if target is not None:
+            seen = state.deployments.get(name)
+            seen = forced(seen) if seen is not None and name in replace else seen
+            finish_deployment(target, alloc, seen, wanted[name].deployment, field_names(wanted[name]))
+            drift += target.drift
+        if name in replace:
+            mark_replaced(change)
+    envelopes([t for _, _, t in started if t is not None], alloc.taken)
+    return drift
+
+
+def held_by_operator(
+    change: DeploymentChange, state: State, wanted: Mapping[str, LoadedDeployment]
+) -> DeploymentChange:
+    """A wanted deployment an operator's stop, park or delete holds: nothing of it changes (core.plan.operator)."""
+    record = state.deployments.get(change.name)
+    if change.name in wanted and record is not None and record.operator is not None:
+        return hold(change, record)
+    return change
 
 
 def make_plan(
@@ -122,7 +174,7 @@ def make_plan(
     """`hold_absent`, when set, says why deployments absent from the documents are not destroyed (some
     documents could not be read: a deployment whose document is broken is never taken as removed). `replace`
     names deployments whose replicas are all replaced (a rolling restart: engine_ctl.core.plan.replace)."""
-    from engine_ctl.core.plan.replace import forced, mark_replaced
+    from engine_ctl.core.plan.replace import forced
 
     plan = Plan(
         created_at=created_at, state_serial=state.serial, state_lineage=state.lineage,
@@ -130,24 +182,23 @@ def make_plan(
         unreachable=dict(unreachable or {}), targets=sorted(targets or []), refresh_only=refresh_only,
     )  # fmt: skip
     hosts = Hosts.of(inventory, facts)
-    alloc = Allocation(state, hosts.reached)
+    wanted = {ld.deployment.name: ld for ld in desired.deployments}
+    alloc = Allocation(state, hosts.reached, {n: ld.deployment.replicas_min for n, ld in wanted.items()})
     foreign = foreign_units(facts, state.lineage)
     hold_foreign(alloc.taken, foreign, facts)
-    wanted = {ld.deployment.name: ld for ld in desired.deployments}
-    for name in planning_order(desired, state, targets):
+    started: list[tuple[str, DeploymentChange, Target | None]] = []
+    for name in planning_order(desired, state, targets):  # always-on replicas first, every deployment
         record = state.deployments.get(name)
         if name in wanted:
             seen = forced(record) if record is not None and name in replace else record
-            change, drift = wanted_change(wanted[name], desired, seen, model_facts, hosts, alloc, state.lineage)
-            if name in replace:
-                mark_replaced(change)
-            if record is not None and record.operator is not None:  # an operator's stop, park or delete
-                change = hold(change, record)
+            change, target = wanted_change(wanted[name], desired, seen, model_facts, hosts, alloc, state.lineage)
+            started.append((name, change, target))
             plan.changes.append(change)
-            plan.drift.extend(drift)
         else:
             assert record is not None
             plan.changes.append(held_back(record, hold_absent) if hold_absent else removed(record, hosts))
+    plan.drift += finish_all(started, state, wanted, alloc, replace)
+    plan.changes = [held_by_operator(c, state, wanted) for c in plan.changes]
     hold_back(plan, foreign)
     gateway_units = with_gateways(plan, desired, state, inventory, facts)
     plan.drift.extend(unmanaged_units(state, facts, {(f.host, f.unit) for f in foreign} | gateway_units))

@@ -42,11 +42,11 @@ def scaler_deployment(rec: DeploymentRecord, hosts: Mapping[str, Host]) -> Scale
     provider = PROVIDERS.get(rec.plan.engine)
     health = provider.health_path if provider else "/health"
     slots = [s for s in (scaler_slot(i, hosts, health) for i in slot_inputs(rec)) if s is not None]
+    held = rec.operator is not None  # stopped, parked or deleted by an operator: the scaler never starts a slot
     return ScalerDeployment(
-        name=rec.name, id=rec.name, min=rec.spec.replicas_min, max=rec.spec.replicas_max,
+        name=rec.name, id=rec.id or rec.name, min=rec.spec.replicas_min, max=rec.spec.replicas_max,
         parallel=max(rec.plan.parallel, 1), idle_minutes=rec.spec.idle_minutes, priority=rec.spec.priority,
-        metric=provider.in_flight_metric if provider else "", stopped=bool(getattr(rec, "stopped", False)),
-        slots=tuple(slots),
+        metric=provider.in_flight_metric if provider else "", stopped=held, slots=tuple(slots),
     )  # fmt: skip
 
 
@@ -165,9 +165,23 @@ def with_scaler(status: Any, view: ScalerView | None) -> Any:
     if view is None:
         return status
     update: dict[str, Any] = {"decisions": view.decisions, "replicas": view.wanted}
-    if status.ready == 0 and view.state in ("ScaledToZero", "Starting") and status.state != "Failed":
+    failed = any(i.state == "failed" for i in status.instances)  # a unit that failed says so, whoever started it
+    if status.ready == 0 and view.state in ("ScaledToZero", "Starting") and not failed:
         update.update(state=view.state, reason=view.reason)
     if status.ready > 0 and status.state != "Failed" and view.state == "Ready":
         update["state"] = "Ready"
         update["reason"] = view.reason
     return status.model_copy(update=update)
+
+
+def without_scaler(changes: Iterable[Any], inventory: Inventory) -> dict[str, str]:
+    """Deployment -> a warning, for those that scale when the inventory has no gateway host (so no scaler)."""
+    if scaler_host(inventory) is not None:
+        return {}
+    return {
+        c.name: f"{c.name}: replicas above min ({c.spec.replicas_min}) are on demand and only the scaler starts "
+        "them; it runs on a gateway host (roles: [gateway]) and the inventory has none: "
+        f"{c.spec.replicas_min} replica{'' if c.spec.replicas_min == 1 else 's'} will run"
+        for c in changes
+        if c.action != ["delete"] and scales(c.spec)
+    }

@@ -8,11 +8,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.plan.decisions import decided_facts
 from engine_ctl.core.plan.scaler import Decision
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord
 
 DeploymentState = Literal["Pending", "Starting", "Ready", "ScaledToZero", "Failed"]
+HeldState = Literal["stopping", "stopped", "parking", "parked", "deleted"]
+"""An operator's verb in progress or done (lowercase, as seed 003 shows them)."""
 Provenance = Literal["measured", "default"]
 GIB = 1024**3
 MIB = 1024**2
@@ -52,7 +55,7 @@ class Endpoint(BaseModel):
 
 class DeploymentStatus(BaseModel):
     name: str
-    state: DeploymentState
+    state: DeploymentState | HeldState
     reason: str | None = None
     ready: int
     replicas: int
@@ -66,6 +69,8 @@ class DeploymentStatus(BaseModel):
     gateways: list[str] = Field(default_factory=list)
     """The base URLs (without /v1) where programs call it with an API key; empty without a gateway host."""
     members: list[Member] = Field(default_factory=list)
+    id: str = ""
+    """The deployment's stable ID (a ULID; empty for a record written before IDs)."""
     startup: StartupStatus | None = None
     initialize_s: float | None = None
     last_operation: str | None = None
@@ -93,6 +98,9 @@ class StartupStatus(BaseModel):
     host_provenance: Provenance | None = None
     measured: dict[str, Any] | None = None
     """The start-up record: revision, host, host_peak_bytes, device_peak_bytes, sources, initialize_s."""
+    whole_host: bool = False
+    """Not measured yet, and the estimate is above what any host gives: the first start runs alone on one host
+    and sets aside all of it (the figure shown is that host's)."""
 
 
 def startup_status(rec: DeploymentRecord) -> StartupStatus | None:
@@ -103,15 +111,16 @@ def startup_status(rec: DeploymentRecord) -> StartupStatus | None:
     host_m = m.host_peak_bytes if m is not None else None
     host: tuple[int, Provenance] = (host_m, "measured") if host_m is not None else (plan.memory_bytes, "default")
     measured = m.model_dump(mode="json") if m is not None else None
+    alone = rec.whole_host and host[1] == "default"
     if plan.accelerator == "cpu" or plan.gpus == 0:
-        return StartupStatus(reserved_bytes=host[0], provenance=host[1], measured=measured)
+        return StartupStatus(reserved_bytes=host[0], provenance=host[1], measured=measured, whole_host=alone)
     dev_m = sum(m.device_peak_bytes.values()) if m is not None and m.device_peak_bytes else None
     dev: tuple[int, Provenance] = (
         (dev_m, "measured") if dev_m is not None else (plan.min_gpu_memory_bytes * plan.gpus, "default")
     )
     both: Provenance = "measured" if host[1] == dev[1] == "measured" else "default"
     return StartupStatus(reserved_bytes=dev[0], ram_bytes=host[0], provenance=both, device_provenance=dev[1],
-                         host_provenance=host[1], measured=measured)  # fmt: skip
+                         host_provenance=host[1], measured=measured, whole_host=alone)  # fmt: skip
 
 
 def size_text(n: int) -> str:
@@ -208,6 +217,8 @@ def verdict(
             return Verdict(state="Starting", reason=pending or "a replica is starting")
         if failure or any(o == "failed" for o in others):
             return Verdict(state="Failed", reason=failure or "no replica serves")
+        if not others and wanted == 0 and not pending:  # min: 0, and no on-demand replica runs
+            return Verdict(state="ScaledToZero", reason="no replica runs; the next request starts one")
         if not others:
             return Verdict(state="Pending", reason=pending)
         return Verdict(state="Failed", reason=pending or "no replica serves")
@@ -226,9 +237,12 @@ def recorded_verdict(
     replicas: list[ReplicaRecord], wanted: int, target: int, *,
     failure: str | None = None, pending: str | None = None, fit_failed: bool = False,
 ) -> Verdict:  # fmt: skip
-    """The verdict from the replicas as the state records them (what apply writes)."""
+    """The verdict from the replicas as the state records them (what apply writes). An on-demand replica apply
+    installed and did not start (standby) is not counted: the scaler starts it."""
     serving = [r.revision for r in replicas if r.status == "serving"]
-    others = ["starting" if r.status == "pending" else r.status for r in replicas if r.status != "serving"]
+    others = [
+        "starting" if r.status == "pending" else r.status for r in replicas if r.status not in ("serving", "standby")
+    ]
     return verdict(serving, others, wanted, target, failure=failure, pending=pending, fit_failed=fit_failed)
 
 
@@ -249,24 +263,34 @@ def members(
     return out
 
 
+def idle(r: ReplicaRecord, i: InstanceStatus) -> bool:
+    """An on-demand replica whose unit is installed and does not run: the scaler has not started it (or stopped
+    it). Not a replica that fails to serve."""
+    return r.on_demand and i.state == "stopped"
+
+
 def deployment_status(
     rec: DeploymentRecord, facts: dict[str, HostFacts], gateways: Sequence[tuple[str, str]] = ()
 ) -> DeploymentStatus:
     """`gateways`: (host, endpoint host:port) of each gateway host of the inventory."""
     ordered = sorted(rec.replicas, key=lambda x: (x.index, x.slot))
+    facts = decided_facts(rec, facts)  # a decisions replica is ready by its decision, not GET /health alone
     engine = PROVIDERS.get(rec.plan.engine) if rec.plan else None
     loading = engine.loading_statuses if engine else frozenset()
     instances = [with_records(instance_status(r, facts.get(r.host), loading), r) for r in ordered]
-    wanted = (rec.spec.replicas_min or 1) if rec.spec else len(instances)
+    wanted = rec.spec.replicas_min if rec.spec else len(instances)
     serving = [r.revision for r, i in zip(ordered, instances, strict=True) if i.state == "ready"]
-    others = [i.state for i in instances if i.state != "ready"]
+    others = [i.state for r, i in zip(ordered, instances, strict=True) if i.state != "ready" and not idle(r, i)]
     # "cannot be served as asked" (the fit failed) stays Failed whatever still runs; apply records it so
     fit_failed = rec.state == "Failed" and rec.last_error is not None and rec.reason == rec.last_error
     failure = rec.last_error or (rec.reason if rec.state == "Failed" else None)
     found = verdict(serving, others, wanted, rec.revision, failure=failure, fit_failed=fit_failed)
+    held = held_state(rec, facts)
     return DeploymentStatus(
-        name=rec.name, state=found.state, reason=found.reason, ready=len(serving),
-        replicas=max(wanted, len(instances)), revision=rec.revision, hosts=sorted({r.host for r in rec.replicas}),
+        id=rec.id,
+        name=rec.name, state=held[0] if held else found.state, reason=held[1] if held else found.reason,
+        ready=len(serving), replicas=max(wanted, len(serving) + len(others)), revision=rec.revision,
+        hosts=sorted({r.host for r in rec.replicas}),
         instances=instances, served_model_name=rec.name, kind=rec.plan.kind if rec.plan else None,
         endpoint=Endpoint(name=rec.name, listen_port=int(gateways[0][1].rsplit(":", 1)[1]),
                           external=gateways[0][1]) if gateways else None,
@@ -276,3 +300,23 @@ def deployment_status(
          for r, i in zip(ordered, instances, strict=True)],
         ready_replicas=len(serving), **record_fields(rec),
     )  # fmt: skip
+
+
+def held_state(rec: DeploymentRecord, facts: dict[str, HostFacts]) -> tuple[HeldState, str] | None:
+    """A deployment an operator holds (engine_ctl.core.plan.operator): stopping then stopped, parking then parked
+    (for a park that stops the engine, by its units' states), or deleted; None when no verb holds it."""
+    held = rec.operator
+    if held is None:
+        return None
+    reason = f"{held.verb} by an operator at {held.when}"
+    if held.verb == "deleted":
+        return "deleted", reason
+    states = []
+    for r in rec.replicas:
+        unit = next((u for u in facts[r.host].units if u.name == r.unit), None) if r.host in facts else None
+        states.append(unit.active_state if unit is not None else "inactive")
+    going = any(s in ("active", "activating", "deactivating", "reloading") for s in states)
+    if held.verb == "parked":
+        asleep = held.level > 0  # asleep, its unit active: parked once accepted
+        return ("parking" if going and not asleep else "parked"), reason
+    return ("stopping" if going else "stopped"), reason

@@ -80,15 +80,38 @@ class Hosts:
 
 class Allocation:
     """Ports, GPUs, cores and memory taken on each host: recorded replicas (with their recorded plan's cores and
-    memory) plus what this plan places. `taken` is what placement counts; `ranking` orders the hosts by it."""
+    memory) plus what this plan places. `taken` is what placement counts; `ranking` orders the hosts by it.
 
-    def __init__(self, state: State, hosts: list[HostFacts]) -> None:
-        self.taken = Taken(ours=set(state.gpus_held()))
+    Always-on replicas hold their room alone. An on-demand slot (index at or above its deployment's `min`,
+    `always` maps each deployment of the documents to it) holds only its port here: its GPUs, cores and memory
+    are held in its own deployment's view (`view`), so other deployments' on-demand slots may share them. A
+    recorded always-on replica whose GPUs another (of a higher priority) already holds is `displaced`: it is
+    placed again."""
+
+    def __init__(self, state: State, hosts: list[HostFacts], always: Mapping[str, int] | None = None) -> None:
+        self.taken = Taken()
         self.shares: dict[str, tuple[int, int]] = {}
-        for d in state.deployments.values():
+        self.on_demand: dict[str, list[ReplicaRecord]] = {}
+        self.shared: set[tuple[str, str]] = set()
+        """(host, unit) of the on-demand records, whose room is held in their deployment's view only."""
+        self.displaced: set[str] = set()
+        self.hosts = hosts
+        records = sorted(state.deployments.values(), key=lambda d: (-(d.spec.priority if d.spec else 0), d.name))
+        owner: dict[str, str] = {}
+        """GPU UUID -> the deployment whose always-on replica holds it (two slots of one deployment on the same
+        GPUs are an interrupted stop-then-start, not a displacement)."""
+        for d in records:
             share = (d.plan.cpu_cores, d.plan.memory_bytes) if d.plan else (0, 0)
             for r in d.replicas:
                 self.shares[r.unit] = share
+                if shared_slot(r, (always or {}).get(d.name)):
+                    self.taken.hold(r.host, port=r.port)
+                    self.on_demand.setdefault(d.name, []).append(r)
+                    self.shared.add((r.host, r.unit))
+                    continue
+                if any(owner.setdefault(g, d.name) != d.name for g in r.gpus):  # another deployment holds them
+                    self.displaced.add(r.unit)
+                self.taken.ours.update(r.gpus)
                 self.taken.hold(r.host, port=r.port, gpus=r.gpus, cores=share[0], memory=share[1])
         self.ranking = HostRanking(hosts, self.taken)
 
@@ -97,7 +120,36 @@ class Allocation:
 
     def release(self, record: ReplicaRecord) -> None:
         cores, memory = self.shares.pop(record.unit, (0, 0))
-        self.taken.free(record.host, port=record.port, gpus=record.gpus, cores=cores, memory=memory)
+        if (record.host, record.unit) in self.shared:  # its room is held in its deployment's view only
+            self.shared.discard((record.host, record.unit))
+            for own in self.on_demand.values():
+                if record in own:
+                    own.remove(record)
+            self.taken.free(record.host, port=record.port)
+            return
+        gpus = () if record.unit in self.displaced else record.gpus  # a displaced one's GPUs are another's
+        self.taken.free(record.host, port=record.port, gpus=gpus, cores=cores, memory=memory)
+
+    def view(self, name: str) -> Allocation:
+        """What deployment `name`'s on-demand slots see: every always-on replica and its own on-demand slots (not
+        other deployments' on-demand slots: those may overlap). Ports stay global: a port taken in the view is
+        taken for every deployment."""
+        out = Allocation(State(), [])
+        out.taken = self.taken.copy()
+        out.taken.ports = self.taken.ports
+        out.shares, out.hosts = dict(self.shares), self.hosts
+        for r in self.on_demand.get(name, []):
+            cores, memory = self.shares.get(r.unit, (0, 0))
+            out.taken.ours.update(r.gpus)
+            out.taken.hold(r.host, gpus=r.gpus, cores=cores, memory=memory)
+        out.ranking = HostRanking(self.hosts, out.taken)
+        return out
+
+
+def shared_slot(record: ReplicaRecord, always: int | None) -> bool:
+    """A recorded slot that is on demand after this plan: at or above the documents' `min` (the record's own
+    flag when the documents do not name its deployment)."""
+    return record.on_demand if always is None else record.index >= always
 
 
 def recorded_placement(record: ReplicaRecord, facts: HostFacts, plan: FitPlan) -> Placement | None:

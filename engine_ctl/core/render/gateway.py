@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-from collections.abc import Iterable, Mapping
+import posixpath
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING
@@ -25,6 +26,8 @@ from engine_ctl.core.render.systemd_escape import comment_text
 if TYPE_CHECKING:
     import jinja2
 
+    from engine_ctl.providers import Provider
+
 GATEWAY_UNIT = "engine-ctl-gateway.service"
 GATEWAY_DIR = "/etc/engine-ctl/gateway"
 RUN_DIR_NAME = "engine-ctl-gateway"
@@ -32,9 +35,16 @@ RUN_DIR = f"/run/{RUN_DIR_NAME}"
 ADMIN_SOCKET = f"{RUN_DIR}/admin.sock"
 SERVER_STATE = f"{RUN_DIR}/server-state"
 INTERNAL_ENV = f"{GATEWAY_DIR}/internal.env"
-"""On a gateway host: ENGINE_CTL_GATEWAY_KEY=<hex>, the key the gateway adds to every request to a replica."""
+"""Where engine-ctl before the key rotation kept the internal key on a gateway host (read, never written)."""
+GATEWAY_KEY = f"{GATEWAY_DIR}/internal.key"
+"""On a gateway host (root-only): the internal key as a map, `gateway <hex>` (the key the gateway adds to every
+request to a replica) and, while a rotation is under way, `next <hex>` (the key the replicas learn first). The unit
+loads it as a credential and copies it to INTERNAL_MAP; apply changes both and the running map when it rotates."""
+INTERNAL_MAP_FILE = "internal.map"
+"""In the run directory, owned by the gateway's user: the map the configuration reads the key from."""
 REPLICA_KEY = "/etc/engine-ctl/replica-key"
-"""On every engine host: the same internal key, which a replica's engine requires (root-only, 0600)."""
+"""On every engine host: the same internal key, which a replica's engine requires (root-only, 0600); each engine
+has its own form of it beside (replica_key_files)."""
 HAPROXY = "/usr/sbin/haproxy"
 BACKEND_PREFIX = "d_"
 BUFSIZE = 262144
@@ -80,6 +90,9 @@ class GatewayBackend(BaseModel):
     deployment: str
     health_path: str = "/health"
     servers: tuple[GatewayServer, ...] = ()
+    api: str = "chat"
+    """decisions: the backend answers POST /v1/systemone only, and its servers' health check is the readiness
+    decision (seed 003); chat: everything under /v1 but /v1/systemone."""
 
     @property
     def backend(self) -> str:
@@ -182,6 +195,13 @@ def map_text(entries: Mapping[str, str]) -> str:
     return "".join(f"{k} {v}\n" for k, v in sorted(entries.items()))
 
 
+def stopped_answer() -> dict[str, str]:
+    """The code of the gateway's answer for a deployment an operator stopped (engine-ctl stop): HTTP 409 with
+    `{"code": "deployment_stopped", "message": …}` (no command exits with it; CODES and the README list it)."""
+    code = "deployment_stopped"
+    return {"stopped_code": code}
+
+
 def render_gateway(
     host: Host,
     backends: Iterable[GatewayBackend],
@@ -209,9 +229,12 @@ def render_gateway(
             "maxconn": MAXCONN,
             "admin_socket": f"{run_dir}/admin.sock",
             "server_state": f"{run_dir}/server-state",
+            "internal_map": f"{run_dir}/{INTERNAL_MAP_FILE}",
             "hold_s": hold_s,
             "hold_cap": hold_cap,
             "backends": ordered,
+            **decisions_context(ordered, internal_key),
+            **stopped_answer(),
         },
     )
     lua = _with_hash(
@@ -232,7 +255,8 @@ def render_gateway(
             "run_dir": run_dir,
             "run_dir_name": RUN_DIR_NAME,
             "start_state": f"{GATEWAY_DIR}/{START_STATE_FILE}",
-            "internal_key": INTERNAL_ENV if internal_key else None,
+            "internal_key": GATEWAY_KEY if internal_key else None,
+            "internal_map": f"{run_dir}/{INTERNAL_MAP_FILE}",
         },
     )
     return RenderedGateway(
@@ -263,3 +287,70 @@ def start_state(backends: Iterable[GatewayBackend]) -> str:
             lines.append(f"{be_id} {b.backend} {srv_id} {s.name} {s.address} 0 {admin} 1 1 0 8 2 0 6 0 0 0 - "
                          f"{s.port} - 0 0 - - 0")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+# --- the internal key on engine hosts -----------------------------------------------------------------------------
+def internal_key_path(provider: Provider) -> str | None:
+    """Where an engine host keeps this engine's form of the internal key (root-only): the file its unit loads as a
+    credential, or the EnvironmentFile= that sets its variable; None for an engine that takes no key."""
+    folder = posixpath.dirname(REPLICA_KEY)
+    if provider.internal_key_credential:
+        return f"{folder}/{provider.internal_key_credential}"
+    if provider.internal_key_env:
+        return f"{folder}/replica-key.{provider.name}.env"
+    return None
+
+
+def replica_key_files(keys: Sequence[str]) -> dict[str, str]:
+    """Every engine's form of the internal key on an engine host: path -> content. keys[0] is the key the gateways
+    send; the others (an old key during a rotation) are accepted too by the engines that take several."""
+    from engine_ctl.providers import PROVIDERS
+
+    out: dict[str, str] = {}
+    for provider in PROVIDERS.values():
+        path = internal_key_path(provider)
+        if path is not None:
+            out[path] = provider.internal_key_text(keys)
+    return out
+
+
+def gateway_key_text(key: str, following: str | None = None) -> str:
+    """The gateway's key map: the key it sends, and the one a rotation has given the replicas to accept next."""
+    return f"gateway {key}\n" + (f"next {following}\n" if following else "")
+
+
+def parse_gateway_key(text: str) -> tuple[str | None, str | None]:
+    """(the key sent, the next one) from a gateway's key map, or from the files engine-ctl wrote before it (the
+    environment file ENGINE_CTL_GATEWAY_KEY=<hex>, a replica's key file): a 64-digit hex key each, else None."""
+    sent: str | None = None
+    following: str | None = None
+    for line in text.splitlines():
+        name, _, value = line.strip().replace("=", " ", 1).partition(" ")
+        value = value.strip() if value else name
+        if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+            continue
+        if name == "next":
+            following = value
+        elif sent is None:
+            sent = value
+    return sent, following
+
+
+# --- decision models (seed 003): routed to POST /v1/systemone only, checked with the readiness decision ---------
+def decisions_context(backends: list[GatewayBackend], internal_key: bool) -> dict[str, object]:
+    """The template's values for decisions backends: their names (one ACL), and each one's health check body:
+    the readiness request with its own served model name, as HAProxy's `http-check send ... body` takes it."""
+    from engine_ctl.core.decisions import READINESS_PATH, readiness_body
+
+    decisions = [b for b in backends if b.api == "decisions"]
+    return {
+        "decisions_backends": " ".join(b.backend for b in decisions),
+        "decisions_path": READINESS_PATH,
+        "decisions_checks": {b.backend: _haproxy_quoted(readiness_body(b.deployment)) for b in decisions},
+        "decisions_auth": internal_key,
+    }
+
+
+def _haproxy_quoted(text: str) -> str:
+    """A string in HAProxy's single quotes (no escapes inside; a ' ends it and is written '\\'')."""
+    return "'" + text.replace("'", "'\\''") + "'"

@@ -31,6 +31,8 @@ SCALER_KEY = f"{SCALER_DIR}/id_ed25519"
 """The scaler's SSH key: generated on the scaler host by apply, 0600, root's; it never leaves that host."""
 SCALER_KNOWN_HOSTS = f"{SCALER_DIR}/known_hosts"
 STATE_DIR_NAME = "engine-ctl/scaler"
+RUN_DIR_NAME = "engine-ctl-scaler"
+"""/run/engine-ctl-scaler: the scaler's SSH connections to the replica hosts, kept open (ControlMaster)."""
 SCALER_STATE = f"/var/lib/{STATE_DIR_NAME}/state.json"
 COMMAND_PATH = "/usr/local/lib/engine-ctl/scaler-command"
 """On replica hosts: the forced command of the scaler's key (start, stop, is-active of replica units; status)."""
@@ -161,6 +163,7 @@ def render_config(
         "gateway_socket": ADMIN_SOCKET,
         "key": SCALER_KEY,
         "known_hosts": SCALER_KNOWN_HOSTS,
+        "control_dir": f"/run/{RUN_DIR_NAME}",
         "deployments": [_deployment_json(d) for d in sorted(deployments, key=lambda d: d.name)],
     }
     return json.dumps(out, indent=1, sort_keys=True) + "\n"
@@ -188,7 +191,8 @@ def render_unit(host: str, program_sha256: str, python: str = PYTHON) -> str:
     """engine-ctl-scaler.service, hardened; the program's sha256 in its header so a new program restarts it."""
     values = {
         "host": host, "python": python, "program": SCALER_PROGRAM, "config": SCALER_CONFIG,
-        "state_dir": STATE_DIR_NAME, "program_sha256": program_sha256, "scaler_dir": SCALER_DIR,
+        "state_dir": STATE_DIR_NAME, "run_dir": RUN_DIR_NAME, "program_sha256": program_sha256,
+        "scaler_dir": SCALER_DIR,
     }  # fmt: skip
     body = _template("scaler.service.j2").render(**values, content_hash="")
     return _template("scaler.service.j2").render(**values, content_hash=sha256(body))

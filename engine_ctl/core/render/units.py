@@ -16,7 +16,7 @@ from engine_ctl.core.fit.runspec import FitPlan, Placement, ReplicaRun
 from engine_ctl.core.model import Deployment, Model
 from engine_ctl.core.names import UNIT_PREFIX as UNIT_PREFIX  # re-exported: plan and gather use it
 from engine_ctl.core.names import unit_name
-from engine_ctl.core.render.gateway import REPLICA_KEY, is_ip
+from engine_ctl.core.render.gateway import internal_key_path, is_ip
 from engine_ctl.core.render.systemd_escape import comment_text, env_assignment, exec_line, path_value
 from engine_ctl.providers import Provider
 from engine_ctl.providers.base import is_template_name
@@ -31,7 +31,6 @@ CREDENTIALS_DIR = "/run/credentials"
 TEMPLATE_CREDENTIAL = "chat-template"
 HASH_LINE = "\n# content-sha256: \n"
 """The template's header line for the content hash, as the body (rendered without the hash) has it."""
-KEY_CREDENTIAL = "replica-key"
 NVIDIA_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
 
@@ -202,7 +201,10 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
         "ip_allow": sorted({*run.allow_from, *([run.bind_address] if is_ip(run.bind_address) else [])})
         if run.allow_from
         else [],
-        "replica_key": f"{KEY_CREDENTIAL}:{REPLICA_KEY}" if run.api_key_file else None,
+        "replica_key": f"{provider.internal_key_credential}:{internal_key_path(provider)}"
+        if run.api_key_file
+        else None,
+        "replica_key_env": run.api_key_env_file,
         "health_path": provider.health_path,
         "startup_budget": provider.startup_budget_s,
         "environment": [env_assignment(k, v) for k, v in sorted(environment.items())],
@@ -249,7 +251,9 @@ def replica_run(
     builds = host.engine_builds.get(provider.name) or {}
     executable = builds.get(platform or "") or host.engines.get(provider.name) or provider.default_executable
     unit = unit_name(d.name, p.index, slot)
-    key_file = f"{CREDENTIALS_DIR}/{unit}/{KEY_CREDENTIAL}" if gateways and provider.api_key_argv("x") else None
+    credential = provider.internal_key_credential if gateways else None
+    key_file = f"{CREDENTIALS_DIR}/{unit}/{credential}" if credential else None
+    key_env = internal_key_path(provider) if gateways and provider.internal_key_env else None
     return ReplicaRun(
         deployment=d.name,
         revision=revision,
@@ -262,6 +266,7 @@ def replica_run(
         bind_address=bind_address(host),
         allow_from=gateways,
         api_key_file=key_file,
+        api_key_env_file=key_env,
         port=p.port,
         gpus=p.gpus,
         plan=fitted.model_copy(update={"port": p.port, "threads": p.threads or fitted.threads}),

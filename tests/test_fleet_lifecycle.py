@@ -1,0 +1,274 @@
+"""The operator verbs on the real fleet (seed 003, "Stop, start, delete" and parking): real llama-server units
+under systemd, the real HAProxy gateway in front, the real CLI in a subprocess.
+
+One deployment, `lc` (one replica, pinned to the second host; the first host is the gateway), goes through the
+verbs in order: stop then an immediate start (exit 25, nothing started), a request through the gateway while it is
+stopped (deployment_stopped, nothing started), start --wait (ready), park and wake (llama.cpp restarts: its
+MainPID changes), delete right after a stop (delete_requires_cleanup), delete --stop (units gone, weights kept),
+and the tombstone: no plan re-creates it while its document is there, and the apply after its document is removed
+forgets it."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine_ctl.core.documents.apikey import key_sha256
+from tests.fleet import Fleet, FleetHost
+from tests.fleetproject import MODELS_DIR
+
+pytestmark = pytest.mark.fleet
+KEY = "ak-test-lifecycle-" + "d4" * 24
+ULID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
+UNIT = "engine-ctl-lc-0a.service"
+
+
+class Lifecycle:
+    """Documents (the inventory's first host a gateway), a state beside them, and the real CLI run there."""
+
+    def __init__(self, path: Path, fleet: Fleet) -> None:
+        self.path, self.fleet = path, fleet
+        self.gateway, self.engine_host = fleet.hosts[0], fleet.hosts[1]
+        inventory = Path(fleet.inventory).read_text()
+        line = f"  - {{name: {self.gateway.name}, address: {self.gateway.address}}}"
+        assert line in inventory
+        self.inventory = path / "hosts.yaml"
+        self.inventory.write_text(inventory.replace(line, line[:-1] + ", roles: [gateway]}"))
+        self.docs = path / "docs"
+        self.docs.mkdir()
+        self.write(with_deployment=True)
+
+    def write(self, with_deployment: bool) -> None:
+        model = "kind: Model\nmetadata: {name: tiny}\nspec: {format: gguf, path: tiny/tiny.gguf, parameters: 4170048}\n"
+        deployment = textwrap.dedent(f"""
+            ---
+            metadata: {{name: lc}}
+            spec: {{model: tiny, accelerator: cpu, cpu_cores: 1, context_length: 512, host: {self.engine_host.name}}}
+            """)  # fmt: skip
+        key = f"---\nkind: ApiKey\nmetadata: {{name: all}}\nspec: {{sha256: {key_sha256(KEY)}}}\n"
+        (self.docs / "docs.yaml").write_text(model + (deployment if with_deployment else "") + key)
+
+    def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "engine_ctl", *args]
+        if args[0] in ("plan", "apply", "destroy", "status", "list"):
+            argv.append(str(self.docs))
+        argv += ["--inventory", str(self.inventory)]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, cwd=self.docs)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        return proc
+
+    def state(self) -> dict:  # type: ignore[type-arg]
+        return json.loads((self.docs / "engine-ctl.state.json").read_text())
+
+    def on_engine_host(self, command: str) -> str:
+        return self.fleet.ssh(self.engine_host, command, check=False).stdout.strip()
+
+    def unit_state(self) -> str:
+        return self.on_engine_host(f"systemctl is-active {UNIT}")
+
+    def main_pid(self) -> int:
+        return int(self.on_engine_host(f"systemctl show -p MainPID --value {UNIT}"))
+
+    def wait_for_unit(self, wanted: str, within: float = 90) -> None:
+        deadline = time.monotonic() + within
+        while self.unit_state() != wanted:
+            assert time.monotonic() < deadline, f"{UNIT} is {self.unit_state()}, not {wanted}"
+            time.sleep(1)
+
+    def ask(self) -> tuple[int, dict]:  # type: ignore[type-arg]
+        """One chat request through the gateway: its HTTP status and JSON body."""
+        body = json.dumps({"model": "lc", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        req = urllib.request.Request(
+            f"http://{self.gateway.address}:8800/v1/chat/completions", data=body.encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(req, timeout=180) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+
+@pytest.fixture(scope="module")
+def lc(fleet: Fleet, weights: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lifecycle]:
+    p = Lifecycle(tmp_path_factory.mktemp("lifecycle"), fleet)
+    applied = p.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    yield p
+    if (p.docs / "engine-ctl.state.json").exists():
+        p.cli("destroy", "--auto-approve")
+    fleet.ssh(p.gateway, "systemctl disable --now engine-ctl-gateway.service", check=False)
+
+
+def host(fleet: Fleet, name: str) -> FleetHost:
+    return next(h for h in fleet.hosts if h.name == name)
+
+
+def test_each_deployment_gets_a_stable_id_shown_in_status(lc: Lifecycle) -> None:
+    first = lc.state()["deployments"]["lc"]["id"]
+    assert ULID.fullmatch(first)
+    shown = lc.cli("status", "lc")
+    assert re.search(rf"^ID\s+{first}$", shown.stdout, re.MULTILINE), shown.stdout + shown.stderr
+    again = lc.cli("apply", "--auto-approve")
+    assert again.returncode == 0 and lc.state()["deployments"]["lc"]["id"] == first
+
+
+def test_stop_then_an_immediate_start_is_refused_with_25_and_nothing_starts(lc: Lifecycle) -> None:
+    stopped = lc.cli("stop", "deployment", "lc")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    lines = stopped.stdout.splitlines()
+    rid = identity(stopped.stderr.splitlines()[0])  # first, on stderr: stdout is what the verb did
+    assert lines[:2] == ["Stop requested for lc", ""] and re.fullmatch(r"  Operation   [0-9A-Z]{26}", lines[2]), lines
+    start = lc.cli("start", "deployment", "lc")
+    assert start.returncode == 25, start.stdout + start.stderr
+    assert start.stderr.splitlines()[-1] == (
+        "error [still_stopping]: lc is still stopping; nothing was started. Retry in a moment, or run "
+        "`engine-ctl start deployment lc --wait`, which waits for the stop to finish and then starts"
+    )
+    lc.wait_for_unit("inactive")  # the stop finishes; the refused start started nothing
+    assert lc.on_engine_host(f"systemctl is-enabled {UNIT}") == "disabled"
+    assert lc.state()["deployments"]["lc"]["operator"]["verb"] == "stopped"
+    again = lc.cli("stop", "deployment", "lc", "--request-id", rid)  # a finished request: its result, nothing done
+    assert again.returncode == 0 and f"Request {rid} (`stop deployment lc`) finished at" in again.stdout, again.stdout
+    recorded = next(r for r in lc.state()["requests"] if r["id"] == rid)
+    assert recorded["command"] == "stop deployment lc" and recorded["exit_code"] == 0
+
+
+def identity(line: str) -> str:
+    """Seed 003's first line of a command that changes something; returns its ULID."""
+    found = re.fullmatch(r"Request identity: ([0-9A-Z]{26}) \(reuse --request-id \1 to recover this command\)", line)
+    assert found, line
+    return found.group(1)
+
+
+def test_a_request_through_the_gateway_for_the_stopped_deployment_is_refused_and_starts_nothing(lc: Lifecycle) -> None:
+    ident = lc.state()["deployments"]["lc"]["id"]
+    status, body = lc.ask()
+    assert status == 409
+    assert body == {
+        "code": "deployment_stopped",
+        "message": f"deployment {ident} was stopped by an operator; inference does not start it; start it with "
+        f"`engine-ctl start deployment {ident}`",
+    }
+    time.sleep(3)
+    assert lc.unit_state() == "inactive"
+
+
+def test_engine_controls_are_never_reachable_through_the_gateway(lc: Lifecycle) -> None:
+    """Sleep controls (vLLM's /sleep, /wake_up; SGLang's /release_memory_occupation) live beside /v1 on a replica's
+    port: the gateway forwards only /v1/."""
+    for path in ("/sleep?level=1", "/wake_up", "/release_memory_occupation", "/slots"):
+        req = urllib.request.Request(f"http://{lc.gateway.address}:8800{path}", data=b"{}", method="POST",
+                                     headers={"Authorization": f"Bearer {KEY}"})  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=10)
+        assert refused.value.code == 404 and json.loads(refused.value.read())["error"]["code"] == "unknown_url"
+
+
+def test_plan_and_apply_keep_it_stopped_and_say_so(lc: Lifecycle) -> None:
+    plan = lc.cli("plan", "--detailed-exitcode")
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    assert "Held: lc was stopped by an operator" in plan.stdout and "Changed outside engine-ctl" not in plan.stdout
+    assert lc.cli("apply", "--auto-approve").returncode == 0
+    assert lc.unit_state() == "inactive"
+    status = lc.cli("status", "lc")
+    assert re.search(r"^lc\s+stopped\s+0/1", status.stdout, re.MULTILINE), status.stdout
+
+
+def test_start_wait_starts_it_and_returns_when_it_answers(lc: Lifecycle) -> None:
+    started = lc.cli("start", "deployment", "lc", "--wait")
+    assert started.returncode == 0, started.stdout + started.stderr
+    identity(started.stderr.splitlines()[0])
+    assert started.stdout.splitlines() == [
+        "Waiting for the stop of lc to finish (at most 160s)",
+        "Started lc: ready",
+        "",
+        "  Ready       1/1",
+        f"  Hosts       {lc.engine_host.name}",
+        "  Operation   initialize succeeded",
+    ]
+    assert lc.unit_state() == "active"
+    status, body = lc.ask()
+    assert status == 200 and body["model"] == "lc", body
+    assert "operator" not in lc.state()["deployments"]["lc"]
+    assert lc.cli("plan", "--detailed-exitcode").returncode == 0
+
+
+def test_park_and_wake_of_a_llamacpp_deployment_is_a_restart(lc: Lifecycle) -> None:
+    before = lc.main_pid()
+    parked = lc.cli("park", "deployment", "lc")
+    assert parked.returncode == 0, parked.stdout + parked.stderr
+    assert parked.stdout.splitlines()[:2] == ["Park requested for lc", ""], parked.stdout
+    identity(parked.stderr.splitlines()[0])
+    seen = set()
+    deadline = time.monotonic() + 90
+    while "parked" not in seen:
+        assert time.monotonic() < deadline, seen
+        shown = lc.cli("status", "lc").stdout
+        seen |= {m.group(1) for m in [re.search(r"^lc\s+(\S+)", shown, re.MULTILINE)] if m}
+    assert seen >= {"parking", "parked"} or seen == {"parked"}, seen
+    assert lc.unit_state() == "inactive"
+    woken = lc.cli("start", "deployment", "lc", "--wait")
+    assert woken.returncode == 0 and "Started lc: ready" in woken.stdout, woken.stdout + woken.stderr
+    assert lc.unit_state() == "active" and lc.main_pid() != before  # restart_only: a new engine process
+    assert lc.ask()[0] == 200
+
+
+def test_a_park_asleep_is_parking_while_its_park_job_runs_then_parked(lc: Lifecycle) -> None:
+    """An engine that sleeps (vLLM, SGLang) stays active while parked, so status asks its host for the park job
+    (`park-<unit>`, a transient systemd unit). No such engine runs here: the record says a level-1 park of `lc`,
+    and a real transient unit of that name stands for its job."""
+    path = lc.docs / "engine-ctl.state.json"
+    before = path.read_text()
+    doc = json.loads(before)
+    doc["deployments"]["lc"]["operator"] = {"verb": "parked", "when": "2026-12-03T11:00:00+00:00", "level": 1}
+    path.write_text(json.dumps(doc))
+    try:
+        lc.on_engine_host(f"systemd-run --quiet --collect --unit=park-{UNIT} sleep 60")
+        shown = lc.cli("status", "lc").stdout
+        assert re.search(r"^lc\s+parking\s", shown, re.MULTILINE), shown
+        lc.on_engine_host(f"systemctl stop park-{UNIT}")
+        shown = lc.cli("status", "lc").stdout
+        assert re.search(r"^lc\s+parked\s", shown, re.MULTILINE), shown
+    finally:
+        lc.on_engine_host(f"systemctl stop park-{UNIT} 2>/dev/null")
+        path.write_text(before)
+
+
+def test_delete_right_after_stop_is_refused_then_delete_stop_removes_the_units_and_keeps_the_weights(
+    lc: Lifecycle,
+) -> None:
+    assert lc.cli("stop", "deployment", "lc").returncode == 0
+    refused = lc.cli("delete", "deployment", "lc")
+    assert refused.returncode == 25, refused.stdout + refused.stderr
+    assert refused.stderr.splitlines()[-1].startswith(
+        "error [delete_requires_cleanup]: lc is still stopping; nothing was deleted."
+    )
+    assert lc.on_engine_host(f"test -e /etc/systemd/system/{UNIT} && echo there") == "there"
+    deleted = lc.cli("delete", "deployment", "lc", "--stop")
+    assert deleted.returncode == 0, deleted.stdout + deleted.stderr
+    assert "Deleted lc" in deleted.stdout
+    assert lc.on_engine_host(f"test -e /etc/systemd/system/{UNIT} || echo gone") == "gone"
+    assert lc.on_engine_host(f"test -s {MODELS_DIR}/tiny/tiny.gguf && echo kept") == "kept"
+    record = lc.state()["deployments"]["lc"]
+    assert record["operator"]["verb"] == "deleted" and record["replicas"] == []
+
+
+def test_the_tombstone_keeps_the_plan_from_re_creating_it_until_the_document_is_removed(lc: Lifecycle) -> None:
+    plan = lc.cli("plan", "--detailed-exitcode")
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    assert "Held: lc was deleted by an operator" in plan.stdout and "not re-created" in plan.stdout
+    lc.write(with_deployment=False)
+    forget = lc.cli("apply", "--auto-approve")
+    assert forget.returncode == 0, forget.stdout + forget.stderr
+    assert "lc" not in lc.state()["deployments"]

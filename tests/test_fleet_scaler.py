@@ -1,0 +1,257 @@
+"""The scaler on the real fleet: HAProxy under engine-ctl's gateway unit on hosts[0], the real llama-server in
+units on the other hosts, the real scaler program under its hardened unit, its real SSH key and forced command,
+and the official `openai` package as the client (max_retries=0: a failure is a failure).
+
+The inventory's `gateway:` and `scaling:` blocks shorten the timings (hold 20 s, a decision at most every 20 s, a
+poll every 2 s);
+the defaults stay the seeds' (120 s, 120 s, 15 s).
+
+On-demand slots come from the plan (issue 12a: `max` slots placed, those above `min` installed and not started).
+Where the plan in this tree does not place them yet, `envelope()` puts the recorded replicas into the same
+contract by hand (the unit installed and stopped, its gateway server in maintenance) before installing the scaler
+with engine-ctl's own ScalerApply, so the scaler is tested on what the contract says it will find."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from engine_ctl.state import State
+
+from engine_ctl.core.documents.apikey import key_sha256
+from engine_ctl.core.documents.inventory import load_inventory
+from engine_ctl.core.plan.scaler import ScalerPlan, scaler_deployment, scaler_deployments
+from engine_ctl.core.render.scaler import SCALER_KEY, SCALER_STATE, SCALER_UNIT
+from engine_ctl.shell.scaler_apply import ScalerApply
+from engine_ctl.shell.transport import SSHOptions
+from tests.fleet import Fleet, FleetHost
+
+KEY = "ak-test-scaler-" + "d4" * 24
+HOLD_S, DECIDE_S, POLL_S = 20, 20, 2
+pytestmark = pytest.mark.fleet
+
+
+class ScalerProject:
+    def __init__(self, path: Path, fleet: Fleet) -> None:
+        self.path, self.fleet = path, fleet
+        self.gateway = fleet.hosts[0]
+        self.inventory = path / "hosts.yaml"
+        text = Path(fleet.inventory).read_text()
+        line = f"  - {{name: {self.gateway.name}, address: {self.gateway.address}}}"
+        assert line in text
+        text = text.replace(line, line[:-1] + ", roles: [gateway]}")
+        text += f"gateway: {{hold_s: {HOLD_S}}}\nscaling: {{decide_every_s: {DECIDE_S}, poll_s: {POLL_S}}}\n"
+        self.inventory.write_text(text)
+        self.docs = path / "docs"
+        self.docs.mkdir()
+        self.base = f"http://{self.gateway.address}:8800/v1"
+
+    def write(self, deployments: str) -> None:
+        model = "kind: Model\nmetadata: {name: tiny}\nspec: {format: gguf, path: tiny/tiny.gguf, parameters: 4170048}\n"
+        key = f"kind: ApiKey\nmetadata: {{name: all}}\nspec:\n  sha256: {key_sha256(KEY)}\n"
+        (self.docs / "d.yaml").write_text(model + "---\n" + textwrap.dedent(deployments) + "---\n" + key)
+
+    def cli(self, *args: str, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "engine_ctl", *args]
+        if args[0] in ("plan", "apply", "destroy", "status"):
+            argv += [str(self.docs), "--inventory", str(self.inventory)]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, cwd=self.path)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        if check:
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc
+
+    def state(self) -> State:
+        return State.model_validate_json((self.docs / "engine-ctl.state.json").read_text())
+
+    def host_of(self, name: str) -> FleetHost:
+        return next(h for h in self.fleet.hosts if h.name == name)
+
+    def client(self, timeout: float = 120) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base, api_key=KEY, max_retries=0, timeout=timeout)
+
+    def on_gateway(self, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.fleet.ssh(self.gateway, command, check=check)
+
+    def scaler_state(self) -> dict:  # type: ignore[type-arg]
+        out = self.on_gateway(f"cat {SCALER_STATE} 2>/dev/null || echo '{{}}'").stdout
+        return json.loads(out)
+
+    def decisions(self, name: str) -> list[dict]:  # type: ignore[type-arg]
+        return list(self.scaler_state().get("deployments", {}).get(name, {}).get("decisions", []))
+
+    def active(self, name: str, index: int) -> bool:
+        rec = self.state().deployments[name]
+        r = next(r for r in rec.replicas if r.index == index)
+        return (
+            self.fleet.ssh(self.host_of(r.host), f"systemctl is-active --quiet {r.unit}", check=False).returncode == 0
+        )
+
+    def wait(self, what: str, check: object, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():  # type: ignore[operator]
+            assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+            time.sleep(1)
+
+    def envelope(self, limits: dict[str, tuple[int, int]]) -> None:
+        """The scaling contract on what apply placed, where this tree's plan does not yet place on-demand slots:
+        slots at or above min stopped with their servers in maintenance; then the scaler installed by
+        ScalerApply (engine-ctl's own) on the first gateway host by name."""
+        state, inv = self.state(), load_inventory(self.inventory)
+        hosts = {h.name: h for h in inv.hosts}
+        if scaler_deployments(state, hosts):  # the plan places on-demand slots itself: apply did it all
+            return
+        deployments = []
+        for name, (lo, hi) in sorted(limits.items()):
+            d = scaler_deployment(state.deployments[name], hosts)
+            assert d is not None
+            slots = tuple(s.model_copy(update={"always_on": s.index < lo}) for s in d.slots)
+            deployments.append(d.model_copy(update={"min": lo, "max": hi, "slots": slots}))
+            for s in slots:
+                if not s.always_on:
+                    self.fleet.ssh(self.host_of(s.host), f"systemctl disable --now {s.unit}")
+                    self.on_gateway(admin(f"set server d_{name}/{s.server} state maint"))
+        plan = ScalerPlan(host=self.gateway.name, poll_s=POLL_S, decide_every_s=DECIDE_S, hold_s=HOLD_S)
+        ScalerApply(plan, hosts, lambda: state, SSHOptions(), lambda _m: None).install(
+            hosts[self.gateway.name], deployments
+        )
+
+
+def admin(command: str) -> str:
+    script = ("import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect('/run/engine-ctl-gateway/admin.sock'); "
+              "s.sendall(sys.argv[1].encode()+b'\\n'); print(s.recv(65536).decode())")  # fmt: skip
+    return f"python3 -c \"{script}\" '{command}'"
+
+
+def ask(client: openai.OpenAI, model: str) -> str:
+    answer = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    return str(answer.model)
+
+
+@pytest.fixture(scope="module")
+def sp(fleet: Fleet, weights: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScalerProject]:
+    p = ScalerProject(tmp_path_factory.mktemp("scaler"), fleet)
+    one = fleet.hosts[1].name
+    p.write(f"""
+        metadata: {{name: zero}}
+        spec: {{model: tiny, accelerator: cpu, cpu_cores: 1, context_length: 512, host: {one},
+                replicas: {{min: 0, max: 1, idle_minutes: 1}}}}
+        """)  # fmt: skip
+    p.cli("apply", "--auto-approve", check=True)
+    p.envelope({"zero": (0, 1)})
+    yield p
+    p.on_gateway(f"systemctl disable --now {SCALER_UNIT}", check=False)
+    if (p.docs / "engine-ctl.state.json").exists():
+        p.cli("destroy", "--auto-approve")
+    p.on_gateway("systemctl disable --now engine-ctl-gateway.service", check=False)
+
+
+def test_the_plan_names_one_scaler_on_the_first_gateway(sp: ScalerProject) -> None:
+    out = sp.cli("plan", check=True).stdout
+    assert f"# scaler on {sp.gateway.name} (the first gateway host by name): zero" in out
+    assert sp.on_gateway(f"systemctl is-active {SCALER_UNIT}").stdout.strip() == "active"
+
+
+def test_health_checks_alone_do_not_wake_it(sp: ScalerProject) -> None:
+    sp.wait("zero stopped", lambda: not sp.active("zero", 0), 30)
+    for _ in range(10):
+        sp.on_gateway(f"curl -sf http://{sp.gateway.address}:8800/health")
+        sp.on_gateway(f"curl -sf -H 'Authorization: Bearer {KEY}' http://{sp.gateway.address}:8800/v1/models")
+    time.sleep(3 * POLL_S + 2)
+    assert not sp.active("zero", 0)
+    assert not any(d["action"] == "up" for d in sp.decisions("zero"))
+    assert sp.scaler_state()["deployments"]["zero"]["state"] == "ScaledToZero"
+
+
+def test_the_first_request_wakes_it_is_held_and_answered(sp: ScalerProject) -> None:
+    started = time.monotonic()
+    assert ask(sp.client(), "zero") == "zero"
+    assert time.monotonic() - started < HOLD_S
+    assert sp.active("zero", 0)
+    up = [d for d in sp.decisions("zero") if d["action"] == "up"]
+    assert len(up) == 1 and up[0]["reason"].startswith("a request at zero")
+
+
+def test_after_a_minute_idle_it_stops_and_status_says_scaled_to_zero(sp: ScalerProject) -> None:
+    sp.wait("zero stopped after idle_minutes 1", lambda: not sp.active("zero", 0), 60 + 30)
+    last = sp.decisions("zero")[-1]
+    assert last["action"] == "zero" and "idle_minutes 1" in last["reason"] and last["figure"] >= 60
+    doc = json.loads(sp.cli("status", "zero", "--json").stdout)
+    status = doc["deployments"][0]
+    assert status["state"] == "ScaledToZero" and status["ready"] == 0
+    assert [d["action"] for d in status["decisions"]][-2:] == ["up", "zero"]
+    table = sp.cli("status", "zero", "--decisions").stdout
+    assert "scaledtozero" in table.lower() and "the scaler's decisions" in table and "idle_minutes 1" in table
+
+
+def test_killed_mid_decision_the_scaler_restarts_and_carries_on(sp: ScalerProject) -> None:
+    assert not sp.active("zero", 0)
+    before = len(sp.decisions("zero"))
+    pid = sp.on_gateway(f"systemctl show -p MainPID --value {SCALER_UNIT}").stdout.strip()
+    answers: list[str] = []
+    request = threading.Thread(target=lambda: answers.append(ask(sp.client(), "zero")))
+    request.start()
+    sp.wait("the wake decided", lambda: len(sp.decisions("zero")) > before, 15)
+    sp.on_gateway(f"kill -9 {pid}")
+    request.join(HOLD_S + 30)
+    assert answers == ["zero"]
+    sp.wait("the scaler back", lambda: sp.on_gateway(f"systemctl is-active {SCALER_UNIT}", check=False).stdout.strip()
+            == "active", 30)  # fmt: skip
+    assert sp.on_gateway(f"systemctl show -p MainPID --value {SCALER_UNIT}").stdout.strip() != pid
+    time.sleep(3 * POLL_S)
+    new = sp.decisions("zero")[before:]
+    assert [d["action"] for d in new] == ["up"], new  # one start, carried on; no second start, no stop
+    assert sp.active("zero", 0)
+
+
+def test_a_replica_that_cannot_start_gets_503_with_retry_after_at_the_bound(sp: ScalerProject) -> None:
+    sp.wait("zero stopped", lambda: not sp.active("zero", 0), 60 + 30)
+    host = sp.fleet.hosts[1]
+    model = "/var/lib/engine-ctl/models/tiny/tiny.gguf"
+    sp.fleet.ssh(host, f"mv {model} {model}.away")
+    try:
+        started = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as raised:
+            ask(sp.client(), "zero")
+        waited = time.monotonic() - started
+        assert raised.value.status_code == 503
+        assert raised.value.response.headers.get("retry-after") == "5"
+        assert HOLD_S - 1 <= waited < HOLD_S + 10
+        sp.wait("the failed start recorded", lambda: any(d["action"] == "failed" for d in sp.decisions("zero")), 30)
+    finally:
+        sp.fleet.ssh(host, f"mv {model}.away {model}")
+
+
+def test_the_credential_cannot_run_an_arbitrary_command(sp: ScalerProject) -> None:
+    replica = sp.fleet.hosts[1]
+    ssh = (f"ssh -F /dev/null -i {SCALER_KEY} -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=yes "
+           f"-o UserKnownHostsFile=/etc/engine-ctl/scaler/known_hosts root@{replica.address}")  # fmt: skip
+    refused = ("id", "cat /etc/shadow", "start sshd.service", "stop engine-ctl-gateway.service",
+               "start engine-ctl-zero-0a.service; touch /tmp/owned",
+               "systemctl start engine-ctl-zero-0a.service")  # fmt: skip
+    for command in refused:
+        said = sp.on_gateway(f"{ssh} {json.dumps(command)}", check=False)
+        assert said.returncode == 126, (command, said.stdout, said.stderr)
+        assert "refused" in said.stderr
+    assert sp.fleet.ssh(replica, "test ! -e /tmp/owned", check=False).returncode == 0
+    status = json.loads(sp.on_gateway(f"{ssh} status").stdout)
+    assert {"active", "gpu_busy", "cores", "mem_total"} <= set(status)
+    assert sp.on_gateway(f"{ssh} is-active engine-ctl-zero-0a.service", check=False).returncode in (0, 3)
+    # no pty, no forwarding (restrict)
+    said = sp.on_gateway(f"{ssh} -tt status", check=False)
+    assert "PTY allocation request failed" in said.stderr
+    said = sp.on_gateway(f"{ssh} -W 127.0.0.1:22 < /dev/null", check=False)
+    assert said.returncode == 255 and "prohibited" in said.stderr, said.stderr
+    mode = sp.on_gateway(f"stat -c '%a %U' {SCALER_KEY}").stdout.split()
+    assert mode == ["600", "root"]
+    private = sp.on_gateway(f"sed -n 2p {SCALER_KEY}").stdout.strip()
+    assert private and private not in (sp.docs / "engine-ctl.state.json").read_text()
+    assert private not in sp.cli("plan").stdout

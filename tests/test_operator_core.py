@@ -1,0 +1,157 @@
+"""Operator verbs in the pure core: a stopped, parked or deleted deployment is held by every plan (nothing on its
+hosts changes, the plan says why, its stopped units are not drift), the gateway's stopped.map, the sleep
+controls each provider declares, a park refused for want of host RAM, and the deployment's ID in the state."""
+
+from __future__ import annotations
+
+import json
+
+from engine_ctl.providers import PROVIDERS
+from engine_ctl.state.model import OperatorAction, State, parse_state
+
+from engine_ctl.cli.planview import plan_markdown, plan_text
+from engine_ctl.core.documents.inventory import Host
+from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.plan.gateway import stopped_map
+from engine_ctl.core.plan.operator import park_refusal, parking_phase, stop_phase
+from engine_ctl.core.plan.planner import make_plan
+from engine_ctl.core.render.gateway import GatewayBackend, render_gateway
+from tests.fleetfacts import h100x8
+from tests.test_plan_core import SHAPE, applied, desired, plan_for, world
+
+ULID = "01M3R7A6YJW402N962HH17A66W"
+
+
+def running(spec: str = "gpus: 1") -> tuple[State, dict[str, HostFacts]]:
+    h = h100x8()
+    state, facts = applied(plan_for(spec, State(), h), State(), {h.host: h})
+    state.deployments["chat"].id = ULID
+    return state, facts
+
+
+def with_units(facts: dict[str, HostFacts], active: str) -> dict[str, HostFacts]:
+    def stopped(f: HostFacts) -> HostFacts:
+        units = tuple(u.model_copy(update={"active_state": active, "sub_state": "dead"}) for u in f.units)
+        return f.model_copy(update={"units": units})
+
+    return {h: stopped(f) for h, f in facts.items()}
+
+
+def held(state: State, verb: str) -> State:
+    out = state.model_copy(deep=True)
+    out.deployments["chat"].operator = OperatorAction(
+        verb=verb, when="2026-12-03T11:00:00+00:00", who="ops", operation=ULID
+    )  # type: ignore[arg-type]
+    return out
+
+
+def test_a_stopped_deployment_is_held_by_the_plan_and_its_stopped_units_are_not_drift() -> None:
+    state, facts = running()
+    stopped = with_units(facts, "inactive")
+    plain = make_plan(desired("gpus: 1"), state, world(*stopped.values())[0], stopped, {"m": SHAPE})
+    assert plain.has_changes and plain.drift  # without the verb: stopped units are drift, and repaired
+    plan = make_plan(desired("gpus: 1"), held(state, "stopped"), world(*stopped.values())[0], stopped, {"m": SHAPE})
+    (c,) = plan.changes
+    assert not plan.has_changes and c.replicas == [] and plan.drift == []
+    assert c.operator and "stopped by an operator by ops" in c.operator
+    text = plan_text(plan)
+    assert "Held: chat was stopped by an operator" in text and "`engine-ctl start deployment chat`" in text
+    assert "**Held:** `chat` was stopped" in plan_markdown(plan)
+    assert json.loads(plan.model_dump_json())["changes"][0]["operator"] == c.operator
+
+
+def test_a_document_change_while_stopped_is_shown_and_not_applied() -> None:
+    state, facts = running("gpus: 1, context_length: 4096")
+    plan = make_plan(desired("gpus: 1, context_length: 8192"), held(state, "stopped"), world(*facts.values())[0],
+                     facts, {"m": SHAPE})  # fmt: skip
+    (c,) = plan.changes
+    assert c.action == ["no-op"] and c.replicas == [] and [f.path for f in c.field_changes]
+    assert any("rolls in with the first apply after `engine-ctl start deployment chat`" in w for w in c.warnings)
+
+
+def test_a_deleted_deployment_is_not_re_created_while_its_document_is_there_and_forgotten_once_it_is_gone() -> None:
+    state, facts = running()
+    tomb = held(state, "deleted")
+    tomb.deployments["chat"].replicas = []
+    gone = with_units(facts, "inactive")
+    gone = {h: f.model_copy(update={"units": ()}) for h, f in gone.items()}
+    inv = world(*gone.values())[0]
+    plan = make_plan(desired("gpus: 1"), tomb, inv, gone, {"m": SHAPE})
+    (c,) = plan.changes
+    assert c.action == ["no-op"] and c.replicas == [] and not plan.has_changes
+    assert "deleted by an operator" in (c.operator or "") and "not re-created" in (c.operator or "")
+    empty = desired("gpus: 1").model_copy(update={"deployments": ()})
+    removal = make_plan(empty, tomb, inv, gone, {"m": SHAPE})
+    assert [x.action for x in removal.changes] == [["delete"]] and removal.changes[0].replicas == []
+
+
+def test_the_gateway_answers_a_stopped_deployment_with_its_id_and_never_holds_it() -> None:
+    state, _ = running()
+    assert stopped_map(state.deployments) == {}
+    assert stopped_map(held(state, "stopped").deployments) == {"chat": ULID}
+    assert stopped_map(held(state, "parked").deployments) == {}  # parked: requests are held, not refused
+    g = render_gateway(Host(name="gw", address="198.18.0.11", roles=("gateway",)), [GatewayBackend(deployment="chat")],
+                       [], stopped={"chat": ULID})  # fmt: skip
+    assert g.files["stopped.map"] == f"chat {ULID}\n"
+    config = g.files["haproxy.cfg"]
+    rule = config.index("map(stopped.map)")
+    assert rule < config.index("http-request lua.hold")  # answered before any request is held
+    assert (
+        '{"code":"deployment_stopped","message":"deployment %[var(txn.stopped)] was stopped by an operator; '
+        'inference does not start it; start it with `engine-ctl start deployment %[var(txn.stopped)]`"}'
+    ) in config
+
+
+def test_phases_of_a_stop_and_a_park() -> None:
+    assert stop_phase(["deactivating", "inactive"]) == "stopping"
+    assert stop_phase(["inactive", "failed", "inactive"]) == "stopped"
+    assert parking_phase("parked", ["active"]) == "parking"
+    assert parking_phase("parked", ["inactive"]) == "parked"
+    assert parking_phase(None, ["active"]) is None
+
+
+def test_a_park_at_level_1_is_refused_when_host_ram_cannot_hold_the_weights() -> None:
+    gib = 1024**3
+    refusal = park_refusal(16 * gib, 4 * gib, "gpu-box", "chat")
+    assert refusal is not None and "16.0 GiB" in refusal and "4.0 GiB free" in refusal and "residency: deep" in refusal
+    assert park_refusal(16 * gib, 32 * gib, "gpu-box", "chat") is None
+
+
+def test_sleep_controls_come_from_the_providers() -> None:
+    vllm, sglang, llamacpp = PROVIDERS["vllm"], PROVIDERS["sglang"], PROVIDERS["llama.cpp"]
+    assert llamacpp.sleep_controls is None and not llamacpp.parks_asleep("parked")
+    v = vllm.sleep_controls
+    assert v is not None and [c.path for c in v.sleep(1)] == ["/sleep?level=1"] and v.level("deep") == 2
+    assert [c.path for c in v.wake(2)] == ["/wake_up?tags=weights", "/collective_rpc", "/wake_up?tags=kv_cache"]
+    assert v.launch_argv == ("--enable-sleep-mode",) and v.launch_env == {"VLLM_SERVER_DEV_MODE": "1"}
+    s = sglang.sleep_controls
+    assert s is not None and "--enable-weights-cpu-backup" in s.launch_argv
+    assert [c.path for c in s.sleep(1)] == ["/release_memory_occupation"]
+    assert not vllm.parks_asleep("restart_only") and vllm.parks_asleep("parked")
+
+
+def test_the_id_and_the_verb_are_read_back_and_refused_when_malformed() -> None:
+    state, _ = running()
+    doc = json.loads(held(state, "stopped").model_dump_json())
+    back = parse_state(doc, "state.json")
+    assert back.deployments["chat"].id == ULID and back.deployments["chat"].operator is not None
+    older = json.loads(State().model_dump_json())
+    assert "id" not in json.dumps(older)  # a state with no deployment reads (and writes) as before
+    doc["deployments"]["chat"]["id"] = "not a ulid"
+    try:
+        parse_state(doc, "state.json")
+    except Exception as exc:  # StateError, naming the field
+        assert "deployments.chat.id" in str(exc)
+    else:
+        raise AssertionError("a malformed ID was read")
+
+
+def test_a_held_deployment_on_an_unreachable_host_gives_apply_nothing_to_record() -> None:
+    """Apply records a change it runs (a blocked one too, at its revision): a held one must carry none, so a
+    document edited while stopped is never recorded without being rolled."""
+    state, facts = running("gpus: 1, context_length: 4096")
+    inv = world(*facts.values())[0]
+    plan = make_plan(desired("gpus: 1, context_length: 8192"), held(state, "stopped"), inv, {}, {"m": SHAPE})
+    (c,) = plan.changes
+    assert not c.changed and not c.blocked and c.failed_reason is None and c.replicas == []
+    assert any("could not be reached" in w for w in c.warnings), c.warnings

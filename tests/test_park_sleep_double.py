@@ -1,0 +1,176 @@
+"""Parking a vLLM replica asleep, against a test double of vLLM's HTTP server (vLLM needs a GPU, which this
+machine has not). The double speaks vLLM's real sleep-mode API as its documentation and server give it:
+
+- docs.vllm.ai, Features > Sleep Mode: launched with `--enable-sleep-mode` and VLLM_SERVER_DEV_MODE=1, the server
+  has `POST /sleep?level=1|2`, `POST /wake_up` (optionally `?tags=weights` / `?tags=kv_cache`, for level 2 with
+  `POST /collective_rpc {"method": "reload_weights"}` between them) and `GET /is_sleeping` answering
+  `{"is_sleeping": true|false}`;
+- vllm/entrypoints/openai/api_server.py: those dev-mode routes, and the Prometheus gauge
+  `vllm:num_requests_running{model_name=...}` at GET /metrics (the provider's in-flight metric).
+
+The park job (engine_ctl.shell.operator.HOST_JOB, the script a park runs on the replica's host) runs in place here
+through the real LocalTransport: it must drain first (a request in flight finishes before /sleep), then sleep and
+see it asleep; a wake must wake it and see it awake, in vLLM's order for each level."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+import pytest
+from engine_ctl.providers import PROVIDERS
+from engine_ctl.state.model import ReplicaRecord
+
+from engine_ctl.core.documents.inventory import Host
+from engine_ctl.shell.operator import job_argv, sleep_job, wake_job
+from engine_ctl.shell.transport import LocalTransport
+
+
+class VllmDouble:
+    """vLLM's sleep-mode endpoints, its running-requests gauge and a slow chat completion; every call logged."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, object]] = []
+        self.running = 0
+        self.sleeping = False
+        self.lock = threading.Lock()
+        double = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                return
+
+            def _answer(self, status: int, body: object) -> None:
+                data = json.dumps(body).encode() if not isinstance(body, str) else body.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json" if not isinstance(body, str) else "text/plain")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                path = urlsplit(self.path).path
+                if path == "/metrics":
+                    with double.lock:
+                        n = double.running
+                    self._answer(200, "# TYPE vllm:num_requests_running gauge\n"
+                                      f'vllm:num_requests_running{{model_name="chat"}} {float(n)}\n')  # fmt: skip
+                elif path == "/is_sleeping":
+                    double.record("is_sleeping", double.sleeping)
+                    self._answer(200, {"is_sleeping": double.sleeping})
+                else:
+                    self._answer(404, {"detail": "Not Found"})
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length).decode() if length else ""
+                url = urlsplit(self.path)
+                if url.path == "/v1/chat/completions":
+                    with double.lock:
+                        double.running += 1
+                    time.sleep(1.5)
+                    with double.lock:
+                        double.running -= 1
+                    double.record("chat done", double.sleeping)
+                    self._answer(200, {"object": "chat.completion", "choices": []})
+                elif url.path == "/sleep":
+                    with double.lock:
+                        in_flight = double.running
+                    double.record("sleep", (url.query, in_flight))
+                    double.sleeping = True
+                    self._answer(200, "")
+                elif url.path == "/wake_up":
+                    double.record("wake_up", url.query)
+                    if url.query in ("", "tags=kv_cache"):
+                        double.sleeping = False
+                    self._answer(200, "")
+                elif url.path == "/collective_rpc":
+                    double.record("collective_rpc", json.loads(body)["method"])
+                    self._answer(200, {"results": [None]})
+                else:
+                    self._answer(404, {"detail": "Not Found"})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def record(self, what: str, detail: object) -> None:
+        with self.lock:
+            self.log.append((what, detail))
+
+
+@pytest.fixture
+def double() -> Iterator[VllmDouble]:
+    d = VllmDouble()
+    yield d
+    d.server.shutdown()
+
+
+HOST = Host(name="localhost", address="127.0.0.1", transport="local")
+
+
+def replica(port: int) -> ReplicaRecord:
+    return ReplicaRecord(index=0, host="localhost", unit="engine-ctl-chat-0a.service", port=port, unit_sha256="",
+                         revision=1)  # fmt: skip
+
+
+def slow_request(port: int) -> threading.Thread:
+    def ask() -> None:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=b'{"model":"chat"}',
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        urllib.request.urlopen(req, timeout=30).read()
+
+    t = threading.Thread(target=ask)
+    t.start()
+    return t
+
+
+def test_park_drains_first_then_sleeps_at_level_1_and_start_wakes_it(double: VllmDouble) -> None:
+    vllm = PROVIDERS["vllm"]
+    t = LocalTransport(HOST)
+    asking = slow_request(double.port)
+    deadline = time.monotonic() + 5
+    while double.running == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert double.running == 1  # a request is in flight when the park begins
+
+    parked = t.run(job_argv(sleep_job(vllm, HOST, replica(double.port), 1)), timeout=60)
+    assert parked.exit_code == 0, parked.stderr
+    asking.join()
+    steps = [what for what, _ in double.log]
+    assert steps[:3] == ["chat done", "sleep", "is_sleeping"], double.log  # drained first, then asleep
+    assert ("sleep", ("level=1", 0)) in double.log  # level 1, nothing in flight when it slept
+    assert double.sleeping
+
+    double.log.clear()
+    woken = t.run(job_argv(wake_job(vllm, HOST, replica(double.port), 1)), timeout=60)
+    assert woken.exit_code == 0, woken.stderr
+    assert double.log[0] == ("wake_up", "") and double.log[-1] == ("is_sleeping", False), double.log
+    assert not double.sleeping
+
+
+def test_deep_sleeps_at_level_2_and_wakes_weights_then_reloads_then_kv_cache(double: VllmDouble) -> None:
+    vllm = PROVIDERS["vllm"]
+    assert vllm.sleep_controls is not None and vllm.sleep_controls.level("deep") == 2
+    t = LocalTransport(HOST)
+    assert t.run(job_argv(sleep_job(vllm, HOST, replica(double.port), 2)), timeout=60).exit_code == 0
+    assert ("sleep", ("level=2", 0)) in double.log
+    double.log.clear()
+    assert t.run(job_argv(wake_job(vllm, HOST, replica(double.port), 2)), timeout=60).exit_code == 0
+    calls = [(w, d) for w, d in double.log if w != "is_sleeping"]
+    assert calls == [("wake_up", "tags=weights"), ("collective_rpc", "reload_weights"), ("wake_up", "tags=kv_cache")]
+    assert not double.sleeping
+
+
+def test_a_sleep_the_engine_refuses_fails_the_job_with_the_engines_words(double: VllmDouble) -> None:
+    """An engine launched without its sleep controls answers 404 there: the park fails, saying so."""
+    vllm = PROVIDERS["vllm"]
+    job = sleep_job(vllm, HOST, replica(double.port), 1)
+    wrong = job.__class__(**{**job.__dict__, "calls": (job.calls[0].__class__("POST", "/no_such_sleep"),)})
+    result = LocalTransport(HOST).run(job_argv(wrong), timeout=60)
+    assert result.exit_code != 0 and "POST /no_such_sleep: HTTP 404" in result.stderr
