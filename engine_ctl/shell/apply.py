@@ -18,7 +18,7 @@ from engine_ctl.core.fit.startup import measure_script, parse_measurement, same_
 from engine_ctl.core.names import UNIT_FORM, parse_unit_name
 from engine_ctl.core.plan.changes import CREATE, DELETE, SURGE, UPDATE, DeploymentChange, Plan, ReplicaChange
 from engine_ctl.core.plan.decisions import internal_key_file
-from engine_ctl.core.plan.status import recorded_verdict
+from engine_ctl.core.plan.status import recorded_verdict, size_text
 from engine_ctl.core.render.units import bind_address, local_address
 from engine_ctl.core.weights import WeightsFetch, human, waiting_reason
 from engine_ctl.providers import PROVIDERS
@@ -616,6 +616,7 @@ class Executor:
         rec = _record(state, change.name)
         if applied:
             carry_startup(rec, change)
+            rec.whole_host = change.whole_host
             rec.revision = change.revision
             rec.spec, rec.model, rec.spec_hash, rec.plan = change.spec, change.model, change.spec_hash, change.fit
             rec.chosen = dict(change.chosen)
@@ -728,8 +729,8 @@ class Executor:
         )  # fmt: skip
         self._record(lambda s: _initialized(s, name, record, elapsed, None), name)
         self.progress(f"{name}: start-up of revision {step.revision} measured on {step.host}: "
-                      f"{human(found.host_peak_bytes or 0)} host RAM ({found.host_source or 'no figure'})"
-                      + "".join(f", {human(n)} on {u}" for u, n in devices.items()))  # fmt: skip
+                      f"{size_text(found.host_peak_bytes or 0)} host RAM ({found.host_source or 'no figure'})"
+                      + "".join(f", {size_text(n)} on {u}" for u, n in devices.items()))  # fmt: skip
 
     def _fetch(self, change: DeploymentChange, fetch: WeightsFetch) -> None:
         """Put the deployment's hf: weights in place on one host before any replica starts there; meanwhile the

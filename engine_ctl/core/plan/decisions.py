@@ -5,7 +5,6 @@ naming it is refused with host_capability_missing:decisions. Pure."""
 
 from __future__ import annotations
 
-import posixpath
 from collections.abc import Mapping, Sequence
 
 from engine_ctl.core.decisions import READINESS_PATH, check_answer, meets_floor, readiness_body, shown_version
@@ -51,14 +50,10 @@ def decisions_refusals(
 
 def internal_key_file(argv: Sequence[str] | None) -> str | None:
     """Where the host keeps the internal key a replica requires (it runs behind a gateway: its argv names the key
-    credential systemd gives it), for the readiness decision to send; None when it requires none. The file is
-    the engine's own form of the key (lines, YAML, an environment file): the key is its first 64 hex digits."""
-    names = {p.internal_key_credential for p in PROVIDERS.values() if p.internal_key_credential}
-    for a in argv or ():
-        folder, _, name = a.rpartition("/")
-        if name in names and folder.startswith(CREDENTIALS_DIR + "/"):
-            return posixpath.join(posixpath.dirname(REPLICA_KEY), name)
-    return None
+    credential systemd gives it), for the readiness decision to send; None when it requires none."""
+    credentials = tuple(f"/{p.internal_key_credential}" for p in PROVIDERS.values() if p.internal_key_credential)
+    needs = any(a.startswith(CREDENTIALS_DIR + "/") and a.endswith(credentials) for a in argv or ())
+    return REPLICA_KEY if needs else None  # one key a line, the one the gateways send first (render.gateway)
 
 
 def readiness_checks(rec: DeploymentRecord) -> dict[str, list[dict[str, object]]]:

@@ -98,6 +98,9 @@ class StartupStatus(BaseModel):
     host_provenance: Provenance | None = None
     measured: dict[str, Any] | None = None
     """The start-up record: revision, host, host_peak_bytes, device_peak_bytes, sources, initialize_s."""
+    whole_host: bool = False
+    """Not measured yet, and the estimate is above what any host gives: the first start runs alone on one host
+    and sets aside all of it (the figure shown is that host's)."""
 
 
 def startup_status(rec: DeploymentRecord) -> StartupStatus | None:
@@ -108,15 +111,16 @@ def startup_status(rec: DeploymentRecord) -> StartupStatus | None:
     host_m = m.host_peak_bytes if m is not None else None
     host: tuple[int, Provenance] = (host_m, "measured") if host_m is not None else (plan.memory_bytes, "default")
     measured = m.model_dump(mode="json") if m is not None else None
+    alone = rec.whole_host and host[1] == "default"
     if plan.accelerator == "cpu" or plan.gpus == 0:
-        return StartupStatus(reserved_bytes=host[0], provenance=host[1], measured=measured)
+        return StartupStatus(reserved_bytes=host[0], provenance=host[1], measured=measured, whole_host=alone)
     dev_m = sum(m.device_peak_bytes.values()) if m is not None and m.device_peak_bytes else None
     dev: tuple[int, Provenance] = (
         (dev_m, "measured") if dev_m is not None else (plan.min_gpu_memory_bytes * plan.gpus, "default")
     )
     both: Provenance = "measured" if host[1] == dev[1] == "measured" else "default"
     return StartupStatus(reserved_bytes=dev[0], ram_bytes=host[0], provenance=both, device_provenance=dev[1],
-                         host_provenance=host[1], measured=measured)  # fmt: skip
+                         host_provenance=host[1], measured=measured, whole_host=alone)  # fmt: skip
 
 
 def size_text(n: int) -> str:

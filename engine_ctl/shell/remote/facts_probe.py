@@ -796,15 +796,13 @@ def decision_answer(
     """A decisions replica's answer to the readiness request (seed 003), judged by engine-ctl, not here:
     {"status": the HTTP status or `down: why`, "body": the answer's body}. The internal key is sent when the
     replica requires it (behind a gateway) and this user can read it."""
-    import re
     import socket
 
     key: str | None = None
     if check.get("key_file"):
         try:
-            with open(check["key_file"]) as f:  # the engine's form of the key: its first 64 hex digits
-                found = re.search(r"[0-9a-f]{64}", f.read())
-            key = found.group(0) if found else None
+            with open(check["key_file"]) as f:
+                key = (f.read().split() or [""])[0] or None  # the first line: the key the gateways send
         except OSError:
             key = None
     port = int(check["port"])
