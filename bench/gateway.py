@@ -5,17 +5,23 @@ model, and the real HAProxy with the configuration engine-ctl renders in front o
   straight to the replica, alternating (target: p50 <= 1 ms);
 - throughput at 8 concurrent clients through the gateway against direct (target: >= 0.95x).
 
-Run:  .venv/bin/python -m bench.gateway [REQUESTS]
+Run:  .venv/bin/python -m bench.gateway [REQUESTS] [--rounds 16] [--seconds 2] [--variants]
+
+Throughput is measured in rounds: each round measures direct and the gateway back to back, in an order that turns
+around every round, and the ratio reported is the median of the rounds' ratios (the machine is shared and its load
+drifts). --variants adds gateways with one suspect of overhead taken out each (body buffering, the large buffers,
+the hold's rules, the per-server maxconn), side by side in the same rounds.
 """
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import json
+import os
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -62,7 +68,8 @@ def one(conn: http.client.HTTPConnection, key: bool) -> float:
     return time.perf_counter() - began
 
 
-def throughput(port: int, key: bool, clients: int = 8, seconds: float = 10) -> float:
+def throughput(port: int, key: bool, clients: int = 8, seconds: float = 5) -> float:
+    """Requests per second that `clients` keep-alive connections complete in `seconds`."""
     done = [0] * clients
     stop = time.monotonic() + seconds
 
@@ -80,56 +87,201 @@ def throughput(port: int, key: bool, clients: int = 8, seconds: float = 10) -> f
     return sum(done) / seconds
 
 
-def main(requests: int) -> None:
-    replica, gateway = free_port(), free_port()
+def variants(config: str) -> dict[str, str]:
+    """The rendered configuration, and the same with one suspect of overhead taken out: the body's buffering
+    (wait-for-body, and so the route on the body's model: the model map is skipped for a fixed backend), the
+    large buffers (tune.bufsize 256 KiB, HAProxy's default 16 KiB instead), the hold's rules (Lua runs only with no
+    server up, but its ACLs are evaluated on every request), the per-server maxconn (HAProxy's own queue), HAProxy's
+    threads (one per CPU by default) and, as the floor, a plain proxy with no rule at all."""
+    lines = config.splitlines(keepends=True)
+
+    def without(*needles: str) -> str:
+        return "".join(ln for ln in lines if not any(n in ln for n in needles))
+
+    no_body = without("wait-for-body", "req.body", "json_query", "must provide a model", "models.map", "scopes.map")
+    no_body = no_body.replace("use_backend %[var(txn.backend)]", "use_backend d_bench")
+    return {
+        "rendered": config,
+        "no body buffering": no_body,
+        "bufsize 16 KiB": config.replace("tune.bufsize 262144", "tune.bufsize 16384"),
+        "no hold rules": without("lua.hold", "var(txn.hold)"),
+        "no server maxconn": config.replace(" maxconn 8", ""),
+        "nbthread 1": config.replace("    master-worker\n", "    master-worker\n    nbthread 1\n"),
+        "plain proxy": plain_proxy(config),
+    }
+
+
+def plain_proxy(config: str) -> str:
+    """The floor: HAProxy passing requests to the same server with no rule at all (no key, no route, no body)."""
+    lines = [ln.strip() for ln in config.splitlines()]
+
+    def first(prefix: str) -> str:
+        return next((ln for ln in lines if ln.startswith(prefix)), "")
+
+    bind, server, sock = first("bind "), first("server "), first("stats socket ")
+    return (f"global\n    master-worker\n    {sock}\n    maxconn 1000\n"
+            "defaults\n    mode http\n    timeout connect 3s\n    timeout client 10m\n    timeout server 10m\n"
+            f"frontend api\n    {bind}\n"
+            "    http-request return status 200 content-type text/plain string ok if { path /health }\n"
+            "    default_backend d_bench\n"
+            f"backend d_bench\n    balance leastconn\n    option httpchk GET /health\n"
+            f"    default-server check inter 5s\n    {server}\n")  # fmt: skip
+
+
+def start_gateways(tmp: str, replica: int, chosen: list[str]) -> tuple[dict[str, int], list[subprocess.Popen[bytes]]]:
+    """One HAProxy per variant of the rendered configuration, each in its own directory and port."""
+    ports: dict[str, int] = {}
+    procs = []
+    for i, name in enumerate(chosen):
+        folder = Path(tmp) / f"v{i}"
+        folder.mkdir()
+        port = free_port()
+        host = Host(name="bench", address="127.0.0.1", gateway_port=port)
+        server = GatewayServer(name="r0a", address="127.0.0.1", port=replica, maxconn=8)
+        keys = [ApiKey(name="bench", sha256=key_sha256(KEY))]
+        rendered = render_gateway(host, [GatewayBackend(deployment="bench", servers=(server,))], keys,
+                                  internal_key=False, run_dir=str(folder))  # fmt: skip
+        for file, text in rendered.files.items():
+            (folder / file).write_text(text)
+        (folder / "haproxy.cfg").write_text(variants(rendered.files["haproxy.cfg"])[name])
+        (folder / "server-state").write_text("")
+        procs.append(subprocess.Popen(["haproxy", "-f", f"{folder}/haproxy.cfg"], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))  # fmt: skip
+        ports[name] = port
+    return ports, procs
+
+
+def overhead(replica: int, gateway: int, requests: int) -> None:
+    direct = http.client.HTTPConnection("127.0.0.1", replica, timeout=60)
+    through = http.client.HTTPConnection("127.0.0.1", gateway, timeout=60)
+    for _ in range(20):  # warm both paths
+        one(direct, False)
+        one(through, True)
+    pairs = []
+    for i in range(requests):  # alternating which goes first
+        if i % 2:
+            g, d = one(through, True), one(direct, False)
+        else:
+            d, g = one(direct, False), one(through, True)
+        pairs.append((g - d) * 1000)
+    pairs.sort()
+    p50 = statistics.median(pairs)
+    p99 = pairs[min(len(pairs) - 1, int(len(pairs) * 0.99))]
+    print(f"overhead per request ({requests} pairs, 1-token completion): p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+          f"  (target p50 <= 1 ms: {'ok' if p50 <= 1 else 'MISSED'})", flush=True)  # fmt: skip
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process and its children (HAProxy's master and its worker)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total = (int(fields[11]) + int(fields[12])) / tick
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                total += cpu_seconds(int(child))
+    except (OSError, ValueError, IndexError):
+        pass
+    return total
+
+
+class Meter:
+    """Requests and CPU seconds per path (direct or a gateway), over every slice of every round."""
+
+    def __init__(self, engine: int, gateways: dict[str, int]) -> None:
+        self.engine, self.gateways = engine, gateways
+        self.requests: dict[str, float] = {}
+        self.engine_cpu: dict[str, float] = {}
+        self.gateway_cpu: dict[str, float] = {}
+
+    def slice(self, name: str, port: int, seconds: float) -> float:
+        pid = self.gateways.get(name)
+        e0, g0 = cpu_seconds(self.engine), cpu_seconds(pid) if pid else 0.0
+        rate = throughput(port, pid is not None, seconds=seconds)
+        self.requests[name] = self.requests.get(name, 0) + rate * seconds
+        self.engine_cpu[name] = self.engine_cpu.get(name, 0) + cpu_seconds(self.engine) - e0
+        if pid:
+            self.gateway_cpu[name] = self.gateway_cpu.get(name, 0) + cpu_seconds(pid) - g0
+        return rate
+
+    def report(self) -> None:
+        """CPU per request: what the load cannot blur. On a host shared with the engine (as here) the gateway can
+        cost at most its share of the CPU both use; on a gateway host of its own, none of the engine's."""
+        engine_us = self.engine_cpu["direct"] / self.requests["direct"] * 1e6
+        print(f"  CPU per request: engine {engine_us:.0f} us (direct)", flush=True)
+        for name, cpu in self.gateway_cpu.items():
+            us = cpu / self.requests[name] * 1e6
+            print(f"  CPU per request: HAProxy ({name}) {us:.0f} us, {us / (us + engine_us):.1%} of the CPU a request "
+                  f"takes through it: the most it can take from throughput on a shared host", flush=True)  # fmt: skip
+
+
+def rounds_of(replica: int, ports: dict[str, int], rounds: int, seconds: float, meter: Meter) -> dict[str, list[float]]:
+    """Each round measures direct and every gateway back to back, the order turned around every round (the
+    machine's load drifts); a gateway's ratio in a round is against the direct figure of the same round."""
+    ratios: dict[str, list[float]] = {name: [] for name in ports}
+    rates: dict[str, list[float]] = {"direct": [], **{name: [] for name in ports}}
+    order = ["direct", *ports]
+    for r in range(rounds):
+        this = order if r % 2 == 0 else order[::-1]
+        got = {n: meter.slice(n, replica if n == "direct" else ports[n], seconds) for n in this}
+        for n, v in got.items():
+            rates[n].append(v)
+        for n in ports:
+            ratios[n].append(got[n] / got["direct"])
+        print(f"  round {r + 1}/{rounds} ({' -> '.join(this)}): "
+              + ", ".join(f"{n} {v:.1f}/s" for n, v in got.items()), flush=True)  # fmt: skip
+    for n in ["direct", *ports]:
+        line = f"  {n:<18} median {statistics.median(rates[n]):6.1f} req/s"
+        if n != "direct":
+            line += f", ratio to direct: median {statistics.median(ratios[n]):.3f} (rounds: " + ", ".join(
+                f"{x:.3f}" for x in ratios[n]) + ")"  # fmt: skip
+        print(line, flush=True)
+    meter.report()
+    return ratios
+
+
+def main(requests: int, rounds: int, seconds: float, all_variants: bool) -> None:
+    replica = free_port()
     llama = llama_server_dir() / "bin" / "llama-server"
     engine = subprocess.Popen(
         [str(llama), "--model", str(tiny_model()), "--alias", "bench", "--ctx-size", "2048", "--parallel", "8",
          "--host", "127.0.0.1", "--port", str(replica), "--threads", "1", "--no-webui"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
+    chosen = list(variants("")) if all_variants else ["rendered"]
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs",
+          flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        host = Host(name="bench", address="127.0.0.1", gateway_port=gateway)
-        server = GatewayServer(name="r0a", address="127.0.0.1", port=replica, maxconn=8)
-        backends = [GatewayBackend(deployment="bench", servers=(server,))]
-        keys = [ApiKey(name="bench", sha256=key_sha256(KEY))]
-        rendered = render_gateway(host, backends, keys, internal_key=False, run_dir=tmp)
-        for name, text in rendered.files.items():
-            (Path(tmp) / name).write_text(text)
-        (Path(tmp) / "server-state").write_text("")
-        haproxy = subprocess.Popen(["haproxy", "-f", f"{tmp}/haproxy.cfg"], stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)  # fmt: skip
+        ports, procs = start_gateways(tmp, replica, chosen)
         try:
             wait(replica, "/health")
-            wait(gateway, "/health")
+            for port in ports.values():
+                wait(port, "/health")
             time.sleep(6)  # the gateway's first check marks the replica up
-            direct = http.client.HTTPConnection("127.0.0.1", replica, timeout=60)
-            through = http.client.HTTPConnection("127.0.0.1", gateway, timeout=60)
-            for _ in range(20):  # warm both paths
-                one(direct, False)
-                one(through, True)
-            overhead = []
-            for _ in range(requests):
-                d = one(direct, False)
-                g = one(through, True)
-                overhead.append((g - d) * 1000)
-            overhead.sort()
-            p50 = statistics.median(overhead)
-            p99 = overhead[min(len(overhead) - 1, int(len(overhead) * 0.99))]
-            print(f"overhead per request ({requests} pairs, 1-token completion): p50 {p50:.2f} ms, p99 {p99:.2f} ms"
-                  f"  (target p50 <= 1 ms: {'ok' if p50 <= 1 else 'MISSED'})")  # fmt: skip
-            rounds = [(throughput(replica, False, seconds=5), throughput(gateway, True, seconds=5)) for _ in range(3)]
-            rate_direct = statistics.mean(d for d, _ in rounds)  # alternating rounds: the machine's load drifts
-            rate_gateway = statistics.mean(g for _, g in rounds)
-            ratio = rate_gateway / rate_direct
-            print(f"throughput at 8 clients: direct {rate_direct:.1f} req/s, gateway {rate_gateway:.1f} req/s, "
-                  f"ratio {ratio:.3f}  (target >= 0.95: {'ok' if ratio >= 0.95 else 'MISSED'})")  # fmt: skip
+            overhead(replica, ports["rendered"], requests)
+            for port in (replica, *ports.values()):  # warm every path (the first seconds run slower)
+                throughput(port, port != replica, seconds=1)
+            print(f"throughput at 8 clients, {rounds} rounds of {seconds:g} s each:", flush=True)
+            meter = Meter(engine.pid, {name: p.pid for name, p in zip(ports, procs, strict=True)})
+            ratios = rounds_of(replica, ports, rounds, seconds, meter)
+            ratio = statistics.median(ratios["rendered"])
+            print(f"throughput ratio gateway/direct at 8 clients (median of {rounds} rounds): {ratio:.3f}"
+                  f"  (target >= 0.95: {'ok' if ratio >= 0.95 else 'MISSED'})", flush=True)  # fmt: skip
         finally:
-            haproxy.terminate()
-            engine.terminate()
-            haproxy.wait(10)
-            engine.wait(10)
+            for p in [*procs, engine]:
+                p.terminate()
+            for p in [*procs, engine]:
+                p.wait(10)
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 300)
+    parser = argparse.ArgumentParser(description="The gateway's overhead and throughput against direct calls.")
+    parser.add_argument("requests", nargs="?", type=int, default=300, help="request pairs for the overhead (300)")
+    parser.add_argument("--rounds", type=int, default=16, help="throughput rounds, order alternating (16)")
+    parser.add_argument("--seconds", type=float, default=2, help="seconds per throughput measurement (2)")
+    parser.add_argument("--variants", action="store_true",
+                        help="also measure the configuration without each suspect of overhead")  # fmt: skip
+    args = parser.parse_args()
+    main(args.requests, args.rounds, args.seconds, args.variants)

@@ -18,6 +18,7 @@ from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.loader import load_paths
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.names import UNIT_PREFIX, UNIT_SUFFIX, parse_unit_name
+from engine_ctl.core.plan.decisions import readiness_checks
 from engine_ctl.core.plan.scaler import scaler_views_of, with_scaler
 from engine_ctl.core.plan.status import DeploymentStatus, deployment_status, initialize_text, startup_text
 from engine_ctl.core.render.gateway import endpoint_of
@@ -70,7 +71,11 @@ def _live(
         path = engine.health_path if engine else "/health"
         for r in d.replicas:
             checks.setdefault(r.host, []).append((r.port, path))
-    return gather(hosts, options, parallel, health=checks)
+    decisions: dict[str, list[dict[str, object]]] = {}
+    for d in records:  # a decisions deployment's replicas are asked the readiness decision too
+        for host, asked in readiness_checks(d).items():
+            decisions.setdefault(host, []).extend(asked)
+    return gather(hosts, options, parallel, health=checks, decisions=decisions)
 
 
 def _statuses(

@@ -55,8 +55,6 @@ CODES: dict[str, str] = {
     "hf_unresolved": "an hf: reference the hub could not resolve to its commit (or resolved to another one)",
     "unknown_host": "spec.host, --target or a host argument names no host of the inventory",
     "ignored_field": "warning: a field that is accepted but has no effect",
-    "scaling_not_built": "warning: replicas above min are on demand (installed, not started); the scaler that "
-    "starts them is not built yet",
     # engine arguments
     "too_many_args": "more engine arguments than engine-ctl takes",
     "arg_too_long": "an engine argument longer than engine-ctl takes",

@@ -179,8 +179,9 @@ def without_scaler(changes: Iterable[Any], inventory: Inventory) -> dict[str, st
     if scaler_host(inventory) is not None:
         return {}
     return {
-        c.name: "replicas above min are on demand and the scaler that starts them runs on a gateway host: give a "
-        "host roles: [gateway] in the inventory, or set min to the number of replicas to run"
+        c.name: f"{c.name}: replicas above min ({c.spec.replicas_min}) are on demand and only the scaler starts "
+        "them; it runs on a gateway host (roles: [gateway]) and the inventory has none: "
+        f"{c.spec.replicas_min} replica{'' if c.spec.replicas_min == 1 else 's'} will run"
         for c in changes
         if c.action != ["delete"] and scales(c.spec)
     }
