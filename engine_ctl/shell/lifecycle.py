@@ -305,10 +305,12 @@ class Verbs:
                 run_checked(t, start_unit_argv(r.unit, wait or asleep), f"starting {r.unit} on {r.host}", timeout=900)
             ready += 1 if (wait or asleep) else 0
             self.progress(f"{name}: {r.unit} on {r.host} {'answers' if wait or asleep else 'start accepted'}")
+        answered = wait or asleep  # without --wait the engines were only started: starting until they answer
         with self._locked("start") as state:
             for r in state.deployments[name].replicas:
-                r.status = "serving"
-            self.servers(state, state.deployments[name], "ready")
+                r.status = "serving" if answered else "starting"
+            state.deployments[name].last_operation = "initialize succeeded" if answered else "start requested"
+            self.servers(state, state.deployments[name], "ready")  # the gateway's health check routes once it answers
             self._write(state)
         return Outcome(operation=operation, ready=ready, replicas=len(rec.replicas),
                        hosts=sorted({r.host for r in rec.replicas}))  # fmt: skip

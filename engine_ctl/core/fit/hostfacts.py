@@ -68,6 +68,9 @@ class UnitFact(Fact):
     n_restarts: int | None = None
     main_pid: int | None = None
     exec_main_status: int | None = None
+    unit_file_state: str | None = None
+    """systemd's UnitFileState: `enabled` (apply enables an always-on replica), `disabled` (an on-demand one: installed,
+    never enabled), None from an older probe."""
     text: str | None = None
     """The unit file's text (up to UNIT_TEXT_LIMIT bytes), so a hand edit is shown as a diff; values that look
     secret are hidden in it (engine_ctl.core.plan.unitdiff.hide_secrets). sha256 is the file's own."""
