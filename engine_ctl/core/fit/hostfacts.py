@@ -144,7 +144,8 @@ class HostFacts(Fact):
             include={"host", "arch", "cpu", "gpus", "engines", "units", "model_files", "models"},
             exclude={
                 "gpus": {"__all__": {"memory_used_bytes"}},
-                "units": {"__all__": {"main_pid", "n_restarts", "text"}},  # the text: its sha256 is there
+                # the text: its sha256 is there; unit_file_state: only import reads it, no plan depends on it
+                "units": {"__all__": {"main_pid", "n_restarts", "text", "unit_file_state"}},
             },
         )
         stable["memory_total"] = self.memory.total_bytes
