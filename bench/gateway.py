@@ -121,7 +121,8 @@ def plain_proxy(config: str) -> str:
     bind, server, sock = first("bind "), first("server "), first("stats socket ")
     return (f"global\n    master-worker\n    {sock}\n    maxconn 1000\n"
             "defaults\n    mode http\n    timeout connect 3s\n    timeout client 10m\n    timeout server 10m\n"
-            f"frontend api\n    {bind}\n    http-request return status 200 content-type text/plain string ok if {{ path /health }}\n"
+            f"frontend api\n    {bind}\n"
+            "    http-request return status 200 content-type text/plain string ok if { path /health }\n"
             "    default_backend d_bench\n"
             f"backend d_bench\n    balance leastconn\n    option httpchk GET /health\n"
             f"    default-server check inter 5s\n    {server}\n")  # fmt: skip

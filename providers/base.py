@@ -6,10 +6,11 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from engine_ctl.core.fit.hostfacts import Gpu
-from engine_ctl.core.fit.runspec import ReplicaRun
+if TYPE_CHECKING:  # annotations only: validate loads the providers without the fit's models (bench.startup)
+    from engine_ctl.core.fit.hostfacts import Gpu
+    from engine_ctl.core.fit.runspec import ReplicaRun
 
 GIB = 1024**3
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from engine_ctl.providers.base import (
     FETCHES,
@@ -22,7 +22,8 @@ from engine_ctl.providers.base import (
 )
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine_ctl.core.fit.runspec import ReplicaRun
+if TYPE_CHECKING:  # annotations only
+    from engine_ctl.core.fit.runspec import ReplicaRun
 
 ALLOWED = (
     "--threads", "--threads-batch", "--batch-size", "--ubatch-size", "--n-predict", "--keep", "--swa-full",

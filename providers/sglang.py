@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from engine_ctl.providers.base import (
     FETCHES,
@@ -21,7 +21,8 @@ from engine_ctl.providers.base import (
     gpu_env,
 )
 
-from engine_ctl.core.fit.runspec import ReplicaRun
+if TYPE_CHECKING:  # annotations only
+    from engine_ctl.core.fit.runspec import ReplicaRun
 
 MEM_FRACTION_STATIC = 0.88
 

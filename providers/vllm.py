@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from engine_ctl.providers.base import (
     FETCHES,
@@ -20,7 +20,8 @@ from engine_ctl.providers.base import (
     gpu_env,
 )
 
-from engine_ctl.core.fit.runspec import ReplicaRun
+if TYPE_CHECKING:  # annotations only
+    from engine_ctl.core.fit.runspec import ReplicaRun
 
 GPU_MEMORY_UTILIZATION = 0.90
 

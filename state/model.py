@@ -257,6 +257,9 @@ class DeploymentRecord(Record):
     replicas: list[ReplicaRecord] = Field(default_factory=list)
     startup: StartupRecord | None = None
     """The measured start-up of the recorded revision (None until its first start measured it)."""
+    whole_host: bool = False
+    """The recorded revision's estimated start-up peak was above what any host gives: its first start runs alone
+    on one host and sets aside all of it (until a start measures it)."""
     last_operation: str | None = None
     """The seed's LAST OPERATION: `initialize succeeded`, `initialize failed (launch_failed)`."""
     id: Ulid = ""

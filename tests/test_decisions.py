@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.state.model import DeploymentRecord
+from engine_ctl.state.model import DeploymentRecord, ReplicaRecord
 
 from engine_ctl.cli.status_cmd import without_chat_api
 from engine_ctl.core.decisions import (
@@ -20,12 +20,14 @@ from engine_ctl.core.decisions import (
     check_answer,
     comparable_reference,
     meets_floor,
+    readiness_body,
     readiness_request,
 )
 from engine_ctl.core.documents.inventory import Host, load_inventory
 from engine_ctl.core.fit.hostfacts import Cpu, EngineInstall, HostFacts, Memory
-from engine_ctl.core.plan.decisions import decisions_refusals
+from engine_ctl.core.plan.decisions import decided_facts, decisions_refusals, readiness_checks
 from engine_ctl.core.plan.status import deployment_status
+from engine_ctl.core.render.gateway import REPLICA_KEY
 from tests.helpers import load, messages, write
 
 COMMIT = "b968826d9c46dd6066d109eabc6255188de91218"
@@ -177,3 +179,39 @@ def test_status_shows_the_api_only_for_a_decisions_deployment() -> None:
     chat = deployment_status(DeploymentRecord(name="d", spec=spec.model_copy(update={"api": "chat"})), {})
     assert without_chat_api(decisions.model_dump(mode="json"))["api"] == "decisions"
     assert "api" not in without_chat_api(chat.model_dump(mode="json"))
+
+
+def _running(health: str, decision: dict[str, str] | None) -> tuple[DeploymentRecord, dict[str, HostFacts]]:
+    result, _ = load(f"name: d\nengine: llamacpp\nmodel: org/m@{COMMIT}\napi: decisions")
+    spec = result.desired.deployments[0].deployment
+    replica = ReplicaRecord(index=0, host="h", unit="engine-ctl-d-0a.service", port=8001, status="serving",
+                            unit_sha256="", revision=1)  # fmt: skip
+    rec = DeploymentRecord(name="d", spec=spec, replicas=[replica])
+    facts = _facts("h", "version: 0.7.0").model_copy(
+        update={"health": {"8001": health}, "decisions": {"8001": decision} if decision else {}}
+    )
+    return rec, {"h": facts}
+
+
+def test_status_reads_a_decisions_replica_as_ready_only_by_its_decision() -> None:
+    good = {"status": "200", "body": reply({"billing": 0.5, "shipping": 0.25, "technical": 0.25})}
+    bad = {"status": "200", "body": reply({"billing": None, "shipping": None, "technical": None})}
+    rec, facts = _running("200", good)
+    assert decided_facts(rec, facts)["h"].health["8001"] == "200"
+    rec, facts = _running("200", bad)
+    assert decided_facts(rec, facts)["h"].health["8001"].startswith("decision: answers.route.probabilities.billing")
+    rec, facts = _running("200", None)  # GET /health alone never makes it ready
+    assert decided_facts(rec, facts)["h"].health["8001"] == "decision: not asked"
+    rec, facts = _running("503", good)  # still loading: the health check's own answer stands
+    assert decided_facts(rec, facts)["h"].health["8001"] == "503"
+    chat = rec.model_copy(update={"spec": rec.spec.model_copy(update={"api": "chat"})})  # type: ignore[union-attr]
+    assert decided_facts(chat, _running("200", None)[1])["h"].health["8001"] == "200"
+
+
+def test_the_probe_asks_each_decisions_replica_with_the_internal_key_behind_a_gateway() -> None:
+    rec, _ = _running("200", None)
+    credential = "/run/credentials/engine-ctl-d-0a.service/replica-key"  # what units.py gives a replica behind one
+    keyed = rec.replicas[0].model_copy(update={"argv": ["/bin/llama-server", "--api-key-file", credential]})
+    (check,) = readiness_checks(rec.model_copy(update={"replicas": [keyed]}))["h"]
+    assert check == {"port": 8001, "path": "/v1/systemone", "body": readiness_body("d"), "key_file": REPLICA_KEY}
+    assert "key_file" not in readiness_checks(rec)["h"][0]

@@ -12,13 +12,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from engine_ctl.core.decisions import READINESS_CHECK_VERSION, readiness_body
+from engine_ctl.core.decisions import READINESS_CHECK_VERSION, readiness_body, readiness_request
+from engine_ctl.core.documents.apikey import key_sha256
 from tests.fleet import Fleet
 from tests.fleetproject import MODELS_DIR, Project
 from tests.llama import llama_server_dir
@@ -97,6 +100,19 @@ def test_a_decisions_deployment_is_ready_once_it_answers_the_readiness_decision(
     assert dep["api"] == "decisions" and dep["state"] == "Ready"
     assert re.search(r"^API +decisions$", p.cli("status", p.name, check=True).stdout, re.M)
 
+    # found already running, now answering malformed (its weights swapped under it, the unit restarted by hand):
+    # its GET /health answers 200, but status asks the readiness decision again and it is not ready
+    host = p.fleet.host(replica["host"])
+    p.fleet.ssh(host, f"cd {MODELS_DIR}/tiny && cp decide-bad.gguf swap.tmp && mv swap.tmp decide.gguf && "
+                      f"systemctl restart {replica['unit']}")  # fmt: skip
+    assert p.health(replica) == 200
+    (dep,) = json.loads(p.cli("status", p.name, "--json", check=True).stdout)["deployments"]
+    (member,) = dep["members"]
+    assert dep["state"] != "Ready" and member["ready"] is False, dep
+    assert "decision: answers.route.probabilities.billing is None" in json.dumps(dep), dep
+    p.fleet.ssh(host, f"cp {tiny_decision_model()} {MODELS_DIR}/tiny/swap.tmp && mv {MODELS_DIR}/tiny/swap.tmp "
+                      f"{MODELS_DIR}/tiny/decide.gguf")  # fmt: skip
+
 
 def test_a_model_answering_malformed_never_becomes_ready_and_gets_no_chat_request(decider: Project) -> None:
     p = decider
@@ -130,3 +146,55 @@ def test_a_build_below_the_floor_is_refused_unless_the_inventory_registers_it(
     assert "host_capability_missing:decisions: llama.cpp at " in out, out
     assert f"on {host} is version 0.6.0-dev; decision models need 0.7.0 or newer" in out
     assert not p.state_file.exists() or not p.replicas()
+
+
+KEY = "ak-test-decisions-" + "d4" * 24
+
+
+def _post(url: str, body: dict[str, object], key: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def test_behind_the_gateway_a_decisions_replica_is_proven_with_the_internal_key_and_routed_by_model(
+    tmp_path: Path, fleet: Fleet, decision_weights: None
+) -> None:
+    """With a gateway, replicas require the gateway's internal key: apply's readiness decision, status's and
+    HAProxy's health check send it; POST /v1/systemone reaches the deployment named in `model`."""
+    gateway = fleet.hosts[0]
+    registered = _inventory(fleet, tmp_path, registered=True)
+    inventory = Path(registered.inventory)
+    line = f"  - {{name: {gateway.name}, address: {gateway.address}}}"
+    inventory.write_text(inventory.read_text().replace(line, line[:-1] + ", roles: [gateway]}"))
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    p = Project(docs, registered, "t-gw-decider")
+    p.write(f"{SPEC}\nhost: {gateway.name}", model_file="decide.gguf")
+    (docs / "key.yaml").write_text(f"kind: ApiKey\nmetadata: {{name: all}}\nspec:\n  sha256: {key_sha256(KEY)}\n")
+    try:
+        applied = p.cli("apply", "--auto-approve")
+        assert applied.returncode == 0, applied.stdout + applied.stderr
+        (replica,) = p.replicas()
+        assert any(a.endswith("/replica-key") for a in replica["argv"])  # it requires the internal key
+        assert p.state()["deployments"][p.name]["decision_reference"]["version"] == READINESS_CHECK_VERSION
+        base = f"http://{gateway.address}:8800/v1"
+        deadline = time.monotonic() + 30  # HAProxy's own check (the readiness decision, with the key) lets it in
+        while True:
+            status, body = _post(base + "/systemone", readiness_request(p.name), KEY)
+            if status == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert status == 200 and set(body["answers"]["route"]["probabilities"]) == {"billing", "shipping", "technical"}
+        status, body = _post(base + "/chat/completions", {"model": p.name, "messages": []}, KEY)
+        assert status == 400 and body["error"]["code"] == "wrong_api", body
+        (dep,) = json.loads(p.cli("status", p.name, "--json", check=True).stdout)["deployments"]
+        assert dep["state"] == "Ready" and [m["ready"] for m in dep["members"]] == [True], dep
+    finally:
+        if p.state_file.exists():
+            p.cli("destroy", "--auto-approve")
+        fleet.ssh(gateway, "systemctl disable --now engine-ctl-gateway.service", check=False)

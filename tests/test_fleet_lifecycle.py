@@ -127,6 +127,7 @@ def test_stop_then_an_immediate_start_is_refused_with_25_and_nothing_starts(lc: 
     stopped = lc.cli("stop", "deployment", "lc")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     lines = stopped.stdout.splitlines()
+    rid = identity(stopped.stderr.splitlines()[0])  # first, on stderr: stdout is what the verb did
     assert lines[:2] == ["Stop requested for lc", ""] and re.fullmatch(r"  Operation   [0-9A-Z]{26}", lines[2]), lines
     start = lc.cli("start", "deployment", "lc")
     assert start.returncode == 25, start.stdout + start.stderr
@@ -137,6 +138,17 @@ def test_stop_then_an_immediate_start_is_refused_with_25_and_nothing_starts(lc: 
     lc.wait_for_unit("inactive")  # the stop finishes; the refused start started nothing
     assert lc.on_engine_host(f"systemctl is-enabled {UNIT}") == "disabled"
     assert lc.state()["deployments"]["lc"]["operator"]["verb"] == "stopped"
+    again = lc.cli("stop", "deployment", "lc", "--request-id", rid)  # a finished request: its result, nothing done
+    assert again.returncode == 0 and f"Request {rid} (`stop deployment lc`) finished at" in again.stdout, again.stdout
+    recorded = next(r for r in lc.state()["requests"] if r["id"] == rid)
+    assert recorded["command"] == "stop deployment lc" and recorded["exit_code"] == 0
+
+
+def identity(line: str) -> str:
+    """Seed 003's first line of a command that changes something; returns its ULID."""
+    found = re.fullmatch(r"Request identity: ([0-9A-Z]{26}) \(reuse --request-id \1 to recover this command\)", line)
+    assert found, line
+    return found.group(1)
 
 
 def test_a_request_through_the_gateway_for_the_stopped_deployment_is_refused_and_starts_nothing(lc: Lifecycle) -> None:
@@ -176,6 +188,7 @@ def test_plan_and_apply_keep_it_stopped_and_say_so(lc: Lifecycle) -> None:
 def test_start_wait_starts_it_and_returns_when_it_answers(lc: Lifecycle) -> None:
     started = lc.cli("start", "deployment", "lc", "--wait")
     assert started.returncode == 0, started.stdout + started.stderr
+    identity(started.stderr.splitlines()[0])
     assert started.stdout.splitlines() == [
         "Waiting for the stop of lc to finish (at most 160s)",
         "Started lc: ready",
@@ -195,7 +208,8 @@ def test_park_and_wake_of_a_llamacpp_deployment_is_a_restart(lc: Lifecycle) -> N
     before = lc.main_pid()
     parked = lc.cli("park", "deployment", "lc")
     assert parked.returncode == 0, parked.stdout + parked.stderr
-    assert parked.stdout.startswith("Park requested for lc\n\n  Operation   ")
+    assert parked.stdout.splitlines()[:2] == ["Park requested for lc", ""], parked.stdout
+    identity(parked.stderr.splitlines()[0])
     seen = set()
     deadline = time.monotonic() + 90
     while "parked" not in seen:
@@ -208,6 +222,27 @@ def test_park_and_wake_of_a_llamacpp_deployment_is_a_restart(lc: Lifecycle) -> N
     assert woken.returncode == 0 and "Started lc: ready" in woken.stdout, woken.stdout + woken.stderr
     assert lc.unit_state() == "active" and lc.main_pid() != before  # restart_only: a new engine process
     assert lc.ask()[0] == 200
+
+
+def test_a_park_asleep_is_parking_while_its_park_job_runs_then_parked(lc: Lifecycle) -> None:
+    """An engine that sleeps (vLLM, SGLang) stays active while parked, so status asks its host for the park job
+    (`park-<unit>`, a transient systemd unit). No such engine runs here: the record says a level-1 park of `lc`,
+    and a real transient unit of that name stands for its job."""
+    path = lc.docs / "engine-ctl.state.json"
+    before = path.read_text()
+    doc = json.loads(before)
+    doc["deployments"]["lc"]["operator"] = {"verb": "parked", "when": "2026-12-03T11:00:00+00:00", "level": 1}
+    path.write_text(json.dumps(doc))
+    try:
+        lc.on_engine_host(f"systemd-run --quiet --collect --unit=park-{UNIT} sleep 60")
+        shown = lc.cli("status", "lc").stdout
+        assert re.search(r"^lc\s+parking\s", shown, re.MULTILINE), shown
+        lc.on_engine_host(f"systemctl stop park-{UNIT}")
+        shown = lc.cli("status", "lc").stdout
+        assert re.search(r"^lc\s+parked\s", shown, re.MULTILINE), shown
+    finally:
+        lc.on_engine_host(f"systemctl stop park-{UNIT} 2>/dev/null")
+        path.write_text(before)
 
 
 def test_delete_right_after_stop_is_refused_then_delete_stop_removes_the_units_and_keeps_the_weights(

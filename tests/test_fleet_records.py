@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
+import time
 from typing import Any
 
 from engine_ctl.core.fit.startup import SOURCES
+from tests.fleet import Fleet
 from tests.fleetproject import ROOT, Project
 
 REQUEST = re.compile(r"Request identity: ([0-9A-Z]{26}) \(reuse --request-id \1 to recover this command\)")
@@ -37,7 +40,7 @@ def rows(text: str, header: str) -> list[list[str]]:
 
 def test_revisions_startup_and_the_seeds_tables(project: Project) -> None:
     name = project.name
-    project.write("replicas: {min: 1, max: 2}\ncontext_length: 512")
+    project.write("replicas: {min: 1, max: 1}\ncontext_length: 512")
     first = project.cli("apply", "--auto-approve", check=True)
     found = REQUEST.search(first.stderr.splitlines()[0])
     assert found, first.stderr
@@ -156,3 +159,41 @@ def test_a_failed_first_start_says_so_in_last_operation(project: Project) -> Non
     shown = project.cli("status", "deployment", project.name).stdout
     table = rows(shown, "NAME")
     assert table[0] == STATUS_HEADER and table[1][-3:] == ["initialize", "failed", "(launch_failed)"], shown
+
+
+# The double speaks nvidia-smi's per-process query as NVIDIA's manual gives it (`nvidia-smi
+# --help-query-compute-apps`; with --format=csv,noheader,nounits one line per process: `<pid>, <gpu_uuid>,
+# <used_memory in MiB>`): the unit's processes on one GPU, 300 MiB on its first call and 700 MiB after, and a
+# process of another program (pid 1) that must not count.
+SMI_DOUBLE = """#!/bin/sh
+n=$(cat /run/smi-double-calls 2>/dev/null || echo 0); n=$((n+1)); echo $n > /run/smi-double-calls
+case "$*" in *--query-compute-apps=pid,gpu_uuid,used_memory*--format=csv,noheader,nounits*) ;; *) exit 2;; esac
+cg=$(systemctl show -p ControlGroup --value engine-ctl-probe-0a.service)
+for p in $(cat /sys/fs/cgroup/systemd$cg/cgroup.procs 2>/dev/null); do
+  if [ "$n" = 1 ]; then echo "$p, GPU-5f2b0c1e-0000-4000-8000-00000000000a, 300"
+  else echo "$p, GPU-5f2b0c1e-0000-4000-8000-00000000000a, 700"; fi
+done
+echo "1, GPU-5f2b0c1e-0000-4000-8000-00000000000a, 99999"
+"""
+
+
+def test_the_gpu_sampler_and_the_measurement_on_a_host_with_an_nvidia_smi_double(fleet: Fleet) -> None:
+    from engine_ctl.core.fit.startup import DEVICE_SOURCE, MIB, measure_script, parse_measurement
+    from engine_ctl.shell.apply import measured_argv
+
+    h = fleet.hosts[-1]
+    unit = "engine-ctl-probe-0a.service"
+    fleet.ssh(h, f"printf %s {shlex.quote(SMI_DOUBLE)} > /usr/local/bin/nvidia-smi && chmod 755 "
+                 "/usr/local/bin/nvidia-smi && rm -f /run/smi-double-calls")  # fmt: skip
+    try:
+        start = ["sh", "-c", f"systemd-run --quiet --unit={unit} --service-type=exec sleep 60 && sleep 3"]
+        assert fleet.ssh(h, shlex.join(measured_argv(start, unit))).returncode == 0
+        calls = int(fleet.ssh(h, "cat /run/smi-double-calls").stdout)
+        found = parse_measurement(fleet.ssh(h, shlex.join(measure_script(unit))).stdout)
+        assert calls >= 3  # sampled every 0.5 s while it started, and no longer
+        time.sleep(1.5)
+        assert int(fleet.ssh(h, "cat /run/smi-double-calls").stdout) == calls
+    finally:
+        fleet.ssh(h, f"systemctl stop {unit}; rm -f /usr/local/bin/nvidia-smi /run/smi-double-calls", check=False)
+    assert found.device_peak_bytes == {"GPU-5f2b0c1e-0000-4000-8000-00000000000a": 700 * MIB}, found
+    assert found.device_source == DEVICE_SOURCE and found.host_peak_bytes and found.host_peak_bytes > 0

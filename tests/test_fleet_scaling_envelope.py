@@ -6,6 +6,8 @@ nothing; min: 0 leaves nothing running (ScaledToZero)."""
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 from tests.fleetproject import Project
 
@@ -85,3 +87,38 @@ def test_min_zero_installs_every_slot_and_runs_none(project: Project) -> None:
     assert dep["state"] == "ScaledToZero" and dep["ready"] == 0
     assert project.state()["deployments"][project.name]["state"] == "ScaledToZero"
     assert project.cli("plan", "--detailed-exitcode").returncode == 0
+
+
+def test_behind_a_gateway_an_on_demand_server_is_in_maintenance_and_the_scaler_starting_it_plans_nothing(
+    project: Project,
+) -> None:
+    """The first host is a gateway (HAProxy under engine-ctl's unit, the scaler beside it): apply renders the
+    on-demand replica's server `disabled`; once its unit runs (started by hand here, as the scaler does), the
+    plan has nothing to do: neither drift nor a gateway change."""
+    gateway = project.fleet.hosts[0]
+    line = f"  - {{name: {gateway.name}, address: {gateway.address}}}"
+    inventory = project.path / "hosts.yaml"
+    inventory.write_text(Path(project.fleet.inventory).read_text().replace(line, line[:-1] + ", roles: [gateway]}"))
+    project.write(f"cpu_cores: 1\ncontext_length: 512\nhost: {project.fleet.hosts[1].name}\n"
+                  "replicas: {min: 0, max: 1}")  # fmt: skip
+
+    def cli(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+        return project.cli(*args, "--inventory", str(inventory), check=check, docs=False)
+
+    docs = str(project.path / "docs.yaml")
+    try:
+        cli("apply", docs, "--auto-approve", check=True)
+        (replica,) = project.replicas()
+        assert replica["on_demand"] and replica["status"] == "standby"
+        config = project.fleet.ssh(gateway, "cat /etc/engine-ctl/gateway/haproxy.cfg").stdout
+        assert f"server r0a {project.address(replica['host'])}:{replica['port']} " in config
+        assert next(ln for ln in config.splitlines() if "server r0a " in ln).endswith(" disabled")
+        assert cli("plan", docs, "--detailed-exitcode").returncode == 0
+        project.fleet.ssh(project.host_of(replica), f"systemctl start {replica['unit']}")
+        assert project.health(replica) == 200
+        quiet = cli("plan", docs, "--detailed-exitcode")
+        assert quiet.returncode == 0 and "drift" not in quiet.stdout, quiet.stdout + quiet.stderr
+    finally:
+        cli("destroy", docs, "--auto-approve")
+        project.fleet.ssh(gateway, "systemctl disable --now engine-ctl-gateway.service engine-ctl-scaler.service",
+                          check=False)  # fmt: skip

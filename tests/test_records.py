@@ -320,3 +320,60 @@ def test_an_estimate_above_what_any_host_gives_runs_its_first_start_alone_on_one
     assert alone and capped.memory_bytes == 5 * GIB and capped.min_gpu_memory_bytes == FIT.min_gpu_memory_bytes
     assert whole_host(FIT, [host("a", 4), host("b", 7)]) == (FIT, False)
     assert whole_host(FIT, []) == (FIT, False)
+
+
+def test_state_rm_records_its_request_in_its_one_write_and_a_rerun_does_nothing(tmp_path: Path) -> None:
+    state_file = tmp_path / "engine-ctl.state.json"
+    LocalState(state_file).write(State(deployments={"chat": DeploymentRecord(name="chat", revision=1)}))
+    removed = run("state", "rm", "chat", "--state", str(state_file), "--request-id", ULID_A)
+    assert removed.exit_code == 0, removed.output
+    assert removed.stderr.startswith(f"Request identity: {ULID_A} ")
+    after = LocalState(state_file).read()
+    assert after.serial == 2 and "chat" not in after.deployments  # one write: the edit and its request
+    (request,) = after.requests
+    assert (request.id, request.command, request.exit_code, request.result) == (ULID_A, "state rm chat", 0,
+                                                                                 "forgot chat")  # fmt: skip
+    again = run("state", "rm", "chat", "--state", str(state_file), "--request-id", ULID_A)
+    assert again.exit_code == 0 and "nothing was done again" in again.stdout
+    assert LocalState(state_file).read().serial == 2
+
+
+def test_whole_host_is_in_the_plan_only_when_true_and_status_names_it_until_measured() -> None:
+    from engine_ctl.core.plan.changes import DeploymentChange
+
+    alone = DeploymentChange(name="chat", action=["create"], revision=1, whole_host=True)
+    assert alone.model_dump()["whole_host"] is True
+    assert DeploymentChange.model_validate_json(alone.model_dump_json()).whole_host
+    assert "whole_host" not in DeploymentChange(name="chat", action=["create"], revision=1).model_dump()
+    cpu = FIT.model_copy(update={"accelerator": "cpu", "gpus": 0})
+    estimated = startup_status(DeploymentRecord(name="c", revision=1, plan=cpu, whole_host=True))
+    assert estimated is not None and estimated.whole_host and estimated.provenance == "default"
+    measured = startup_status(DeploymentRecord(name="c", revision=1, plan=cpu, whole_host=True,
+                                               startup=_measured(1)))  # fmt: skip
+    assert measured is not None and not measured.whole_host and measured.provenance == "measured"
+
+
+def test_apply_skips_a_step_its_request_recorded_as_done_without_touching_a_host(tmp_path: Path) -> None:
+    """The executor itself (no host: a step it ran would fail with `host … is not in the inventory`)."""
+    from engine_ctl.core.plan.changes import DeploymentChange, Plan, ReplicaChange
+    from engine_ctl.shell.apply import ApplyEvent, Executor, Recorder, step_key
+
+    step = ReplicaChange(action=["create"], index=0, host="h1", unit="engine-ctl-chat-0a.service", slot="a",
+                         port=8000, revision=1, unit_text="[Service]\n")  # fmt: skip
+    change = DeploymentChange(name="chat", action=["create"], revision=1, replicas=[step])
+    backend = LocalState(tmp_path / "engine-ctl.state.json")
+    state = State()
+    begin(state, ULID_A, "apply", "me", "then")
+    step_done(state, ULID_A, step_key("chat", step))
+    plan = Plan(changes=[change], state_serial=0, state_lineage="x")
+    events: list[ApplyEvent] = []
+    recorder = Recorder(backend, backend.write(state))
+    result = Executor(plan, {}, recorder, observer=events.append, request_id=ULID_A).run()
+    assert [e.event for e in events if e.replica == 0] == ["skipped"] and not result.failed, (events, result)
+    again = Executor(
+        Plan(changes=[change], state_serial=0, state_lineage="x"),
+        {},
+        Recorder(backend, backend.read()),
+        request_id=None,
+    ).run()
+    assert "host h1 is not in the inventory" in again.failed["chat"]  # without the request, it would have run

@@ -65,6 +65,9 @@ def test_a_request_at_zero_wakes_at_once_whatever_the_interval() -> None:
     zero = dep(min=0, idle_minutes=1)
     assert scaler.decide(zero, obs(running=(), held=1), {"last_decision_at": 999}, 1000.0, EVERY)["action"] == "up"
     assert scaler.decide(zero, obs(running=()), {}, 1000.0, EVERY) is None  # no request: stays at zero
+    no_room = {"last_decision_at": 990, "hold_reason": "no slot free: slot 0: GPU GPU-a in use by x"}
+    assert scaler.decide(zero, obs(running=(), held=1), no_room, 1000.0, EVERY) is None  # tried again in time
+    assert scaler.decide(zero, obs(running=(), held=1), no_room, 1110.0, EVERY)["action"] == "up"
 
 
 def test_down_only_after_load_stayed_low_for_the_interval() -> None:
@@ -227,3 +230,17 @@ def test_status_says_scaled_to_zero_when_the_scaler_stopped_the_last_replica() -
     assert (shown.state, shown.reason, shown.replicas) == ("ScaledToZero", view.reason, 0)
     failed = status.model_copy(update={"instances": [stopped.model_copy(update={"state": "failed"})]})
     assert with_scaler(failed, view).state == "Failed"
+
+
+def test_a_deployment_that_scales_without_a_gateway_host_is_warned() -> None:
+    from types import SimpleNamespace
+
+    from engine_ctl.core.plan.scaler import without_scaler
+
+    spec = SimpleNamespace(replicas_min=0, replicas_max=2)
+    change = SimpleNamespace(name="chat", action=["create"], spec=spec)
+    fixed = SimpleNamespace(name="fixed", action=["create"], spec=SimpleNamespace(replicas_min=2, replicas_max=2))
+    alone = without_scaler([change, fixed], Inventory(hosts=(Host(name="x", address="a"),)))
+    assert list(alone) == ["chat"] and "roles: [gateway]" in alone["chat"]
+    with_gateway = Inventory(hosts=(Host(name="x", address="a", roles=("gateway",)),))
+    assert without_scaler([change], with_gateway) == {}

@@ -266,6 +266,9 @@ def test_blind_drops_only_the_named_servers_maintenance_flag() -> None:
     text = "backend d_a\n    server r1a 1.2.3.4:8001 maxconn 1 disabled\n"
     text += "backend d_b\n    server r1a 1:2 maxconn 1 disabled"
     text = "# content-sha256: 00ff\n" + text
+    state = "1 d_a 2 r1a 1.2.3.4 0 4 1 1 0 8 2 0 6 0 0 0 - 8001 - 0 0 - - 0"
+    assert blind(state, {("d_a", "r1a")}) == blind(state.replace(" 0 4 1 ", " 0 0 1 "), {("d_a", "r1a")})
+    assert blind(state, set()) != blind(state.replace(" 0 4 1 ", " 0 0 1 "), set())
     assert blind(text, {("d_a", "r1a")}).splitlines() == [
         "backend d_a", "    server r1a 1.2.3.4:8001 maxconn 1", "backend d_b", "    server r1a 1:2 maxconn 1 disabled",
     ]  # fmt: skip
@@ -297,3 +300,48 @@ def test_the_pull_request_markdown_shows_the_envelope_of_a_changed_deployment() 
     md = plan_markdown(plan(State(), facts, chat="gpus: 2, replicas: {min: 1, max: 2}"))
     assert "```text\nchat: replicas 1..2: 1 always on, 1 on demand" in md
     assert "  replica 1 on gpu-h100 GPUs 2–3: on demand\n```" in md
+
+
+def test_without_a_gateway_host_the_plan_warns_that_only_min_replicas_run() -> None:
+    _, facts = world(h100x8())
+    alone = change(plan(State(), facts, chat="gpus: 1, replicas: {min: 1, max: 3}"), "chat")
+    assert any("only the scaler starts them; it runs on a gateway host" in w and "1 replica will run" in w
+               for w in alone.warnings)  # fmt: skip
+    _, with_gateway = world(h100x8(), gateway=True)
+    served = change(plan(State(), with_gateway, gateway=True, chat="gpus: 1, replicas: {min: 1, max: 3}"), "chat")
+    assert not any("gateway host" in w for w in served.warnings)
+    fixed = change(plan(State(), facts, chat="gpus: 1, replicas: {min: 2, max: 2}"), "chat")
+    assert not any("gateway host" in w for w in fixed.warnings)
+
+
+def test_the_scaler_unit_on_a_gateway_host_is_never_listed_as_unmanaged() -> None:
+    _, facts = world(h100x8(), gateway=True)
+    scaler = UnitFact(name="engine-ctl-scaler.service", sha256="0" * 64, active_state="active")
+    facts["edge"] = facts["edge"].model_copy(update={"units": (scaler,)})
+    p = plan(State(), facts, gateway=True, chat="gpus: 1, replicas: {min: 0, max: 1}")
+    assert not [d for d in p.drift if d.unit == "engine-ctl-scaler.service"]
+
+
+def test_two_on_demand_slots_that_both_become_always_on_do_not_share_the_lower_priority_one_moves() -> None:
+    _, facts = world(h100x8())
+    both = {"a": "gpus: 8, priority: 5, replicas: {min: 0, max: 1}", "b": "gpus: 4, replicas: {min: 0, max: 1}"}
+    state, facts = applied(plan(State(), facts, **both), State(), facts)
+    shared = set(state.deployments["a"].replicas[0].gpus) & set(state.deployments["b"].replicas[0].gpus)
+    assert len(shared) == 4  # on demand: they overlap
+    always = {n: s.replace("min: 0", "min: 1") for n, s in both.items()}
+    p = plan(state, facts, **always)
+    a, b = change(p, "a"), change(p, "b")
+    assert [r.role for r in a.replicas] == ["always-on"]  # the higher priority keeps its GPUs, started in place
+    assert b.pending_reason and not any(r.action == ["update"] for r in b.replicas)  # no room left: it waits
+
+
+def test_an_interrupted_stop_then_start_is_not_a_displacement() -> None:
+    _, facts = world(h100x8())
+    state, facts = applied(plan(State(), facts, chat="gpus: 8"), State(), facts)
+    rec = state.deployments["chat"]
+    old = rec.replicas[0].model_copy(update={"slot": "b", "unit": rec.replicas[0].unit.replace("0a", "0b"),
+                                             "status": "stopped"})  # fmt: skip
+    rec.replicas.append(old)
+    p = plan(state, facts, chat="gpus: 8")
+    (c,) = p.changes
+    assert [(r.action, r.unit) for r in c.replicas] == [(["delete"], old.unit)]  # only the leftover goes

@@ -22,6 +22,7 @@ from engine_ctl.cli.common import (
 )
 from engine_ctl.cli.output import console, emit_json
 from engine_ctl.cli.plan_cmd import backend_for, lock_timeout_option, locked, read_state, state_option
+from engine_ctl.cli.requests import recorded_command
 from engine_ctl.cli.state_cmd import log_operation
 from engine_ctl.cli.state_move import backup_of
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
@@ -85,6 +86,7 @@ def _written(state: State, adoption: Adoption, fingerprints: dict[str, str]) -> 
 @click.option("--force", is_flag=True, help="Replace the deployments a non-empty state records (kept as the backup).")
 @click.option("--dry-run", is_flag=True, help="Show what would be adopted; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="What was adopted and left, as versioned JSON.")
+@recorded_command(lambda kw: None if kw.get("dry_run") else "import", inline=True)
 def import_cmd(
     paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, lock_timeout: float, lineage: str | None, force: bool, dry_run: bool, as_json: bool,

@@ -5,6 +5,7 @@ recorded, and one that finished reports its result and does nothing."""
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import sys
 from collections.abc import Callable
@@ -16,8 +17,8 @@ from ulid import ULID
 from engine_ctl.cli.output import console
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.state.base import StateBackend, now, who
+from engine_ctl.state.model import REQUESTS_KEPT, RequestRecord, State, StateError
 from engine_ctl.state.model import ULID as ULID_FORM
-from engine_ctl.state.model import RequestRecord, State, StateError
 from engine_ctl.state.requests import begin, finish
 
 
@@ -83,32 +84,71 @@ def recorded_verb(verb: str) -> Callable[[Callable[..., None]], Callable[..., No
     a finished request run again reports its result and does nothing, and the verb's outcome (its exit status) is
     recorded under it. A verb cut off is run again whole with the same identity (each verb is idempotent: a
     stop of a stopped deployment, a start of a started one, do nothing more)."""
+    return recorded_command(lambda kw: f"{verb} deployment {kw['name']}", inline=False)
+
+
+CURRENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("engine_ctl_request", default=None)
+"""The request identity of the state command running (state rm, state mv, import): its one write records it."""
+
+
+def recorded_command(
+    command_of: Callable[[dict[str, Any]], str | None], inline: bool
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A command with its request identity (`command_of` its recorded form from its arguments; None: this run
+    changes nothing, e.g. --dry-run). `inline`: the command's own state write records the request (with_request,
+    one write); else it is recorded after the command with its exit status."""
 
     def wrap(f: Callable[..., None]) -> Callable[..., None]:
         @functools.wraps(f)
-        def verb_with_request(*args: Any, request_id: str | None = None, **kwargs: Any) -> None:
+        def with_request_id(*args: Any, request_id: str | None = None, **kwargs: Any) -> None:
             from engine_ctl.cli.plan_cmd import backend_for
 
-            command = f"{verb} deployment {kwargs['name']}"
+            command = command_of(kwargs)
+            if command is None:
+                f(*args, **kwargs)
+                return
             rid = request_identity(request_id)
             announce(rid)
-            backend = backend_for(kwargs.get("state_path"), ())
+            backend = backend_for(kwargs.get("state_path"), kwargs.get("paths", ()))
             found = recorded(backend.read(), rid, command, backend.location) if request_id else None
             if found is not None and found.finished is not None:
                 sys.exit(report_finished(found))
-            code = 1
-            try:
-                f(*args, **kwargs)
-                code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-                raise
-            finally:
-                _record_verb(backend, rid, command, code)
+            if inline:
+                token = CURRENT.set(rid)
+                try:
+                    f(*args, **kwargs)
+                finally:
+                    CURRENT.reset(token)
+                return
+            _run_then_record(f, args, kwargs, backend, rid, command)
 
-        return request_option(verb_with_request)
+        return request_option(with_request_id)
 
     return wrap
+
+
+def _run_then_record(
+    f: Callable[..., None], args: Any, kwargs: Any, backend: StateBackend, rid: str, command: str
+) -> None:
+    code = 1
+    try:
+        f(*args, **kwargs)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        raise
+    finally:
+        _record_verb(backend, rid, command, code)
+
+
+def with_request(state: State, command: str, result: str) -> State:
+    """`state` with the running state command's request (CURRENT) recorded, finished: in the command's one write."""
+    rid = CURRENT.get()
+    if rid is None or state.request(rid) is not None:
+        return state
+    done = RequestRecord(id=rid, command=command, who=who(), started=now(), finished=now(), result=result,
+                         exit_code=0)  # fmt: skip
+    return state.model_copy(update={"requests": [*state.requests, done][-REQUESTS_KEPT:]})
 
 
 def _record_verb(backend: StateBackend, request_id: str, command: str, code: int) -> None:

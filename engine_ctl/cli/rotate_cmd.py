@@ -7,8 +7,8 @@
 3. Only when every replica was restarted do the gateways send the new key (over the stats socket, no reload),
    and the engine hosts keep the new key alone: a replica forgets the old one at its next restart.
 
-An engine that takes one key only (vLLM, SGLang) cannot accept both at once, so the rotation is refused while a
-deployment runs one (its replicas would refuse the gateway between the switch and their restart)."""
+An engine that takes one key only (its provider says so) cannot accept both at once, so the rotation is refused
+while a deployment runs one (its replicas would refuse the gateway between the switch and their restart)."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from engine_ctl.cli.output import console, emit_json
 from engine_ctl.cli.plan_cmd import backend_for, lock_timeout_option, locked, read_state, state_option
+from engine_ctl.cli.requests import recorded_command, with_request
 from engine_ctl.cli.state_move import backup_of
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.state import Operation, State, StateBackend, StateError
@@ -28,7 +29,8 @@ OPERATIONS_KEPT = 200
 def log_operation(state: State, command: str, result: str) -> State:
     """The state with one more entry in its operations log (the oldest dropped past OPERATIONS_KEPT)."""
     entry = Operation(id=str(uuid.uuid4()), who=who(), when=now(), command=command, result=result)
-    return state.model_copy(update={"operations": [*state.operations, entry][-OPERATIONS_KEPT:]})
+    logged = state.model_copy(update={"operations": [*state.operations, entry][-OPERATIONS_KEPT:]})
+    return with_request(logged, command, result)  # the request identity of state rm, mv, import
 
 
 def edit_state(
@@ -54,6 +56,7 @@ def edit_state(
 @click.command(name="rm")
 @click.argument("name")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@recorded_command(lambda kw: f"state rm {kw['name']}", inline=True)
 @state_option
 @lock_timeout_option
 def state_rm(name: str, paths: tuple[Path, ...], state_path: str | None, lock_timeout: float) -> None:
@@ -81,6 +84,7 @@ def state_rm(name: str, paths: tuple[Path, ...], state_path: str | None, lock_ti
 @click.argument("old")
 @click.argument("new")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@recorded_command(lambda kw: f"state mv {kw['old']} {kw['new']}", inline=True)
 @state_option
 @lock_timeout_option
 def state_mv(old: str, new: str, paths: tuple[Path, ...], state_path: str | None, lock_timeout: float) -> None:

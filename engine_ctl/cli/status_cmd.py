@@ -18,6 +18,7 @@ from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.loader import load_paths
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.names import UNIT_PREFIX, UNIT_SUFFIX, parse_unit_name
+from engine_ctl.core.plan.decisions import readiness_checks
 from engine_ctl.core.plan.scaler import scaler_views_of, with_scaler
 from engine_ctl.core.plan.status import DeploymentStatus, deployment_status, initialize_text, startup_text
 from engine_ctl.core.render.gateway import endpoint_of
@@ -70,7 +71,11 @@ def _live(
         path = engine.health_path if engine else "/health"
         for r in d.replicas:
             checks.setdefault(r.host, []).append((r.port, path))
-    return gather(hosts, options, parallel, health=checks)
+    decisions: dict[str, list[dict[str, object]]] = {}
+    for d in records:  # a decisions deployment's replicas are asked the readiness decision too
+        for host, asked in readiness_checks(d).items():
+            decisions.setdefault(host, []).extend(asked)
+    return gather(hosts, options, parallel, health=checks, decisions=decisions)
 
 
 def _statuses(
@@ -151,6 +156,7 @@ def list_cmd(
         records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel, gateways=gateways
     )
     statuses = _statuses(state, names, facts, gateways)
+    statuses = _asleep(statuses, records, inventory_path, paths, ssh_settings(accept_new_host_keys))
     if as_json:
         emit_json(list_json(statuses))
     else:
@@ -217,6 +223,7 @@ def _status(
         records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel, addresses, gateways
     )
     statuses = _statuses(state, names, facts, gateways)
+    statuses = _asleep(statuses, records, inventory_path, paths, ssh_settings(accept_new_host_keys))
     if as_json:
         emit_json(status_json(statuses, addresses))
         sys.exit(1 if failures else 0)
@@ -241,6 +248,29 @@ def _status(
         out.print("")
     report_failures(failures)
     sys.exit(1 if failures else 0)
+
+
+def _asleep(
+    statuses: list[DeploymentStatus], records: list[DeploymentRecord], inventory_path: Path | None,
+    paths: tuple[Path, ...], options: SSHOptions,
+) -> list[DeploymentStatus]:  # fmt: skip
+    """A deployment parked asleep is `parking` while its park job (drain, then the engine's sleep) still runs on
+    its hosts, then `parked`: asked of the hosts, only for such deployments (their units' facts cannot tell)."""
+    asleep = {r.name: r for r in records if r.operator is not None and r.operator.verb == "parked" and r.operator.level}
+    if not asleep:
+        return statuses
+    from engine_ctl.shell.lifecycle import Verbs
+    from engine_ctl.shell.operator import OperatorFailure
+
+    loaded = load_paths(list(paths)) if paths else None
+    verbs = Verbs(backend=None, inventory=resolve_inventory(inventory_path, loaded), options=options)  # type: ignore[arg-type]
+    try:
+        phases = {name: verbs.phase(rec) for name, rec in asleep.items()}
+    except (HostFailure, OperatorFailure, OSError):
+        return statuses
+    finally:
+        verbs.close()
+    return [s.model_copy(update={"state": phases[s.name]}) if phases.get(s.name) else s for s in statuses]
 
 
 def _sleep_warning(records: list[DeploymentRecord]) -> None:

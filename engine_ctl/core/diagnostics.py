@@ -55,8 +55,6 @@ CODES: dict[str, str] = {
     "hf_unresolved": "an hf: reference the hub could not resolve to its commit (or resolved to another one)",
     "unknown_host": "spec.host, --target or a host argument names no host of the inventory",
     "ignored_field": "warning: a field that is accepted but has no effect",
-    "scaling_not_built": "warning: replicas above min are on demand (installed, not started); the scaler that "
-    "starts them is not built yet",
     # engine arguments
     "too_many_args": "more engine arguments than engine-ctl takes",
     "arg_too_long": "an engine argument longer than engine-ctl takes",
@@ -104,6 +102,7 @@ CODES: dict[str, str] = {
     "delete_requires_cleanup": "delete of a deployment not stopped, or still stopping; nothing was deleted (exit 25)",
     "park_refused": "park refused: the host's free memory cannot hold what sleep level 1 keeps (exit 1)",
     "deployment_held": "a verb on a deployment another verb holds (deleted, or stopped for park) (exit 1)",
+    "deployment_stopped": "the gateway's answer (HTTP 409) to a request for a deployment an operator stopped",
 }
 """Every diagnostic's stable `code` (the `code` of each detail in `--json` errors) and what it means; the README
 lists them all (tests/test_error_codes.py checks both ways)."""

@@ -17,8 +17,8 @@ from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.startup import measure_script, parse_measurement, same_engine, sampler
 from engine_ctl.core.names import UNIT_FORM, parse_unit_name
 from engine_ctl.core.plan.changes import CREATE, DELETE, SURGE, UPDATE, DeploymentChange, Plan, ReplicaChange
-from engine_ctl.core.plan.status import recorded_verdict
-from engine_ctl.core.render.gateway import REPLICA_KEY
+from engine_ctl.core.plan.decisions import internal_key_file
+from engine_ctl.core.plan.status import recorded_verdict, size_text
 from engine_ctl.core.render.units import bind_address, local_address
 from engine_ctl.core.weights import WeightsFetch, human, waiting_reason
 from engine_ctl.providers import PROVIDERS
@@ -616,6 +616,7 @@ class Executor:
         rec = _record(state, change.name)
         if applied:
             carry_startup(rec, change)
+            rec.whole_host = change.whole_host
             rec.revision = change.revision
             rec.spec, rec.model, rec.spec_hash, rec.plan = change.spec, change.model, change.spec_hash, change.fit
             rec.chosen = dict(change.chosen)
@@ -728,8 +729,8 @@ class Executor:
         )  # fmt: skip
         self._record(lambda s: _initialized(s, name, record, elapsed, None), name)
         self.progress(f"{name}: start-up of revision {step.revision} measured on {step.host}: "
-                      f"{human(found.host_peak_bytes or 0)} host RAM ({found.host_source or 'no figure'})"
-                      + "".join(f", {human(n)} on {u}" for u, n in devices.items()))  # fmt: skip
+                      f"{size_text(found.host_peak_bytes or 0)} host RAM ({found.host_source or 'no figure'})"
+                      + "".join(f", {size_text(n)} on {u}" for u, n in devices.items()))  # fmt: skip
 
     def _fetch(self, change: DeploymentChange, fetch: WeightsFetch) -> None:
         """Put the deployment's hf: weights in place on one host before any replica starts there; meanwhile the
@@ -902,7 +903,7 @@ class Executor:
         question completely (its first answer is recorded for the wake check); otherwise why not."""
         if change.spec is None or change.spec.api != "decisions":
             return None
-        key_file = REPLICA_KEY if REPLICA_KEY in (argv or ()) else None  # behind a gateway: the internal key
+        key_file = internal_key_file(argv)  # behind a gateway the replica requires the internal key
         found = prove_ready(t, local_address(bind_address(self.hosts[host])), port, change.name, key_file)
         if isinstance(found, str):
             return f"launch_failed: not ready: the readiness decision failed: {found}"

@@ -28,7 +28,7 @@ def readiness_argv(address: str, port: int, key_file: str | None = None) -> list
             "--data-binary", "@-", "-o", "-", "-w", "\\n%{http_code}", url]  # fmt: skip
     if key_file is None:
         return argv
-    header = f"Authorization: Bearer $(cat {shlex.quote(key_file)})"
+    header = f"Authorization: Bearer $(head -n 1 {shlex.quote(key_file)})"  # the first: the key the gateways send
     return [SH, "-c", f"{shlex.join(argv)} -H @/dev/fd/3 3<<EOF\n{header}\nEOF\n"]
 
 

@@ -44,8 +44,10 @@ def probe_args(
     model_paths: Sequence[str] = (),
     health: Sequence[tuple[int, str]] = (),
     known_versions: Mapping[str, Any] | None = None,
+    decisions: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     return {
+        "decisions": [dict(d) for d in decisions],
         "known_versions": dict(known_versions or {}),
         "model_paths": list(model_paths),
         "health": [{"port": port, "path": path} for port, path in health],
@@ -161,6 +163,11 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         model_problems=problems,
         checkpoints=checkpoints,
         health={str(k): str(v) for k, v in (doc.get("health") or {}).items()},
+        decisions={
+            str(k): {"status": str(v.get("status")), "body": str(v.get("body", ""))}
+            for k, v in (doc.get("decisions") or {}).items()
+            if isinstance(v, dict)
+        },
         hostname=doc.get("hostname"),
         os=doc.get("os"),
         kernel=doc.get("kernel"),
@@ -193,10 +200,11 @@ def gather_one(
     transport: Transport,
     model_paths: Sequence[str] = (),
     health: Sequence[tuple[int, str]] = (),
+    decisions: Sequence[Mapping[str, Any]] = (),
 ) -> HostFacts:
     host = transport.host
     cache = VersionCache.for_host(host.name)
-    args = probe_args(host, model_paths, health, cache.known)
+    args = probe_args(host, model_paths, health, cache.known, decisions)
     argv = ["exec", PYTHON, "-I", "-S", "-", json.dumps(args, separators=(",", ":"))]
     if isinstance(transport, LocalTransport):
         argv = argv[1:]
@@ -256,6 +264,7 @@ def gather(
     model_paths: Mapping[str, Sequence[str]] | None = None,
     health: Mapping[str, Sequence[tuple[int, str]]] | None = None,
     ahead: Ahead | None = None,
+    decisions: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> tuple[dict[str, HostFacts], dict[str, HostFailure]]:
     """Facts of every host in parallel (and the metadata of the model files asked for, per host, in the same
     round trip), over the connections `ahead` began (transport.connect_ahead) or new ones; failures are
@@ -264,7 +273,9 @@ def gather(
     checks = health or {}
     return fan_out(
         hosts,
-        lambda t: gather_one(t, paths.get(t.host.name, ()), checks.get(t.host.name, ())),
+        lambda t: gather_one(
+            t, paths.get(t.host.name, ()), checks.get(t.host.name, ()), (decisions or {}).get(t.host.name, ())
+        ),
         options=options,
         parallel=parallel,
         ahead=ahead,

@@ -140,8 +140,6 @@ def _check_replicas(loaded: LoadedDeployment) -> Iterator[Diagnostic]:
         yield _err(o, "replicas_min", "spec.replicas.min: at least 0", code="out_of_range")
     elif d.replicas_min > d.replicas_max:
         yield _err(o, "replicas_min", "spec.replicas.min: at most spec.replicas.max", code="out_of_range")
-    elif 1 <= d.replicas_max <= 64:
-        yield from _scaling_warnings(loaded)
     if d.idle_minutes is not None and not 1 <= d.idle_minutes <= 1440:
         yield _err(o, "idle_minutes", "spec.replicas.idle_minutes: between 1 and 1440", code="out_of_range")
     if d.replicas_min > 0 and written(o, "idle_minutes"):
@@ -151,29 +149,6 @@ def _check_replicas(loaded: LoadedDeployment) -> Iterator[Diagnostic]:
             "spec.replicas.idle_minutes: ignored (cleared) because spec.replicas.min is above 0",
             hint="idle_minutes applies only with min: 0 (scale to zero)",
             code="ignored_field",
-        )
-
-
-def _scaling_warnings(loaded: LoadedDeployment) -> Iterator[Diagnostic]:
-    """Replicas above min are on demand: apply installs their units and never starts them. Until the scaler that
-    starts them is in engine-ctl (issue 12, being built), say exactly what runs: min replicas."""
-    d, o = loaded.deployment, loaded.origin
-    hint = "set min and max to the number of replicas to run always"
-    tail = "apply installs their units and does not start them, and the scaler that starts them is not built yet"
-    if d.replicas_min == 0:
-        every = "the replica is" if d.replicas_max == 1 else f"all {d.replicas_max} replicas are"
-        if d.replicas_max == 1:
-            tail = "apply installs its unit and does not start it, and the scaler that starts it is not built yet"
-        yield _warn(o, "replicas_min", f"spec.replicas.min 0: {every} on demand: {tail}; none runs", hint=hint,
-                    code="scaling_not_built")  # fmt: skip
-    elif d.replicas_max > d.replicas_min:
-        runs = f"engine-ctl runs {d.replicas_min} replica" + ("s" if d.replicas_min > 1 else "")
-        yield _warn(
-            o,
-            "replicas_max",
-            f"spec.replicas.max {d.replicas_max}: replicas above min ({d.replicas_min}) are on demand: {tail}; {runs}",
-            hint=hint,
-            code="scaling_not_built",
         )
 
 

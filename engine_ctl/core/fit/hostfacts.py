@@ -126,6 +126,9 @@ class HostFacts(Fact):
     """An hf: checkout's directory -> its checkpoint digest, measured on the host (for the paths asked for)."""
     health: dict[str, str] = Field(default_factory=dict)
     """port -> HTTP status of GET /health on loopback, or 'down: why' (for the ports asked for)."""
+    decisions: dict[str, dict[str, str]] = Field(default_factory=dict)
+    """port -> a decisions replica's answer to the readiness request: {"status": HTTP status or 'down: why',
+    "body": …}, judged by engine_ctl.core.decisions (for the ports asked for)."""
     warnings: tuple[str, ...] = ()
 
     @property

@@ -141,7 +141,7 @@ class DeploymentChange(Step):
     spec_hash: str = ""
     fit: FitPlan | None = None
     startup_provenance: Literal["measured", "default"] = Field(default="default", exclude=True)
-    whole_host: bool = Field(default=False, exclude=True)
+    whole_host: bool = Field(default=False, exclude_if=lambda v: not v)
     """The estimated start-up peak is above what any host can give: the first start runs alone on one host and
     sets aside all of it (the fit's memory_bytes is that host's)."""
     """Where the fit's start-up memory came from: `measured` (the revision's first start, recorded) or `default`

@@ -1,17 +1,20 @@
 """Which hosts may run a decisions deployment (seed 003, Decision models): those whose engine build serves
-decision models, by the version the facts report (llama.cpp 0.7.0 or newer, SGLang 0.5.22 or newer) or by the
-inventory's registration of the build (engines.<engine>.decisions: true). An older one is never chosen, and
+decision models, by the version the facts report (each provider's decisions_min_version, the seed's floors) or
+by the inventory's registration of the build (engines.<engine>.decisions: true). An older one is never chosen, and
 naming it is refused with host_capability_missing:decisions. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from engine_ctl.core.decisions import meets_floor, shown_version
+from engine_ctl.core.decisions import READINESS_PATH, check_answer, meets_floor, readiness_body, shown_version
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.plan.engines import build_for, engine_at, host_platform
-from engine_ctl.providers import Provider
+from engine_ctl.core.render.gateway import REPLICA_KEY
+from engine_ctl.core.render.units import CREDENTIALS_DIR
+from engine_ctl.providers import PROVIDERS, Provider
+from engine_ctl.state.model import DeploymentRecord
 
 HOST_CAPABILITY_MISSING = "host_capability_missing:decisions"
 
@@ -42,4 +45,48 @@ def decisions_refusals(
         why = decisions_refusal(provider, accelerator, facts, inventory[facts.host])
         if why:
             out[facts.host] = why
+    return out
+
+
+def internal_key_file(argv: Sequence[str] | None) -> str | None:
+    """Where the host keeps the internal key a replica requires (it runs behind a gateway: its argv names the key
+    credential systemd gives it), for the readiness decision to send; None when it requires none."""
+    credentials = tuple(f"/{p.internal_key_credential}" for p in PROVIDERS.values() if p.internal_key_credential)
+    needs = any(a.startswith(CREDENTIALS_DIR + "/") and a.endswith(credentials) for a in argv or ())
+    return REPLICA_KEY if needs else None  # one key a line, the one the gateways send first (render.gateway)
+
+
+def readiness_checks(rec: DeploymentRecord) -> dict[str, list[dict[str, object]]]:
+    """host -> the readiness requests the facts probe sends a decisions deployment's replicas (none for chat)."""
+    if rec.spec is None or rec.spec.api != "decisions":
+        return {}
+    out: dict[str, list[dict[str, object]]] = {}
+    for r in rec.replicas:
+        check = {"port": r.port, "path": READINESS_PATH, "body": readiness_body(rec.name)}
+        key_file = internal_key_file(r.argv)
+        if key_file is not None:  # behind a gateway the replica requires the internal key
+            check["key_file"] = key_file
+        out.setdefault(r.host, []).append(check)
+    return out
+
+
+def decided_facts(rec: DeploymentRecord, facts: Mapping[str, HostFacts]) -> dict[str, HostFacts]:
+    """The facts as a decisions deployment's status reads them: a replica's health is 200 only when its engine
+    answered GET /health and then the readiness decision completely; otherwise why not ("decision: …")."""
+    if rec.spec is None or rec.spec.api != "decisions":
+        return dict(facts)
+    out = dict(facts)
+    for r in rec.replicas:
+        found = out.get(r.host)
+        port = str(r.port)
+        if found is None or found.health.get(port) != "200":
+            continue
+        asked = found.decisions.get(port)
+        if asked is None:
+            verdict = "decision: not asked"
+        else:
+            status = asked.get("status", "")
+            answer = check_answer(int(status) if status.isdigit() else None, asked.get("body", ""))
+            verdict = "200" if not isinstance(answer, str) else f"decision: {answer}"
+        out[r.host] = found.model_copy(update={"health": {**found.health, port: verdict}})
     return out

@@ -207,7 +207,6 @@ def plan_gateways(
     hosts = {h.name: h for h in inventory.hosts}
     keys = list(keys)
     after, union, sizing = _planned(list(plan_changes), state, facts)
-    idle = on_demand_servers(after)
     out: list[GatewayChange] = []
     drift: list[dict[str, str]] = []
     for host in inventory.gateways():
@@ -235,9 +234,9 @@ def plan_gateways(
         else:
             found = _drift(host.name, record.files_sha256, record.unit_sha256, hf)
             drift.extend(found)
-            changed = [n for n, s in final.file_sha256.items() if record.files_sha256.get(n) != s]
-            if CONFIG_FILE in changed and blind(record.config, idle) == blind(final.files[CONFIG_FILE], idle):
-                changed.remove(CONFIG_FILE)  # only on-demand servers' maintenance differs: the scaler's doing
+            # on-demand servers as the recorded configuration had them: whether the scaler runs them is not a change
+            was = render_for(host, as_recorded(after, record.config), sizing, keys, hosts, inventory.gateway, stopped)
+            changed = [n for n, s in was.file_sha256.items() if record.files_sha256.get(n) != s]
             if record.unit_sha256 != final.unit_sha256:
                 changed.append(GATEWAY_UNIT)
             if changed or found or interim.files != final.files:
@@ -338,12 +337,35 @@ def on_demand_servers(after: Mapping[str, Mapping[Any, Replica]]) -> set[tuple[s
     }  # fmt: skip
 
 
-def blind(config: str, servers: set[tuple[str, str]]) -> str:
-    """haproxy.cfg without the maintenance flag of the `servers` given (on-demand ones): whether the scaler runs
-    them when a plan is made changes nothing to plan (the gateway's runtime state is the scaler's). Without the
-    header's content hash too, which follows the flags."""
+def as_recorded(after: Mapping[str, Mapping[Any, Replica]], config: str) -> dict[str, dict[Any, Replica]]:
+    """The replicas after the plan with each on-demand one active as the recorded haproxy.cfg had it (its server
+    not `disabled`), whatever the facts say now."""
+    disabled = {(b, s) for b, s, flag in servers_in(config) if flag}
+    return {
+        name: {k: r.model_copy(update={"active": (backend_name(name), server_name(r.index, r.slot)) not in disabled})
+               if r.on_demand else r for k, r in reps.items()}
+        for name, reps in after.items()
+    }  # fmt: skip
+
+
+def servers_in(config: str) -> list[tuple[str, str, bool]]:
+    """(backend, server, disabled) of each server line of a haproxy.cfg."""
     out, backend = [], ""
     for line in config.splitlines():
+        words = line.split()
+        if words[:1] == ["backend"] and len(words) > 1:
+            backend = words[1]
+        elif words[:1] == ["server"] and len(words) > 1:
+            out.append((backend, words[1], words[-1] == "disabled"))
+    return out
+
+
+def blind(text: str, servers: set[tuple[str, str]]) -> str:
+    """A gateway file without the maintenance of the `servers` given (on-demand ones): `disabled` in haproxy.cfg,
+    the admin state in start.state; and without the header's content hash, which follows them. Whether the scaler
+    runs them when a plan is made changes nothing to compare (the gateway's runtime state is the scaler's)."""
+    out, backend = [], ""
+    for line in text.splitlines():
         words = line.split()
         if line.startswith("# content-sha256:"):
             continue
@@ -351,5 +373,7 @@ def blind(config: str, servers: set[tuple[str, str]]) -> str:
             backend = words[1]
         elif words[:1] == ["server"] and len(words) > 1 and (backend, words[1]) in servers:
             line = line.removesuffix(" disabled")
+        elif len(words) > 6 and words[0].isdigit() and (words[1], words[3]) in servers:  # start.state
+            line = " ".join([*words[:6], "-", *words[7:]])
         out.append(line)
     return "\n".join(out)

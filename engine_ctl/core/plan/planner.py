@@ -40,10 +40,11 @@ from engine_ctl.core.plan.envelope import envelopes
 from engine_ctl.core.plan.gateway import plan_gateways
 from engine_ctl.core.plan.operator import hold, without_held_drift
 from engine_ctl.core.plan.ownership import foreign_units, hold_back, hold_foreign
-from engine_ctl.core.plan.scaler import plan_scaler
+from engine_ctl.core.plan.scaler import plan_scaler, without_scaler
 from engine_ctl.core.plan.unitdiff import attach_unit_diffs
 from engine_ctl.core.plan.world import Allocation, Hosts
 from engine_ctl.core.render.gateway import GATEWAY_UNIT
+from engine_ctl.core.render.scaler import SCALER_UNIT
 from engine_ctl.state.model import DeploymentRecord, State
 
 
@@ -82,12 +83,16 @@ def removed(record: DeploymentRecord, hosts: Hosts) -> DeploymentChange:
 def with_gateways(
     plan: Plan, desired: DesiredState, state: State, inventory: Inventory, facts: Mapping[str, HostFacts]
 ) -> set[tuple[str, str]]:
-    """The gateway hosts' changes and drift into the plan (engine_ctl.core.plan.gateway); returns the gateway
-    units, (host, unit), which are engine-ctl's own and so never listed as unmanaged."""
+    """The gateway hosts' changes and drift into the plan (engine_ctl.core.plan.gateway); returns the gateway's
+    and the scaler's units, (host, unit), which are engine-ctl's own and so never listed as unmanaged."""
     plan.gateways, found = plan_gateways(plan.changes, state, inventory, facts, desired.api_keys)
     plan.scaler = plan_scaler(plan.changes, state, inventory, facts)
+    alone = without_scaler(plan.changes, inventory)
+    for change in plan.changes:
+        if change.name in alone:
+            change.warnings.append(alone[change.name])
     plan.drift += [Drift(host=d["host"], unit=GATEWAY_UNIT, kind=d["kind"], detail=d["detail"]) for d in found]
-    return {(host, GATEWAY_UNIT) for host in facts}
+    return {(host, unit) for host in facts for unit in (GATEWAY_UNIT, SCALER_UNIT)}
 
 
 def planning_order(desired: DesiredState, state: State, targets: list[str] | None) -> list[str]:

@@ -172,3 +172,16 @@ def with_scaler(status: Any, view: ScalerView | None) -> Any:
         update["state"] = "Ready"
         update["reason"] = view.reason
     return status.model_copy(update=update)
+
+
+def without_scaler(changes: Iterable[Any], inventory: Inventory) -> dict[str, str]:
+    """Deployment -> a warning, for those that scale when the inventory has no gateway host (so no scaler)."""
+    if scaler_host(inventory) is not None:
+        return {}
+    return {
+        c.name: f"{c.name}: replicas above min ({c.spec.replicas_min}) are on demand and only the scaler starts "
+        "them; it runs on a gateway host (roles: [gateway]) and the inventory has none: "
+        f"{c.spec.replicas_min} replica{'' if c.spec.replicas_min == 1 else 's'} will run"
+        for c in changes
+        if c.action != ["delete"] and scales(c.spec)
+    }

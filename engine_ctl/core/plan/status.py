@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.plan.decisions import decided_facts
 from engine_ctl.core.plan.scaler import Decision
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord
@@ -97,6 +98,9 @@ class StartupStatus(BaseModel):
     host_provenance: Provenance | None = None
     measured: dict[str, Any] | None = None
     """The start-up record: revision, host, host_peak_bytes, device_peak_bytes, sources, initialize_s."""
+    whole_host: bool = False
+    """Not measured yet, and the estimate is above what any host gives: the first start runs alone on one host
+    and sets aside all of it (the figure shown is that host's)."""
 
 
 def startup_status(rec: DeploymentRecord) -> StartupStatus | None:
@@ -107,15 +111,16 @@ def startup_status(rec: DeploymentRecord) -> StartupStatus | None:
     host_m = m.host_peak_bytes if m is not None else None
     host: tuple[int, Provenance] = (host_m, "measured") if host_m is not None else (plan.memory_bytes, "default")
     measured = m.model_dump(mode="json") if m is not None else None
+    alone = rec.whole_host and host[1] == "default"
     if plan.accelerator == "cpu" or plan.gpus == 0:
-        return StartupStatus(reserved_bytes=host[0], provenance=host[1], measured=measured)
+        return StartupStatus(reserved_bytes=host[0], provenance=host[1], measured=measured, whole_host=alone)
     dev_m = sum(m.device_peak_bytes.values()) if m is not None and m.device_peak_bytes else None
     dev: tuple[int, Provenance] = (
         (dev_m, "measured") if dev_m is not None else (plan.min_gpu_memory_bytes * plan.gpus, "default")
     )
     both: Provenance = "measured" if host[1] == dev[1] == "measured" else "default"
     return StartupStatus(reserved_bytes=dev[0], ram_bytes=host[0], provenance=both, device_provenance=dev[1],
-                         host_provenance=host[1], measured=measured)  # fmt: skip
+                         host_provenance=host[1], measured=measured, whole_host=alone)  # fmt: skip
 
 
 def size_text(n: int) -> str:
@@ -269,6 +274,7 @@ def deployment_status(
 ) -> DeploymentStatus:
     """`gateways`: (host, endpoint host:port) of each gateway host of the inventory."""
     ordered = sorted(rec.replicas, key=lambda x: (x.index, x.slot))
+    facts = decided_facts(rec, facts)  # a decisions replica is ready by its decision, not GET /health alone
     engine = PROVIDERS.get(rec.plan.engine) if rec.plan else None
     loading = engine.loading_statuses if engine else frozenset()
     instances = [with_records(instance_status(r, facts.get(r.host), loading), r) for r in ordered]

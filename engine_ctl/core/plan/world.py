@@ -97,6 +97,9 @@ class Allocation:
         self.displaced: set[str] = set()
         self.hosts = hosts
         records = sorted(state.deployments.values(), key=lambda d: (-(d.spec.priority if d.spec else 0), d.name))
+        owner: dict[str, str] = {}
+        """GPU UUID -> the deployment whose always-on replica holds it (two slots of one deployment on the same
+        GPUs are an interrupted stop-then-start, not a displacement)."""
         for d in records:
             share = (d.plan.cpu_cores, d.plan.memory_bytes) if d.plan else (0, 0)
             for r in d.replicas:
@@ -106,7 +109,7 @@ class Allocation:
                     self.on_demand.setdefault(d.name, []).append(r)
                     self.shared.add((r.host, r.unit))
                     continue
-                if set(r.gpus) & self.taken.gpus:
+                if any(owner.setdefault(g, d.name) != d.name for g in r.gpus):  # another deployment holds them
                     self.displaced.add(r.unit)
                 self.taken.ours.update(r.gpus)
                 self.taken.hold(r.host, port=r.port, gpus=r.gpus, cores=share[0], memory=share[1])
@@ -124,7 +127,8 @@ class Allocation:
                     own.remove(record)
             self.taken.free(record.host, port=record.port)
             return
-        self.taken.free(record.host, port=record.port, gpus=record.gpus, cores=cores, memory=memory)
+        gpus = () if record.unit in self.displaced else record.gpus  # a displaced one's GPUs are another's
+        self.taken.free(record.host, port=record.port, gpus=gpus, cores=cores, memory=memory)
 
     def view(self, name: str) -> Allocation:
         """What deployment `name`'s on-demand slots see: every always-on replica and its own on-demand slots (not

@@ -195,6 +195,13 @@ def map_text(entries: Mapping[str, str]) -> str:
     return "".join(f"{k} {v}\n" for k, v in sorted(entries.items()))
 
 
+def stopped_answer() -> dict[str, str]:
+    """The code of the gateway's answer for a deployment an operator stopped (engine-ctl stop): HTTP 409 with
+    `{"code": "deployment_stopped", "message": …}` (no command exits with it; CODES and the README list it)."""
+    code = "deployment_stopped"
+    return {"stopped_code": code}
+
+
 def render_gateway(
     host: Host,
     backends: Iterable[GatewayBackend],
@@ -227,6 +234,7 @@ def render_gateway(
             "hold_cap": hold_cap,
             "backends": ordered,
             **decisions_context(ordered, internal_key),
+            **stopped_answer(),
         },
     )
     lua = _with_hash(

@@ -29,6 +29,8 @@ QUOTED = str.maketrans({"\\": "\\\\", '"': '\\"', "%": "%%"})
 """Inside double quotes: backslash and quote escaped (C-style), specifiers `%%`; each character once."""
 EXEC_WORD = str.maketrans({"\\": "\\\\", '"': '\\"', "%": "%%", "$": "$$"})
 """The same, and `$$` for `$` (no variable is ever expanded in an argument)."""
+NEEDS_ESCAPE = re.compile(r'[\\"%$]')
+"""A character EXEC_WORD changes."""
 
 
 def _quoted(value: str) -> str:
@@ -52,7 +54,10 @@ def exec_line(argv: list[str]) -> str:
     exe = argv[0]
     _refuse_control(exe, "executable")
     head = exe.replace("%", "%%") if SAFE_WORD.match(exe) and exe[0] == "/" else exec_word(exe)
-    clean = not CONTROL.search("\x20".join(argv))  # one search for the common case; else each word says which
+    joined = "\x20".join(argv)
+    clean = not CONTROL.search(joined)  # one search for the common case; else each word says which
+    if clean and not NEEDS_ESCAPE.search(joined):  # the common case: each word only quoted (bench.scale)
+        return " ".join([head, *('"' + a + '"' if a != ";" else "\\;" for a in argv[1:])])
     return " ".join([head, *(exec_word(a, checked=clean) for a in argv[1:])])
 
 

@@ -772,6 +772,59 @@ def health(checks: list[dict[str, Any]], address: str = "127.0.0.1") -> dict[str
     return {str(c["port"]): http_status(int(c["port"]), str(c["path"]), address=address) for c in checks}
 
 
+DECISION_TIMEOUT = 30.0
+DECISION_LIMIT = 1 << 20
+
+
+def decision_request(port: int, path: str, body: str, address: str = "127.0.0.1", key: str | None = None) -> bytes:
+    """A POST of a JSON body over HTTP/1.0 (the server closes when done: no chunked answer)."""
+    data = body.encode("utf-8")
+    head = "POST %s HTTP/1.0\r\nHost: %s:%d\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % (
+        path,
+        address,
+        port,
+        len(data),
+    )
+    if key:
+        head += "Authorization: Bearer %s\r\n" % key
+    return (head + "\r\n").encode("ascii") + data
+
+
+def decision_answer(
+    check: dict[str, Any], address: str = "127.0.0.1", timeout: float = DECISION_TIMEOUT
+) -> dict[str, str]:
+    """A decisions replica's answer to the readiness request (seed 003), judged by engine-ctl, not here:
+    {"status": the HTTP status or `down: why`, "body": the answer's body}. The internal key is sent when the
+    replica requires it (behind a gateway) and this user can read it."""
+    import socket
+
+    key: str | None = None
+    if check.get("key_file"):
+        try:
+            with open(check["key_file"]) as f:
+                key = (f.read().split() or [""])[0] or None  # the first line: the key the gateways send
+        except OSError:
+            key = None
+    port = int(check["port"])
+    raw = b""
+    try:
+        with socket.create_connection((address, port), timeout=timeout) as s:
+            s.sendall(decision_request(port, str(check["path"]), str(check["body"]), address, key))
+            while len(raw) < DECISION_LIMIT:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                raw += chunk
+    except (OSError, ValueError) as exc:
+        return {"status": "down: " + str(exc), "body": ""}
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return {"status": parse_status_line(head), "body": body.decode("utf-8", "replace")}
+
+
+def decisions(checks: list[dict[str, Any]], address: str = "127.0.0.1") -> dict[str, dict[str, str]]:
+    return {str(c["port"]): decision_answer(c, address) for c in checks}
+
+
 # The gateway ----------------------------------------------------------------------------------------------------
 
 GATEWAY_DIR = "/etc/engine-ctl/gateway"
@@ -882,6 +935,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "python": "%d.%d.%d" % sys.version_info[:3],
         "models": {p: model_entry(p) for p in args.get("model_paths", [])},
         "health": health(args.get("health", []), args.get("bind") or "127.0.0.1"),
+        "decisions": decisions(args.get("decisions", []), args.get("bind") or "127.0.0.1"),
         "gateway": gateway(),
         "scaler": scaler_state(),
         "cgroup2": os.path.exists("/sys/fs/cgroup/cgroup.controllers"),

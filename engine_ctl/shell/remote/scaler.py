@@ -72,12 +72,14 @@ def decide(dep: Obj, obs: Obj, mem: Obj, now: float, every: float) -> Obj | None
         return None
     running, ready = obs["running"], obs["ready"]
     parallel = max(int(dep["parallel"]), 1)
+    since = now - float(mem.get("last_decision_at") or 0)
     if not running:
         waiting = obs["held"] + obs["queued"]
+        if waiting > 0 and mem.get("hold_reason") and since < every:  # no slot was free: tried again in time
+            return None
         if waiting > 0:
             return {"action": "up", "reason": "a request at zero (%d waiting)" % waiting, "figure": float(waiting)}
         return None
-    since = now - float(mem.get("last_decision_at") or 0)
     per = obs["in_flight"] / max(len(ready), 1)
     if len(running) < dep["max"] and since >= every:
         if obs["queued"] > 0 or obs["held"] > 0:
@@ -286,7 +288,8 @@ class Scaler:
         self.wakes: dict[str, int] = {}
         self.woken = threading.Event()
         self.key = read_key(config.get("internal_env", INTERNAL_ENV))
-        self.stats: dict[str, Obj] = {}
+        self.seen: dict[str, tuple[float, Obj]] = {}
+        """host -> (when, its status): read each poll, so a wake need not wait for an SSH round trip."""
         for d in self.deps:
             self.mem(d["name"]).setdefault("last_request_at", time.time())
 
@@ -367,6 +370,23 @@ class Scaler:
         return {"running": sorted(running), "ready": sorted(ready), "in_flight": in_flight,
                 "queued": int(stats.get("queued", 0)), "held": held, "idle_s": idle}  # fmt: skip
 
+    def statuses(self, names: list[str], fresh: bool) -> dict[str, Obj]:
+        """Each host's status: read now (fresh), or as read within the last poll when the scaler has not acted
+        on that host since (a start or stop forgets it)."""
+        out = {}
+        poll = float(self.config.get("poll_s", 15))
+        for name in names:
+            when, status = self.seen.get(name, (0.0, {}))
+            if fresh or time.time() - when > 2 * poll or not status:
+                found = self.host_status(name)
+                if found is None:
+                    self.seen.pop(name, None)
+                    continue
+                when, status = time.time(), found
+                self.seen[name] = (when, status)
+            out[name] = status
+        return out
+
     def host_status(self, host: str) -> Obj | None:
         slot = next(s for s in self.known.values() if s["host"] == host)
         code, out = self.ssh(slot, "status")
@@ -394,7 +414,9 @@ class Scaler:
         return p.returncode, (p.stdout or p.stderr).decode(errors="replace")
 
     # --- one cycle --------------------------------------------------------------------------------------------
-    def cycle(self) -> None:
+    def cycle(self, refresh: bool = True) -> None:
+        """One look and the decisions it leads to; `refresh`: read the hosts' status too (a regular poll; a wake
+        uses what the last poll read, so it waits for no SSH round trip)."""
         now = time.time()
         stats = self.gateway()
         with self.lock:
@@ -402,6 +424,9 @@ class Scaler:
         observed = {}
         for dep in self.deps:
             observed[dep["name"]] = self.observe(dep, stats.get(dep["backend"], {}), wakes.get(dep["name"], 0), now)
+        if refresh:
+            idle = [d for d in self.deps if not self.mem(d["name"]).get("busy")]
+            self.statuses(sorted({s["host"] for d in idle for s in d["slots"] if not s["always_on"]}), fresh=True)
         every = float(self.config.get("decide_every_s", 120))
         order = sorted(self.deps, key=lambda d: (-int(d.get("priority", 0)), d["name"]))
         for dep in order:
@@ -434,11 +459,7 @@ class Scaler:
                         if s["index"] in obs["running"] and not s["always_on"])  # fmt: skip
             self.launch(dep, "down", slot, choice)
             return
-        hosts: dict[str, Obj] = {}
-        for h in sorted({s["host"] for s in dep["slots"] if not s["always_on"]}):
-            status = self.host_status(h)
-            if status is not None:
-                hosts[h] = status
+        hosts = self.statuses(sorted({s["host"] for s in dep["slots"] if not s["always_on"]}), fresh=False)
         slot, why = choose_slot(dep, obs["running"], hosts, self.known)
         if slot is None:
             slot = self.preempt(dep, obs, observed, hosts, choice)
@@ -469,6 +490,7 @@ class Scaler:
             self.mem(other["name"])["last_decision_at"] = time.time()
             self.record(other["name"], "preempt", reason, choice["figure"], victim)
             self.drain_and_stop(other, victim)
+            self.seen.pop(victim["host"], None)
             return slot
         return None
 
@@ -481,6 +503,13 @@ class Scaler:
         threading.Thread(target=self.carry_out, args=(dep, action, slot), daemon=True).start()
 
     def carry_out(self, dep: Obj, action: str, slot: Obj) -> None:
+        self.seen.pop(slot["host"], None)
+        try:
+            self._carry_out(dep, action, slot)
+        finally:
+            self.seen.pop(slot["host"], None)
+
+    def _carry_out(self, dep: Obj, action: str, slot: Obj) -> None:
         """One replica's start (health-gated, then into the backend) or drain and stop; `busy` until done, so a
         scaler killed half-way resumes it (resume)."""
         try:
@@ -511,7 +540,7 @@ class Scaler:
                 checked = time.time()
                 if self.ssh(slot, "is-active " + slot["unit"])[0] != 0:
                     raise RuntimeError("%s on %s stopped while loading" % (slot["unit"], slot["host"]))
-            time.sleep(0.2)
+            time.sleep(0.1)
         where = "%s/%s" % (dep["backend"], slot["server"])
         admin(self.config["gateway_socket"], "set server %s state ready" % where)
         admin(self.config["gateway_socket"], "set server %s health up" % where)
@@ -548,12 +577,13 @@ class Scaler:
         threading.Thread(target=self.listen, args=(int(self.config.get("wake_port", 8809)),), daemon=True).start()
         self.resume()
         poll = float(self.config.get("poll_s", 15))
+        woken = False
         while True:
             try:
-                self.cycle()
+                self.cycle(refresh=not woken)
             except Exception as exc:  # one bad cycle (a socket gone during a reload) never ends the scaler
                 self.log("cycle failed: %r" % (exc,))
-            self.woken.wait(poll)
+            woken = self.woken.wait(poll)
             self.woken.clear()
 
 
