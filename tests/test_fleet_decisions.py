@@ -110,6 +110,14 @@ def test_a_decisions_deployment_is_ready_once_it_answers_the_readiness_decision(
     (member,) = dep["members"]
     assert dep["state"] != "Ready" and member["ready"] is False, dep
     assert "decision: answers.route.probabilities.billing is None" in json.dumps(dep), dep
+    # apply finding it running where an interrupted apply left it pending asks the same decision before adopting it
+    state = p.state()
+    state["deployments"][p.name]["replicas"][0]["status"] = "pending"
+    p.state_file.write_text(json.dumps(state))
+    adopted = p.cli("apply", "--auto-approve")
+    out = adopted.stdout + adopted.stderr
+    assert adopted.returncode == 1 and f"{replica['unit']} on {replica['host']} runs but is not ready: " in out, out
+    assert "answers.route.probabilities.billing is None" in out and p.replicas()[0]["status"] == "pending"
     p.fleet.ssh(host, f"cp {tiny_decision_model()} {MODELS_DIR}/tiny/swap.tmp && mv {MODELS_DIR}/tiny/swap.tmp "
                       f"{MODELS_DIR}/tiny/decide.gguf")  # fmt: skip
 
