@@ -37,8 +37,10 @@ from engine_ctl.core.names import (
 )
 
 FORMAT_VERSION = 1
-ReplicaStatus = Literal["pending", "serving", "stopped", "failed", "removing", "standby"]
-"""standby: an on-demand replica's unit, installed by apply and not started by it (the scaler starts it)."""
+ReplicaStatus = Literal["pending", "serving", "stopped", "failed", "removing", "standby", "starting"]
+"""standby: an on-demand replica's unit, installed by apply and not started by it (the scaler starts it).
+starting: `engine-ctl start deployment` (without --wait) started its unit; it serves once it answers (status asks
+its health; the next apply proves it and records it serving)."""
 ERRORS_SHOWN = 5
 MAX_GPU_INDEX = 1023
 GPU_UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")

@@ -245,6 +245,30 @@ def test_a_park_asleep_is_parking_while_its_park_job_runs_then_parked(lc: Lifecy
         path.write_text(before)
 
 
+def test_a_start_without_wait_records_starting_until_the_engine_answers_and_apply_then_records_serving(
+    lc: Lifecycle,
+) -> None:
+    assert lc.cli("stop", "deployment", "lc").returncode == 0
+    lc.wait_for_unit("inactive")
+    started = lc.cli("start", "deployment", "lc")
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert started.stdout.splitlines()[:2] == ["Start requested for lc", ""], started.stdout
+    record = lc.state()["deployments"]["lc"]
+    assert [r["status"] for r in record["replicas"]] == ["starting"] and record["last_operation"] == "start requested"
+    seen = set()
+    deadline = time.monotonic() + 120
+    while "ready" not in seen:  # status reads live health: starting while the engine loads, then ready
+        assert time.monotonic() < deadline, seen
+        shown = lc.cli("status", "lc").stdout
+        seen |= {m.group(1) for m in [re.search(r"^lc\s+(\S+)", shown, re.MULTILINE)] if m}
+    assert seen <= {"starting", "ready"}, seen
+    applied = lc.cli("apply", "--auto-approve")  # proves it answers (as after a cut-off apply) and records it
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert [r["status"] for r in lc.state()["deployments"]["lc"]["replicas"]] == ["serving"]
+    assert lc.cli("plan", "--detailed-exitcode").returncode == 0
+    assert lc.ask()[0] == 200
+
+
 def test_delete_right_after_stop_is_refused_then_delete_stop_removes_the_units_and_keeps_the_weights(
     lc: Lifecycle,
 ) -> None:

@@ -134,3 +134,18 @@ def test_state_mv_turns_a_rename_into_a_rolling_replace(project: Project, tmp_pa
     gone = project.fleet.ssh(host, f"test -e /etc/systemd/system/{old['unit']}", check=False)
     assert gone.returncode != 0
     assert "No changes." in project.cli("plan", check=True).stdout
+
+
+def test_import_records_an_installed_unit_above_min_as_on_demand(project: Project) -> None:
+    """The scaling envelope: apply enables slot 0 (below min) and installs slot 1 without enabling or starting it
+    (on demand). An import after the state is lost reads that back from systemd's UnitFileState."""
+    project.write("replicas: {min: 1, max: 2}\ncontext_length: 512")
+    project.cli("apply", "--auto-approve", check=True)
+    lost = {r["index"]: (r["on_demand"], r["status"]) for r in project.replicas()}
+    assert lost == {0: (False, "serving"), 1: (True, "standby")}, lost
+    project.state_file.unlink()
+    project.state_file.with_name(project.state_file.name + ".backup").unlink(missing_ok=True)
+    project.cli("import", check=True)
+    assert {r["index"]: (r["on_demand"], r["status"]) for r in project.replicas()} == lost
+    again = project.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr

@@ -155,3 +155,63 @@ def test_a_held_deployment_on_an_unreachable_host_gives_apply_nothing_to_record(
     (c,) = plan.changes
     assert not c.changed and not c.blocked and c.failed_reason is None and c.replicas == []
     assert any("could not be reached" in w for w in c.warnings), c.warnings
+
+
+# --- seed 003's rows of a held deployment, and a start without --wait (follow-up) ----------------------------
+def _rows(state: State, facts: dict[str, HostFacts]) -> list[str]:
+    from engine_ctl.cli.status_cmd import deployment_table, instance_table, list_table
+    from engine_ctl.core.plan.status import deployment_status
+    from tests.test_records import render
+
+    s = deployment_status(state.deployments["chat"], facts)
+    text = render(list_table([s]), deployment_table(s), instance_table(s), width=160)
+    return [" ".join(line.split()) for line in text.splitlines() if line.strip()]
+
+
+def test_a_parked_deployment_shows_the_seeds_rows_parked_with_park_succeeded() -> None:
+    state, facts = running()
+    rows = _rows(held(state, "parked"), with_units(facts, "inactive"))
+    assert rows == [
+        "NAME STATE READY REVISION HOSTS",
+        "chat parked 0/1 1 gpu-h100",
+        "NAME STATE READY REVISION STARTUP INITIALIZE LAST OPERATION",
+        "chat parked 0/1 1 9.4 GiB (+6.7 GiB RAM) - park succeeded",
+        "INSTANCE HOST STATE LIFECYCLE DEVICES LAST ERROR",
+        "0 gpu-h100 parked active gpu0 -",
+    ]
+    asleep = held(state, "parked")
+    asleep.deployments["chat"].operator.level = 1  # type: ignore[union-attr]
+    rows = _rows(asleep, facts)  # an engine asleep stays active and may answer its health check: it serves nothing
+    assert rows[3] == "chat parked 0/1 1 9.4 GiB (+6.7 GiB RAM) - park succeeded" and rows[5].split()[2] == "parked"
+
+
+def test_a_stop_shows_stopping_then_stopped_with_no_error() -> None:
+    state, facts = running()
+    stopped = held(state, "stopped")
+    for r in stopped.deployments["chat"].replicas:
+        r.status = "stopped"
+    going = _rows(stopped, with_units(facts, "deactivating"))
+    assert going[3].endswith("stop requested") and going[5] == "0 gpu-h100 stopping stopped gpu0 -", going
+    done = _rows(stopped, with_units(facts, "inactive"))
+    assert done[3].startswith("chat stopped 0/1") and done[3].endswith("stop succeeded"), done
+    assert done[5] == "0 gpu-h100 stopped stopped gpu0 -", done
+
+
+def test_a_start_without_wait_is_starting_until_its_engine_answers_and_the_next_apply_adopts_it() -> None:
+    from engine_ctl.core.plan.status import deployment_status, recorded_verdict
+
+    state, facts = running()
+    for r in state.deployments["chat"].replicas:
+        r.status = "starting"  # what `engine-ctl start deployment chat` without --wait records
+    rec = state.deployments["chat"]
+    assert recorded_verdict(rec.replicas, 1, rec.revision).state == "Starting"
+    loading = with_units(facts, "activating")
+    assert deployment_status(rec, loading).state == "Starting"
+    port = str(rec.replicas[0].port)
+    answers = {h: f.model_copy(update={"health": {port: "200"}}) for h, f in facts.items()}
+    assert deployment_status(rec, answers).state == "Ready"  # live health: it answers
+    plan = make_plan(desired("gpus: 1"), state, world(*facts.values())[0], facts, {"m": SHAPE})
+    assert plan.changes[0].adopt == [rec.replicas[0].unit]  # apply proves it and records it serving
+    still = make_plan(desired("gpus: 1"), state, world(*loading.values())[0], loading, {"m": SHAPE})
+    assert still.changes[0].adopt == [] and all(r.action != ["delete"] for r in still.changes[0].replicas)
+    assert stopped_map(state.deployments) == {}

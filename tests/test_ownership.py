@@ -310,3 +310,37 @@ def test_state_rm_and_mv_on_the_state_value() -> None:
         ("engine-ctl-chat-0a.service", "engine-ctl-assistant-0b.service"),
         ("engine-ctl-chat-1a.service", "engine-ctl-assistant-1b.service"),
     ]
+
+
+def test_import_of_units_above_min_that_are_not_enabled_records_them_on_demand() -> None:
+    """The scaling envelope: slots below `min` always on (apply enables their units), the others on demand (apply
+    installs them and never enables them; the scaler starts them). Import reads it back from UnitFileState."""
+    h = h100x8()
+    spec = "gpus: 1, replicas: {min: 1, max: 3}"
+    state, facts, _ = apply_and_read(spec, State(lineage="lost"), h)
+    seen = {0: ("enabled", "active"), 1: ("disabled", "inactive"), 2: ("disabled", "active")}  # 2: the scaler's
+
+    def as_systemd_says(u: UnitFact) -> UnitFact:
+        index = u.header.replica if u.header else 0
+        enabled, active = seen[index]
+        return u.model_copy(update={"unit_file_state": enabled, "active_state": active})
+
+    facts = {n: f.model_copy(update={"units": tuple(as_systemd_says(u) for u in f.units)}) for n, f in facts.items()}
+    inv, _ = world(h)
+    adoption = adopt(desired(spec), inv, facts, {"m": SHAPE}, State())
+    rec = adoption.deployments["chat"]
+    assert [(r.index, r.on_demand, r.status) for r in rec.replicas] == [
+        (0, False, "serving"), (1, True, "standby"), (2, True, "serving"),
+    ]  # fmt: skip
+    assert [(r.index, r.on_demand) for r in rec.replicas] == [
+        (r.index, r.on_demand) for r in sorted(state.deployments["chat"].replicas, key=lambda r: r.index)
+    ]
+    rebuilt = State(lineage=adoption.lineage, deployments=adoption.deployments)
+    again = make_plan(desired(spec), rebuilt, inv, facts, {"m": SHAPE})
+    assert not again.has_changes and again.drift == [], plan_text(again)
+    enabled = {n: f.model_copy(update={"units": tuple(u.model_copy(update={"unit_file_state": "enabled"})
+                                                      for u in f.units)}) for n, f in facts.items()}  # fmt: skip
+    always = adopt(desired(spec), inv, enabled, {"m": SHAPE}, State()).deployments["chat"]
+    assert [(r.index, r.on_demand, r.status) for r in always.replicas] == [
+        (0, False, "serving"), (1, False, "stopped"), (2, False, "serving"),
+    ]  # fmt: skip

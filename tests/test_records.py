@@ -377,3 +377,32 @@ def test_apply_skips_a_step_its_request_recorded_as_done_without_touching_a_host
         request_id=None,
     ).run()
     assert "host h1 is not in the inventory" in again.failed["chat"]  # without the request, it would have run
+
+
+def test_a_verb_cut_off_by_ctrl_c_is_recorded_unfinished_and_its_request_id_runs_it_again(tmp_path: Path) -> None:
+    from engine_ctl.state.model import OperatorAction
+
+    from engine_ctl.cli.requests import _run_then_record
+
+    state_file = tmp_path / "engine-ctl.state.json"
+    state = State()
+    state.deployments["chat"] = DeploymentRecord(
+        name="chat", revision=1, operator=OperatorAction(verb="stopped", when="2026-12-03T11:00:00+00:00")
+    )
+    LocalState(state_file).write(state)
+
+    def cut_off() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _run_then_record(cut_off, (), {}, LocalState(state_file), ULID_A, "stop deployment chat")
+    found = LocalState(state_file).read().request(ULID_A)
+    assert found is not None and found.finished is None and found.command == "stop deployment chat"
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  - {name: localhost, transport: local}\n")
+    again = run("stop", "deployment", "chat", "--state", str(state_file), "--inventory", str(tmp_path / "hosts.yaml"),
+                "--request-id", ULID_A)  # fmt: skip
+    assert again.exit_code == 0, again.output
+    assert f"Continuing request {ULID_A} (`stop deployment chat`" in again.stderr
+    assert again.stdout.strip() == "chat is already stopped"
+    done = LocalState(state_file).read().request(ULID_A)
+    assert done is not None and done.finished is not None and done.exit_code == 0

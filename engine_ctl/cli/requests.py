@@ -113,6 +113,8 @@ def recorded_command(
             found = recorded(backend.read(), rid, command, backend.location) if request_id else None
             if found is not None and found.finished is not None:
                 sys.exit(report_finished(found))
+            if found is not None and not inline:  # a verb cut off: run again whole (each verb is idempotent)
+                report_continuing(found, stderr=True)
             if inline:
                 token = CURRENT.set(rid)
                 try:
@@ -130,12 +132,15 @@ def recorded_command(
 def _run_then_record(
     f: Callable[..., None], args: Any, kwargs: Any, backend: StateBackend, rid: str, command: str
 ) -> None:
-    code = 1
+    code: int | None = 1
     try:
         f(*args, **kwargs)
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        raise
+    except KeyboardInterrupt:
+        code = None  # cut off (Ctrl-C): recorded unfinished, so that --request-id runs it again
         raise
     finally:
         _record_verb(backend, rid, command, code)
@@ -151,14 +156,16 @@ def with_request(state: State, command: str, result: str) -> State:
     return state.model_copy(update={"requests": [*state.requests, done][-REQUESTS_KEPT:]})
 
 
-def _record_verb(backend: StateBackend, request_id: str, command: str, code: int) -> None:
-    """The verb's request, finished with its exit status (a state that cannot be written is said, not raised)."""
+def _record_verb(backend: StateBackend, request_id: str, command: str, code: int | None) -> None:
+    """The verb's request, finished with its exit status; None: cut off, recorded unfinished (a state that cannot be
+    written is said, not raised)."""
     result = "done" if code == 0 else f"refused or failed (exit status {code})"
     try:
         with backend.lock(f"{command} (request {request_id})", timeout=10):
             state = backend.read()
             begin(state, request_id, command, who(), now())
-            finish(state, request_id, result, code, now())
+            if code is not None:
+                finish(state, request_id, result, code, now())
             backend.write(state)
     except StateError as exc:
         console(stderr=True).print(f"error: request {request_id} was not recorded: {exc}", markup=False)

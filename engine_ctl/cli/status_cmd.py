@@ -20,7 +20,13 @@ from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.names import UNIT_PREFIX, UNIT_SUFFIX, parse_unit_name
 from engine_ctl.core.plan.decisions import readiness_checks
 from engine_ctl.core.plan.scaler import scaler_views_of, with_scaler
-from engine_ctl.core.plan.status import DeploymentStatus, deployment_status, initialize_text, startup_text
+from engine_ctl.core.plan.status import (
+    DeploymentStatus,
+    deployment_status,
+    held_view,
+    initialize_text,
+    startup_text,
+)
 from engine_ctl.core.render.gateway import endpoint_of
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.gather import gather
@@ -270,7 +276,7 @@ def _asleep(
         return statuses
     finally:
         verbs.close()
-    return [s.model_copy(update={"state": phases[s.name]}) if phases.get(s.name) else s for s in statuses]
+    return [held_view(s, phases[s.name], None, asleep[s.name]) if phases.get(s.name) else s for s in statuses]  # type: ignore[arg-type]
 
 
 def _sleep_warning(records: list[DeploymentRecord]) -> None:

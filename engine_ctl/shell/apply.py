@@ -257,7 +257,7 @@ def _drop_replica(state: State, name: str, host: str, unit: str) -> None:
 def _adopt(state: State, name: str, unit: str) -> None:
     rec = state.deployments.get(name)
     for r in rec.replicas if rec else []:
-        if r.unit == unit and r.status == "pending":
+        if r.unit == unit and r.status in ("pending", "starting"):
             r.status = "serving"
 
 

@@ -134,6 +134,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
             n_restarts=_int(u.get("NRestarts")),
             main_pid=_int(u.get("MainPID")),
             exec_main_status=_int(u.get("ExecMainStatus")),
+            unit_file_state=u.get("UnitFileState") or None,
             text=hide_secrets_in(u["text"]) if isinstance(u.get("text"), str) else None,  # never a token kept
             header=parse_unit_header([str(x) for x in u.get("header") or []]),
             body_sha256=u.get("body_sha256"),

@@ -295,23 +295,28 @@ class Verbs:
             self.refresh_scaler(state, name)
         asleep = held.verb == "parked" and held.level > 0
         provider = provider_of(rec)
-        ready = 0
-        for r in rec.replicas:
+        # an on-demand replica stopped with the deployment is left installed and not started: the scaler starts it
+        started = [r for r in rec.replicas if asleep or not r.on_demand]
+        for r in started:
             t = self._t(r.host)
             if asleep and provider is not None:
                 run_checked(t, job_argv(wake_job(provider, self._host(r.host), r, held.level)),
                             f"waking {r.unit} on {r.host}", timeout=600)  # fmt: skip
             else:
                 run_checked(t, start_unit_argv(r.unit, wait or asleep), f"starting {r.unit} on {r.host}", timeout=900)
-            ready += 1 if (wait or asleep) else 0
             self.progress(f"{name}: {r.unit} on {r.host} {'answers' if wait or asleep else 'start accepted'}")
+        answered = wait or asleep  # without --wait the engines were only started: starting until they answer
+        units = {r.unit for r in started}
         with self._locked("start") as state:
-            for r in state.deployments[name].replicas:
-                r.status = "serving"
-            self.servers(state, state.deployments[name], "ready")
+            now_rec = state.deployments[name]
+            for r in now_rec.replicas:
+                r.status = ("serving" if answered else "starting") if r.unit in units else "standby"
+            now_rec.last_operation = "initialize succeeded" if answered else "start requested"
+            ours = now_rec.model_copy(update={"replicas": [r for r in now_rec.replicas if r.unit in units]})
+            self.servers(state, ours, "ready")  # the gateway's health check routes to each once it answers
             self._write(state)
-        return Outcome(operation=operation, ready=ready, replicas=len(rec.replicas),
-                       hosts=sorted({r.host for r in rec.replicas}))  # fmt: skip
+        return Outcome(operation=operation, ready=len(started) if answered else 0, replicas=len(started),
+                       hosts=sorted({r.host for r in started}))  # fmt: skip
 
     def _undelete(self, name: str) -> Outcome:
         with self._locked("start") as state:

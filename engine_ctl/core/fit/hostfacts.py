@@ -68,6 +68,9 @@ class UnitFact(Fact):
     n_restarts: int | None = None
     main_pid: int | None = None
     exec_main_status: int | None = None
+    unit_file_state: str | None = None
+    """systemd's UnitFileState: `enabled` (apply enables an always-on replica), `disabled` (an on-demand one: installed,
+    never enabled), None from an older probe."""
     text: str | None = None
     """The unit file's text (up to UNIT_TEXT_LIMIT bytes), so a hand edit is shown as a diff; values that look
     secret are hidden in it (engine_ctl.core.plan.unitdiff.hide_secrets). sha256 is the file's own."""
@@ -141,7 +144,8 @@ class HostFacts(Fact):
             include={"host", "arch", "cpu", "gpus", "engines", "units", "model_files", "models"},
             exclude={
                 "gpus": {"__all__": {"memory_used_bytes"}},
-                "units": {"__all__": {"main_pid", "n_restarts", "text"}},  # the text: its sha256 is there
+                # the text: its sha256 is there; unit_file_state: only import reads it, no plan depends on it
+                "units": {"__all__": {"main_pid", "n_restarts", "text", "unit_file_state"}},
             },
         )
         stable["memory_total"] = self.memory.total_bytes

@@ -125,18 +125,29 @@ def choose_lineage(found: list[Found], state: State, explicit: str | None) -> tu
     )
 
 
-def _status(unit: UnitFact) -> str:
+def _status(unit: UnitFact, on_demand: bool = False) -> str:
     if unit.active_state == "active":
         return "serving"
+    if on_demand:  # installed and not running: the scaler starts it (apply records it so)
+        return "standby"
     return "failed" if unit.active_state == "failed" else "stopped"
 
 
-def _replica(host: str, u: UnitFact, h: UnitHeader, facts: HostFacts) -> ReplicaRecord:
+def on_demand_slot(index: int, unit: UnitFact, desired: DesiredState, deployment: str) -> bool:
+    """The scaling envelope (README, Scaling and scale to zero): slots 0..min-1 are always on, min..max-1 on demand.
+    A unit at a slot above `min` that is not enabled (apply installs an on-demand unit and never enables it) is on
+    demand; an enabled one there was always on (an older envelope), and the next plan changes its role."""
+    loaded = desired.deployment(deployment)
+    always = loaded.deployment.replicas_min if loaded is not None else 1
+    return index >= always and unit.unit_file_state != "enabled"
+
+
+def _replica(host: str, u: UnitFact, h: UnitHeader, facts: HostFacts, on_demand: bool = False) -> ReplicaRecord:
     by_uuid = {g.uuid: g.index for g in facts.gpus}
     return ReplicaRecord(
         index=h.replica, slot=h.slot, host=host, unit=u.name, port=h.port or 0, gpus=list(h.gpus),
         gpu_indexes=[by_uuid[g] for g in h.gpus if g in by_uuid], unit_sha256=u.sha256 or "", revision=h.revision,
-        status=_status(u),
+        status=_status(u, on_demand), on_demand=on_demand,
     )  # fmt: skip
 
 
@@ -159,7 +170,7 @@ def _records(
             skipped.append(SkippedUnit(host=host, unit=u.name, deployment=h.deployment, why=why))
             continue
         try:
-            record = _replica(host, u, h, facts[host])
+            record = _replica(host, u, h, facts[host], on_demand_slot(h.replica, u, desired, h.deployment))
         except ValidationError as exc:
             why = f"its header is not valid: {exc.errors()[0]['msg']}"
             skipped.append(SkippedUnit(host=host, unit=u.name, deployment=h.deployment, why=why))

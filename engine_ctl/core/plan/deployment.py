@@ -285,8 +285,10 @@ def place_replicas(t: Target, live: list[ReplicaRecord], indexes: range) -> int 
             t.change.blocked.append(out_of_reach(current, t.hosts))
             placed = True
         else:
-            if current.status == "pending":
-                t.change.adopt.append(current.unit)  # it runs: it passed its health gate before apply was cut off
+            if current.status == "pending" or (
+                current.status == "starting" and t.hosts.running(current.host, current.unit)
+            ):
+                t.change.adopt.append(current.unit)  # it runs: it passed its health gate (apply cut off, or a start)
             placed = keep_replica(t, current) or replace_replica(t, current, index)
         if not placed:
             return index

@@ -109,7 +109,7 @@ def recorded_replicas(record: DeploymentRecord, facts: Mapping[str, HostFacts] |
         Replica(index=r.index, slot=r.slot, host=r.host, port=r.port, on_demand=r.on_demand,
                 active=r.on_demand and unit_active(r.host, r.unit, r.status, facts))
         for r in record.replicas
-        if r.status in ("serving", "pending", "stopped", "standby")
+        if r.status in ("serving", "pending", "stopped", "standby", "starting")
     ]  # fmt: skip
 
 

@@ -27,7 +27,7 @@ class InstanceStatus(BaseModel):
     unit: str
     port: int
     gpus: list[int]
-    state: Literal["ready", "starting", "failed", "stopped", "unknown"]
+    state: Literal["ready", "starting", "failed", "stopped", "unknown", "stopping", "parking", "parked"]
     restarts: int | None = None
     last_error: str | None = None
     lifecycle: str = "active"
@@ -286,7 +286,7 @@ def deployment_status(
     failure = rec.last_error or (rec.reason if rec.state == "Failed" else None)
     found = verdict(serving, others, wanted, rec.revision, failure=failure, fit_failed=fit_failed)
     held = held_state(rec, facts)
-    return DeploymentStatus(
+    status = DeploymentStatus(
         id=rec.id,
         name=rec.name, state=held[0] if held else found.state, reason=held[1] if held else found.reason,
         ready=len(serving), replicas=max(wanted, len(serving) + len(others)), revision=rec.revision,
@@ -300,6 +300,7 @@ def deployment_status(
          for r, i in zip(ordered, instances, strict=True)],
         ready_replicas=len(serving), **record_fields(rec),
     )  # fmt: skip
+    return held_view(status, held[0], facts, rec) if held else status
 
 
 def held_state(rec: DeploymentRecord, facts: dict[str, HostFacts]) -> tuple[HeldState, str] | None:
@@ -320,3 +321,43 @@ def held_state(rec: DeploymentRecord, facts: dict[str, HostFacts]) -> tuple[Held
         asleep = held.level > 0  # asleep, its unit active: parked once accepted
         return ("parking" if going and not asleep else "parked"), reason
     return ("stopping" if going else "stopped"), reason
+
+
+# --- a held deployment as seed 003 shows it (follow-up of issue 13) --------------------------------------------
+DONE = {"stopping": "stopped", "parking": "parked"}
+"""A verb's phase while under way, and once done."""
+
+
+def held_view(
+    s: DeploymentStatus, phase: HeldState, facts: dict[str, HostFacts] | None = None,
+    rec: DeploymentRecord | None = None,
+) -> DeploymentStatus:  # fmt: skip
+    """Seed 003's rows of a deployment an operator holds: the deployment in its phase (`parked`), READY 0 of its
+    replicas (an engine asleep may still answer its health check: it serves nothing), each instance in the phase
+    with no error (`0 gpu-box parked active gpu0 -`; an instance whose engine is still going away is `stopping` or
+    `parking`), and LAST OPERATION `park succeeded` once done (`park requested` while under way)."""
+    verb = {"stopping": "stop", "stopped": "stop", "parking": "park", "parked": "park", "deleted": "delete"}[phase]
+    done = DONE.get(phase, phase)
+    asleep = rec is not None and rec.operator is not None and rec.operator.level > 0
+    instances = [
+        i.model_copy(update={"state": phase if asleep else _instance_phase(i, done, facts), "last_error": None})
+        if i.state != "unknown" else i
+        for i in s.instances
+    ]  # fmt: skip
+    last = f"{verb} succeeded" if phase == done else f"{verb} requested"
+    members = [m.model_copy(update={"state": i.state, "reason": None, "ready": False})
+               for m, i in zip(s.members, instances, strict=False)]  # fmt: skip
+    return s.model_copy(update={
+        "state": phase, "ready": 0, "ready_replicas": 0, "replicas": max(s.replicas, len(instances)),
+        "instances": instances, "members": members, "last_operation": last,
+    })  # fmt: skip
+
+
+def _instance_phase(i: InstanceStatus, done: str, facts: dict[str, HostFacts] | None) -> str:
+    """An instance's own phase: `done` (stopped, parked) unless its engine still goes away (its unit still active,
+    for a verb that stops it; an engine parked asleep stays active, and the deployment's phase is its)."""
+    if done not in DONE.values() or facts is None or i.host not in facts:
+        return done
+    unit = next((u for u in facts[i.host].units if u.name == i.unit), None)
+    going = unit is not None and unit.active_state in ("active", "activating", "deactivating", "reloading")
+    return {"stopped": "stopping", "parked": "parking"}[done] if going else done
