@@ -83,7 +83,9 @@ def test_a_changed_context_length_rolls_with_the_deployment_answering_throughout
 
 
 def test_replicas_1_3_1_restart_nothing_that_stays(project: Project) -> None:
-    project.write("replicas: {min: 1, max: 3}")
+    """A fixed count (min = max) from 1 to 3 and back: only replicas are added and removed. (A change of the
+    envelope, min below max, is tests/test_fleet_scaling_envelope.py's.)"""
+    project.write("replicas: {min: 1, max: 1}")
     project.cli("apply", "--auto-approve", check=True)
     (first,) = project.replicas()
     pid = project.main_pid(first)
@@ -95,7 +97,7 @@ def test_replicas_1_3_1_restart_nothing_that_stays(project: Project) -> None:
     project.cli("apply", "--auto-approve", check=True)
     assert len(project.replicas()) == 3 and all(project.health(r) == 200 for r in project.replicas())
     assert project.main_pid(first) == pid
-    project.write("replicas: {min: 1, max: 3}")
+    project.write("replicas: {min: 1, max: 1}")
     project.cli("apply", "--auto-approve", check=True)
     (kept,) = project.replicas()
     assert kept["unit"] == first["unit"] and project.main_pid(kept) == pid

@@ -24,8 +24,8 @@ def test_scale_down_a_hand_edited_unit_and_destroy_read_as_they_are(project: Pro
     project.write("replicas: {min: 2, max: 2}\ncontext_length: 512")
     project.cli("apply", "--auto-approve", check=True)
 
-    # a scale-down: replicas 2 → 1, counted in the closing line
-    project.write("replicas: {min: 1, max: 2}\ncontext_length: 512")
+    # a scale-down: replicas 2 → 1, counted in the closing line (max 2 would keep slot 1, on demand)
+    project.write("replicas: {min: 1, max: 1}\ncontext_length: 512")
     down = project.cli("plan", check=True).stdout
     assert "(replicas 2 → 1)" in down and "replicas 1 → 1" not in down, down
     assert "Plan: 0 to add, 1 to change, 0 to destroy. Replicas: 1 to remove." in down, down
