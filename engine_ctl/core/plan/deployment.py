@@ -532,25 +532,6 @@ def deletion(r: ReplicaRecord, reason: str, cleanup: bool = False) -> ReplicaCha
 # --- the steps together -------------------------------------------------------------------------------------
 
 
-def plan_deployment(
-    d: Deployment,
-    model: Model,
-    provider: Provider,
-    model_facts: ModelFacts | None,
-    record: DeploymentRecord | None,
-    hosts: Hosts,
-    alloc: Allocation,
-    names: Names | None = None,
-    lineage: str | None = None,
-) -> tuple[DeploymentChange, list[Drift]]:
-    """One deployment alone, both phases (start_deployment, then finish_deployment)."""
-    change, t = start_deployment(d, model, provider, model_facts, record, hosts, alloc, names, lineage)
-    if t is None:
-        return change, []
-    finish_deployment(t, alloc, record, d, names)
-    return change, t.drift
-
-
 def start_deployment(
     d: Deployment,
     model: Model,

@@ -1,7 +1,9 @@
 """Planning: desired documents + recorded state + live facts -> a Plan. Pure: values in, a value out.
 
-make_plan orders the deployments (priority first), plans each one (deployment.plan_deployment: resolve, fit,
-place, render, diff, drift), adds the units no state records, and what refuses the whole plan. The plan's value
+make_plan orders the deployments (priority first), places every deployment's always-on replicas
+(deployment.start_deployment: resolve, fit, place), then each one's on-demand slots and the rest
+(deployment.finish_deployment: render, diff, drift), adds the units no state records, and what refuses the whole
+plan. The plan's value
 types are in changes.py.
 """
 
