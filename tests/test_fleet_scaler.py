@@ -18,6 +18,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import openai
@@ -105,6 +106,20 @@ class ScalerProject:
         assert all(r.status == "standby" for d in state.deployments.values() for r in d.replicas if r.on_demand)
         assert self.on_gateway(f"systemctl is-active {SCALER_UNIT}").stdout.strip() == "active"
 
+    @contextmanager
+    def applied(self) -> Iterator[ScalerProject]:
+        """Apply the documents written, check what it did for scaling, and afterwards take it all down: the
+        scaler, the deployments, the gateway."""
+        self.cli("apply", "--auto-approve", check=True)
+        self.installed()
+        try:
+            yield self
+        finally:
+            self.on_gateway(f"systemctl disable --now {SCALER_UNIT}", check=False)
+            if (self.docs / "engine-ctl.state.json").exists():
+                self.cli("destroy", "--auto-approve")
+            self.on_gateway("systemctl disable --now engine-ctl-gateway.service", check=False)
+
 
 def admin(command: str) -> str:
     script = ("import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect('/run/engine-ctl-gateway/admin.sock'); "
@@ -126,13 +141,8 @@ def sp(fleet: Fleet, weights: None, tmp_path_factory: pytest.TempPathFactory) ->
         spec: {{model: tiny, accelerator: cpu, cpu_cores: 1, context_length: 512, host: {one},
                 replicas: {{min: 0, max: 1, idle_minutes: 1}}}}
         """)  # fmt: skip
-    p.cli("apply", "--auto-approve", check=True)
-    p.installed()
-    yield p
-    p.on_gateway(f"systemctl disable --now {SCALER_UNIT}", check=False)
-    if (p.docs / "engine-ctl.state.json").exists():
-        p.cli("destroy", "--auto-approve")
-    p.on_gateway("systemctl disable --now engine-ctl-gateway.service", check=False)
+    with p.applied():
+        yield p
 
 
 def test_the_plan_names_one_scaler_on_the_first_gateway(sp: ScalerProject) -> None:

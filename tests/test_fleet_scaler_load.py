@@ -13,7 +13,6 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from engine_ctl.core.render.scaler import SCALER_UNIT
 from tests.fleet import Fleet
 from tests.test_fleet_scaler import DECIDE_S, ScalerProject
 
@@ -70,13 +69,8 @@ def lp(fleet: Fleet, weights: None, tmp_path_factory: pytest.TempPathFactory) ->
         spec: {model: tiny, accelerator: cpu, cpu_cores: 1, context_length: 512, parallel: 2,
                replicas: {min: 1, max: 3}}
         """)  # fmt: skip
-    p.cli("apply", "--auto-approve", check=True)
-    p.installed()
-    yield p
-    p.on_gateway(f"systemctl disable --now {SCALER_UNIT}", check=False)
-    if (p.docs / "engine-ctl.state.json").exists():
-        p.cli("destroy", "--auto-approve")
-    p.on_gateway("systemctl disable --now engine-ctl-gateway.service", check=False)
+    with p.applied():
+        yield p
 
 
 def test_load_adds_replicas_one_decision_at_a_time_and_scales_back_with_no_failure(lp: ScalerProject) -> None:

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from engine_ctl.core.render.scaler import SCALER_UNIT
 from tests.fleet import Fleet
 from tests.test_fleet_scaler import ScalerProject, ask
 
@@ -53,13 +52,8 @@ def pp(fleet: Fleet, weights: None, tmp_path_factory: pytest.TempPathFactory) ->
         spec: {{model: tiny, accelerator: cpu, cpu_cores: {cores}, context_length: 512, host: {shared},
                 priority: {priority}, replicas: {{min: 0, max: 1, idle_minutes: 30}}}}
         """ for name, priority in (("hi", 10), ("lo", 0))))  # fmt: skip
-    p.cli("apply", "--auto-approve", check=True)
-    p.installed()
-    yield p
-    p.on_gateway(f"systemctl disable --now {SCALER_UNIT}", check=False)
-    if (p.docs / "engine-ctl.state.json").exists():
-        p.cli("destroy", "--auto-approve")
-    p.on_gateway("systemctl disable --now engine-ctl-gateway.service", check=False)
+    with p.applied():
+        yield p
 
 
 def test_sharing_deployments_never_run_at_once_and_the_higher_priority_wins(pp: ScalerProject) -> None:
