@@ -178,8 +178,8 @@ echo "1, GPU-5f2b0c1e-0000-4000-8000-00000000000a, 99999"
 
 
 def test_the_gpu_sampler_and_the_measurement_on_a_host_with_an_nvidia_smi_double(fleet: Fleet) -> None:
-    from engine_ctl.core.fit.startup import DEVICE_SOURCE, MIB, measure_script, parse_measurement
-    from engine_ctl.shell.apply import measured_argv
+    from engine_ctl.core.fit.startup import DEVICE_SOURCE, MIB, parse_measurement
+    from engine_ctl.shell.apply import measured_argv, measurement
 
     h = fleet.hosts[-1]
     unit = "engine-ctl-probe-0a.service"
@@ -187,9 +187,10 @@ def test_the_gpu_sampler_and_the_measurement_on_a_host_with_an_nvidia_smi_double
                  "/usr/local/bin/nvidia-smi && rm -f /run/smi-double-calls")  # fmt: skip
     try:
         start = ["sh", "-c", f"systemd-run --quiet --unit={unit} --service-type=exec sleep 60 && sleep 3"]
-        assert fleet.ssh(h, shlex.join(measured_argv(start, unit))).returncode == 0
+        started = fleet.ssh(h, shlex.join(measured_argv(start, unit)))
+        assert started.returncode == 0
         calls = int(fleet.ssh(h, "cat /run/smi-double-calls").stdout)
-        found = parse_measurement(fleet.ssh(h, shlex.join(measure_script(unit))).stdout)
+        found = parse_measurement(measurement(started.stdout))  # the measurement comes in the start's own session
         assert calls >= 3  # sampled every 0.5 s while it started, and no longer
         time.sleep(1.5)
         assert int(fleet.ssh(h, "cat /run/smi-double-calls").stdout) == calls

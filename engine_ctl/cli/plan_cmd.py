@@ -51,7 +51,7 @@ from engine_ctl.shell.apply import ApplyEvent, Executor, Recorder, utc_now
 from engine_ctl.shell.fetch import HubAccess
 from engine_ctl.shell.gather import gather
 from engine_ctl.shell.pinning import Pinner, unresolved
-from engine_ctl.shell.transport import HostFailure, SSHOptions
+from engine_ctl.shell.transport import Ahead, HostFailure, Kept, SSHOptions, connect_ahead
 from engine_ctl.shell.world import plan_world
 from engine_ctl.state import HostRecord, LocalState, Operation, State, StateBackend, StateError, open_backend
 from engine_ctl.state.local import DEFAULT_NAME, now, who
@@ -172,6 +172,20 @@ def read_state(backend: StateBackend) -> State:
         raise InputError([Diagnostic(Location(backend.location), "", str(exc), code="state_error")]) from None
 
 
+def connect_early(explicit: Path | None, options: SSHOptions, parallel: int) -> Ahead | None:
+    """With --inventory (or its variable), begin the hosts' SSH handshakes now (transport.connect_ahead), so that
+    they overlap the documents' loading and the state's reading instead of following them. Nothing runs on a host
+    before the plan's gathering, and the checks that come first (unknown --target, bad documents) still stop the
+    command before any host is asked anything. An inventory that does not load is reported in its usual place."""
+    if explicit is None:
+        return None
+    try:
+        inventory = load_inventory(explicit)
+    except InputError:
+        return None
+    return connect_ahead(inventory.hosts, options, parallel)
+
+
 @dataclass(frozen=True)
 class Request:
     """The request identity of a command that changes something, and the revisions its apply checks."""
@@ -221,6 +235,8 @@ def plan(
     """Show what apply would change: documents + recorded state + live host facts.
 
     PATHS are the documents (default: the current directory); the inventory may be among them."""
+    options = ssh_settings(accept_new_host_keys)
+    ahead = connect_early(inventory_path, options, parallel)
     pinner = Pinner()
     loaded, errors = load_for_plan(paths, pin=pinner)
     if errors and as_json:  # a script gets the documented error object, not a partial plan
@@ -230,8 +246,8 @@ def plan(
     state = read_state(backend)
     held = f"{len(errors)} error(s) in the documents (above)" if errors else None
     result, failures = _plan_for(
-        loaded.desired, inventory, state, backend, ssh_settings(accept_new_host_keys), parallel, targets,
-        refresh_only, paths, hold_absent=held, replace=replace, checkouts=pinner.checkouts,
+        loaded.desired, inventory, state, backend, options, parallel, targets, refresh_only, paths,
+        hold_absent=held, replace=replace, checkouts=pinner.checkouts, ahead=ahead,
     )  # fmt: skip
     result.context.env = current_env()  # `apply PLANFILE` refuses it in another environment
     if out_path is not None and errors:
@@ -335,12 +351,12 @@ def outcome_line(plan: Plan, command: str, code: int, result_text: str) -> str:
 
 def execute(
     plan: Plan, inventory: Inventory, backend: StateBackend, state: State, options: SSHOptions, command: str,
-    events: JsonEvents | None = None, request_id: str | None = None, fanout: int = 32,
+    events: JsonEvents | None = None, request_id: str | None = None, fanout: int = 32, transports: Kept | None = None,
 ) -> int:  # fmt: skip
     """Run the plan with the state recorded after every step; Ctrl-C finishes the step in flight. With `events`
     (--json) every step is also one JSON line on stdout, and the people's lines go to stderr. With `request_id`
     the request is recorded first, each completed step under it, and its result at the end. At most `fanout`
-    hosts (--fanout) are worked on at once."""
+    hosts (--fanout) are worked on at once; `transports` are hosts' connections the plan's gathering left open."""
     out = console(stderr=events is not None)
     if events is not None:
         s = plan.summary()
@@ -375,7 +391,7 @@ def execute(
             hub = HubAccess.from_environment(inventory.downloads, bars.update if bars else None)
             executor = Executor(
                 plan, {h.name: h for h in inventory.hosts}, recorder, options, out.print, stop, observer=events,
-                hub=hub, request_id=request_id, fanout=fanout,
+                hub=hub, request_id=request_id, fanout=fanout, transports=transports,
             )  # fmt: skip
             busy = "Applying: one replica at a time per deployment, health-gated…"
             live = bars or (out.status(busy) if out.is_terminal else None)
@@ -436,10 +452,11 @@ def _plan_for(
     desired: DesiredState, inventory: Inventory, state: State, backend: StateBackend, options: SSHOptions,
     parallel: int, targets: tuple[str, ...], refresh_only: bool = False, documents: tuple[Path, ...] = (),
     hold_absent: str | None = None, replace: tuple[str, ...] = (), checkouts: dict[str, Checkout] | None = None,
+    ahead: Ahead | None = None, keep: Kept | None = None,
 ) -> tuple[Plan, dict[str, HostFailure]]:  # fmt: skip
     return plan_world(
         desired, inventory, state, backend.location, reopen_string(backend), options, parallel, targets,
-        refresh_only, documents, hold_absent, replace, checkouts,
+        refresh_only, documents, hold_absent, replace, checkouts, ahead, keep,
     )  # fmt: skip
 
 
@@ -476,7 +493,8 @@ def _apply_saved(
             return finished
         state = state_for_plan(saved, recorded_state)
         hosts = [h for h in inventory.hosts if h.name in saved.host_fingerprints]
-        facts, _ = gather(hosts, options, parallel, ctx.model_paths)
+        kept: Kept = {}  # the roll reuses these connections: one handshake per host
+        facts, _ = gather(hosts, options, parallel, ctx.model_paths, keep=kept)
         stale = stale_reasons(saved, state, {h: f.fingerprint() for h, f in facts.items()})
         if stale:
             hint = "run engine-ctl plan again and review the new plan"
@@ -487,9 +505,8 @@ def _apply_saved(
                                "it was edited; run engine-ctl plan again and review the new plan",
                                code="plan_tampered")  # fmt: skip
         show_plan(saved, stderr=events is not None)
-        return execute(
-            saved, inventory, backend, state, options, "apply " + str(path), events, request.id, fanout=parallel
-        )
+        return execute(saved, inventory, backend, state, options, "apply " + str(path), events, request.id,
+                       fanout=parallel, transports=kept)  # fmt: skip
 
 
 @click.command()
@@ -534,7 +551,10 @@ def _apply_documents(
     parallel: int, targets: tuple[str, ...], lock_timeout: float, auto_approve: bool, events: JsonEvents | None,
     refresh_only: bool, replace: tuple[str, ...], command: str, request: Request,
 ) -> int:  # fmt: skip
-    """Plan from the documents, show, confirm, execute: apply and restart."""
+    """Plan from the documents, show, confirm, execute: apply and restart. Without --auto-approve the roll opens its
+    own connections: the ones the plan used may have sat idle at the prompt for as long as someone read it."""
+    ahead = connect_early(inventory_path, options, parallel)
+    kept: Kept | None = {} if auto_approve else None
     pinner = Pinner()
     loaded = load_checked(args, pin=pinner)
     inventory = resolve_inventory(inventory_path, loaded)
@@ -546,7 +566,7 @@ def _apply_documents(
             return finished
         result, failures = _plan_for(
             loaded.desired, inventory, state, backend, options, parallel, targets, refresh_only, args,
-            replace=replace, checkouts=pinner.checkouts,
+            replace=replace, checkouts=pinner.checkouts, ahead=ahead, keep=kept,
         )  # fmt: skip
         show_plan(result, stderr=events is not None)
         report_failures(failures)
@@ -556,7 +576,8 @@ def _apply_documents(
                 events.plain("finished", command=command, result="no changes", exit_code=code, unrecorded=[])
             return code
         _confirm(auto_approve, as_json=events is not None)
-        code = execute(result, inventory, backend, state, options, command, events, request.id, fanout=parallel)
+        code = execute(result, inventory, backend, state, options, command, events, request.id, fanout=parallel,
+                       transports=kept)  # fmt: skip
         return code or (1 if failures or result.problems else 0)
 
 
@@ -593,17 +614,20 @@ def destroy(
     """Stop and remove the units of every deployment in the state (or --target ones). The models stay."""
     request = Request(request_identity(request_id))
     announce(request.id)
+    options = ssh_settings(accept_new_host_keys)
+    ahead = connect_early(inventory_path, options, parallel)
+    kept: Kept | None = {} if auto_approve else None  # as apply's: reused only when no prompt waits in between
     loaded = load_checked(paths, documents_required=False, pin=unresolved) if paths else None
     inventory = resolve_inventory(inventory_path, loaded)
     backend = backend_for(state_path, paths)
-    options = ssh_settings(accept_new_host_keys)
     with locked(backend, lock_operation("destroy", request.id), lock_timeout, request.id):
         state = read_state(backend)
         finished = request.check(state, "destroy", backend.location, stderr=as_json)
         if finished is not None:
             sys.exit(finished)
         keep = DesiredState()  # nothing is wanted: every (targeted) deployment in the state is deleted
-        result, failures = _plan_for(keep, inventory, state, backend, options, parallel, targets)
+        result, failures = _plan_for(keep, inventory, state, backend, options, parallel, targets, ahead=ahead,
+                                     keep=kept)  # fmt: skip
         result = for_destroy(result)
         events = JsonEvents() if as_json else None
         show_plan(result, "destroy", stderr=as_json)
@@ -614,7 +638,8 @@ def destroy(
                 events.plain("finished", command="destroy", result="no changes", exit_code=code, unrecorded=[])
             sys.exit(code)
         _confirm(auto_approve, "destroy", as_json)
-        sys.exit(execute(result, inventory, backend, state, options, "destroy", events, request.id, fanout=parallel))
+        sys.exit(execute(result, inventory, backend, state, options, "destroy", events, request.id, fanout=parallel,
+                         transports=kept))  # fmt: skip
 
 
 __all__ = ["apply", "destroy", "plan", "restart"]

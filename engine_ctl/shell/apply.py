@@ -117,13 +117,23 @@ def start_argv(unit: str, upload: bool = False) -> list[str]:
     return _enable_and("start", unit, upload)
 
 
+MEASURED = "--- engine-ctl start-up measurement ---"
+"""The line after which measured_argv's output is the measurement (measure_script's output)."""
+
+
 def measured_argv(start: list[str], unit: str) -> list[str]:
     """A start (start_argv, on_demand_argv: `sh -c SCRIPT`) with nvidia-smi's per-process figures sampled in the
     background while the engine starts (where there is an nvidia-smi), for the first start of a revision to
-    measure its peak."""
+    measure its peak; once the start succeeded, the measurement follows a MEASURED line in the same session (one
+    exec less on the host than a separate measure_script: see measurement())."""
     script = start[2]
     return ["sh", "-c", f"{sampler(unit)}( {script} ); rc=$?; [ -n \"$sampler\" ] && kill $sampler 2>/dev/null; "
-            "exit $rc"]  # fmt: skip
+            f"[ $rc = 0 ] && {{ echo '{MEASURED}'; {measure_script(unit)[2]}; }}; exit $rc"]  # fmt: skip
+
+
+def measurement(stdout: str) -> str:
+    """measured_argv's output -> the measurement alone (what follows its MEASURED line)."""
+    return stdout.rpartition(MEASURED + "\n")[2] if MEASURED in stdout else ""
 
 
 def restart_argv(unit: str, upload: bool = False) -> list[str]:
@@ -398,9 +408,12 @@ class Executor:
         hub: HubAccess | None = None,
         request_id: str | None = None,
         fanout: int = 32,
+        transports: Mapping[str, Transport] | None = None,
     ) -> None:
         """`request_id`: the request identity this apply records its completed steps under; a step it already
-        recorded as done (an earlier run of the same request, cut off) is not run again."""
+        recorded as done (an earlier run of the same request, cut off) is not run again. `transports`: hosts'
+        connections already open (the plan's gathering left them, transport.fan_out), used instead of new ones and
+        closed with the others when the run ends."""
         self.plan = plan
         self.fanout = FanOut(fanout)
         self.request_id = request_id
@@ -412,7 +425,7 @@ class Executor:
         self.stop = stop or threading.Event()
         self.observer = observer or (lambda _e: None)
         self._host_locks: dict[str, threading.Lock] = {name: threading.Lock() for name in hosts}
-        self._transports: dict[str, Transport] = {}
+        self._transports: dict[str, Transport] = dict(transports or {})
         self._transports_lock = threading.Lock()
         self.result = ApplyResult()
         self.hub = hub or HubAccess()
@@ -701,7 +714,7 @@ class Executor:
             self._record(lambda s: _initialized(s, name, None, time.monotonic() - began, why), name)
             raise StepFailed(why)
         if measure:
-            self._measure(t, name, step, time.monotonic() - began)
+            self._measure(measurement(result.stdout), name, step, time.monotonic() - began)
         self._record(lambda s: _set_status(s, name, step.host, step.unit, "serving"), name)
         if self.gateway is not None:
             self._gateway(self.gateway.enter, name, step.unit)
@@ -718,9 +731,10 @@ class Executor:
         rec = self.recorder.state.deployments.get(name)
         return rec is None or rec.startup is None or rec.startup.revision != revision
 
-    def _measure(self, t: Transport, name: str, step: ReplicaChange, elapsed: float) -> None:
-        """Record the start-up peak the host measured (its cgroup, nvidia-smi's samples) and the time to ready."""
-        found = parse_measurement(t.run(measure_script(step.unit), timeout=60).stdout)
+    def _measure(self, measured: str, name: str, step: ReplicaChange, elapsed: float) -> None:
+        """Record the start-up peak the host measured (its cgroup, nvidia-smi's samples: `measured`, the output of
+        measured_argv's measurement) and the time to ready."""
+        found = parse_measurement(measured)
         devices = {u: n for u, n in found.device_peak_bytes.items() if u in step.gpus}
         record = StartupRecord(
             revision=step.revision, host=step.host, host_peak_bytes=found.host_peak_bytes,

@@ -25,7 +25,7 @@ from engine_ctl.core.render.gateway import (
     gateway_key_text,
     parse_gateway_key,
 )
-from engine_ctl.shell.transport import LocalTransport, SSHTransport
+from engine_ctl.shell.transport import LocalTransport, SSHTransport, python_argv
 
 UNIT_DIR = "/etc/systemd/system"
 Transport = SSHTransport | LocalTransport
@@ -78,7 +78,7 @@ class ServerState:
 def runtime(t: Transport, commands: Sequence[object], socket: str = ADMIN_SOCKET) -> list[str]:
     """Send commands to the stats socket (one connection each); a {"map": name, "entries": {...}} item replaces a
     map's entries atomically (prepare, add, commit). Returns HAProxy's answers."""
-    argv = ["python3", "-c", RUNTIME_SCRIPT, socket]
+    argv = python_argv("-c", RUNTIME_SCRIPT, socket)
     result = t.run(argv, stdin=json.dumps(list(commands)), timeout=60)
     if result.exit_code != 0:
         said = (result.stderr or result.stdout).strip().splitlines()
@@ -170,7 +170,7 @@ def write_secrets(t: Transport, files: Mapping[str, str], owned: Sequence[str] =
     """Write files holding a secret (0600, root's, or for those in `owned` their folder's owner's), each replaced at
     once. Their contents travel over SSH on stdin, never in an argv, a plan, the state or a log."""
     given = {"files": dict(files), "owned": list(owned)}
-    result = t.run(["python3", "-c", SECRETS_SCRIPT], stdin=json.dumps(given), timeout=30)
+    result = t.run(python_argv("-c", SECRETS_SCRIPT), stdin=json.dumps(given), timeout=30)
     if result.exit_code != 0:
         said = (result.stderr or result.stdout).strip().splitlines()
         raise GatewayFailure(f"writing {', '.join(sorted(files))}: " + (said[-1] if said else "failed"))

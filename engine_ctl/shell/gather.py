@@ -30,9 +30,15 @@ from engine_ctl.core.names import UNIT_PREFIX
 from engine_ctl.core.plan.unitdiff import hide_secrets_in
 from engine_ctl.core.render.units import bind_address, local_address
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.shell.transport import Ahead, HostFailure, LocalTransport, SSHOptions, Transport, fan_out
-
-PYTHON = "python3"
+from engine_ctl.shell.transport import (
+    Ahead,
+    HostFailure,
+    Kept,
+    SSHOptions,
+    Transport,
+    fan_out,
+    python_argv,
+)
 
 
 def probe_source() -> str:
@@ -206,9 +212,7 @@ def gather_one(
     host = transport.host
     cache = VersionCache.for_host(host.name)
     args = probe_args(host, model_paths, health, cache.known, decisions)
-    argv = ["exec", PYTHON, "-I", "-S", "-", json.dumps(args, separators=(",", ":"))]
-    if isinstance(transport, LocalTransport):
-        argv = argv[1:]
+    argv = python_argv("-I", "-S", "-", json.dumps(args, separators=(",", ":")))
     result = transport.run(argv, stdin=probe_source())
     if result.exit_code != 0:
         if result.exit_code == 127:
@@ -266,10 +270,11 @@ def gather(
     health: Mapping[str, Sequence[tuple[int, str]]] | None = None,
     ahead: Ahead | None = None,
     decisions: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    keep: Kept | None = None,
 ) -> tuple[dict[str, HostFacts], dict[str, HostFailure]]:
     """Facts of every host in parallel (and the metadata of the model files asked for, per host, in the same
-    round trip), over the connections `ahead` began (transport.connect_ahead) or new ones; failures are
-    returned by host, never raised."""
+    round trip), over the connections `ahead` began (transport.connect_ahead) or new ones, left open in `keep`
+    when given (fan_out); failures are returned by host, never raised."""
     paths = model_paths or {}
     checks = health or {}
     return fan_out(
@@ -280,6 +285,7 @@ def gather(
         options=options,
         parallel=parallel,
         ahead=ahead,
+        keep=keep,
     )
 
 

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     import paramiko
 
 FailureKind = Literal["unreachable", "auth", "host_key", "timeout", "command", "error"]
+SYSTEM_PYTHON = "/usr/bin/python3"
+_PICK_PYTHON = f'p={SYSTEM_PYTHON}; [ -x "$p" ] || p=python3; exec "$p" "$@"'
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 T = TypeVar("T")
 
@@ -61,6 +63,13 @@ def _paramiko() -> ModuleType:
                 del sys.modules["invoke"]
         import paramiko
     return paramiko
+
+
+def python_argv(*args: str) -> list[str]:
+    """argv that runs the host's Python 3 with `args` (stdlib-only programs: -I -S, or -c): the system's
+    /usr/bin/python3 where there is one, else `python3` on the login shell's PATH (127 where there is none). A
+    PATH's python3 may be a version manager's shim (pyenv, asdf) that costs a process tree on every start."""
+    return ["sh", "-c", _PICK_PYTHON, "python3", *args]
 
 
 class HostFailure(Exception):
@@ -561,27 +570,37 @@ def transport_for(host: Host, options: SSHOptions | None = None) -> SSHTransport
 
 Ahead = Mapping[str, "Future[SSHTransport]"]
 """Connections already being opened (connect_ahead), by host name."""
+Kept = dict[str, SSHTransport | LocalTransport]
+"""Connections fan_out left open for a command's next steps, by host name."""
 
 
 def connect_ahead(hosts: Sequence[Host], options: SSHOptions | None = None, parallel: int = 32) -> Ahead:
     """Start connecting to the first `parallel` SSH hosts now, in the background, and return at once: the
-    handshakes (mostly the hosts' own work) then overlap whatever the command still has to import and prepare
-    before fan_out uses them. Never more than `parallel` connections are opening at once."""
-    from concurrent.futures import ThreadPoolExecutor
+    handshakes (mostly the hosts' own work) then overlap whatever the command still has to import, load and check
+    before fan_out uses them. Never more than `parallel` connections are opening at once. Only connections are
+    opened (host keys checked as always); nothing runs on a host until fan_out's work does. The threads are
+    daemons: a command that stops early (bad input) exits without waiting on a slow host's handshake."""
+    from concurrent.futures import Future
 
     ssh = [h for h in hosts if h.transport != "local"][:parallel]
     if not ssh:
         return {}
     _paramiko()  # here, not in the threads: they start straight on the network
 
-    def opened(host: Host) -> SSHTransport:
+    def open_into(host: Host, future: Future[SSHTransport]) -> None:
         transport = SSHTransport(host, options)
-        transport.connect()
-        return transport
+        try:
+            transport.connect()
+        except BaseException as exc:  # HostFailure, or a bug: fan_out reports it for this host
+            future.set_exception(exc)
+        else:
+            future.set_result(transport)
 
-    pool = ThreadPoolExecutor(max_workers=len(ssh), thread_name_prefix="engine-ctl-connect")
-    ahead = {h.name: pool.submit(opened, h) for h in ssh}
-    pool.shutdown(wait=False)
+    ahead: dict[str, Future[SSHTransport]] = {}
+    for h in ssh:
+        ahead[h.name] = Future()
+        threading.Thread(target=open_into, args=(h, ahead[h.name]), daemon=True,
+                         name=f"engine-ctl-connect-{h.name}").start()  # fmt: skip
     return ahead
 
 
@@ -592,9 +611,13 @@ def fan_out(
     options: SSHOptions | None = None,
     parallel: int = 32,
     ahead: Ahead | None = None,
+    keep: Kept | None = None,
 ) -> tuple[dict[str, T], dict[str, HostFailure]]:
     """Run `work` on each host over its own connection (one connect_ahead began, or a new one), at most `parallel`
-    at once; failures never stop the other hosts' work."""
+    at once; failures never stop the other hosts' work. Each connection is closed after its work, or, given
+    `keep`, the connection of each host whose work succeeded is left open there, by host name, for the command's
+    next steps on that host (apply's roll reuses gather's: one handshake per host, not two); the caller closes
+    them."""
     from concurrent.futures import ThreadPoolExecutor
 
     results: dict[str, T] = {}
@@ -606,6 +629,8 @@ def fan_out(
         try:
             transport = begun[host.name].result() if host.name in begun else transport_for(host, options)
             results[host.name] = work(transport)
+            if keep is not None:
+                keep[host.name], transport = transport, None
         except HostFailure as exc:
             failures[host.name] = exc
         except Exception as exc:  # a bug or an unexpected answer must not take the other hosts down

@@ -18,7 +18,7 @@ from engine_ctl.core.plan.planner import make_plan
 from engine_ctl.core.render.units import model_path_on_host
 from engine_ctl.core.weights import Checkout
 from engine_ctl.shell.gather import gather
-from engine_ctl.shell.transport import HostFailure, SSHOptions
+from engine_ctl.shell.transport import Ahead, HostFailure, Kept, SSHOptions
 from engine_ctl.state.base import now
 from engine_ctl.state.model import State
 
@@ -74,10 +74,13 @@ def plan_world(
     hold_absent: str | None = None,
     replace: tuple[str, ...] = (),
     checkouts: Mapping[str, Checkout] | None = None,
+    ahead: Ahead | None = None,
+    keep: Kept | None = None,
 ) -> tuple[Plan, dict[str, HostFailure]]:
     """Gather (one round trip per host), then plan with the pure core; returns the plan and the hosts that could
     not be reached. `state_location` names the state in messages, `reopen` is how `apply PLANFILE` finds it;
-    `checkouts` are the pinned hf: models' files (engine_ctl.shell.pinning), fetched by apply."""
+    `checkouts` are the pinned hf: models' files (engine_ctl.shell.pinning), fetched by apply. Gathering uses the
+    connections `ahead` began, and leaves them open in `keep` when given (transport.fan_out)."""
     known = {d.deployment.name for d in desired.deployments} | set(state.deployments)
     unknown = unknown_targets(targets, known, state_location)  # before any host is asked
     if unknown:
@@ -86,7 +89,7 @@ def plan_world(
     if refused:
         raise InputError(refused)
     paths = model_paths(desired, inventory)
-    facts, failures = gather(list(inventory.hosts), options, parallel, paths)
+    facts, failures = gather(list(inventory.hosts), options, parallel, paths, ahead=ahead, keep=keep)
     mfacts, _notes = model_facts_by_name(desired, inventory, facts)
     plan = make_plan(
         desired, state, inventory, facts, mfacts,
