@@ -13,7 +13,7 @@ import hashlib
 import ipaddress
 import posixpath
 from collections.abc import Iterable, Mapping, Sequence
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import TYPE_CHECKING
 
@@ -138,7 +138,9 @@ def server_name(index: int, slot: str) -> str:
     return f"r{index}{slot}"
 
 
+@lru_cache(maxsize=4096)
 def is_ip(address: str) -> bool:
+    """Whether `address` is an IP address, not a name (asked for every replica's host: remembered per address)."""
     try:
         ipaddress.ip_address(address)
     except ValueError:
