@@ -155,7 +155,7 @@ class Allocation:
             cores, memory = self.shares.get(r.unit, (0, 0))
             out.taken.ours.update(r.gpus)
             out.taken.hold(r.host, gpus=r.gpus, cores=cores, memory=memory)
-        out.ranking = HostRanking(self.hosts, out.taken)
+        out.ranking = self.ranking.copy_for(out.taken)
         return out
 
 
