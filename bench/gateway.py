@@ -30,7 +30,7 @@ from pathlib import Path
 from engine_ctl.core.documents.apikey import key_sha256
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.model import ApiKey
-from engine_ctl.core.render.gateway import GatewayBackend, GatewayServer, render_gateway
+from engine_ctl.core.render.gateway import ALLOCATOR_ENV, GatewayBackend, GatewayServer, render_gateway
 from tests.llama import llama_server_dir, tiny_model
 
 KEY = "ak-bench-" + "0" * 40
@@ -145,8 +145,9 @@ def start_gateways(tmp: str, replica: int, chosen: list[str]) -> tuple[dict[str,
             (folder / file).write_text(text)
         (folder / "haproxy.cfg").write_text(variants(rendered.files["haproxy.cfg"])[name])
         (folder / "server-state").write_text("")
-        procs.append(subprocess.Popen(["haproxy", "-f", f"{folder}/haproxy.cfg"], stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL))  # fmt: skip
+        # the environment the gateway's unit gives HAProxy (its allocator settings)
+        procs.append(subprocess.Popen(["haproxy", "-f", f"{folder}/haproxy.cfg"], env={**os.environ, **ALLOCATOR_ENV},
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
         ports[name] = port
     return ports, procs
 
