@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from engine_ctl.core.documents.inventory import DEFAULT_HOLD_CAP, DEFAULT_HOLD_S, Host
+from engine_ctl.core.documents.inventory import DEFAULT_GATEWAY_THREADS, DEFAULT_HOLD_CAP, DEFAULT_HOLD_S, Host
 from engine_ctl.core.model import ApiKey
 from engine_ctl.core.render.systemd_escape import comment_text
 
@@ -215,6 +215,7 @@ def render_gateway(
     internal_key: bool = True,
     hold_s: int = HOLD_S,
     hold_cap: int = HOLD_CAP,
+    threads: int = DEFAULT_GATEWAY_THREADS,
     haproxy: str = HAPROXY,
     run_dir: str = RUN_DIR,
     stopped: Mapping[str, str] | None = None,
@@ -237,6 +238,7 @@ def render_gateway(
             "internal_map": f"{run_dir}/{INTERNAL_MAP_FILE}",
             "hold_s": hold_s,
             "hold_cap": hold_cap,
+            "threads": threads,
             "backends": ordered,
             **decisions_context(ordered, internal_key),
             **stopped_answer(),
