@@ -30,6 +30,7 @@ from engine_ctl.core.render.gateway import (
     backend_name,
     render_gateway,
     server_name,
+    wake_address_for,
 )
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.state.model import DeploymentRecord, State
@@ -187,7 +188,8 @@ def render_for(
         deployment_backend(name, reps.values(), sizing[name][0], sizing[name][1], hosts, sizing[name][2])
         for name, reps in sorted(replicas.items())
     ]
-    return render_gateway(host, backends, keys, hold_s=settings.hold_s, hold_cap=settings.hold_cap, stopped=stopped)
+    return render_gateway(host, backends, keys, hold_s=settings.hold_s, hold_cap=settings.hold_cap, stopped=stopped,
+                          wake_address=wake_address_for(host, hosts.values()))  # fmt: skip
 
 
 def config_diff(old: str, new: str) -> list[str]:
@@ -276,7 +278,12 @@ def gateway_after_apply(host: Host, state: State, hosts: Mapping[str, Host], cha
     """What a gateway runs once the apply is done, from the state it recorded (the replicas that serve then,
     whatever failed), with the plan's key maps."""
     rendered = render_gateway(
-        host, backends_from_state(state, hosts), [], hold_s=change.hold_s, hold_cap=change.hold_cap
+        host,
+        backends_from_state(state, hosts),
+        [],
+        hold_s=change.hold_s,
+        hold_cap=change.hold_cap,
+        wake_address=wake_address_for(host, hosts.values()),
     )
     files = {**rendered.files, **{n: t for n, t in change.files.items() if n in RUNTIME_MAPS}}
     maps = {**rendered.maps, **{n: m for n, m in change.maps.items() if n in RUNTIME_MAPS}}
