@@ -767,7 +767,9 @@ class Scaler:
     def drain_and_stop(self, dep: Obj, slot: Obj) -> None:
         """Drain on every gateway, wait until no gateway that answers has a request on it, maintenance on every
         gateway, then stop (a gateway that did not answer is reconciled into maintenance when it is back)."""
-        self.set_everywhere(dep, slot, "drain")
+        failed = self.set_everywhere(dep, slot, "drain")
+        names = [gw["name"] for gw in self.drives() if not any(f.startswith(gw["name"] + ":") for f in failed)]
+        self.log("%s: slot %d draining on %s" % (dep["name"], slot["index"], ", ".join(names) or "no gateway"))
         deadline = time.time() + DRAIN_S
         while time.time() < deadline:
             stats = merge_stats(self.gateway_stats()).get(dep["backend"], {})
@@ -775,7 +777,9 @@ class Scaler:
             if server is None or server["sessions"] == 0:
                 break
             time.sleep(0.5)
-        self.set_everywhere(dep, slot, "maint")
+        failed = self.set_everywhere(dep, slot, "maint")
+        names = [gw["name"] for gw in self.drives() if not any(f.startswith(gw["name"] + ":") for f in failed)]
+        self.log("%s: slot %d in maintenance on %s" % (dep["name"], slot["index"], ", ".join(names) or "no gateway"))
         code, out = self.ssh(slot, "stop " + slot["unit"], timeout=120)
         if code != 0:
             raise RuntimeError("stop %s on %s: %s" % (slot["unit"], slot["host"], out.strip()[-300:]))
