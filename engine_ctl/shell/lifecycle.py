@@ -178,8 +178,12 @@ class Verbs:
         hosts = {h.name: h for h in self.inventory.hosts}
         for g in self._gateways(state):
             t = self._t(g.name)
-            rendered = render_gateway(g, backends_from_state(state, hosts), [], stopped=stopped_map(state.deployments),
-                                      wake_address=wake_address_for(g, hosts.values()))  # fmt: skip
+            settings = self.inventory.gateway
+            rendered = render_gateway(
+                g, backends_from_state(state, hosts), [], stopped=stopped_map(state.deployments),
+                hold_s=settings.hold_s, hold_cap=settings.hold_cap, threads=settings.threads,
+                wake_address=wake_address_for(g, hosts.values()),
+            )  # fmt: skip
             kept = {n: t.run(["cat", f"{GATEWAY_DIR}/{n}"]).stdout for n in KEY_MAPS}
             files = {**rendered.files, **kept}
             maps = {"stopped.map": rendered.maps["stopped.map"]}
