@@ -460,27 +460,31 @@ class Scaler:
             return -1, "its admin socket: %s" % exc
         return 0, ""
 
-    def each_gateway(self, words: list[str]) -> dict[str, tuple[int, str]]:
-        """The same on every gateway at once; one that has not answered within the timeout is not waited for."""
+    def each_gateway(self, words: list[str], gateways: list[Obj] | None = None) -> dict[str, tuple[int, str]]:
+        """The same on every gateway (or those given) at once; one that has not answered within the timeout is not
+        waited for."""
         timeout = float(self.config.get("gateway_timeout_s", GATEWAY_TIMEOUT_S))
         results: dict[str, tuple[int, str]] = {}
+        gateways = self.drives() if gateways is None else gateways
 
         def one(gw: Obj) -> None:
             results[gw["name"]] = self.on_gateway(gw, words)
 
-        threads = [threading.Thread(target=one, args=(gw,), daemon=True) for gw in self.drives()]
+        threads = [threading.Thread(target=one, args=(gw,), daemon=True) for gw in gateways]
         for t in threads:
             t.start()
         deadline = time.time() + timeout + 1
         for t in threads:
             t.join(max(deadline - time.time(), 0))
         late = (-1, "no answer within %d s" % timeout)
-        return {gw["name"]: results.get(gw["name"], late) for gw in self.drives()}
+        return {gw["name"]: results.get(gw["name"], late) for gw in gateways}
 
-    def gateway_stats(self) -> dict[str, dict[str, Obj]]:
-        """Every gateway's counts that answered (gateway -> parse_stat); the others are named in the decisions."""
+    def gateway_stats(self, all_gateways: bool = True) -> dict[str, dict[str, Obj]]:
+        """Every gateway's counts that answered (gateway -> parse_stat); the others are named in the decisions.
+        Not all_gateways (a wake): those that did not answer last time are not waited for again."""
+        asked = [gw for gw in self.drives() if all_gateways or gw["name"] not in self.unreachable]
         out = {}
-        for name, (code, text) in sorted(self.each_gateway(["gateway-stat"]).items()):
+        for name, (code, text) in sorted(self.each_gateway(["gateway-stat"], asked).items()):
             if code == 0 and text.lstrip().startswith("#"):
                 out[name] = parse_stat(text)
             problem = None if name in out else (text.strip()[-200:] or "exit status %d" % code)
@@ -632,7 +636,7 @@ class Scaler:
         """One look and the decisions it leads to; `refresh`: read the hosts' status too (a regular poll; a wake
         uses what the last poll read, so it waits for no SSH round trip)."""
         now = time.time()
-        per = self.gateway_stats()
+        per = self.gateway_stats(all_gateways=refresh)
         stats = merge_stats(per)
         with self.lock:
             wakes, self.wakes = self.wakes, {}
