@@ -271,7 +271,15 @@ def render_gateway(
     maps["stopped.map"] = dict(stopped or {})
     files = {CONFIG_FILE: config, LUA_FILE: lua, **{name: map_text(maps[name]) for name in MAP_FILES}}
     files[START_STATE_FILE] = start_state(ordered)
-    unit = _with_hash(
+    unit = _gateway_unit(common, haproxy, run_dir, internal_key)
+    return RenderedGateway(
+        host=host.name, listen=listen, endpoint=endpoint_of(host), files=files, unit_text=unit, maps=maps
+    )
+
+
+def _gateway_unit(common: Mapping[str, object], haproxy: str, run_dir: str, internal_key: bool) -> str:
+    """The gateway's systemd unit (templates/gateway.service.j2)."""
+    return _with_hash(
         "gateway.service.j2",
         {
             **common,
@@ -284,9 +292,6 @@ def render_gateway(
             "internal_map": f"{run_dir}/{INTERNAL_MAP_FILE}",
             "allocator_env": ALLOCATOR_ENV,
         },
-    )
-    return RenderedGateway(
-        host=host.name, listen=listen, endpoint=endpoint_of(host), files=files, unit_text=unit, maps=maps
     )
 
 
