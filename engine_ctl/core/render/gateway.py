@@ -13,13 +13,19 @@ import hashlib
 import ipaddress
 import posixpath
 from collections.abc import Iterable, Mapping, Sequence
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from engine_ctl.core.documents.inventory import DEFAULT_HOLD_CAP, DEFAULT_HOLD_S, Host
+from engine_ctl.core.documents.inventory import (
+    DEFAULT_GATEWAY_THREADS,
+    DEFAULT_HOLD_CAP,
+    DEFAULT_HOLD_S,
+    GATEWAY_ROLE,
+    Host,
+)
 from engine_ctl.core.model import ApiKey
 from engine_ctl.core.render.systemd_escape import comment_text
 
@@ -52,6 +58,11 @@ BODY_LIMIT = 245760
 """240 KiB: the largest request body routed. It must fit in one buffer with the request's headers (bufsize less
 HAProxy's reserve for rewrites), since the route is read from the body's `model`, which OpenAI clients write
 after `messages`."""
+ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(4 * BUFSIZE), "MALLOC_TRIM_THRESHOLD_": str(128 * BUFSIZE)}
+"""The gateway's environment for glibc's malloc (mallopt(3)). Each request takes buffers of BUFSIZE bytes; by
+default glibc gives their memory back to the kernel as soon as they are freed (brk down, then up again: two system
+calls a request, a fifth of HAProxy's CPU per request as measured by bench/gateway.py). These keep them in the
+heap: buffers come from the heap, not mmap, and up to 128 freed buffers (32 MiB) stay there for the next request."""
 MAXCONN = 1000
 """Connections at once per gateway: each may hold two buffers, so about 512 MiB at the most."""
 HOLD_S = DEFAULT_HOLD_S
@@ -59,7 +70,9 @@ HOLD_S = DEFAULT_HOLD_S
 HOLD_CAP = DEFAULT_HOLD_CAP
 """Requests held at once per deployment (the inventory's gateway.hold_cap sets it)."""
 WAKE_PORT = 8809
-"""The scaler hears the Lua on 127.0.0.1:WAKE_PORT (`wake <deployment>` for a held request; see render/scaler.py)."""
+"""The scaler hears the Lua on WAKE_PORT (`wake <deployment>` for a held request; see render/scaler.py): on
+127.0.0.1 on its own host, on that host's inventory address from the other gateway hosts (wake_address)."""
+LOOPBACK = "127.0.0.1"
 DRAIN_TIMEOUT_S = 120
 """How long a replica being replaced may finish its requests in flight (streams included) before it stops."""
 CONFIG_FILE = "haproxy.cfg"
@@ -138,7 +151,9 @@ def server_name(index: int, slot: str) -> str:
     return f"r{index}{slot}"
 
 
+@lru_cache(maxsize=4096)
 def is_ip(address: str) -> bool:
+    """Whether `address` is an IP address, not a name (asked for every replica's host: remembered per address)."""
     try:
         ipaddress.ip_address(address)
     except ValueError:
@@ -210,12 +225,15 @@ def render_gateway(
     internal_key: bool = True,
     hold_s: int = HOLD_S,
     hold_cap: int = HOLD_CAP,
+    threads: int = DEFAULT_GATEWAY_THREADS,
     haproxy: str = HAPROXY,
     run_dir: str = RUN_DIR,
     stopped: Mapping[str, str] | None = None,
+    wake_address: str = LOOPBACK,
 ) -> RenderedGateway:
     """Everything one gateway host runs, rendered from templates/ (haproxy.cfg.j2, hold.lua, gateway.service.j2).
-    `stopped`: deployment -> ID of those an operator stopped (stopped.map: answered deployment_stopped)."""
+    `stopped`: deployment -> ID of those an operator stopped (stopped.map: answered deployment_stopped).
+    `wake_address`: where its Lua pokes the scaler (wake_address_for)."""
     ordered = sorted(backends, key=lambda b: b.deployment)
     listen = f"{'[::]' if ':' in host.address else '*'}:{host.gateway_port}"
     common = {"host": host.name, "listen": listen, "internal_key": internal_key}
@@ -232,6 +250,7 @@ def render_gateway(
             "internal_map": f"{run_dir}/{INTERNAL_MAP_FILE}",
             "hold_s": hold_s,
             "hold_cap": hold_cap,
+            "threads": threads,
             "backends": ordered,
             **decisions_context(ordered, internal_key),
             **stopped_answer(),
@@ -239,14 +258,28 @@ def render_gateway(
     )
     lua = _with_hash(
         "hold.lua",
-        {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX, "wake_port": WAKE_PORT},
+        {
+            "hold_s": hold_s,
+            "hold_cap": hold_cap,
+            "backend_prefix": BACKEND_PREFIX,
+            "wake_port": WAKE_PORT,
+            "wake_address": wake_address,
+        },
     )
     maps = key_maps(keys, [b.deployment for b in ordered])
     maps["models.map"] = {b.deployment: b.backend for b in ordered}
     maps["stopped.map"] = dict(stopped or {})
     files = {CONFIG_FILE: config, LUA_FILE: lua, **{name: map_text(maps[name]) for name in MAP_FILES}}
     files[START_STATE_FILE] = start_state(ordered)
-    unit = _with_hash(
+    unit = _gateway_unit(common, haproxy, run_dir, internal_key)
+    return RenderedGateway(
+        host=host.name, listen=listen, endpoint=endpoint_of(host), files=files, unit_text=unit, maps=maps
+    )
+
+
+def _gateway_unit(common: Mapping[str, object], haproxy: str, run_dir: str, internal_key: bool) -> str:
+    """The gateway's systemd unit (templates/gateway.service.j2)."""
+    return _with_hash(
         "gateway.service.j2",
         {
             **common,
@@ -257,11 +290,23 @@ def render_gateway(
             "start_state": f"{GATEWAY_DIR}/{START_STATE_FILE}",
             "internal_key": GATEWAY_KEY if internal_key else None,
             "internal_map": f"{run_dir}/{INTERNAL_MAP_FILE}",
+            "allocator_env": ALLOCATOR_ENV,
         },
     )
-    return RenderedGateway(
-        host=host.name, listen=listen, endpoint=endpoint_of(host), files=files, unit_text=unit, maps=maps
-    )
+
+
+# --- the one scaler's host ---------------------------------------------------------------------------------------
+def first_gateway(hosts: Iterable[Host]) -> Host | None:
+    """The gateway host that runs the one scaler: the first by name (None without a gateway host)."""
+    gateways = sorted((h for h in hosts if GATEWAY_ROLE in h.roles), key=lambda h: h.name)
+    return gateways[0] if gateways else None
+
+
+def wake_address_for(host: Host, hosts: Iterable[Host]) -> str:
+    """Where a gateway's Lua pokes the scaler: 127.0.0.1 on the scaler's own host, that host's inventory address
+    from every other gateway host (the scaler listens there too, for the gateway hosts only)."""
+    scaler = first_gateway(hosts)
+    return LOOPBACK if scaler is None or scaler.name == host.name else scaler.address
 
 
 # --- servers DOWN at start --------------------------------------------------------------------------------------
