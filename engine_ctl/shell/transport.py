@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 FailureKind = Literal["unreachable", "auth", "host_key", "timeout", "command", "error"]
 SYSTEM_PYTHON = "/usr/bin/python3"
-_PICK_PYTHON = f'p={SYSTEM_PYTHON}; [ -x "$p" ] || p=python3; exec "$p" "$@"'
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 T = TypeVar("T")
 
@@ -65,11 +64,14 @@ def _paramiko() -> ModuleType:
     return paramiko
 
 
-def python_argv(*args: str) -> list[str]:
+def python_argv(*args: str, system: str = SYSTEM_PYTHON) -> list[str]:
     """argv that runs the host's Python 3 with `args` (stdlib-only programs: -I -S, or -c): the system's
-    /usr/bin/python3 where there is one, else `python3` on the login shell's PATH (127 where there is none). A
-    PATH's python3 may be a version manager's shim (pyenv, asdf) that costs a process tree on every start."""
-    return ["sh", "-c", _PICK_PYTHON, "python3", *args]
+    /usr/bin/python3 where there is one (as the scaler's unit and SGLang's default do), else `python3` on the
+    login shell's PATH (exit 127 where there is none). A PATH's python3 may be a version manager's shim (pyenv,
+    asdf) that costs a process tree on every start: about 0.4 s a host on the test fleet, where root's .bashrc
+    puts pyenv's shims first."""
+    pick = f'p={shlex.quote(system)}; [ -x "$p" ] || p=python3; exec "$p" "$@"'
+    return ["sh", "-c", pick, "python3", *args]
 
 
 class HostFailure(Exception):
