@@ -65,12 +65,12 @@ def paired(figure, floor, runs: int) -> tuple[float, float]:  # type: ignore[no-
     return statistics.median(a), statistics.median(b)
 
 
-def engine_time_to_health(fleet: fleet_mod.Fleet) -> float:
+def engine_time_to_health(fleet: fleet_mod.Fleet, tries: int = 3) -> float:
     """The engine's own time from exec to GET /health 200, on a host, without engine-ctl."""
     h = fleet.hosts[0]
     server = f"{llama_server_dir()}/bin/llama-server --model {tiny_model()} --ctx-size 512 --port 8999"
     times = []
-    for _ in range(3):
+    for _ in range(tries):
         fleet.ssh(h, f"(nohup {server} --host 0.0.0.0 >/dev/null 2>&1 & echo $! > /tmp/bench.pid)")
         start = time.perf_counter()
         while True:
@@ -86,9 +86,18 @@ def engine_time_to_health(fleet: fleet_mod.Fleet) -> float:
     return statistics.median(times)
 
 
-def apply_overhead(docs: Path, inv: Path, replicas: int, engine: float, runs: int) -> str:
-    planning = statistics.median(cli("plan", str(docs), "--inventory", str(inv)) for _ in range(runs))
-    wall = cli("apply", "--auto-approve", str(docs), "--inventory", str(inv))
+def apply_overhead(fleet: fleet_mod.Fleet, docs: Path, inv: Path, replicas: int, runs: int) -> str:
+    """`runs` rounds of: the engine's own time to health, the plan, the apply (then a destroy, but for the last
+    round: the deployment stays applied). Each figure is the median of its rounds, so a load that swings within
+    the run (2 to 12 here within a minute) weighs on all three alike, not on whichever ran at the worst moment."""
+    engines, plans, applies = [], [], []
+    for round_ in range(runs):
+        engines.append(engine_time_to_health(fleet, tries=1))
+        plans.append(cli("plan", str(docs), "--inventory", str(inv)))
+        applies.append(cli("apply", "--auto-approve", str(docs), "--inventory", str(inv)))
+        if round_ < runs - 1:
+            cli("destroy", "--auto-approve", str(docs), "--inventory", str(inv))
+    engine, planning, wall = (statistics.median(x) for x in (engines, plans, applies))
     per = (wall - planning) / replicas - engine
     verdict = "met" if per <= 0.5 else "NOT MET"
     return (
@@ -133,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
 
         engine = engine_time_to_health(fleet)
         print(f"hosts: {hosts}; engine's own time to health (tiny model): {engine:.2f} s; {args.runs} runs, medians")
-        print(apply_overhead(dirs["single"], inv, 1, engine, args.runs))
-        print(apply_overhead(dirs["wide"], inv, hosts, engine, args.runs))
+        print(apply_overhead(fleet, dirs["single"], inv, 1, args.runs))
+        print(apply_overhead(fleet, dirs["wide"], inv, hosts, args.runs))
         plan = [*engine_ctl(), "plan", str(dirs["wide"]), "--inventory", str(inv)]
         noop, floor = paired(
             lambda: subprocess.run(plan, check=True, capture_output=True, env=ENV),
