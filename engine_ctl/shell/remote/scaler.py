@@ -240,6 +240,22 @@ def http_get(url: str, key: str, timeout: float = 5) -> tuple[int, str]:
         return 0, ""
 
 
+def http_call(url: str, method: str, body: str | None, key: str, timeout: float = 600) -> tuple[int, str]:
+    """One call to an engine's own port (a wake call): its HTTP status (0 when unreachable) and body."""
+    headers = {"Authorization": "Bearer " + key} if key else {}
+    data = body.encode() if body is not None else (b"" if method == "POST" else None)
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    except (OSError, ValueError) as exc:
+        return 0, str(exc)
+
+
 def read_key(path: str = INTERNAL_ENV) -> str:
     try:
         with open(path) as f:
@@ -441,6 +457,9 @@ class Scaler:
         every = float(self.config.get("decide_every_s", 120))
         order = sorted(self.deps, key=lambda d: (-int(d.get("priority", 0)), d["name"]))
         for dep in order:
+            if dep.get("parked"):  # an operator's park: never scaled, woken on a request
+                self.parked_cycle(dep, wakes.get(dep["name"], 0))
+                continue
             obs, mem = observed[dep["name"]], self.mem(dep["name"])
             observe_low(dep, obs, mem, now)
             self.summarise(dep, obs)
@@ -572,6 +591,76 @@ class Scaler:
         if code != 0:
             raise RuntimeError("stop %s on %s: %s" % (slot["unit"], slot["host"], out.strip()[-300:]))
         self.log("%s: slot %d stopped" % (dep["name"], slot["index"]))
+
+    # --- a parked deployment, woken on a request (engine_ctl.core.plan.wake) -----------------------------------
+    def parked_cycle(self, dep: Obj, held: int) -> None:
+        """Parked by an operator (`parked` in the config: its wake steps and the park's operation): left as the
+        park left it until a held request asks, then woken once (single flight: a wake under way is not repeated,
+        and it runs to its end whether or not the held client stays). Once woken it serves until the operator
+        parks it again (a new park, a new operation) or starts it."""
+        name, park = dep["name"], dep["parked"]
+        mem = self.mem(name)
+        with self.lock:
+            if (mem.get("woken") or {}).get("park") != park["operation"]:
+                mem.pop("woken", None)  # woken from an earlier park: this one is not
+            woken, busy = mem.get("woken"), mem.get("busy")
+            mem["wanted"] = len(dep["slots"])
+            if woken:
+                mem["state"], mem["reason"] = "Ready", "woken by a request at %s" % woken["at"]
+                mem["running"], mem["ready"] = sorted(s["index"] for s in dep["slots"]), len(dep["slots"])
+                return
+            mem["running"], mem["ready"] = [], 0
+            mem["state"], mem["reason"] = "Parked", "parked by an operator: a request through the gateway wakes it"
+            if busy or held <= 0:
+                return
+            mem["busy"] = {"action": "wake", "since": time.time()}
+            mem["last_decision_at"] = time.time()
+        self.record(name, "wake", "a request for the parked deployment (%d held)" % held, float(held))
+        threading.Thread(target=self.wake_parked, args=(dep,), daemon=True).start()
+
+    def wake_parked(self, dep: Obj) -> None:
+        """Each slot: the engine's wake calls and their check, then the scaler's start of it (health-gated, then
+        into the gateway's backend), as a scale-up starts one."""
+        name, park = dep["name"], dep["parked"]
+        try:
+            for slot in sorted(dep["slots"], key=lambda s: s["index"]):
+                self.wake_calls(slot, park)
+                self.start(dep, slot)
+            with self.lock:
+                self.mem(name)["woken"] = {"at": utc(time.time()), "park": park["operation"]}
+            self.record(name, "woken", "woken by a request: %d serving" % len(dep["slots"]), None)
+        except Exception as exc:  # a failed wake is a decision to record; the next held request tries again
+            self.record(name, "failed", "wake: %s" % exc, None)
+        finally:
+            with self.lock:
+                self.mem(name).pop("busy", None)
+                self.save()
+            self.woken.set()
+
+    def wake_calls(self, slot: Obj, park: Obj) -> None:
+        """The engine's own wake calls on the replica's port, in order, then (where it has one) its word that it
+        is awake; none for an engine that restarts instead (restart_only)."""
+        base = "http://%s:%d" % (slot["address"], slot["port"])
+        for call in park.get("calls") or []:
+            code, said = http_call(base + call["path"], call["method"], call.get("body"), self.key)
+            if code < 200 or code >= 300:
+                raise RuntimeError("%s %s on %s: HTTP %d %s" % (call["method"], call["path"], slot["host"], code,
+                                                               said[:200]))  # fmt: skip
+            self.log("%s: %s %s: %d" % (slot["unit"], call["method"], call["path"], code))
+        check = park.get("check")
+        deadline = time.time() + 60
+        while check:
+            code, text = http_get(base + check["path"], self.key, timeout=10)
+            try:
+                asleep = json.loads(text).get(check["key"]) if code == 200 else None
+            except (ValueError, AttributeError):
+                asleep = None
+            if asleep is False:
+                return
+            if time.time() > deadline:
+                raise RuntimeError("GET %s on %s: %s is %r, not false" % (check["path"], slot["host"], check["key"],
+                                                                         asleep))  # fmt: skip
+            time.sleep(0.5)
 
     def resume(self) -> None:
         """What a killed scaler left half-done: carry it out (a start is idempotent, so is a stop)."""
