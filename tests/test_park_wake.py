@@ -159,3 +159,15 @@ def test_start_wait_says_it_wakes_a_parked_deployment_and_keeps_the_seeds_words_
     assert waiting_line("stop", "my-model") == "Waiting for the stop of my-model to finish (at most 160s)"
     line = waiting_line("park", "my-model")
     assert line.startswith("Waking my-model from its park") and "stop" not in line
+
+
+def test_a_wake_brings_back_the_always_on_slots_or_the_lowest_for_min_0() -> None:
+    from engine_ctl.shell.remote.scaler import wake_slots
+
+    def slot(index: int, always_on: bool) -> dict[str, object]:
+        return {"index": index, "always_on": always_on}
+
+    fixed = {"slots": [slot(1, True), slot(0, True), slot(2, False)]}
+    assert [s["index"] for s in wake_slots(fixed)] == [0, 1]  # not the on-demand slot above min
+    at_zero = {"slots": [slot(1, False), slot(0, False)]}
+    assert [s["index"] for s in wake_slots(at_zero)] == [0]

@@ -177,6 +177,12 @@ def preemptable(dep: Obj, deps: list[Obj], running: dict[str, list[int]]) -> lis
     return out
 
 
+def wake_slots(dep: Obj) -> list[Obj]:
+    """The slots a wake on a request brings back: the always-on ones (0..min-1), or the lowest for `min: 0`."""
+    slots = sorted(dep["slots"], key=lambda s: s["index"])
+    return [s for s in slots if s["always_on"]] or slots[:1]
+
+
 # The gateway's admin socket and the replicas ------------------------------------------------------------------
 
 
@@ -604,10 +610,11 @@ class Scaler:
             if (mem.get("woken") or {}).get("park") != park["operation"]:
                 mem.pop("woken", None)  # woken from an earlier park: this one is not
             woken, busy = mem.get("woken"), mem.get("busy")
-            mem["wanted"] = len(dep["slots"])
+            slots = wake_slots(dep)
+            mem["wanted"] = len(slots)
             if woken:
                 mem["state"], mem["reason"] = "Ready", "woken by a request at %s" % woken["at"]
-                mem["running"], mem["ready"] = sorted(s["index"] for s in dep["slots"]), len(dep["slots"])
+                mem["running"], mem["ready"] = [s["index"] for s in slots], len(slots)
                 return
             mem["running"], mem["ready"] = [], 0
             mem["state"], mem["reason"] = "Parked", "parked by an operator: a request through the gateway wakes it"
@@ -623,12 +630,13 @@ class Scaler:
         into the gateway's backend), as a scale-up starts one."""
         name, park = dep["name"], dep["parked"]
         try:
-            for slot in sorted(dep["slots"], key=lambda s: s["index"]):
+            slots = wake_slots(dep)
+            for slot in slots:
                 self.wake_calls(slot, park)
                 self.start(dep, slot)
             with self.lock:
                 self.mem(name)["woken"] = {"at": utc(time.time()), "park": park["operation"]}
-            self.record(name, "woken", "woken by a request: %d serving" % len(dep["slots"]), None)
+            self.record(name, "woken", "woken by a request: %d serving" % len(slots), None)
         except Exception as exc:  # a failed wake is a decision to record; the next held request tries again
             self.record(name, "failed", "wake: %s" % exc, None)
         finally:
