@@ -224,10 +224,10 @@ class Verbs:
         host = scaler_host(self.inventory)
         if not parked(rec) or host is None or host.name not in state.gateways:
             return None
-        out = self._t(host.name).run(["cat", SCALER_STATE], timeout=30).stdout
-        try:
+        try:  # a gateway host out of reach: not known to be woken (a start then waits for the park, as before)
+            out = self._t(host.name).run(["cat", SCALER_STATE], timeout=30).stdout
             view = scaler_views(json.loads(out)).get(rec.name)
-        except ValueError:
+        except (HostFailure, OSError, ValueError):
             return None
         return woken_at(rec, view.woken if view is not None else None)
 
