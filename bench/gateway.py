@@ -30,7 +30,7 @@ from pathlib import Path
 from engine_ctl.core.documents.apikey import key_sha256
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.model import ApiKey
-from engine_ctl.core.render.gateway import GatewayBackend, GatewayServer, render_gateway
+from engine_ctl.core.render.gateway import ALLOCATOR_ENV, GatewayBackend, GatewayServer, render_gateway
 from tests.llama import llama_server_dir, tiny_model
 
 KEY = "ak-bench-" + "0" * 40
@@ -92,7 +92,8 @@ def variants(config: str) -> dict[str, str]:
     (wait-for-body, and so the route on the body's model: the model map is skipped for a fixed backend), the
     large buffers (tune.bufsize 256 KiB, HAProxy's default 16 KiB instead), the hold's rules (Lua runs only with no
     server up, but its ACLs are evaluated on every request), the per-server maxconn (HAProxy's own queue), HAProxy's
-    threads (one per CPU by default) and, as the floor, a plain proxy with no rule at all."""
+    threads (one per CPU, HAProxy's default, against the one engine-ctl renders) and, as the floor, a plain proxy
+    with no rule at all."""
     lines = config.splitlines(keepends=True)
 
     def without(*needles: str) -> str:
@@ -106,7 +107,7 @@ def variants(config: str) -> dict[str, str]:
         "bufsize 16 KiB": config.replace("tune.bufsize 262144", "tune.bufsize 16384"),
         "no hold rules": without("lua.hold", "var(txn.hold)"),
         "no server maxconn": config.replace(" maxconn 8", ""),
-        "nbthread 1": config.replace("    master-worker\n", "    master-worker\n    nbthread 1\n"),
+        f"nbthread {os.cpu_count()}": config.replace("    nbthread 1\n", f"    nbthread {os.cpu_count()}\n"),
         "plain proxy": plain_proxy(config),
     }
 
@@ -119,7 +120,7 @@ def plain_proxy(config: str) -> str:
         return next((ln for ln in lines if ln.startswith(prefix)), "")
 
     bind, server, sock = first("bind "), first("server "), first("stats socket ")
-    return (f"global\n    master-worker\n    {sock}\n    maxconn 1000\n"
+    return (f"global\n    master-worker\n    nbthread 1\n    {sock}\n    maxconn 1000\n"
             "defaults\n    mode http\n    timeout connect 3s\n    timeout client 10m\n    timeout server 10m\n"
             f"frontend api\n    {bind}\n"
             "    http-request return status 200 content-type text/plain string ok if { path /health }\n"
@@ -145,8 +146,9 @@ def start_gateways(tmp: str, replica: int, chosen: list[str]) -> tuple[dict[str,
             (folder / file).write_text(text)
         (folder / "haproxy.cfg").write_text(variants(rendered.files["haproxy.cfg"])[name])
         (folder / "server-state").write_text("")
-        procs.append(subprocess.Popen(["haproxy", "-f", f"{folder}/haproxy.cfg"], stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL))  # fmt: skip
+        # the environment the gateway's unit gives HAProxy (its allocator settings)
+        procs.append(subprocess.Popen(["haproxy", "-f", f"{folder}/haproxy.cfg"], env={**os.environ, **ALLOCATOR_ENV},
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
         ports[name] = port
     return ports, procs
 

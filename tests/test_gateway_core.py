@@ -79,6 +79,16 @@ def test_the_configuration_routes_on_model_with_the_seeds_balancing_and_checks()
     assert "ExecReload=/bin/kill -USR2 $MAINPID" in g.unit_text
 
 
+def test_the_gateway_keeps_its_request_buffers_in_the_heap() -> None:
+    """glibc's malloc serves a request's BUFSIZE buffers by mmap above its threshold (128 KiB by default) and trims
+    freed heap back to the kernel: the unit's environment (mallopt(3)) keeps them in the heap between requests."""
+    unit = render_gateway(gateway_host(), [], []).unit_text
+    line = next(ln for ln in unit.splitlines() if "MALLOC_" in ln and ln.startswith("Environment="))
+    settings = dict(item.split("=", 1) for item in line.removeprefix("Environment=").split())
+    assert int(settings["MALLOC_MMAP_THRESHOLD_"]) > BUFSIZE
+    assert int(settings["MALLOC_TRIM_THRESHOLD_"]) >= 16 * BUFSIZE
+
+
 def test_a_key_change_needs_no_reload_but_a_replica_change_does() -> None:
     server = GatewayServer(name="r0a", address="10.0.0.5", port=8000, maxconn=2)
     one = render_gateway(gateway_host(), [GatewayBackend(deployment="chat", servers=(server,))], [])

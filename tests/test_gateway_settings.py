@@ -47,10 +47,30 @@ def test_a_plan_renders_them_and_apply_keeps_them() -> None:
     forged = plan.model_copy(deep=True)
     assert gateway_tampering(forged.gateways, forged.changes, State(), inv) == []
     forged.gateways[0].hold_s = 3600
-    assert "gateway edge: its hold settings are not the inventory's" in gateway_tampering(
+    assert "gateway edge: its hold or thread settings are not the inventory's" in gateway_tampering(
         forged.gateways, forged.changes, State(), inv
     )
     assert make_plan(desired(), State(), default, facts, SHAPE).gateways[0].hold_s == 120
+
+
+def test_the_gateway_runs_one_haproxy_thread_unless_the_inventory_says_more(tmp_path: Path) -> None:
+    inv, facts = world()
+    assert Inventory().gateway.threads == 1
+    assert "\n    nbthread 1\n" in make_plan(desired(), State(), inv, facts, SHAPE).gateways[0].files["haproxy.cfg"]
+    four = load_inventory(write(tmp_path, "hosts.yaml", "gateway: {threads: 4}\n" + HOSTS))
+    assert four.gateway.threads == 4
+    inv = inv.model_copy(update={"gateway": inv.gateway.model_copy(update={"threads": 4})})
+    plan = make_plan(desired(), State(), inv, facts, SHAPE)
+    (g,) = plan.gateways
+    assert g.threads == 4 and "\n    nbthread 4\n" in g.files["haproxy.cfg"]
+    state, _ = applied(plan, facts)
+    after = gateway_after_apply(inv.hosts[0], state, {h.name: h for h in inv.hosts}, g)
+    assert after.files["haproxy.cfg"] == g.files["haproxy.cfg"]
+    forged = plan.model_copy(deep=True)
+    forged.gateways[0].threads = 64
+    assert "gateway edge: its hold or thread settings are not the inventory's" in gateway_tampering(
+        forged.gateways, forged.changes, State(), inv
+    )
 
 
 @pytest.mark.parametrize(
@@ -59,6 +79,7 @@ def test_a_plan_renders_them_and_apply_keeps_them() -> None:
         ("gateway: {hold_s: 0}\n", "1:19", "gateway.hold_s: between 1 and 3600 seconds, not 0"),
         ("gateway:\n  hold_cap: -1\n", "2:13", "gateway.hold_cap: between 0 and 10000, not -1"),
         ("gateway: {hold_s: 86400, hold_cap: 20000}\n", "1:19", "gateway.hold_s: between 1 and 3600 seconds"),
+        ("gateway: {threads: 0}\n", "1:20", "gateway.threads: between 1 and 64, not 0"),
     ],
 )
 def test_out_of_range_settings_are_refused_with_their_place(

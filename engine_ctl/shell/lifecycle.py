@@ -179,7 +179,11 @@ class Verbs:
         hosts = {h.name: h for h in self.inventory.hosts}
         for g in self._gateways(state):
             t = self._t(g.name)
-            rendered = render_gateway(g, backends_from_state(state, hosts), [], stopped=stopped_map(state.deployments))
+            settings = self.inventory.gateway
+            rendered = render_gateway(
+                g, backends_from_state(state, hosts), [], stopped=stopped_map(state.deployments),
+                hold_s=settings.hold_s, hold_cap=settings.hold_cap, threads=settings.threads,
+            )  # fmt: skip
             kept = {n: t.run(["cat", f"{GATEWAY_DIR}/{n}"]).stdout for n in KEY_MAPS}
             files = {**rendered.files, **kept}
             maps = {"stopped.map": rendered.maps["stopped.map"]}

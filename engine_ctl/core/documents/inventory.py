@@ -25,6 +25,11 @@ DEFAULT_HOLD_CAP = 100
 """Requests held at once per deployment; more are answered 503 with Retry-After: 5 at once."""
 HOLD_S_RANGE = (1, 3600)
 HOLD_CAP_RANGE = (0, 10000)
+DEFAULT_GATEWAY_THREADS = 1
+"""HAProxy's threads on a gateway host. One thread proxies thousands of requests a second, far more than engines
+answer, and leaves the other cores to the engines that share the host (bench/gateway.py: two threads on two
+cores took about a sixth more CPU per request)."""
+GATEWAY_THREADS_RANGE = (1, 64)
 """All hf: downloads together on a host are capped at 500 GiB (seed 003), unless downloads.cap says otherwise."""
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 EXECUTABLE = re.compile(r"/[A-Za-z0-9/._+:=,@-]*")
@@ -128,6 +133,10 @@ class GatewaySettingsDocument(_Doc):
         None, description=f"Requests held at once per deployment; more are answered 503 at once ({DEFAULT_HOLD_CAP}; "
         f"{HOLD_CAP_RANGE[0]} to {HOLD_CAP_RANGE[1]}, 0: never hold)."
     )  # fmt: skip
+    threads: int | None = Field(
+        None, description=f"HAProxy's threads on each gateway host ({DEFAULT_GATEWAY_THREADS}; "
+        f"{GATEWAY_THREADS_RANGE[0]} to {GATEWAY_THREADS_RANGE[1]}): more for a gateway of its own under heavy load."
+    )  # fmt: skip
 
 
 class ScalingSettings(_Doc):
@@ -151,7 +160,9 @@ class InventoryDocument(_Doc):
     defaults: HostSettings | None = None
     downloads: DownloadSettings | None = Field(None, description="hf: downloads: on or off, and their cap.")
     gateway: GatewaySettingsDocument | None = Field(
-        None, description="The gateway's settings: how long and how many requests are held (hold_s, hold_cap)."
+        None,
+        description="The gateway's settings: how long and how many requests are held (hold_s, hold_cap), "
+        "HAProxy's threads (threads).",
     )
     scaling: ScalingSettings | None = Field(None, description="The scaler's timings: decide_every_s, poll_s.")
     hosts: list[dict[str, object]] = Field(description="The hosts.")
@@ -200,6 +211,7 @@ class GatewaySettings(BaseModel):
 
     hold_s: int = DEFAULT_HOLD_S
     hold_cap: int = DEFAULT_HOLD_CAP
+    threads: int = DEFAULT_GATEWAY_THREADS
 
 
 class Inventory(BaseModel):
@@ -417,11 +429,16 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
 def _gateway_settings(
     doc: SourceDocument, settings: GatewaySettingsDocument | None
 ) -> tuple[GatewaySettings, list[Diagnostic]]:
-    """The gateway block's hold time and cap, each within its range (an error at the field otherwise)."""
+    """The gateway block's hold time and cap and HAProxy's threads, each within its range (an error at the field
+    otherwise)."""
     if settings is None:
         return GatewaySettings(), []
     problems = []
-    limits = (("hold_s", HOLD_S_RANGE, DEFAULT_HOLD_S, " seconds"), ("hold_cap", HOLD_CAP_RANGE, DEFAULT_HOLD_CAP, ""))
+    limits = (
+        ("hold_s", HOLD_S_RANGE, DEFAULT_HOLD_S, " seconds"),
+        ("hold_cap", HOLD_CAP_RANGE, DEFAULT_HOLD_CAP, ""),
+        ("threads", GATEWAY_THREADS_RANGE, DEFAULT_GATEWAY_THREADS, ""),
+    )
     for key, (low, high), default, unit in limits:
         value = getattr(settings, key)
         if value is not None and not low <= value <= high:

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine_ctl.core.documents.inventory import GatewaySettings, Host, Inventory
+from engine_ctl.core.documents.inventory import DEFAULT_GATEWAY_THREADS, GatewaySettings, Host, Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.model import ApiKey
 from engine_ctl.core.render.gateway import (
@@ -72,6 +72,8 @@ class GatewayChange(BaseModel):
     """The inventory's gateway.hold_s: how long a request waits for a serving replica."""
     hold_cap: int = HOLD_CAP
     """The inventory's gateway.hold_cap: requests held at once per deployment."""
+    threads: int = DEFAULT_GATEWAY_THREADS
+    """The inventory's gateway.threads: HAProxy's threads."""
 
     @property
     def symbol(self) -> str:
@@ -187,7 +189,8 @@ def render_for(
         deployment_backend(name, reps.values(), sizing[name][0], sizing[name][1], hosts, sizing[name][2])
         for name, reps in sorted(replicas.items())
     ]
-    return render_gateway(host, backends, keys, hold_s=settings.hold_s, hold_cap=settings.hold_cap, stopped=stopped)
+    return render_gateway(host, backends, keys, hold_s=settings.hold_s, hold_cap=settings.hold_cap,
+                          threads=settings.threads, stopped=stopped)  # fmt: skip
 
 
 def config_diff(old: str, new: str) -> list[str]:
@@ -217,7 +220,7 @@ def plan_gateways(
         change = GatewayChange(
             host=host.name, action=["no-op"], endpoint=final.endpoint, files=final.files, unit_text=final.unit_text,
             maps=final.maps, interim_files=None if interim.files == final.files else interim.files,
-            hold_s=inventory.gateway.hold_s, hold_cap=inventory.gateway.hold_cap,
+            hold_s=inventory.gateway.hold_s, hold_cap=inventory.gateway.hold_cap, threads=inventory.gateway.threads,
         )  # fmt: skip
         hf = facts.get(host.name)
         if hf is not None and hf.haproxy_version is None:
@@ -276,7 +279,12 @@ def gateway_after_apply(host: Host, state: State, hosts: Mapping[str, Host], cha
     """What a gateway runs once the apply is done, from the state it recorded (the replicas that serve then,
     whatever failed), with the plan's key maps."""
     rendered = render_gateway(
-        host, backends_from_state(state, hosts), [], hold_s=change.hold_s, hold_cap=change.hold_cap
+        host,
+        backends_from_state(state, hosts),
+        [],
+        hold_s=change.hold_s,
+        hold_cap=change.hold_cap,
+        threads=change.threads,
     )
     files = {**rendered.files, **{n: t for n, t in change.files.items() if n in RUNTIME_MAPS}}
     maps = {**rendered.maps, **{n: m for n, m in change.maps.items() if n in RUNTIME_MAPS}}
@@ -321,8 +329,8 @@ def gateway_tampering(plan_gateways_: Iterable[GatewayChange], plan_changes: Ite
             problems.append(f"gateway {g.host}: its files are not engine-ctl's")
         if g.unit_text != mine.unit_text:
             problems.append(f"gateway {g.host}: its unit differs from what engine-ctl renders")
-        if (g.hold_s, g.hold_cap) != (mine.hold_s, mine.hold_cap):
-            problems.append(f"gateway {g.host}: its hold settings are not the inventory's")
+        if (g.hold_s, g.hold_cap, g.threads) != (mine.hold_s, mine.hold_cap, mine.threads):
+            problems.append(f"gateway {g.host}: its hold or thread settings are not the inventory's")
         interim = (g.interim_files or {}).get(CONFIG_FILE)
         if interim is not None and blind(interim, idle) != blind((mine.interim_files or mine.files)[CONFIG_FILE], idle):
             problems.append(f"gateway {g.host}: its interim configuration differs from what engine-ctl renders")
