@@ -21,7 +21,7 @@ import pytest
 
 from engine_ctl.core.render.scaler import SCALER_CONFIG, SCALER_STATE, SCALER_UNIT
 from tests.fleet import Fleet
-from tests.test_fleet_lifecycle import KEY, Lifecycle
+from tests.test_fleet_lifecycle import KEY, UNIT, Lifecycle
 
 pytestmark = pytest.mark.fleet
 
@@ -116,12 +116,24 @@ def test_a_request_wakes_a_parked_llamacpp_deployment_once_and_engine_ctl_tells_
     assert pw.state()["deployments"]["lc"]["operator"]["verb"] == "parked"  # until start clears it
 
 
-def test_a_woken_park_parks_again_and_start_wait_says_it_wakes_it_then_clears_the_record(pw: Lifecycle) -> None:
-    park_and_wait(pw)  # parked again, though a request woke the last park
-    woken = pw.cli("start", "deployment", "lc", "--wait")
-    assert woken.returncode == 0, woken.stdout + woken.stderr
-    lines = woken.stdout.splitlines()
-    assert lines[0].startswith("Waking lc from its park") and "Started lc: ready" in lines, woken.stdout
+def test_a_woken_park_parks_again_and_a_request_right_after_waits_for_the_park_then_start_clears_it(
+    pw: Lifecycle,
+) -> None:
+    """A request that arrives while the park's job still drains: the wake waits for the job (which stops the unit),
+    then brings it back, so the deployment serves at the end and the job has not stopped what the wake started."""
+    first = pw.state()["deployments"]["lc"]["operator"]["operation"]
+    parked = pw.cli("park", "deployment", "lc")  # parked again, though a request woke the last park
+    assert parked.returncode == 0 and "Park requested for lc" in parked.stdout, parked.stdout + parked.stderr
+    assert pw.state()["deployments"]["lc"]["operator"]["operation"] != first
+    assert chat(pw) == "lc"  # held while the park's job drains and stops the engine, then woken
+    assert pw.on_engine_host(f"systemctl is-active stop-{UNIT}") not in ("active", "activating")  # it finished
+    time.sleep(3)
+    assert pw.unit_state() == "active"
+    actions = [d["action"] for d in json.loads(on_gateway(pw, f"cat {SCALER_STATE}"))["deployments"]["lc"]["decisions"]]
+    assert actions[-2:] == ["wake", "woken"] and actions.count("wake") == 2, actions
+
+    started = pw.cli("start", "deployment", "lc")  # it serves already: start clears the park record
+    assert started.returncode == 0, started.stdout + started.stderr
     assert "operator" not in pw.state()["deployments"]["lc"]
     assert pw.unit_state() == "active" and chat(pw) == "lc"
     assert on_gateway(pw, f"test -e {SCALER_CONFIG} || echo gone").strip() == "gone"  # nothing left for it

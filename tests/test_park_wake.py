@@ -171,3 +171,17 @@ def test_a_wake_brings_back_the_always_on_slots_or_the_lowest_for_min_0() -> Non
     assert [s["index"] for s in wake_slots(fixed)] == [0, 1]  # not the on-demand slot above min
     at_zero = {"slots": [slot(1, False), slot(0, False)]}
     assert [s["index"] for s in wake_slots(at_zero)] == [0]
+
+
+@pytest.mark.parametrize(
+    "command", ["is-active stop-sshd.service", "is-active park-engine-ctl-gateway.service", "start stop-x.service",
+                "is-active stop-engine-ctl-chat-0a.service; id", "is-active wake-engine-ctl-chat-0a.service"],
+)  # fmt: skip
+def test_the_forced_command_asks_only_of_a_park_job_on_an_installed_replica_unit(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On this machine no replica unit is installed: a park job's name on none is refused like anything else."""
+    from engine_ctl.shell.remote import scaler_command
+
+    assert scaler_command.main(command) == scaler_command.REFUSED
+    assert "refused" in capsys.readouterr().err

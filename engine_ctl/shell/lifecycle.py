@@ -382,11 +382,12 @@ class Verbs:
             self._log(state, f"park deployment {name}", operation, "park requested")
             state = self._write(state)
             self.servers(state, rec, "maint")
-            self.refresh_scaler(state, name, parking=True)
             if asleep:
                 self._detach(rec, "park", lambda p, h, r: sleep_job(p, h, r, level))
             else:
                 self._detach(rec, "stop", lambda p, h, r: stop_job(p, h, r))
+            # the scaler learns of the park once its jobs run: a wake on a request waits for them to finish
+            self.refresh_scaler(state, name, parking=True)
         return Outcome(operation=operation)
 
     def _room_for_weights(self, rec: DeploymentRecord) -> None:

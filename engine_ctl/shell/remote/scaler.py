@@ -52,6 +52,8 @@ LOW_FRACTION = 0.5
 DRAIN_S = 120
 START_BUDGET_S = 600
 ENTER_S = 60
+PARK_WAIT_S = 160
+"""How long a wake on a request waits for the park's job to finish (engine-ctl's STOP_WAIT_S)."""
 AVERAGE_WEIGHT = 0.3
 IN_USE = ("active", "activating", "deactivating", "reloading")
 
@@ -632,6 +634,7 @@ class Scaler:
         try:
             slots = wake_slots(dep)
             for slot in slots:
+                self.wait_for_park(slot, park)
                 self.wake_calls(slot, park)
                 self.start(dep, slot)
             with self.lock:
@@ -644,6 +647,16 @@ class Scaler:
                 self.mem(name).pop("busy", None)
                 self.save()
             self.woken.set()
+
+    def wait_for_park(self, slot: Obj, park: Obj) -> None:
+        """A request right after `park` waits for the park's job on the slot's host (its drain, then the engine's
+        sleep or stop) to finish, so that the job does not put to sleep or stop what the wake just brought back."""
+        job = ("park-" if park.get("level") else "stop-") + slot["unit"]
+        deadline = time.time() + PARK_WAIT_S
+        while self.ssh(slot, "is-active " + job)[0] == 0:
+            if time.time() > deadline:
+                raise RuntimeError("the park's job %s on %s still runs after %d s" % (job, slot["host"], PARK_WAIT_S))
+            time.sleep(1)
 
     def wake_calls(self, slot: Obj, park: Obj) -> None:
         """The engine's own wake calls on the replica's port, in order, then (where it has one) its word that it
