@@ -137,4 +137,5 @@ def test_a_woken_park_parks_again_and_a_request_right_after_waits_for_the_park_t
     assert "operator" not in pw.state()["deployments"]["lc"]
     assert pw.unit_state() == "active" and chat(pw) == "lc"
     assert on_gateway(pw, f"test -e {SCALER_CONFIG} || echo gone").strip() == "gone"  # nothing left for it
-    assert pw.cli("plan", "--detailed-exitcode").returncode == 0
+    plan = pw.cli("plan", "--detailed-exitcode")
+    assert plan.returncode == 0, plan.stdout + plan.stderr  # recorded serving: nothing to adopt

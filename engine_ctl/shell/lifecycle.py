@@ -296,7 +296,7 @@ class Verbs:
         if rec.operator.verb == "deleted":
             return self._undelete(name)
         if parked(rec) and self.woken(self.backend.read(), rec) is not None:
-            return self._start(name, wait)  # a request woke it: it serves; the park record is cleared
+            return self._start(name, wait, serving=True)  # a request woke it: it serves; the park record is cleared
         if wait:  # seed 003: --wait says it waits for the stop, however long that is
             on_wait("park" if parked(rec) else "stop")
             if not self._wait_phase(rec):
@@ -318,7 +318,8 @@ class Verbs:
             time.sleep(1)
         return True
 
-    def _start(self, name: str, wait: bool) -> Outcome:
+    def _start(self, name: str, wait: bool, serving: bool = False) -> Outcome:
+        """`serving`: a request woke it (the scaler's health gate passed): recorded serving, as with --wait."""
         with self._locked("start") as state:
             rec = state.deployments[name]
             held = rec.operator
@@ -342,7 +343,7 @@ class Verbs:
             else:
                 run_checked(t, start_unit_argv(r.unit, wait or asleep), f"starting {r.unit} on {r.host}", timeout=900)
             self.progress(f"{name}: {r.unit} on {r.host} {'answers' if wait or asleep else 'start accepted'}")
-        answered = wait or asleep  # without --wait the engines were only started: starting until they answer
+        answered = wait or asleep or serving  # without --wait the engines were only started: starting until they answer
         units = {r.unit for r in started}
         with self._locked("start") as state:
             now_rec = state.deployments[name]
