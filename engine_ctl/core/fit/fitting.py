@@ -178,9 +178,10 @@ def compatible_gpus(host: HostFacts, provider: Provider, vendor: str, devices: S
     ]  # fmt: skip
 
 
-def sizing_hosts(d: Deployment, hosts: Sequence[HostFacts]) -> list[HostFacts]:
-    """The machines the deployment may use: spec.host (flat host:) narrows them to one."""
-    return list(hosts) if d.host is None else [h for h in hosts if h.host == d.host]
+def sizing_hosts(d: Deployment, hosts: Sequence[HostFacts]) -> Sequence[HostFacts]:
+    """The machines the deployment may use: spec.host (flat host:) narrows them to one (else `hosts` itself, not
+    a copy: a plan's memo knows them by identity)."""
+    return hosts if d.host is None else [h for h in hosts if h.host == d.host]
 
 
 class Fleet(Protocol):

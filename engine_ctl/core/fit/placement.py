@@ -255,6 +255,16 @@ class HostRanking:
         self._order = sorted((key, name) for name, key in self.keys.items())
         taken.changed.clear()
 
+    def copy_for(self, taken: Taken) -> HostRanking:
+        """This ranking over `taken`: a copy of this ranking's Taken (taken.copy()) that may hold more since
+        (Allocation.view). The order is copied, not sorted again: only the hosts that `taken` changed are
+        re-ranked, at the next look (a view per deployment with on-demand slots would sort every host again)."""
+        self.sync()
+        out = HostRanking.__new__(HostRanking)
+        out.hosts, out.taken, out._position, out._owner = self.hosts, taken, self._position, self._owner
+        out.keys, out._order = dict(self.keys), list(self._order)
+        return out
+
     def _key(self, host: HostFacts) -> RoomKey:
         gpus, cores, memory = free_room(host, self.taken)
         return -gpus, -cores, -memory, self._position[host.host]

@@ -159,7 +159,7 @@ def fit_step(
         return None
     change.fit, change.startup_provenance = with_measured_startup(fitted, record, change.revision, d, model)
     if change.startup_provenance == "default":
-        change.fit, change.whole_host = whole_host(change.fit, [h for h in hosts.reached if d.host in (None, h.host)])
+        change.fit, change.whole_host = capped_to(change.fit, hosts.most_available(d.host))
         if change.whole_host:
             change.warnings.append(whole_host_warning(d.name, fitted, change.fit))
     fitted = change.fit
@@ -195,7 +195,12 @@ def whole_host(fitted: FitPlan, hosts: list[HostFacts]) -> tuple[FitPlan, bool]:
     """Before a first start has measured it: an estimated start-up peak (host memory) above what every host can
     give (its memory available) is set to the most one host gives, so that its first start runs alone there and
     sets aside all of it (whole_host). Unchanged when some host can give it, or none was reached."""
-    limit = max((h.memory.available_bytes for h in hosts), default=0)
+    return capped_to(fitted, max((h.memory.available_bytes for h in hosts), default=0))
+
+
+def capped_to(fitted: FitPlan, limit: int) -> tuple[FitPlan, bool]:
+    """whole_host with the most one host gives known (Hosts.most_available: asked once per plan, not once per
+    deployment over every host)."""
     if not limit or fitted.memory_bytes <= limit:
         return fitted, False
     return fitted.model_copy(update={"memory_bytes": limit}), True

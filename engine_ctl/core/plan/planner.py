@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from engine_ctl.core.collector import collector_held
 from engine_ctl.core.documents.inventory import Inventory
 from engine_ctl.core.documents.rules import field_name, resolve_engine
 from engine_ctl.core.fit.hostfacts import HostFacts
@@ -161,6 +162,7 @@ def held_by_operator(
     return change
 
 
+@collector_held
 def make_plan(
     desired: DesiredState,
     state: State,

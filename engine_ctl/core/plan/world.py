@@ -29,6 +29,7 @@ class Hosts:
     _largest: dict[tuple[str, ...], HostFacts | None] = field(default_factory=dict)
     _cores: dict[tuple[str, ...], int] = field(default_factory=dict)
     _refused: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    _most_available: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, inventory: Inventory, facts: Mapping[str, HostFacts]) -> Hosts:
@@ -61,10 +62,22 @@ class Hosts:
             self._cores[key] = largest_cores(hosts)
         return self._cores[key]
 
+    def most_available(self, only: str | None = None) -> int:
+        """The most memory available on one reached host (0: none reached); `only`: that host's (spec.host). The
+        largest over every host is found once per plan."""
+        if only is not None:
+            found = self.facts.get(only) if only in self.inventory else None
+            return found.memory.available_bytes if found is not None else 0
+        if "*" not in self._most_available:
+            self._most_available["*"] = max((h.memory.available_bytes for h in self.reached), default=0)
+        return self._most_available["*"]
+
     def _key(self, hosts: Sequence[HostFacts]) -> tuple[str, ...]:
-        """The hosts as a memo key: all those reached (the common case, told at the cost of a pointer compare
-        each), or their names."""
-        return ("*",) if list(hosts) == self.reached else tuple(h.host for h in hosts)
+        """The hosts as a memo key: all those reached (the common case, told by identity, or at the cost of a
+        pointer compare each), or their names."""
+        if hosts is self.reached or list(hosts) == self.reached:
+            return ("*",)
+        return tuple(h.host for h in hosts)
 
     def engine_refusals(self, provider: Provider, accelerator: str) -> dict[str, str]:
         """engines.engine_refusals over the hosts reached, asked once per engine and accelerator in one plan."""
@@ -142,7 +155,7 @@ class Allocation:
             cores, memory = self.shares.get(r.unit, (0, 0))
             out.taken.ours.update(r.gpus)
             out.taken.hold(r.host, gpus=r.gpus, cores=cores, memory=memory)
-        out.ranking = HostRanking(self.hosts, out.taken)
+        out.ranking = self.ranking.copy_for(out.taken)
         return out
 
 

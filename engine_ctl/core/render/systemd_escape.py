@@ -25,16 +25,21 @@ def _refuse_control(value: str, what: str) -> None:
         raise UnsafeValue(f"{what} {value[:40]!r}: control character U+{code:04X} cannot go in a unit file")
 
 
-QUOTED = str.maketrans({"\\": "\\\\", '"': '\\"', "%": "%%"})
-"""Inside double quotes: backslash and quote escaped (C-style), specifiers `%%`; each character once."""
-EXEC_WORD = str.maketrans({"\\": "\\\\", '"': '\\"', "%": "%%", "$": "$$"})
-"""The same, and `$$` for `$` (no variable is ever expanded in an argument)."""
 NEEDS_ESCAPE = re.compile(r'[\\"%$]')
-"""A character EXEC_WORD changes."""
+"""A character _escaped changes."""
+
+
+def _escaped(value: str, dollar: bool = False) -> str:
+    """Inside double quotes: backslash and quote escaped (C-style), specifiers `%%`, and with `dollar` `$$` for `$`
+    (no variable is ever expanded in an argument). Each character once: the backslash goes first, so the ones the
+    quotes gain are not doubled. (str.replace, not str.translate: a table that maps one character to two makes
+    translate copy character by character, some seven times slower on a unit's values.)"""
+    out = value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    return out.replace("$", "$$") if dollar else out
 
 
 def _quoted(value: str) -> str:
-    return '"' + value.translate(QUOTED) + '"'
+    return '"' + _escaped(value) + '"'
 
 
 def exec_word(arg: str, checked: bool = False) -> str:
@@ -44,7 +49,7 @@ def exec_word(arg: str, checked: bool = False) -> str:
         _refuse_control(arg, "argument")
     if arg == ";":
         return "\\;"
-    return '"' + arg.translate(EXEC_WORD) + '"'
+    return '"' + _escaped(arg, dollar=True) + '"'
 
 
 def exec_line(argv: list[str]) -> str:
