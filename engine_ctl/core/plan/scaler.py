@@ -65,7 +65,8 @@ class Decision(BaseModel):
 
     at: str
     action: str
-    """up, down, zero, wake, preempt, hold (nothing free), failed, gateway (one did not answer, or answers again)."""
+    """up, down, zero, wake, woken (a parked deployment a request woke), preempt, hold (nothing free), failed,
+    gateway (one did not answer, or answers again)."""
     slot: int | None = None
     host: str | None = None
     reason: str
