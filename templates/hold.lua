@@ -7,15 +7,17 @@ local PREFIX = "{{ backend_prefix }}"
 local held = {}
 local scopes = Map.new("scopes.map", Map._str)
 
--- The scaler's wake (engine-ctl-scaler on this host, 127.0.0.1:{{ wake_port }}): a held request pokes it with
+-- The scaler's wake (engine-ctl-scaler at {{ wake_address }}:{{ wake_port }}: 127.0.0.1 on the scaler's own
+-- gateway host, that host's address on the other gateway hosts): a held request pokes it with
 -- `wake <deployment>` and never waits for an answer; the scaler starts one replica per deployment (single-flight)
 -- whether or not the client stays. Poked again every WAKE_EVERY_MS while held, in case the scaler restarted.
+local WAKE_ADDRESS = "{{ wake_address }}"
 local WAKE_PORT = {{ wake_port }}
 local WAKE_EVERY_MS = 5000
 local function wake(name)
     local s = core.tcp()
     s:settimeout(1)
-    if s:connect("127.0.0.1", WAKE_PORT) then
+    if s:connect(WAKE_ADDRESS, WAKE_PORT) then
         s:send("wake " .. string.sub(name, #PREFIX + 1) .. "\n")
     end
     s:close()

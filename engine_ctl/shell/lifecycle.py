@@ -24,6 +24,7 @@ from engine_ctl.core.render.gateway import (
     render_gateway,
     server_name,
     sha256,
+    wake_address_for,
 )
 from engine_ctl.shell import gateway as remote
 from engine_ctl.shell.apply import UNIT_DIR, new_id, remove_argv
@@ -181,6 +182,7 @@ class Verbs:
             rendered = render_gateway(
                 g, backends_from_state(state, hosts), [], stopped=stopped_map(state.deployments),
                 hold_s=settings.hold_s, hold_cap=settings.hold_cap, threads=settings.threads,
+                wake_address=wake_address_for(g, hosts.values()),
             )  # fmt: skip
             kept = {n: t.run(["cat", f"{GATEWAY_DIR}/{n}"]).stdout for n in KEY_MAPS}
             files = {**rendered.files, **kept}

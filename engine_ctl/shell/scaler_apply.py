@@ -2,8 +2,9 @@
 replica hosts, its configuration (from the recorded state: what apply placed), its program and its unit.
 
 The key is generated on the scaler host itself (ssh-keygen there, 0600, root's): only its public half travels,
-into each replica host's authorized_keys with `restrict` and a forced command that allows start, stop and
-is-active of engine-ctl's replica units and a read-only status (remote/scaler_command.py). Nothing of the key is
+into each replica host's and each other gateway host's authorized_keys with `restrict` and a forced command that
+allows start, stop and is-active of engine-ctl's replica units, a read-only status, and on a gateway host the
+state of one server of one engine-ctl backend and its counts (remote/scaler_command.py). Nothing of the key is
 in a plan, the state or a log."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import shlex
 from collections.abc import Callable, Mapping
 from importlib import resources
 
-from engine_ctl.core.documents.inventory import Host
+from engine_ctl.core.documents.inventory import GATEWAY_ROLE, Host
 from engine_ctl.core.plan.scaler import ScalerPlan, scaler_deployments
 from engine_ctl.core.render.scaler import (
     COMMAND_PATH,
@@ -96,10 +97,19 @@ class ScalerApply:
                 self._remove(t)
                 return
             public = self._key(t)
-            known = [self._authorize(h, public) for h in sorted({s.host for d in deployments for s in d.slots})]
+            known = [self._authorize(h, public) for h in self._reached(host, deployments)]
             self._install(t, host, deployments, "".join(line + "\n" for line in known))
         finally:
             t.close()
+
+    def _gateways(self) -> list[Host]:
+        return sorted((h for h in self.hosts.values() if GATEWAY_ROLE in h.roles), key=lambda h: h.name)
+
+    def _reached(self, host: Host, deployments: list[ScalerDeployment]) -> list[str]:
+        """The hosts the scaler's key reaches: the slots' hosts (start, stop) and the other gateway hosts (their
+        servers' states, their counts)."""
+        others = {g.name for g in self._gateways() if g.name != host.name}
+        return sorted({s.host for d in deployments for s in d.slots} | others)
 
     def _key(self, t: Transport) -> str:
         q = shlex.quote(SCALER_KEY)
@@ -127,7 +137,7 @@ class ScalerApply:
     def _install(self, t: Transport, host: Host, deployments: list[ScalerDeployment], known: str) -> None:
         program = program_text()
         p = self.plan
-        rendered = render_scaler(host, deployments, sha256(program), poll_s=p.poll_s,
+        rendered = render_scaler(host, deployments, sha256(program), self._gateways(), poll_s=p.poll_s,
                                  decide_every_s=p.decide_every_s, hold_s=p.hold_s)  # fmt: skip
         files = {SCALER_PROGRAM: program, SCALER_CONFIG: rendered.config, SCALER_KNOWN_HOSTS: known,
                  f"{UNIT_DIR}/{SCALER_UNIT}": rendered.unit_text}  # fmt: skip

@@ -30,6 +30,7 @@ from engine_ctl.core.render.gateway import (
     backend_name,
     render_gateway,
     server_name,
+    wake_address_for,
 )
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.state.model import DeploymentRecord, State
@@ -190,7 +191,8 @@ def render_for(
         for name, reps in sorted(replicas.items())
     ]
     return render_gateway(host, backends, keys, hold_s=settings.hold_s, hold_cap=settings.hold_cap,
-                          threads=settings.threads, stopped=stopped)  # fmt: skip
+                          threads=settings.threads, stopped=stopped,
+                          wake_address=wake_address_for(host, hosts.values()))  # fmt: skip
 
 
 def config_diff(old: str, new: str) -> list[str]:
@@ -285,6 +287,7 @@ def gateway_after_apply(host: Host, state: State, hosts: Mapping[str, Host], cha
         hold_s=change.hold_s,
         hold_cap=change.hold_cap,
         threads=change.threads,
+        wake_address=wake_address_for(host, hosts.values()),
     )
     files = {**rendered.files, **{n: t for n, t in change.files.items() if n in RUNTIME_MAPS}}
     maps = {**rendered.maps, **{n: m for n, m in change.maps.items() if n in RUNTIME_MAPS}}

@@ -63,7 +63,7 @@ class Decision(BaseModel):
 
     at: str
     action: str
-    """up, down, zero, wake, preempt, hold (nothing free), failed."""
+    """up, down, zero, wake, preempt, hold (nothing free), failed, gateway (one did not answer, or answers again)."""
     slot: int | None = None
     host: str | None = None
     reason: str
@@ -101,7 +101,7 @@ def scaler_views(document: Any) -> dict[str, ScalerView]:
 def running_line(view: ScalerView, lo: int, hi: int) -> str:
     """The plan's line: "3 running of 1..4, by the scaler, 14:02:10: in flight 7.0/replica > 3/4 of parallel 4"."""
     line = f"{len(view.running)} running of {lo}..{hi}"
-    last = view.decisions[-1] if view.decisions else None
+    last = next((d for d in reversed(view.decisions) if d.action != "gateway"), None)  # what it did, not a gateway
     if last is None:
         return line
     clock = last.at[11:19] if len(last.at) >= 19 else last.at

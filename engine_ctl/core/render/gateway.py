@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from engine_ctl.core.documents.inventory import DEFAULT_GATEWAY_THREADS, DEFAULT_HOLD_CAP, DEFAULT_HOLD_S, Host
+from engine_ctl.core.documents.inventory import (
+    DEFAULT_GATEWAY_THREADS,
+    DEFAULT_HOLD_CAP,
+    DEFAULT_HOLD_S,
+    GATEWAY_ROLE,
+    Host,
+)
 from engine_ctl.core.model import ApiKey
 from engine_ctl.core.render.systemd_escape import comment_text
 
@@ -64,7 +70,9 @@ HOLD_S = DEFAULT_HOLD_S
 HOLD_CAP = DEFAULT_HOLD_CAP
 """Requests held at once per deployment (the inventory's gateway.hold_cap sets it)."""
 WAKE_PORT = 8809
-"""The scaler hears the Lua on 127.0.0.1:WAKE_PORT (`wake <deployment>` for a held request; see render/scaler.py)."""
+"""The scaler hears the Lua on WAKE_PORT (`wake <deployment>` for a held request; see render/scaler.py): on
+127.0.0.1 on its own host, on that host's inventory address from the other gateway hosts (wake_address)."""
+LOOPBACK = "127.0.0.1"
 DRAIN_TIMEOUT_S = 120
 """How long a replica being replaced may finish its requests in flight (streams included) before it stops."""
 CONFIG_FILE = "haproxy.cfg"
@@ -221,9 +229,11 @@ def render_gateway(
     haproxy: str = HAPROXY,
     run_dir: str = RUN_DIR,
     stopped: Mapping[str, str] | None = None,
+    wake_address: str = LOOPBACK,
 ) -> RenderedGateway:
     """Everything one gateway host runs, rendered from templates/ (haproxy.cfg.j2, hold.lua, gateway.service.j2).
-    `stopped`: deployment -> ID of those an operator stopped (stopped.map: answered deployment_stopped)."""
+    `stopped`: deployment -> ID of those an operator stopped (stopped.map: answered deployment_stopped).
+    `wake_address`: where its Lua pokes the scaler (wake_address_for)."""
     ordered = sorted(backends, key=lambda b: b.deployment)
     listen = f"{'[::]' if ':' in host.address else '*'}:{host.gateway_port}"
     common = {"host": host.name, "listen": listen, "internal_key": internal_key}
@@ -248,14 +258,28 @@ def render_gateway(
     )
     lua = _with_hash(
         "hold.lua",
-        {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX, "wake_port": WAKE_PORT},
+        {
+            "hold_s": hold_s,
+            "hold_cap": hold_cap,
+            "backend_prefix": BACKEND_PREFIX,
+            "wake_port": WAKE_PORT,
+            "wake_address": wake_address,
+        },
     )
     maps = key_maps(keys, [b.deployment for b in ordered])
     maps["models.map"] = {b.deployment: b.backend for b in ordered}
     maps["stopped.map"] = dict(stopped or {})
     files = {CONFIG_FILE: config, LUA_FILE: lua, **{name: map_text(maps[name]) for name in MAP_FILES}}
     files[START_STATE_FILE] = start_state(ordered)
-    unit = _with_hash(
+    unit = _gateway_unit(common, haproxy, run_dir, internal_key)
+    return RenderedGateway(
+        host=host.name, listen=listen, endpoint=endpoint_of(host), files=files, unit_text=unit, maps=maps
+    )
+
+
+def _gateway_unit(common: Mapping[str, object], haproxy: str, run_dir: str, internal_key: bool) -> str:
+    """The gateway's systemd unit (templates/gateway.service.j2)."""
+    return _with_hash(
         "gateway.service.j2",
         {
             **common,
@@ -269,9 +293,20 @@ def render_gateway(
             "allocator_env": ALLOCATOR_ENV,
         },
     )
-    return RenderedGateway(
-        host=host.name, listen=listen, endpoint=endpoint_of(host), files=files, unit_text=unit, maps=maps
-    )
+
+
+# --- the one scaler's host ---------------------------------------------------------------------------------------
+def first_gateway(hosts: Iterable[Host]) -> Host | None:
+    """The gateway host that runs the one scaler: the first by name (None without a gateway host)."""
+    gateways = sorted((h for h in hosts if GATEWAY_ROLE in h.roles), key=lambda h: h.name)
+    return gateways[0] if gateways else None
+
+
+def wake_address_for(host: Host, hosts: Iterable[Host]) -> str:
+    """Where a gateway's Lua pokes the scaler: 127.0.0.1 on the scaler's own host, that host's inventory address
+    from every other gateway host (the scaler listens there too, for the gateway hosts only)."""
+    scaler = first_gateway(hosts)
+    return LOOPBACK if scaler is None or scaler.name == host.name else scaler.address
 
 
 # --- servers DOWN at start --------------------------------------------------------------------------------------

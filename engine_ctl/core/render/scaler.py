@@ -8,6 +8,7 @@ the host, the unit, the gateway server and the devices (GPUs, or memory on a CPU
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
@@ -17,7 +18,15 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 from engine_ctl.core.documents.inventory import Host, Inventory
-from engine_ctl.core.render.gateway import ADMIN_SOCKET, HOLD_S, WAKE_PORT, backend_name, server_name
+from engine_ctl.core.render.gateway import (
+    ADMIN_SOCKET,
+    HOLD_S,
+    LOOPBACK,
+    WAKE_PORT,
+    backend_name,
+    first_gateway,
+    server_name,
+)
 from engine_ctl.core.render.systemd_escape import comment_text
 
 if TYPE_CHECKING:
@@ -126,8 +135,49 @@ def sha256(text: str) -> str:
 
 def scaler_host(inventory: Inventory) -> Host | None:
     """Exactly one scaler: on the first gateway host by name (None without a gateway)."""
-    gateways = sorted(inventory.gateways(), key=lambda h: h.name)
-    return gateways[0] if gateways else None
+    return first_gateway(inventory.hosts)
+
+
+class ScalerGateway(BaseModel):
+    """A gateway host whose HAProxy the scaler drives: its own over the admin socket (local), the others over SSH
+    with its key, whose forced command there allows only the gateway verbs (scaler_command.py)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    local: bool = False
+    ssh_host: str = ""
+    ssh_port: int = 22
+    address: str = ""
+
+
+def scaler_gateways(scaler: Host, gateways: Iterable[Host]) -> tuple[ScalerGateway, ...]:
+    """Every gateway host by name, the scaler's own marked local."""
+    return tuple(
+        ScalerGateway(name=g.name, local=True)
+        if g.name == scaler.name
+        else ScalerGateway(name=g.name, ssh_host=ssh_target(g), ssh_port=g.port, address=g.address)
+        for g in sorted(gateways, key=lambda h: h.name)
+    )
+
+
+def wake_binds(scaler: Host, gateways: Sequence[ScalerGateway]) -> list[str]:
+    """Where the wake listener binds: 127.0.0.1 and, when there are other gateway hosts, the scaler host's own
+    inventory address (they poke it there)."""
+    remote = any(not g.local for g in gateways)
+    return [LOOPBACK] + ([scaler.address] if remote and scaler.address != LOOPBACK else [])
+
+
+def ip_literals(addresses: Iterable[str]) -> list[str] | None:
+    """The addresses as IP literals for IPAddressAllow=, or None when one is a name (systemd takes only IPs: the
+    unit then restricts no address and the listener's own check is the guard)."""
+    out = []
+    for a in addresses:
+        try:
+            out.append(str(ipaddress.ip_address(a)))
+        except ValueError:
+            return None
+    return sorted(set(out))
 
 
 def ssh_target(host: Host) -> str:
@@ -152,9 +202,15 @@ def render_config(
     decide_every_s: int = DECIDE_EVERY_S,
     hold_s: int = HOLD_S,
     wake_port: int = WAKE_PORT,
+    gateways: Sequence[ScalerGateway] = (ScalerGateway(name="local", local=True),),
+    wake_bind: Sequence[str] = (LOOPBACK,),
 ) -> str:
-    """scaler.json: the envelope of every deployment the scaler acts on, in name order (stable text)."""
+    """scaler.json: the envelope of every deployment the scaler acts on, in name order (stable text), and the
+    gateway hosts it drives and hears (wakes only from loopback and their addresses)."""
     out = {
+        "gateways": [g.model_dump(mode="json") for g in gateways],
+        "wake_bind": list(wake_bind),
+        "wake_from": sorted({LOOPBACK, *(g.address for g in gateways if not g.local)}),
         "format": FORMAT,
         "poll_s": poll_s,
         "decide_every_s": decide_every_s,
@@ -187,20 +243,30 @@ def _template(name: str) -> jinja2.Template:
     return env.from_string(resources.files("engine_ctl.templates").joinpath(name).read_text())
 
 
-def render_unit(host: str, program_sha256: str, python: str = PYTHON) -> str:
-    """engine-ctl-scaler.service, hardened; the program's sha256 in its header so a new program restarts it."""
+def render_unit(host: str, program_sha256: str, python: str = PYTHON, ip_allow: Sequence[str] | None = None) -> str:
+    """engine-ctl-scaler.service, hardened; the program's sha256 in its header so a new program restarts it.
+    ip_allow: the only addresses it may talk with, beyond loopback (the gateway and replica hosts); None: any."""
     values = {
         "host": host, "python": python, "program": SCALER_PROGRAM, "config": SCALER_CONFIG,
         "state_dir": STATE_DIR_NAME, "run_dir": RUN_DIR_NAME, "program_sha256": program_sha256,
-        "scaler_dir": SCALER_DIR,
+        "scaler_dir": SCALER_DIR, "ip_allow": ip_allow,
     }  # fmt: skip
     body = _template("scaler.service.j2").render(**values, content_hash="")
     return _template("scaler.service.j2").render(**values, content_hash=sha256(body))
 
 
 def render_scaler(
-    host: Host, deployments: Sequence[ScalerDeployment], program_sha256: str, **settings: int
+    host: Host,
+    deployments: Sequence[ScalerDeployment],
+    program_sha256: str,
+    gateways: Iterable[Host] = (),
+    **settings: int,
 ) -> RenderedScaler:
-    return RenderedScaler(
-        host=host.name, config=render_config(deployments, **settings), unit_text=render_unit(host.name, program_sha256)
-    )
+    """The scaler on `host`, driving every gateway host (`gateways`; the scaler's own alone when empty)."""
+    drives = scaler_gateways(host, gateways) or (ScalerGateway(name=host.name, local=True),)
+    binds = wake_binds(host, drives)
+    config = render_config(deployments, gateways=drives, wake_bind=binds, **settings)
+    peers = [g.address for g in drives if not g.local] + [s.address for d in deployments for s in d.slots]
+    allow = ip_literals([*peers, *binds])
+    unit = render_unit(host.name, program_sha256, ip_allow=allow)
+    return RenderedScaler(host=host.name, config=config, unit_text=unit)

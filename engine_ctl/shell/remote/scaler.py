@@ -2,19 +2,24 @@
 
 Runs on one gateway host (the first by name) as engine-ctl-scaler.service: `python3 -I -S scaler.py --config
 /etc/engine-ctl/scaler/scaler.json`. Every poll_s (15 s) it reads each serving replica's GET /metrics (the
-provider's in-flight metric) and the gateway's counts over its admin socket (queued, sessions, request totals per
-backend), and hears the gateway's Lua on 127.0.0.1:<wake_port> (`wake <deployment>` for a held request). It
-decides at most once every decide_every_s per deployment, one replica at a time:
+provider's in-flight metric) and every gateway's counts (queued, sessions, request totals per backend, summed): its
+own over the admin socket, the other gateway hosts' over SSH (the forced command's `gateway-stat`). It hears the
+gateways' Lua on <wake_port> (`wake <deployment>` for a held request): on 127.0.0.1 from its own gateway, on its
+host's address from the other gateway hosts (and from no one else). It decides at most once every decide_every_s
+per deployment, one replica at a time:
 - up when requests in flight per replica exceed 3/4 of `parallel` or requests queue (at zero: on the first
   request, at once);
 - down when load stayed low (one replica fewer would be at most half full) for decide_every_s;
 - to zero when a `min: 0` deployment had no client request for idle_minutes (health checks and metrics reads
   never reach a backend's request count, so they never count).
-It starts a slot health-gated (GET health_path answers 200), then puts its server into the gateway's backend; it
-drains a server (no new request, wait for those in flight) before stopping it. A slot whose devices (or whose
-cores and memory, on a CPU host) are taken by another running engine-ctl unit or a GPU process is not started:
-another slot is, or the decision says why none is free; a higher-priority deployment may preempt a
-lower-priority replica above that deployment's min.
+It starts a slot health-gated (GET health_path answers 200), then puts its server into the backend on every
+gateway; it drains a server on every gateway (no new request, wait for those in flight) before stopping it. A
+gateway that does not answer within gateway_timeout_s never holds up the others; it is named in the decisions.
+Each poll it reconciles every gateway that answers: the servers of its on-demand slots that run and pass health are
+in service, the others in maintenance (so a gateway that restarted, or joined later, converges).
+A slot whose devices (or whose cores and memory, on a CPU host) are taken by another running engine-ctl unit or a
+GPU process is not started: another slot is, or the decision says why none is free; a higher-priority deployment
+may preempt a lower-priority replica above that deployment's min.
 
 Replica hosts are reached over SSH with the scaler's own key, which a forced command there limits to start, stop
 and is-active of engine-ctl's replica units and a read-only status (scaler_command.py). State (decisions, times,
@@ -54,6 +59,10 @@ START_BUDGET_S = 600
 ENTER_S = 60
 AVERAGE_WEIGHT = 0.3
 IN_USE = ("active", "activating", "deactivating", "reloading")
+GATEWAY_TIMEOUT_S = 8
+"""How long a gateway host may take to answer (its counts, a server's state) before the scaler goes on without it."""
+SET_COMMANDS = {"ready": ("state ready", "health up"), "drain": ("state drain",), "maint": ("state maint",)}
+"""A server's state as the admin socket sets it (the forced command's gateway-set does the same on other hosts)."""
 
 
 def utc(now: float) -> str:
@@ -177,6 +186,67 @@ def preemptable(dep: Obj, deps: list[Obj], running: dict[str, list[int]]) -> lis
     return out
 
 
+# Several gateways (pure) -------------------------------------------------------------------------------------
+
+
+def status_rank(status: str) -> int:
+    """In service first: UP, then DRAIN, then the rest (DOWN, no check), MAINT last."""
+    for rank, prefix in enumerate(("UP", "DRAIN")):
+        if status.startswith(prefix):
+            return rank
+    return 3 if status.startswith("MAINT") else 2
+
+
+def merge_stats(per_gateway: dict[str, dict[str, Obj]]) -> dict[str, Obj]:
+    """Each gateway's parse_stat -> one view per backend: queued, sessions and request totals summed (requests_by:
+    gateway -> its total), each server's sessions summed and its status the most in service of any gateway."""
+    out: dict[str, Obj] = {}
+    for gw in sorted(per_gateway):
+        for backend, b in per_gateway[gw].items():
+            m = out.setdefault(backend, {"queued": 0, "sessions": 0, "requests": 0, "requests_by": {}, "servers": {}})
+            m["queued"] += b["queued"]
+            m["sessions"] += b["sessions"]
+            m["requests"] += b["requests"]
+            m["requests_by"][gw] = b["requests"]
+            for name, server in b["servers"].items():
+                have = m["servers"].setdefault(name, {"status": server["status"], "sessions": 0})
+                if status_rank(server["status"]) < status_rank(have["status"]):
+                    have["status"] = server["status"]
+                have["sessions"] += server["sessions"]
+    return out
+
+
+def requests_rose(seen: Obj, now_by: Obj) -> bool:
+    """Whether a gateway's request total rose since it was last read. A gateway read for the first time, or whose
+    total went back (its HAProxy restarted), only sets its mark; one that did not answer keeps its old one."""
+    return any(gw in seen and int(n) > int(seen[gw]) for gw, n in now_by.items())
+
+
+def reconcile(
+    slots: list[Obj], wanted: set[int], unknown: set[int], servers_by_gateway: dict[str, Obj]
+) -> list[tuple[str, str, str]]:
+    """(gateway, server, ready|maint) to set so that on every gateway the servers of the on-demand slots in
+    `wanted` (running, healthy) are in service and the others in maintenance; slots in `unknown` (their host not
+    read, or acted on since) and always-on slots are left alone."""
+    out = []
+    for gw in sorted(servers_by_gateway):
+        for slot in sorted(slots, key=lambda s: s["index"]):
+            server = servers_by_gateway[gw].get(slot["server"])
+            if slot["always_on"] or slot["index"] in unknown or server is None:
+                continue
+            status = server["status"]
+            if slot["index"] in wanted and (status.startswith("MAINT") or status.startswith("DRAIN")):
+                out.append((gw, slot["server"], "ready"))
+            elif slot["index"] not in wanted and not status.startswith("MAINT"):
+                out.append((gw, slot["server"], "maint"))
+    return out
+
+
+def wake_allowed(peer: str, allowed: list[str]) -> bool:
+    """A wake is heard from loopback and from the gateway hosts' addresses only."""
+    return peer.startswith("127.") or peer in ("::1", "::ffff:127.0.0.1") or peer in allowed
+
+
 # The gateway's admin socket and the replicas ------------------------------------------------------------------
 
 
@@ -251,6 +321,17 @@ def read_key(path: str = INTERNAL_ENV) -> str:
     return ""
 
 
+def resolved(names: list[str]) -> list[str]:
+    """Addresses as the listener sees peers: IP literals as they are, a host name resolved (when it resolves)."""
+    out = []
+    for name in names:
+        try:
+            out += sorted({str(info[4][0]) for info in socket.getaddrinfo(name, None)})
+        except OSError:
+            continue
+    return out
+
+
 # State --------------------------------------------------------------------------------------------------------
 
 
@@ -290,6 +371,10 @@ class Scaler:
         self.key = read_key(config.get("internal_env", INTERNAL_ENV))
         self.seen: dict[str, tuple[float, Obj]] = {}
         """host -> (when, its status): read each poll, so a wake need not wait for an SSH round trip."""
+        self.acted_at: dict[str, float] = {}
+        """host -> when a start or stop there last ended: a status read before then is not reconciled on."""
+        self.unreachable: dict[str, str] = {}
+        """gateway -> why it did not answer (named once in the decisions, and once when it is back)."""
         for d in self.deps:
             self.mem(d["name"]).setdefault("last_request_at", time.time())
 
@@ -315,12 +400,28 @@ class Scaler:
 
     # --- hearing the gateway ----------------------------------------------------------------------------------
     def listen(self, port: int) -> None:
-        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        server.bind(("127.0.0.1", port))
-        server.listen(64)
+        """On 127.0.0.1 and, with other gateway hosts, on this host's address (wake_bind); from those hosts only."""
+        allowed = resolved(self.config.get("wake_from") or [])
+        binds = self.config.get("wake_bind") or ["127.0.0.1"]
+        for address in binds[1:]:
+            threading.Thread(target=self.listen_on, args=(address, port, allowed), daemon=True).start()
+        self.listen_on(binds[0], port, allowed)
+
+    def listen_on(self, address: str, port: int, allowed: list[str]) -> None:
+        try:
+            server = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            server.bind((address, port))
+            server.listen(64)
+        except OSError as exc:
+            self.log("the wake listener on %s:%d: %s" % (address, port, exc))
+            return
         while True:
-            conn, _ = server.accept()
+            conn, peer = server.accept()
+            if not wake_allowed(peer[0], allowed):
+                self.log("a wake from %s refused: not a gateway host" % peer[0])
+                conn.close()
+                continue
             threading.Thread(target=self._heard, args=(conn,), daemon=True).start()
 
     def _heard(self, conn: socket.socket) -> None:
@@ -337,12 +438,114 @@ class Scaler:
             self.woken.set()
 
     # --- observing --------------------------------------------------------------------------------------------
-    def gateway(self) -> dict[str, Obj]:
+    def drives(self) -> list[Obj]:
+        """The gateway hosts whose HAProxy it drives (an older scaler.json: its own only)."""
+        return list(self.config.get("gateways") or [{"name": "local", "local": True}])
+
+    def on_gateway(self, gw: Obj, words: list[str]) -> tuple[int, str]:
+        """`gateway-stat` or `gateway-set BACKEND SERVER STATE` on one gateway: its own admin socket here, the
+        forced command over SSH elsewhere. (exit status, output)."""
+        timeout = float(self.config.get("gateway_timeout_s", GATEWAY_TIMEOUT_S))
+        if not gw.get("local"):
+            return self.ssh(gw, " ".join(words), timeout=timeout)
+        sock = self.config["gateway_socket"]
         try:
-            return parse_stat(admin(self.config["gateway_socket"], "show stat"))
+            if words == ["gateway-stat"]:
+                return 0, admin(sock, "show stat", timeout)
+            for command in SET_COMMANDS[words[3]]:
+                said = admin(sock, "set server %s/%s %s" % (words[1], words[2], command), timeout)
+                if said.strip():
+                    return 1, said
         except OSError as exc:
-            self.log("the gateway's admin socket: %s" % exc)
-            return {}
+            return -1, "its admin socket: %s" % exc
+        return 0, ""
+
+    def each_gateway(self, words: list[str], gateways: list[Obj] | None = None) -> dict[str, tuple[int, str]]:
+        """The same on every gateway (or those given) at once; one that has not answered within the timeout is not
+        waited for."""
+        timeout = float(self.config.get("gateway_timeout_s", GATEWAY_TIMEOUT_S))
+        results: dict[str, tuple[int, str]] = {}
+        gateways = self.drives() if gateways is None else gateways
+
+        def one(gw: Obj) -> None:
+            results[gw["name"]] = self.on_gateway(gw, words)
+
+        threads = [threading.Thread(target=one, args=(gw,), daemon=True) for gw in gateways]
+        for t in threads:
+            t.start()
+        deadline = time.time() + timeout + 1
+        for t in threads:
+            t.join(max(deadline - time.time(), 0))
+        late = (-1, "no answer within %d s" % timeout)
+        return {gw["name"]: results.get(gw["name"], late) for gw in gateways}
+
+    def gateway_stats(self, all_gateways: bool = True) -> dict[str, dict[str, Obj]]:
+        """Every gateway's counts that answered (gateway -> parse_stat); the others are named in the decisions.
+        Not all_gateways (a wake): those that did not answer last time are not waited for again."""
+        asked = [gw for gw in self.drives() if all_gateways or gw["name"] not in self.unreachable]
+        out = {}
+        for name, (code, text) in sorted(self.each_gateway(["gateway-stat"], asked).items()):
+            if code == 0 and text.lstrip().startswith("#"):
+                out[name] = parse_stat(text)
+            problem = None if name in out else (text.strip()[-200:] or "exit status %d" % code)
+            self.note_gateway(name, problem)
+        return out
+
+    def note_gateway(self, name: str, problem: str | None) -> None:
+        """Name a gateway in every deployment's decisions when it stops answering, and when it answers again."""
+        with self.lock:
+            was = self.unreachable.get(name)
+            if (problem is None) == (was is None):
+                return
+            if problem is None:
+                self.unreachable.pop(name, None)
+            else:
+                self.unreachable[name] = problem
+            self.state["gateways_unreachable"] = dict(self.unreachable)
+        reason = "gateway %s unreachable: %s" % (name, problem) if problem else "gateway %s answers again" % name
+        for dep in self.deps:
+            self.record(dep["name"], "gateway", reason)
+
+    def set_everywhere(self, dep: Obj, slot: Obj, state: str) -> list[str]:
+        """A server's state on every gateway; those where it failed (recorded in the decisions), each with why."""
+        results = self.each_gateway(["gateway-set", dep["backend"], slot["server"], state])
+        failed = ["%s: %s" % (n, out.strip()[-200:] or "exit status %d" % code)
+                  for n, (code, out) in sorted(results.items()) if code != 0]  # fmt: skip
+        if failed:
+            reason = "slot %d not set %s on %s" % (slot["index"], state, "; ".join(failed))
+            self.record(dep["name"], "gateway", reason, None, slot)
+        return failed
+
+    def reconcile_gateways(self, per: dict[str, dict[str, Obj]]) -> None:
+        """Every gateway that answered: the servers of on-demand slots that run and pass health in service, the
+        others in maintenance (a deployment busy starting or stopping, or held by an operator, is left alone)."""
+        drives = {gw["name"]: gw for gw in self.drives()}
+        for dep in self.deps:
+            if dep.get("stopped") or self.mem(dep["name"]).get("busy"):
+                continue
+            wanted, unknown = self.healthy_slots(dep)
+            servers = {gw: stats.get(dep["backend"], {}).get("servers", {}) for gw, stats in per.items()}
+            for gw, server, state in reconcile(dep["slots"], wanted, unknown, servers):
+                code, out = self.on_gateway(drives[gw], ["gateway-set", dep["backend"], server, state])
+                said = "" if code == 0 else ": " + out.strip()[-200:]
+                self.log("%s: %s %s on %s (reconciled)%s" % (dep["name"], server, state, gw, said))
+
+    def healthy_slots(self, dep: Obj) -> tuple[set[int], set[int]]:
+        """(on-demand slots whose unit is active and whose engine answers its health check, those not known: their
+        host not read since the scaler last acted there)."""
+        wanted, unknown = set(), set()
+        for slot in dep["slots"]:
+            if slot["always_on"]:
+                continue
+            when, status = self.seen.get(slot["host"], (0.0, None))
+            if status is None or when <= self.acted_at.get(slot["host"], 0.0):
+                unknown.add(slot["index"])
+                continue
+            if any(u["unit"] == slot["unit"] and u.get("state") == "active" for u in status.get("active", [])):
+                url = "http://%s:%d%s" % (slot["address"], slot["port"], slot["health_path"])
+                if http_get(url, "", timeout=2)[0] == 200:
+                    wanted.add(slot["index"])
+        return wanted, unknown
 
     def observe(self, dep: Obj, stats: Obj, held: int, now: float) -> Obj:
         servers = stats.get("servers", {})
@@ -364,9 +567,11 @@ class Scaler:
         if busy.get("action") == "up" and busy.get("slot") not in running:
             running.append(busy["slot"])
         requests = int(stats.get("requests", 0))
-        if requests > int(mem.get("requests_seen") or 0) or held or in_flight or stats.get("queued"):
+        by = stats.get("requests_by") or {}
+        if requests_rose(mem.get("requests_by") or {}, by) or held or in_flight or stats.get("queued"):
             mem["last_request_at"] = now
         mem["requests_seen"] = requests
+        mem["requests_by"] = dict(mem.get("requests_by") or {}, **by)
         mem["average"] = round(AVERAGE_WEIGHT * in_flight + (1 - AVERAGE_WEIGHT) * float(mem.get("average") or 0), 3)
         idle = now - float(mem.get("last_request_at") or now)
         return {"running": sorted(running), "ready": sorted(ready), "in_flight": in_flight,
@@ -420,7 +625,9 @@ class Scaler:
             argv[1:1] = ["-o", "ControlMaster=auto", "-o", "ControlPath=%s/%%C" % control, "-o", "ControlPersist=600"]
         try:
             p = subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
+        except subprocess.TimeoutExpired:
+            return -1, "no answer within %d s" % timeout
+        except OSError as exc:
             return -1, str(exc)
         return p.returncode, (p.stdout or p.stderr).decode(errors="replace")
 
@@ -429,7 +636,8 @@ class Scaler:
         """One look and the decisions it leads to; `refresh`: read the hosts' status too (a regular poll; a wake
         uses what the last poll read, so it waits for no SSH round trip)."""
         now = time.time()
-        stats = self.gateway()
+        per = self.gateway_stats(all_gateways=refresh)
+        stats = merge_stats(per)
         with self.lock:
             wakes, self.wakes = self.wakes, {}
         if refresh:
@@ -438,6 +646,8 @@ class Scaler:
         observed = {}
         for dep in self.deps:
             observed[dep["name"]] = self.observe(dep, stats.get(dep["backend"], {}), wakes.get(dep["name"], 0), now)
+        if refresh:
+            self.reconcile_gateways(per)
         every = float(self.config.get("decide_every_s", 120))
         order = sorted(self.deps, key=lambda d: (-int(d.get("priority", 0)), d["name"]))
         for dep in order:
@@ -519,6 +729,7 @@ class Scaler:
             self._carry_out(dep, action, slot)
         finally:
             self.seen.pop(slot["host"], None)
+            self.acted_at[slot["host"]] = time.time()
 
     def _carry_out(self, dep: Obj, action: str, slot: Obj) -> None:
         """One replica's start (health-gated, then into the backend) or drain and stop; `busy` until done, so a
@@ -552,22 +763,27 @@ class Scaler:
                 if self.ssh(slot, "is-active " + slot["unit"])[0] != 0:
                     raise RuntimeError("%s on %s stopped while loading" % (slot["unit"], slot["host"]))
             time.sleep(0.1)
-        where = "%s/%s" % (dep["backend"], slot["server"])
-        admin(self.config["gateway_socket"], "set server %s state ready" % where)
-        admin(self.config["gateway_socket"], "set server %s health up" % where)
+        failed = self.set_everywhere(dep, slot, "ready")
+        if len(failed) == len(self.drives()):
+            raise RuntimeError("slot %d serves but no gateway took it: %s" % (slot["index"], "; ".join(failed)))
         self.log("%s: slot %d serving" % (dep["name"], slot["index"]))
 
     def drain_and_stop(self, dep: Obj, slot: Obj) -> None:
-        where = "%s/%s" % (dep["backend"], slot["server"])
-        sock = self.config["gateway_socket"]
-        admin(sock, "set server %s state drain" % where)
+        """Drain on every gateway, wait until no gateway that answers has a request on it, maintenance on every
+        gateway, then stop (a gateway that did not answer is reconciled into maintenance when it is back)."""
+        failed = self.set_everywhere(dep, slot, "drain")
+        names = [gw["name"] for gw in self.drives() if not any(f.startswith(gw["name"] + ":") for f in failed)]
+        self.log("%s: slot %d draining on %s" % (dep["name"], slot["index"], ", ".join(names) or "no gateway"))
         deadline = time.time() + DRAIN_S
         while time.time() < deadline:
-            server = parse_stat(admin(sock, "show stat")).get(dep["backend"], {}).get("servers", {}).get(slot["server"])
+            stats = merge_stats(self.gateway_stats()).get(dep["backend"], {})
+            server = stats.get("servers", {}).get(slot["server"])
             if server is None or server["sessions"] == 0:
                 break
             time.sleep(0.5)
-        admin(sock, "set server %s state maint" % where)
+        failed = self.set_everywhere(dep, slot, "maint")
+        names = [gw["name"] for gw in self.drives() if not any(f.startswith(gw["name"] + ":") for f in failed)]
+        self.log("%s: slot %d in maintenance on %s" % (dep["name"], slot["index"], ", ".join(names) or "no gateway"))
         code, out = self.ssh(slot, "stop " + slot["unit"], timeout=120)
         if code != 0:
             raise RuntimeError("stop %s on %s: %s" % (slot["unit"], slot["host"], out.strip()[-300:]))

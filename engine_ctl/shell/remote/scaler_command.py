@@ -6,6 +6,10 @@ The key can do exactly this, read from SSH_ORIGINAL_COMMAND and nothing else:
   (engine-ctl-<deployment>-<index><slot>.service, with engine-ctl's header);
 - `status`: the replica units in use here with the devices each takes, the GPUs with a process (nvidia-smi, when
   present), the cores and memory of the host. Read-only.
+On a gateway host (the scaler drives every gateway's HAProxy, not only its own), over this host's admin socket:
+- `gateway-set BACKEND SERVER ready|drain|maint`: one server of one engine-ctl backend (d_<deployment>, r<index><slot>)
+  into service (ready, and its health up: the scaler's health gate passed), to drain, or into maintenance;
+- `gateway-stat`: HAProxy's `show stat`, the engine-ctl backends' rows only. Read-only.
 Anything else is refused with exit status 126 and a line on stderr; no shell ever sees the command."""
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -27,11 +32,15 @@ HEADER = "# Managed by engine-ctl"
 DEVICES = re.compile(r"\b(?:CUDA|ROCR|HIP)_VISIBLE_DEVICES=([A-Za-z0-9,_-]+)")
 IN_USE = ("active", "activating", "deactivating", "reloading")
 REFUSED = 126
+BACKEND = re.compile(r"^d_[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?\Z")
+SERVER = re.compile(r"^r(?:0|[1-9][0-9]{0,2})[ab]\Z")
+SERVER_STATES = ("ready", "drain", "maint")
+ADMIN_SOCKET = "/run/engine-ctl-gateway/admin.sock"
 
 
 def refuse(command: str) -> int:
-    sys.stderr.write("engine-ctl scaler key: refused: %r (only start, stop, is-active of a replica unit, and "
-                     "status)\n" % command[:200])  # fmt: skip
+    sys.stderr.write("engine-ctl scaler key: refused: %r (only start, stop, is-active of a replica unit, status, "
+                     "gateway-set of an engine-ctl server, gateway-stat)\n" % command[:200])  # fmt: skip
     return REFUSED
 
 
@@ -100,9 +109,66 @@ def status() -> dict[str, Any]:
     return found
 
 
+def gateway_commands(words: list[str]) -> list[str] | None:
+    """The admin-socket commands a gateway verb stands for, or None when it is not one (names checked strictly)."""
+    if words == ["gateway-stat"]:
+        return ["show stat"]
+    if len(words) != 4 or words[0] != "gateway-set" or words[3] not in SERVER_STATES:
+        return None
+    if BACKEND.match(words[1]) is None or SERVER.match(words[2]) is None:
+        return None
+    where = "%s/%s" % (words[1], words[2])
+    out = ["set server %s state %s" % (where, words[3])]
+    return out + (["set server %s health up" % where] if words[3] == "ready" else [])
+
+
+def engine_ctl_rows(text: str) -> str:
+    """`show stat` cut to its header and the engine-ctl backends' rows (d_*): nothing else leaves the host."""
+    lines = text.splitlines()
+    keep = [ln for ln in lines[1:] if ln.startswith("d_")]
+    return "\n".join(lines[:1] + keep) + "\n" if lines and lines[0].startswith("#") else ""
+
+
+def admin(command: str, path: str = ADMIN_SOCKET, timeout: float = 10) -> str:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(path)
+        s.sendall(command.encode() + b"\n")
+        out = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        s.close()
+    return out.decode(errors="replace")
+
+
+def gateway(commands: list[str]) -> int:
+    """Run them on this host's admin socket: `show stat` printed (engine-ctl's rows), a `set` that HAProxy answers
+    with anything (an unknown backend or server) fails with exit status 1."""
+    try:
+        for command in commands:
+            said = admin(command)
+            if command == "show stat":
+                sys.stdout.write(engine_ctl_rows(said))
+            elif said.strip():
+                sys.stderr.write("%s: %s\n" % (command, said.strip()[:300]))
+                return 1
+    except OSError as exc:
+        sys.stderr.write("the gateway's admin socket: %s\n" % exc)
+        return 1
+    return 0
+
+
 def main(command: str | None = None) -> int:
     command = os.environ.get("SSH_ORIGINAL_COMMAND", "") if command is None else command
     words = command.split()
+    commands = gateway_commands(words)
+    if commands is not None:
+        return gateway(commands)
     if words == ["status"]:
         sys.stdout.write(json.dumps(status()) + "\n")
         return 0
