@@ -4,10 +4,9 @@
 sleep level) and writes the scaler's configuration at once: the deployment with `parked` (core.render.scaler
 ScalerWake), its provider's wake steps as data. The gateway holds a request for it (its servers are in
 maintenance) and its Lua pokes the scaler (`wake <deployment>`); the scaler wakes it once whatever becomes of the
-held client (single flight): on each replica the engine's own wake calls and their check (vLLM level 1: POST
-/wake_up; deep: /wake_up?tags=weights, /collective_rpc reload_weights, /wake_up?tags=kv_cache; SGLang: POST
-/resume_memory_occupation; none for restart_only), then the scaler's start of the slot, the same as a scale-up:
-the unit started over its forced SSH command (llama.cpp's restart; a no-op for an engine asleep, which still
+held client (single flight): on each replica the engine's own wake calls and their check, as its provider gives
+them (none for restart_only), then the scaler's start of the slot, the same as a scale-up: the unit started over
+its forced SSH command (a restart for an engine that parks by stopping; a no-op for an engine asleep, which still
 runs), health-gated, then its server put into the gateway's backend, so the held request is answered.
 
 The scaler records `woken` (when, and the park's operation) in its state.json. engine-ctl reads it back from the

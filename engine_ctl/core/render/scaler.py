@@ -84,7 +84,7 @@ class WakeCall(BaseModel):
 
 
 class WakeCheck(BaseModel):
-    """The engine's word that it is awake: GET path answers JSON with `key` false (vLLM's /is_sleeping)."""
+    """The engine's word that it is awake: GET path answers JSON with `key` false (as its provider gives it)."""
 
     model_config = ConfigDict(frozen=True)
 
