@@ -542,10 +542,11 @@ class Scaler:
 
     def reconcile_gateways(self, per: dict[str, dict[str, Obj]]) -> None:
         """Every gateway that answered: the servers of on-demand slots that run and pass health in service, the
-        others in maintenance (a deployment busy starting or stopping, or held by an operator, is left alone)."""
+        others in maintenance (a deployment busy starting, waking or stopping, or stopped or parked by an operator,
+        is left alone: a parked engine asleep still runs and may answer its health check)."""
         drives = {gw["name"]: gw for gw in self.drives()}
         for dep in self.deps:
-            if dep.get("stopped") or self.mem(dep["name"]).get("busy"):
+            if dep.get("stopped") or dep.get("parked") or self.mem(dep["name"]).get("busy"):
                 continue
             wanted, unknown = self.healthy_slots(dep)
             servers = {gw: stats.get(dep["backend"], {}).get("servers", {}) for gw, stats in per.items()}
