@@ -220,6 +220,7 @@ def test_park_and_wake_of_a_llamacpp_deployment_is_a_restart(lc: Lifecycle) -> N
     assert lc.unit_state() == "inactive"
     woken = lc.cli("start", "deployment", "lc", "--wait")
     assert woken.returncode == 0 and "Started lc: ready" in woken.stdout, woken.stdout + woken.stderr
+    assert woken.stdout.startswith("Waking lc from its park"), woken.stdout  # a wake, not a stop's words
     assert lc.unit_state() == "active" and lc.main_pid() != before  # restart_only: a new engine process
     assert lc.ask()[0] == 200
 

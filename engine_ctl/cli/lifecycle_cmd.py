@@ -104,8 +104,8 @@ def start_deployment(name: str, inventory_path: Path | None, state_path: str | N
     """Start deployment NAME again. Right after a stop it is refused (exit 25, still_stopping) unless --wait."""
     verbs = _verbs(state_path, inventory_path, accept_new_host_keys, lock_timeout)
 
-    def waiting() -> None:
-        say(f"Waiting for the stop of {name} to finish (at most {STOP_WAIT_S}s)")
+    def waiting(verb: str) -> None:
+        say(waiting_line(verb, name))
 
     out = _run(verbs, lambda: verbs.start(name, wait, waiting))
     if out.note:
@@ -118,6 +118,13 @@ def start_deployment(name: str, inventory_path: Path | None, state_path: str | N
         say("  Operation   initialize succeeded")
     else:
         _accepted("Start", name, out)
+
+
+def waiting_line(verb: str, name: str) -> str:
+    """What `start --wait` waits for: a stop to finish (seed 003's words), or a park, before the wake."""
+    if verb == "park":
+        return f"Waking {name} from its park (waiting at most {STOP_WAIT_S}s for the park to finish first)"
+    return f"Waiting for the stop of {name} to finish (at most {STOP_WAIT_S}s)"
 
 
 @park.command("deployment")

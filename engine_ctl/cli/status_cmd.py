@@ -19,7 +19,7 @@ from engine_ctl.core.documents.loader import load_paths
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.names import UNIT_PREFIX, UNIT_SUFFIX, parse_unit_name
 from engine_ctl.core.plan.decisions import readiness_checks
-from engine_ctl.core.plan.scaler import scaler_views_of, with_scaler
+from engine_ctl.core.plan.scaler import ScalerView, scaler_views_of, with_scaler
 from engine_ctl.core.plan.status import (
     DeploymentStatus,
     deployment_status,
@@ -27,6 +27,7 @@ from engine_ctl.core.plan.status import (
     initialize_text,
     startup_text,
 )
+from engine_ctl.core.plan.wake import WOKEN_OPERATION, woken_at, woken_status
 from engine_ctl.core.render.gateway import endpoint_of
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.gather import gather
@@ -91,7 +92,18 @@ def _statuses(
     gateways: list[tuple[str, str]] | None = None,
 ) -> list[DeploymentStatus]:
     views = scaler_views_of(facts[h] for h, _ in gateways or [] if h in facts)
-    return [with_scaler(deployment_status(state.deployments[n], facts, gateways or []), views.get(n)) for n in names]
+    return [_one_status(state.deployments[n], facts, gateways or [], views.get(n)) for n in names]
+
+
+def _one_status(
+    rec: DeploymentRecord, facts: dict[str, HostFacts], gateways: list[tuple[str, str]], view: ScalerView | None
+) -> DeploymentStatus:
+    """One deployment's status; a parked one a request woke (core.plan.wake) as it serves, not as parked."""
+    at = woken_at(rec, view.woken if view is not None else None)
+    if at is None:
+        return with_scaler(deployment_status(rec, facts, gateways), view)
+    awake = deployment_status(rec.model_copy(update={"operator": None}), facts, gateways)
+    return woken_status(with_scaler(awake, view), at)
 
 
 def url_of(address: str | None, port: int) -> str | None:
@@ -262,7 +274,9 @@ def _asleep(
 ) -> list[DeploymentStatus]:  # fmt: skip
     """A deployment parked asleep is `parking` while its park job (drain, then the engine's sleep) still runs on
     its hosts, then `parked`: asked of the hosts, only for such deployments (their units' facts cannot tell)."""
-    asleep = {r.name: r for r in records if r.operator is not None and r.operator.verb == "parked" and r.operator.level}
+    woken = {s.name for s in statuses if s.last_operation == WOKEN_OPERATION}  # a request woke it: it serves
+    asleep = {r.name: r for r in records if r.operator is not None and r.operator.verb == "parked" and r.operator.level
+              and r.name not in woken}  # fmt: skip
     if not asleep:
         return statuses
     from engine_ctl.shell.lifecycle import Verbs

@@ -6,6 +6,7 @@ What each verb means in a declarative tool is in engine_ctl.core.plan.operator."
 from __future__ import annotations
 
 import getpass
+import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,6 +16,7 @@ from engine_ctl.core.diagnostics import EXIT_STATUSES
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.plan.gateway import backends_from_state, stopped_map
 from engine_ctl.core.plan.operator import STOP_WAIT_S, park_refusal, parking_phase, stop_phase
+from engine_ctl.core.plan.wake import parked, woken_at
 from engine_ctl.core.render.gateway import (
     CONFIG_FILE,
     GATEWAY_DIR,
@@ -193,14 +195,24 @@ class Verbs:
                 unit_sha256=rendered.unit_sha256, config=rendered.files[CONFIG_FILE],
             )  # fmt: skip
 
-    def refresh_scaler(self, state: State, name: str) -> None:
-        """The scaler's configuration (scaler.json) again, where the deployment scales: `stopped` for a held one, so
-        the scaler never starts its slots. A failure is said, never fatal: the next apply writes it too."""
-        from engine_ctl.core.plan.scaler import plan_scaler, scales
+    def refresh_scaler(self, state: State, name: str, parking: bool = False) -> None:
+        """The scaler's configuration (scaler.json) again, where the deployment scales or is parked (`parking`:
+        it is, or was until this verb): `stopped` for a held one, so the scaler never starts its slots as it
+        scales, and `parked` with its wake steps for a parked one, so a request wakes it (core.plan.wake); the
+        scaler is removed once nothing is left for it. A failure is said, never fatal: the next apply writes it."""
+        from engine_ctl.core.plan.scaler import ScalerPlan, plan_scaler, scales
+        from engine_ctl.core.render.scaler import scaler_host
         from engine_ctl.shell.scaler_apply import ScalerApply, ScalerFailure
 
         rec = state.deployments.get(name)
-        plan = plan_scaler([], state, self.inventory, {}) if rec is not None and scales(rec.spec) else None
+        if rec is None or not (parking or scales(rec.spec)):
+            return
+        plan = plan_scaler([], state, self.inventory, {})
+        host = scaler_host(self.inventory)
+        if plan is None and host is not None and parking:  # nothing left for it: removed
+            s = self.inventory.scaling
+            plan = ScalerPlan(host=host.name, poll_s=s.poll_s, decide_every_s=s.decide_every_s,
+                              hold_s=self.inventory.gateway.hold_s)  # fmt: skip
         if plan is None:
             return
         hosts = {h.name: h for h in self.inventory.hosts}
@@ -208,6 +220,22 @@ class Verbs:
             ScalerApply(plan, hosts, lambda: state, self.options, self.progress).run()
         except (ScalerFailure, HostFailure, OSError) as exc:
             self.progress(f"warning: the scaler's configuration was not updated: {exc}; `engine-ctl apply` does it")
+
+    def woken(self, state: State, rec: DeploymentRecord) -> str | None:
+        """When a request through the gateway woke this park of `rec` (the scaler's state.json on its host), or
+        None."""
+        from engine_ctl.core.plan.scaler import scaler_views
+        from engine_ctl.core.render.scaler import SCALER_STATE, scaler_host
+
+        host = scaler_host(self.inventory)
+        if not parked(rec) or host is None or host.name not in state.gateways:
+            return None
+        try:  # a gateway host out of reach: not known to be woken (a start then waits for the park, as before)
+            out = self._t(host.name).run(["cat", SCALER_STATE], timeout=30).stdout
+            view = scaler_views(json.loads(out)).get(rec.name)
+        except (HostFailure, OSError, ValueError):
+            return None
+        return woken_at(rec, view.woken if view is not None else None)
 
     def servers(self, state: State, rec: DeploymentRecord, to: str) -> None:
         """Each replica's server on every gateway: `maint` (nothing routed to it) or `ready`."""
@@ -227,6 +255,7 @@ class Verbs:
             operation = new_id()
             if rec.operator is not None and rec.operator.verb == "stopped":
                 return Outcome(operation=rec.operator.operation, note=f"{name} is already stopped")
+            was_parked = parked(rec)
             rec.operator = OperatorAction(verb="stopped", when=now(), who=getpass.getuser(), operation=operation)
             for r in rec.replicas:
                 r.status = "stopped"
@@ -235,7 +264,7 @@ class Verbs:
             self.publish_stopped(state)
             self.servers(state, rec, "maint")
             state = self._write(state)
-            self.refresh_scaler(state, name)
+            self.refresh_scaler(state, name, parking=was_parked)
             self._detach(rec, "stop", lambda p, h, r: stop_job(p, h, r))
         return Outcome(operation=operation)
 
@@ -260,17 +289,21 @@ class Verbs:
             self.progress(f"{rec.name}: {verb} of {r.unit} on {r.host} accepted ({job_unit(verb, r.unit)})")
 
     # --- start ------------------------------------------------------------------------------------------------
-    def start(self, name: str, wait: bool, on_wait: Callable[[], None] = lambda: None) -> Outcome:
+    def start(self, name: str, wait: bool, on_wait: Callable[[str], None] = lambda _verb: None) -> Outcome:
+        """Start (or wake) a held deployment. `on_wait(verb)` is told, with --wait, what it waits for: `stop` (the
+        seed's words) or `park` (a wake)."""
         rec = self.record(name)
         if rec.operator is None:
             return Outcome(operation="", note=f"{name} is not stopped or parked; nothing to start")
         if rec.operator.verb == "deleted":
             return self._undelete(name)
+        if parked(rec) and self.woken(self.backend.read(), rec) is not None:
+            return self._start(name, wait, serving=True)  # a request woke it: it serves; the park record is cleared
         if wait:  # seed 003: --wait says it waits for the stop, however long that is
-            on_wait()
+            on_wait("park" if parked(rec) else "stop")
             if not self._wait_phase(rec):
-                raise Refused(f"the stop of {name} did not finish within {STOP_WAIT_S}s; nothing was started",
-                              code="still_stopping")  # fmt: skip
+                raise Refused(f"the {'park' if parked(rec) else 'stop'} of {name} did not finish within "
+                              f"{STOP_WAIT_S}s; nothing was started", code="still_stopping")  # fmt: skip
         elif self.phase(rec) in ("stopping", "parking"):
             raise Refused(
                 f"{name} is still stopping; nothing was started. Retry in a moment, or run "
@@ -287,7 +320,8 @@ class Verbs:
             time.sleep(1)
         return True
 
-    def _start(self, name: str, wait: bool) -> Outcome:
+    def _start(self, name: str, wait: bool, serving: bool = False) -> Outcome:
+        """`serving`: a request woke it (the scaler's health gate passed): recorded serving, as with --wait."""
         with self._locked("start") as state:
             rec = state.deployments[name]
             held = rec.operator
@@ -298,7 +332,7 @@ class Verbs:
             state = self._write(state)
             self.publish_stopped(state)
             state = self._write(state)
-            self.refresh_scaler(state, name)
+            self.refresh_scaler(state, name, parking=held.verb == "parked")
         asleep = held.verb == "parked" and held.level > 0
         provider = provider_of(rec)
         # an on-demand replica stopped with the deployment is left installed and not started: the scaler starts it
@@ -311,7 +345,7 @@ class Verbs:
             else:
                 run_checked(t, start_unit_argv(r.unit, wait or asleep), f"starting {r.unit} on {r.host}", timeout=900)
             self.progress(f"{name}: {r.unit} on {r.host} {'answers' if wait or asleep else 'start accepted'}")
-        answered = wait or asleep  # without --wait the engines were only started: starting until they answer
+        answered = wait or asleep or serving  # without --wait the engines were only started: starting until they answer
         units = {r.unit for r in started}
         with self._locked("start") as state:
             now_rec = state.deployments[name]
@@ -336,7 +370,7 @@ class Verbs:
     def park(self, name: str) -> Outcome:
         with self._locked("park") as state:
             rec = self._held(state, name, allowed=("parked",))
-            if rec.operator is not None:
+            if rec.operator is not None and self.woken(state, rec) is None:
                 return Outcome(operation=rec.operator.operation, note=f"{name} is already parked")
             provider = provider_of(rec)
             residency = rec.spec.residency if rec.spec and rec.spec.api == "chat" else "restart_only"
@@ -351,11 +385,12 @@ class Verbs:
             self._log(state, f"park deployment {name}", operation, "park requested")
             state = self._write(state)
             self.servers(state, rec, "maint")
-            self.refresh_scaler(state, name)
             if asleep:
                 self._detach(rec, "park", lambda p, h, r: sleep_job(p, h, r, level))
             else:
                 self._detach(rec, "stop", lambda p, h, r: stop_job(p, h, r))
+            # the scaler learns of the park once its jobs run: a wake on a request waits for them to finish
+            self.refresh_scaler(state, name, parking=True)
         return Outcome(operation=operation)
 
     def _room_for_weights(self, rec: DeploymentRecord) -> None:

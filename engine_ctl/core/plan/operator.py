@@ -21,6 +21,7 @@ from collections.abc import Iterable
 
 from engine_ctl.core.plan.changes import NO_OP, DeploymentChange, Drift
 from engine_ctl.core.plan.gateway import stopped_map
+from engine_ctl.core.plan.wake import woken_note
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.state.model import DeploymentRecord, OperatorAction, State
 
@@ -51,11 +52,14 @@ def note(action: OperatorAction, name: str) -> str:
             f"`engine-ctl start deployment {name}`")  # fmt: skip
 
 
-def hold(change: DeploymentChange, record: DeploymentRecord) -> DeploymentChange:
+def hold(change: DeploymentChange, record: DeploymentRecord, woken_at: str | None = None) -> DeploymentChange:
     """The plan of a deployment an operator holds: nothing on its hosts changes, and the plan says why; changes of
-    its document are still listed (they roll in after start)."""
+    its document are still listed (they roll in after start). `woken_at`: a parked one a request woke then
+    (core.plan.wake): it serves, and apply leaves it serving."""
     assert record.operator is not None
     why = note(record.operator, record.name)
+    if woken_at is not None:
+        why = f"{why}; {woken_note(woken_at, record.name)}"
     said = [*change.blocked, *([f"Failed: {change.failed_reason}"] if change.failed_reason else [])]
     held = change.model_copy(
         update={"action": list(NO_OP), "replicas": [], "fetches": [], "adopt": [], "operator": why, "reasons": [],

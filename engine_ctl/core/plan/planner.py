@@ -43,8 +43,9 @@ from engine_ctl.core.plan.envelope import envelopes
 from engine_ctl.core.plan.gateway import plan_gateways
 from engine_ctl.core.plan.operator import hold, without_held_drift
 from engine_ctl.core.plan.ownership import foreign_units, hold_back, hold_foreign
-from engine_ctl.core.plan.scaler import plan_scaler, without_scaler
+from engine_ctl.core.plan.scaler import plan_scaler, scaler_views_of, without_scaler
 from engine_ctl.core.plan.unitdiff import attach_unit_diffs
+from engine_ctl.core.plan.wake import woken_parks
 from engine_ctl.core.plan.world import Allocation, Hosts
 from engine_ctl.core.render.gateway import GATEWAY_UNIT
 from engine_ctl.core.render.scaler import SCALER_UNIT
@@ -151,12 +152,13 @@ def finish_all(
 
 
 def held_by_operator(
-    change: DeploymentChange, state: State, wanted: Mapping[str, LoadedDeployment]
+    change: DeploymentChange, state: State, wanted: Mapping[str, LoadedDeployment], woken: Mapping[str, str]
 ) -> DeploymentChange:
-    """A wanted deployment an operator's stop, park or delete holds: nothing of it changes (core.plan.operator)."""
+    """A wanted deployment an operator's stop, park or delete holds: nothing of it changes (core.plan.operator);
+    `woken`: parked ones a request woke, and when (core.plan.wake), which serve and are left serving."""
     record = state.deployments.get(change.name)
     if change.name in wanted and record is not None and record.operator is not None:
-        return hold(change, record)
+        return hold(change, record, woken.get(change.name))
     return change
 
 
@@ -202,7 +204,8 @@ def make_plan(
             assert record is not None
             plan.changes.append(held_back(record, hold_absent) if hold_absent else removed(record, hosts))
     plan.drift += finish_all(started, state, wanted, alloc, replace)
-    plan.changes = [held_by_operator(c, state, wanted) for c in plan.changes]
+    woken = woken_parks(state.deployments, scaler_views_of(facts.values()))
+    plan.changes = [held_by_operator(c, state, wanted, woken) for c in plan.changes]
     hold_back(plan, foreign)
     gateway_units = with_gateways(plan, desired, state, inventory, facts)
     plan.drift.extend(unmanaged_units(state, facts, {(f.host, f.unit) for f in foreign} | gateway_units))

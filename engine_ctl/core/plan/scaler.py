@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from engine_ctl.core.documents.inventory import Host, Inventory
+from engine_ctl.core.plan.wake import Woken, parked, wake_steps
 from engine_ctl.core.render.scaler import ScalerDeployment, SlotInput, scaler_host, scaler_slot
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.state.model import DeploymentRecord, State
@@ -47,13 +48,14 @@ def scaler_deployment(rec: DeploymentRecord, hosts: Mapping[str, Host]) -> Scale
         name=rec.name, id=rec.id or rec.name, min=rec.spec.replicas_min, max=rec.spec.replicas_max,
         parallel=max(rec.plan.parallel, 1), idle_minutes=rec.spec.idle_minutes, priority=rec.spec.priority,
         metric=provider.in_flight_metric if provider else "", stopped=held, slots=tuple(slots),
+        parked=wake_steps(rec, provider),
     )  # fmt: skip
 
 
 def scaler_deployments(state: State, hosts: Mapping[str, Host]) -> list[ScalerDeployment]:
-    """The deployments the scaler acts on: those with an on-demand slot."""
+    """The deployments the scaler acts on: those with an on-demand slot, and those parked (a request wakes them)."""
     found = (scaler_deployment(rec, hosts) for _, rec in sorted(state.deployments.items()))
-    return [d for d in found if d is not None and d.scales]
+    return [d for d in found if d is not None and d.acts]
 
 
 class Decision(BaseModel):
@@ -63,7 +65,8 @@ class Decision(BaseModel):
 
     at: str
     action: str
-    """up, down, zero, wake, preempt, hold (nothing free), failed, gateway (one did not answer, or answers again)."""
+    """up, down, zero, wake, woken (a parked deployment a request woke), preempt, hold (nothing free), failed,
+    gateway (one did not answer, or answers again)."""
     slot: int | None = None
     host: str | None = None
     reason: str
@@ -82,6 +85,8 @@ class ScalerView(BaseModel):
     ready: int = 0
     running: list[int] = []
     decisions: list[Decision] = []
+    woken: Woken | None = None
+    """A parked deployment a request woke (engine_ctl.core.plan.wake)."""
 
 
 def scaler_views(document: Any) -> dict[str, ScalerView]:
@@ -122,7 +127,7 @@ class ScalerPlan(BaseModel):
     decide_every_s: int
     hold_s: int
     deployments: list[str] = []
-    """The deployments it acts on (max above min, or min 0)."""
+    """The deployments it acts on (max above min, or min 0), and those parked (a request wakes them)."""
     running: dict[str, str] = {}
     """Deployment -> "N running of min..max, by the scaler, <time>: <reason>" (from the scaler's state.json)."""
 
@@ -140,7 +145,8 @@ def plan_scaler(
     specs = {c.name: c.spec for c in changes if c.action != ["delete"]}
     for name, rec in state.deployments.items():
         specs.setdefault(name, rec.spec)
-    names = sorted(n for n, spec in specs.items() if scales(spec))
+    asleep = {n for n, rec in state.deployments.items() if parked(rec) and specs.get(n) is not None}
+    names = sorted(n for n, spec in specs.items() if scales(spec) or n in asleep)
     if host is None or not names:
         return None
     hf = facts.get(host.name)

@@ -73,6 +73,40 @@ class ScalerSlot(BaseModel):
     health_path: str = "/health"
 
 
+class WakeCall(BaseModel):
+    """One of the engine's own wake calls, on the replica's port (its provider's SleepControls.wake)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    method: str
+    path: str
+    body: str | None = None
+
+
+class WakeCheck(BaseModel):
+    """The engine's word that it is awake: GET path answers JSON with `key` false (as its provider gives it)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    key: str
+
+
+class ScalerWake(BaseModel):
+    """A parked deployment, as the scaler wakes it on a request (engine_ctl.core.plan.wake): the park it belongs
+    to, the engine's wake calls in order (none for restart_only: the unit's start is the wake) and their check.
+    Every wake ends with the scaler's own start of each slot: the unit started (a no-op for an engine asleep, which
+    still runs), health-gated, then its server put into the gateway's backend."""
+
+    model_config = ConfigDict(frozen=True)
+
+    operation: str
+    """The park's operation ID: a wake the scaler recorded for another park is not this one's."""
+    level: int = 0
+    calls: tuple[WakeCall, ...] = ()
+    check: WakeCheck | None = None
+
+
 class ScalerDeployment(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -85,6 +119,8 @@ class ScalerDeployment(BaseModel):
     priority: int = 0
     metric: str = ""
     stopped: bool = False
+    parked: ScalerWake | None = None
+    """Parked by an operator: the scaler starts none of its slots as it scales, and wakes it on a request."""
     slots: tuple[ScalerSlot, ...] = ()
 
     @property
@@ -95,6 +131,11 @@ class ScalerDeployment(BaseModel):
     def scales(self) -> bool:
         """Whether the scaler has anything to do: a slot that is on demand."""
         return any(not s.always_on for s in self.slots)
+
+    @property
+    def acts(self) -> bool:
+        """Whether the scaler has it in its configuration: it scales, or a request wakes it from a park."""
+        return self.scales or self.parked is not None
 
 
 class SlotInput(BaseModel):
@@ -227,6 +268,8 @@ def render_config(
 
 def _deployment_json(d: ScalerDeployment) -> dict[str, object]:
     body = d.model_dump(mode="json")
+    if body.get("parked") is None:  # only a parked deployment says so: the others' text is as before
+        body.pop("parked", None)
     body["backend"] = d.backend
     body["slots"] = [s.model_dump(mode="json") for s in sorted(d.slots, key=lambda s: (s.index, s.server))]
     return body

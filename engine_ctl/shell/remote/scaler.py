@@ -57,6 +57,8 @@ LOW_FRACTION = 0.5
 DRAIN_S = 120
 START_BUDGET_S = 600
 ENTER_S = 60
+PARK_WAIT_S = 160
+"""How long a wake on a request waits for the park's job to finish (engine-ctl's STOP_WAIT_S)."""
 AVERAGE_WEIGHT = 0.3
 IN_USE = ("active", "activating", "deactivating", "reloading")
 GATEWAY_TIMEOUT_S = 8
@@ -186,6 +188,12 @@ def preemptable(dep: Obj, deps: list[Obj], running: dict[str, list[int]]) -> lis
     return out
 
 
+def wake_slots(dep: Obj) -> list[Obj]:
+    """The slots a wake on a request brings back: the always-on ones (0..min-1), or the lowest for `min: 0`."""
+    slots = sorted(dep["slots"], key=lambda s: s["index"])
+    return [s for s in slots if s["always_on"]] or slots[:1]
+
+
 # Several gateways (pure) -------------------------------------------------------------------------------------
 
 
@@ -308,6 +316,22 @@ def http_get(url: str, key: str, timeout: float = 5) -> tuple[int, str]:
         return exc.code, ""
     except (OSError, ValueError):
         return 0, ""
+
+
+def http_call(url: str, method: str, body: str | None, key: str, timeout: float = 600) -> tuple[int, str]:
+    """One call to an engine's own port (a wake call): its HTTP status (0 when unreachable) and body."""
+    headers = {"Authorization": "Bearer " + key} if key else {}
+    data = body.encode() if body is not None else (b"" if method == "POST" else None)
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    except (OSError, ValueError) as exc:
+        return 0, str(exc)
 
 
 def read_key(path: str = INTERNAL_ENV) -> str:
@@ -518,10 +542,11 @@ class Scaler:
 
     def reconcile_gateways(self, per: dict[str, dict[str, Obj]]) -> None:
         """Every gateway that answered: the servers of on-demand slots that run and pass health in service, the
-        others in maintenance (a deployment busy starting or stopping, or held by an operator, is left alone)."""
+        others in maintenance (a deployment busy starting, waking or stopping, or stopped or parked by an operator,
+        is left alone: a parked engine asleep still runs and may answer its health check)."""
         drives = {gw["name"]: gw for gw in self.drives()}
         for dep in self.deps:
-            if dep.get("stopped") or self.mem(dep["name"]).get("busy"):
+            if dep.get("stopped") or dep.get("parked") or self.mem(dep["name"]).get("busy"):
                 continue
             wanted, unknown = self.healthy_slots(dep)
             servers = {gw: stats.get(dep["backend"], {}).get("servers", {}) for gw, stats in per.items()}
@@ -651,6 +676,9 @@ class Scaler:
         every = float(self.config.get("decide_every_s", 120))
         order = sorted(self.deps, key=lambda d: (-int(d.get("priority", 0)), d["name"]))
         for dep in order:
+            if dep.get("parked"):  # an operator's park: never scaled, woken on a request
+                self.parked_cycle(dep, wakes.get(dep["name"], 0))
+                continue
             obs, mem = observed[dep["name"]], self.mem(dep["name"])
             observe_low(dep, obs, mem, now)
             self.summarise(dep, obs)
@@ -788,6 +816,89 @@ class Scaler:
         if code != 0:
             raise RuntimeError("stop %s on %s: %s" % (slot["unit"], slot["host"], out.strip()[-300:]))
         self.log("%s: slot %d stopped" % (dep["name"], slot["index"]))
+
+    # --- a parked deployment, woken on a request (engine_ctl.core.plan.wake) -----------------------------------
+    def parked_cycle(self, dep: Obj, held: int) -> None:
+        """Parked by an operator (`parked` in the config: its wake steps and the park's operation): left as the
+        park left it until a held request asks, then woken once (single flight: a wake under way is not repeated,
+        and it runs to its end whether or not the held client stays). Once woken it serves until the operator
+        parks it again (a new park, a new operation) or starts it."""
+        name, park = dep["name"], dep["parked"]
+        mem = self.mem(name)
+        with self.lock:
+            if (mem.get("woken") or {}).get("park") != park["operation"]:
+                mem.pop("woken", None)  # woken from an earlier park: this one is not
+            woken, busy = mem.get("woken"), mem.get("busy")
+            slots = wake_slots(dep)
+            mem["wanted"] = len(slots)
+            if woken:
+                mem["state"], mem["reason"] = "Ready", "woken by a request at %s" % woken["at"]
+                mem["running"], mem["ready"] = [s["index"] for s in slots], len(slots)
+                return
+            mem["running"], mem["ready"] = [], 0
+            mem["state"], mem["reason"] = "Parked", "parked by an operator: a request through the gateway wakes it"
+            if busy or held <= 0:
+                return
+            mem["busy"] = {"action": "wake", "since": time.time()}
+            mem["last_decision_at"] = time.time()
+        self.record(name, "wake", "a request for the parked deployment (%d held)" % held, float(held))
+        threading.Thread(target=self.wake_parked, args=(dep,), daemon=True).start()
+
+    def wake_parked(self, dep: Obj) -> None:
+        """Each slot: the engine's wake calls and their check, then the scaler's start of it (health-gated, then
+        into the gateway's backend), as a scale-up starts one."""
+        name, park = dep["name"], dep["parked"]
+        try:
+            slots = wake_slots(dep)
+            for slot in slots:
+                self.wait_for_park(slot, park)
+                self.wake_calls(slot, park)
+                self.start(dep, slot)
+            with self.lock:
+                self.mem(name)["woken"] = {"at": utc(time.time()), "park": park["operation"]}
+            self.record(name, "woken", "woken by a request: %d serving" % len(slots), None)
+        except Exception as exc:  # a failed wake is a decision to record; the next held request tries again
+            self.record(name, "failed", "wake: %s" % exc, None)
+        finally:
+            with self.lock:
+                self.mem(name).pop("busy", None)
+                self.save()
+            self.woken.set()
+
+    def wait_for_park(self, slot: Obj, park: Obj) -> None:
+        """A request right after `park` waits for the park's job on the slot's host (its drain, then the engine's
+        sleep or stop) to finish, so that the job does not put to sleep or stop what the wake just brought back."""
+        job = ("park-" if park.get("level") else "stop-") + slot["unit"]
+        deadline = time.time() + PARK_WAIT_S
+        while self.ssh(slot, "is-active " + job)[0] == 0:
+            if time.time() > deadline:
+                raise RuntimeError("the park's job %s on %s still runs after %d s" % (job, slot["host"], PARK_WAIT_S))
+            time.sleep(1)
+
+    def wake_calls(self, slot: Obj, park: Obj) -> None:
+        """The engine's own wake calls on the replica's port, in order, then (where it has one) its word that it
+        is awake; none for an engine that restarts instead (restart_only)."""
+        base = "http://%s:%d" % (slot["address"], slot["port"])
+        for call in park.get("calls") or []:
+            code, said = http_call(base + call["path"], call["method"], call.get("body"), self.key)
+            if code < 200 or code >= 300:
+                raise RuntimeError("%s %s on %s: HTTP %d %s" % (call["method"], call["path"], slot["host"], code,
+                                                               said[:200]))  # fmt: skip
+            self.log("%s: %s %s: %d" % (slot["unit"], call["method"], call["path"], code))
+        check = park.get("check")
+        deadline = time.time() + 60
+        while check:
+            code, text = http_get(base + check["path"], self.key, timeout=10)
+            try:
+                asleep = json.loads(text).get(check["key"]) if code == 200 else None
+            except (ValueError, AttributeError):
+                asleep = None
+            if asleep is False:
+                return
+            if time.time() > deadline:
+                raise RuntimeError("GET %s on %s: %s is %r, not false" % (check["path"], slot["host"], check["key"],
+                                                                         asleep))  # fmt: skip
+            time.sleep(0.5)
 
     def resume(self) -> None:
         """What a killed scaler left half-done: carry it out (a start is idempotent, so is a stop)."""

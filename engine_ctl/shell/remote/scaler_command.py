@@ -4,6 +4,8 @@
 The key can do exactly this, read from SSH_ORIGINAL_COMMAND and nothing else:
 - `start UNIT`, `stop UNIT`, `is-active UNIT` where UNIT is one of engine-ctl's replica units installed here
   (engine-ctl-<deployment>-<index><slot>.service, with engine-ctl's header);
+- `is-active stop-UNIT`, `is-active park-UNIT`: whether a park's job on such a unit still runs (exit 0 while it
+  is active or activating, as a oneshot job is);
 - `status`: the replica units in use here with the devices each takes, the GPUs with a process (nvidia-smi, when
   present), the cores and memory of the host. Read-only.
 On a gateway host (the scaler drives every gateway's HAProxy, not only its own), over this host's admin socket:
@@ -53,6 +55,20 @@ def replica_unit(name: str) -> bool:
             return f.read(4096).startswith(HEADER)
     except OSError:
         return False
+
+
+def operator_job(name: str) -> bool:
+    """A park's job on a replica unit (`stop-<unit>`, `park-<unit>`: engine-ctl park's transient unit): the scaler
+    asks only whether it still runs, so that a wake on a request never races the park it wakes from."""
+    verb, _, unit = name.partition("-")
+    return verb in ("stop", "park") and replica_unit(unit)
+
+
+def job_running(name: str) -> bool:
+    """Whether a oneshot job runs: `activating` while it does (is-active says 0 only for `active`)."""
+    p = subprocess.run(["systemctl", "show", "-p", "ActiveState", "--value", "--", name], stdout=subprocess.PIPE,
+                       text=True, check=False)  # fmt: skip
+    return p.stdout.strip() in IN_USE
 
 
 def unit_devices(name: str) -> list[str]:
@@ -172,6 +188,8 @@ def main(command: str | None = None) -> int:
     if words == ["status"]:
         sys.stdout.write(json.dumps(status()) + "\n")
         return 0
+    if len(words) == 2 and words[0] == "is-active" and operator_job(words[1]):
+        return 0 if job_running(words[1]) else 3
     if len(words) != 2 or words[0] not in ("start", "stop", "is-active") or not replica_unit(words[1]):
         return refuse(command)
     verb = ["is-active", "--quiet"] if words[0] == "is-active" else [words[0]]
