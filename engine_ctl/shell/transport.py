@@ -66,7 +66,7 @@ def _paramiko() -> ModuleType:
 
 def python_argv(*args: str, system: str = SYSTEM_PYTHON) -> list[str]:
     """argv that runs the host's Python 3 with `args` (stdlib-only programs: -I -S, or -c): the system's
-    /usr/bin/python3 where there is one (as the scaler's unit and SGLang's default do), else `python3` on the
+    /usr/bin/python3 where there is one (as the scaler's unit does), else `python3` on the
     login shell's PATH (exit 127 where there is none). A PATH's python3 may be a version manager's shim (pyenv,
     asdf) that costs a process tree on every start: about 0.4 s a host on the test fleet, where root's .bashrc
     puts pyenv's shims first."""
