@@ -161,6 +161,21 @@ def test_a_restarted_scaler_keeps_its_decision_times(tmp_path: Path) -> None:
     assert not Path(path + ".new").exists()
 
 
+def test_a_deployment_made_again_under_its_name_keeps_none_of_the_old_ones_decisions(tmp_path: Path) -> None:
+    """The scaler's state outlives a deployment (destroy removes the scaler, not its state): one deleted and made
+    again under the same name has a new ID, and the old one's decisions and times are not its."""
+    path = str(tmp_path / "state.json")
+    config = {"deployments": [dep(id="01OLD")], "gateway_socket": str(tmp_path / "none.sock"), "decide_every_s": 120}
+    old = scaler.Scaler(config, path, lambda _m: None)
+    old.mem("chat")["last_decision_at"] = 1000.0
+    old.record("chat", "up", "a request at zero", 1.0, slot(1))
+    assert scaler.Scaler(config, path, lambda _m: None).mem("chat")["decisions"]  # same ID: kept across a restart
+    config["deployments"] = [dep(id="01NEW")]
+    new = scaler.Scaler(config, path, lambda _m: None)
+    assert new.mem("chat")["decisions"] == [] and "last_decision_at" not in new.mem("chat")
+    assert new.mem("chat")["id"] == "01NEW"
+
+
 # --- the forced command ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "command",

@@ -400,6 +400,10 @@ class Scaler:
         self.unreachable: dict[str, str] = {}
         """gateway -> why it did not answer (named once in the decisions, and once when it is back)."""
         for d in self.deps:
+            kept = self.state["deployments"].get(d["name"])
+            if kept is not None and kept.get("id", d.get("id")) != d.get("id"):
+                del self.state["deployments"][d["name"]]  # deleted and made again under its name: none of its past
+            self.mem(d["name"])["id"] = d.get("id")
             self.mem(d["name"]).setdefault("last_request_at", time.time())
 
     def mem(self, name: str) -> Obj:
