@@ -205,9 +205,10 @@ def load_for_plan(paths: tuple[Path, ...], pin: Pin | None = None) -> tuple[Load
     return result, errors
 
 
-def resolve_inventory(explicit: Path | None, loaded: LoadResult | None) -> Inventory:
-    """The inventory; with documents, each spec.host must name one of its hosts (a did-you-mean otherwise)."""
-    inventory = find_inventory(explicit, loaded)
+def resolve_inventory(explicit: Path | None, loaded: LoadResult | None, known: Inventory | None = None) -> Inventory:
+    """The inventory; with documents, each spec.host must name one of its hosts (a did-you-mean otherwise).
+    `known`: the --inventory file already loaded (by plan_cmd.connect_early), not read again."""
+    inventory = known if known is not None and explicit is not None else find_inventory(explicit, loaded)
     if loaded is not None:
         wrong = check_hosts(loaded.desired, [h.name for h in inventory.hosts], inventory.file)
         if wrong:

@@ -172,18 +172,19 @@ def read_state(backend: StateBackend) -> State:
         raise InputError([Diagnostic(Location(backend.location), "", str(exc), code="state_error")]) from None
 
 
-def connect_early(explicit: Path | None, options: SSHOptions, parallel: int) -> Ahead | None:
+def connect_early(explicit: Path | None, options: SSHOptions, parallel: int) -> tuple[Ahead | None, Inventory | None]:
     """With --inventory (or its variable), begin the hosts' SSH handshakes now (transport.connect_ahead), so that
     they overlap the documents' loading and the state's reading instead of following them. Nothing runs on a host
     before the plan's gathering, and the checks that come first (unknown --target, bad documents) still stop the
-    command before any host is asked anything. An inventory that does not load is reported in its usual place."""
+    command before any host is asked anything. An inventory that does not load is reported in its usual place.
+    The inventory loaded is returned too, for resolve_inventory (read once)."""
     if explicit is None:
-        return None
+        return None, None
     try:
         inventory = load_inventory(explicit)
     except InputError:
-        return None
-    return connect_ahead(inventory.hosts, options, parallel)
+        return None, None
+    return connect_ahead(inventory.hosts, options, parallel), inventory
 
 
 @dataclass(frozen=True)
@@ -236,12 +237,12 @@ def plan(
 
     PATHS are the documents (default: the current directory); the inventory may be among them."""
     options = ssh_settings(accept_new_host_keys)
-    ahead = connect_early(inventory_path, options, parallel)
+    ahead, early = connect_early(inventory_path, options, parallel)
     pinner = Pinner()
     loaded, errors = load_for_plan(paths, pin=pinner)
     if errors and as_json:  # a script gets the documented error object, not a partial plan
         raise InputError(errors, printed=True)
-    inventory = resolve_inventory(inventory_path, loaded)
+    inventory = resolve_inventory(inventory_path, loaded, early)
     backend = backend_for(state_path, paths)
     state = read_state(backend)
     held = f"{len(errors)} error(s) in the documents (above)" if errors else None
@@ -553,11 +554,11 @@ def _apply_documents(
 ) -> int:  # fmt: skip
     """Plan from the documents, show, confirm, execute: apply and restart. Without --auto-approve the roll opens its
     own connections: the ones the plan used may have sat idle at the prompt for as long as someone read it."""
-    ahead = connect_early(inventory_path, options, parallel)
+    ahead, early = connect_early(inventory_path, options, parallel)
     kept: Kept | None = {} if auto_approve else None
     pinner = Pinner()
     loaded = load_checked(args, pin=pinner)
-    inventory = resolve_inventory(inventory_path, loaded)
+    inventory = resolve_inventory(inventory_path, loaded, early)
     backend = backend_for(state_path, args)
     with locked(backend, lock_operation("apply", request.id), lock_timeout, request.id):
         state = read_state(backend)
@@ -615,10 +616,10 @@ def destroy(
     request = Request(request_identity(request_id))
     announce(request.id)
     options = ssh_settings(accept_new_host_keys)
-    ahead = connect_early(inventory_path, options, parallel)
+    ahead, early = connect_early(inventory_path, options, parallel)
     kept: Kept | None = {} if auto_approve else None  # as apply's: reused only when no prompt waits in between
     loaded = load_checked(paths, documents_required=False, pin=unresolved) if paths else None
-    inventory = resolve_inventory(inventory_path, loaded)
+    inventory = resolve_inventory(inventory_path, loaded, early)
     backend = backend_for(state_path, paths)
     with locked(backend, lock_operation("destroy", request.id), lock_timeout, request.id):
         state = read_state(backend)
