@@ -7,20 +7,27 @@ local PREFIX = "{{ backend_prefix }}"
 local held = {}
 local scopes = Map.new("scopes.map", Map._str)
 
--- The scaler's wake (engine-ctl-scaler at {{ wake_address }}:{{ wake_port }}: 127.0.0.1 on the scaler's own
--- gateway host, that host's address on the other gateway hosts): a held request pokes it with
--- `wake <deployment>` and never waits for an answer; the scaler starts one replica per deployment (single-flight)
--- whether or not the client stays. Poked again every WAKE_EVERY_MS while held, in case the scaler restarted.
-local WAKE_ADDRESS = "{{ wake_address }}"
+-- The scaler's wake (engine-ctl-scaler on port {{ wake_port }}: this host's own at 127.0.0.1, else the first
+-- gateway host's): a held request pokes the first that listens with `wake <deployment>` and never waits for an
+-- answer; the scaler starts one replica per deployment (single-flight) whether or not the client stays (with a
+-- scaler on every gateway host, one that does not act passes the wake to the one that does). Poked again every
+-- WAKE_EVERY_MS while held, in case the scaler restarted.
+local WAKE_ADDRESSES = { {% for a in wake_addresses %}"{{ a }}"{{ ", " if not loop.last }}{% endfor %} }
 local WAKE_PORT = {{ wake_port }}
 local WAKE_EVERY_MS = 5000
 local function wake(name)
-    local s = core.tcp()
-    s:settimeout(1)
-    if s:connect(WAKE_ADDRESS, WAKE_PORT) then
-        s:send("wake " .. string.sub(name, #PREFIX + 1) .. "\n")
+    for _, address in ipairs(WAKE_ADDRESSES) do
+        local s = core.tcp()
+        s:settimeout(1)
+        local heard = s:connect(address, WAKE_PORT)
+        if heard then
+            s:send("wake " .. string.sub(name, #PREFIX + 1) .. "\n")
+        end
+        s:close()
+        if heard then
+            return
+        end
     end
-    s:close()
 end
 
 local function serving(name)

@@ -89,9 +89,9 @@ def test_each_gateways_lua_pokes_the_one_scaler() -> None:
     assert wake_address_for(GW2, hosts) == GW1.address
     backend = GatewayBackend(deployment="chat")
     lua = render_gateway(GW2, [backend], [], wake_address=wake_address_for(GW2, hosts)).files["hold.lua"]
-    assert 'local WAKE_ADDRESS = "198.18.0.11"' in lua and "s:connect(WAKE_ADDRESS, WAKE_PORT)" in lua
+    assert 'local WAKE_ADDRESSES = { "127.0.0.1", "198.18.0.11" }' in lua and "s:connect(address, WAKE_PORT)" in lua
     own = render_gateway(GW1, [backend], [], wake_address=wake_address_for(GW1, hosts)).files["hold.lua"]
-    assert 'local WAKE_ADDRESS = "127.0.0.1"' in own
+    assert 'local WAKE_ADDRESSES = { "127.0.0.1" }' in own
 
 
 def test_the_scaler_drives_every_gateway_and_hears_them_only() -> None:

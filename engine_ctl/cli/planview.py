@@ -216,12 +216,16 @@ def render_plan(plan: Plan, command: str = "apply") -> list[tuple[str, str]]:
 
 
 def _scaler_lines(plan: Plan) -> list[tuple[str, str]]:
-    """Where the scaler runs (exactly one, the first gateway host by name) and what it says runs now."""
+    """Where the scaler runs (one, the first gateway host by name; or with PostgreSQL state one on every gateway
+    host, of which the one holding the lock acts) and what it says runs now."""
     s = plan.scaler
     if s is None:
         return []
-    out = [("", ""), ("bold", f"  # scaler on {s.host} (the first gateway host by name): "
-                              f"{', '.join(s.deployments)}")]  # fmt: skip
+    where = f"{s.host} (the first gateway host by name)"
+    if s.lock is not None:
+        where = f"{', '.join(s.lock.hosts)} (one acts, by a PostgreSQL lock in {s.lock.dbname} at {s.lock.host}:" \
+                f"{s.lock.port}, role {s.lock.role})"  # fmt: skip
+    out = [("", ""), ("bold", f"  # scaler on {where}: {', '.join(s.deployments)}")]
     out += [("", f"    {name}: {line}") for name, line in sorted(s.running.items())]
     return out
 

@@ -76,6 +76,10 @@ CODES: dict[str, str] = {
     "no_hosts": "an inventory without hosts",
     "one_inventory_document": "an inventory file with more than one document",
     "no_inventory": "no inventory was given or found",
+    "scaler_lock_role": "scaling.lock's role and password_file not given together, or a role name PostgreSQL "
+    "does not take unquoted",
+    "scaler_lock_address": "with PostgreSQL state and several gateway hosts, the scalers' lock would be on a local "
+    "socket or localhost (each host's own): scaling.lock.host names the database's address",
     # commands
     "no_documents": "no deployment or model document was loaded from the paths given",
     "unknown_deployment": "a deployment name that is not in the documents or the state (with the names there)",

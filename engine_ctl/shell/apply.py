@@ -27,6 +27,7 @@ from engine_ctl.shell.fetch import FetchFailed, FetchProgress, HubAccess, fetch_
 from engine_ctl.shell.gateway import GatewayFailure
 from engine_ctl.shell.gateway_apply import GatewayApply
 from engine_ctl.shell.scaler_apply import ScalerApply, ScalerFailure
+from engine_ctl.shell.scaler_lock import operator_dsn
 from engine_ctl.shell.transport import (
     CommandResult,
     HostFailure,
@@ -489,7 +490,8 @@ class Executor:
         """The scaler after everything else: its configuration is what this apply recorded (shell/scaler_apply)."""
         if self.plan.scaler is None or self.stop.is_set():
             return
-        scaler = ScalerApply(self.plan.scaler, self.hosts, lambda: self.recorder.state, self.options, self.progress)
+        scaler = ScalerApply(self.plan.scaler, self.hosts, lambda: self.recorder.state, self.options, self.progress,
+                             operator_dsn(self.recorder.backend))  # fmt: skip
         try:
             scaler.run()
         except (ScalerFailure, HostFailure, OSError) as exc:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from engine_ctl.core.diagnostics import EXIT_STATUSES
+from engine_ctl.core.diagnostics import EXIT_STATUSES, InputError
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.plan.gateway import backends_from_state, stopped_map
 from engine_ctl.core.plan.operator import STOP_WAIT_S, park_refusal, parking_phase, stop_phase
@@ -28,6 +28,7 @@ from engine_ctl.core.render.gateway import (
     sha256,
     wake_address_for,
 )
+from engine_ctl.core.render.scalerlock import ScalerLock, scaler_lock
 from engine_ctl.shell import gateway as remote
 from engine_ctl.shell.apply import UNIT_DIR, new_id, remove_argv
 from engine_ctl.shell.operator import (
@@ -203,39 +204,55 @@ class Verbs:
         from engine_ctl.core.plan.scaler import ScalerPlan, plan_scaler, scales
         from engine_ctl.core.render.scaler import scaler_host
         from engine_ctl.shell.scaler_apply import ScalerApply, ScalerFailure
+        from engine_ctl.shell.scaler_lock import operator_dsn
 
         rec = state.deployments.get(name)
         if rec is None or not (parking or scales(rec.spec)):
             return
-        plan = plan_scaler([], state, self.inventory, {})
+        lock = self._scaler_lock()
+        plan = plan_scaler([], state, self.inventory, {}, lock)
         host = scaler_host(self.inventory)
         if plan is None and host is not None and parking:  # nothing left for it: removed
             s = self.inventory.scaling
             plan = ScalerPlan(host=host.name, poll_s=s.poll_s, decide_every_s=s.decide_every_s,
-                              hold_s=self.inventory.gateway.hold_s)  # fmt: skip
+                              hold_s=self.inventory.gateway.hold_s, lock=lock)  # fmt: skip
         if plan is None:
             return
         hosts = {h.name: h for h in self.inventory.hosts}
         try:
-            ScalerApply(plan, hosts, lambda: state, self.options, self.progress).run()
+            ScalerApply(plan, hosts, lambda: state, self.options, self.progress, operator_dsn(self.backend)).run()
         except (ScalerFailure, HostFailure, OSError) as exc:
             self.progress(f"warning: the scaler's configuration was not updated: {exc}; `engine-ctl apply` does it")
 
     def woken(self, state: State, rec: DeploymentRecord) -> str | None:
         """When a request through the gateway woke this park of `rec` (the scaler's state.json on its host), or
         None."""
-        from engine_ctl.core.plan.scaler import scaler_views
+        from engine_ctl.core.plan.scaler import leads, scaler_views
         from engine_ctl.core.render.scaler import SCALER_STATE, scaler_host
 
         host = scaler_host(self.inventory)
         if not parked(rec) or host is None or host.name not in state.gateways:
             return None
-        try:  # a gateway host out of reach: not known to be woken (a start then waits for the park, as before)
-            out = self._t(host.name).run(["cat", SCALER_STATE], timeout=30).stdout
-            view = scaler_views(json.loads(out)).get(rec.name)
-        except (HostFailure, OSError, ValueError):
+        lock = self._scaler_lock()
+        names = list(lock.hosts) if lock is not None else [host.name]
+        docs = []
+        for name in names:  # with several scalers, the one that acts says (a host out of reach: not known)
+            try:
+                docs.append(json.loads(self._t(name).run(["cat", SCALER_STATE], timeout=30).stdout))
+            except (HostFailure, OSError, ValueError):
+                continue
+        if not docs:
             return None
+        view = scaler_views(max(docs, key=leads)).get(rec.name)
         return woken_at(rec, view.woken if view is not None else None)
+
+    def _scaler_lock(self) -> ScalerLock | None:
+        """With PostgreSQL state, the scalers' lock (one on every gateway host); None: one scaler. A lock that
+        could not be (a local socket with several gateway hosts) is None here: plan and apply say why."""
+        try:
+            return scaler_lock(self.backend.location, self.inventory)
+        except InputError:
+            return None
 
     def servers(self, state: State, rec: DeploymentRecord, to: str) -> None:
         """Each replica's server on every gateway: `maint` (nothing routed to it) or `ready`."""

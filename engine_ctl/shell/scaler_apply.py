@@ -29,6 +29,8 @@ from engine_ctl.core.render.scaler import (
     render_scaler,
     sha256,
 )
+from engine_ctl.core.render.scalerlock import PASSWORD_FILE
+from engine_ctl.shell.scaler_lock import LockFailure, prepare_lock
 from engine_ctl.shell.transport import LocalTransport, SSHOptions, SSHTransport, transport_for
 from engine_ctl.state.model import State
 
@@ -36,10 +38,11 @@ Transport = SSHTransport | LocalTransport
 UNIT_DIR = "/etc/systemd/system"
 AUTHORIZE = r"""
 set -e
-line=$(cat)
+lines=$(cat)
 mkdir -p "$HOME/.ssh" && chmod 700 "$HOME/.ssh"
 touch "$HOME/.ssh/authorized_keys" && chmod 600 "$HOME/.ssh/authorized_keys"
-{ grep -v ' %(comment)s$' "$HOME/.ssh/authorized_keys" || true; echo "$line"; } > "$HOME/.ssh/authorized_keys.new"
+keys="$HOME/.ssh/authorized_keys"
+{ grep -Ev ' %(comment)s(@[A-Za-z0-9_.-]+)?$' "$keys" || true; echo "$lines"; } > "$keys.new"
 mv "$HOME/.ssh/authorized_keys.new" "$HOME/.ssh/authorized_keys"
 cat /etc/ssh/ssh_host_ed25519_key.pub
 """
@@ -57,10 +60,11 @@ def command_text() -> str:
     return resources.files("engine_ctl.shell.remote").joinpath("scaler_command.py").read_text()
 
 
-def authorized_line(public_key: str) -> str:
-    """The scaler's key on a replica host: no pty, no forwarding (restrict), only the forced command."""
+def authorized_line(public_key: str, scaler: str | None = None) -> str:
+    """A scaler's key on a replica host: no pty, no forwarding (restrict), only the forced command. `scaler`: the
+    gateway host it is from, where each gateway host runs one (PostgreSQL lock)."""
     key = " ".join(public_key.split()[:2])
-    return f'restrict,command="{PYTHON} -I -S {COMMAND_PATH}" {key} {KEY_COMMENT}'
+    return f'restrict,command="{PYTHON} -I -S {COMMAND_PATH}" {key} {KEY_COMMENT}' + (f"@{scaler}" if scaler else "")
 
 
 def known_hosts_line(host: Host, host_key: str) -> str:
@@ -77,30 +81,51 @@ def _ok(t: Transport, argv: list[str], what: str, stdin: str | None = None, time
 
 
 class ScalerApply:
-    def __init__(self, plan: ScalerPlan, hosts: Mapping[str, Host], state: Callable[[], State],
-                 options: SSHOptions | None, progress: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(
+        self, plan: ScalerPlan, hosts: Mapping[str, Host], state: Callable[[], State], options: SSHOptions | None,
+        progress: Callable[[str], None], dsn: str | None = None,
+    ) -> None:  # fmt: skip
         self.plan, self.hosts, self.state, self.options, self.progress = plan, hosts, state, options, progress
+        self.dsn = dsn
+        """The operator's state DSN, with the PostgreSQL lock: apply creates the scalers' role with it."""
 
     def run(self) -> None:
-        """Install (or update) the scaler; remove it where no deployment scales any more."""
-        host = self.hosts.get(self.plan.host)
-        if host is None:
+        """Install (or update) the scaler: on the plan's host, or with the PostgreSQL lock on every gateway host;
+        remove it from the other gateway hosts, and everywhere when no deployment scales any more."""
+        lock = self.plan.lock
+        names = list(lock.hosts) if lock is not None else [self.plan.host]
+        scalers = [self.hosts[n] for n in names if n in self.hosts]
+        if not scalers:
             return
-        self.install(host, scaler_deployments(self.state(), self.hosts))
+        deployments = scaler_deployments(self.state(), self.hosts)
+        keep = {h.name for h in scalers} if deployments else set()
+        for g in self._gateways():
+            if g.name not in keep:
+                self._remove_from(g)
+        if deployments:
+            self.install(scalers, deployments)
 
-    def install(self, host: Host, deployments: list[ScalerDeployment]) -> None:
-        """The key, the forced command on the slots' hosts, then the scaler's files and unit (removed when no
-        deployment scales)."""
-        t = transport_for(host, self.options)
+    def install(self, scalers: list[Host], deployments: list[ScalerDeployment]) -> None:
+        """Each scaler's key, all of them on the slots' hosts (forced command), the lock's role and password,
+        then each scaler's files and unit."""
+        transports = [(h, transport_for(h, self.options)) for h in scalers]
         try:
-            if not deployments:
-                self._remove(t)
-                return
-            public = self._key(t)
-            known = [self._authorize(h, public) for h in self._reached(host, deployments)]
-            self._install(t, host, deployments, "".join(line + "\n" for line in known))
+            several = self.plan.lock is not None
+            publics = {h.name: self._key(t, h.name) for h, t in transports}
+            lines = [authorized_line(publics[h.name], h.name if several else None) for h in scalers]
+            reached = sorted({r for h in scalers for r in self._reached(h, deployments)})
+            known = {name: self._authorize(name, lines) for name in reached}
+            if self.plan.lock is not None:
+                said = prepare_lock(self.plan.lock, self.dsn, [(h.name, t) for h, t in transports])
+                self.progress(f"scaler lock: {said}")
+            for h, t in transports:
+                mine = "".join(known[r] + "\n" for r in self._reached(h, deployments))
+                self._install(t, h, deployments, mine)
+        except LockFailure as exc:
+            raise ScalerFailure(str(exc)) from None
         finally:
-            t.close()
+            for _, t in transports:
+                t.close()
 
     def _gateways(self) -> list[Host]:
         return sorted((h for h in self.hosts.values() if GATEWAY_ROLE in h.roles), key=lambda h: h.name)
@@ -111,25 +136,26 @@ class ScalerApply:
         others = {g.name for g in self._gateways() if g.name != host.name}
         return sorted({s.host for d in deployments for s in d.slots} | others)
 
-    def _key(self, t: Transport) -> str:
+    def _key(self, t: Transport, name: str) -> str:
         q = shlex.quote(SCALER_KEY)
         script = (f"mkdir -p {SCALER_DIR} && chmod 755 /etc/engine-ctl {SCALER_DIR} && "
                   f"{{ [ -f {q} ] || ssh-keygen -q -t ed25519 -N '' -C {KEY_COMMENT} -f {q}; }} && "
                   f"chmod 600 {q} && cat {q}.pub")  # fmt: skip
-        public = _ok(t, ["sh", "-c", script], f"the scaler's key on {self.plan.host}").strip()
+        public = _ok(t, ["sh", "-c", script], f"the scaler's key on {name}").strip()
         if not public.startswith("ssh-ed25519 "):
-            raise ScalerFailure(f"the scaler's public key on {self.plan.host} is not an ed25519 key")
+            raise ScalerFailure(f"the scaler's public key on {name} is not an ed25519 key")
         return public
 
-    def _authorize(self, name: str, public: str) -> str:
-        """The forced command and the key on a replica host; returns its known_hosts line for the scaler."""
+    def _authorize(self, name: str, lines: list[str]) -> str:
+        """The forced command and the scalers' keys on a replica host (any other scaler key there removed);
+        returns its known_hosts line for the scalers."""
         host = self.hosts[name]
         t = transport_for(host, self.options)
         try:
             _ok(t, ["mkdir", "-p", COMMAND_PATH.rsplit("/", 1)[0]], f"preparing {COMMAND_PATH} on {name}")
             t.put(COMMAND_PATH, command_text().encode(), 0o755)
             out = _ok(t, ["sh", "-c", AUTHORIZE % {"comment": KEY_COMMENT}], f"authorizing the scaler on {name}",
-                      stdin=authorized_line(public) + "\n")  # fmt: skip
+                      stdin="".join(line + "\n" for line in lines))  # fmt: skip
         finally:
             t.close()
         return known_hosts_line(host, out.strip())
@@ -137,7 +163,7 @@ class ScalerApply:
     def _install(self, t: Transport, host: Host, deployments: list[ScalerDeployment], known: str) -> None:
         program = program_text()
         p = self.plan
-        rendered = render_scaler(host, deployments, sha256(program), self._gateways(), poll_s=p.poll_s,
+        rendered = render_scaler(host, deployments, sha256(program), self._gateways(), lock=p.lock, poll_s=p.poll_s,
                                  decide_every_s=p.decide_every_s, hold_s=p.hold_s)  # fmt: skip
         files = {SCALER_PROGRAM: program, SCALER_CONFIG: rendered.config, SCALER_KNOWN_HOSTS: known,
                  f"{UNIT_DIR}/{SCALER_UNIT}": rendered.unit_text}  # fmt: skip
@@ -153,7 +179,13 @@ class ScalerApply:
         names = ", ".join(d.name for d in deployments)
         self.progress(f"scaler {host.name}: {'updated' if changed else 'running'}, scaling {names}")
 
-    def _remove(self, t: Transport) -> None:
+    def _remove_from(self, host: Host) -> None:
+        """No scaler on `host` (none runs there in this plan): its unit, configuration and lock password gone."""
         script = (f"[ -f {UNIT_DIR}/{SCALER_UNIT} ] || exit 0; systemctl disable --now {SCALER_UNIT}; "
-                  f"rm -f {UNIT_DIR}/{SCALER_UNIT} {SCALER_CONFIG}; systemctl daemon-reload")  # fmt: skip
-        _ok(t, ["sh", "-c", script], f"removing the scaler from {self.plan.host}")
+                  f"rm -f {UNIT_DIR}/{SCALER_UNIT} {SCALER_CONFIG} {PASSWORD_FILE}; "
+                  "systemctl daemon-reload")  # fmt: skip
+        t = transport_for(host, self.options)
+        try:
+            _ok(t, ["sh", "-c", script], f"removing the scaler from {host.name}")
+        finally:
+            t.close()

@@ -15,6 +15,7 @@ from engine_ctl.core.plan.changes import Plan, PlanContext
 from engine_ctl.core.plan.engines import with_engines
 from engine_ctl.core.plan.fetching import plan_fetches
 from engine_ctl.core.plan.planner import make_plan
+from engine_ctl.core.render.scalerlock import scaler_lock
 from engine_ctl.core.render.units import model_path_on_host
 from engine_ctl.core.weights import Checkout
 from engine_ctl.shell.gather import gather
@@ -95,6 +96,7 @@ def plan_world(
         desired, state, inventory, facts, mfacts,
         unreachable={h: f.message for h, f in failures.items()}, targets=list(targets),
         refresh_only=refresh_only, created_at=now(), hold_absent=hold_absent, replace=frozenset(replace),
+        scaler_lock=scaler_lock(state_location, inventory),
     )  # fmt: skip
     plan = with_engines(plan_fetches(plan, desired, inventory, facts, checkouts or {}, state), facts)
     plan.context = PlanContext(

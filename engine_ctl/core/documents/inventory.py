@@ -139,6 +139,19 @@ class GatewaySettingsDocument(_Doc):
     )  # fmt: skip
 
 
+class ScalerLockDocument(_Doc):
+    """With PostgreSQL state, the scalers on the gateway hosts take a lock in that database: where they reach it
+    (the state's host and port by default) and, where engine-ctl may not create roles, the role they log in as."""
+
+    host: str | None = Field(None, description="The database's address as the gateway hosts reach it (the state "
+                             "DSN's host).")  # fmt: skip
+    port: int | None = Field(None, description="Its port (the state DSN's port, or 5432).")
+    role: str | None = Field(None, description="An existing LOGIN role for the scalers (with password_file): "
+                             "engine-ctl then creates no role.")  # fmt: skip
+    password_file: str | None = Field(None, description="With role: the file on every gateway host (root's, "
+                                      "0600) whose first line is that role's password.")  # fmt: skip
+
+
 class ScalingSettings(_Doc):
     """The scaler's timings (the seeds' values by default; shorter ones for tests). How long the gateway holds a
     request is the gateway block's hold_s."""
@@ -146,6 +159,25 @@ class ScalingSettings(_Doc):
     decide_every_s: int | None = Field(None, ge=1, le=86400, description="At most one scaling decision per "
                                        "deployment this often, in seconds (120).")  # fmt: skip
     poll_s: int | None = Field(None, ge=1, le=3600, description="Seconds between reads of the engines' /metrics (15).")
+    lock: ScalerLockDocument | None = Field(
+        None,
+        description="With PostgreSQL state: where the gateway hosts' "
+        "scalers reach the database for their lock, and the role they use.",
+    )
+
+
+class ScalerLockSettings(BaseModel):
+    """scaling.lock as given (engine_ctl.core.plan.scalerlock fills in the rest from the state's DSN)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    host: str | None = None
+    port: int | None = None
+    role: str | None = None
+    password_file: str | None = None
+    line: int | None = None
+    column: int | None = None
+    """Where scaling.lock is in the inventory file (for the plan's errors about it)."""
 
 
 class Scaling(BaseModel):
@@ -153,6 +185,7 @@ class Scaling(BaseModel):
 
     decide_every_s: int = 120
     poll_s: int = 15
+    lock: ScalerLockSettings = ScalerLockSettings()
 
 
 class InventoryDocument(_Doc):
@@ -421,9 +454,52 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
         )
     downloads, wrong = _downloads(doc, parsed.downloads)
     gateway, out_of_range = _gateway_settings(doc, parsed.gateway)
-    scaling = Scaling(**parsed.scaling.model_dump(exclude_none=True)) if parsed.scaling else Scaling()
+    scaling, lock_problems = _scaling(doc, parsed.scaling)
     inventory = Inventory(file=doc.file, hosts=tuple(hosts), downloads=downloads, gateway=gateway, scaling=scaling)
-    return inventory, problems + wrong + out_of_range
+    return inventory, problems + wrong + out_of_range + lock_problems
+
+
+PG_ROLE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def _scaling(doc: SourceDocument, settings: ScalingSettings | None) -> tuple[Scaling, list[Diagnostic]]:
+    """The scaler's timings, and scaling.lock checked: a port in range, role and password_file together (a role
+    name PostgreSQL takes unquoted, an absolute path on the hosts)."""
+    if settings is None:
+        return Scaling(), []
+    timings = settings.model_dump(exclude_none=True, exclude={"lock"})
+    lock = settings.lock
+    if lock is None:
+        return Scaling(**timings), []
+    problems = []
+
+    def wrong(key: str, message: str, hint: str, code: str) -> None:
+        where = ("scaling", "lock", key) if key else ("scaling", "lock")
+        problems.append(Diagnostic(doc.locate(where), format_path(where), message, hint=hint, code=code))
+
+    if lock.port is not None and not 1 <= lock.port <= 65535:
+        wrong(
+            "port",
+            f"between 1 and 65535, not {lock.port}",
+            "leave it out for the state DSN's port",
+            code="out_of_range",
+        )
+    if (lock.role is None) != (lock.password_file is None):
+        wrong(
+            "",
+            "role and password_file go together: an existing role and the file with its password on every gateway host",
+            "name both, or neither (engine-ctl then creates the scalers' role)",
+            "scaler_lock_role",
+        )
+    if lock.role is not None and not PG_ROLE.fullmatch(lock.role):
+        wrong("role", f"{lock.role!r}: a role name of lowercase letters, digits and _ (not starting with a digit)",
+              "name the role as PostgreSQL lists it unquoted", code="scaler_lock_role")  # fmt: skip
+    if lock.password_file is not None and not lock.password_file.startswith("/"):
+        wrong("password_file", f"{lock.password_file!r}: an absolute path on the gateway hosts", "e.g. "
+              "/etc/engine-ctl/scaler/role-password", code="not_absolute_path")  # fmt: skip
+    at = doc.locate(("scaling", "lock"), key=True)
+    found = ScalerLockSettings(**lock.model_dump(exclude_none=True), line=at.line, column=at.column)
+    return Scaling(**timings, lock=found), problems
 
 
 def _gateway_settings(

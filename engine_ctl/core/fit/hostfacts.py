@@ -119,6 +119,8 @@ class HostFacts(Fact):
     gateway_servers: dict[str, str] = Field(default_factory=dict)
     """backend/server -> its state as the host's gateway sees it (UP, DOWN, DRAIN, MAINT, ...)."""
     scaler_state: dict[str, Any] | None = None
+    psql: str | None = ""
+    """psql's path (the scaler's PostgreSQL lock needs it on a gateway host); None: not installed; "": not asked."""
     """The scaler's state.json, on the gateway host that runs it (engine_ctl.core.plan.scaler reads it)."""
     ip_filtering: bool | None = None
     """Whether systemd's IPAddressAllow=/IPAddressDeny= are enforced (cgroup v2); None when not known."""

@@ -43,12 +43,13 @@ from engine_ctl.core.plan.envelope import envelopes
 from engine_ctl.core.plan.gateway import plan_gateways
 from engine_ctl.core.plan.operator import hold, without_held_drift
 from engine_ctl.core.plan.ownership import foreign_units, hold_back, hold_foreign
-from engine_ctl.core.plan.scaler import plan_scaler, scaler_views_of, without_scaler
+from engine_ctl.core.plan.scaler import lock_refusals, plan_scaler, scaler_views_of, without_scaler
 from engine_ctl.core.plan.unitdiff import attach_unit_diffs
 from engine_ctl.core.plan.wake import woken_parks
 from engine_ctl.core.plan.world import Allocation, Hosts
 from engine_ctl.core.render.gateway import GATEWAY_UNIT
 from engine_ctl.core.render.scaler import SCALER_UNIT
+from engine_ctl.core.render.scalerlock import ScalerLock
 from engine_ctl.state.model import DeploymentRecord, State
 
 
@@ -85,12 +86,13 @@ def removed(record: DeploymentRecord, hosts: Hosts) -> DeploymentChange:
 
 
 def with_gateways(
-    plan: Plan, desired: DesiredState, state: State, inventory: Inventory, facts: Mapping[str, HostFacts]
-) -> set[tuple[str, str]]:
+    plan: Plan, desired: DesiredState, state: State, inventory: Inventory, facts: Mapping[str, HostFacts],
+    scaler_lock: ScalerLock | None = None,
+) -> set[tuple[str, str]]:  # fmt: skip
     """The gateway hosts' changes and drift into the plan (engine_ctl.core.plan.gateway); returns the gateway's
     and the scaler's units, (host, unit), which are engine-ctl's own and so never listed as unmanaged."""
     plan.gateways, found = plan_gateways(plan.changes, state, inventory, facts, desired.api_keys)
-    plan.scaler = plan_scaler(plan.changes, state, inventory, facts)
+    plan.scaler = plan_scaler(plan.changes, state, inventory, facts, scaler_lock)
     alone = without_scaler(plan.changes, inventory)
     for change in plan.changes:
         if change.name in alone:
@@ -176,10 +178,13 @@ def make_plan(
     created_at: str = "",
     hold_absent: str | None = None,
     replace: frozenset[str] = frozenset(),
+    scaler_lock: ScalerLock | None = None,
 ) -> Plan:
     """`hold_absent`, when set, says why deployments absent from the documents are not destroyed (some
     documents could not be read: a deployment whose document is broken is never taken as removed). `replace`
-    names deployments whose replicas are all replaced (a rolling restart: engine_ctl.core.plan.replace)."""
+    names deployments whose replicas are all replaced (a rolling restart: engine_ctl.core.plan.replace).
+    `scaler_lock`: with PostgreSQL state, the lock that lets a scaler run on every gateway host
+    (engine_ctl.core.render.scalerlock)."""
     from engine_ctl.core.plan.replace import forced
 
     plan = Plan(
@@ -207,7 +212,7 @@ def make_plan(
     woken = woken_parks(state.deployments, scaler_views_of(facts.values()))
     plan.changes = [held_by_operator(c, state, wanted, woken) for c in plan.changes]
     hold_back(plan, foreign)
-    gateway_units = with_gateways(plan, desired, state, inventory, facts)
+    gateway_units = with_gateways(plan, desired, state, inventory, facts, scaler_lock)
     plan.drift.extend(unmanaged_units(state, facts, {(f.host, f.unit) for f in foreign} | gateway_units))
     plan.drift = without_held_drift(plan.drift, state)
     attach_unit_diffs(plan, facts)
@@ -217,7 +222,7 @@ def make_plan(
         for g in plan.gateways:
             g.action = ["no-op"]
     plan.absent = [c.name for c in plan.changes if c.actions == DELETE]
-    plan.refused = destroy_refusals(plan, state)
+    plan.refused = destroy_refusals(plan, state) + lock_refusals(plan.scaler, facts)
     return plan
 
 

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.plan.wake import Woken, parked, wake_steps
 from engine_ctl.core.render.scaler import ScalerDeployment, SlotInput, scaler_host, scaler_slot
+from engine_ctl.core.render.scalerlock import ScalerLock
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.state.model import DeploymentRecord, State
 
@@ -58,6 +59,10 @@ def scaler_deployments(state: State, hosts: Mapping[str, Host]) -> list[ScalerDe
     return [d for d in found if d is not None and d.acts]
 
 
+KEEP_DECISIONS = 20
+"""The decisions status shows (the scaler keeps as many)."""
+
+
 class Decision(BaseModel):
     """One decision of the scaler, as its state.json records it."""
 
@@ -72,6 +77,8 @@ class Decision(BaseModel):
     reason: str
     figure: float | None = None
     """The figure it acted on (in flight per replica, idle seconds)."""
+    scaler: str | None = None
+    """The gateway host whose scaler decided (with several, the one that held the PostgreSQL lock)."""
 
 
 class ScalerView(BaseModel):
@@ -89,28 +96,43 @@ class ScalerView(BaseModel):
     """A parked deployment a request woke (engine_ctl.core.plan.wake)."""
 
 
-def scaler_views(document: Any) -> dict[str, ScalerView]:
+def scaler_views(document: Any, host: str | None = None) -> dict[str, ScalerView]:
     """The scaler's state.json (as the gateway host's facts carry it) -> deployment -> what it says; {} for
-    anything else (no scaler, an unreadable file)."""
+    anything else (no scaler, an unreadable file). `host`: the gateway host it is from (each decision says so)."""
     if not isinstance(document, dict) or not isinstance(document.get("deployments"), dict):
         return {}
     out = {}
     for name, entry in document["deployments"].items():
         try:
-            out[str(name)] = ScalerView.model_validate(entry)
+            view = ScalerView.model_validate(entry)
         except ValueError:
             continue
+        if host is not None:
+            view.decisions = [d if d.scaler else d.model_copy(update={"scaler": host}) for d in view.decisions]
+        out[str(name)] = view
     return out
+
+
+def leads(document: Any) -> tuple[bool, str]:
+    """How a scaler's state.json ranks (the higher, the more it is to be believed): one that acts (no lock, or
+    it holds the lock) above one that watches, then the more recently written."""
+    lock = document.get("lock") if isinstance(document, dict) else None
+    acting = not isinstance(lock, dict) or bool(lock.get("leader"))
+    return acting, str(document.get("updated") or "") if isinstance(document, dict) else ""
 
 
 def running_line(view: ScalerView, lo: int, hi: int) -> str:
     """The plan's line: "3 running of 1..4, by the scaler, 14:02:10: in flight 7.0/replica > 3/4 of parallel 4"."""
     line = f"{len(view.running)} running of {lo}..{hi}"
-    last = next((d for d in reversed(view.decisions) if d.action != "gateway"), None)  # what it did, not a gateway
+    last = next((d for d in reversed(view.decisions) if d.action not in NOT_SCALING), None)  # what it did
     if last is None:
         return line
     clock = last.at[11:19] if len(last.at) >= 19 else last.at
     return f"{line}, by the scaler, {clock}: {last.reason}"
+
+
+NOT_SCALING = ("gateway", "lead", "follow")
+"""Decisions that start or stop nothing: a gateway not answering, the PostgreSQL lock taken or lost."""
 
 
 def decision_rows(views: Mapping[str, ScalerView], names: Iterable[str]) -> list[dict[str, object]]:
@@ -126,6 +148,8 @@ class ScalerPlan(BaseModel):
     poll_s: int
     decide_every_s: int
     hold_s: int
+    lock: ScalerLock | None = None
+    """With PostgreSQL state: a scaler on every gateway host (lock.hosts), and the one that holds this lock acts."""
     deployments: list[str] = []
     """The deployments it acts on (max above min, or min 0), and those parked (a request wakes them)."""
     running: dict[str, str] = {}
@@ -137,10 +161,11 @@ def scales(spec: Any) -> bool:
 
 
 def plan_scaler(
-    changes: Iterable[Any], state: State, inventory: Inventory, facts: Mapping[str, Any]
-) -> ScalerPlan | None:
-    """The scaler of this plan: on the first gateway host by name (exactly one), or None without a gateway or a
-    deployment that scales."""
+    changes: Iterable[Any], state: State, inventory: Inventory, facts: Mapping[str, Any],
+    lock: ScalerLock | None = None,
+) -> ScalerPlan | None:  # fmt: skip
+    """The scaler of this plan: on the first gateway host by name (exactly one), or with `lock` (PostgreSQL
+    state) on every gateway host, one acting; None without a gateway or a deployment that scales."""
     host = scaler_host(inventory)
     specs = {c.name: c.spec for c in changes if c.action != ["delete"]}
     for name, rec in state.deployments.items():
@@ -149,19 +174,42 @@ def plan_scaler(
     names = sorted(n for n, spec in specs.items() if scales(spec) or n in asleep)
     if host is None or not names:
         return None
-    hf = facts.get(host.name)
-    views = scaler_views(getattr(hf, "scaler_state", None))
+    views = scaler_views_of(facts[g.name] for g in inventory.gateways() if g.name in facts)
     running = {n: running_line(views[n], specs[n].replicas_min, specs[n].replicas_max) for n in names if n in views}
     s = inventory.scaling
     return ScalerPlan(host=host.name, poll_s=s.poll_s, decide_every_s=s.decide_every_s, hold_s=inventory.gateway.hold_s,
-                      deployments=names, running=running)  # fmt: skip
+                      deployments=names, running=running, lock=lock)  # fmt: skip
+
+
+def lock_refusals(scaler: ScalerPlan | None, facts: Mapping[str, Any]) -> list[str]:
+    """With the PostgreSQL lock, each gateway host's scaler holds its session through psql: a host without it
+    refuses the plan (one reached and known to lack it)."""
+    if scaler is None or scaler.lock is None:
+        return []
+    lacking = [h for h in scaler.lock.hosts if h in facts and getattr(facts[h], "psql", "") is None]
+    return [
+        f"gateway host {h} has no psql, which its scaler needs for the PostgreSQL lock (the state is in PostgreSQL): "
+        "install the PostgreSQL client there (Debian, Ubuntu: apt install postgresql-client; RHEL, Fedora: dnf "
+        "install postgresql)"
+        for h in lacking
+    ]
 
 
 def scaler_views_of(facts: Iterable[Any]) -> dict[str, ScalerView]:
-    """What the scaler says, from the facts of the gateway hosts (the one that runs it has its state.json)."""
+    """What the scalers say, from the facts of the gateway hosts (each that runs one has its state.json): each
+    deployment as the acting scaler sees it (the lock's holder, with several), with the decisions of every
+    scaler, in time order, each naming the host that decided."""
+    docs = sorted(((hf.host, hf.scaler_state) for hf in facts if getattr(hf, "scaler_state", None)),
+                  key=lambda hd: leads(hd[1]))  # fmt: skip
     out: dict[str, ScalerView] = {}
-    for hf in facts:
-        out.update(scaler_views(getattr(hf, "scaler_state", None)))
+    decisions: dict[str, list[Decision]] = {}
+    for host, doc in docs:  # the most believed last: its view wins
+        for name, view in scaler_views(doc, host).items():
+            out[name] = view
+            decisions.setdefault(name, []).extend(view.decisions)
+    for name, view in out.items():
+        merged = sorted({(d.at, d.scaler, d.action, d.reason): d for d in decisions[name]}.values(), key=lambda d: d.at)
+        view.decisions = merged[-KEEP_DECISIONS:]
     return out
 
 

@@ -233,7 +233,8 @@ def render_gateway(
 ) -> RenderedGateway:
     """Everything one gateway host runs, rendered from templates/ (haproxy.cfg.j2, hold.lua, gateway.service.j2).
     `stopped`: deployment -> ID of those an operator stopped (stopped.map: answered deployment_stopped).
-    `wake_address`: where its Lua pokes the scaler (wake_address_for)."""
+    `wake_address`: where its Lua pokes the scaler (wake_address_for) when none listens on this host's loopback
+    (with PostgreSQL state a scaler runs on every gateway host)."""
     ordered = sorted(backends, key=lambda b: b.deployment)
     listen = f"{'[::]' if ':' in host.address else '*'}:{host.gateway_port}"
     common = {"host": host.name, "listen": listen, "internal_key": internal_key}
@@ -263,7 +264,7 @@ def render_gateway(
             "hold_cap": hold_cap,
             "backend_prefix": BACKEND_PREFIX,
             "wake_port": WAKE_PORT,
-            "wake_address": wake_address,
+            "wake_addresses": list(dict.fromkeys([LOOPBACK, wake_address])),
         },
     )
     maps = key_maps(keys, [b.deployment for b in ordered])

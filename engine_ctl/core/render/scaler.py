@@ -27,6 +27,7 @@ from engine_ctl.core.render.gateway import (
     first_gateway,
     server_name,
 )
+from engine_ctl.core.render.scalerlock import ScalerLock
 from engine_ctl.core.render.systemd_escape import comment_text
 
 if TYPE_CHECKING:
@@ -266,6 +267,13 @@ def render_config(
     return json.dumps(out, indent=1, sort_keys=True) + "\n"
 
 
+def with_lock(config: str, lock: ScalerLock, name: str, psql: str) -> str:
+    """scaler.json with the lock the scaler on `name` takes (its `lock` section, psql's path in it)."""
+    body = json.loads(config)
+    body["lock"] = {**lock.config(name), "psql": psql}
+    return json.dumps(body, indent=1, sort_keys=True) + "\n"
+
+
 def _deployment_json(d: ScalerDeployment) -> dict[str, object]:
     body = d.model_dump(mode="json")
     if body.get("parked") is None:  # only a parked deployment says so: the others' text is as before
@@ -303,13 +311,19 @@ def render_scaler(
     deployments: Sequence[ScalerDeployment],
     program_sha256: str,
     gateways: Iterable[Host] = (),
+    lock: ScalerLock | None = None,
+    psql: str = "psql",
     **settings: int,
 ) -> RenderedScaler:
-    """The scaler on `host`, driving every gateway host (`gateways`; the scaler's own alone when empty)."""
+    """The scaler on `host`, driving every gateway host (`gateways`; the scaler's own alone when empty). With
+    `lock` (PostgreSQL state) it is one of several and acts only while it holds the lock (psql: its client)."""
     drives = scaler_gateways(host, gateways) or (ScalerGateway(name=host.name, local=True),)
     binds = wake_binds(host, drives)
     config = render_config(deployments, gateways=drives, wake_bind=binds, **settings)
+    if lock is not None:
+        config = with_lock(config, lock, host.name, psql)
     peers = [g.address for g in drives if not g.local] + [s.address for d in deployments for s in d.slots]
+    peers += [lock.host] if lock is not None else []
     allow = ip_literals([*peers, *binds])
     unit = render_unit(host.name, program_sha256, ip_allow=allow)
     return RenderedScaler(host=host.name, config=config, unit_text=unit)

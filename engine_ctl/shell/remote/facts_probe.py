@@ -932,6 +932,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "ports": listening_ports(),
         "model_files": model_files(args["models_dir"]),
         "curl": shutil.which("curl"),
+        "psql": shutil.which("psql"),
         "python": "%d.%d.%d" % sys.version_info[:3],
         "models": {p: model_entry(p) for p in args.get("model_paths", [])},
         "health": health(args.get("health", []), args.get("bind") or "127.0.0.1"),

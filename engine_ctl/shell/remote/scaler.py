@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -380,6 +381,161 @@ def save_state(path: str, state: Obj) -> None:
     os.replace(tmp, path)
 
 
+# The PostgreSQL lock (with PostgreSQL state: a scaler on every gateway host, one acts) -------------------------
+
+SESSION_SETTINGS = (
+    "SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3; "
+    "SET tcp_user_timeout = 10000; SET statement_timeout = 5000; SET idle_session_timeout = 0;"
+)
+"""The lock's session, on the server's side: a leader whose host or network died is noticed within about 11 s,
+and its lock freed for another scaler."""
+LOCK_ANSWER_S = 5
+"""How long psql may take to answer; longer and the session is taken for dead (psql ended: no lock held)."""
+END_MARK = "__engine_ctl_scaler_end__"
+APPLICATION = "engine-ctl-scaler "
+
+
+def conninfo(lock: Obj) -> str:
+    """libpq's key=value connection string (values quoted, as libpq reads them)."""
+
+    def quoted(v: object) -> str:
+        return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+    pairs = [("host", lock["host"]), ("port", lock["port"]), ("dbname", lock["dbname"]), ("user", lock["user"]),
+             ("connect_timeout", 5), ("keepalives", 1), ("keepalives_idle", 5), ("keepalives_interval", 2),
+             ("keepalives_count", 3), ("application_name", APPLICATION + str(lock["name"]))]  # fmt: skip
+    return " ".join("%s=%s" % (k, quoted(v)) for k, v in pairs)
+
+
+def key_parts(key: int) -> tuple[int, int]:
+    """How pg_locks shows a bigint advisory key: classid the high 32 bits, objid the low 32."""
+    unsigned = key & 0xFFFFFFFFFFFFFFFF
+    return unsigned >> 32, unsigned & 0xFFFFFFFF
+
+
+def holder_sql(key: int) -> str:
+    """The application_name of the session that holds the key (all scalers log in as one role: they see it)."""
+    high, low = key_parts(key)
+    return (
+        "(SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE "
+        "l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.classid = %d AND l.objid = %d AND "
+        "l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) LIMIT 1)" % (high, low)
+    )
+
+
+def holds_sql(key: int) -> str:
+    high, low = key_parts(key)
+    return (
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted "
+        "AND objsubid = 1 AND classid = %d AND objid = %d;" % (high, low)
+    )
+
+
+def read_password(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.readline().strip()
+    except OSError:
+        return ""
+
+
+class PgLock:
+    """A session-level advisory lock held through a psql child (the scaler is stdlib only): the session is the
+    lock. psql ends when its connection is lost, and the lock is freed by the server when the session ends."""
+
+    def __init__(self, lock: Obj, log: Callable[[str], None]) -> None:
+        self.lock, self.log = lock, log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.mutex = threading.Lock()
+        self.held = False
+        self.holder = ""
+        """Who holds it, as last seen (the gateway host's name), when another scaler does."""
+
+    def ask(self, sql: str) -> list[str] | None:
+        """psql's answer lines to `sql`, or None (no answer in time, psql gone: the session is ended)."""
+        proc = self.proc
+        if proc is None or proc.stdin is None or proc.stdout is None:
+            return None
+        try:
+            proc.stdin.write((sql + "\n\\echo " + END_MARK + "\n").encode())
+            proc.stdin.flush()
+        except OSError:
+            self.end("psql ended")
+            return None
+        out, deadline = b"", time.time() + LOCK_ANSWER_S
+        while (END_MARK + "\n").encode() not in out:
+            ready = select.select([proc.stdout], [], [], max(deadline - time.time(), 0))[0]
+            chunk = os.read(proc.stdout.fileno(), 65536) if ready else b""
+            if not chunk:
+                self.end("no answer from the database within %d s" % LOCK_ANSWER_S if not ready else
+                         "the session ended: " + out.decode(errors="replace").strip()[-200:])  # fmt: skip
+                return None
+            out += chunk
+        text = out.decode(errors="replace").split(END_MARK)[0]
+        return [line for line in text.splitlines() if line.strip()]
+
+    def start(self) -> bool:
+        env = dict(os.environ, PGPASSWORD=read_password(self.lock["password_file"]), PGCONNECT_TIMEOUT="5")
+        argv = [self.lock.get("psql") or "psql", "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=0", "-d",
+                conninfo(self.lock)]  # fmt: skip
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, env=env)  # fmt: skip
+        except OSError as exc:
+            self.log("the lock: psql: %s" % exc)
+            return False
+        said = self.ask(SESSION_SETTINGS + " SELECT 'ready';")
+        if said != ["ready"]:
+            if said is not None:
+                self.end("the session: " + " ".join(said)[-300:])
+            return False
+        return True
+
+    def end(self, why: str) -> None:
+        proc, self.proc = self.proc, None
+        if self.held:
+            self.log("the lock: lost (%s)" % why)
+        elif proc is not None:
+            self.log("the lock: no session (%s)" % why)
+        self.held = False
+        if proc is not None:
+            try:
+                proc.kill()
+                proc.wait(5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+
+    def try_lead(self) -> bool:
+        """Whether this scaler holds the lock now: checked on its live session when it did, tried for when not."""
+        with self.mutex:
+            if self.held:
+                return self.check()
+            if self.proc is None and not self.start():
+                return False
+            said = self.ask("SELECT pg_try_advisory_lock(%d), %s;" % (int(self.lock["key"]),
+                                                                      holder_sql(int(self.lock["key"]))))  # fmt: skip
+            if not said or "|" not in said[-1]:
+                self.log("the lock: %s" % " ".join(said or ["no answer"])[-300:])
+                return False
+            got, _, holder = said[-1].partition("|")
+            self.held = got == "t"
+            self.holder = str(self.lock["name"]) if self.held else holder[len(APPLICATION) :]
+            return self.held
+
+    def holds(self) -> bool:
+        """Fencing, before each action: the lock is still held on a live session (else no longer the leader)."""
+        with self.mutex:
+            return self.held and self.check()
+
+    def check(self) -> bool:
+        said = self.ask(holds_sql(int(self.lock["key"])))
+        if said != ["1"]:
+            if said is not None:
+                self.end("the session holds it no more: %s" % " ".join(said)[-200:])
+            return False
+        return True
+
+
 # The scaler ---------------------------------------------------------------------------------------------------
 
 
@@ -399,6 +555,9 @@ class Scaler:
         """host -> when a start or stop there last ended: a status read before then is not reconciled on."""
         self.unreachable: dict[str, str] = {}
         """gateway -> why it did not answer (named once in the decisions, and once when it is back)."""
+        lock = config.get("lock")
+        self.pglock = PgLock(lock, log) if lock else None
+        """With PostgreSQL state: the lock that makes this scaler the one that acts (None: it always acts)."""
         for d in self.deps:
             kept = self.state["deployments"].get(d["name"])
             if kept is not None and kept.get("id", d.get("id")) != d.get("id"):
@@ -460,7 +619,11 @@ class Scaler:
             words = []
         finally:
             conn.close()
-        if len(words) == 2 and words[0] == "wake" and any(d["name"] == words[1] for d in self.deps):
+        if len(words) in (2, 3) and words[0] == "wake" and any(d["name"] == words[1] for d in self.deps):
+            if not self.leading():
+                if len(words) == 2:  # from a gateway's Lua, not relayed already: to the scaler that acts
+                    self.relay(words[1])
+                return
             with self.lock:
                 self.wakes[words[1]] = self.wakes.get(words[1], 0) + 1
             self.woken.set()
@@ -477,6 +640,8 @@ class Scaler:
         if not gw.get("local"):
             return self.ssh(gw, " ".join(words), timeout=timeout)
         sock = self.config["gateway_socket"]
+        if words[0] == "gateway-set":
+            self.fence()
         try:
             if words == ["gateway-stat"]:
                 return 0, admin(sock, "show stat", timeout)
@@ -645,6 +810,8 @@ class Scaler:
         return status if isinstance(status, dict) else None
 
     def ssh(self, slot: Obj, command: str, timeout: float = 60) -> tuple[int, str]:
+        if command.split()[0] in ("start", "stop", "gateway-set"):
+            self.fence()
         argv = ["ssh", "-F", "/dev/null", "-i", self.config["key"], "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
                 "-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile=" + self.config["known_hosts"],
                 "-o", "GlobalKnownHostsFile=/dev/null", "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR",
@@ -884,6 +1051,7 @@ class Scaler:
         is awake; none for an engine that restarts instead (restart_only)."""
         base = "http://%s:%d" % (slot["address"], slot["port"])
         for call in park.get("calls") or []:
+            self.fence()
             code, said = http_call(base + call["path"], call["method"], call.get("body"), self.key)
             if code < 200 or code >= 300:
                 raise RuntimeError("%s %s on %s: HTTP %d %s" % (call["method"], call["path"], slot["host"], code,
@@ -904,6 +1072,75 @@ class Scaler:
                                                                          asleep))  # fmt: skip
             time.sleep(0.5)
 
+    # --- one of several: the PostgreSQL lock ------------------------------------------------------------------
+    def leading(self) -> bool:
+        """Whether this scaler acts: always without a lock; with one, while it holds it."""
+        return self.pglock is None or self.pglock.held
+
+    def fence(self) -> None:
+        """Before each action: the lock still held on a live session, or the action is not taken."""
+        if self.pglock is not None and not self.pglock.holds():
+            raise RuntimeError("this scaler no longer holds the lock (%s acts)" % (self.pglock.holder or "no one"))
+
+    def lead_loop(self) -> None:
+        """Every retry_s: the leader checks it still holds the lock, the others try for it."""
+        assert self.pglock is not None
+        every = float(self.pglock.lock.get("retry_s", 2))
+        while True:
+            was = self.pglock.held
+            try:
+                now = self.pglock.try_lead()
+            except Exception as exc:  # never the end of the scaler: it only acts no more
+                self.log("the lock: %r" % (exc,))
+                self.pglock.end("an error")
+                now = False
+            if now != was:
+                self.changed_lead(now)
+            time.sleep(every)
+
+    def changed_lead(self, leads: bool) -> None:
+        """Taken: act from the world as it is now (a half-done start or stop of another leader, or of this one
+        before, is not resumed: reconciling the gateways converges it), and wait one decision interval before
+        scaling up or down, since when the last leader acted is not known here. Lost: act no more."""
+        assert self.pglock is not None
+        name, now = self.pglock.lock.get("name", "?"), time.time()
+        with self.lock:
+            self.state["lock"] = {"leader": leads, "holder": self.pglock.holder, "since": utc(now)}
+            for dep in self.deps:
+                mem = self.mem(dep["name"])
+                if leads:
+                    mem.pop("busy", None)
+                    mem["last_decision_at"] = max(float(mem.get("last_decision_at") or 0), now)
+                    mem["last_request_at"] = now
+        why = "took the PostgreSQL lock: the scaler on %s acts" if leads else "lost the PostgreSQL lock: %s stops"
+        for dep in self.deps:
+            self.record(dep["name"], "lead" if leads else "follow", why % name)
+        self.woken.set()
+
+    def follow(self) -> None:
+        """Not the leader: nothing is decided or done here; state.json says who leads."""
+        assert self.pglock is not None
+        with self.lock:
+            self.wakes = {}
+            self.state["lock"] = {"leader": False, "holder": self.pglock.holder,
+                                  "since": (self.state.get("lock") or {}).get("since") or utc(time.time())}  # fmt: skip
+            self.save()
+
+    def relay(self, name: str) -> None:
+        """A wake heard by a scaler that does not act: passed to the one that does (once: marked relayed)."""
+        holder = self.pglock.holder if self.pglock is not None else ""
+        gw = next((g for g in self.drives() if g["name"] == holder and not g.get("local")), None)
+        if gw is None or not gw.get("address"):
+            return
+        try:
+            s = socket.create_connection((gw["address"], int(self.config.get("wake_port", 8809))), timeout=1)
+            try:
+                s.sendall(("wake %s relayed\n" % name).encode())
+            finally:
+                s.close()
+        except OSError as exc:
+            self.log("%s: the wake not relayed to %s: %s" % (name, holder, exc))
+
     def resume(self) -> None:
         """What a killed scaler left half-done: carry it out (a start is idempotent, so is a stop)."""
         for dep in self.deps:
@@ -917,12 +1154,18 @@ class Scaler:
 
     def run(self) -> None:
         threading.Thread(target=self.listen, args=(int(self.config.get("wake_port", 8809)),), daemon=True).start()
-        self.resume()
+        if self.pglock is None:
+            self.resume()
+        else:
+            threading.Thread(target=self.lead_loop, daemon=True).start()
         poll = float(self.config.get("poll_s", 15))
         woken = False
         while True:
             try:
-                self.cycle(refresh=not woken)
+                if self.leading():
+                    self.cycle(refresh=not woken)
+                else:
+                    self.follow()
             except Exception as exc:  # one bad cycle (a socket gone during a reload) never ends the scaler
                 self.log("cycle failed: %r" % (exc,))
             woken = self.woken.wait(poll)
