@@ -73,7 +73,8 @@ def test_one_scaler_and_every_gateways_lua_pokes_it(gp: TwoGateways) -> None:
     lua = "/etc/engine-ctl/gateway/hold.lua"
     wakes = f'local WAKE_ADDRESSES = {{ "127.0.0.1", "{gp.gateway.address}" }}'
     assert wakes in gp.fleet.ssh(gp.second, f"cat {lua}").stdout
-    assert 'local WAKE_ADDRESSES = { "127.0.0.1" }' in gp.on_gateway(f"cat {lua}").stdout
+    own = f'local WAKE_ADDRESSES = {{ "127.0.0.1", "{gp.second.address}" }}'  # its own scaler listens: the one
+    assert own in gp.on_gateway(f"cat {lua}").stdout
     listening = gp.on_gateway("ss -Hltn 'sport = :8809'").stdout
     assert f"{gp.gateway.address}:8809" in listening and "127.0.0.1:8809" in listening
     # the replica host may not wake it (the unit's IPAddressAllow= and the listener's own check)

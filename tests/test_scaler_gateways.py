@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from engine_ctl.core.documents.inventory import Host
-from engine_ctl.core.render.gateway import GatewayBackend, render_gateway, wake_address_for
+from engine_ctl.core.render.gateway import GatewayBackend, render_gateway, wake_address_for, wake_addresses_for
 from engine_ctl.core.render.scaler import ScalerDeployment, ScalerSlot, render_scaler
 from engine_ctl.shell.remote import scaler, scaler_command
 
@@ -83,13 +83,16 @@ def test_a_wake_is_heard_from_loopback_and_the_gateway_hosts_only() -> None:
     assert not scaler.wake_allowed("198.18.0.13", allowed) and not scaler.wake_allowed("10.0.0.1", allowed)
 
 
-def test_each_gateways_lua_pokes_the_one_scaler() -> None:
+def test_each_gateways_lua_pokes_its_own_scaler_then_the_first_gateway_hosts() -> None:
     hosts = [GW2, NODE, GW1]
     assert wake_address_for(GW1, hosts) == "127.0.0.1"  # the scaler's own host: the first gateway by name
     assert wake_address_for(GW2, hosts) == GW1.address
+    assert wake_addresses_for(GW2, hosts) == ["127.0.0.1", GW1.address]  # none on its loopback: the first's
+    assert wake_addresses_for(GW1, hosts) == ["127.0.0.1", GW2.address]  # (with the PostgreSQL lock, each has one)
     backend = GatewayBackend(deployment="chat")
-    lua = render_gateway(GW2, [backend], [], wake_address=wake_address_for(GW2, hosts)).files["hold.lua"]
+    lua = render_gateway(GW2, [backend], [], wake_addresses=wake_addresses_for(GW2, hosts)).files["hold.lua"]
     assert 'local WAKE_ADDRESSES = { "127.0.0.1", "198.18.0.11" }' in lua and "s:connect(address, WAKE_PORT)" in lua
+    assert "if heard then\n            return" in lua  # the first that listens hears it, and only it
     own = render_gateway(GW1, [backend], [], wake_address=wake_address_for(GW1, hosts)).files["hold.lua"]
     assert 'local WAKE_ADDRESSES = { "127.0.0.1" }' in own
 

@@ -26,7 +26,7 @@ from engine_ctl.core.render.gateway import (
     render_gateway,
     server_name,
     sha256,
-    wake_address_for,
+    wake_addresses_for,
 )
 from engine_ctl.core.render.scalerlock import ScalerLock, scaler_lock
 from engine_ctl.shell import gateway as remote
@@ -185,7 +185,7 @@ class Verbs:
             rendered = render_gateway(
                 g, backends_from_state(state, hosts), [], stopped=stopped_map(state.deployments),
                 hold_s=settings.hold_s, hold_cap=settings.hold_cap, threads=settings.threads,
-                wake_address=wake_address_for(g, hosts.values()),
+                wake_addresses=wake_addresses_for(g, hosts.values()),
             )  # fmt: skip
             kept = {n: t.run(["cat", f"{GATEWAY_DIR}/{n}"]).stdout for n in KEY_MAPS}
             files = {**rendered.files, **kept}

@@ -30,7 +30,7 @@ from engine_ctl.core.render.gateway import (
     backend_name,
     render_gateway,
     server_name,
-    wake_address_for,
+    wake_addresses_for,
 )
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.state.model import DeploymentRecord, State
@@ -192,7 +192,7 @@ def render_for(
     ]
     return render_gateway(host, backends, keys, hold_s=settings.hold_s, hold_cap=settings.hold_cap,
                           threads=settings.threads, stopped=stopped,
-                          wake_address=wake_address_for(host, hosts.values()))  # fmt: skip
+                          wake_addresses=wake_addresses_for(host, hosts.values()))  # fmt: skip
 
 
 def config_diff(old: str, new: str) -> list[str]:
@@ -287,7 +287,7 @@ def gateway_after_apply(host: Host, state: State, hosts: Mapping[str, Host], cha
         hold_s=change.hold_s,
         hold_cap=change.hold_cap,
         threads=change.threads,
-        wake_address=wake_address_for(host, hosts.values()),
+        wake_addresses=wake_addresses_for(host, hosts.values()),
     )
     files = {**rendered.files, **{n: t for n, t in change.files.items() if n in RUNTIME_MAPS}}
     maps = {**rendered.maps, **{n: m for n, m in change.maps.items() if n in RUNTIME_MAPS}}

@@ -230,11 +230,13 @@ def render_gateway(
     run_dir: str = RUN_DIR,
     stopped: Mapping[str, str] | None = None,
     wake_address: str = LOOPBACK,
+    wake_addresses: Sequence[str] = (),
 ) -> RenderedGateway:
     """Everything one gateway host runs, rendered from templates/ (haproxy.cfg.j2, hold.lua, gateway.service.j2).
     `stopped`: deployment -> ID of those an operator stopped (stopped.map: answered deployment_stopped).
-    `wake_address`: where its Lua pokes the scaler (wake_address_for) when none listens on this host's loopback
-    (with PostgreSQL state a scaler runs on every gateway host)."""
+    `wake_address`: where its Lua pokes the scaler (wake_address_for) when none listens on this host's loopback;
+    `wake_addresses`: every place it tries, in order (wake_addresses_for: with PostgreSQL state a scaler runs on
+    every gateway host, and the first that listens passes the wake to the one that acts)."""
     ordered = sorted(backends, key=lambda b: b.deployment)
     listen = f"{'[::]' if ':' in host.address else '*'}:{host.gateway_port}"
     common = {"host": host.name, "listen": listen, "internal_key": internal_key}
@@ -257,16 +259,9 @@ def render_gateway(
             **stopped_answer(),
         },
     )
-    lua = _with_hash(
-        "hold.lua",
-        {
-            "hold_s": hold_s,
-            "hold_cap": hold_cap,
-            "backend_prefix": BACKEND_PREFIX,
-            "wake_port": WAKE_PORT,
-            "wake_addresses": list(dict.fromkeys([LOOPBACK, wake_address])),
-        },
-    )
+    wakes = list(wake_addresses) or list(dict.fromkeys([LOOPBACK, wake_address]))
+    lua = _with_hash("hold.lua", {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX,
+                                  "wake_port": WAKE_PORT, "wake_addresses": wakes})  # fmt: skip
     maps = key_maps(keys, [b.deployment for b in ordered])
     maps["models.map"] = {b.deployment: b.backend for b in ordered}
     maps["stopped.map"] = dict(stopped or {})
@@ -308,6 +303,14 @@ def wake_address_for(host: Host, hosts: Iterable[Host]) -> str:
     from every other gateway host (the scaler listens there too, for the gateway hosts only)."""
     scaler = first_gateway(hosts)
     return LOOPBACK if scaler is None or scaler.name == host.name else scaler.address
+
+
+def wake_addresses_for(host: Host, hosts: Iterable[Host]) -> list[str]:
+    """Where a gateway's Lua pokes the scalers, the first that listens hearing it: this host's own (127.0.0.1),
+    then the first gateway host by name (the one scaler without the PostgreSQL lock), then the other gateway
+    hosts (with the lock, a scaler on each: when this host's is down, another passes the wake on)."""
+    gateways = sorted((h for h in hosts if GATEWAY_ROLE in h.roles), key=lambda h: h.name)
+    return [LOOPBACK] + [g.address for g in gateways if g.name != host.name and g.address != LOOPBACK]
 
 
 # --- servers DOWN at start --------------------------------------------------------------------------------------
