@@ -7,6 +7,7 @@ takes over. (Two gateway hosts and a PostgreSQL reachable from them: tests/test_
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import time
@@ -22,8 +23,10 @@ from engine_ctl.core.documents.inventory import Host, Inventory, load_inventory
 from engine_ctl.core.plan.changes import Plan
 from engine_ctl.core.plan.scaler import ScalerPlan, lock_refusals, scaler_views_of
 from engine_ctl.core.render.scaler import ScalerDeployment, ScalerSlot, render_scaler
-from engine_ctl.core.render.scalerlock import PASSWORD_FILE, advisory_key, scaler_lock
+from engine_ctl.core.render.scalerlock import PASSWORD_FILE, ScalerLock, advisory_key, scaler_lock
 from engine_ctl.shell.remote import scaler
+from engine_ctl.shell.scaler_lock import LockFailure, prepare_lock
+from engine_ctl.shell.transport import LocalTransport
 
 DSN = os.environ.get("ENGINE_CTL_TEST_PG", "postgresql:///engine_ctl_test")
 GW1 = Host(name="gw-a", address="198.18.0.11", roles=("gateway",))
@@ -185,3 +188,53 @@ def test_one_session_holds_the_lock_the_other_sees_who_and_takes_over_when_it_en
     finally:
         a.end("the test is done")
         b.end("the test is done")
+
+
+# --- the scalers' role, made with the operator's DSN (the real PostgreSQL) ----------------------------------------
+def test_the_scaler_program_keeps_to_python_3_7s_grammar() -> None:
+    ast.parse(Path(scaler.__file__).read_text(), feature_version=(3, 7))
+
+
+def test_apply_makes_the_role_with_a_scram_verifier_and_writes_the_password_root_only(tmp_path: Path) -> None:
+    role = f"engine_ctl_scaler_test{os.getpid()}"
+    lock = ScalerLock(host="db", dbname="engine_ctl_test", state="t", key=1, role=role,
+                      password_file=str(tmp_path / "scaler" / "pg-password"), hosts=("local",))  # fmt: skip
+    here = LocalTransport(Host(name="local", address="127.0.0.1", transport="local"))
+    try:
+        said = prepare_lock(lock, DSN, [("local", here)])
+        assert said.startswith(f"role {role} (a new password")
+        password = (tmp_path / "scaler" / "pg-password").read_text().strip()
+        assert len(password) == 48 and password not in said
+        assert (tmp_path / "scaler" / "pg-password").stat().st_mode & 0o777 == 0o600
+        with psycopg.connect(DSN, autocommit=True) as conn:
+            stored, login, createrole = conn.execute("SELECT rolpassword, rolcanlogin, rolcreaterole FROM pg_authid "
+                                                     "WHERE rolname = %s", (role,)).fetchone()  # fmt: skip
+        assert stored.startswith("SCRAM-SHA-256$") and password not in stored and login and not createrole
+        assert prepare_lock(lock, DSN, [("local", here)]) == f"role {role}"  # there, with its file: left alone
+        assert (tmp_path / "scaler" / "pg-password").read_text().strip() == password
+    finally:
+        with psycopg.connect(DSN, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def test_an_operator_role_that_may_not_create_roles_gets_the_sql_for_a_dba(tmp_path: Path) -> None:
+    weak = f"ectl_weak_{os.getpid()}"
+    lock = ScalerLock(host="db", dbname="engine_ctl_test", state="t", key=1, role=f"engine_ctl_scaler_w{os.getpid()}",
+                      password_file=str(tmp_path / "pg-password"), hosts=("local",))  # fmt: skip
+    here = LocalTransport(Host(name="local", address="127.0.0.1", transport="local"))
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {weak} NOLOGIN")
+    try:
+        as_weak = DSN + ("&" if "?" in DSN else "?") + f"options=-c%20role%3D{weak}"  # the session runs as that role
+        with pytest.raises(LockFailure) as caught:
+            prepare_lock(lock, as_weak, [("local", here)])
+        said = str(caught.value)
+        assert f"may not create or change the scalers' role {lock.role}" in said
+        assert f"CREATE ROLE {lock.role} LOGIN PASSWORD" in said and "scaling: {lock: {role:" in said
+        assert not (tmp_path / "pg-password").exists()  # no password written for a role that is not there
+        inv_lock = lock.model_copy(update={"managed": False})
+        with pytest.raises(LockFailure, match="is missing or empty on local: put the password of role"):
+            prepare_lock(inv_lock, None, [("local", here)])
+    finally:
+        with psycopg.connect(DSN, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE IF EXISTS {weak}")

@@ -355,15 +355,16 @@ def instance_table(s: DeploymentStatus) -> Table:
 
 
 def decisions_table(s: DeploymentStatus) -> Table:
-    """The scaler's last decisions: AT ACTION SLOT HOST FIGURE REASON (the reason wraps)."""
+    """The scaler's last decisions: AT ACTION SLOT HOST FIGURE BY REASON (the reason wraps; BY: the gateway host
+    whose scaler decided, the one that held the PostgreSQL lock where each gateway host runs one)."""
     table = Table(box=None, pad_edge=False, title="the scaler's decisions", title_justify="left")
-    for col in ("AT", "ACTION", "SLOT", "HOST", "FIGURE"):
+    for col in ("AT", "ACTION", "SLOT", "HOST", "FIGURE", "BY"):
         table.add_column(col, no_wrap=True)
     table.add_column("REASON", overflow="fold", ratio=1)
     for d in s.decisions:
         figure = "-" if d.figure is None else f"{d.figure:g}"
         slot = "-" if d.slot is None else str(d.slot)
-        table.add_row(d.at, d.action, slot, d.host or "-", figure, d.reason)
+        table.add_row(d.at, d.action, slot, d.host or "-", figure, d.scaler or "-", d.reason)
     return table
 
 

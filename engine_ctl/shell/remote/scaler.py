@@ -845,6 +845,8 @@ class Scaler:
         if refresh:
             self.reconcile_gateways(per)
         every = float(self.config.get("decide_every_s", 120))
+        if self.pglock is not None and not self.pglock.holds():  # lost while it looked: it decides nothing
+            return
         order = sorted(self.deps, key=lambda d: (-int(d.get("priority", 0)), d["name"]))
         for dep in order:
             if dep.get("parked"):  # an operator's park: never scaled, woken on a request
