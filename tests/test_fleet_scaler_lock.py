@@ -149,8 +149,10 @@ def lp(fleet: Fleet, weights: None, tmp_path_factory: pytest.TempPathFactory) ->
         with p.applied():
             yield p
     finally:
+        p.cli("destroy", "--auto-approve")  # (applied() destroys a state file's deployments only)
         for g in (p.gateway, p.second):
-            fleet.ssh(g, f"systemctl disable --now {SCALER_UNIT} engine-ctl-gateway.service", check=False)
+            fleet.ssh(g, f"systemctl disable --now {SCALER_UNIT} engine-ctl-gateway.service; rm -rf "
+                      f"/var/lib/engine-ctl/scaler {PASSWORD_FILE}", check=False)  # fmt: skip
         stop_cluster(cluster)
 
 

@@ -24,6 +24,7 @@ from engine_ctl.core.render.scaler import (
     SCALER_KEY,
     SCALER_KNOWN_HOSTS,
     SCALER_PROGRAM,
+    SCALER_STATE,
     SCALER_UNIT,
     ScalerDeployment,
     render_scaler,
@@ -101,7 +102,7 @@ class ScalerApply:
         keep = {h.name for h in scalers} if deployments else set()
         for g in self._gateways():
             if g.name not in keep:
-                self._remove_from(g)
+                self._remove_from(g, forget=g.name not in names)
         if deployments:
             self.install(scalers, deployments)
 
@@ -179,10 +180,13 @@ class ScalerApply:
         names = ", ".join(d.name for d in deployments)
         self.progress(f"scaler {host.name}: {'updated' if changed else 'running'}, scaling {names}")
 
-    def _remove_from(self, host: Host) -> None:
-        """No scaler on `host` (none runs there in this plan): its unit, configuration and lock password gone."""
+    def _remove_from(self, host: Host, forget: bool) -> None:
+        """No scaler on `host` (none runs there in this plan): its unit, configuration and lock password gone, and
+        (`forget`: a host that runs no scaler at all now, as a lock's follower did) its state.json too, so that
+        nothing reads its old decisions as the scaler's."""
+        state = f" {SCALER_STATE}" if forget else ""
         script = (f"[ -f {UNIT_DIR}/{SCALER_UNIT} ] || exit 0; systemctl disable --now {SCALER_UNIT}; "
-                  f"rm -f {UNIT_DIR}/{SCALER_UNIT} {SCALER_CONFIG} {PASSWORD_FILE}; "
+                  f"rm -f {UNIT_DIR}/{SCALER_UNIT} {SCALER_CONFIG} {PASSWORD_FILE}{state}; "
                   "systemctl daemon-reload")  # fmt: skip
         t = transport_for(host, self.options)
         try:

@@ -174,7 +174,8 @@ def plan_scaler(
     names = sorted(n for n, spec in specs.items() if scales(spec) or n in asleep)
     if host is None or not names:
         return None
-    views = scaler_views_of(facts[g.name] for g in inventory.gateways() if g.name in facts)
+    runs_on = lock.hosts if lock is not None else (host.name,)
+    views = scaler_views_of(facts[n] for n in runs_on if n in facts)
     running = {n: running_line(views[n], specs[n].replicas_min, specs[n].replicas_max) for n in names if n in views}
     s = inventory.scaling
     return ScalerPlan(host=host.name, poll_s=s.poll_s, decide_every_s=s.decide_every_s, hold_s=inventory.gateway.hold_s,
