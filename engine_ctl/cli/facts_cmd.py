@@ -90,6 +90,7 @@ def host_table(f: HostFacts) -> Table:
     table.add_row("ports", " ".join(map(str, f.ports_in_use)) or "-")
     table.add_row("models", f"{len(f.model_files)} file(s)")
     table.add_row("haproxy", f.haproxy_version or "not installed")
+    table.add_row("psql", f.psql or "not installed")  # (the scalers' PostgreSQL lock needs it on a gateway host)
     for w in f.warnings:
         table.add_row("warning", w)
     return table
