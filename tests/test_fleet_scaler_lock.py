@@ -7,7 +7,9 @@ an operator role with CREATEROLE, not a superuser), the official `openai` packag
 
 Exactly one scaler holds the lock and acts; the scalers' role (made by apply, its password only on the gateway
 hosts) reads nothing of the state; the leader killed, the other takes the lock within seconds and wakes a
-request at zero that arrives through the dead leader's own gateway. (The project, its short timings and the
+request at zero that arrives through the dead leader's own gateway (whose restarted scaler passes the wake on);
+the leader's network cut (its link on the bridge down), it stops acting on its own and the server frees its lock
+(the session's keepalives) within seconds, and the other takes it. (The project, its short timings and the
 second gateway: tests/test_fleet_scaler.py, tests/test_fleet_scaler_gateways.py.)"""
 
 from __future__ import annotations
@@ -217,3 +219,29 @@ def test_the_leader_killed_the_other_takes_over_and_wakes_a_request_at_zero(lp: 
     assert lp.decisions_on(leader, "up") == []  # exactly one acted
     status = json.loads(lp.cli("status", "zero", "--json", "--decisions").stdout)["deployments"][0]
     assert [d["scaler"] for d in status["decisions"] if d["action"] == "up"] == [other.name]
+
+
+def test_the_leaders_network_dies_it_stops_acting_and_the_server_frees_its_lock_within_seconds(
+    lp: LockedGateways,
+) -> None:
+    lp.wait("a scaler holds the lock", lambda: lp.holder() is not None, 20)
+    leader = lp.host_of(str(lp.holder()))
+    other = lp.second if leader.name == lp.gateway.name else lp.gateway
+    veth = f"{leader.name}-v"  # the leader's link on the fleet's bridge (tests/fleet.py): down, as a dead network
+    subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+    try:
+        cut = time.monotonic()
+        # the server hears nothing more from the leader's session: its keepalives (5 s + 3 x 2 s) or its user
+        # timeout (10 s) end it, which frees the lock; the other scaler takes it within its retry
+        lp.wait("the other scaler holds the lock", lambda: lp.holder() == other.name, 30)
+        took = time.monotonic() - cut
+        print(f"the lock taken over {took:.1f} s after the leader's network died")
+        assert took < 25, took
+    finally:
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+    # the cut-off leader found its session dead on its own (no answer within 5 s) and stopped acting
+    lp.wait("the old leader watches", lambda: lp.scaler_state_of(leader).get("lock", {}).get("holder") == other.name
+            and not lp.scaler_state_of(leader)["lock"]["leader"], 30)  # fmt: skip
+    lost = [d for d in lp.decisions_on(leader, "follow") if d["reason"].startswith("lost the PostgreSQL lock")]
+    assert lost, lp.scaler_state_of(leader)
+    assert lp.holder() == other.name  # and it did not take the lock back
