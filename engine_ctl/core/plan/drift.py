@@ -8,6 +8,7 @@ from engine_ctl.core.fit.hostfacts import BUSY_BYTES, HostFacts, UnitFact
 from engine_ctl.core.names import UNIT_PREFIX
 from engine_ctl.core.plan.changes import Drift
 from engine_ctl.core.plan.engines import engine_drift_detail
+from engine_ctl.core.render.guard import guarded_by
 from engine_ctl.state.model import ReplicaRecord, State
 
 
@@ -56,7 +57,8 @@ def unmanaged_units(
     out = []
     for host, f in sorted(facts.items()):
         for u in f.units:
-            if u.name.startswith(UNIT_PREFIX) and u.name not in managed and (host, u.name) not in elsewhere:
+            mine = u.name in managed or guarded_by(u.name) in managed  # a replica's guard goes with it
+            if u.name.startswith(UNIT_PREFIX) and not mine and (host, u.name) not in elsewhere:
                 detail = f"{u.name} on {host} is not in this state; engine-ctl leaves it alone"
                 out.append(Drift(host=host, unit=u.name, kind="unmanaged", detail=detail))
     return out
