@@ -8,6 +8,7 @@ sleep-mode docs and api_server.py). tests/test_fleet_guard.py runs it on the fle
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import socket
 import subprocess
@@ -26,9 +27,9 @@ from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.fit.hostfacts import UnitFact
 from engine_ctl.core.model import DesiredState
 from engine_ctl.core.plan.changes import Action, ReplicaChange
-from engine_ctl.core.plan.drift import unmanaged_units
+from engine_ctl.core.plan.drift import guard_drift, unmanaged_units
 from engine_ctl.core.plan.pipeline import DeploymentRender, render_deployment
-from engine_ctl.core.render.guard import GUARD_LINE, guard_config, guard_name, guard_note
+from engine_ctl.core.render.guard import GUARD_LINE, guard_config, guard_name, guard_note, guard_text
 from engine_ctl.core.render.units import RenderedUnit
 from engine_ctl.shell.apply import guard_upload, remove_argv
 from engine_ctl.shell.remote import scaler_command
@@ -113,6 +114,7 @@ def test_apply_writes_the_guard_beside_the_replica_and_systemd_and_haproxy_accep
     unit = guarded_unit()
     guard = written_beside(unit, tmp_path)
     text = guard.read_text()
+    assert text == guard_text(unit.text)  # what the plan's drift check expects on the host
     assert text.startswith("# Managed by engine-ctl: the guard of engine-ctl-chat-0a.service")
     for line in ("BindsTo=engine-ctl-chat-0a.service", "PartOf=engine-ctl-chat-0a.service",
                  "After=engine-ctl-chat-0a.service", "DynamicUser=yes", "NoNewPrivileges=yes",
@@ -167,6 +169,27 @@ def test_the_plan_shows_the_guard_and_a_guard_beside_its_replica_is_not_unmanage
              UnitFact(name="engine-ctl-other-0a-guard.service"))  # fmt: skip
     facts = cpu_host("h").model_copy(update={"units": units})
     assert [d.unit for d in unmanaged_units(state, {"h": facts})] == ["engine-ctl-other-0a-guard.service"]
+
+
+def test_a_guard_missing_edited_or_stopped_beside_its_running_replica_is_drift_that_apply_repairs() -> None:
+    unit = guarded_unit()
+    record = ReplicaRecord(index=0, host="h", unit=unit.name, port=8000, unit_sha256=unit.sha256, revision=1)
+    text = guard_text(unit.text)
+    assert text is not None
+    good = hashlib.sha256(text.encode()).hexdigest()
+    replica = UnitFact(name=unit.name, sha256=unit.sha256, active_state="active")
+
+    def drift(guard: UnitFact | None) -> list[tuple[str, str]]:
+        facts = cpu_host("h").model_copy(update={"units": (replica, *([guard] if guard else []))})
+        return [(d.kind, d.unit) for d in guard_drift("chat", record, unit.text, facts)]
+
+    name = guard_name(unit.name)
+    assert drift(UnitFact(name=name, sha256=good, active_state="active")) == []
+    assert drift(None) == [("missing", name)]
+    assert drift(UnitFact(name=name, sha256="0" * 64, active_state="active")) == [("edited", name)]
+    assert drift(UnitFact(name=name, sha256=good, active_state="failed", sub_state="failed")) == [("stopped", name)]
+    plain = guarded_unit(residency="restart_only")
+    assert guard_drift("chat", record, plain.text, cpu_host("h")) == []  # no guard: nothing to miss
 
 
 # --- the guard itself: real HAProxy in front of the test double of vLLM -----------------------------------------

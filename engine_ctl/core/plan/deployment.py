@@ -35,7 +35,7 @@ from engine_ctl.core.plan.changes import (
 )  # fmt: skip
 from engine_ctl.core.plan.decisions import decisions_refusals
 from engine_ctl.core.plan.diff import Names, changed_fields, spec_digest
-from engine_ctl.core.plan.drift import replica_drift
+from engine_ctl.core.plan.drift import guard_drift, replica_drift
 from engine_ctl.core.plan.ownership import as_recorded
 from engine_ctl.core.plan.world import Allocation, Hosts, recorded_placement
 from engine_ctl.core.render.guard import guard_refusals, needs_guard, residency_of
@@ -334,6 +334,7 @@ def keep_replica(t: Target, current: ReplicaRecord) -> bool:
     on_demand = t.on_demand(current.index)
     seen = current.model_copy(update={"on_demand": True}) if on_demand else current  # its activity: not drift
     found = replica_drift(t.d.name, seen, t.hosts.unit(current.host, current.unit), facts)
+    found += guard_drift(t.d.name, seen, unit_now.text, facts)
     t.drift.extend(found)
     if found:
         why = "; ".join(f.detail for f in found)

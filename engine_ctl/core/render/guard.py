@@ -63,6 +63,14 @@ class RenderedGuard:
 NOTE_LINE = "# guard: "
 
 
+def guard_text(unit_text: str | None) -> str | None:
+    """The guard's unit file as apply writes it from a replica unit's `#|` lines (None: the unit has none)."""
+    lines = [ln for ln in (unit_text or "").split("\n") if ln.startswith(GUARD_LINE)]
+    if not lines:
+        return None
+    return "".join(ln.removeprefix(GUARD_LINE).removeprefix(" ") + "\n" for ln in lines)
+
+
 def guard_note(unit_text: str | None) -> str | None:
     """The guard's note in a rendered replica unit (None: the unit has no guard)."""
     for line in (unit_text or "").split("\n"):
