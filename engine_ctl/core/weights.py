@@ -18,10 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from engine_ctl.core.model import DesiredState, HfRef, LoadedModel, Model
-from engine_ctl.core.sizes import GIB
 
-DEFAULT_CAP_BYTES = 500 * GIB
-"""All downloads together (everything under <models_dir>/sources) are capped at 500 GiB (seed 003)."""
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 GIT_BLOB = re.compile(r"^[0-9a-f]{40}$")
@@ -69,15 +66,6 @@ class Checkout(BaseModel):
 def revision_of(ref: HfRef) -> str:
     """What the hub is asked to resolve: the commit written in the document, else the default branch."""
     return ref.commit or "main"
-
-
-def references(desired: DesiredState) -> list[HfRef]:
-    """Every distinct hf: reference the documents use (models no deployment uses included: pinning is cheap)."""
-    seen: dict[str, HfRef] = {}
-    for loaded in desired.models:
-        if loaded.model.hf is not None:
-            seen.setdefault(str(loaded.model.hf), loaded.model.hf)
-    return [seen[k] for k in sorted(seen)]
 
 
 def pin(desired: DesiredState, commits: Mapping[str, str]) -> DesiredState:

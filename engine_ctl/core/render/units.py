@@ -116,14 +116,22 @@ def device_allow(run: ReplicaRun) -> list[str]:
     return [f"{n} rw" for n in NVIDIA_NODES] + [f"/dev/nvidia{g.index} rw" for g in run.gpus]
 
 
+FAST_POLL_S = 10
+"""The health gate's first seconds, when it asks every 50 ms."""
+
+
 def health_argv(port: int, path: str, budget_s: int, address: str = "127.0.0.1") -> list[str]:
-    """The health gate (ExecStartPost): GET /health four times a second until it answers 200 within the start-up
-    budget, and fail at once if the engine exits first ($MAINPID is set for control processes)."""
+    """The health gate (ExecStartPost): GET /health until it answers 200 within the start-up budget, and fail at
+    once if the engine exits first ($MAINPID is set for control processes). It asks every 50 ms for the first
+    FAST_POLL_S seconds (a small model is ready in well under a second, and each wait is a start's overhead) and
+    four times a second after that (a large one loads for minutes)."""
+    fast = FAST_POLL_S * 20
+    polls = fast + max(0, budget_s - FAST_POLL_S) * 4
     script = (
-        f"i=0; while [ $i -lt {budget_s * 4} ]; do "
+        f"i=0; while [ $i -lt {polls} ]; do "
         'kill -0 "$MAINPID" 2>/dev/null || { echo "the engine exited before readiness" >&2; exit 1; }; '
         f"code=$({CURL} -s -o /dev/null -w '%{{http_code}}' --max-time 3 http://{address}:{port}{path}); "
-        '[ "$code" = 200 ] && exit 0; i=$((i+1)); sleep 0.25; done; '
+        f'[ "$code" = 200 ] && exit 0; i=$((i+1)); if [ $i -le {fast} ]; then sleep 0.05; else sleep 0.25; fi; done; '
         f'echo "no healthy answer within {budget_s} s" >&2; exit 1'
     )
     return [SH, "-c", script]
