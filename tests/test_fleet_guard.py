@@ -2,7 +2,8 @@
 through the gateway or from another host), on the real fleet: the replica's unit as engine-ctl renders it for a
 vLLM deployment with `residency: parked`, written and started on the second host by apply's own shell (its guard
 written beside it from the unit's `#|` lines), real systemd, the real HAProxy guard, the real gateway (HAProxy,
-rendered and installed by engine-ctl's gateway code) on the first host, real SSH with the scaler's forced command.
+rendered and installed by engine-ctl's gateway code) on the first host, real SSH with the scaler's forced
+command, and the real scaler there (installed by engine-ctl's scaler apply).
 
 vLLM needs a GPU, which the fleet has not: its engine is the test double of vLLM's HTTP server (tests/vllm_double.py,
 which names its source: vLLM's sleep-mode docs and api_server.py), installed on the host as the engine's default
@@ -21,12 +22,13 @@ from pathlib import Path
 
 import pytest
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.state.model import ReplicaRecord
+from engine_ctl.state.model import DeploymentRecord, OperatorAction, ReplicaRecord, State
 
 from engine_ctl.core.documents.apikey import key_sha256
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.fit.runspec import Placement
 from engine_ctl.core.model import ApiKey
+from engine_ctl.core.plan.scaler import ScalerPlan, scaler_deployments
 from engine_ctl.core.render.gateway import (
     GATEWAY_UNIT,
     REPLICA_KEY,
@@ -36,13 +38,20 @@ from engine_ctl.core.render.gateway import (
     replica_key_files,
 )
 from engine_ctl.core.render.guard import guard_name
-from engine_ctl.core.render.scaler import COMMAND_PATH, ssh_target
+from engine_ctl.core.render.scaler import COMMAND_PATH, SCALER_UNIT, ssh_target
 from engine_ctl.core.render.units import render_unit, replica_run
 from engine_ctl.shell import gateway as gateway_shell
 from engine_ctl.shell.apply import remove_argv, start_argv
 from engine_ctl.shell.operator import job_argv, sleep_job
 from engine_ctl.shell.remote.scaler import Scaler
-from engine_ctl.shell.scaler_apply import AUTHORIZE, KEY_COMMENT, authorized_line, command_text, known_hosts_line
+from engine_ctl.shell.scaler_apply import (
+    AUTHORIZE,
+    KEY_COMMENT,
+    ScalerApply,
+    authorized_line,
+    command_text,
+    known_hosts_line,
+)
 from engine_ctl.shell.transport import SSHTransport
 from tests.fleet import Fleet, FleetHost
 from tests.test_guard import desired_with, render
@@ -225,6 +234,55 @@ def test_a_park_sleeps_on_loopback_and_the_scalers_wake_goes_through_the_forced_
     assert not guarded.asleep()
     log = guarded.on(guarded.engine, f"journalctl -u {UNIT} --no-pager -o cat")
     assert '["wake_up", ""]' in log  # the wake call reached the engine, on loopback
+
+
+def parked_state(guarded: Guarded) -> State:
+    """What `engine-ctl park` records for the deployment (its replica on the engine host, asleep at level 1)."""
+    desired = desired_with("model: qwen3-8b", "parked")
+    replica = ReplicaRecord(index=0, host=guarded.engine.name, unit=UNIT, port=PORT, unit_sha256="", revision=1,
+                            status="serving")  # fmt: skip
+    parked = OperatorAction(verb="parked", when="2026-12-03T17:00:00+00:00", who="ops", operation=PARK, level=1)
+    rec = DeploymentRecord(name="chat", revision=1, spec=desired.deployments[0].deployment, plan=render().fit.plan,
+                           state="Ready", replicas=[replica], id=DEPLOYMENT_ID, operator=parked)  # fmt: skip
+    return State(deployments={"chat": rec})
+
+
+PARK = "01KBJ0Q7ZP0000000000000000"
+DEPLOYMENT_ID = "01KBJ0Q7ZP0000000000000001"
+
+
+def test_a_request_through_the_gateway_wakes_the_parked_engine_through_the_scalers_forced_command(
+    guarded: Guarded, fleet_inventory: Inventory
+) -> None:
+    """The real scaler on the gateway host (installed by engine-ctl's scaler apply, for the parked deployment as
+    the state records it), the park's job on the replica's host, then one request through the gateway."""
+    gateway = fleet_inventory.hosts[0].model_copy(update={"roles": ("gateway",)})
+    hosts = {gateway.name: gateway, guarded.engine_host.name: guarded.engine_host}
+    state = parked_state(guarded)
+    plan = ScalerPlan(host=gateway.name, poll_s=15, decide_every_s=15, hold_s=120, deployments=["chat"])
+    ScalerApply(plan, hosts, lambda: state, None, lambda _m: None).install(gateway, scaler_deployments(state, hosts))
+    gt = SSHTransport(gateway)
+    try:
+        gateway_shell.set_state(gt, "d_chat", "r0a", "maint")  # as the park does: new requests are held
+        record = state.deployments["chat"].replicas[0]
+        parked = guarded.t.run(job_argv(sleep_job(PROVIDERS["vllm"], guarded.engine_host, record, 1)), timeout=120)
+        assert parked.exit_code == 0, parked.stderr
+        assert guarded.asleep()
+        body = json.dumps({"model": "chat", "messages": [{"role": "user", "content": "hi"}]})
+        curl = (f"curl -s -w '\\n%{{http_code}}' --max-time 110 -H 'Authorization: Bearer {CLIENT}' "
+                f"-H 'Content-Type: application/json' -d '{body}' "
+                f"http://{guarded.gateway.address}:8800/v1/chat/completions")  # fmt: skip
+        ask = [*guarded.fleet.ssh_argv(guarded.gateway), curl]
+        answer = subprocess.run(ask, capture_output=True, text=True, timeout=130, check=False).stdout
+        scaler_log = guarded.on(guarded.gateway, f"journalctl -u {SCALER_UNIT} --no-pager -o cat | tail -20")
+        assert answer.endswith("\n200"), answer + scaler_log
+        assert not guarded.asleep()
+        assert f"{UNIT}: woken on {guarded.engine.name}" in scaler_log, scaler_log  # the forced command's wake
+        log = guarded.on(guarded.engine, f"journalctl -u {UNIT} --no-pager -o cat")
+        assert log.rindex('["wake_up", ""]') < log.rindex('["chat done", false]')  # woken, then answered
+    finally:
+        gt.run(["sh", "-c", f"systemctl disable --now {SCALER_UNIT}"])
+        gt.close()
 
 
 def test_the_guard_goes_with_its_replica(guarded: Guarded) -> None:
