@@ -26,6 +26,7 @@ from engine_ctl.cli import planview
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.fit.hostfacts import UnitFact
 from engine_ctl.core.model import DesiredState
+from engine_ctl.core.plan.adoption import _candidates
 from engine_ctl.core.plan.changes import Action, ReplicaChange
 from engine_ctl.core.plan.drift import guard_drift, unmanaged_units
 from engine_ctl.core.plan.pipeline import DeploymentRender, render_deployment
@@ -169,6 +170,10 @@ def test_the_plan_shows_the_guard_and_a_guard_beside_its_replica_is_not_unmanage
              UnitFact(name="engine-ctl-other-0a-guard.service"))  # fmt: skip
     facts = cpu_host("h").model_copy(update={"units": units})
     assert [d.unit for d in unmanaged_units(state, {"h": facts})] == ["engine-ctl-other-0a-guard.service"]
+    # `engine-ctl import` neither adopts a guard nor lists it as skipped: it goes with its replica
+    inventory = Inventory(hosts=(Host(name="h", address=ENGINE_HOST),))
+    _found, skipped = _candidates(desired_with("model: qwen3-8b", "parked"), inventory, {"h": facts})
+    assert [s.unit for s in skipped] == [unit.name]  # (that fact has no header: skipped, and said)
 
 
 def test_a_guard_missing_edited_or_stopped_beside_its_running_replica_is_drift_that_apply_repairs() -> None:
