@@ -65,20 +65,18 @@ NOTE_LINE = "# guard: "
 
 def guard_text(unit_text: str | None) -> str | None:
     """The guard's unit file as apply writes it from a replica unit's `#|` lines (None: the unit has none)."""
-    lines = [ln for ln in (unit_text or "").split("\n") if ln.startswith(GUARD_LINE)]
-    if not lines:
+    if not unit_text or "\n" + GUARD_LINE not in unit_text:  # most units: one scan, no split (plans of thousands)
         return None
+    lines = [ln for ln in unit_text.split("\n") if ln.startswith(GUARD_LINE)]
     return "".join(ln.removeprefix(GUARD_LINE).removeprefix(" ") + "\n" for ln in lines)
 
 
 def guard_note(unit_text: str | None) -> str | None:
     """The guard's note in a rendered replica unit (None: the unit has no guard)."""
-    for line in (unit_text or "").split("\n"):
-        if line.startswith(NOTE_LINE):
-            return line.removeprefix(NOTE_LINE)
-        if line == "[Service]":
-            return None
-    return None
+    at = (unit_text or "").find("\n" + NOTE_LINE)
+    if at < 0 or unit_text is None:
+        return None
+    return unit_text[at + 1 + len(NOTE_LINE) :].split("\n", 1)[0]
 
 
 def guard_name(unit: str) -> str:
