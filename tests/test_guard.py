@@ -151,7 +151,10 @@ def test_removing_a_replica_removes_its_guard_too() -> None:
 def test_a_host_without_haproxy_or_with_a_dns_name_is_refused_saying_what_to_do() -> None:
     missing = render(haproxy=None).fit
     assert missing.pending_reason is not None
-    assert "HAProxy, which is not installed there: install it (apt install haproxy)" in missing.pending_reason
+    assert missing.pending_reason == ("the guard of the engine's sleep controls is HAProxy, which is not installed on "
+                                      "gpu-h100: install it (apt install haproxy)")  # fmt: skip
+    pinned = render(spec="model: qwen3-8b\nhost: gpu-h100", haproxy=None).fit  # named there: Failed, same words
+    assert pinned.failed_reason is not None and "install it (apt install haproxy)" in pinned.failed_reason
     named = render(address="gpu1.example.com").fit
     assert named.pending_reason is not None and "give gpu-h100 its IP address in the inventory" in named.pending_reason
     assert render(residency="restart_only", haproxy=None).fit.pending_reason is None  # no guard, no HAProxy needed

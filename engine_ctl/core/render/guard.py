@@ -105,10 +105,10 @@ def guard_refusal(host: Host, facts: HostFacts | None) -> str | None:
     inventory address next to the engine on loopback (a DNS name would need the wildcard, which the engine's
     loopback port would conflict with), and it is HAProxy."""
     if not is_ip(host.address):
-        return (f"{host.name}: the guard of the engine's sleep controls listens on the host's inventory address, and "
+        return (f"the guard of the engine's sleep controls listens on the host's inventory address, and "
                 f"{host.address!r} is a name: give {host.name} its IP address in the inventory")  # fmt: skip
     if facts is not None and facts.haproxy_version is None:
-        return (f"{host.name}: the guard of the engine's sleep controls is HAProxy, which is not installed there: "
+        return (f"the guard of the engine's sleep controls is HAProxy, which is not installed on {host.name}: "
                 f"install it (apt install haproxy)")  # fmt: skip
     return None
 
