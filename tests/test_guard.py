@@ -29,6 +29,7 @@ from engine_ctl.core.model import DesiredState
 from engine_ctl.core.plan.adoption import _candidates
 from engine_ctl.core.plan.changes import Action, ReplicaChange
 from engine_ctl.core.plan.drift import guard_drift, unmanaged_units
+from engine_ctl.core.plan.operator import sleep_controls_warning
 from engine_ctl.core.plan.pipeline import DeploymentRender, render_deployment
 from engine_ctl.core.render.guard import GUARD_LINE, guard_config, guard_name, guard_note, guard_text
 from engine_ctl.core.render.units import RenderedUnit
@@ -318,3 +319,17 @@ def test_a_wake_call_the_engine_refuses_fails_the_wake_with_its_status(
 
 def test_the_forced_command_keeps_python_3_7s_grammar() -> None:
     ast.parse(Path(scaler_command.__file__).read_text(), feature_version=(3, 7))
+
+
+def test_list_and_status_warn_while_parking_is_on_that_the_controls_listen_on_loopback_only() -> None:
+    """Seed 003: "While parking is on, these commands also print a warning that the engine runs with its sleep
+    controls enabled. Those controls listen on loopback only." (what the guard now makes true)"""
+    fit = render().fit.plan
+    parked = desired_with("model: qwen3-8b", "parked").deployments[0].deployment
+    rec = DeploymentRecord(name="chat", spec=parked, plan=fit)
+    warning = sleep_controls_warning([rec])
+    assert warning is not None and warning.startswith(
+        "warning: chat run with the engine's sleep controls enabled (parking is on): they listen on loopback only"
+    )
+    plain = rec.model_copy(update={"spec": parked.model_copy(update={"residency": "restart_only"})})
+    assert sleep_controls_warning([plain]) is None
