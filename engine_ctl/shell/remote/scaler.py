@@ -21,8 +21,9 @@ A slot whose devices (or whose cores and memory, on a CPU host) are taken by ano
 GPU process is not started: another slot is, or the decision says why none is free; a higher-priority deployment
 may preempt a lower-priority replica above that deployment's min.
 
-Replica hosts are reached over SSH with the scaler's own key, which a forced command there limits to start, stop
-and is-active of engine-ctl's replica units and a read-only status (scaler_command.py). State (decisions, times,
+Replica hosts are reached over SSH with the scaler's own key, which a forced command there limits to start, stop,
+is-active and wake of engine-ctl's replica units and a read-only status (scaler_command.py): a parked engine's
+wake calls are made there, on loopback, since its guard passes no sleep control on. State (decisions, times,
 averages, what is in flight) is kept in /var/lib/engine-ctl/scaler/state.json, written atomically, so a restart
 carries on where it was and does not flap.
 
