@@ -34,6 +34,7 @@ from engine_ctl.core.plan.pipeline import DeploymentRender, render_deployment
 from engine_ctl.core.render.guard import GUARD_LINE, guard_config, guard_name, guard_note, guard_text
 from engine_ctl.core.render.units import RenderedUnit
 from engine_ctl.shell.apply import guard_upload, remove_argv
+from engine_ctl.shell.operator import sleep_job, wake_job
 from engine_ctl.shell.remote import scaler_command
 from tests.fleetfacts import cpu_host, h100x8
 from tests.helpers import load, messages
@@ -333,3 +334,13 @@ def test_list_and_status_warn_while_parking_is_on_that_the_controls_listen_on_lo
     )
     plain = rec.model_copy(update={"spec": parked.model_copy(update={"residency": "restart_only"})})
     assert sleep_controls_warning([plain]) is None
+
+
+def test_park_and_start_make_their_calls_where_the_engine_listens_loopback_behind_a_guard() -> None:
+    vllm, host = PROVIDERS["vllm"], Host(name="h", address=ENGINE_HOST)
+    guarded = ReplicaRecord(index=0, host="h", unit="engine-ctl-chat-0a.service", port=8000, unit_sha256="",
+                            revision=1, argv=list(guarded_unit().argv))  # fmt: skip
+    assert sleep_job(vllm, host, guarded, 1).base == wake_job(vllm, host, guarded, 1).base == "http://127.0.0.1:8000"
+    # parked by an engine-ctl without guards (its engine on the host's address until apply rolls the guard in)
+    older = guarded.model_copy(update={"argv": ["/usr/local/bin/vllm", "serve", "m", "--host", ENGINE_HOST]})
+    assert wake_job(vllm, host, older, 1).base == f"http://{ENGINE_HOST}:8000"

@@ -118,9 +118,13 @@ def engine_base(host: Host, port: int) -> str:
     return f"http://{f'[{address}]' if ':' in address else address}:{port}"
 
 
-def loopback_base(port: int) -> str:
-    """Where an engine with sleep controls answers them: loopback only (its guard passes none of them on)."""
-    return f"http://{LOOPBACK}:{port}"
+def controls_base(r: ReplicaRecord) -> str:
+    """Where an engine with sleep controls answers them: on loopback (its guard passes none of them on). A replica
+    an engine-ctl without guards started (recorded listening elsewhere: its argv's --host, until apply rolls its
+    guard in) is asked where it listens."""
+    argv = list(r.argv)
+    bound = argv[argv.index("--host") + 1] if "--host" in argv[:-1] else LOOPBACK
+    return f"http://{local_address(bound)}:{r.port}"
 
 
 def job_unit(verb: str, unit: str) -> str:
@@ -145,7 +149,7 @@ def sleep_job(provider: Provider, host: Host, r: ReplicaRecord, level: int) -> J
     controls = provider.sleep_controls
     assert controls is not None
     check = {"path": controls.asleep.path, "key": controls.asleep_key, "expect": True} if controls.asleep else None
-    return _drain_job(provider, host, r, loopback_base(r.port), calls=controls.sleep(level), check=check)
+    return _drain_job(provider, host, r, controls_base(r), calls=controls.sleep(level), check=check)
 
 
 def wake_job(provider: Provider, host: Host, r: ReplicaRecord, level: int) -> Job:
@@ -153,7 +157,7 @@ def wake_job(provider: Provider, host: Host, r: ReplicaRecord, level: int) -> Jo
     controls = provider.sleep_controls
     assert controls is not None
     check = {"path": controls.asleep.path, "key": controls.asleep_key, "expect": False} if controls.asleep else None
-    return Job(base=loopback_base(r.port), calls=controls.wake(level), check=check, drain_s=0)
+    return Job(base=controls_base(r), calls=controls.wake(level), check=check, drain_s=0)
 
 
 def job_argv(job: Job, detached_as: str | None = None) -> list[str]:
