@@ -1,5 +1,6 @@
 """Parking a vLLM replica asleep, against a test double of vLLM's HTTP server (vLLM needs a GPU, which this
-machine has not). The double speaks vLLM's real sleep-mode API as its documentation and server give it:
+machine has not; tests/vllm_double.py). The double speaks vLLM's real sleep-mode API as its documentation and server
+give it:
 
 - docs.vllm.ai, Features > Sleep Mode: launched with `--enable-sleep-mode` and VLLM_SERVER_DEV_MODE=1, the server
   has `POST /sleep?level=1|2`, `POST /wake_up` (optionally `?tags=weights` / `?tags=kv_cache`, for level 2 with
@@ -14,13 +15,10 @@ see it asleep; a wake must wake it and see it awake, in vLLM's order for each le
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
 
 import pytest
 from engine_ctl.providers import PROVIDERS
@@ -29,79 +27,7 @@ from engine_ctl.state.model import ReplicaRecord
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.shell.operator import job_argv, sleep_job, wake_job
 from engine_ctl.shell.transport import LocalTransport
-
-
-class VllmDouble:
-    """vLLM's sleep-mode endpoints, its running-requests gauge and a slow chat completion; every call logged."""
-
-    def __init__(self) -> None:
-        self.log: list[tuple[str, object]] = []
-        self.running = 0
-        self.sleeping = False
-        self.lock = threading.Lock()
-        double = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                return
-
-            def _answer(self, status: int, body: object) -> None:
-                data = json.dumps(body).encode() if not isinstance(body, str) else body.encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json" if not isinstance(body, str) else "text/plain")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                path = urlsplit(self.path).path
-                if path == "/metrics":
-                    with double.lock:
-                        n = double.running
-                    self._answer(200, "# TYPE vllm:num_requests_running gauge\n"
-                                      f'vllm:num_requests_running{{model_name="chat"}} {float(n)}\n')  # fmt: skip
-                elif path == "/is_sleeping":
-                    double.record("is_sleeping", double.sleeping)
-                    self._answer(200, {"is_sleeping": double.sleeping})
-                else:
-                    self._answer(404, {"detail": "Not Found"})
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length).decode() if length else ""
-                url = urlsplit(self.path)
-                if url.path == "/v1/chat/completions":
-                    with double.lock:
-                        double.running += 1
-                    time.sleep(1.5)
-                    with double.lock:
-                        double.running -= 1
-                    double.record("chat done", double.sleeping)
-                    self._answer(200, {"object": "chat.completion", "choices": []})
-                elif url.path == "/sleep":
-                    with double.lock:
-                        in_flight = double.running
-                    double.record("sleep", (url.query, in_flight))
-                    double.sleeping = True
-                    self._answer(200, "")
-                elif url.path == "/wake_up":
-                    double.record("wake_up", url.query)
-                    if url.query in ("", "tags=kv_cache"):
-                        double.sleeping = False
-                    self._answer(200, "")
-                elif url.path == "/collective_rpc":
-                    double.record("collective_rpc", json.loads(body)["method"])
-                    self._answer(200, {"results": [None]})
-                else:
-                    self._answer(404, {"detail": "Not Found"})
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def record(self, what: str, detail: object) -> None:
-        with self.lock:
-            self.log.append((what, detail))
+from tests.vllm_double import VllmDouble
 
 
 @pytest.fixture

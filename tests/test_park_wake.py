@@ -1,14 +1,12 @@
 """Waking a parked deployment on a request (engine_ctl.core.plan.wake), the parts that need no fleet: the wake
-steps each provider gives the scaler (rendered into scaler.json), the scaler's own wake calls against the test
-double of vLLM's sleep API (tests/test_park_sleep_double.py names its source: vLLM's sleep-mode docs and
-api_server.py), and what engine-ctl says of a parked deployment the scaler woke: status's seed rows, the plan's
+steps each provider gives the scaler (rendered into scaler.json; the scaler has them made on the replica's host by
+its forced command's `wake`, tested in tests/test_guard.py against the test double of vLLM's sleep API), and what
+engine-ctl says of a parked deployment the scaler woke: status's seed rows, the plan's
 words (held, nothing for apply to do, no drift), and `start --wait`'s line for a wake."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from engine_ctl.providers import PROVIDERS
@@ -21,9 +19,7 @@ from engine_ctl.core.plan.planner import make_plan
 from engine_ctl.core.plan.scaler import scaler_deployments
 from engine_ctl.core.plan.wake import WOKEN_OPERATION, Woken, wake_steps, woken_at
 from engine_ctl.core.render.scaler import render_config
-from engine_ctl.shell.remote.scaler import Scaler
 from tests.test_operator_core import ULID, held, running
-from tests.test_park_sleep_double import VllmDouble
 from tests.test_plan_core import SHAPE, desired, world
 
 WHEN = "2026-12-03T12:00:05Z"
@@ -79,36 +75,6 @@ def test_a_wake_belongs_to_its_park() -> None:
     assert woken_at(rec, Woken(at=WHEN, park=ULID)) == WHEN
     assert woken_at(rec, Woken(at=WHEN, park="01M3R7A6YJW402N962HH17A000")) is None  # an earlier park's wake
     assert woken_at(state.deployments["chat"], Woken(at=WHEN, park=ULID)) is None  # not parked
-
-
-@pytest.fixture
-def double() -> Iterator[VllmDouble]:
-    d = VllmDouble()
-    yield d
-    d.server.shutdown()
-
-
-def test_the_scalers_wake_calls_reach_vllm_in_its_order_and_wait_for_it_awake(
-    double: VllmDouble, tmp_path: Path
-) -> None:
-    state, _ = running()
-    rec = parked(state, "vllm", 2).deployments["chat"]
-    park = json.loads(json.dumps(wake_steps(rec, PROVIDERS["vllm"]).model_dump(mode="json")))  # type: ignore[union-attr]
-    config = {"deployments": [], "gateway_socket": str(tmp_path / "none"), "internal_env": str(tmp_path / "none")}
-    scaler = Scaler(config, str(tmp_path / "state.json"), lambda _m: None)
-    double.sleeping = True
-    scaler.wake_calls({"address": "127.0.0.1", "port": double.port, "host": "h", "unit": "u"}, park)
-    calls = [(w, d) for w, d in double.log if w != "is_sleeping"]
-    assert calls == [("wake_up", "tags=weights"), ("collective_rpc", "reload_weights"), ("wake_up", "tags=kv_cache")]
-    assert double.log[-1] == ("is_sleeping", False) and not double.sleeping
-
-
-def test_a_wake_call_the_engine_refuses_fails_the_wake_with_its_status(double: VllmDouble, tmp_path: Path) -> None:
-    config = {"deployments": [], "gateway_socket": str(tmp_path / "none"), "internal_env": str(tmp_path / "none")}
-    scaler = Scaler(config, str(tmp_path / "state.json"), lambda _m: None)
-    park = {"calls": [{"method": "POST", "path": "/no_such_wake", "body": None}], "check": None}
-    with pytest.raises(RuntimeError, match="POST /no_such_wake on h: HTTP 404"):
-        scaler.wake_calls({"address": "127.0.0.1", "port": double.port, "host": "h", "unit": "u"}, park)
 
 
 def woken_facts(facts: dict[str, HostFacts], park: str) -> dict[str, HostFacts]:

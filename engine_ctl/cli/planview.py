@@ -14,6 +14,7 @@ from engine_ctl.core.plan.changes import CREATE, DeploymentChange, Drift, Plan, 
 from engine_ctl.core.plan.envelope import gpu_list
 from engine_ctl.core.plan.fetching import fetch_lines
 from engine_ctl.core.plan.gateway import GatewayChange
+from engine_ctl.core.render.guard import guard_note
 from engine_ctl.core.sizes import human_bytes
 from engine_ctl.providers import PROVIDERS, canonical_engine
 
@@ -152,6 +153,7 @@ def _replica_lines(r: ReplicaChange) -> list[str]:
         lines = [f"+ replica {r.index} on {r.host}: {r.unit} (port {r.port}{gpus})", f"    argv: {argv_line(r.argv)}"]
         if r.on_demand:
             lines[0] += ": installed, not started (the scaler starts it)"
+        lines += _guard_lines(r)
     elif action == ("delete",):
         lines = [f"- replica {r.index} on {r.old_host or r.host}: {r.old_unit or r.unit} ({r.reason})"]
     elif action == ("update",) and r.role:
@@ -167,7 +169,14 @@ def _replica_lines(r: ReplicaChange) -> list[str]:
         if diff:
             lines.append("    argv:")
             lines += [f"      {d}" for d in diff]
+        lines += _guard_lines(r)
     return lines
+
+
+def _guard_lines(r: ReplicaChange) -> list[str]:
+    """The replica's guard (engine_ctl.core.render.guard), for a unit written anew."""
+    note = guard_note(r.unit_text)
+    return [f"    guard: {note}"] if note else []
 
 
 def _line_style(line: str, default: str) -> str:

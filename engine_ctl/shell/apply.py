@@ -19,6 +19,7 @@ from engine_ctl.core.names import UNIT_FORM, parse_unit_name
 from engine_ctl.core.plan.changes import CREATE, DELETE, SURGE, UPDATE, DeploymentChange, Plan, ReplicaChange
 from engine_ctl.core.plan.decisions import internal_key_file
 from engine_ctl.core.plan.status import recorded_verdict, size_text
+from engine_ctl.core.render.guard import GUARD_LINE, guard_name
 from engine_ctl.core.render.units import bind_address, local_address
 from engine_ctl.core.weights import WeightsFetch, human, waiting_reason
 from engine_ctl.providers import PROVIDERS
@@ -92,7 +93,23 @@ def _upload(unit: str) -> str:
     tmp = shlex.quote(f"{UNIT_DIR}/{unit}.engine-ctl-tmp")
     why = shlex.quote(f"writing {UNIT_DIR}/{unit} failed")
     return (f"umask 022; cat > {tmp} && chmod 644 {tmp} && mv -f {tmp} {path} || "
-            f"{{ rm -f {tmp}; echo {why} >&2; exit {UPLOAD_FAILED}; }}; ")  # fmt: skip
+            f"{{ rm -f {tmp}; echo {why} >&2; exit {UPLOAD_FAILED}; }}; " + guard_upload(unit))  # fmt: skip
+
+
+def guard_upload(unit: str, unit_dir: str = UNIT_DIR) -> str:
+    """Shell text, once the replica's unit file is written: its guard's unit (engine_ctl.core.render.guard), the
+    file's `#|` lines, written beside it; a unit with none has no guard, and one left from before is stopped and
+    removed (before the replica restarts on the address it held)."""
+    path = shlex.quote(f"{unit_dir}/{unit}")
+    guard = guard_name(unit)
+    q, gpath = shlex.quote(guard), shlex.quote(f"{unit_dir}/{guard}")
+    tmp = shlex.quote(f"{unit_dir}/{guard}.engine-ctl-tmp")
+    why = shlex.quote(f"writing {unit_dir}/{guard} failed")
+    return (
+        f"if grep -q '^{GUARD_LINE}' {path}; then sed -n 's/^{GUARD_LINE} \\{{0,1\\}}//p' {path} > {tmp} && "
+        f"chmod 644 {tmp} && mv -f {tmp} {gpath} || {{ rm -f {tmp}; echo {why} >&2; exit {UPLOAD_FAILED}; }}; "
+        f"elif [ -e {gpath} ]; then systemctl stop {q} 2>/dev/null; rm -f {gpath}; fi; "
+    )
 
 
 def _reload_unless_loaded(q: str) -> str:
@@ -171,7 +188,10 @@ def remove_argv(unit: str) -> list[str]:
     """Stop, disable and delete the unit; fails (non-zero, with why on stderr) if it is still there afterwards."""
     q = shlex.quote(unit)
     path = shlex.quote(f"{UNIT_DIR}/{unit}")
-    return ["sh", "-c", f"systemctl disable --no-reload --now {q} 2>/dev/null; rm -f {path} || exit 1; "
+    guard = shlex.quote(guard_name(unit))
+    gpath = shlex.quote(f"{UNIT_DIR}/{guard_name(unit)}")
+    return ["sh", "-c", f"systemctl disable --no-reload --now {q} 2>/dev/null; systemctl stop {guard} 2>/dev/null; "
+            f"rm -f {path} {gpath} || exit 1; "
             f"systemctl daemon-reload || exit 1; systemctl reset-failed {q} 2>/dev/null; "
             f"if systemctl is-active --quiet {q}; then echo '{unit} is still active' >&2; exit 1; fi"]  # fmt: skip
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.plan.operator import DRAIN_S, STOP_SETTLE_S
-from engine_ctl.core.render.gateway import REPLICA_KEY
+from engine_ctl.core.render.gateway import LOOPBACK, REPLICA_KEY
 from engine_ctl.core.render.units import bind_address, local_address
 from engine_ctl.providers import PROVIDERS, Provider
 from engine_ctl.providers.base import HttpCall
@@ -118,14 +118,23 @@ def engine_base(host: Host, port: int) -> str:
     return f"http://{f'[{address}]' if ':' in address else address}:{port}"
 
 
+def controls_base(r: ReplicaRecord) -> str:
+    """Where an engine with sleep controls answers them: on loopback (its guard passes none of them on). A replica
+    an engine-ctl without guards started (recorded listening elsewhere: its argv's --host, until apply rolls its
+    guard in) is asked where it listens."""
+    argv = list(r.argv)
+    bound = argv[argv.index("--host") + 1] if "--host" in argv[:-1] else LOOPBACK
+    return f"http://{local_address(bound)}:{r.port}"
+
+
 def job_unit(verb: str, unit: str) -> str:
     return f"{verb}-{unit}"
 
 
-def _drain_job(provider: Provider | None, host: Host, r: ReplicaRecord, **rest: Any) -> Job:
+def _drain_job(provider: Provider | None, host: Host, r: ReplicaRecord, base: str | None = None, **rest: Any) -> Job:
     metric = provider.in_flight_metric if provider else ""
     path = provider.metrics_path if provider else "/metrics"
-    return Job(base=engine_base(host, r.port), metrics_path=path, metric=metric, **rest)
+    return Job(base=base or engine_base(host, r.port), metrics_path=path, metric=metric, **rest)
 
 
 def stop_job(provider: Provider | None, host: Host, r: ReplicaRecord) -> Job:
@@ -135,11 +144,12 @@ def stop_job(provider: Provider | None, host: Host, r: ReplicaRecord) -> Job:
 
 
 def sleep_job(provider: Provider, host: Host, r: ReplicaRecord, level: int) -> Job:
-    """Drain, then the engine's sleep calls, then (where it has one) its own word that it sleeps."""
+    """Drain, then the engine's sleep calls, then (where it has one) its own word that it sleeps: on loopback, where
+    the engine of a replica with sleep controls listens (its guard passes none of them on)."""
     controls = provider.sleep_controls
     assert controls is not None
     check = {"path": controls.asleep.path, "key": controls.asleep_key, "expect": True} if controls.asleep else None
-    return _drain_job(provider, host, r, calls=controls.sleep(level), check=check)
+    return _drain_job(provider, host, r, controls_base(r), calls=controls.sleep(level), check=check)
 
 
 def wake_job(provider: Provider, host: Host, r: ReplicaRecord, level: int) -> Job:
@@ -147,7 +157,7 @@ def wake_job(provider: Provider, host: Host, r: ReplicaRecord, level: int) -> Jo
     controls = provider.sleep_controls
     assert controls is not None
     check = {"path": controls.asleep.path, "key": controls.asleep_key, "expect": False} if controls.asleep else None
-    return Job(base=engine_base(host, r.port), calls=controls.wake(level), check=check, drain_s=0)
+    return Job(base=controls_base(r), calls=controls.wake(level), check=check, drain_s=0)
 
 
 def job_argv(job: Job, detached_as: str | None = None) -> list[str]:

@@ -91,3 +91,6 @@ class ReplicaRun(BaseModel):
     wrote it before it recorded lineages."""
     residency: str = "restart_only"
     """How a park treats it (the deployment's residency): an engine with sleep controls is launched with them on."""
+    guard_address: str | None = None
+    """With sleep controls on: the host's address its guard listens on (the engine then listens on loopback only;
+    engine_ctl.core.render.guard). None: no guard, the engine listens on bind_address itself."""

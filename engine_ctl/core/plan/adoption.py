@@ -30,6 +30,7 @@ from engine_ctl.core.plan.diff import spec_digest
 from engine_ctl.core.plan.planner import make_plan, render_replica
 from engine_ctl.core.plan.status import recorded_verdict
 from engine_ctl.core.plan.world import recorded_placement
+from engine_ctl.core.render.guard import guarded_by
 from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 
 
@@ -95,6 +96,8 @@ def _candidates(desired: DesiredState, inventory: Inventory, facts: Mapping[str,
     skipped: list[SkippedUnit] = []
     for host in (h.name for h in inventory.hosts if h.name in facts):
         for u in sorted(facts[host].units, key=lambda u: u.name):
+            if guarded_by(u.name) is not None:  # a replica's guard goes with it (apply writes it from its unit)
+                continue
             why = _header_problem(u, wanted)
             if why is not None or u.header is None:
                 deployment = u.header.deployment if u.header else None

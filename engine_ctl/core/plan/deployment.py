@@ -35,9 +35,10 @@ from engine_ctl.core.plan.changes import (
 )  # fmt: skip
 from engine_ctl.core.plan.decisions import decisions_refusals
 from engine_ctl.core.plan.diff import Names, changed_fields, spec_digest
-from engine_ctl.core.plan.drift import replica_drift
+from engine_ctl.core.plan.drift import guard_drift, replica_drift
 from engine_ctl.core.plan.ownership import as_recorded
 from engine_ctl.core.plan.world import Allocation, Hosts, recorded_placement
+from engine_ctl.core.render.guard import guard_refusals, needs_guard, residency_of
 from engine_ctl.core.render.units import RenderedUnit, gateway_allow, model_path_on_host, render_unit, replica_run
 from engine_ctl.core.sizes import gib_down, gib_up
 from engine_ctl.providers import Provider
@@ -333,6 +334,7 @@ def keep_replica(t: Target, current: ReplicaRecord) -> bool:
     on_demand = t.on_demand(current.index)
     seen = current.model_copy(update={"on_demand": True}) if on_demand else current  # its activity: not drift
     found = replica_drift(t.d.name, seen, t.hosts.unit(current.host, current.unit), facts)
+    found += guard_drift(t.d.name, seen, unit_now.text, facts)
     t.drift.extend(found)
     if found:
         why = "; ".join(f.detail for f in found)
@@ -555,7 +557,11 @@ def start_deployment(
     if fitted is None:
         return change, None
     refused = hosts.engine_refusals(provider, sized.accelerator)
-    refused = {**refused, **_decisions_refused(change, sized, provider, hosts)}
+    refused = {
+        **refused,
+        **_decisions_refused(change, sized, provider, hosts),
+        **_guard_refused(change, sized, provider, hosts),
+    }
     if change.failed_reason:
         return change, None
     t = Target(d=sized, model=model, provider=provider, fitted=fitted, revision=change.revision, hosts=hosts,
@@ -601,6 +607,18 @@ def _decisions_refused(change: DeploymentChange, d: Deployment, provider: Provid
     if d.api != "decisions":
         return {}
     refused = decisions_refusals(provider, d.accelerator, hosts.reached, hosts.inventory)
+    if d.host in refused:
+        change.failed_reason = refused[d.host]
+        change.warnings.append(f"{d.name} is Failed: {refused[d.host]}; its running replicas are left as they are")
+    return refused
+
+
+def _guard_refused(change: DeploymentChange, d: Deployment, provider: Provider, hosts: Hosts) -> dict[str, str]:
+    """A deployment whose engine runs with its sleep controls leaves out the hosts its guard cannot run on
+    (engine_ctl.core.render.guard); naming one fails it, saying what to do."""
+    if not needs_guard(provider, residency_of(d)):
+        return {}
+    refused = guard_refusals(hosts.inventory, hosts.facts)
     if d.host in refused:
         change.failed_reason = refused[d.host]
         change.warnings.append(f"{d.name} is Failed: {refused[d.host]}; its running replicas are left as they are")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 
 from engine_ctl.core.fit.hostfacts import BUSY_BYTES, HostFacts, UnitFact
 from engine_ctl.core.names import UNIT_PREFIX
 from engine_ctl.core.plan.changes import Drift
 from engine_ctl.core.plan.engines import engine_drift_detail
+from engine_ctl.core.render.guard import guard_name, guard_text, guarded_by
 from engine_ctl.state.model import ReplicaRecord, State
 
 
@@ -34,6 +36,29 @@ def replica_drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host:
     return out
 
 
+def guard_drift(name: str, record: ReplicaRecord, unit_text: str, host: HostFacts) -> list[Drift]:
+    """The replica's guard (engine_ctl.core.render.guard) as its host has it, against what its unit carries:
+    missing, edited by hand, or not running beside its running replica. Named after the guard's unit; the repair
+    rewrites and restarts the replica, which writes the guard again."""
+    expected = guard_text(unit_text)
+    if expected is None:
+        return []
+    guard = guard_name(record.unit)
+    units = {u.name: u for u in host.units}
+    fact = units.get(guard)
+    if fact is None or fact.sha256 is None:
+        return [Drift(host=record.host, unit=guard, deployment=name, kind="missing",
+                      detail=f"the guard's unit file {guard} is missing on {record.host}")]  # fmt: skip
+    if fact.sha256 != hashlib.sha256(expected.encode()).hexdigest():
+        return [Drift(host=record.host, unit=guard, deployment=name, kind="edited",
+                      detail=f"the guard's unit file {guard} was edited by hand")]  # fmt: skip
+    replica = units.get(record.unit)
+    if replica is not None and replica.active_state == "active" and fact.active_state != "active":
+        detail = f"{guard} is {fact.active_state}/{fact.sub_state} beside its running replica"
+        return [Drift(host=record.host, unit=guard, deployment=name, kind="stopped", detail=detail)]
+    return []
+
+
 def _not_running(name: str, record: ReplicaRecord, fact: UnitFact) -> Drift:
     looping = (fact.n_restarts or 0) >= 3 or fact.active_state == "failed"
     detail = f"{record.unit} is {fact.active_state}/{fact.sub_state}"
@@ -56,7 +81,8 @@ def unmanaged_units(
     out = []
     for host, f in sorted(facts.items()):
         for u in f.units:
-            if u.name.startswith(UNIT_PREFIX) and u.name not in managed and (host, u.name) not in elsewhere:
+            mine = u.name in managed or guarded_by(u.name) in managed  # a replica's guard goes with it
+            if u.name.startswith(UNIT_PREFIX) and not mine and (host, u.name) not in elsewhere:
                 detail = f"{u.name} on {host} is not in this state; engine-ctl leaves it alone"
                 out.append(Drift(host=host, unit=u.name, kind="unmanaged", detail=detail))
     return out

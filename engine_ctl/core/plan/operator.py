@@ -33,8 +33,8 @@ STOP_SETTLE_S = 5
 DRAIN_S = 120
 """How long a stop or a park waits for the engine's requests in flight to finish (the gateway's drain timeout)."""
 SLEEP_CONTROLS_WARNING = (
-    "warning: {names} run with the engine's sleep controls enabled (parking is on): they listen on the replica's "
-    "own port, answer only loopback and the gateway hosts, and the gateway forwards only /v1/ to them"
+    "warning: {names} run with the engine's sleep controls enabled (parking is on): they listen on loopback only "
+    "(each replica's guard passes on only /v1/, the health check and the metrics; the gateway forwards only /v1/)"
 )
 
 HELD_DRIFT = frozenset({"stopped"})

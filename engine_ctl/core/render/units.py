@@ -16,7 +16,8 @@ from engine_ctl.core.fit.runspec import FitPlan, Placement, ReplicaRun
 from engine_ctl.core.model import Deployment, Model
 from engine_ctl.core.names import UNIT_PREFIX as UNIT_PREFIX  # re-exported: plan and gather use it
 from engine_ctl.core.names import unit_name
-from engine_ctl.core.render.gateway import internal_key_path, is_ip
+from engine_ctl.core.render.gateway import LOOPBACK, internal_key_path, is_ip
+from engine_ctl.core.render.guard import needs_guard, render_guard, residency_of, wake_line
 from engine_ctl.core.render.systemd_escape import comment_text, env_assignment, exec_line, path_value
 from engine_ctl.providers import Provider
 from engine_ctl.providers.base import is_template_name
@@ -232,11 +233,14 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
         "syscall_deny": deny,
         "lineage": run.lineage,
     }
+    name = unit_name(run.deployment, run.index, run.slot)
+    values["guard"] = render_guard(name, run, provider, credential_value)
+    values["wake"] = wake_line(run, provider)
     body = _template().render(**values, content_hash="")
     content_hash = hashlib.sha256(body.encode()).hexdigest()
     text = body.replace(HASH_LINE, HASH_LINE.removesuffix("\n") + content_hash + "\n", 1)
     return RenderedUnit(
-        name=unit_name(run.deployment, run.index, run.slot),
+        name=name,
         host=host.name,
         index=run.index,
         slot=run.slot,
@@ -267,6 +271,8 @@ def replica_run(
     credential = provider.internal_key_credential if gateways else None
     key_file = f"{CREDENTIALS_DIR}/{unit}/{credential}" if credential else None
     key_env = internal_key_path(provider) if gateways and provider.internal_key_env else None
+    residency = residency_of(d)
+    guarded = needs_guard(provider, residency)
     return ReplicaRun(
         deployment=d.name,
         revision=revision,
@@ -276,7 +282,8 @@ def replica_run(
         model_path=model_path,
         mmproj_path=posixpath.join(posixpath.dirname(model_path), model.mmproj) if model.mmproj else None,
         executable=executable,
-        bind_address=bind_address(host),
+        bind_address=LOOPBACK if guarded else bind_address(host),
+        guard_address=host.address if guarded else None,
         allow_from=gateways,
         api_key_file=key_file,
         api_key_env_file=key_env,
@@ -290,5 +297,5 @@ def replica_run(
         chat_template_file=chat_template_path(unit) if jinja else None,
         cache_dir=cache_path(host, d.name),
         lineage=lineage,
-        residency=d.residency if d.api == "chat" else "restart_only",
+        residency=residency,
     )

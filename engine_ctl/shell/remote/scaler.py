@@ -21,8 +21,9 @@ A slot whose devices (or whose cores and memory, on a CPU host) are taken by ano
 GPU process is not started: another slot is, or the decision says why none is free; a higher-priority deployment
 may preempt a lower-priority replica above that deployment's min.
 
-Replica hosts are reached over SSH with the scaler's own key, which a forced command there limits to start, stop
-and is-active of engine-ctl's replica units and a read-only status (scaler_command.py). State (decisions, times,
+Replica hosts are reached over SSH with the scaler's own key, which a forced command there limits to start, stop,
+is-active and wake of engine-ctl's replica units and a read-only status (scaler_command.py): a parked engine's
+wake calls are made there, on loopback, since its guard passes no sleep control on. State (decisions, times,
 averages, what is in flight) is kept in /var/lib/engine-ctl/scaler/state.json, written atomically, so a restart
 carries on where it was and does not flap.
 
@@ -60,6 +61,9 @@ START_BUDGET_S = 600
 ENTER_S = 60
 PARK_WAIT_S = 160
 """How long a wake on a request waits for the park's job to finish (engine-ctl's STOP_WAIT_S)."""
+WAKE_TIMEOUT_S = 1900
+"""A wake over the forced command: its calls (a reload of the weights from the checkpoint among them, at most
+600 s each: scaler_command.CALL_TIMEOUT_S) and its check."""
 AVERAGE_WEIGHT = 0.3
 IN_USE = ("active", "activating", "deactivating", "reloading")
 GATEWAY_TIMEOUT_S = 8
@@ -317,22 +321,6 @@ def http_get(url: str, key: str, timeout: float = 5) -> tuple[int, str]:
         return exc.code, ""
     except (OSError, ValueError):
         return 0, ""
-
-
-def http_call(url: str, method: str, body: str | None, key: str, timeout: float = 600) -> tuple[int, str]:
-    """One call to an engine's own port (a wake call): its HTTP status (0 when unreachable) and body."""
-    headers = {"Authorization": "Bearer " + key} if key else {}
-    data = body.encode() if body is not None else (b"" if method == "POST" else None)
-    if body is not None:
-        headers["Content-Type"] = "application/json"
-    request = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as r:
-            return r.status, r.read().decode(errors="replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
-    except (OSError, ValueError) as exc:
-        return 0, str(exc)
 
 
 def read_key(path: str = INTERNAL_ENV) -> str:
@@ -810,7 +798,7 @@ class Scaler:
         return status if isinstance(status, dict) else None
 
     def ssh(self, slot: Obj, command: str, timeout: float = 60) -> tuple[int, str]:
-        if command.split()[0] in ("start", "stop", "gateway-set"):
+        if command.split()[0] in ("start", "stop", "gateway-set", "wake"):
             self.fence()
         argv = ["ssh", "-F", "/dev/null", "-i", self.config["key"], "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
                 "-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile=" + self.config["known_hosts"],
@@ -1049,30 +1037,16 @@ class Scaler:
             time.sleep(1)
 
     def wake_calls(self, slot: Obj, park: Obj) -> None:
-        """The engine's own wake calls on the replica's port, in order, then (where it has one) its word that it
-        is awake; none for an engine that restarts instead (restart_only)."""
-        base = "http://%s:%d" % (slot["address"], slot["port"])
-        for call in park.get("calls") or []:
-            self.fence()
-            code, said = http_call(base + call["path"], call["method"], call.get("body"), self.key)
-            if code < 200 or code >= 300:
-                raise RuntimeError("%s %s on %s: HTTP %d %s" % (call["method"], call["path"], slot["host"], code,
-                                                               said[:200]))  # fmt: skip
-            self.log("%s: %s %s: %d" % (slot["unit"], call["method"], call["path"], code))
-        check = park.get("check")
-        deadline = time.time() + 60
-        while check:
-            code, text = http_get(base + check["path"], self.key, timeout=10)
-            try:
-                asleep = json.loads(text).get(check["key"]) if code == 200 else None
-            except (ValueError, AttributeError):
-                asleep = None
-            if asleep is False:
-                return
-            if time.time() > deadline:
-                raise RuntimeError("GET %s on %s: %s is %r, not false" % (check["path"], slot["host"], check["key"],
-                                                                         asleep))  # fmt: skip
-            time.sleep(0.5)
+        """The engine's own wake calls, in order, then (where it has one) its word that it is awake; none for an
+        engine that restarts instead (restart_only). They are made on the replica's host, on loopback, by the
+        forced command's `wake UNIT` (its guard passes no sleep control on): the calls are those apply wrote into
+        the unit, never the scaler's."""
+        if not park.get("calls"):
+            return
+        code, out = self.ssh(slot, "wake " + slot["unit"], timeout=WAKE_TIMEOUT_S)
+        if code != 0:
+            raise RuntimeError("wake %s on %s: %s" % (slot["unit"], slot["host"], out.strip()[-300:]))
+        self.log("%s: woken on %s" % (slot["unit"], slot["host"]))
 
     # --- one of several: the PostgreSQL lock ------------------------------------------------------------------
     def leading(self) -> bool:

@@ -7,7 +7,10 @@ The key can do exactly this, read from SSH_ORIGINAL_COMMAND and nothing else:
 - `is-active stop-UNIT`, `is-active park-UNIT`: whether a park's job on such a unit still runs (exit 0 while it
   is active or activating, as a oneshot job is);
 - `status`: the replica units in use here with the devices each takes, the GPUs with a process (nvidia-smi, when
-  present), the cores and memory of the host. Read-only.
+  present), the cores and memory of the host. Read-only;
+- `wake UNIT`: a parked replica's engine woken, the wake calls made on loopback (its guard passes no sleep control
+  on). The calls are those apply wrote into the unit (its `# wake:` header line, from the engine's provider, for
+  the unit's residency): the caller names the unit and nothing else, so the key can wake that unit and no more.
 On a gateway host (the scaler drives every gateway's HAProxy, not only its own), over this host's admin socket:
 - `gateway-set BACKEND SERVER ready|drain|maint`: one server of one engine-ctl backend (d_<deployment>, r<index><slot>)
   into service (ready, and its health up: the scaler's health gate passed), to drain, or into maintenance;
@@ -23,6 +26,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -38,20 +44,25 @@ BACKEND = re.compile(r"^d_[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?\Z")
 SERVER = re.compile(r"^r(?:0|[1-9][0-9]{0,2})[ab]\Z")
 SERVER_STATES = ("ready", "drain", "maint")
 ADMIN_SOCKET = "/run/engine-ctl-gateway/admin.sock"
+WAKE_LINE = "# wake: "
+REPLICA_KEY = "/etc/engine-ctl/replica-key"
+CALL_TIMEOUT_S = 600
+CHECK_S = 60
+METHODS = ("GET", "POST")
 
 
 def refuse(command: str) -> int:
-    sys.stderr.write("engine-ctl scaler key: refused: %r (only start, stop, is-active of a replica unit, status, "
-                     "gateway-set of an engine-ctl server, gateway-stat)\n" % command[:200])  # fmt: skip
+    sys.stderr.write("engine-ctl scaler key: refused: %r (only start, stop, is-active, wake of a replica unit, "
+                     "status, gateway-set of an engine-ctl server, gateway-stat)\n" % command[:200])  # fmt: skip
     return REFUSED
 
 
-def replica_unit(name: str) -> bool:
+def replica_unit(name: str, unit_dir: str = UNIT_DIR) -> bool:
     """One of engine-ctl's replica units, installed here by engine-ctl (not the gateway's, not the scaler's)."""
     if UNIT.match(name) is None or name in ("engine-ctl-gateway.service", "engine-ctl-scaler.service"):
         return False
     try:
-        with open(os.path.join(UNIT_DIR, name)) as f:
+        with open(os.path.join(unit_dir, name)) as f:
             return f.read(4096).startswith(HEADER)
     except OSError:
         return False
@@ -179,7 +190,104 @@ def gateway(commands: list[str]) -> int:
     return 0
 
 
-def main(command: str | None = None) -> int:
+# --- wake: a parked replica's engine, on loopback (engine_ctl.core.render.guard) ----------------------------------
+def is_path(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith("/") and not any(c.isspace() for c in value)
+
+
+def valid_wake(spec: Any) -> bool:
+    """The `# wake:` line's JSON as render wrote it: a port, the calls (method, path, body) and the check."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("port"), int) or not 0 < spec["port"] < 65536:
+        return False
+    calls, check = spec.get("calls"), spec.get("check")
+    if not isinstance(calls, list) or not calls:
+        return False
+    for c in calls:
+        if not isinstance(c, dict) or c.get("method") not in METHODS or not is_path(c.get("path")):
+            return False
+        if c.get("body") is not None and not isinstance(c.get("body"), str):
+            return False
+    return check is None or (isinstance(check, dict) and is_path(check.get("path")) and
+                             isinstance(check.get("key"), str))  # fmt: skip
+
+
+def wake_spec(name: str, unit_dir: str = UNIT_DIR) -> dict[str, Any] | None:
+    """The wake calls apply wrote into the replica's unit header (None: it has no sleep controls)."""
+    try:
+        with open(os.path.join(unit_dir, name)) as f:
+            head = f.read(8192).splitlines()[:8]
+    except OSError:
+        return None
+    for line in head:
+        if line.startswith(WAKE_LINE):
+            try:
+                spec = json.loads(line[len(WAKE_LINE) :])
+            except ValueError:
+                return None
+            return spec if valid_wake(spec) else None
+    return None
+
+
+def read_replica_key(path: str = REPLICA_KEY) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def engine_call(port: int, method: str, path: str, body: str | None, key: str, timeout: float) -> tuple[int, str]:
+    """One call to the engine on loopback: its HTTP status (0 when unreachable) and body."""
+    headers = {"Authorization": "Bearer " + key} if key else {}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    data = body.encode() if body is not None else (b"" if method == "POST" else None)
+    request = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path), data=data, method=method,
+                                     headers=headers)  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    except (OSError, ValueError) as exc:
+        return 0, str(exc)
+
+
+def awake(spec: dict[str, Any], key: str) -> bool:
+    """The engine's own word that it is awake (its check, where it has one), within CHECK_S."""
+    check = spec.get("check")
+    deadline = time.monotonic() + CHECK_S
+    while check:
+        code, text = engine_call(spec["port"], "GET", check["path"], None, key, 10)
+        try:
+            asleep = json.loads(text).get(check["key"]) if code == 200 else None
+        except (ValueError, AttributeError):
+            asleep = None
+        if asleep is False:
+            return True
+        if time.monotonic() > deadline:
+            sys.stderr.write("GET %s: %s is %r, not false\n" % (check["path"], check["key"], asleep))
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def wake(name: str, unit_dir: str = UNIT_DIR, key_path: str = REPLICA_KEY) -> int:
+    """The unit's wake calls in order on loopback, then its check: 0 once awake, 1 (with why) otherwise."""
+    spec = wake_spec(name, unit_dir)
+    if spec is None:
+        return refuse("wake " + name)
+    key = read_replica_key(key_path)
+    for c in spec["calls"]:
+        code, said = engine_call(spec["port"], c["method"], c["path"], c.get("body"), key, CALL_TIMEOUT_S)
+        if not 200 <= code < 300:
+            sys.stderr.write("%s %s: HTTP %d %s\n" % (c["method"], c["path"], code, said[:200]))
+            return 1
+        sys.stdout.write("%s %s: %d\n" % (c["method"], c["path"], code))
+    return 0 if awake(spec, key) else 1
+
+
+def main(command: str | None = None, unit_dir: str = UNIT_DIR) -> int:
     command = os.environ.get("SSH_ORIGINAL_COMMAND", "") if command is None else command
     words = command.split()
     commands = gateway_commands(words)
@@ -188,6 +296,8 @@ def main(command: str | None = None) -> int:
     if words == ["status"]:
         sys.stdout.write(json.dumps(status()) + "\n")
         return 0
+    if len(words) == 2 and words[0] == "wake" and replica_unit(words[1], unit_dir):
+        return wake(words[1], unit_dir)
     if len(words) == 2 and words[0] == "is-active" and operator_job(words[1]):
         return 0 if job_running(words[1]) else 3
     if len(words) != 2 or words[0] not in ("start", "stop", "is-active") or not replica_unit(words[1]):
