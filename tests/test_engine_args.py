@@ -45,9 +45,12 @@ def test_each_argument_at_most_4096_characters() -> None:
     assert problems(["--override-kv", "a" * 4096]) == []
 
 
-@pytest.mark.parametrize("ch", ["\n", "\t", "\x00", "\x1b", "\x7f", "\x85", "\u2028", "\u2029", "\u202e", "\u200b"])
+@pytest.mark.parametrize(
+    "ch", ["\n", "\t", "\x00", "\x1b", "\x7f", "\x85", "\u2028", "\u2029", "\u202e", "\u200b", "\ufdd0", "\U0001fffe"]
+)
 def test_no_control_characters(ch: str) -> None:
-    """Cc, and the line/paragraph separators and invisible format characters (Zl, Zp, Cf) systemd refuses too."""
+    """Cc, the line/paragraph separators and invisible format characters (Zl, Zp, Cf), and the noncharacters that
+    systemd refuses in a unit line as not UTF-8 clean."""
     (msg,) = problems(["--override-kv", f"a{ch}b"])
     assert msg.startswith(f"spec.engine_args[1]: no control characters (found U+{ord(ch):04X} (")
 

@@ -27,8 +27,11 @@ from tests.helpers import load, run, write
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "kind: Model\nmetadata: {name: tiny}\nspec: {format: gguf, path: tiny/tiny.gguf, context_length: 2048}\n"
 TINY = ModelFacts(block_count=2, head_count=4, head_count_kv=2, embedding_length=64, weights_bytes=17_000_000)
-NASTY = ["\n", "\r", "\t", "\x00", "\x1b", "\x85", "\u2028", "\u2029", "\u200b", "\u202e", "\ufeff"]
-"""Cc (line feed, carriage return, tab, NUL, escape, next line), Zl, Zp, Cf (zero width space, bidi override, BOM)."""
+NASTY = ["\n", "\r", "\t", "\x00", "\x1b", "\x85", "\u2028", "\u2029", "\u200b", "\u202e", "\ufeff", "\ufdd0", "\uffff",
+         "\U0010fffe"]  # fmt: skip
+"""Cc (line feed, carriage return, tab, NUL, escape, next line), Zl, Zp, Cf (zero width space, bidi override, BOM),
+and noncharacters, which systemd refuses in a unit line as not UTF-8 clean (checked on a fleet host: `String is not
+UTF-8 clean, ignoring assignment`, and the unit has no ExecStart=)."""
 
 
 def q(text: str) -> str:

@@ -20,6 +20,7 @@ from ruamel.yaml.error import MarkedYAMLError, ReusedAnchorWarning, StreamMark, 
 from ruamel.yaml.events import AliasEvent
 
 from engine_ctl.core.diagnostics import Diagnostic, Location, format_path
+from engine_ctl.core.render.systemd_escape import NONCHARACTERS
 
 DOCUMENT_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -101,7 +102,7 @@ def _plain(node: Any, path: Path_, doc: SourceDocument) -> Any:
     if isinstance(node, CommentedMap):
         out: dict[str, Any] = {}
         for key in node:
-            skey = key if isinstance(key, str) else str(key)
+            skey = _join_surrogates(key) if isinstance(key, str) else str(key)
             kpath = (*path, skey)
             try:
                 kline, kcol = node.lc.key(key)
@@ -144,12 +145,18 @@ def character_name(ch: str) -> str:
     return f"U+{ord(ch):04X} ({name})"
 
 
+NONCHARACTER = re.compile(f"[{NONCHARACTERS}]")
+"""Unicode's noncharacters (U+FDD0..U+FDEF, the last two code points of every plane): systemd refuses a unit line
+holding one as not UTF-8 clean and drops the directive, so none may reach a unit."""
+
+
 def bad_character(text: str, allowed: str = "") -> str | None:
     """The first character of `text` that may not reach a unit or an argv, named; None when there is none."""
     for ch in text:
         if unicodedata.category(ch) in FORBIDDEN_CATEGORIES and ch not in allowed:
             return character_name(ch)
-    return None
+    found = NONCHARACTER.search(text)
+    return f"U+{ord(found.group()):04X} (a noncharacter)" if found else None
 
 
 def _text_problem(doc: SourceDocument, path: Path_, text: str, *, key: bool) -> Diagnostic | None:

@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import re
 
-CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-"""Unicode's control characters (category Cc) and the line and paragraph separators (Zl, Zp)."""
+NONCHARACTERS = "\ufdd0-\ufdef" + "".join(
+    chr(plane + 0xFFFE) + chr(plane + 0xFFFF) for plane in range(0, 0x110000, 1 << 16)
+)
+"""Unicode's noncharacters, as a regular expression's character class: systemd refuses a line holding one as not
+UTF-8 clean and ignores the directive (utf8.c, unichar_is_valid), so a unit with one in its ExecStart= has none."""
+CONTROL = re.compile(f"[\x00-\x1f\x7f-\x9f\u2028\u2029{NONCHARACTERS}]")
+"""Unicode's control characters (category Cc), the line and paragraph separators (Zl, Zp) and the
+noncharacters."""
 SAFE_WORD = re.compile(r"^[A-Za-z0-9/._+:=,@-]+$")
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -22,7 +28,8 @@ def _refuse_control(value: str, what: str) -> None:
     found = CONTROL.search(value)
     if found:
         code = ord(found.group())
-        raise UnsafeValue(f"{what} {value[:40]!r}: control character U+{code:04X} cannot go in a unit file")
+        kind = "noncharacter" if code >= 0xFDD0 else "control character"
+        raise UnsafeValue(f"{what} {value[:40]!r}: {kind} U+{code:04X} cannot go in a unit file")
 
 
 NEEDS_ESCAPE = re.compile(r'[\\"%$]')
