@@ -19,7 +19,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from engine_ctl.core.render.scaler import SCALER_KEY, SCALER_UNIT
+from engine_ctl.core.render.scaler import COMMAND_PATH, SCALER_KEY, SCALER_UNIT
 from engine_ctl.shell.remote.scaler import parse_stat
 from tests.fleet import Fleet, FleetHost
 from tests.test_fleet_scaler import HOLD_S, KEY, POLL_S, ScalerProject, admin, ask
@@ -156,3 +156,18 @@ def test_the_forced_command_on_a_gateway_host_sets_one_engine_ctl_server_and_not
     unknown = gp.on_gateway(f"{ssh} 'gateway-set d_nothing r0a maint'", check=False)
     assert unknown.returncode == 1 and "No such backend" in unknown.stderr, unknown.stderr
     assert gp.on_gateway(f"{ssh} 'gateway-set d_zero r0a maint'", check=False).returncode == 0
+
+
+def test_destroyed_the_scalers_key_and_forced_command_are_gone_from_every_host_it_reached(gp: TwoGateways) -> None:
+    """Last in this module: the destroy leaves no key on the replica's host or on the other gateway host that
+    could still start or stop units there, and the operator's own key still works."""
+    reached = [gp.fleet.hosts[1], gp.second]
+    for host in reached:
+        assert "engine-ctl-scaler" in gp.fleet.ssh(host, "cat ~/.ssh/authorized_keys").stdout
+    done = gp.cli("destroy", "--auto-approve", check=True)
+    for host in reached:
+        assert f"its key removed from {host.name}" in done.stdout + done.stderr
+        keys = gp.fleet.ssh(host, "cat ~/.ssh/authorized_keys").stdout  # the operator's key still works
+        assert "engine-ctl-scaler" not in keys and keys.strip()
+        assert gp.fleet.ssh(host, f"test ! -e {COMMAND_PATH}", check=False).returncode == 0
+    assert gp.on_gateway(f"systemctl is-enabled {SCALER_UNIT}", check=False).stdout.strip() != "enabled"

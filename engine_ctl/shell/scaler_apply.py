@@ -48,6 +48,25 @@ mv "$HOME/.ssh/authorized_keys.new" "$HOME/.ssh/authorized_keys"
 cat /etc/ssh/ssh_host_ed25519_key.pub
 """
 
+REVOKE = r"""
+set -e
+keys="$HOME/.ssh/authorized_keys"
+rm -f %(command)s
+[ -f "$keys" ] && grep -Eq ' %(comment)s(@[A-Za-z0-9_.-]+)?$' "$keys" || exit 0
+umask 077
+{ grep -Ev ' %(comment)s(@[A-Za-z0-9_.-]+)?$' "$keys" || true; } > "$keys.new"
+mv "$keys.new" "$keys"
+"""
+"""A host the scalers no longer reach: their keys out of authorized_keys, and their forced command gone."""
+
+
+def reached_names(known_hosts: str, hosts: Mapping[str, Host]) -> set[str]:
+    """The inventory's hosts a scaler's known_hosts file (known_hosts_line's lines) names; an address no host of
+    the inventory has any more is left out (engine-ctl has no way to reach it)."""
+    by_where = {known_hosts_line(h, "").split()[0]: h.name for h in hosts.values()}
+    named = (line.split()[0] for line in known_hosts.splitlines() if line.strip())
+    return {by_where[w] for w in named if w in by_where}
+
 
 class ScalerFailure(Exception):
     pass
@@ -99,12 +118,39 @@ class ScalerApply:
         if not scalers:
             return
         deployments = scaler_deployments(self.state(), self.hosts)
+        before = self._reached_before()
         keep = {h.name for h in scalers} if deployments else set()
         for g in self._gateways():
             if g.name not in keep:
                 self._remove_from(g, forget=g.name not in names)
         if deployments:
             self.install(scalers, deployments)
+        now = {r for h in scalers for r in self._reached(h, deployments)} if deployments else set()
+        for name in sorted(before - now):
+            self._revoke(name)
+
+    def _reached_before(self) -> set[str]:
+        """The hosts the scalers' keys were authorized on by the last apply: what their known_hosts files name."""
+        reached: set[str] = set()
+        for g in self._gateways():
+            t = transport_for(g, self.options)
+            try:
+                said = t.run(["sh", "-c", f"cat {shlex.quote(SCALER_KNOWN_HOSTS)} 2>/dev/null; true"])
+            finally:
+                t.close()
+            reached |= reached_names(said.stdout, self.hosts)
+        return reached
+
+    def _revoke(self, name: str) -> None:
+        """A host no scaler reaches any more (its slots moved, or nothing scales): the scalers' keys and their
+        forced command removed, so that no key is left able to start or stop its replicas."""
+        t = transport_for(self.hosts[name], self.options)
+        try:
+            _ok(t, ["sh", "-c", REVOKE % {"comment": KEY_COMMENT, "command": shlex.quote(COMMAND_PATH)}],
+                f"removing the scalers' key from {name}")  # fmt: skip
+        finally:
+            t.close()
+        self.progress(f"scaler: its key removed from {name}")
 
     def install(self, scalers: list[Host], deployments: list[ScalerDeployment]) -> None:
         """Each scaler's key, all of them on the slots' hosts (forced command), the lock's role and password,
