@@ -13,8 +13,7 @@ import hashlib
 import ipaddress
 import posixpath
 from collections.abc import Iterable, Mapping, Sequence
-from functools import cache, lru_cache
-from importlib import resources
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
@@ -27,11 +26,9 @@ from engine_ctl.core.documents.inventory import (
     Host,
 )
 from engine_ctl.core.model import ApiKey
-from engine_ctl.core.render.systemd_escape import comment_text
+from engine_ctl.core.render.templates import load_template
 
 if TYPE_CHECKING:
-    import jinja2
-
     from engine_ctl.providers import Provider
 
 GATEWAY_UNIT = "engine-ctl-gateway.service"
@@ -167,27 +164,10 @@ def endpoint_of(host: Host) -> str:
     return f"{address}:{host.gateway_port}"
 
 
-@cache
-def _environment() -> jinja2.Environment:
-    import jinja2
-
-    env = jinja2.Environment(
-        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined
-    )
-    env.filters["comment"] = comment_text
-    return env
-
-
-@cache
-def _template(name: str) -> jinja2.Template:
-    text = resources.files("engine_ctl.templates").joinpath(name).read_text()
-    return _environment().from_string(text)
-
-
-def _with_hash(template: str, values: Mapping[str, object]) -> str:
+def _with_hash(name: str, values: Mapping[str, object]) -> str:
     """Render twice: the header records the sha256 of the text rendered without it (as units do)."""
-    body = _template(template).render(**values, content_hash="")
-    return _template(template).render(**values, content_hash=sha256(body))
+    body = load_template(name).render(**values, content_hash="")
+    return load_template(name).render(**values, content_hash=sha256(body))
 
 
 def key_maps(keys: Iterable[ApiKey], deployments: Iterable[str]) -> dict[str, dict[str, str]]:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 from typing import TYPE_CHECKING
 
 from engine_ctl.core.documents.inventory import Host
@@ -22,11 +20,9 @@ from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.model import Deployment
 from engine_ctl.core.names import UNIT_SUFFIX
 from engine_ctl.core.render.gateway import HAPROXY, LOOPBACK, is_ip
-from engine_ctl.core.render.systemd_escape import comment_text
+from engine_ctl.core.render.templates import load_template
 
 if TYPE_CHECKING:
-    import jinja2
-
     from engine_ctl.core.fit.runspec import ReplicaRun
     from engine_ctl.providers import Provider
 
@@ -122,17 +118,6 @@ def guard_refusals(hosts: Mapping[str, Host], facts: Mapping[str, HostFacts]) ->
     return out
 
 
-@cache
-def _template(name: str) -> jinja2.Template:
-    import jinja2
-
-    env = jinja2.Environment(
-        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined
-    )
-    env.filters["comment"] = comment_text
-    return env.from_string(resources.files("engine_ctl.templates").joinpath(name).read_text())
-
-
 def host_port(address: str, port: int) -> str:
     """address:port as HAProxy's bind and server lines take it (an IPv6 address as it is: the last colon splits)."""
     return f"{address}:{port}"
@@ -140,7 +125,7 @@ def host_port(address: str, port: int) -> str:
 
 def guard_config(listen: str, engine: str, provider: Provider, allow: tuple[str, ...]) -> str:
     """The guard's HAProxy configuration: `allow` the sources it accepts (none: any)."""
-    return _template("guard.cfg.j2").render(
+    return load_template("guard.cfg.j2").render(
         listen=listen, engine=engine, allow=list(allow), maxconn=MAXCONN,
         health_path=provider.health_path, metrics_path=provider.metrics_path,
     )  # fmt: skip
@@ -157,7 +142,7 @@ def render_guard(
     allow = tuple(sorted({*run.allow_from, run.guard_address})) if run.allow_from else ()
     engine = host_port(LOOPBACK, run.port)
     config = guard_config(listen, engine, provider, allow)
-    text = _template("guard.service.j2").render(
+    text = load_template("guard.service.j2").render(
         unit=unit, config=credential(config), haproxy=HAPROXY, ip_allow=list(allow), listen=listen, engine=engine
     )
     paths = ("/v1/", provider.health_path, provider.metrics_path)

@@ -11,8 +11,6 @@ import hashlib
 import ipaddress
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from functools import cache
-from importlib import resources
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
@@ -28,10 +26,10 @@ from engine_ctl.core.render.gateway import (
     server_name,
 )
 from engine_ctl.core.render.scalerlock import ScalerLock
-from engine_ctl.core.render.systemd_escape import comment_text
+from engine_ctl.core.render.templates import load_template
 
 if TYPE_CHECKING:
-    import jinja2
+    pass
 
 SCALER_UNIT = "engine-ctl-scaler.service"
 SCALER_DIR = "/etc/engine-ctl/scaler"
@@ -283,17 +281,6 @@ def _deployment_json(d: ScalerDeployment) -> dict[str, object]:
     return body
 
 
-@cache
-def _template(name: str) -> jinja2.Template:
-    import jinja2
-
-    env = jinja2.Environment(
-        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined
-    )
-    env.filters["comment"] = comment_text
-    return env.from_string(resources.files("engine_ctl.templates").joinpath(name).read_text())
-
-
 def render_unit(host: str, program_sha256: str, python: str = PYTHON, ip_allow: Sequence[str] | None = None) -> str:
     """engine-ctl-scaler.service, hardened; the program's sha256 in its header so a new program restarts it.
     ip_allow: the only addresses it may talk with, beyond loopback (the gateway and replica hosts); None: any."""
@@ -302,8 +289,8 @@ def render_unit(host: str, program_sha256: str, python: str = PYTHON, ip_allow: 
         "state_dir": STATE_DIR_NAME, "run_dir": RUN_DIR_NAME, "program_sha256": program_sha256,
         "scaler_dir": SCALER_DIR, "ip_allow": ip_allow,
     }  # fmt: skip
-    body = _template("scaler.service.j2").render(**values, content_hash="")
-    return _template("scaler.service.j2").render(**values, content_hash=sha256(body))
+    body = load_template("scaler.service.j2").render(**values, content_hash="")
+    return load_template("scaler.service.j2").render(**values, content_hash=sha256(body))
 
 
 def render_scaler(

@@ -5,8 +5,6 @@ from __future__ import annotations
 import hashlib
 import posixpath
 from collections.abc import Mapping
-from functools import cache
-from importlib import resources
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
@@ -18,12 +16,13 @@ from engine_ctl.core.names import UNIT_PREFIX as UNIT_PREFIX  # re-exported: pla
 from engine_ctl.core.names import unit_name
 from engine_ctl.core.render.gateway import LOOPBACK, internal_key_path, is_ip
 from engine_ctl.core.render.guard import needs_guard, render_guard, residency_of, wake_line
-from engine_ctl.core.render.systemd_escape import comment_text, env_assignment, exec_line, path_value
+from engine_ctl.core.render.systemd_escape import env_assignment, exec_line, path_value
+from engine_ctl.core.render.templates import load_template
 from engine_ctl.providers import Provider
 from engine_ctl.providers.base import is_template_name
 
 if TYPE_CHECKING:
-    import jinja2
+    pass
 
 CURL = "/usr/bin/curl"
 SH = "/bin/sh"
@@ -53,18 +52,6 @@ class RenderedUnit(BaseModel):
     """sha256 of the unit without its header line: what the header records."""
     lineage: str | None = None
     """The state lineage in the unit's header (None: a unit without one, as older engine-ctl wrote them)."""
-
-
-@cache
-def _template() -> jinja2.Template:
-    import jinja2  # imported when the first unit is rendered: commands that render nothing never load it
-
-    text = resources.files("engine_ctl.templates").joinpath("engine.service.j2").read_text()
-    env = jinja2.Environment(
-        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined
-    )
-    env.filters["comment"] = comment_text
-    return env.from_string(text)
 
 
 def model_path_on_host(model: Model, host: Host) -> str:
@@ -236,7 +223,7 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
     name = unit_name(run.deployment, run.index, run.slot)
     values["guard"] = render_guard(name, run, provider, credential_value)
     values["wake"] = wake_line(run, provider)
-    body = _template().render(**values, content_hash="")
+    body = load_template("engine.service.j2").render(**values, content_hash="")
     content_hash = hashlib.sha256(body.encode()).hexdigest()
     text = body.replace(HASH_LINE, HASH_LINE.removesuffix("\n") + content_hash + "\n", 1)
     return RenderedUnit(
