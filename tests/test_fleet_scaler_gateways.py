@@ -52,14 +52,19 @@ class TwoGateways(ScalerProject):
         return self.on_gateway(f"journalctl -u {SCALER_UNIT} --no-pager -o cat").stdout
 
 
+def zero_on(host: FleetHost) -> str:
+    """The scale-to-zero deployment both gateways' projects apply: one on-demand slot, pinned to `host`."""
+    return f"""
+        metadata: {{name: zero}}
+        spec: {{model: tiny, accelerator: cpu, cpu_cores: 1, context_length: 512, host: {host.name},
+                replicas: {{min: 0, max: 1, idle_minutes: 1}}}}
+        """  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def gp(fleet: Fleet, weights: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoGateways]:
     p = TwoGateways(tmp_path_factory.mktemp("scaler-gateways"), fleet)
-    p.write(f"""
-        metadata: {{name: zero}}
-        spec: {{model: tiny, accelerator: cpu, cpu_cores: 1, context_length: 512, host: {fleet.hosts[1].name},
-                replicas: {{min: 0, max: 1, idle_minutes: 1}}}}
-        """)  # fmt: skip
+    p.write(zero_on(fleet.hosts[1]))
     try:
         with p.applied():
             yield p

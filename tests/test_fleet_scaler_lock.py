@@ -34,7 +34,7 @@ from engine_ctl.core.render.scalerlock import PASSWORD_FILE, advisory_key
 from engine_ctl.shell.remote.scaler import key_parts
 from tests.fleet import SUBNET, Fleet, FleetHost
 from tests.test_fleet_scaler import HOLD_S, ask
-from tests.test_fleet_scaler_gateways import TwoGateways
+from tests.test_fleet_scaler_gateways import TwoGateways, zero_on
 
 pytestmark = pytest.mark.fleet
 PG_BIN = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))[-1].parent
@@ -142,11 +142,7 @@ class LockedGateways(TwoGateways):
 def lp(fleet: Fleet, weights: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LockedGateways]:
     cluster = start_cluster(f"{SUBNET}.1")
     p = LockedGateways(tmp_path_factory.mktemp("scaler-lock"), fleet, cluster)
-    p.write(f"""
-        metadata: {{name: zero}}
-        spec: {{model: tiny, accelerator: cpu, cpu_cores: 1, context_length: 512, host: {fleet.hosts[1].name},
-                replicas: {{min: 0, max: 1, idle_minutes: 1}}}}
-        """)  # fmt: skip
+    p.write(zero_on(fleet.hosts[1]))
     try:
         with p.applied():
             yield p
