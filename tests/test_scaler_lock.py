@@ -21,7 +21,7 @@ from engine_ctl.cli.planview import _scaler_lines
 from engine_ctl.core.diagnostics import InputError
 from engine_ctl.core.documents.inventory import Host, Inventory, load_inventory
 from engine_ctl.core.plan.changes import Plan
-from engine_ctl.core.plan.scaler import ScalerPlan, lock_refusals, scaler_views_of
+from engine_ctl.core.plan.scaler import ScalerPlan, lock_refusals, lock_tampering, scaler_views_of
 from engine_ctl.core.render.scaler import ScalerDeployment, ScalerSlot, render_scaler
 from engine_ctl.core.render.scalerlock import PASSWORD_FILE, ScalerLock, advisory_key, scaler_lock
 from engine_ctl.shell.remote import scaler
@@ -238,3 +238,20 @@ def test_an_operator_role_that_may_not_create_roles_gets_the_sql_for_a_dba(tmp_p
     finally:
         with psycopg.connect(DSN, autocommit=True) as conn:
             conn.execute(f"DROP ROLE IF EXISTS {weak}")
+
+
+def test_a_saved_plan_whose_lock_names_another_database_or_role_is_refused(tmp_path: Path) -> None:
+    """apply PLANFILE hands the scalers' password to where the saved lock says: an edited plan file must not move
+    it (the same check refuses a plan saved against another state or inventory)."""
+    inv = inventory(tmp_path)
+    lock = scaler_lock(REMOTE, inv)
+    assert lock is not None
+    saved = ScalerPlan(host="gw-a", poll_s=15, decide_every_s=120, hold_s=120, lock=lock)
+    assert lock_tampering(saved, REMOTE, inv) == []
+    assert lock_tampering(None, REMOTE, inv) == []
+    for forged in (lock.model_copy(update={"host": "203.0.113.9"}), lock.model_copy(update={"role": "postgres"}),
+                   lock.model_copy(update={"password_file": "/tmp/pw"}), None):  # fmt: skip
+        (problem,) = lock_tampering(saved.model_copy(update={"lock": forged}), REMOTE, inv)
+        assert "scaler lock" in problem and "not the one this state and inventory give" in problem
+    (other_state,) = lock_tampering(saved, REMOTE.replace("#prod", "#staging"), inv)
+    assert "scaler lock" in other_state

@@ -46,7 +46,7 @@ from engine_ctl.core.plan.refresh import refresh_state
 from engine_ctl.core.plan.revisions import mismatches as revision_mismatches
 from engine_ctl.core.plan.revisions import parse_checks as parse_revision_checks
 from engine_ctl.core.plan.savedplan import PlanFileError, decode_plan, stale_reasons, state_for_plan, tampering
-from engine_ctl.core.render.scalerlock import scaler_lock
+from engine_ctl.core.plan.scaler import lock_tampering
 from engine_ctl.core.weights import Checkout
 from engine_ctl.shell.apply import ApplyEvent, Executor, Recorder, utc_now
 from engine_ctl.shell.fetch import HubAccess
@@ -488,10 +488,8 @@ def _apply_saved(
             code="plan_tampered",
         )
     backend = open_backend(state_for_env(state_path, env) if state_path else (ctx.state or ""))
-    if saved.scaler is not None and saved.scaler.lock != scaler_lock(backend.location, inventory):
-        raise _refuse_plan(path, "the saved plan's scaler lock (where the scalers take it, as which role) is not the "
-                           "one this state and inventory give", "run engine-ctl plan again and review the new plan",
-                           code="plan_tampered")  # fmt: skip
+    for problem in lock_tampering(saved.scaler, backend.location, inventory):
+        raise _refuse_plan(path, problem, "run engine-ctl plan again and review the new plan", code="plan_tampered")
     with locked(backend, lock_operation("apply", request.id), lock_timeout, request.id):
         recorded_state = read_state(backend)
         finished = request.check(recorded_state, "apply " + str(path), backend.location, stderr=events is not None)

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.plan.wake import Woken, parked, wake_steps
 from engine_ctl.core.render.scaler import ScalerDeployment, SlotInput, scaler_host, scaler_slot
-from engine_ctl.core.render.scalerlock import ScalerLock
+from engine_ctl.core.render.scalerlock import ScalerLock, scaler_lock
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.state.model import DeploymentRecord, State
 
@@ -240,3 +240,13 @@ def without_scaler(changes: Iterable[Any], inventory: Inventory) -> dict[str, st
         for c in changes
         if c.action != ["delete"] and scales(c.spec)
     }
+
+
+def lock_tampering(saved: ScalerPlan | None, location: str, inventory: Inventory) -> list[str]:
+    """A saved plan's scaler lock against the one this state (at `location`) and inventory give: apply hands the
+    scalers' password to where the lock says, so a plan file edited to name another database or role is refused
+    (empty: it is the same)."""
+    if saved is None or saved.lock == scaler_lock(location, inventory):
+        return []
+    return ["the saved plan's scaler lock (where the scalers take it, as which role) is not the one this state and "
+            "inventory give"]  # fmt: skip
