@@ -260,7 +260,7 @@ def test_a_request_through_the_gateway_wakes_the_parked_engine_through_the_scale
     hosts = {gateway.name: gateway, guarded.engine_host.name: guarded.engine_host}
     state = parked_state(guarded)
     plan = ScalerPlan(host=gateway.name, poll_s=15, decide_every_s=15, hold_s=120, deployments=["chat"])
-    ScalerApply(plan, hosts, lambda: state, None, lambda _m: None).install(gateway, scaler_deployments(state, hosts))
+    ScalerApply(plan, hosts, lambda: state, None, lambda _m: None).install([gateway], scaler_deployments(state, hosts))
     gt = SSHTransport(gateway)
     try:
         gateway_shell.set_state(gt, "d_chat", "r0a", "maint")  # as the park does: new requests are held
