@@ -28,9 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
-
-from engine_ctl.cli.planview import plan_markdown, plan_text
+from engine_ctl.cli.views.plan import plan_markdown, plan_text
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.documents.loader import load_documents
 from engine_ctl.core.documents.yamlsource import parse_text
@@ -39,6 +37,7 @@ from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.model import DesiredState
 from engine_ctl.core.plan.changes import DELETE, Plan
 from engine_ctl.core.plan.planner import make_plan
+from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord, State
 from engine_ctl.core.sizes import GIB
 
 RECORDING = Path(__file__).resolve().parent.parent / "tests" / "recordings" / "nvidia-smi-8xH100.csv"

@@ -1,24 +1,13 @@
 """State backends: where engine-ctl records what it did. The local JSON file is the default.
 
-The data model (`engine_ctl.state.model`) is values only and is what the pure core imports; the backends (the
-file, PostgreSQL) are the shell's, loaded on first use through this package's attributes, so importing the
-planner loads neither."""
+The recorded state's values live in the core (`engine_ctl.core.record`); this package holds the backends only
+(the file, PostgreSQL), loaded on first use through its attributes, so importing it loads neither."""
 
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from engine_ctl.state.model import (
-    DeploymentRecord,
-    HostRecord,
-    LockInfo,
-    Operation,
-    ReplicaRecord,
-    State,
-    StateError,
-)
 
 if TYPE_CHECKING:
     from engine_ctl.state.base import LockHeld, StateBackend
@@ -53,16 +42,9 @@ def open_backend(where: str | Path) -> StateBackend:
 
 
 __all__ = [
-    "DeploymentRecord",
-    "HostRecord",
     "LocalState",
     "LockHeld",
-    "LockInfo",
-    "Operation",
     "PostgresState",
-    "ReplicaRecord",
-    "State",
     "StateBackend",
-    "StateError",
     "open_backend",
 ]

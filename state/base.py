@@ -13,7 +13,7 @@ import shlex
 import socket
 from typing import Protocol
 
-from engine_ctl.state.model import LockInfo, State, StateError
+from engine_ctl.core.record.model import LockInfo, State, StateError
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 

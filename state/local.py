@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from engine_ctl.state.base import LockHeld, new_lock, now, stale_reason, unlock_command, who
-from engine_ctl.state.model import FORMAT_VERSION, LockInfo, State, StateError, parse_state
 from pydantic import ValidationError
 
 from engine_ctl import __version__
+from engine_ctl.core.record.model import FORMAT_VERSION, LockInfo, State, StateError, parse_state
 
 DEFAULT_NAME = "engine-ctl.state.json"
 UNREADABLE_PREFIX = "unreadable-"

@@ -27,9 +27,9 @@ from urllib.parse import urlsplit
 
 from engine_ctl.state.base import LockHeld, new_lock, now, unlock_command, who
 from engine_ctl.state.local import writable
-from engine_ctl.state.model import FORMAT_VERSION, LockInfo, Operation, State, StateError, parse_state
 
 from engine_ctl import __version__
+from engine_ctl.core.record.model import FORMAT_VERSION, LockInfo, Operation, State, StateError, parse_state
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS engine_ctl_state (

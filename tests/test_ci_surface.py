@@ -10,17 +10,17 @@ from pathlib import Path
 
 import click
 import pytest
-from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 
 from engine_ctl.cli.common import ENVIRONMENT
 from engine_ctl.cli.main import COMMANDS, load_command
-from engine_ctl.cli.planview import COMMENT_LIMIT, argv_word_diff, plan_markdown
+from engine_ctl.cli.views.plan import COMMENT_LIMIT, argv_word_diff, plan_markdown
 from engine_ctl.core.documents.loader import load_documents
 from engine_ctl.core.documents.yamlsource import parse_text
 from engine_ctl.core.fit.hostfacts import EngineInstall, UnitFact
 from engine_ctl.core.plan.changes import PlanContext
 from engine_ctl.core.plan.planner import DeploymentChange, Drift, FieldChange, Plan, make_plan
 from engine_ctl.core.plan.savedplan import decode_plan
+from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord, State
 from tests.fleetfacts import h100x8
 from tests.helpers import run
 from tests.test_plan_core import MODEL, SHAPE, applied, world

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 from engine_ctl.providers.llamacpp import ALLOWED
-from engine_ctl.state import DeploymentRecord, LocalState, State
+from engine_ctl.state import LocalState
 
+from engine_ctl.core.record.model import DeploymentRecord, State
 from tests.helpers import run, write
 
 MODEL_ST = "kind: Model\nmetadata: {name: qwen}\nspec: {format: safetensors, path: /srv/models/qwen}\n"

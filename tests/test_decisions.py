@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.state.model import DeploymentRecord, ReplicaRecord
 
 from engine_ctl.cli.status_cmd import without_chat_api
 from engine_ctl.core.decisions import (
@@ -27,6 +26,7 @@ from engine_ctl.core.documents.inventory import Host, load_inventory
 from engine_ctl.core.fit.hostfacts import Cpu, EngineInstall, HostFacts, Memory
 from engine_ctl.core.plan.decisions import decided_facts, decisions_refusals, readiness_checks
 from engine_ctl.core.plan.status import deployment_status
+from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord
 from engine_ctl.core.render.gateway import REPLICA_KEY
 from tests.helpers import load, messages, write
 

@@ -10,9 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from engine_ctl.state.model import State
-
-from engine_ctl.cli.planview import plan_text
+from engine_ctl.cli.views.plan import plan_text
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.documents.loader import load_documents, load_paths
 from engine_ctl.core.documents.yamlsource import parse_text
@@ -21,6 +19,7 @@ from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.model import DesiredState
 from engine_ctl.core.plan.pipeline import render_deployment
 from engine_ctl.core.plan.planner import Plan, make_plan
+from engine_ctl.core.record.model import State
 from engine_ctl.core.sizes import GIB
 from tests.fleetfacts import cpu_host
 from tests.helpers import plan_without_offered_lineage, run, write

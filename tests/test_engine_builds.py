@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.state.model import ReplicaRecord
 
 from engine_ctl.core.diagnostics import InputError
 from engine_ctl.core.documents.inventory import Host, load_inventory
 from engine_ctl.core.fit.hostfacts import Cpu, EngineInstall, Gpu, HostFacts, Memory, parse_amd_smi
 from engine_ctl.core.plan.engines import engine_drift_detail, engine_refusals
+from engine_ctl.core.record.model import ReplicaRecord
 from engine_ctl.shell.gather import gather_one
 from engine_ctl.shell.transport import LocalTransport
 from tests.helpers import write

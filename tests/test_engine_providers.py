@@ -191,11 +191,10 @@ def test_no_module_outside_providers_names_an_engine() -> None:
 
 def test_health_while_loading_is_the_providers_answer() -> None:
     """llama-server answers 503 while it loads its model; vLLM's 503 means its engine died (no loading answer)."""
-    from engine_ctl.state.model import DeploymentRecord, ReplicaRecord
-
     from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
     from engine_ctl.core.fit.runspec import FitPlan
     from engine_ctl.core.plan.status import deployment_status
+    from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord
     from tests.fleetfacts import h100x8
 
     unit = "engine-ctl-chat-0a.service"

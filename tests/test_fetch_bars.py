@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from engine_ctl.cli.fetchview import FetchBars
+from engine_ctl.cli.views.fetch import FetchBars
 from engine_ctl.shell.fetch import FetchProgress
 
 

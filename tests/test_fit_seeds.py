@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from engine_ctl.providers import provider
-from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 
 from engine_ctl.core.documents.inventory import Host, Inventory, inventory_from
 from engine_ctl.core.documents.loader import load_documents
@@ -26,6 +25,7 @@ from engine_ctl.core.fit.runspec import FitPlan
 from engine_ctl.core.model import Deployment, DesiredState, Model
 from engine_ctl.core.plan.pipeline import render_deployment
 from engine_ctl.core.plan.planner import Plan, make_plan
+from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord, State
 from engine_ctl.core.sizes import GIB, gb_down, gb_up, gib_down, gib_up
 from tests.fleetfacts import a100x4, cpu_host, gpu_host, h100x8, mi210x2, mi300x2, recording
 from tests.helpers import load, messages

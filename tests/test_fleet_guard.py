@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.state.model import DeploymentRecord, OperatorAction, ReplicaRecord, State
 
 from engine_ctl.core.documents.apikey import key_sha256
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.fit.runspec import Placement
 from engine_ctl.core.model import ApiKey
 from engine_ctl.core.plan.scaler import ScalerPlan, scaler_deployments
+from engine_ctl.core.record.model import DeploymentRecord, OperatorAction, ReplicaRecord, State
 from engine_ctl.core.render.gateway import (
     GATEWAY_UNIT,
     REPLICA_KEY,
@@ -40,11 +40,11 @@ from engine_ctl.core.render.gateway import (
 from engine_ctl.core.render.guard import guard_name
 from engine_ctl.core.render.scaler import COMMAND_PATH, SCALER_UNIT, ssh_target
 from engine_ctl.core.render.units import render_unit, replica_run
-from engine_ctl.shell import gateway as gateway_shell
 from engine_ctl.shell.apply import remove_argv, start_argv
-from engine_ctl.shell.operator import job_argv, sleep_job
+from engine_ctl.shell.gateway import runtime as gateway_shell
+from engine_ctl.shell.lifecycle.hosts import job_argv, sleep_job
 from engine_ctl.shell.remote.scaler import Scaler
-from engine_ctl.shell.scaler_apply import (
+from engine_ctl.shell.scaler.apply import (
     AUTHORIZE,
     KEY_COMMENT,
     ScalerApply,

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import openai
 import pytest
-from engine_ctl.state import State
 
 from engine_ctl.core.documents.apikey import key_sha256
 from engine_ctl.core.documents.inventory import load_inventory
 from engine_ctl.core.plan.scaler import scaler_deployments
+from engine_ctl.core.record.model import State
 from engine_ctl.core.render.scaler import SCALER_KEY, SCALER_STATE, SCALER_UNIT
 from tests.fleet import Fleet, FleetHost
 

@@ -27,8 +27,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from engine_ctl.state import PostgresState, State
+from engine_ctl.state import PostgresState
 
+from engine_ctl.core.record.model import State
 from engine_ctl.core.render.scaler import SCALER_STATE, SCALER_UNIT
 from engine_ctl.core.render.scalerlock import PASSWORD_FILE, advisory_key
 from engine_ctl.shell.remote.scaler import key_parts

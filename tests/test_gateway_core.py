@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-from engine_ctl.state.model import DeploymentRecord, GatewayRecord, ReplicaRecord, State
-
-from engine_ctl.cli.planview import plan_text
+from engine_ctl.cli.views.plan import plan_text
 from engine_ctl.core.documents.apikey import key_document, key_sha256, parse_expiry
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.documents.loader import load_documents
@@ -16,6 +14,7 @@ from engine_ctl.core.model import ApiKey
 from engine_ctl.core.plan.gateway import gateway_after_apply, gateway_tampering, plan_gateways
 from engine_ctl.core.plan.planner import make_plan
 from engine_ctl.core.plan.status import deployment_status
+from engine_ctl.core.record.model import DeploymentRecord, GatewayRecord, ReplicaRecord, State
 from engine_ctl.core.render.gateway import (
     BODY_LIMIT,
     BUFSIZE,

@@ -22,7 +22,7 @@ from engine_ctl.core.documents.apikey import key_sha256
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.model import ApiKey
 from engine_ctl.core.render.gateway import GatewayBackend, GatewayServer, render_gateway
-from engine_ctl.shell.gateway import server_states
+from engine_ctl.shell.gateway.runtime import server_states
 from engine_ctl.shell.transport import LocalTransport
 from tests.llama import llama_server_dir, tiny_model
 from tests.tools.make_tiny_decision_model import tiny_decision_model

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.state.model import State
 
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.plan.pipeline import render_deployment
+from engine_ctl.core.record.model import State
 from engine_ctl.core.render.gateway import internal_key_path, replica_key_files
 from tests.fleetfacts import cpu_host, h100x8
 from tests.helpers import load, messages

@@ -29,7 +29,7 @@ from engine_ctl.core.render.gateway import (
     parse_gateway_key,
     render_gateway,
 )
-from engine_ctl.shell.gateway import internal_key_commands, runtime
+from engine_ctl.shell.gateway.runtime import internal_key_commands, runtime
 from engine_ctl.shell.transport import LocalTransport
 from tests.test_gateway_loopback import Replica, free_port
 

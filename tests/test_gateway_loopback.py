@@ -24,7 +24,7 @@ from engine_ctl.core.documents.apikey import key_sha256
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.model import ApiKey
 from engine_ctl.core.render.gateway import BODY_LIMIT, GatewayBackend, GatewayServer, render_gateway
-from engine_ctl.shell.gateway import server_states, set_maps, set_state
+from engine_ctl.shell.gateway.runtime import server_states, set_maps, set_state
 from engine_ctl.shell.transport import LocalTransport
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"

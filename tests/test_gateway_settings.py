@@ -7,12 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from engine_ctl.state.model import State
 
 from engine_ctl.core.diagnostics import InputError
 from engine_ctl.core.documents.inventory import DEFAULT_HOLD_CAP, DEFAULT_HOLD_S, Inventory, load_inventory
 from engine_ctl.core.plan.gateway import gateway_after_apply, gateway_tampering
 from engine_ctl.core.plan.planner import make_plan
+from engine_ctl.core.record.model import State
 from tests.helpers import run, write
 from tests.test_gateway_core import SHAPE, applied, desired, world
 

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 
-from engine_ctl.cli import planview
+from engine_ctl.cli.views import plan as planview
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.fit.hostfacts import UnitFact
 from engine_ctl.core.model import DesiredState
@@ -31,10 +30,11 @@ from engine_ctl.core.plan.changes import Action, ReplicaChange
 from engine_ctl.core.plan.drift import guard_drift, unmanaged_units
 from engine_ctl.core.plan.operator import sleep_controls_warning
 from engine_ctl.core.plan.pipeline import DeploymentRender, render_deployment
+from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord, State
 from engine_ctl.core.render.guard import GUARD_LINE, guard_config, guard_name, guard_note, guard_text
 from engine_ctl.core.render.units import RenderedUnit
 from engine_ctl.shell.apply import guard_upload, remove_argv
-from engine_ctl.shell.operator import sleep_job, wake_job
+from engine_ctl.shell.lifecycle.hosts import sleep_job, wake_job
 from engine_ctl.shell.remote import scaler_command
 from tests.fleetfacts import cpu_host, h100x8
 from tests.helpers import load, messages

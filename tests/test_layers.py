@@ -16,14 +16,14 @@ IO_LIBRARIES = ("paramiko", "fabric", "invoke", "psycopg", "click", "rich")
 
 
 def _core_modules() -> list[str]:
-    """Every module under engine_ctl/core/ (the folder says it is the core), the providers and the state's model."""
+    """Every module under engine_ctl/core/ (the recorded state included), the providers, and the backends package."""
     names = []
     for path in sorted((ROOT / "engine_ctl" / "core").rglob("*.py")):
         parts = path.relative_to(ROOT).with_suffix("").parts
         names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     names += [f"engine_ctl.providers.{p.stem}" for p in sorted((ROOT / "providers").glob("*.py"))
               if p.stem != "__init__"]  # fmt: skip
-    return [*names, "engine_ctl.state.model", "engine_ctl.state"]
+    return [*names, "engine_ctl.state"]
 
 
 def test_the_core_imports_no_shell_module_and_no_io_library() -> None:

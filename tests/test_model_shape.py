@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine_ctl.state.model import State
-
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.fit.fitting import FitUnknown, fit, model_shape, shape_disagreement
 from engine_ctl.core.fit.hostfacts import parse_nvidia_smi
@@ -22,6 +20,7 @@ from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.fit.runspec import FitPlan
 from engine_ctl.core.model import Architecture, Deployment, Model
 from engine_ctl.core.plan.planner import make_plan
+from engine_ctl.core.record.model import State
 from tests.fleetfacts import cpu_host, gpu_host, h100x8
 from tests.helpers import load, messages, run
 

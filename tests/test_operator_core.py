@@ -7,14 +7,14 @@ from __future__ import annotations
 import json
 
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.state.model import OperatorAction, State, parse_state
 
-from engine_ctl.cli.planview import plan_markdown, plan_text
+from engine_ctl.cli.views.plan import plan_markdown, plan_text
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.plan.gateway import stopped_map
 from engine_ctl.core.plan.operator import park_refusal, parking_phase, stop_phase
 from engine_ctl.core.plan.planner import make_plan
+from engine_ctl.core.record.model import OperatorAction, State, parse_state
 from engine_ctl.core.render.gateway import GatewayBackend, render_gateway
 from tests.fleetfacts import h100x8
 from tests.test_plan_core import SHAPE, applied, desired, plan_for, world

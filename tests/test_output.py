@@ -12,14 +12,13 @@ from pathlib import Path
 
 import click
 import pytest
-from engine_ctl.state.model import State
 from rich.console import Console
 
 from engine_ctl.cli.main import COMMANDS, cli, load_command
 from engine_ctl.cli.plan_cmd import for_destroy, outcome_line, show_plan
-from engine_ctl.cli.planview import plan_json, plan_markdown, plan_text, render_plan
 from engine_ctl.cli.render_cmd import print_render
 from engine_ctl.cli.status_cmd import deployment_table, instance_table, list_table, units_line
+from engine_ctl.cli.views.plan import plan_json, plan_markdown, plan_text, render_plan
 from engine_ctl.core.diagnostics import Diagnostic, Location, by_place
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts
@@ -27,6 +26,7 @@ from engine_ctl.core.plan.pipeline import render_deployment
 from engine_ctl.core.plan.planner import Plan, make_plan
 from engine_ctl.core.plan.status import DeploymentStatus, InstanceStatus
 from engine_ctl.core.plan.unitdiff import hide_secrets
+from engine_ctl.core.record.model import State
 from engine_ctl.core.sizes import human_bytes
 from engine_ctl.shell.gather import facts_from_probe
 from tests.fleetfacts import cpu_host, h100x8

@@ -8,10 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from engine_ctl.state.edit import StateEditError, forget, rename
-from engine_ctl.state.model import State, parse_state
 
-from engine_ctl.cli.planview import plan_markdown, plan_text
+from engine_ctl.cli.views.plan import plan_markdown, plan_text
 from engine_ctl.core.documents.rules import resolve_engine
 from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
 from engine_ctl.core.fit.runspec import FitPlan
@@ -20,6 +18,8 @@ from engine_ctl.core.model import Deployment, Model
 from engine_ctl.core.plan.adoption import AdoptionError, adopt
 from engine_ctl.core.plan.planner import Plan, make_plan, render_replica
 from engine_ctl.core.plan.savedplan import tampering
+from engine_ctl.core.record.edit import StateEditError, forget, rename
+from engine_ctl.core.record.model import State, parse_state
 from engine_ctl.shell.remote.facts_probe import unit_file
 from tests.fleetfacts import cpu_host, h100x8
 from tests.test_plan_core import SHAPE, applied, desired, plan_for, world

@@ -9,8 +9,9 @@ give it:
 - vllm/entrypoints/openai/api_server.py: those dev-mode routes, and the Prometheus gauge
   `vllm:num_requests_running{model_name=...}` at GET /metrics (the provider's in-flight metric).
 
-The park job (engine_ctl.shell.operator.HOST_JOB, the script a park runs on the replica's host) runs in place here
-through the real LocalTransport: it must drain first (a request in flight finishes before /sleep), then sleep and
+The park job (engine_ctl.shell.lifecycle.hosts.HOST_JOB, the script a park runs on the replica's host) runs in
+place here through the real LocalTransport: it must drain first (a request in flight finishes before /sleep), then
+sleep and
 see it asleep; a wake must wake it and see it awake, in vLLM's order for each level."""
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from collections.abc import Iterator
 
 import pytest
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.state.model import ReplicaRecord
 
 from engine_ctl.core.documents.inventory import Host
-from engine_ctl.shell.operator import job_argv, sleep_job, wake_job
+from engine_ctl.core.record.model import ReplicaRecord
+from engine_ctl.shell.lifecycle.hosts import job_argv, sleep_job, wake_job
 from engine_ctl.shell.transport import LocalTransport
 from tests.vllm_double import VllmDouble
 

@@ -10,7 +10,6 @@ import json
 
 import pytest
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.state.model import OperatorAction, State
 
 from engine_ctl.cli.lifecycle_cmd import waiting_line
 from engine_ctl.core.documents.inventory import Host
@@ -18,6 +17,7 @@ from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.plan.planner import make_plan
 from engine_ctl.core.plan.scaler import scaler_deployments
 from engine_ctl.core.plan.wake import WOKEN_OPERATION, Woken, wake_steps, woken_at
+from engine_ctl.core.record.model import OperatorAction, State
 from engine_ctl.core.render.scaler import render_config
 from tests.test_operator_core import ULID, held, running
 from tests.test_plan_core import SHAPE, desired, world

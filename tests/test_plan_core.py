@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_ctl.cli.planview import plan_text
+from engine_ctl.cli.views.plan import plan_text
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.documents.loader import load_documents
 from engine_ctl.core.documents.yamlsource import parse_text
 from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact, parse_nvidia_smi
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.plan.planner import Plan, ReplicaChange, make_plan
+from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord, State
 from tests.fleetfacts import gpu_host, h100x8, recording
 
 MODEL = "kind: Model\nmetadata: {name: m}\nspec: {format: gguf, path: m/m.gguf, context_length: 32768}\n"
@@ -180,7 +180,7 @@ def test_a_gpu_another_process_holds_is_drift() -> None:
 
 
 def test_markdown_for_a_pull_request_marks_lines_for_diff_colouring() -> None:
-    from engine_ctl.cli.planview import plan_markdown
+    from engine_ctl.cli.views.plan import plan_markdown
 
     text = plan_markdown(plan_for("gpus: 1", State(), h100x8()))
     assert text.startswith(

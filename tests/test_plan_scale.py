@@ -9,7 +9,6 @@ import hashlib
 import json
 
 import pytest
-from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 
 from engine_ctl.core.collector import collector_held
 from engine_ctl.core.fit.hostfacts import HostFacts, parse_nvidia_smi
@@ -17,6 +16,7 @@ from engine_ctl.core.fit.placement import HostRanking
 from engine_ctl.core.plan.deployment import capped_to, whole_host
 from engine_ctl.core.plan.diff import spec_digest
 from engine_ctl.core.plan.world import Allocation, Hosts
+from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord, State
 from engine_ctl.core.render.systemd_escape import env_assignment, exec_line, exec_word
 from tests.fleetfacts import cpu_host, gpu_host, h100x8, recording
 from tests.test_plan_core import desired, plan_for, world

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State, parse_state
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,6 +31,7 @@ from engine_ctl.core.plan.diff import changed_fields, spec_digest
 from engine_ctl.core.plan.drift import replica_drift, unmanaged_units
 from engine_ctl.core.plan.savedplan import decode_plan
 from engine_ctl.core.plan.world import Allocation, Hosts
+from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord, State, parse_state
 from tests.fleetfacts import cpu_host, h100x8
 from tests.test_plan_core import SHAPE, applied, plan_for
 

@@ -10,9 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from engine_ctl.state import LocalState, State, StateError, open_backend
-from engine_ctl.state.model import DeploymentRecord, RequestRecord, StartupRecord, parse_state
-from engine_ctl.state.requests import begin, done_steps, finish, step_done
+from engine_ctl.state import LocalState, open_backend
 from rich.console import Console
 
 from engine_ctl.cli.status_cmd import deployment_table, detail_lines, instance_table, list_table
@@ -28,6 +26,8 @@ from engine_ctl.core.plan.status import (
     startup_status,
     startup_text,
 )
+from engine_ctl.core.record.model import DeploymentRecord, RequestRecord, StartupRecord, State, StateError, parse_state
+from engine_ctl.core.record.requests import begin, done_steps, finish, step_done
 from tests.helpers import run
 
 ULID_A = "01M8XRSY1C7M33AF3FG4A78MHS"
@@ -380,9 +380,8 @@ def test_apply_skips_a_step_its_request_recorded_as_done_without_touching_a_host
 
 
 def test_a_verb_cut_off_by_ctrl_c_is_recorded_unfinished_and_its_request_id_runs_it_again(tmp_path: Path) -> None:
-    from engine_ctl.state.model import OperatorAction
-
     from engine_ctl.cli.requests import _run_then_record
+    from engine_ctl.core.record.model import OperatorAction
 
     state_file = tmp_path / "engine-ctl.state.json"
     state = State()

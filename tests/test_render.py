@@ -9,12 +9,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from engine_ctl.state.model import State
 
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.plan.pipeline import DeploymentRender, render_deployment
+from engine_ctl.core.record.model import State
 from tests.fleetfacts import cpu_host, h100x8, mi300x2
 from tests.helpers import load, messages
 from tests.llama import llama_server_dir

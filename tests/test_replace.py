@@ -4,9 +4,8 @@ is applied the next plan is empty; other deployments are untouched."""
 
 from __future__ import annotations
 
-from engine_ctl.state.model import State
-
 from engine_ctl.core.plan.planner import make_plan
+from engine_ctl.core.record.model import State
 from tests.fleetfacts import h100x8
 from tests.test_plan_core import SHAPE, applied, desired, plan_for, world
 

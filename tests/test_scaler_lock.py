@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 
-from engine_ctl.cli.planview import _scaler_lines
+from engine_ctl.cli.views.plan import _scaler_lines
 from engine_ctl.core.diagnostics import InputError
 from engine_ctl.core.documents.inventory import Host, Inventory, load_inventory
 from engine_ctl.core.plan.changes import Plan
@@ -25,7 +25,7 @@ from engine_ctl.core.plan.scaler import ScalerPlan, lock_refusals, lock_tamperin
 from engine_ctl.core.render.scaler import ScalerDeployment, ScalerSlot, render_scaler
 from engine_ctl.core.render.scalerlock import PASSWORD_FILE, ScalerLock, advisory_key, scaler_lock
 from engine_ctl.shell.remote import scaler
-from engine_ctl.shell.scaler_lock import LockFailure, prepare_lock
+from engine_ctl.shell.scaler.lock import LockFailure, prepare_lock
 from engine_ctl.shell.transport import LocalTransport
 
 DSN = os.environ.get("ENGINE_CTL_TEST_PG", "postgresql:///engine_ctl_test")

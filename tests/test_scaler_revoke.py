@@ -11,7 +11,7 @@ from pathlib import Path
 
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.render.scaler import KEY_COMMENT
-from engine_ctl.shell.scaler_apply import REVOKE, authorized_line, known_hosts_line, reached_names
+from engine_ctl.shell.scaler.apply import REVOKE, authorized_line, known_hosts_line, reached_names
 
 A = Host(name="node-a", address="198.18.0.11")
 B = Host(name="node-b", address="198.18.0.12", port=2222)

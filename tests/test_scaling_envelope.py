@@ -6,9 +6,7 @@ is in maintenance unless it runs."""
 
 from __future__ import annotations
 
-from engine_ctl.state.model import GatewayRecord, ReplicaRecord, State
-
-from engine_ctl.cli.planview import plan_text
+from engine_ctl.cli.views.plan import plan_text
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.documents.loader import load_documents
 from engine_ctl.core.documents.yamlsource import parse_text
@@ -18,6 +16,7 @@ from engine_ctl.core.plan.envelope import gpu_list
 from engine_ctl.core.plan.gateway import blind, gateway_after_apply, gateway_tampering
 from engine_ctl.core.plan.planner import make_plan
 from engine_ctl.core.plan.status import deployment_status, recorded_verdict
+from engine_ctl.core.record.model import GatewayRecord, ReplicaRecord, State
 from engine_ctl.core.render.gateway import GATEWAY_UNIT
 from tests.fleetfacts import cpu_host, h100x8
 from tests.test_plan_core import SHAPE, applied
@@ -294,7 +293,7 @@ def test_min_zero_with_nothing_running_is_scaled_to_zero_and_idle_on_demand_unit
 
 
 def test_the_pull_request_markdown_shows_the_envelope_of_a_changed_deployment() -> None:
-    from engine_ctl.cli.planview import plan_markdown
+    from engine_ctl.cli.views.plan import plan_markdown
 
     _, facts = world(h100x8())
     md = plan_markdown(plan(State(), facts, chat="gpus: 2, replicas: {min: 1, max: 2}"))

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from engine_ctl.state import LocalState, LockHeld, State, StateError
-from engine_ctl.state.model import DeploymentRecord
+from engine_ctl.state import LocalState, LockHeld
 
+from engine_ctl.core.record.model import DeploymentRecord, State, StateError
 from tests.helpers import run
 
 

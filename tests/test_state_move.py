@@ -14,9 +14,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from engine_ctl.state import LocalState, PostgresState, State, open_backend
-from engine_ctl.state.model import DeploymentRecord
+from engine_ctl.state import LocalState, PostgresState, open_backend
 
+from engine_ctl.core.record.model import DeploymentRecord, State
 from tests.helpers import run
 
 DSN = os.environ.get("ENGINE_CTL_TEST_PG", "postgresql:///engine_ctl_test")

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from engine_ctl.state import LockHeld, PostgresState, State, StateError, open_backend
+from engine_ctl.state import LockHeld, PostgresState, open_backend
 from engine_ctl.state.base import boot_id, process_start
-from engine_ctl.state.model import DeploymentRecord
 from engine_ctl.state.postgres import advisory_key
 
+from engine_ctl.core.record.model import DeploymentRecord, State, StateError
 from tests.helpers import run
 
 DSN = os.environ.get("ENGINE_CTL_TEST_PG", "postgresql:///engine_ctl_test")

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_ctl.state import LocalState, LockHeld, PostgresState, State, StateError, open_backend
+from engine_ctl.state import LocalState, LockHeld, PostgresState, open_backend
 from engine_ctl.state.base import boot_id, process_alive, process_start
-from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, field_path
 
 from engine_ctl.core.names import UnitName, parse_unit_name, unit_name
+from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord, State, StateError, field_path
 from tests.helpers import run
 
 ROOT = Path(__file__).resolve().parents[1]

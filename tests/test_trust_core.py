@@ -9,13 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine_ctl.state.model import State
-
-from engine_ctl.cli.planview import argv_groups, plan_text
+from engine_ctl.cli.views.plan import argv_groups, plan_text
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.plan.planner import Plan, make_plan
 from engine_ctl.core.plan.savedplan import decode_plan, stale_reasons, state_for_plan, tampering
 from engine_ctl.core.plan.status import verdict
+from engine_ctl.core.record.model import State
 from engine_ctl.shell.apply import failure_reason
 from tests.fleetfacts import cpu_host, gpu_host, h100x8
 from tests.test_plan_core import SHAPE, applied, desired, plan_for, world
@@ -254,7 +253,8 @@ def test_a_connection_cut_during_authentication_is_the_network_not_the_key() -> 
 def test_one_bad_document_never_blocks_the_others_plan_and_nothing_is_destroyed_for_it(tmp_path: Path) -> None:
     """The real CLI in a subprocess, on this machine (transport: local)."""
     from engine_ctl.state.local import LocalState
-    from engine_ctl.state.model import DeploymentRecord
+
+    from engine_ctl.core.record.model import DeploymentRecord
 
     (tmp_path / "hosts.yaml").write_text("hosts:\n  - {name: localhost, transport: local}\n")
     model = ("kind: Model\nmetadata: {name: m}\nspec: {format: gguf, path: /srv/m.gguf, context_length: 2048, "

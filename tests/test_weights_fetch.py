@@ -16,11 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 
 from engine_ctl.core.documents.inventory import Downloads, Host, Inventory
 from engine_ctl.core.model import HfRef, Model
 from engine_ctl.core.plan.fetching import weights_drift
+from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord, State
 from engine_ctl.core.weights import WeightsFetch, checkout_dir, checkpoint_digest
 from engine_ctl.shell.fetch import BOOTSTRAP, PYTHON, FetchFailed, FetchProgress, fetch_input, fetch_weights
 from engine_ctl.shell.gather import gather_one

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from engine_ctl.cli.environments import VARIABLE, beside, current_env, env_of_inventory, env_option, inventory_names
-from engine_ctl.cli.output import console
+from engine_ctl.cli.views.output import console
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location, by_place
 from engine_ctl.core.documents.inventory import Inventory, load_inventory
 from engine_ctl.core.documents.loader import LoadResult, load_paths

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from engine_ctl.cli.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
-from engine_ctl.cli.output import console, emit_json
+from engine_ctl.cli.views.output import console, emit_json
 from engine_ctl.core.sizes import gib
 from engine_ctl.shell.transport import connect_ahead
 

@@ -20,15 +20,16 @@ from engine_ctl.cli.common import (
     ssh_options,
     ssh_settings,
 )
-from engine_ctl.cli.output import console, emit_json
 from engine_ctl.cli.plan_cmd import backend_for, lock_timeout_option, locked, read_state, state_option
 from engine_ctl.cli.requests import recorded_command
 from engine_ctl.cli.state_cmd import log_operation
 from engine_ctl.cli.state_move import backup_of
+from engine_ctl.cli.views.output import console, emit_json
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.plan.adoption import Adoption, AdoptionError, adopt
+from engine_ctl.core.record.model import HostRecord, State, StateError
 from engine_ctl.shell.world import gather_world
-from engine_ctl.state import HostRecord, State, StateBackend, StateError
+from engine_ctl.state import StateBackend
 
 FORMAT_VERSION = 1
 

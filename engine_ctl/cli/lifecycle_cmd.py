@@ -1,4 +1,4 @@
-"""`engine-ctl stop|start|park|delete deployment NAME`: the operator verbs (engine_ctl.shell.lifecycle)."""
+"""`engine-ctl stop|start|park|delete deployment NAME`: the operator verbs (engine_ctl.shell.lifecycle.verbs)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from engine_ctl.cli.common import find_inventory, inventory_option, ssh_options,
 from engine_ctl.cli.plan_cmd import backend_for, lock_timeout_option, state_option
 from engine_ctl.cli.requests import recorded_verb
 from engine_ctl.core.plan.operator import STOP_WAIT_S
-from engine_ctl.shell.lifecycle import Outcome, Refused, Verbs
-from engine_ctl.shell.operator import OperatorFailure
+from engine_ctl.core.record.model import StateError
+from engine_ctl.shell.lifecycle.hosts import OperatorFailure
+from engine_ctl.shell.lifecycle.verbs import Outcome, Refused, Verbs
 from engine_ctl.shell.transport import HostFailure
-from engine_ctl.state import StateError
 
 
 def say(line: str = "") -> None:

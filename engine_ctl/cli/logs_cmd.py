@@ -23,8 +23,8 @@ from engine_ctl.cli.plan_cmd import backend_for, read_state, state_option
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.documents.loader import load_paths
+from engine_ctl.core.record.model import ReplicaRecord
 from engine_ctl.shell.transport import HostFailure, SSHOptions, Transport, fan_out, transport_for
-from engine_ctl.state import ReplicaRecord
 
 DEFAULT_LINES = 100
 FIELDS = "MESSAGE,_SYSTEMD_UNIT,UNIT,SYSLOG_IDENTIFIER"

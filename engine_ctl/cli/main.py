@@ -104,7 +104,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def print_diagnostics(diagnostics: list[Diagnostic]) -> None:
-    from engine_ctl.cli.output import console
+    from engine_ctl.cli.views.output import console
 
     err = console(stderr=True)
     for d in by_place(diagnostics):

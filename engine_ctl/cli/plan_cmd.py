@@ -26,8 +26,6 @@ from engine_ctl.cli.common import (
     ssh_settings,
 )
 from engine_ctl.cli.environments import current_env, env_option, inventory_names, state_file_name, state_for_env
-from engine_ctl.cli.output import console, emit_json
-from engine_ctl.cli.planview import RICH_STYLES, plan_json, plan_markdown, render_plan
 from engine_ctl.cli.requests import (
     announce,
     recorded,
@@ -36,6 +34,8 @@ from engine_ctl.cli.requests import (
     request_identity,
     request_option,
 )
+from engine_ctl.cli.views.output import console, emit_json
+from engine_ctl.cli.views.plan import RICH_STYLES, plan_json, plan_markdown, render_plan
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Inventory, load_inventory
 from engine_ctl.core.model import DesiredState
@@ -47,6 +47,9 @@ from engine_ctl.core.plan.revisions import mismatches as revision_mismatches
 from engine_ctl.core.plan.revisions import parse_checks as parse_revision_checks
 from engine_ctl.core.plan.savedplan import PlanFileError, decode_plan, stale_reasons, state_for_plan, tampering
 from engine_ctl.core.plan.scaler import lock_tampering
+from engine_ctl.core.record.model import HostRecord, Operation, State, StateError
+from engine_ctl.core.record.requests import begin as begin_request
+from engine_ctl.core.record.requests import finish as finish_request
 from engine_ctl.core.weights import Checkout
 from engine_ctl.shell.apply import ApplyEvent, Executor, Recorder, utc_now
 from engine_ctl.shell.fetch import HubAccess
@@ -54,10 +57,8 @@ from engine_ctl.shell.gather import gather
 from engine_ctl.shell.pinning import Pinner, unresolved
 from engine_ctl.shell.transport import Ahead, HostFailure, Kept, SSHOptions, connect_ahead
 from engine_ctl.shell.world import plan_world
-from engine_ctl.state import HostRecord, LocalState, Operation, State, StateBackend, StateError, open_backend
+from engine_ctl.state import LocalState, StateBackend, open_backend
 from engine_ctl.state.local import DEFAULT_NAME, now, who
-from engine_ctl.state.requests import begin as begin_request
-from engine_ctl.state.requests import finish as finish_request
 
 
 def state_option(f: Any) -> Any:
@@ -387,7 +388,7 @@ def execute(
             # progress bar per file); otherwise plain lines only.
             bars = None
             if out.is_terminal and any(c.fetches for c in plan.changes):
-                from engine_ctl.cli.fetchview import FetchBars  # rich.progress: loaded only to show weights coming in
+                from engine_ctl.cli.views.fetch import FetchBars  # rich.progress: loaded only to show weights coming in
 
                 bars = FetchBars(out)
             hub = HubAccess.from_environment(inventory.downloads, bars.update if bars else None)

@@ -15,9 +15,9 @@ from engine_ctl.cli.common import (
     ssh_options,
     ssh_settings,
 )
-from engine_ctl.cli.output import console, emit_json
 from engine_ctl.cli.plan_cmd import backend_for, read_state, state_option
-from engine_ctl.cli.planview import context_meaning, memory_value
+from engine_ctl.cli.views.output import console, emit_json
+from engine_ctl.cli.views.plan import context_meaning, memory_value
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Inventory
 from engine_ctl.core.plan.pipeline import DeploymentRender, render_deployment

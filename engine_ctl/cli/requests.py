@@ -14,12 +14,12 @@ from typing import Any
 import click
 from ulid import ULID
 
-from engine_ctl.cli.output import console
+from engine_ctl.cli.views.output import console
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
+from engine_ctl.core.record.model import REQUESTS_KEPT, RequestRecord, State, StateError
+from engine_ctl.core.record.model import ULID as ULID_FORM
+from engine_ctl.core.record.requests import begin, finish
 from engine_ctl.state.base import StateBackend, now, who
-from engine_ctl.state.model import REQUESTS_KEPT, RequestRecord, State, StateError
-from engine_ctl.state.model import ULID as ULID_FORM
-from engine_ctl.state.requests import begin, finish
 
 
 def request_option(f: Any) -> Any:

@@ -20,7 +20,6 @@ from pathlib import Path
 import click
 
 from engine_ctl.cli.common import load_checked, resolve_inventory, ssh_settings
-from engine_ctl.cli.output import console
 from engine_ctl.cli.plan_cmd import (
     JsonEvents,
     Request,
@@ -31,13 +30,14 @@ from engine_ctl.cli.plan_cmd import (
     writing_options,
 )
 from engine_ctl.cli.requests import announce, request_identity
+from engine_ctl.cli.views.output import console
 from engine_ctl.core.documents.inventory import Host, Inventory
+from engine_ctl.core.record.model import State
 from engine_ctl.core.render.gateway import replica_key_files
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.shell import gateway as remote
+from engine_ctl.shell.gateway import runtime as remote
 from engine_ctl.shell.pinning import unresolved
 from engine_ctl.shell.transport import HostFailure, SSHOptions, transport_for
-from engine_ctl.state import State
 
 
 def single_key_deployments(state: State) -> list[str]:

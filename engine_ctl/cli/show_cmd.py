@@ -12,12 +12,12 @@ from pathlib import Path
 
 import click
 
-from engine_ctl.cli.output import console, emit_json
-from engine_ctl.cli.planview import RICH_STYLES, plan_json, plan_markdown, render_plan
+from engine_ctl.cli.views.output import console, emit_json
+from engine_ctl.cli.views.plan import RICH_STYLES, plan_json, plan_markdown, render_plan
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.loader import classify
 from engine_ctl.core.documents.yamlsource import parse_text
-from engine_ctl.core.plan.planner import Plan
+from engine_ctl.core.plan.changes import Plan
 from engine_ctl.core.plan.savedplan import PlanFileError, decode_plan
 
 MAX_PLAN_BYTES = 256 * 1024 * 1024

@@ -13,14 +13,15 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from engine_ctl.cli.output import console, emit_json
 from engine_ctl.cli.plan_cmd import backend_for, lock_timeout_option, locked, read_state, state_option
 from engine_ctl.cli.requests import recorded_command, with_request
 from engine_ctl.cli.state_move import backup_of
+from engine_ctl.cli.views.output import console, emit_json
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
-from engine_ctl.state import Operation, State, StateBackend, StateError
+from engine_ctl.core.record.edit import StateEditError, forget, rename
+from engine_ctl.core.record.model import Operation, State, StateError
+from engine_ctl.state import StateBackend
 from engine_ctl.state.base import now, who
-from engine_ctl.state.edit import StateEditError, forget, rename
 
 FORMAT_VERSION = 1
 OPERATIONS_KEPT = 200

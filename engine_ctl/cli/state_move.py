@@ -13,10 +13,11 @@ from pathlib import Path
 
 import click
 
-from engine_ctl.cli.output import console
 from engine_ctl.cli.plan_cmd import backend_for, lock_timeout_option, locked, read_state, state_option
+from engine_ctl.cli.views.output import console
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
-from engine_ctl.state import LocalState, PostgresState, State, StateBackend, StateError, open_backend
+from engine_ctl.core.record.model import State, StateError
+from engine_ctl.state import LocalState, PostgresState, StateBackend, open_backend
 
 FORCE_HELP = "Overwrite even a different lineage, a newer serial, or the same serial with other contents."
 

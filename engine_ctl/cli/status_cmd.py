@@ -12,8 +12,8 @@ from rich.table import Table
 
 from engine_ctl.cli import state_cmd, state_move
 from engine_ctl.cli.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
-from engine_ctl.cli.output import console, emit_json
 from engine_ctl.cli.plan_cmd import backend_for, read_state, state_option
+from engine_ctl.cli.views.output import console, emit_json
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.loader import load_paths
 from engine_ctl.core.fit.hostfacts import HostFacts
@@ -28,11 +28,11 @@ from engine_ctl.core.plan.status import (
     startup_text,
 )
 from engine_ctl.core.plan.wake import WOKEN_OPERATION, woken_at, woken_status
+from engine_ctl.core.record.model import DeploymentRecord, State, StateError
 from engine_ctl.core.render.gateway import endpoint_of
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.gather import gather
 from engine_ctl.shell.transport import HostFailure, SSHOptions
-from engine_ctl.state import DeploymentRecord, State, StateError
 
 FORMAT_VERSION = 1
 
@@ -279,8 +279,8 @@ def _asleep(
               and r.name not in woken}  # fmt: skip
     if not asleep:
         return statuses
-    from engine_ctl.shell.lifecycle import Verbs
-    from engine_ctl.shell.operator import OperatorFailure
+    from engine_ctl.shell.lifecycle.hosts import OperatorFailure
+    from engine_ctl.shell.lifecycle.verbs import Verbs
 
     loaded = load_paths(list(paths)) if paths else None
     verbs = Verbs(backend=None, inventory=resolve_inventory(inventory_path, loaded), options=options)  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ import click
 
 from engine_ctl.cli.common import find_inventory, no_documents
 from engine_ctl.cli.environments import current_env, env_of_inventory, env_option
-from engine_ctl.cli.output import emit_json, printer
+from engine_ctl.cli.views.output import emit_json, printer
 from engine_ctl.core.diagnostics import Diagnostic, InputError, by_place
 from engine_ctl.core.documents.inventory import load_inventory
 from engine_ctl.core.documents.loader import OWN_KINDS, load_paths

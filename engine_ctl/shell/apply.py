@@ -19,16 +19,18 @@ from engine_ctl.core.names import UNIT_FORM, parse_unit_name
 from engine_ctl.core.plan.changes import CREATE, DELETE, SURGE, UPDATE, DeploymentChange, Plan, ReplicaChange
 from engine_ctl.core.plan.decisions import internal_key_file
 from engine_ctl.core.plan.status import recorded_verdict, size_text
+from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord, StartupRecord, State
+from engine_ctl.core.record.requests import done_steps, step_done
 from engine_ctl.core.render.guard import GUARD_LINE, guard_name
 from engine_ctl.core.render.units import bind_address, local_address
 from engine_ctl.core.weights import WeightsFetch, human, waiting_reason
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.decisions import prove_ready
 from engine_ctl.shell.fetch import FetchFailed, FetchProgress, HubAccess, fetch_weights
-from engine_ctl.shell.gateway import GatewayFailure
-from engine_ctl.shell.gateway_apply import GatewayApply
-from engine_ctl.shell.scaler_apply import ScalerApply, ScalerFailure
-from engine_ctl.shell.scaler_lock import operator_dsn
+from engine_ctl.shell.gateway.apply import GatewayApply
+from engine_ctl.shell.gateway.runtime import GatewayFailure
+from engine_ctl.shell.scaler.apply import ScalerApply, ScalerFailure
+from engine_ctl.shell.scaler.lock import operator_dsn
 from engine_ctl.shell.transport import (
     CommandResult,
     HostFailure,
@@ -37,8 +39,6 @@ from engine_ctl.shell.transport import (
     transport_for,
 )
 from engine_ctl.state.base import StateBackend
-from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, StartupRecord, State
-from engine_ctl.state.requests import done_steps, step_done
 
 UNIT_DIR = "/etc/systemd/system"
 Progress = Callable[[str], None]

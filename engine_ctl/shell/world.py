@@ -15,13 +15,13 @@ from engine_ctl.core.plan.changes import Plan, PlanContext
 from engine_ctl.core.plan.engines import with_engines
 from engine_ctl.core.plan.fetching import plan_fetches
 from engine_ctl.core.plan.planner import make_plan
+from engine_ctl.core.record.model import State
 from engine_ctl.core.render.scalerlock import scaler_lock
 from engine_ctl.core.render.units import model_path_on_host
 from engine_ctl.core.weights import Checkout
 from engine_ctl.shell.gather import gather
 from engine_ctl.shell.transport import Ahead, HostFailure, Kept, SSHOptions
 from engine_ctl.state.base import now
-from engine_ctl.state.model import State
 
 
 def model_paths(desired: DesiredState, inventory: Inventory) -> dict[str, list[str]]:

@@ -30,8 +30,8 @@ from engine_ctl.core.plan.diff import spec_digest
 from engine_ctl.core.plan.planner import make_plan, render_replica
 from engine_ctl.core.plan.status import recorded_verdict
 from engine_ctl.core.plan.world import recorded_placement
+from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord, State
 from engine_ctl.core.render.guard import guarded_by
-from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 
 
 class AdoptionError(Exception):

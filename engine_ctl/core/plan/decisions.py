@@ -11,10 +11,10 @@ from engine_ctl.core.decisions import READINESS_PATH, check_answer, meets_floor,
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.plan.engines import build_for, engine_at, host_platform
+from engine_ctl.core.record.model import DeploymentRecord
 from engine_ctl.core.render.gateway import REPLICA_KEY
 from engine_ctl.core.render.units import CREDENTIALS_DIR
 from engine_ctl.providers import PROVIDERS, Provider
-from engine_ctl.state.model import DeploymentRecord
 
 HOST_CAPABILITY_MISSING = "host_capability_missing:decisions"
 

@@ -38,11 +38,11 @@ from engine_ctl.core.plan.diff import Names, changed_fields, spec_digest
 from engine_ctl.core.plan.drift import guard_drift, replica_drift
 from engine_ctl.core.plan.ownership import as_recorded
 from engine_ctl.core.plan.world import Allocation, Hosts, recorded_placement
+from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord
 from engine_ctl.core.render.guard import guard_refusals, needs_guard, residency_of
 from engine_ctl.core.render.units import RenderedUnit, gateway_allow, model_path_on_host, render_unit, replica_run
 from engine_ctl.core.sizes import gib_down, gib_up
 from engine_ctl.providers import Provider
-from engine_ctl.state.model import DeploymentRecord, ReplicaRecord
 
 
 @dataclass

@@ -9,8 +9,8 @@ from engine_ctl.core.fit.hostfacts import BUSY_BYTES, HostFacts, UnitFact
 from engine_ctl.core.names import UNIT_PREFIX
 from engine_ctl.core.plan.changes import Drift
 from engine_ctl.core.plan.engines import engine_drift_detail
+from engine_ctl.core.record.model import ReplicaRecord, State
 from engine_ctl.core.render.guard import guard_name, guard_text, guarded_by
-from engine_ctl.state.model import ReplicaRecord, State
 
 
 def replica_drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host: HostFacts) -> list[Drift]:

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.hostfacts import EngineInstall, HostFacts
+from engine_ctl.core.record.model import ReplicaRecord
 from engine_ctl.providers import Provider
-from engine_ctl.state.model import ReplicaRecord
 
 if TYPE_CHECKING:
-    from engine_ctl.core.plan.planner import Plan
+    from engine_ctl.core.plan.changes import Plan
 
 
 def host_platform(provider: Provider, accelerator: str, facts: HostFacts) -> str | None:

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from engine_ctl.core.documents.inventory import Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.model import DesiredState
-from engine_ctl.core.plan.planner import DeploymentChange, Drift, Plan
+from engine_ctl.core.plan.changes import DeploymentChange, Drift, Plan
+from engine_ctl.core.record.model import State
 from engine_ctl.core.weights import Checkout, WeightsFetch, checkout_dir, human, refusal
-from engine_ctl.state.model import State
 
 
 def recorded_digest(state: State, deployment: str, host: str, commit: str) -> str | None:

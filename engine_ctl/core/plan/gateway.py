@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from engine_ctl.core.documents.inventory import DEFAULT_GATEWAY_THREADS, GatewaySettings, Host, Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.model import ApiKey
+from engine_ctl.core.record.model import DeploymentRecord, State
 from engine_ctl.core.render.gateway import (
     CONFIG_FILE,
     DRAIN_TIMEOUT_S,
@@ -33,7 +34,6 @@ from engine_ctl.core.render.gateway import (
     wake_addresses_for,
 )
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.state.model import DeploymentRecord, State
 
 
 class Replica(BaseModel):

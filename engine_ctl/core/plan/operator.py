@@ -22,8 +22,8 @@ from collections.abc import Iterable
 from engine_ctl.core.plan.changes import NO_OP, DeploymentChange, Drift
 from engine_ctl.core.plan.gateway import stopped_map
 from engine_ctl.core.plan.wake import woken_note
+from engine_ctl.core.record.model import DeploymentRecord, OperatorAction, State
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.state.model import DeploymentRecord, OperatorAction, State
 
 STOP_WAIT_S = 160
 """Seed 003: `start --wait` waits at most 160 s for a stop to finish (the drain, then the engine's own stop)."""

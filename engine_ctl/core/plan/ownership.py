@@ -21,7 +21,7 @@ from engine_ctl.core.fit.placement import Taken
 from engine_ctl.core.render.units import RenderedUnit
 
 if TYPE_CHECKING:
-    from engine_ctl.core.plan.planner import Plan, ReplicaChange
+    from engine_ctl.core.plan.changes import Plan, ReplicaChange
 
 
 class ForeignUnit(BaseModel):

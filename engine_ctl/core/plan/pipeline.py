@@ -19,9 +19,9 @@ from engine_ctl.core.plan.deployment import render_replica
 from engine_ctl.core.plan.ownership import as_recorded
 from engine_ctl.core.plan.planner import make_plan
 from engine_ctl.core.plan.world import recorded_placement
+from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord, State
 from engine_ctl.core.render.units import RenderedUnit
 from engine_ctl.providers import Provider
-from engine_ctl.state.model import DeploymentRecord, ReplicaRecord, State
 
 
 class DeploymentRender(BaseModel):

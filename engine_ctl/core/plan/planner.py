@@ -47,10 +47,10 @@ from engine_ctl.core.plan.scaler import lock_refusals, plan_scaler, scaler_views
 from engine_ctl.core.plan.unitdiff import attach_unit_diffs
 from engine_ctl.core.plan.wake import woken_parks
 from engine_ctl.core.plan.world import Allocation, Hosts
+from engine_ctl.core.record.model import DeploymentRecord, State
 from engine_ctl.core.render.gateway import GATEWAY_UNIT
 from engine_ctl.core.render.scaler import SCALER_UNIT
 from engine_ctl.core.render.scalerlock import ScalerLock
-from engine_ctl.state.model import DeploymentRecord, State
 
 
 def destroy_refusals(plan: Plan, state: State) -> list[str]:

@@ -4,7 +4,7 @@ state value it is given; the caller records it."""
 from __future__ import annotations
 
 from engine_ctl.core.plan.changes import Plan
-from engine_ctl.state.model import State
+from engine_ctl.core.record.model import State
 
 
 def refresh_state(state: State, plan: Plan) -> None:

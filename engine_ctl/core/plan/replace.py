@@ -5,8 +5,8 @@ for both units, else stop-then-start), exactly as a changed document would be.""
 
 from __future__ import annotations
 
-from engine_ctl.core.plan.planner import DeploymentChange
-from engine_ctl.state.model import DeploymentRecord
+from engine_ctl.core.plan.changes import DeploymentChange
+from engine_ctl.core.record.model import DeploymentRecord
 
 REASON = "replace requested"
 FORCED = "replace-requested"

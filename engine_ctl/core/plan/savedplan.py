@@ -29,8 +29,8 @@ from engine_ctl.core.plan.changes import (
 )
 from engine_ctl.core.plan.deployment import render_replica
 from engine_ctl.core.plan.ownership import as_recorded
+from engine_ctl.core.record.model import State
 from engine_ctl.core.render.units import RenderedUnit
-from engine_ctl.state.model import State
 
 
 class PlanFileError(Exception):

@@ -10,10 +10,10 @@ from pydantic import BaseModel, ConfigDict
 
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.plan.wake import Woken, parked, wake_steps
+from engine_ctl.core.record.model import DeploymentRecord, State
 from engine_ctl.core.render.scaler import ScalerDeployment, SlotInput, scaler_host, scaler_slot
 from engine_ctl.core.render.scalerlock import ScalerLock, scaler_lock
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.state.model import DeploymentRecord, State
 
 
 def slot_inputs(rec: DeploymentRecord) -> list[SlotInput]:

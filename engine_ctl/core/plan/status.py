@@ -10,8 +10,8 @@ from pydantic import BaseModel, Field
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.plan.decisions import decided_facts
 from engine_ctl.core.plan.scaler import Decision
+from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.state.model import DeploymentRecord, ReplicaRecord
 
 DeploymentState = Literal["Pending", "Starting", "Ready", "ScaledToZero", "Failed"]
 HeldState = Literal["stopping", "stopped", "parking", "parked", "deleted"]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from engine_ctl.core.fit.hostfacts import HostFacts
 
 if TYPE_CHECKING:
-    from engine_ctl.core.plan.planner import Plan
+    from engine_ctl.core.plan.changes import Plan
 
 UNIT_DIR = "/etc/systemd/system"
 MAX_DIFF_LINES = 200

@@ -22,9 +22,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from engine_ctl.core.record.model import DeploymentRecord, OperatorAction
 from engine_ctl.core.render.scaler import ScalerWake, WakeCall, WakeCheck
 from engine_ctl.providers.base import Provider
-from engine_ctl.state.model import DeploymentRecord, OperatorAction
 
 WOKEN_OPERATION = "wake succeeded (request)"
 """status's LAST OPERATION of a parked deployment a request woke."""

@@ -11,8 +11,8 @@ from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
 from engine_ctl.core.fit.placement import HostRanking, Taken, replica_threads
 from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.plan.engines import engine_refusals
+from engine_ctl.core.record.model import ReplicaRecord, State
 from engine_ctl.providers import Provider
-from engine_ctl.state.model import ReplicaRecord, State
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,12 @@ from typing import Any
 
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.plan.operator import DRAIN_S, STOP_SETTLE_S
+from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord
 from engine_ctl.core.render.gateway import LOOPBACK, REPLICA_KEY
 from engine_ctl.core.render.units import bind_address, local_address
 from engine_ctl.providers import PROVIDERS, Provider
 from engine_ctl.providers.base import HttpCall
 from engine_ctl.shell.transport import CommandResult, Transport
-from engine_ctl.state.model import DeploymentRecord, ReplicaRecord
 
 HOST_JOB = r"""
 import json, re, subprocess, sys, time, urllib.error, urllib.request

@@ -10,8 +10,9 @@ from collections.abc import Callable, Mapping
 
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.names import parse_unit_name
+from engine_ctl.core.plan.changes import Plan
 from engine_ctl.core.plan.gateway import GatewayChange, gateway_after_apply, planned_gateway
-from engine_ctl.core.plan.planner import Plan
+from engine_ctl.core.record.model import GatewayRecord, State
 from engine_ctl.core.render.gateway import (
     CONFIG_FILE,
     GATEWAY_DIR,
@@ -20,9 +21,8 @@ from engine_ctl.core.render.gateway import (
     replica_key_files,
     server_name,
 )
-from engine_ctl.shell import gateway as remote
+from engine_ctl.shell.gateway import runtime as remote
 from engine_ctl.shell.transport import LocalTransport, SSHOptions, SSHTransport, transport_for
-from engine_ctl.state.model import GatewayRecord, State
 
 ENTER_TIMEOUT_S = 60
 """How long a new replica may take to pass the gateway's own check (every second while it is down)."""

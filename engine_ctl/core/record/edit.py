@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import difflib
 
-from engine_ctl.state.model import State, StateError
-
 from engine_ctl.core.names import NAME_MESSAGE, deployment_name_ok, parse_unit_name
+from engine_ctl.core.record.model import State, StateError
 
 
 class StateEditError(StateError):

@@ -4,7 +4,7 @@ a re-run of a finished one reports its result and does nothing. Pure functions o
 
 from __future__ import annotations
 
-from engine_ctl.state.model import REQUESTS_KEPT, RequestRecord, State
+from engine_ctl.core.record.model import REQUESTS_KEPT, RequestRecord, State
 
 
 def begin(state: State, request_id: str, command: str, who: str, when: str) -> None:

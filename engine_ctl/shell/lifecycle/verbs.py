@@ -1,5 +1,5 @@
 """The operator verbs' shell: stop, start, park, delete one deployment, recorded in the state (under its lock),
-on its hosts (engine_ctl.shell.operator) and on the gateways (stopped.map, the servers' states).
+on its hosts (engine_ctl.shell.lifecycle.hosts) and on the gateways (stopped.map, the servers' states).
 
 What each verb means in a declarative tool is in engine_ctl.core.plan.operator."""
 
@@ -17,6 +17,7 @@ from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.plan.gateway import backends_from_state, stopped_map
 from engine_ctl.core.plan.operator import STOP_WAIT_S, park_refusal, parking_phase, stop_phase
 from engine_ctl.core.plan.wake import parked, woken_at
+from engine_ctl.core.record.model import DeploymentRecord, GatewayRecord, Operation, OperatorAction, State, StateError
 from engine_ctl.core.render.gateway import (
     CONFIG_FILE,
     GATEWAY_DIR,
@@ -29,9 +30,9 @@ from engine_ctl.core.render.gateway import (
     wake_addresses_for,
 )
 from engine_ctl.core.render.scalerlock import ScalerLock, scaler_lock
-from engine_ctl.shell import gateway as remote
 from engine_ctl.shell.apply import UNIT_DIR, new_id, remove_argv
-from engine_ctl.shell.operator import (
+from engine_ctl.shell.gateway import runtime as remote
+from engine_ctl.shell.lifecycle.hosts import (
     OperatorFailure,
     job_argv,
     job_unit,
@@ -45,9 +46,8 @@ from engine_ctl.shell.operator import (
     wake_job,
 )
 from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, transport_for
-from engine_ctl.state import Operation, State, StateBackend, StateError
+from engine_ctl.state import StateBackend
 from engine_ctl.state.base import now, who
-from engine_ctl.state.model import DeploymentRecord, GatewayRecord, OperatorAction
 
 Transport = SSHTransport | LocalTransport
 KEY_MAPS = tuple(n for n in RUNTIME_MAPS if n != "stopped.map")
@@ -203,8 +203,8 @@ class Verbs:
         scaler is removed once nothing is left for it. A failure is said, never fatal: the next apply writes it."""
         from engine_ctl.core.plan.scaler import ScalerPlan, plan_scaler, scales
         from engine_ctl.core.render.scaler import scaler_host
-        from engine_ctl.shell.scaler_apply import ScalerApply, ScalerFailure
-        from engine_ctl.shell.scaler_lock import operator_dsn
+        from engine_ctl.shell.scaler.apply import ScalerApply, ScalerFailure
+        from engine_ctl.shell.scaler.lock import operator_dsn
 
         rec = state.deployments.get(name)
         if rec is None or not (parking or scales(rec.spec)):

@@ -15,6 +15,7 @@ from importlib import resources
 
 from engine_ctl.core.documents.inventory import GATEWAY_ROLE, Host
 from engine_ctl.core.plan.scaler import ScalerPlan, scaler_deployments
+from engine_ctl.core.record.model import State
 from engine_ctl.core.render.scaler import (
     COMMAND_PATH,
     KEY_COMMENT,
@@ -31,9 +32,8 @@ from engine_ctl.core.render.scaler import (
     sha256,
 )
 from engine_ctl.core.render.scalerlock import PASSWORD_FILE
-from engine_ctl.shell.scaler_lock import LockFailure, prepare_lock
+from engine_ctl.shell.scaler.lock import LockFailure, prepare_lock
 from engine_ctl.shell.transport import LocalTransport, SSHOptions, SSHTransport, transport_for
-from engine_ctl.state.model import State
 
 Transport = SSHTransport | LocalTransport
 UNIT_DIR = "/etc/systemd/system"
