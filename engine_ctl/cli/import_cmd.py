@@ -20,7 +20,7 @@ from engine_ctl.cli.common import (
     ssh_options,
     ssh_settings,
 )
-from engine_ctl.cli.plan_cmd import backend_for, lock_timeout_option, locked, read_state, state_option
+from engine_ctl.cli.context import backend_for, lock_timeout_option, locked, read_state, state_option
 from engine_ctl.cli.requests import recorded_command
 from engine_ctl.cli.state_cmd import log_operation
 from engine_ctl.cli.state_move import backup_of

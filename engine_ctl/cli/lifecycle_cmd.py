@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 import click
 
 from engine_ctl.cli.common import find_inventory, inventory_option, ssh_options, ssh_settings
-from engine_ctl.cli.plan_cmd import backend_for, lock_timeout_option, state_option
+from engine_ctl.cli.context import backend_for, lock_timeout_option, state_option
 from engine_ctl.cli.requests import recorded_verb
 from engine_ctl.core.plan.operator import STOP_WAIT_S
 from engine_ctl.core.record.model import StateError

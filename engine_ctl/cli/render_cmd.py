@@ -15,7 +15,7 @@ from engine_ctl.cli.common import (
     ssh_options,
     ssh_settings,
 )
-from engine_ctl.cli.plan_cmd import backend_for, read_state, state_option
+from engine_ctl.cli.context import backend_for, read_state, state_option
 from engine_ctl.cli.views.output import console, emit_json
 from engine_ctl.cli.views.plan import context_meaning, memory_value
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location

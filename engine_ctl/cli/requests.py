@@ -14,6 +14,7 @@ from typing import Any
 import click
 from ulid import ULID
 
+from engine_ctl.cli.context import backend_for
 from engine_ctl.cli.views.output import console
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.record.model import REQUESTS_KEPT, RequestRecord, State, StateError
@@ -101,8 +102,6 @@ def recorded_command(
     def wrap(f: Callable[..., None]) -> Callable[..., None]:
         @functools.wraps(f)
         def with_request_id(*args: Any, request_id: str | None = None, **kwargs: Any) -> None:
-            from engine_ctl.cli.plan_cmd import backend_for
-
             command = command_of(kwargs)
             if command is None:
                 f(*args, **kwargs)

@@ -20,15 +20,8 @@ from pathlib import Path
 import click
 
 from engine_ctl.cli.common import load_checked, resolve_inventory, ssh_settings
-from engine_ctl.cli.plan_cmd import (
-    JsonEvents,
-    Request,
-    _apply_documents,
-    backend_for,
-    locked,
-    read_state,
-    writing_options,
-)
+from engine_ctl.cli.context import backend_for, locked, read_state, writing_options
+from engine_ctl.cli.plan_cmd import JsonEvents, Request, _apply_documents
 from engine_ctl.cli.requests import announce, request_identity
 from engine_ctl.cli.views.output import console
 from engine_ctl.core.documents.inventory import Host, Inventory

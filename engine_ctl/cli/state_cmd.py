@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from engine_ctl.cli.plan_cmd import backend_for, lock_timeout_option, locked, read_state, state_option
+from engine_ctl.cli.context import backend_for, lock_timeout_option, locked, read_state, state_option
 from engine_ctl.cli.requests import recorded_command, with_request
 from engine_ctl.cli.state_move import backup_of
 from engine_ctl.cli.views.output import console, emit_json

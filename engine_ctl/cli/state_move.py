@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from engine_ctl.cli.plan_cmd import backend_for, lock_timeout_option, locked, read_state, state_option
+from engine_ctl.cli.context import backend_for, lock_timeout_option, locked, read_state, state_option
 from engine_ctl.cli.views.output import console
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.record.model import State, StateError

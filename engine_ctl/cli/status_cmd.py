@@ -12,7 +12,7 @@ from rich.table import Table
 
 from engine_ctl.cli import state_cmd, state_move
 from engine_ctl.cli.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
-from engine_ctl.cli.plan_cmd import backend_for, read_state, state_option
+from engine_ctl.cli.context import backend_for, read_state, state_option
 from engine_ctl.cli.views.output import console, emit_json
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.loader import load_paths

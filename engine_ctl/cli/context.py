@@ -1,0 +1,132 @@
+"""What the commands share about the state: the --state, --lock-timeout and writing options, which backend a
+command uses (backend_for), the locked section of a writing command, and reading the state with located errors."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from engine_ctl.cli.common import ENVIRONMENT, inventory_option, ssh_options
+from engine_ctl.cli.environments import current_env, env_option, state_file_name, state_for_env
+from engine_ctl.cli.views.output import console
+from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
+from engine_ctl.core.record.model import State, StateError
+from engine_ctl.state import LocalState, StateBackend, open_backend
+from engine_ctl.state.local import DEFAULT_NAME
+
+
+def state_option(f: Any) -> Any:
+    f = click.option(
+        "--state",
+        "state_path",
+        envvar=ENVIRONMENT["--state"],
+        show_envvar=True,
+        help=f"The state: a file (default: {DEFAULT_NAME} beside the documents) or postgresql://…[#name]; "
+        "with --env NAME, NAME's own state there.",
+    )(f)
+    return env_option(f)
+
+
+def lock_timeout_option(f: Any) -> Any:
+    return click.option(
+        "--lock-timeout", default=0.0, show_default=True, type=click.FloatRange(min=0),
+        envvar=ENVIRONMENT["--lock-timeout"], show_envvar=True, help="Seconds to wait for the state lock.",
+    )(f)  # fmt: skip
+
+
+def target_option(f: Any) -> Any:
+    return click.option(
+        "--target", "targets", multiple=True, envvar=ENVIRONMENT["--target"], show_envvar=True,
+        help="Only this deployment (repeatable; the variable takes names separated by spaces).",
+    )(f)  # fmt: skip
+
+
+def replace_option(f: Any) -> Any:
+    return click.option(
+        "--replace", "replace", multiple=True, metavar="NAME",
+        help="Replace every replica of deployment NAME (a rolling restart, one replica at a time, health-gated) "
+        "without editing a document (repeatable).",
+    )(f)  # fmt: skip
+
+
+def json_events_option(f: Any) -> Any:
+    return click.option(
+        "--json", "as_json", is_flag=True,
+        help="One JSON event per line on stdout (planned, started, healthy, removed, failed, recorded, finished) "
+        "for pipelines; the plan and progress go to stderr.",
+    )(f)  # fmt: skip
+
+
+def writing_options(f: Any) -> Any:
+    """The options of the commands that change hosts and state (apply, destroy, restart)."""
+    for option in (
+        json_events_option,
+        click.option("--auto-approve", is_flag=True, help="Do not ask for confirmation."),
+        lock_timeout_option,
+        target_option,
+        ssh_options,
+        state_option,
+        inventory_option,
+    ):
+        f = option(f)
+    return f
+
+
+def default_state_path(paths: tuple[Path, ...]) -> Path:
+    first = paths[0] if paths else Path(".")
+    base = first if first.is_dir() else first.parent
+    return base / state_file_name(current_env(), DEFAULT_NAME)
+
+
+def backend_for(explicit: str | None, paths: tuple[Path, ...]) -> StateBackend:
+    """The state: --state (with --env NAME, NAME's own state in that backend), else the file beside the
+    documents (engine-ctl.state.json; engine-ctl.NAME.state.json for an environment)."""
+    if explicit:
+        return open_backend(state_for_env(explicit, current_env()))
+    return LocalState(default_state_path(paths))
+
+
+def reopen_string(backend: StateBackend) -> str:
+    """How `apply PLANFILE` finds the same state again (no password: libpq reads PGPASSWORD or ~/.pgpass)."""
+    if isinstance(backend, LocalState):
+        return str(backend.path.resolve())
+    return backend.location
+
+
+def lock_operation(command: str, request_id: str | None) -> str:
+    """What the lock says its holder does: the command, and its request identity."""
+    return f"{command} (request {request_id})" if request_id else command
+
+
+@contextlib.contextmanager
+def locked(backend: StateBackend, operation: str, timeout: float, request_id: str | None = None) -> Iterator[None]:
+    """Hold the state lock for a writing command; state problems become located errors (exit 1). A stale lock
+    left by this same request (its process killed on this machine) is cleared, so a re-run with --request-id
+    continues it."""
+    from engine_ctl.state.base import LockHeld
+
+    try:
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(backend.lock(operation, timeout=timeout))
+            except LockHeld as exc:
+                if not (request_id and exc.stale and f"(request {request_id})" in exc.info.operation):
+                    raise
+                backend.force_unlock(exc.info.id)
+                console(stderr=True).print(f"Cleared the lock request {request_id} left ({exc.stale})",
+                                           markup=False, highlight=False)  # fmt: skip
+                stack.enter_context(backend.lock(operation, timeout=timeout))
+            yield
+    except StateError as exc:
+        raise InputError([Diagnostic(Location(backend.location), "", str(exc), code="state_error")]) from None
+
+
+def read_state(backend: StateBackend) -> State:
+    try:
+        return backend.read()
+    except StateError as exc:
+        raise InputError([Diagnostic(Location(backend.location), "", str(exc), code="state_error")]) from None
