@@ -322,7 +322,7 @@ def test_destroy_and_apply_do_nothing_when_refused(tmp_path: Path) -> None:
     assert state_file.read_bytes() == before
 
 
-def test_readme_documents_the_placement_order() -> None:
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_document_the_placement_order() -> None:
+    text = (ROOT / "docs" / "plan-apply.md").read_text()
     assert "fewest replicas of this deployment" in text and "inventory order" in text
     assert textwrap.dedent("prevent_destroy") in text

@@ -103,8 +103,8 @@ def test_a_saved_plan_is_applied_only_in_its_own_environment(repo: Path) -> None
     assert "the saved plan was made for staging, and this is production" in refused.output
 
 
-def test_the_readme_says_how_environments_work_and_not_to_commit_the_state() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_say_how_environments_work_and_not_to_commit_the_state() -> None:
+    readme = (ROOT / "docs" / "state.md").read_text()
     section = readme.split("## Environments", 1)[1].split("\n## ", 1)[0]
     for said in ("--env", "ENGINE_CTL_ENV", "hosts.staging.yaml", "engine-ctl.staging.state.json", ".gitignore"):
         assert said in section, said
