@@ -15,6 +15,8 @@ from engine_ctl.shell import transport
 from engine_ctl.shell.transport import HostFailure, SSHTransport
 from tests.fleet import Fleet
 
+pytestmark = pytest.mark.fleet
+
 
 @pytest.fixture
 def ssh_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
