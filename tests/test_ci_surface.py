@@ -162,6 +162,10 @@ def saved_quickstart(tmp_path: Path) -> tuple[Path, str]:
 def test_show_prints_exactly_the_saved_plan_without_hosts_or_state(tmp_path: Path) -> None:
     path, printed = saved_quickstart(tmp_path)
     assert not (tmp_path / "state.json").exists()
+    assert path.stat().st_mode & 0o777 == 0o600  # it names hosts, addresses, ports and key names: its owner's only
+    path.chmod(0o644)
+    saved_quickstart(tmp_path)  # saved again over a readable file: private again
+    assert path.stat().st_mode & 0o777 == 0o600
     shown = run("show", str(path), "--json")
     assert shown.exit_code == 0 and shown.stdout == printed  # what plan --json printed, byte for byte
     plan = decode_plan(path.read_text())
