@@ -163,9 +163,6 @@ def test_show_prints_exactly_the_saved_plan_without_hosts_or_state(tmp_path: Pat
     path, printed = saved_quickstart(tmp_path)
     assert not (tmp_path / "state.json").exists()
     assert path.stat().st_mode & 0o777 == 0o600  # it names hosts, addresses, ports and key names: its owner's only
-    path.chmod(0o644)
-    saved_quickstart(tmp_path)  # saved again over a readable file: private again
-    assert path.stat().st_mode & 0o777 == 0o600
     shown = run("show", str(path), "--json")
     assert shown.exit_code == 0 and shown.stdout == printed  # what plan --json printed, byte for byte
     plan = decode_plan(path.read_text())
@@ -177,6 +174,9 @@ def test_show_prints_exactly_the_saved_plan_without_hosts_or_state(tmp_path: Pat
     assert text.stdout.startswith(f"Saved plan {path}: made {plan.created_at} against state serial 0")
     assert 'deployment "tiny-chat"' in text.stdout and "Plan: 1 to add, 0 to change, 0 to destroy." in text.stdout
     assert run("show", str(path), "--detailed-exitcode").exit_code == 2
+    path.chmod(0o644)
+    saved_quickstart(tmp_path)  # saved again over a readable file: private again
+    assert path.stat().st_mode & 0o777 == 0o600
     assert not (tmp_path / "state.json").exists() and not (tmp_path / "state.json.lock").exists()
 
 
