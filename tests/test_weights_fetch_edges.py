@@ -115,3 +115,19 @@ def test_a_complete_body_with_the_wrong_digest_stays_corruption(hub: HubDouble, 
     hub.repos[REPO].served["m.gguf"] = bytes(bad)
     with pytest.raises(FetchFailed, match="does not match the digest the hub gives"):
         fetch_weights(LocalTransport(host), fetch, host, Downloads(), hub.endpoint, None, lambda _p: None)
+
+
+def test_a_new_commit_fetches_only_the_files_that_changed(hub: HubDouble, tmp_path: Path) -> None:
+    hub.add(REPO, {"m.gguf": RepoFile(BIG), "README.md": RepoFile(b"# one\n", lfs=False)})
+    first, host = _fetch(hub, tmp_path)
+    fetch_weights(LocalTransport(host), first, host, Downloads(), hub.endpoint, None, lambda _p: None)
+    hub.add(REPO, {"m.gguf": RepoFile(BIG), "README.md": RepoFile(b"# two\n", lfs=False)})  # a new commit
+    hub.requests.clear()
+    second, _ = _fetch(hub, tmp_path)
+    assert second.commit != first.commit
+    got = fetch_weights(LocalTransport(host), second, host, Downloads(), hub.endpoint, None, lambda _p: None)
+    assert [r.path for r in hub.requests if "/resolve/" in r.path] == [f"/{REPO}/resolve/{second.commit}/README.md"]
+    assert got.fetched_bytes == len(b"# two\n")
+    old, new = Path(first.dest, "m.gguf"), Path(second.dest, "m.gguf")
+    assert new.read_bytes() == BIG and new.stat().st_ino == old.stat().st_ino  # one copy on disk
+    assert Path(second.dest, "README.md").read_bytes() == b"# two\n"

@@ -12,6 +12,8 @@ It fetches the files of one commit of a Hugging Face repository into <dest>, whe
   <dest>.partial/, and <dest>.partial/ is renamed to <dest> only when every file is there: <dest> is whole
   or absent;
 - the checkpoint digest (sha256 over each file's path and sha256) is written beside the files;
+- a file a checkout of another commit of the repository already has (same size and digest, verified) is linked
+  from there, not downloaded again;
 - the hub token goes only to the host of the endpoint: a redirect elsewhere (LFS files are redirected to a CDN)
   is followed without it, as huggingface_hub does;
 - a body cut short (the server closed the connection early) is resumed with Range, and connection errors, 429 and
@@ -161,6 +163,7 @@ class Fetch:
         self.file_size = 0
         self.last = 0.0
         self.digests = {}
+        self.reused = 0
 
     def progress(self, name, force=False):
         now = time.monotonic()
@@ -233,6 +236,13 @@ class Fetch:
                 self.digests[name] = hashes.sha256.hexdigest()
                 return None
             os.unlink(final)
+        kept = self.from_another_commit(entry)
+        if kept is not None:
+            self.reuse(kept, final)
+            self.done += size
+            self.digests[name] = entry.get("sha256") or hash_file(final, size).sha256.hexdigest()
+            self.reused += size
+            return None
         have = os.path.getsize(part) if os.path.exists(part) else 0
         if have > size:
             os.truncate(part, 0)
@@ -265,6 +275,47 @@ class Fetch:
         os.rename(part, final)
         self.digests[name] = hashes.sha256.hexdigest()
         return None
+
+    def from_another_commit(self, entry):
+        """The same file (same size and digest) in a checkout of another commit of this repository on this host,
+        verified as a download is: a new commit re-downloads only the files that changed."""
+        parent = os.path.dirname(self.dest)
+        for other in sorted(os.listdir(parent)):
+            folder = os.path.join(parent, other)
+            if folder == self.dest or "." in other or not os.path.isdir(folder):
+                continue
+            try:
+                with open(os.path.join(folder, MARKER)) as f:
+                    known = json.load(f)["files"].get(entry["path"])
+            except (OSError, ValueError, KeyError, AttributeError):
+                continue
+            candidate = os.path.join(folder, entry["path"])
+            if not known or known.get("size") != entry["size"] or not os.path.isfile(candidate):
+                continue
+            if entry.get("sha256") and known.get("sha256") != entry["sha256"]:
+                continue
+            if verified(entry, hash_file(candidate, entry["size"])):
+                return candidate
+        return None
+
+    def reuse(self, source, final):
+        """A hard link (no second copy on disk), or a copy across file systems."""
+        tmp = final + ".reuse"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        try:
+            os.link(source, tmp)
+        except OSError:
+            with open(source, "rb") as src, open(tmp, "wb") as dst:
+                while True:
+                    data = src.read(CHUNK)
+                    if not data:
+                        break
+                    dst.write(data)
+                dst.flush()
+                os.fsync(dst.fileno())
+            os.chmod(tmp, 0o644)
+        os.rename(tmp, final)
 
     def download(self, entry, part, have, hashes):
         name = entry["path"]
@@ -364,7 +415,7 @@ class Fetch:
                 emit(event="corrupt", **bad)
                 return 4
         digest = self.finish()
-        emit(event="done", digest=digest, fetched=self.total, total=self.total)
+        emit(event="done", digest=digest, fetched=self.total - self.reused, reused=self.reused, total=self.total)
         return 0
 
 
