@@ -96,7 +96,7 @@ def test_weights_on_no_host_make_the_replica_pending(project: Project) -> None:
         )
     )
     proc = project.cli("plan", "--json")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # Pending: not served, and no apply can serve it now
     (change,) = json.loads(proc.stdout)["changes"]
     assert change["replicas"] == []
     assert change["pending_reason"].startswith(f"Waiting for the weights of tiny at {MODELS_DIR}/tiny/absent.gguf (")
