@@ -175,3 +175,21 @@ def test_a_changed_checkpoint_digest_is_a_repair_with_a_fetch_and_exit_2() -> No
     assert fetch.host == "h1" and not fetch.in_place  # fetched again: every file verified, a changed one anew
     assert p.has_changes and not p.problems  # plan --detailed-exitcode: 2
     assert NO_CHANGES not in plan_text(p)
+
+
+def test_a_changed_checkpoint_with_downloads_off_says_apply_fails_there_until_the_files_are_put_back() -> None:
+    from engine_ctl.core.documents.inventory import Downloads
+
+    d = desired(f"hf: '{REPO}@{COMMIT}', file: tiny.gguf")
+    checkout = Checkout(repo=REPO, commit=COMMIT, files=(HubFile(path="tiny.gguf", size=17, sha256="a" * 64),))
+    hosts = {"h1": cpu_host("h1").model_copy(update={"models": {f"{DEST}/tiny.gguf": SHAPE}})}
+    state, hosts = applied(plan(d, State(), hosts, SHAPE), State(), hosts)
+    state.deployments["chat"].replicas[0].checkpoint_digest = "d" * 64
+    tampered = {"h1": hosts["h1"].model_copy(update={"checkpoints": {DEST: "e" * 64}})}
+    off = inventory(*tampered.values()).model_copy(update={"downloads": Downloads(enabled=False)})
+    p = plan_fetches(make_plan(d, state, off, tampered, {"m": SHAPE}), d, off, tampered, {"m": checkout}, state)
+    assert p.has_changes and [r.action for r in p.changes[0].replicas] == [["update"]]
+    assert (
+        f"the checkpoint {REPO}@{COMMIT} changed on h1 and downloads are off (downloads.enabled: false in the "
+        f"inventory): apply fails there until the files at {DEST} are put back"
+    ) in p.changes[0].warnings
