@@ -13,6 +13,9 @@ deployment that no apply can serve now: Failed, or Pending.
 
 from __future__ import annotations
 
+import random
+from pathlib import Path
+
 from engine_ctl.cli.views.plan import plan_text
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.documents.loader import load_documents
@@ -56,7 +59,7 @@ def plan(d: DesiredState, state: State, facts: dict[str, HostFacts], model: Mode
 def test_a_model_path_changed_to_a_file_no_host_can_use_is_pending_naming_file_host_and_why() -> None:
     hosts = {h.host: h for h in (cpu_host("h1"), cpu_host("h2"))}
     state, hosts = applied(plan(desired("path: m/good.gguf"), State(), hosts, SHAPE), State(), hosts)
-    for why in ("not a GGUF file (bad magic)", "not a valid GGUF file (unknown GGUF version 2952790016)"):
+    for why in ("not a GGUF file (bad magic)", "not a valid GGUF file (unknown GGUF version 3059489832)"):
         bad = {n: h.model_copy(update={"model_problems": {"/srv/models/m/bad.gguf": why}}) for n, h in hosts.items()}
         p = plan(desired("path: m/bad.gguf"), state, bad, None)  # no host has usable files: no model facts
         (change,) = p.changes
@@ -193,3 +196,11 @@ def test_a_changed_checkpoint_with_downloads_off_says_apply_fails_there_until_th
         f"the checkpoint {REPO}@{COMMIT} changed on h1 and downloads are off (downloads.enabled: false in the "
         f"inventory): apply fails there until the files at {DEST} are put back"
     ) in p.changes[0].warnings
+
+
+def test_the_probe_says_a_gguf_header_of_random_bytes_is_not_a_valid_gguf_file(tmp_path: Path) -> None:
+    from engine_ctl.shell.remote import facts_probe
+
+    (tmp_path / "random.gguf").write_bytes(b"GGUF" + random.Random(24).randbytes(65536))
+    said = facts_probe.model_metadata(str(tmp_path / "random.gguf"))
+    assert said == {"error": "not a valid GGUF file (unknown GGUF version 3059489832)"}, said
