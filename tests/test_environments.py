@@ -12,7 +12,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from engine_ctl.cli.environments import env_of_inventory, state_file_name, state_for_env
-from tests.helpers import run
+from tests.helpers import models_with_tiny, run
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "examples" / "quickstart"
@@ -26,8 +26,11 @@ def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     deploy.mkdir()
     for name in ("chat.yaml", "models.yaml"):
         shutil.copy(QUICKSTART / name, deploy / name)
-    (deploy / "hosts.staging.yaml").write_text("hosts:\n  - {name: stage-box, transport: local}\n")
-    (deploy / "hosts.production.yaml").write_text("hosts:\n  - {name: prod-box, transport: local}\n")
+    models = models_with_tiny(tmp_path)  # the weights are there: the plans are not Pending (exit 0)
+    (deploy / "hosts.staging.yaml").write_text(f"defaults: {{models_dir: {models}}}\nhosts:\n"
+                                               "  - {name: stage-box, transport: local}\n")  # fmt: skip
+    (deploy / "hosts.production.yaml").write_text(f"defaults: {{models_dir: {models}}}\nhosts:\n"
+                                                  "  - {name: prod-box, transport: local}\n")  # fmt: skip
     monkeypatch.chdir(tmp_path)
     for variable in ("ENGINE_CTL_ENV", "ENGINE_CTL_STATE", "ENGINE_CTL_INVENTORY"):
         monkeypatch.delenv(variable, raising=False)
@@ -74,7 +77,9 @@ def test_without_env_another_environments_inventory_is_never_used(repo: Path) ->
 
 
 def test_a_hosts_yaml_beside_the_documents_is_found_without_inventory(repo: Path, tmp_path: Path) -> None:
-    (repo / "deploy" / "hosts.yaml").write_text("hosts:\n  - {name: beside, transport: local}\n")
+    models = repo / "models"
+    (repo / "deploy" / "hosts.yaml").write_text(f"defaults: {{models_dir: {models}}}\nhosts:\n"
+                                                "  - {name: beside, transport: local}\n")  # fmt: skip
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     # the directory, or the document files by name from another directory: the hosts.yaml beside them is used

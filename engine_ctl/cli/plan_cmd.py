@@ -414,8 +414,9 @@ def _apply_saved(
                                "it was edited; run engine-ctl plan again and review the new plan",
                                code="plan_tampered")  # fmt: skip
         show_plan(saved, stderr=events is not None)
-        return execute(saved, inventory, backend, state, options, "apply " + str(path), events, request.id,
+        code = execute(saved, inventory, backend, state, options, "apply " + str(path), events, request.id,
                        fanout=parallel, transports=kept)  # fmt: skip
+        return code or (1 if saved.problems else 0)  # Pending or Failed: not served, never exit 0
 
 
 @click.command()
