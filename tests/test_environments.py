@@ -141,3 +141,22 @@ def test_validate_checks_spec_host_against_the_environments_inventory(repo: Path
     assert "hosts.production.yaml" in wrong.output
     none = run("validate", "deploy", "--env", "qa", "--json")
     assert none.exit_code == 1 and json.loads(none.stdout)["error"]["details"][0]["code"] == "no_inventory"
+
+
+def test_the_pr_workflow_installs_from_a_checkout_and_keeps_the_key_off_the_runners_disk() -> None:
+    flow = YAML(typ="safe").load((PR_REVIEW / "workflow.yml").read_text())
+    for name in ("plan", "apply"):
+        steps = flow["jobs"][name]["steps"]
+        runs = "\n".join(s.get("run", "") for s in steps)
+        installs = [s["run"] for s in steps if "pip install" in s.get("run", "")]
+        assert installs == ["python3 -m venv .venv && .venv/bin/pip install './.engine-ctl[postgres]'"]
+        checkout = next(s for s in steps if s.get("with", {}).get("path") == ".engine-ctl")
+        assert (
+            checkout["uses"].startswith("actions/checkout@")
+            and "ENGINE_CTL_REPOSITORY" in checkout["with"]["repository"]
+        )
+        assert "ssh-add - <<<" in runs and "secrets.DEPLOY_SSH_KEY" in runs
+        assert "id_ed25519" not in runs and "id_rsa" not in runs  # the key is never written to a file
+        assert '~/.ssh/known_hosts <<< "${{ secrets.DEPLOY_KNOWN_HOSTS }}"' in runs
+        last = steps[-1]
+        assert last["if"] == "always()" and "ssh-agent -k" in last["run"]
