@@ -129,7 +129,8 @@ def unit_active(host: str, unit: str, status: str, facts: Mapping[str, HostFacts
 
 
 def backends_from_state(state: State, hosts: Mapping[str, Host]) -> list[GatewayBackend]:
-    """What the gateway should route to, from the recorded state (after an apply, whatever it did)."""
+    """What the gateway should route to, from the recorded state (after an apply, whatever it did). A deployment
+    an operator deleted is not routed: its name is unknown at once (404 model_not_found), never held."""
     return [
         deployment_backend(
             name,
@@ -140,22 +141,39 @@ def backends_from_state(state: State, hosts: Mapping[str, Host]) -> list[Gateway
             rec.spec.api if rec.spec else "chat",
         )
         for name, rec in sorted(state.deployments.items())
+        if not deleted(rec)
     ]
+
+
+def deleted(record: DeploymentRecord | None) -> bool:
+    """A tombstone: the record of a deployment an operator deleted (engine-ctl delete)."""
+    return record is not None and record.operator is not None and record.operator.verb == "deleted"
+
+
+Slots = dict[tuple[int, str], Replica]
+"""A deployment's replicas by (index, slot): its servers in the gateway are named by these alone (r1b), so
+two replicas with one name (the same slot on two hosts, as a kill in a roll can leave) are one server."""
+
+
+def _by_server(replicas: Iterable[Replica]) -> Slots:
+    return {(r.index, r.slot): r for r in replicas}
 
 
 def _planned(
     plan_changes: Iterable[Any], state: State, facts: Mapping[str, HostFacts] | None = None
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+) -> tuple[dict[str, Slots], dict[str, Slots], dict[str, Any]]:
     """Per deployment: replicas after the plan, the union with those now, and (engine, parallel)."""
-    after: dict[str, dict[tuple[str, int, str], Replica]] = {}
-    union: dict[str, dict[tuple[str, int, str], Replica]] = {}
+    after: dict[str, Slots] = {}
+    union: dict[str, Slots] = {}
     sizing: dict[str, tuple[str | None, int | None, str]] = {}
     changes = {c.name: c for c in plan_changes}
     for name in sorted(set(state.deployments) | set(changes)):
         record = state.deployments.get(name)
-        now = {(r.host, r.index, r.slot): r for r in (recorded_replicas(record, facts) if record else [])}
-        final, both = dict(now), dict(now)
         change = changes.get(name)
+        if deleted(record) and (change is None or not change.replicas):
+            continue  # deleted by an operator: not routed (404), until start or a new document brings it back
+        now = _by_server(recorded_replicas(record, facts) if record else [])
+        final, both = dict(now), dict(now)
         plan = (change.fit if change is not None and change.fit else None) or (record.plan if record else None)
         spec = (change.spec if change is not None and change.spec else None) or (record.spec if record else None)
         api = spec.api if spec else "chat"  # a decisions deployment's backend answers POST /v1/systemone only
@@ -164,10 +182,10 @@ def _planned(
             new = Replica(index=rc.index, slot=rc.slot, host=rc.host, port=rc.port, on_demand=rc.on_demand,
                           active=rc.active)  # fmt: skip
             if rc.action in (["delete"], ["delete", "create"], ["create", "delete"]):  # removed, or replaced
-                final.pop((rc.old_host or rc.host, rc.index, rc.old_slot or rc.slot), None)
+                final.pop((rc.index, rc.old_slot or rc.slot), None)
             if rc.action != ["delete"]:
-                final[(new.host, new.index, new.slot)] = new
-                both[(new.host, new.index, new.slot)] = new.model_copy(update={"new": True})
+                final[(new.index, new.slot)] = new
+                both[(new.index, new.slot)] = new.model_copy(update={"new": True})
         if change is not None and change.action == ["delete"]:
             final = {}
         if final or (change is not None and change.action != ["delete"]):
