@@ -54,7 +54,8 @@ class Truth:
             spec: {{model: tiny, accelerator: cpu, host: {self.fleet.hosts[3].name}, cpu_cores: 1,
                     context_length: 512, replicas: {{min: 0, max: 1, idle_minutes: 1}}}}
             """)  # fmt: skip
-        (self.docs / "scaled.yaml").write_text(scaled if zero else "")
+        if zero:
+            (self.docs / "scaled.yaml").write_text(scaled)
         (self.docs / "docs.yaml").write_text(textwrap.dedent(f"""
             kind: Model
             metadata: {{name: tiny}}

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 from engine_ctl.core.documents.inventory import Host, Inventory
+from engine_ctl.core.model import ApiKey
 from engine_ctl.core.plan.changes import DeploymentChange, ReplicaChange
 from engine_ctl.core.plan.gateway import backends_from_state, plan_gateways
 from engine_ctl.core.record.model import DeploymentRecord, OperatorAction, ReplicaRecord, State
@@ -59,6 +60,9 @@ def test_a_deleted_deployment_is_not_routed() -> None:
     deleted = DeploymentRecord(name="gone", revision=3, operator=OperatorAction(verb="deleted", when="t"))
     served = DeploymentRecord(name="chat", revision=2, replicas=[replica(0, "a", "cpu-1")])
     state = State(deployments={"gone": deleted, "chat": served})
-    (g,), _ = plan_gateways([DeploymentChange(name="gone", action=["no-op"])], state, INVENTORY, {}, [])
+    keys = [ApiKey(name="all", sha256="a" * 64)]
+    (g,), _ = plan_gateways([DeploymentChange(name="gone", action=["no-op"])], state, INVENTORY, {}, keys)
     assert g.maps["models.map"] == {"chat": "d_chat"} and "d_gone" not in g.files["haproxy.cfg"]
+    # the delete leaves the key maps as they were (the gateway answers 404 on models.map alone)
+    assert g.maps["scopes.map"] == {"all/chat": "1", "all/gone": "1"}
     assert [b.deployment for b in backends_from_state(state, {h.name: h for h in INVENTORY.hosts})] == ["chat"]

@@ -207,14 +207,16 @@ def stopped_map(deployments: Mapping[str, DeploymentRecord]) -> dict[str, str]:
 def render_for(
     host: Host, replicas: Mapping[str, Mapping[Any, Replica]], sizing: Mapping[str, Any], keys: Iterable[ApiKey],
     hosts: Mapping[str, Host], settings: GatewaySettings, stopped: Mapping[str, str] | None = None,
+    held: Iterable[str] = (),
 ) -> RenderedGateway:  # fmt: skip
+    """`held`: deployments an operator deleted (not routed; an unscoped key's scope still names them)."""
     backends = [
         deployment_backend(name, reps.values(), sizing[name][0], sizing[name][1], hosts, sizing[name][2])
         for name, reps in sorted(replicas.items())
     ]
     return render_gateway(host, backends, keys, hold_s=settings.hold_s, hold_cap=settings.hold_cap,
                           threads=settings.threads, stopped=stopped,
-                          wake_addresses=wake_addresses_for(host, hosts.values()))  # fmt: skip
+                          wake_addresses=wake_addresses_for(host, hosts.values()), scope_names=held)  # fmt: skip
 
 
 def config_diff(old: str, new: str) -> list[str]:
@@ -235,11 +237,12 @@ def plan_gateways(
     keys = sorted(keys, key=lambda k: k.name)
     after, union, sizing = _planned(list(plan_changes), state, facts)
     stopped = stopped_map(state.deployments)
+    held = sorted(n for n, rec in state.deployments.items() if deleted(rec) and n not in after)
     out: list[GatewayChange] = []
     drift: list[dict[str, str]] = []
     for host in inventory.gateways():
-        final = render_for(host, after, sizing, keys, hosts, inventory.gateway, stopped)
-        interim = render_for(host, union, sizing, keys, hosts, inventory.gateway, stopped)
+        final = render_for(host, after, sizing, keys, hosts, inventory.gateway, stopped, held)
+        interim = render_for(host, union, sizing, keys, hosts, inventory.gateway, stopped, held)
         change = GatewayChange(
             host=host.name, action=["no-op"], endpoint=final.endpoint, files=final.files, unit_text=final.unit_text,
             maps=final.maps, interim_files=None if interim.files == final.files else interim.files, keys=keys,
@@ -258,7 +261,8 @@ def plan_gateways(
         found += runtime_drift(host.name, final.maps, hf)
         drift.extend(found)
         # on-demand servers as the recorded configuration had them: whether the scaler runs them is not a change
-        was = render_for(host, as_recorded(after, record.config), sizing, keys, hosts, inventory.gateway, stopped)
+        was = render_for(host, as_recorded(after, record.config), sizing, keys, hosts, inventory.gateway, stopped,
+                         held)  # fmt: skip
         changed = [n for n, s in was.file_sha256.items() if record.files_sha256.get(n) != s]
         if record.unit_sha256 != final.unit_sha256:
             changed.append(GATEWAY_UNIT)
