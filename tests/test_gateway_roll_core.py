@@ -66,3 +66,24 @@ def test_a_deleted_deployment_is_not_routed() -> None:
     # the delete leaves the key maps as they were (the gateway answers 404 on models.map alone)
     assert g.maps["scopes.map"] == {"all/chat": "1", "all/gone": "1"}
     assert [b.deployment for b in backends_from_state(state, {h.name: h for h in INVENTORY.hosts})] == ["chat"]
+
+
+def test_destroy_deletes_every_set_up_gateway_and_clears_only_what_is_this_states() -> None:
+    from engine_ctl.cli.plan_cmd import for_destroy
+    from engine_ctl.core.plan.changes import Plan
+    from engine_ctl.core.plan.gateway import GatewayChange
+    from engine_ctl.shell.gateway.teardown import teardown_script
+
+    gateways = [GatewayChange(host="edge", action=["update"], endpoint="e:8800"),
+                GatewayChange(host="new", action=["create"], endpoint="n:8800"),
+                GatewayChange(host="old", action=["delete"], endpoint="o:8800")]  # fmt: skip
+    plan = Plan(state_serial=1, state_lineage="l", gateways=gateways)
+    assert [(g.host, g.action) for g in for_destroy(plan).gateways] == [("edge", ["delete"]), ("old", ["delete"])]
+    targeted = plan.model_copy(update={"targets": ["chat"]})
+    assert for_destroy(targeted).gateways == gateways  # --target: the gateways only lose that deployment
+    everything = teardown_script(gateway=True, shared=False)
+    assert "engine-ctl-gateway.service" in everything and "/etc/engine-ctl/replica-key" in everything
+    assert "engine-ctl-scaler" in everything and "/usr/local/lib/engine-ctl/scaler-command" in everything
+    elsewhere = teardown_script(gateway=False, shared=True)  # another state's units (and maybe gateway) there
+    assert "engine-ctl-gateway" not in elsewhere and "replica-key" not in elsewhere
+    assert "authorized_keys" not in elsewhere

@@ -354,10 +354,11 @@ def for_destroy(plan: Plan) -> Plan:
 def _teardown(plan: Plan, inventory: Inventory, options: SSHOptions, stderr: bool) -> int:
     """After a destroy of everything: engine-ctl's keys, gateway and scaler files off every host it reached (the
     replicas' key kept where another state still has units). 1 when a host could not be cleared."""
-    shared = {u.host: True for u in plan.owned_elsewhere}
+    shared = {u.host for u in plan.owned_elsewhere}
+    gateways = {g.host for g in plan.gateways} | {h.name for h in inventory.gateways()}
     hosts = [h for h in inventory.hosts if h.name in plan.host_fingerprints]
     out = console(stderr=stderr)
-    failed = teardown(hosts, shared, options, out.print)
+    failed = teardown(hosts, gateways, shared, options, out.print)
     for why in failed:
         out.print(f"error: destroy could not clear {why}; run engine-ctl destroy again")
     return 1 if failed else 0
