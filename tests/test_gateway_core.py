@@ -235,8 +235,8 @@ def test_a_saved_plan_with_an_edited_gateway_is_refused() -> None:
     forged.gateways[0].files["keys.map"] += "x y z\n"
     problems = gateway_tampering(forged.gateways, forged.changes, State(), inv)
     assert problems == [
-        "gateway edge: hold.lua differs from what engine-ctl renders",
-        "gateway edge: keys.map holds something other than names and hashes",
+        "gateway edge: hold.lua differs from what engine-ctl renders from the plan's inputs",
+        "gateway edge: keys.map differs from what engine-ctl renders from the plan's inputs",
     ]
 
 

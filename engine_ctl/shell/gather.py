@@ -197,6 +197,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         haproxy_version=doc.get("haproxy"),
         gateway_files=(doc.get("gateway") or {}).get("files") if doc.get("gateway") else None,
         gateway_servers=dict((doc.get("gateway") or {}).get("servers") or {}),
+        gateway_maps=(doc.get("gateway") or {}).get("maps"),
         scaler_state=doc["scaler"] if isinstance(doc.get("scaler"), dict) else None,
         psql=doc.get("psql", ""),
         ip_filtering=doc.get("cgroup2"),

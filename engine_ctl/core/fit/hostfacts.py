@@ -118,6 +118,8 @@ class HostFacts(Fact):
     """engine-ctl's gateway files on the host (name -> sha256), None where there are none."""
     gateway_servers: dict[str, str] = Field(default_factory=dict)
     """backend/server -> its state as the host's gateway sees it (UP, DOWN, DRAIN, MAINT, ...)."""
+    gateway_maps: dict[str, dict[str, str]] | None = None
+    """The running gateway's key maps in memory (map name -> key -> value), None when it does not answer."""
     scaler_state: dict[str, Any] | None = None
     psql: str | None = ""
     """psql's path (the scaler's PostgreSQL lock needs it on a gateway host); None: not installed; "": not asked."""

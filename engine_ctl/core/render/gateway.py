@@ -211,12 +211,15 @@ def render_gateway(
     stopped: Mapping[str, str] | None = None,
     wake_address: str = LOOPBACK,
     wake_addresses: Sequence[str] = (),
+    scope_names: Iterable[str] = (),
 ) -> RenderedGateway:
     """Everything one gateway host runs, rendered from templates/ (haproxy.cfg.j2, hold.lua, gateway.service.j2).
     `stopped`: deployment -> ID of those an operator stopped (stopped.map: answered deployment_stopped).
     `wake_address`: where its Lua pokes the scaler (wake_address_for) when none listens on this host's loopback;
     `wake_addresses`: every place it tries, in order (wake_addresses_for: with PostgreSQL state a scaler runs on
-    every gateway host, and the first that listens passes the wake to the one that acts)."""
+    every gateway host, and the first that listens passes the wake to the one that acts).
+    `scope_names`: deployments a key with no scope may also name though none is routed (one an operator deleted:
+    its name answers 404 all the same, and its scopes stay as they were, so the delete changes no key map)."""
     ordered = sorted(backends, key=lambda b: b.deployment)
     listen = f"{'[::]' if ':' in host.address else '*'}:{host.gateway_port}"
     common = {"host": host.name, "listen": listen, "internal_key": internal_key}
@@ -242,7 +245,7 @@ def render_gateway(
     wakes = list(wake_addresses) or list(dict.fromkeys([LOOPBACK, wake_address]))
     lua = _with_hash("hold.lua", {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX,
                                   "wake_port": WAKE_PORT, "wake_addresses": wakes})  # fmt: skip
-    maps = key_maps(keys, [b.deployment for b in ordered])
+    maps = key_maps(keys, [*(b.deployment for b in ordered), *scope_names])
     maps["models.map"] = {b.deployment: b.backend for b in ordered}
     maps["stopped.map"] = dict(stopped or {})
     files = {CONFIG_FILE: config, LUA_FILE: lua, **{name: map_text(maps[name]) for name in MAP_FILES}}

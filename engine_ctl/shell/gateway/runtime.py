@@ -204,6 +204,18 @@ def set_internal_key(t: Transport, key: str, following: str | None, socket: str 
         raise GatewayFailure(f"changing the gateway's internal key: {answer}")
 
 
+def check_config(t: Transport, path: str, host: str, haproxy: str = HAPROXY) -> None:
+    """`haproxy -c` on a configuration; when it refuses it, HAProxy's own lines (its alerts, with the file and
+    line they point at) are the error, never a bare exit status."""
+    result = t.run([haproxy, "-c", "-f", path], timeout=120)
+    if result.exit_code == 0:
+        return
+    lines = [ln.strip() for ln in (result.stdout + "\n" + result.stderr).splitlines() if ln.strip()]
+    said = [ln for ln in lines if "ALERT" in ln] or lines
+    raise GatewayFailure(f"haproxy -c on {host} refused the configuration (exit status {result.exit_code}): "
+                         + (" | ".join(said[:8]) if said else "HAProxy printed nothing"))  # fmt: skip
+
+
 def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> str:
     """Put the files in place, checked first: the new set is written beside the old (GATEWAY_DIR.new), checked
     with `haproxy -c` there, then moved in. Then start the unit, or reload it (master-worker: the listening
@@ -216,7 +228,7 @@ def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> 
     _ok(t, ["sh", "-c", prepare], "preparing the gateway directory")
     for name, text in rendered.files.items():
         t.put(f"{staging}/{name}", text.encode(), 0o644)
-    _ok(t, [haproxy, "-c", "-q", "-f", f"{staging}/haproxy.cfg"], f"haproxy -c on {rendered.host}")
+    check_config(t, f"{staging}/haproxy.cfg", rendered.host, haproxy)
     old = t.run(["sh", "-c", f"cd {GATEWAY_DIR} && sha256sum * {UNIT_DIR}/{GATEWAY_UNIT} 2>/dev/null"]).stdout
     before = {
         line.split()[1].rsplit("/", 1)[-1]: line.split()[0] for line in old.splitlines() if len(line.split()) == 2

@@ -850,15 +850,15 @@ def parse_show_stat(data: str) -> dict[str, str]:
     return servers
 
 
-def gateway_servers(path: str = GATEWAY_SOCKET) -> dict[str, str]:
-    """Each server's state as HAProxy sees it, over its runtime socket; {} when it does not answer."""
+def gateway_ask(command: str, path: str = GATEWAY_SOCKET) -> str | None:
+    """One command to the gateway's runtime socket: its answer, or None when it does not answer."""
     import socket
 
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(3)
             s.connect(path)
-            s.sendall(b"show stat\n")
+            s.sendall(command.encode() + b"\n")
             data = b""
             while True:
                 chunk = s.recv(65536)
@@ -866,8 +866,43 @@ def gateway_servers(path: str = GATEWAY_SOCKET) -> dict[str, str]:
                     break
                 data += chunk
     except OSError:
-        return {}
-    return parse_show_stat(data.decode("utf-8", "replace"))
+        return None
+    return data.decode("utf-8", "replace")
+
+
+def gateway_servers(path: str = GATEWAY_SOCKET) -> dict[str, str]:
+    """Each server's state as HAProxy sees it, over its runtime socket; {} when it does not answer."""
+    return parse_show_stat(gateway_ask("show stat", path) or "")
+
+
+RUNTIME_MAPS = ("keys.map", "expires.map", "scopes.map", "stopped.map")
+"""The maps apply changes in a running gateway (engine_ctl.core.render.gateway.RUNTIME_MAPS)."""
+
+
+def parse_show_map(data: str) -> dict[str, str] | None:
+    """`show map NAME` -> {key: value} (each line `0x<ref> <key> <value>`); None for a map it does not know."""
+    entries = {}
+    for line in data.splitlines():
+        words = line.split(" ", 2)
+        if len(words) == 3 and words[0].startswith("0x"):
+            entries[words[1]] = words[2]
+        elif line.strip():
+            return None  # "Unknown map identifier", or an answer that is not a map
+    return entries
+
+
+def gateway_maps(path: str = GATEWAY_SOCKET) -> dict[str, dict[str, str]] | None:
+    """The key maps as the running gateway holds them in memory (what requests are checked against): a map
+    changed over the socket, never on disk, shows here. None when the gateway does not answer."""
+    out = {}
+    for name in RUNTIME_MAPS:
+        data = gateway_ask("show map " + name, path)
+        if data is None:
+            return None
+        entries = parse_show_map(data)
+        if entries is not None:
+            out[name] = entries
+    return out
 
 
 def gateway(directory: str = GATEWAY_DIR) -> dict[str, Any] | None:
@@ -883,7 +918,7 @@ def gateway(directory: str = GATEWAY_DIR) -> dict[str, Any] | None:
                     files[entry] = hashlib.sha256(f.read()).hexdigest()
     except OSError:
         return None
-    return {"files": files, "servers": gateway_servers()}
+    return {"files": files, "servers": gateway_servers(), "maps": gateway_maps()}
 
 
 # The probe ------------------------------------------------------------------------------------------------------
