@@ -6,7 +6,7 @@ scaler's state on the gateway host (issue 24, point 8; tests/test_fleet_import.p
 from __future__ import annotations
 
 from engine_ctl.cli.views.plan import plan_text
-from engine_ctl.core.plan.adoption import adopt_gateways, deployment_ids
+from engine_ctl.core.plan.adoption import adopt_gateways, deployment_ids, recorded_revision
 from engine_ctl.core.plan.planner import make_plan
 from engine_ctl.core.record.model import State
 from tests.test_gateway_core import SHAPE, applied, desired, world
@@ -52,3 +52,15 @@ def test_ids_come_back_from_the_scalers_state_and_only_when_they_agree() -> None
     two = {**with_scaler, "cpu-1": facts["cpu-1"].model_copy(update={"scaler_state": {"deployments": {
         "chat": {"id": "01M9078CDWXZCD1YQ3XM5FVG4Z"}}}})}  # fmt: skip
     assert deployment_ids(two, ["chat"]) == {}
+
+
+def test_a_revision_recorded_in_place_comes_back_from_the_scalers_state_with_its_id() -> None:
+    """An in-place change (idle_minutes) records a revision no unit's header has; the scaler's state carries it
+    beside the ID, and only for that ID (a deployment made again under its name is another one)."""
+    _, facts = world()
+    view = {"deployments": {"chat": {"id": ID, "revision": 3}, "old": {"id": ID, "revision": "9"}}}
+    with_scaler = {**facts, "edge": facts["edge"].model_copy(update={"scaler_state": view})}
+    assert recorded_revision(with_scaler, "chat", ID) == 3
+    assert recorded_revision(with_scaler, "chat", "01M9078CDWXZCD1YQ3XM5FVG4Z") == 0
+    assert recorded_revision(with_scaler, "chat", "") == 0
+    assert recorded_revision(with_scaler, "old", ID) == 0  # not a number: none

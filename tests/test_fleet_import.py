@@ -16,7 +16,7 @@ from tests.test_fleet_scaler import ScalerProject, ask
 pytestmark = pytest.mark.fleet
 
 
-def _docs(context: int, host: str) -> str:
+def _docs(context: int, host: str, idle: int = 5) -> str:
     return f"""
         metadata: {{name: steady}}
         spec: {{model: tiny, accelerator: cpu, cpu_cores: 1, context_length: {context},
@@ -24,7 +24,7 @@ def _docs(context: int, host: str) -> str:
         ---
         metadata: {{name: zero}}
         spec: {{model: tiny, accelerator: cpu, cpu_cores: 1, context_length: {context}, host: {host},
-                replicas: {{min: 0, max: 1, idle_minutes: 5}}}}
+                replicas: {{min: 0, max: 1, idle_minutes: {idle}}}}}
         """
 
 
@@ -65,15 +65,21 @@ def test_import_after_a_lost_state_adopts_the_gateway_and_keeps_ids_revisions_an
     ip: ScalerProject,
 ) -> None:
     one = ip.fleet.hosts[1].name
-    for context in (512, 576, 640):  # three revisions of each deployment
-        ip.write(_docs(context, one))
+    # three revisions of zero: two that roll its unit, then one in place (idle_minutes), which reaches no unit:
+    # its header says revision 2, the scaler's state carries 3 beside the ID
+    for context, idle in ((512, 5), (576, 5), (576, 6)):
+        ip.write(_docs(context, one, idle))
         ip.cli("apply", "--auto-approve", check=True)
     ip.installed()
+    state_file = ip.docs / "engine-ctl.state.json"
+    carried = {n: d["revision"] for n, d in json.loads(state_file.read_text())["deployments"].items()}
+    assert carried["zero"] == 3, carried
+    ip.wait("the scaler's state at the recorded revisions", lambda: {n: d.get("revision") for n, d in
+            ip.scaler_state().get("deployments", {}).items()} == carried, 60)  # fmt: skip
     assert ask(ip.client(), "zero") == "zero"  # the scaler wakes the on-demand slot: it runs now
     assert ip.active("zero", 0)
-    state_file = ip.docs / "engine-ctl.state.json"
     lost = json.loads(state_file.read_text())
-    assert {n: d["revision"] for n, d in lost["deployments"].items()} == {"steady": 3, "zero": 3}
+    assert {r["revision"] for r in lost["deployments"]["zero"]["replicas"]} == {2}  # the unit's header: 2
     assert all(d.get("id") for d in lost["deployments"].values())
     before = ip.cli("plan", "--detailed-exitcode")
     assert before.returncode == 0, before.stdout + before.stderr

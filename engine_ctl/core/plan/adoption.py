@@ -224,6 +224,10 @@ def adopt(
     skipped += more
     if not records:
         return Adoption(lineage=chosen, lineage_reason=reason, deployments={}, adopted=[], skipped=skipped)
+    ids = deployment_ids(facts, records)
+    for name, rec in records.items():
+        rec.id = ids.get(name, "")
+        rec.revision = max(rec.revision, recorded_revision(facts, name, rec.id))
     draft = State(lineage=chosen, deployments=records)
     plan = make_plan(desired, draft, inventory, facts, model_facts, targets=sorted(records))
     adopted: list[AdoptedReplica] = []
@@ -254,9 +258,6 @@ def adopt(
                     note=notes.get((r.host, r.unit), ""),
                 )
             )
-    ids = deployment_ids(facts, records)
-    for name, rec in records.items():
-        rec.id = ids.get(name, "")
     gateways, seen = adopt_gateways(State(lineage=chosen, deployments=records), inventory, facts, desired.api_keys)
     return Adoption(lineage=chosen, lineage_reason=reason, deployments=records, adopted=adopted, skipped=skipped,
                     gateways=gateways, adopted_gateways=seen, ids=ids)  # fmt: skip
@@ -310,6 +311,18 @@ def deployment_ids(facts: Mapping[str, HostFacts], names: Iterable[str]) -> dict
             if isinstance(value, str) and ULID.fullmatch(value):
                 seen.setdefault(name, set()).add(value)
     return {n: min(seen[n]) for n in names if len(seen.get(n, ())) == 1}
+
+
+def recorded_revision(facts: Mapping[str, HostFacts], name: str, deployment_id: str) -> int:
+    """The deployment's revision as the scaler's state carries it beside its ID (0: none does). A change that
+    reaches no unit (an in-place one: idle_minutes, say) records a revision the units' headers do not have."""
+    found = [0]
+    for hf in facts.values() if deployment_id else ():
+        views = (hf.scaler_state or {}).get("deployments")
+        view = views.get(name) if isinstance(views, dict) else None
+        if isinstance(view, dict) and view.get("id") == deployment_id and type(view.get("revision")) is int:
+            found.append(max(view["revision"], 0))
+    return max(found)
 
 
 Replicas = dict[str, dict[tuple[str, int, str], Replica]]
@@ -407,4 +420,5 @@ __all__ = [
     "adopt_gateways",
     "choose_lineage",
     "deployment_ids",
+    "recorded_revision",
 ]
