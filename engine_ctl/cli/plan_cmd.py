@@ -47,6 +47,7 @@ from engine_ctl.cli.views.output import console, emit_json
 from engine_ctl.cli.views.plan import RICH_STYLES, plan_json, plan_markdown, render_plan
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Inventory, load_inventory
+from engine_ctl.core.jsonbounds import MAX_PLAN_BYTES
 from engine_ctl.core.model import DesiredState
 from engine_ctl.core.plan.changes import DELETE, Plan
 from engine_ctl.core.plan.gateway import GatewayChange, gateway_tampering
@@ -179,13 +180,15 @@ def plan(
 
 def _load_plan_file(path: Path) -> Plan | None:
     try:
-        text = path.read_text()
+        with path.open("rb") as f:
+            text = f.read(MAX_PLAN_BYTES + 1).decode()  # never more than a plan may be, whatever the file's size
     except (OSError, UnicodeDecodeError):
         return None
     try:
         return decode_plan(text)
     except PlanFileError as exc:
-        raise InputError([Diagnostic(Location(str(path)), "", str(exc), code="not_a_plan")]) from None
+        where = Location(str(path), exc.line, exc.column)
+        raise InputError([Diagnostic(where, "", str(exc), code="not_a_plan")]) from None
 
 
 PROMPTS = {

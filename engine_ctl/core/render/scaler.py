@@ -111,6 +111,8 @@ class ScalerDeployment(BaseModel):
 
     name: str
     id: str
+    revision: int = 0
+    """The deployment's recorded revision: the scaler's state.json carries it with the ID (import reads both back)."""
     min: int
     max: int
     parallel: int

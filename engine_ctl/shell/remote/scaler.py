@@ -551,6 +551,7 @@ class Scaler:
             if kept is not None and kept.get("id", d.get("id")) != d.get("id"):
                 del self.state["deployments"][d["name"]]  # deleted and made again under its name: none of its past
             self.mem(d["name"])["id"] = d.get("id")
+            self.mem(d["name"])["revision"] = d.get("revision")  # with the ID: what `import` reads back
             self.mem(d["name"]).setdefault("last_request_at", time.time())
 
     def mem(self, name: str) -> Obj:
