@@ -15,7 +15,7 @@ from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.fitting import FitUnknown, fit, shape_disagreement
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts
-from engine_ctl.core.fit.placement import place_one
+from engine_ctl.core.fit.placement import crowds, place_one, reserved_note
 from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.fit.startup import same_engine
 from engine_ctl.core.model import Deployment, Model
@@ -304,7 +304,7 @@ def place_replicas(t: Target, live: list[ReplicaRecord], indexes: range) -> int 
 def create_replica(t: Target, index: int) -> bool:
     """A new replica where placement puts it; False (the change Pending, and why) when there is no room."""
     result = place_one(t.d, t.fitted, t.provider, t.alloc.ranking, per_host=t.on_host, no_weights=t.no_weights,
-                       index=index)  # fmt: skip
+                       index=index, reserved=None if t.on_demand(index) else t.alloc.reserved)  # fmt: skip
     if not result.placements:
         t.change.pending_reason, t.change.waiting = result.pending_reason, result.waiting
         return False
@@ -313,6 +313,7 @@ def create_replica(t: Target, index: int) -> bool:
     t.on_host[p.host] = t.on_host.get(p.host, 0) + 1
     t.placed[index] = p
     why = "new replica, on demand: installed, not started" if t.on_demand(index) else "new replica"
+    why += reserved_note(result)
     rc = replica_change(list(CREATE), t.render(p, t.revision, "a"), t.revision, p, reason=why)
     rc.on_demand = t.on_demand(index)
     t.replicas.append(rc)
@@ -326,6 +327,8 @@ def keep_replica(t: Target, current: ReplicaRecord) -> bool:
     same_place = recorded_placement(current, facts, t.fitted)
     moving = t.d.host not in (None, current.host)  # spec.host changed: a replacement onto the new host
     if same_place is None or len(same_place.gpus) != t.fitted.gpus or moving or displaced(t, current):
+        return False
+    if spread(t, current):
         return False
     unit_now = t.render_recorded(same_place, current)
     if unit_now.sha256 != current.unit_sha256:
@@ -371,33 +374,17 @@ def role_change(t: Target, unit: RenderedUnit, current: ReplicaRecord, p: Placem
 def replace_replica(t: Target, current: ReplicaRecord, index: int) -> bool:
     """A rolling replacement into the other slot: a surge (create, then delete) where there is room for both,
     else stop-then-start (delete, then create) on its host. False (Pending) when neither has room."""
-    moving = t.d.host not in (None, current.host)
-    others = {h: n - (1 if h == current.host else 0) for h, n in t.on_host.items()}
-    surge = place_one(t.d, t.fitted, t.provider, t.alloc.ranking, per_host=others, prefer=current.host,
-                      no_weights=t.no_weights)  # fmt: skip
-    strategy: Strategy = "surge"
-    if surge.placements:
-        p = surge.placements[0].model_copy(update={"index": index})
-    else:
-        strategy = "stop-then-start"
-        t.alloc.release(current)
-        stop_start = place_one(t.d, t.fitted, t.provider, t.alloc.ranking, no_weights=t.no_weights,
-                               within=None if moving else current.host)  # fmt: skip
-        if not stop_start.placements:
-            t.change.pending_reason, t.change.waiting = stop_start.pending_reason, stop_start.waiting
-            facts = t.hosts.facts[current.host]
-            t.alloc.take(recorded_placement(current, facts, t.fitted)
-                         or Placement(index=index, host=current.host, port=current.port))  # fmt: skip
-            return False
-        kept = {} if moving else {"port": current.port}
-        p = stop_start.placements[0].model_copy(update={"index": index, **kept})
+    placed = roll_placement(t, current, index)
+    if placed is None:
+        return False
+    p, strategy = placed
     t.alloc.take(p)
     t.placed[index] = p
     if p.host != current.host:
         t.on_host[current.host] = t.on_host.get(current.host, 1) - 1
         t.on_host[p.host] = t.on_host.get(p.host, 0) + 1
     t.strategies.add(strategy)
-    why = ", ".join(c.path for c in t.change.field_changes) or "the unit's content changed"
+    why = replace_reason(t, current)
     rc = replica_change(replace_actions(strategy), t.render(p, t.revision, other_slot(current.slot)), t.revision, p,
                         reason=why)  # fmt: skip
     rc.old_unit, rc.old_host, rc.old_slot, rc.old_argv = current.unit, current.host, current.slot, current.argv
@@ -408,6 +395,58 @@ def replace_replica(t: Target, current: ReplicaRecord, index: int) -> bool:
         rc.reason += "; on demand: rolled if the scaler runs it, else only installed"
     t.replicas.append(rc)
     return True
+
+
+def roll_placement(t: Target, current: ReplicaRecord, index: int) -> tuple[Placement, Strategy] | None:
+    """Where a replacement goes: a surge where there is room for both, unless that puts it beside more replicas of
+    the deployment than its own host keeps (fewest per host holds through a roll: placement.crowds), where a
+    stop-then-start on its host is taken instead; else stop-then-start. None (Pending) when neither has room."""
+    moving = t.d.host not in (None, current.host)
+    others = {h: n - (1 if h == current.host else 0) for h, n in t.on_host.items()}
+    reserved = None if t.on_demand(index) else t.alloc.reserved
+    surge = place_one(t.d, t.fitted, t.provider, t.alloc.ranking, per_host=others, prefer=current.host,
+                      no_weights=t.no_weights, reserved=reserved)  # fmt: skip
+    if surge.placements and (moving or not crowds(others, surge.placements[0].host, current.host)):
+        return surge.placements[0].model_copy(update={"index": index}), "surge"
+    t.alloc.release(current)
+    stop_start = place_one(t.d, t.fitted, t.provider, t.alloc.ranking, no_weights=t.no_weights,
+                           within=None if moving else current.host, reserved=reserved)  # fmt: skip
+    if stop_start.placements:
+        kept = {} if moving else {"port": current.port}
+        return stop_start.placements[0].model_copy(update={"index": index, **kept}), "stop-then-start"
+    facts = t.hosts.facts[current.host]
+    t.alloc.take(recorded_placement(current, facts, t.fitted)
+                 or Placement(index=index, host=current.host, port=current.port))  # fmt: skip
+    if surge.placements:  # no room on its own host after all: the surge, though it crowds
+        return surge.placements[0].model_copy(update={"index": index}), "surge"
+    t.change.pending_reason, t.change.waiting = stop_start.pending_reason, stop_start.waiting
+    return None
+
+
+def spread(t: Target, current: ReplicaRecord) -> bool:
+    """An always-on replica on a host with 2 or more of the deployment's while a host with at least 2 fewer has
+    room for it (a host full or out of reach when they were placed, room since): it moves there (a surge), and
+    the plan says so (Allocation.moves). Placement's rule, fewest replicas of a deployment per host, restored."""
+    here = t.on_host.get(current.host, 0)
+    if t.d.host is not None or t.on_demand(current.index) or here < 2:
+        return False
+    others = {h: n - (1 if h == current.host else 0) for h, n in t.on_host.items()}
+    found = place_one(t.d, t.fitted, t.provider, t.alloc.ranking, per_host=others, no_weights=t.no_weights)
+    where = found.placements[0].host if found.placements else None
+    if where is None or others.get(where, 0) > here - 2 or where in t.alloc.reserved.who:
+        return False
+    t.alloc.moves[current.unit] = (f"{here} replicas of {t.d.name} on {current.host}, and {where} has room with "
+                                   f"{others.get(where, 0)} (fewest replicas of a deployment per host)")  # fmt: skip
+    return True
+
+
+def replace_reason(t: Target, current: ReplicaRecord) -> str:
+    """Why a replica is replaced: moved (Allocation.moves: an on-demand slot off the room always-on replicas took,
+    or a replica to restore the spread), or the fields that changed."""
+    moved = t.alloc.moves.get(current.unit)
+    if moved:
+        return f"moved: {moved}"
+    return ", ".join(c.path for c in t.change.field_changes) or "the unit's content changed"
 
 
 def other_slot(slot: str) -> str:
