@@ -100,3 +100,24 @@ def test_the_plan_restores_a_spread_a_host_out_of_reach_had_broken() -> None:
     )
     state, facts = applied(back, state, facts)
     assert all(c.replicas == [] for c in plan(state, facts, chat=chat).changes)
+
+
+# --- point 16: a stop-then-start with the other replicas out of reach warns of the outage -----------------------
+
+
+def test_a_stop_then_start_whose_other_replicas_are_out_of_reach_warns_of_the_outage() -> None:
+    inv, facts = world(cpu_host("c1", cores=2), cpu_host("c2", cores=2))
+    chat = f"{CPU}, cpu_cores: 2, replicas: {{min: 2, max: 2}}"  # each a whole host: no room for a surge
+    state, facts = applied(plan(State(), facts, chat=chat), State(), facts)
+    assert sorted(r.host for r in state.deployments["chat"].replicas) == ["c1", "c2"]
+    everyone = plan(state, facts, chat=chat.replace("2048", "1024"))
+    assert change(everyone, "chat").strategy == "stop-then-start"
+    assert not any("no serving replica" in w for w in change(everyone, "chat").warnings)  # the other serves
+    cut = make_plan(desired(chat=chat.replace("2048", "1024")), state, inv, {"c1": facts["c1"]}, {"m": SHAPE},
+                    unreachable={"c2": "ssh: connect timed out"})  # fmt: skip
+    c = change(cut, "chat")
+    assert [r.host for r in c.replicas] == ["c1"] and c.strategy == "stop-then-start"
+    assert (
+        "chat will have no serving replica during the change: no free room for a surge, so stop-then-start, "
+        "and its other replicas are on hosts out of reach (c2)" in c.warnings
+    ), c.warnings

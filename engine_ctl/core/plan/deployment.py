@@ -537,14 +537,23 @@ def needs_clearing(record: DeploymentRecord, change: DeploymentChange) -> bool:
 
 
 def strategy_warnings(t: Target) -> None:
-    """The roll's strategy (stop-then-start if any replica has no room for a surge) and its outage warning."""
+    """The roll's strategy (stop-then-start if any replica has no room for a surge) and its outage warning: with
+    one always-on replica, or with every other one on a host out of reach (it may not serve, and apply cannot
+    tell)."""
     if not t.strategies:
         return
     t.change.strategy = "stop-then-start" if "stop-then-start" in t.strategies else "surge"
-    if t.change.strategy == "stop-then-start" and t.always <= 1:
-        room = "GPU" if t.fitted.accelerator == "gpu" else "room"
+    if t.change.strategy != "stop-then-start":
+        return
+    room = "GPU" if t.fitted.accelerator == "gpu" else "room"
+    away = {r.index: r.host for r in t.live if r.index < t.always and r.host not in t.hosts.facts}
+    if t.always <= 1:
         t.change.warnings.append(f"{t.d.name} will have no serving replica during the change: no free {room} for a "
                                  "surge, so stop-then-start")  # fmt: skip
+    elif t.always - len(away) <= 1:
+        t.change.warnings.append(f"{t.d.name} will have no serving replica during the change: no free {room} for a "
+                                 "surge, so stop-then-start, and its other replicas are on hosts out of reach "
+                                 f"({', '.join(sorted(set(away.values())))})")  # fmt: skip
 
 
 # --- render -------------------------------------------------------------------------------------------------
