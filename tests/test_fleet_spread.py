@@ -12,6 +12,7 @@ import textwrap
 import pytest
 
 from tests.fleetproject import Project
+from tests.test_fleet_trust import cut_off
 
 pytestmark = pytest.mark.fleet
 CORES = os.cpu_count() or 2
@@ -71,3 +72,20 @@ def test_the_plan_restores_a_broken_spread_and_a_roll_keeps_it(project: Project)
     after = hosts_of(project, "chat")
     assert len(set(after)) == 2, after
     assert project.cli("plan", "--detailed-exitcode").returncode == 0
+
+
+def test_with_a_host_cut_off_a_stop_then_start_of_the_only_reachable_replica_warns(project: Project) -> None:
+    """Issue 24, point 16: chat's two replicas each take a whole host, the other hosts are full; one of chat's hosts
+    is cut off. A roll can only stop and start the reachable replica: the plan warns that nothing will serve."""
+    h = [x.name for x in project.fleet.hosts]
+    fillers = {"fa": (CORES, h[0]), "fb": (CORES, h[1])}
+    text = MODEL + "".join(deployment(n, c, host) for n, (c, host) in sorted(fillers.items()))
+    (project.path / "docs.yaml").write_text(text + deployment("chat", CORES, replicas=2))
+    project.cli("apply", "--auto-approve", check=True)
+    assert hosts_of(project, "chat") == [h[2], h[3]]
+    (project.path / "docs.yaml").write_text(text + deployment("chat", CORES, replicas=2, context=1024))
+    with cut_off(project.fleet.hosts[3]):
+        plan = project.cli("plan")
+    warning = (f"chat will have no serving replica during the change: no free room for a surge, so stop-then-start, "
+               f"and its other replicas are on hosts out of reach ({h[3]})")  # fmt: skip
+    assert "stop-then-start" in plan.stdout and warning in " ".join((plan.stdout + plan.stderr).split()), plan.stdout

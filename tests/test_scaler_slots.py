@@ -39,6 +39,8 @@ def test_a_new_always_on_replica_keeps_off_the_cores_an_on_demand_slot_reserved(
     (busy,) = change(second, "busy").replicas
     assert busy.host != slot.host  # without the reservation: cpu-01, the slot's host (inventory order)
     assert busy.reason == f"new replica; kept off {slot.host} (on-demand zero replica 0 reserves it)"
+    kept = f"replica 0 on {busy.host}: kept off {slot.host} (on-demand zero replica 0 reserves it)"
+    assert kept in change(second, "busy").reasons  # the plan's `#` lines
     assert change(second, "zero").replicas == []
 
 
@@ -52,7 +54,8 @@ def test_an_on_demand_slot_whose_cores_an_always_on_replica_took_moves_and_the_p
     assert change(second, "busy").replicas[0].host == slot.host
     (moved,) = change(second, "zero").replicas
     assert moved.on_demand and moved.old_unit == slot.unit and moved.host != slot.host
-    assert moved.reason.startswith(f"moved: always-on replicas hold 8 of the 8 cores of {slot.host}, and it needs 8")
+    why = f"moved: always-on replicas hold 8 of the 8 cores of {slot.host}, and it needs 8"
+    assert moved.reason.startswith(why) and f"replica 0 {why}" in change(second, "zero").reasons
     state, facts = applied(second, state, facts)
     third = plan(state, facts, zero=zero, busy=f"{CPU}, cpu_cores: 8, host: {slot.host}")
     assert all(c.replicas == [] for c in third.changes)  # and then it stays where it moved
@@ -94,10 +97,8 @@ def test_the_plan_restores_a_spread_a_host_out_of_reach_had_broken() -> None:
     back = plan(state, facts, chat=chat)
     (moved,) = change(back, "chat").replicas
     assert moved.old_host == "c1" and moved.host == "c2" and moved.strategy == "surge"
-    assert (
-        moved.reason
-        == "moved: 2 replicas of chat on c1, and c2 has room with 0 (fewest replicas of a deployment per host)"
-    )
+    why = "moved: 2 replicas of chat on c1, and c2 has room with 0 (fewest replicas of a deployment per host)"
+    assert moved.reason == why and f"replica 0 {why}" in change(back, "chat").reasons
     state, facts = applied(back, state, facts)
     assert all(c.replicas == [] for c in plan(state, facts, chat=chat).changes)
 

@@ -536,6 +536,18 @@ def needs_clearing(record: DeploymentRecord, change: DeploymentChange) -> bool:
     return record.last_error is not None or record.state not in ("Ready", "ScaledToZero")
 
 
+def placement_reasons(replicas: list[ReplicaChange]) -> list[str]:
+    """What placement did beyond the documents, for the plan's reasons: a replica moved (an on-demand slot off
+    room always-on replicas took, a spread restored), or kept off what on-demand slots reserve."""
+    out = []
+    for r in replicas:
+        if r.reason.startswith("moved: "):
+            out.append(f"replica {r.index} {r.reason.split('; on demand:')[0]}")
+        elif "; kept off " in r.reason:
+            out.append(f"replica {r.index} on {r.host}: {r.reason.split('; ', 1)[1]}")
+    return out
+
+
 def strategy_warnings(t: Target) -> None:
     """The roll's strategy (stop-then-start if any replica has no room for a surge) and its outage warning: with
     one always-on replica, or with every other one on a host out of reach (it may not serve, and apply cannot
@@ -676,5 +688,6 @@ def _guard_refused(change: DeploymentChange, d: Deployment, provider: Provider, 
 def decide_with_strategy(t: Target, record: DeploymentRecord | None, d: Deployment, names: Names | None) -> None:
     strategy_warnings(t)
     decide(t.change, record, d, names)
+    t.change.reasons += placement_reasons(t.change.replicas)
     if t.change.pending_reason and record is None and not t.change.replicas:
         t.change.action = list(CREATE)
