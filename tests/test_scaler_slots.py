@@ -122,3 +122,17 @@ def test_a_stop_then_start_whose_other_replicas_are_out_of_reach_warns_of_the_ou
         "chat will have no serving replica during the change: no free room for a surge, so stop-then-start, "
         "and its other replicas are on hosts out of reach (c2)" in c.warnings
     ), c.warnings
+
+
+def test_a_min_zero_deployment_whose_only_slot_has_no_place_is_a_problem_not_no_changes() -> None:
+    """The one host's cores go to an always-on replica it must take (its only place): zero could never wake."""
+    _, facts = world(cpu_host("cpu-01", cores=8))
+    zero = f"{CPU}, cpu_cores: 8, replicas: {{min: 0, max: 1}}"
+    state, facts = applied(plan(State(), facts, zero=zero), State(), facts)
+    second = plan(state, facts, zero=zero, busy=f"{CPU}, cpu_cores: 8")
+    state, facts = applied(second, state, facts)
+    third = plan(state, facts, zero=zero, busy=f"{CPU}, cpu_cores: 8")
+    assert not third.has_changes
+    (problem,) = [p for p in third.problems if p.startswith("zero: ")]
+    assert "on-demand replica 0 has no place (Waiting for a machine with 8 free CPU cores" in problem
+    assert "a request never wakes zero (503 after the hold) until a host has room" in problem

@@ -648,7 +648,8 @@ def finish_deployment(
 
 
 def place_on_demand(t: Target, alloc: Allocation) -> None:
-    """Slots `min`..`max`-1. One that has no place is a warning (the scaler can run fewer), not Pending."""
+    """Slots `min`..`max`-1. One that has no place is a warning (the scaler can run fewer), not Pending; but at
+    `min: 0` with no slot placed at all the deployment can never wake: a problem of the plan (exit 1)."""
     t.exclusive = frozenset(alloc.taken.gpus)
     t.alloc = alloc.view(t.d.name)
     pending, waiting = t.change.pending_reason, t.change.waiting
@@ -656,6 +657,10 @@ def place_on_demand(t: Target, alloc: Allocation) -> None:
     if stopped is not None:
         why = t.change.pending_reason
         t.change.pending_reason, t.change.waiting = pending, waiting
+        if stopped == 0:
+            t.change.blocked.append(f"on-demand replica 0 has no place ({why}): no replica can start, so a request "
+                                    f"never wakes {t.d.name} (503 after the hold) until a host has room")  # fmt: skip
+            return
         t.change.warnings.append(
             f"{t.d.name}: on-demand replica {stopped} has no place ({why}); the scaler can run at most {stopped} "
             f"of the {t.count} replicas of spec.replicas.max"
