@@ -185,8 +185,10 @@ class Drift(BaseModel):
     unit: str
     deployment: str | None = None
     kind: Literal[
-        "edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged", "weights-changed", "engine-changed"
-    ]
+        "edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged", "weights-changed", "engine-changed",
+        "start-failed",
+    ]  # fmt: skip
+    """start-failed: an on-demand slot whose last start failed (systemd's start limit): no start runs until reset."""
     detail: str
     diff: list[str] = Field(default_factory=list)
     """A hand-edited unit: the unified diff from the file on the host to engine-ctl's (secret values hidden)."""

@@ -72,7 +72,7 @@ class Decision(BaseModel):
     at: str
     action: str
     """up, down, zero, wake, woken (a parked deployment a request woke), preempt, hold (nothing free), failed,
-    gateway (one did not answer, or answers again)."""
+    reset (a slot whose last start failed, reset before a new start), gateway (one did not answer, or answers again)."""
     slot: int | None = None
     host: str | None = None
     reason: str
