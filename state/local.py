@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from engine_ctl.state.base import LockHeld, new_lock, now, stale_reason, unlock_command, who, writer_gone
 from pydantic import ValidationError
@@ -58,6 +59,13 @@ def writable(state: State, location: str) -> None:
         parse_state(state.model_dump(mode="json"), location)
     except StateError as exc:
         raise StateError(f"refusing to write a state it could not read back (a bug in engine-ctl): {exc}") from None
+
+
+def private(path: Path) -> IO[str]:
+    """A new file (replacing any at `path`) that only its owner may read or write (0600)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "w")
 
 
 class LocalState:
@@ -118,13 +126,14 @@ class LocalState:
         data = json.dumps(new.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w") as f:
+        with private(tmp) as f:  # hosts, addresses, ports, key names: its owner's only
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         if self.path.exists():
             backup_tmp = self.backup.with_name(f".{self.backup.name}.{os.getpid()}.tmp")
             shutil.copyfile(self.path, backup_tmp)
+            os.chmod(backup_tmp, 0o600)
             os.replace(backup_tmp, self.backup)
         os.replace(tmp, self.path)
         dir_fd = os.open(self.path.parent, os.O_RDONLY)

@@ -101,3 +101,17 @@ def test_only_the_temporary_files_of_writers_that_are_gone_are_removed(tmp_path:
     finally:
         live.kill()
         live.wait()
+
+
+def test_the_state_and_its_backup_are_their_owners_only(tmp_path: Path) -> None:
+    """The state names hosts, addresses, ports and key names: 0600, its backup too, whatever the umask."""
+    backend = LocalState(tmp_path / "engine-ctl.state.json")
+    old = os.umask(0o022)
+    try:
+        backend.write(State())
+        backend.path.chmod(0o644)  # an older engine-ctl's file
+        backend.write(backend.read())
+    finally:
+        os.umask(old)
+    assert backend.path.stat().st_mode & 0o777 == 0o600
+    assert backend.backup.stat().st_mode & 0o777 == 0o600
