@@ -255,6 +255,57 @@ LEFT = (
 authorized key."""
 
 
+SECRETS_SCAN = r"""
+import os, sys
+tokens = [t.encode() for t in sys.argv[1:]]
+for top in ("/etc", "/run", "/usr/local/lib/engine-ctl", "/var/lib", "/root", "/home", "/tmp"):
+    for folder, dirs, files in os.walk(top):
+        if folder.startswith(("/var/lib/engine-ctl/models", "/run/systemd", "/etc/ssh")):
+            dirs[:] = []
+            continue
+        for name in files:
+            path = os.path.join(folder, name)
+            try:
+                st = os.lstat(path)
+                if not os.path.isfile(path) or os.path.islink(path) or st.st_size > 4_000_000:
+                    continue
+                data = open(path, "rb").read()
+            except OSError:
+                continue
+            found = [i for i, t in enumerate(tokens) if t in data]
+            if found:
+                print("%o %d %s %s" % (st.st_mode & 0o777, st.st_uid, ",".join(map(str, found)), path))
+"""
+
+
+def test_every_file_holding_a_secret_is_root_only_and_no_key_is_written_anywhere(truth: Truth) -> None:
+    """Issue 29 point 8, on the hosts: every file that holds the gateway's internal key or the scaler's private key
+    is 0600 (or 0400) and root's, and is one of the files the docs name; an API key is never written anywhere."""
+    truth.write(1024, zero=True)  # with a scale-to-zero deployment: a scaler and its key exist
+    applied = truth.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    internal = truth.fleet.ssh(truth.gateway, "cat /etc/engine-ctl/gateway/internal.key").stdout.split()[1]
+    tokens = [internal, "PRIVATE KEY-----", KEY_ALL, KEY_ONE]
+    seen: dict[str, list[tuple[str, str, str]]] = {}
+    for h in truth.fleet.hosts:
+        out = truth.fleet.ssh(h, f"python3 -c '{SECRETS_SCAN}' " + " ".join(f"'{t}'" for t in tokens)).stdout
+        seen[h.name] = [tuple(line.split(" ", 3)) for line in out.splitlines() if line.strip()]  # type: ignore[misc]
+    for host, files in seen.items():
+        for mode, uid, which, path in files:
+            assert "2" not in which.split(",") and "3" not in which.split(","), (host, path)  # an API key: never
+            if path == "/etc/ssh/ssh_host_ed25519_key" or path.startswith("/etc/ssh/"):
+                continue
+            assert mode in ("600", "400") and uid == "0", (host, path, mode, uid)
+    gateway = {path for _, _, which, path in seen[truth.gateway.name] if "0" in which.split(",")}
+    assert "/etc/engine-ctl/gateway/internal.key" in gateway, gateway
+    replicas = {path for h in (truth.pinned, truth.other) for _, _, which, path in seen[h.name]
+                if "0" in which.split(",")}  # fmt: skip
+    assert replicas and all(p.startswith("/etc/engine-ctl/replica-key") for p in replicas), replicas
+    private = {path for _, _, which, path in seen[truth.gateway.name] if "1" in which.split(",")}
+    assert private, "the scaler's private key is on the gateway host, root-only"
+    print({h: [f[3] for f in files] for h, files in seen.items()})
+
+
 def test_destroy_leaves_only_models_and_caches_even_for_a_gateway_out_of_the_inventory(truth: Truth) -> None:
     truth.write(1024, zero=True)
     applied = truth.cli("apply", "--auto-approve")
