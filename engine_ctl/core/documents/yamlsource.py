@@ -20,7 +20,6 @@ from ruamel.yaml.error import MarkedYAMLError, ReusedAnchorWarning, StreamMark, 
 from ruamel.yaml.events import AliasEvent
 
 from engine_ctl.core.diagnostics import Diagnostic, Location, format_path
-from engine_ctl.core.render.systemd_escape import NONCHARACTERS
 
 DOCUMENT_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -145,6 +144,11 @@ def character_name(ch: str) -> str:
     return f"U+{ord(ch):04X} ({name})"
 
 
+NONCHARACTERS = "\ufdd0-\ufdef" + "".join(
+    chr(plane + 0xFFFE) + chr(plane + 0xFFFF) for plane in range(0, 0x110000, 1 << 16)
+)
+"""Unicode's noncharacters, as a regular expression's character class: systemd refuses a line holding one as not
+UTF-8 clean and ignores the directive (utf8.c, unichar_is_valid), so a unit with one in its ExecStart= has none."""
 NONCHARACTER = re.compile(f"[{NONCHARACTERS}]")
 """Unicode's noncharacters (U+FDD0..U+FDEF, the last two code points of every plane): systemd refuses a unit line
 holding one as not UTF-8 clean and drops the directive, so none may reach a unit."""
