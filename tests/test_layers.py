@@ -4,10 +4,13 @@ loads no I/O — not the CLI, not the transport or SSH, not a state backend, not
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import itertools
 import json
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -193,3 +196,33 @@ def test_no_import_from_a_lower_layer_to_a_higher_one() -> None:
     remote = sorted(f"{a} imports {b}" for a, t in edges.items() if a.startswith(STDLIB_ONLY) for b in t)
     assert remote == [], f"host-side scripts import engine-ctl: {remote}"
     assert {_layer(m) for m in modules} == set(range(len(LAYERS))), "a layer with no module: update LAYERS"
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _requirement(text: str) -> str:
+    return _canonical(re.split(r"[<>=!~\[; ]", text, maxsplit=1)[0])
+
+
+def test_the_runtime_dependencies_are_exactly_what_the_product_imports() -> None:
+    """No dead weight (a dependency no module imports: gguf and its numpy were one) and nothing undeclared."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {_requirement(r) for r in project["dependencies"]}
+    postgres = {_requirement(r) for r in project["optional-dependencies"]["postgres"]}
+    distributions = importlib.metadata.packages_distributions()
+    imported: dict[str, str] = {}
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            tops = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                tops = [node.module]
+            for top in {t.split(".")[0] for t in tops} - set(sys.stdlib_module_names) - {"engine_ctl"}:
+                assert top in distributions, f"{name} imports {top}, which no installed distribution provides"
+                imported.setdefault(_canonical(distributions[top][0]), name)
+    comes_with = {"pydantic-core": "pydantic"}  # pydantic's own core, pinned by pydantic
+    used = {comes_with.get(d, d) for d in imported}
+    assert "gguf" not in declared and "numpy" not in declared
+    assert used - declared - postgres == set(), f"imported but not declared: {sorted(used - declared - postgres)}"
+    assert declared - used == set(), f"declared but imported by no module of engine-ctl: {sorted(declared - used)}"
