@@ -202,6 +202,13 @@ def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def _distribution(module: str, candidates: list[str]) -> str:
+    """The distribution of `module`: of several sharing its top-level name (ruamel.yaml and ruamel.yaml.clib
+    share ruamel), the one whose name is the longest prefix of the module's."""
+    named = [c for c in candidates if f"{_canonical(module)}-".startswith(f"{_canonical(c)}-")]
+    return _canonical(max(named, key=len) if named else candidates[0])
+
+
 def _requirement(text: str) -> str:
     return _canonical(re.split(r"[<>=!~\[; ]", text, maxsplit=1)[0])
 
@@ -215,12 +222,15 @@ def test_the_runtime_dependencies_are_exactly_what_the_product_imports() -> None
     imported: dict[str, str] = {}
     for name, path in _modules().items():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            tops = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom) and not node.level and node.module:
-                tops = [node.module]
-            for top in {t.split(".")[0] for t in tops} - set(sys.stdlib_module_names) - {"engine_ctl"}:
+                modules = [node.module]
+            for module in modules:
+                top = module.split(".")[0]
+                if top in sys.stdlib_module_names or top == "engine_ctl":
+                    continue
                 assert top in distributions, f"{name} imports {top}, which no installed distribution provides"
-                imported.setdefault(_canonical(distributions[top][0]), name)
+                imported.setdefault(_distribution(module, distributions[top]), name)
     comes_with = {"pydantic-core": "pydantic"}  # pydantic's own core, pinned by pydantic
     used = {comes_with.get(d, d) for d in imported}
     assert "gguf" not in declared and "numpy" not in declared
