@@ -22,7 +22,7 @@ OptionValue = bool | int | float | str
 
 
 class Value(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class HfRef(Value):
