@@ -31,7 +31,7 @@ SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class _Doc(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, defer_build=True)
 
 
 class ApiKeyMetadata(_Doc):
