@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from engine_ctl.cli.common import ENVIRONMENT, inventory_option, ssh_options
-from engine_ctl.cli.environments import current_env, env_option, state_file_name, state_for_env
+from engine_ctl.cli.environments import current_env, env_option, project_root, state_file_name, state_for_env
 from engine_ctl.cli.views.output import console
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.record.model import State, StateError
@@ -25,7 +25,8 @@ def state_option(f: Any) -> Any:
         "state_path",
         envvar=ENVIRONMENT["--state"],
         show_envvar=True,
-        help=f"The state: a file (default: {DEFAULT_NAME} beside the documents) or postgresql://…[#name]; "
+        help=f"The state: a file (default: {DEFAULT_NAME} in the project's root: the documents' directory, or the "
+        "current one, or the nearest above it holding an inventory or a state) or postgresql://…[#name]; "
         "with --env NAME, NAME's own state there.",
     )(f)
     return env_option(f)
@@ -77,17 +78,31 @@ def writing_options(f: Any) -> Any:
 
 
 def default_state_path(paths: tuple[Path, ...]) -> Path:
+    """The state file every command finds the same way: engine-ctl.state.json (engine-ctl.NAME.state.json with
+    --env NAME) in the project's root, the directory of the documents (or the current directory without them) or
+    the nearest one above it that holds an inventory or a state (environments.project_root)."""
     first = paths[0] if paths else Path(".")
     base = first if first.is_dir() else first.parent
-    return base / state_file_name(current_env(), DEFAULT_NAME)
+    return project_root(base) / state_file_name(current_env(), DEFAULT_NAME)
 
 
 def backend_for(explicit: str | None, paths: tuple[Path, ...]) -> StateBackend:
-    """The state: --state (with --env NAME, NAME's own state in that backend), else the file beside the
-    documents (engine-ctl.state.json; engine-ctl.NAME.state.json for an environment)."""
+    """The state: --state (with --env NAME, NAME's own state in that backend), else the file in the project's
+    root (default_state_path)."""
     if explicit:
         return open_backend(state_for_env(explicit, current_env()))
     return LocalState(default_state_path(paths))
+
+
+def state_exists(backend: StateBackend) -> bool:
+    """Whether the backend holds a state yet: a command that finds none never creates one (only apply and import
+    write a first state)."""
+    if isinstance(backend, LocalState):
+        return backend.path.exists()
+    try:
+        return backend.read().serial > 0
+    except StateError:
+        return True
 
 
 def reopen_string(backend: StateBackend) -> str:
@@ -130,3 +145,21 @@ def read_state(backend: StateBackend) -> State:
         return backend.read()
     except StateError as exc:
         raise InputError([Diagnostic(Location(backend.location), "", str(exc), code="state_error")]) from None
+
+
+NO_STATE_HINT = (
+    "run it where you run apply: the state is engine-ctl.state.json in the project's root (the documents' directory, "
+    "or the current one, or the nearest directory above it holding an inventory or a state); or pass the documents' "
+    "directory, or --state"
+)
+
+
+def no_such_deployment(name: str, state: State, backend: StateBackend) -> InputError:
+    """The error for a deployment the state does not hold; where no state is at all, where it was looked for."""
+    if not state_exists(backend):
+        why = f"no state here: no deployment {name!r} was applied from this project"
+        return InputError([Diagnostic(Location(backend.location), "", why, hint=NO_STATE_HINT,
+                                      code="unknown_deployment")])  # fmt: skip
+    known = ", ".join(sorted(state.deployments)) or "none"
+    return InputError([Diagnostic(Location("state"), "", f"no deployment named {name!r} in the state",
+                                  hint=f"deployments: {known}", code="unknown_deployment")])  # fmt: skip

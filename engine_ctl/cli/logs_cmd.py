@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 
 from engine_ctl.cli.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
-from engine_ctl.cli.context import backend_for, read_state, state_option
+from engine_ctl.cli.context import backend_for, no_such_deployment, read_state, state_option
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.documents.loader import load_paths
@@ -275,12 +275,11 @@ def logs(
     streams from all of them at once and stops on Ctrl-C."""
     since_arg = since_argument(since) if since is not None else None
     count = lines if lines is not None else (None if since_arg else DEFAULT_LINES)
-    state = read_state(backend_for(state_path, paths))
+    backend = backend_for(state_path, paths)
+    state = read_state(backend)
     record = state.deployments.get(deployment)
     if record is None:
-        known = ", ".join(sorted(state.deployments)) or "none"
-        raise InputError([Diagnostic(Location("state"), "", f"no deployment named {deployment!r} in the state",
-                                     hint=f"deployments: {known}", code="unknown_deployment")])  # fmt: skip
+        raise no_such_deployment(deployment, state, backend)
     replicas = _replicas(deployment, instance, record.replicas)
     hosts = _hosts(replicas, inventory_path, paths)
     by_host: dict[str, list[Replica]] = {}
