@@ -258,8 +258,9 @@ def status(
 
     `status deployment NAME` and `status NAME` are the same. NAME is read as a path, not a deployment, when it
     looks like one (it has a / or ends in .yaml, .yml or .json, or is . or ..) or is an existing file or
-    directory: `engine-ctl status .` shows every deployment of the state beside the documents in the current
-    directory.
+    directory: `engine-ctl status .` shows every deployment of the current directory's project. The state is
+    engine-ctl.state.json in the project's root: the documents' directory (or the current one), or the nearest
+    directory above it that holds an inventory or a state, as apply finds it.
     """
     if name == "deployment" and paths and not is_path(str(paths[0])):
         name, paths = str(paths[0]), paths[1:]
