@@ -14,7 +14,8 @@ from engine_ctl.cli.common import ENVIRONMENT, inventory_option, ssh_options
 from engine_ctl.cli.environments import current_env, env_option, project_root, state_file_name, state_for_env
 from engine_ctl.cli.views.output import console
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
-from engine_ctl.core.record.model import State, StateError
+from engine_ctl.core.documents.yamlsource import parse_text
+from engine_ctl.core.record.model import DeploymentRecord, State, StateError
 from engine_ctl.state import LocalState, StateBackend, open_backend
 from engine_ctl.state.local import DEFAULT_NAME
 
@@ -163,3 +164,29 @@ def no_such_deployment(name: str, state: State, backend: StateBackend) -> InputE
     known = ", ".join(sorted(state.deployments)) or "none"
     return InputError([Diagnostic(Location("state"), "", f"no deployment named {name!r} in the state",
                                   hint=f"deployments: {known}", code="unknown_deployment")])  # fmt: skip
+
+
+def unknown_hosts(
+    unknown: list[tuple[str, int, str]], records: list[DeploymentRecord], inventory: str,
+    backend: StateBackend | None,
+) -> list[Diagnostic]:  # fmt: skip
+    """Each replica on a host the inventory lacks, located where the state file names the host
+    (file:line:column of deployments.NAME.replicas[I].host)."""
+    source = None
+    if isinstance(backend, LocalState) and backend.path.is_file():
+        found, _ = parse_text(backend.path.read_text(errors="replace"), backend.location)
+        source = found[0] if found else None
+    out = []
+    index = {d.name: d for d in records}
+    for name, i, host in unknown:
+        where = ("deployments", name, "replicas", i, "host")
+        location = source.locate(where) if source is not None else Location(backend.location if backend else "state")
+        replica = index[name].replicas[i].index
+        out.append(Diagnostic(
+            location, f"deployments.{name}.replicas[{i}].host",
+            f"host {host!r}, where replica {replica} of {name} runs as the state records it, is not in the inventory "
+            f"{inventory}",
+            hint=f"pass the inventory {name} was applied with (--inventory, or --env NAME), or add {host} to it",
+            code="unknown_host",
+        ))  # fmt: skip
+    return out

@@ -19,11 +19,11 @@ from engine_ctl.cli.context import (
     read_state,
     state_exists,
     state_option,
+    unknown_hosts,
 )
 from engine_ctl.cli.views.output import console, emit_json
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.loader import load_paths
-from engine_ctl.core.documents.yamlsource import parse_text
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.names import UNIT_PREFIX, UNIT_SUFFIX, parse_unit_name
 from engine_ctl.core.plan.decisions import readiness_checks
@@ -43,7 +43,7 @@ from engine_ctl.core.render.gateway import endpoint_of
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.gather import gather
 from engine_ctl.shell.transport import HostFailure, SSHOptions
-from engine_ctl.state import LocalState, StateBackend
+from engine_ctl.state import StateBackend
 
 FORMAT_VERSION = 1
 
@@ -99,32 +99,6 @@ def _live(
         for host, asked in readiness_checks(d).items():
             decisions.setdefault(host, []).extend(asked)
     return gather(hosts, options, parallel, health=checks, decisions=decisions)
-
-
-def unknown_hosts(
-    unknown: list[tuple[str, int, str]], records: list[DeploymentRecord], inventory: str,
-    backend: StateBackend | None,
-) -> list[Diagnostic]:  # fmt: skip
-    """Each replica on a host the inventory lacks, located where the state file names the host
-    (file:line:column of deployments.NAME.replicas[I].host)."""
-    source = None
-    if isinstance(backend, LocalState) and backend.path.is_file():
-        found, _ = parse_text(backend.path.read_text(errors="replace"), backend.location)
-        source = found[0] if found else None
-    out = []
-    index = {d.name: d for d in records}
-    for name, i, host in unknown:
-        where = ("deployments", name, "replicas", i, "host")
-        location = source.locate(where) if source is not None else Location(backend.location if backend else "state")
-        replica = index[name].replicas[i].index
-        out.append(Diagnostic(
-            location, f"deployments.{name}.replicas[{i}].host",
-            f"host {host!r}, where replica {replica} of {name} runs as the state records it, is not in the inventory "
-            f"{inventory}",
-            hint=f"pass the inventory {name} was applied with (--inventory, or --env NAME), or add {host} to it",
-            code="unknown_host",
-        ))  # fmt: skip
-    return out
 
 
 def _statuses(
