@@ -96,3 +96,13 @@ def test_the_walk_up_stops_at_a_repositorys_root(tmp_path: Path, monkeypatch: py
     monkeypatch.delenv("ENGINE_CTL_STATE", raising=False)
     shown = run("list")
     assert shown.exit_code == 0 and "No state at engine-ctl.state.json" in shown.stdout, shown.output
+
+
+def test_a_state_an_earlier_engine_ctl_wrote_beside_the_documents_is_named_with_the_move(repo: Path) -> None:
+    recorded(repo / "deploy")  # where the rule before the project's root wrote it (hosts.yaml at the root)
+    shown = run("status", "chat")
+    assert shown.exit_code == 1
+    assert "found deploy/engine-ctl.state.json below: move it here" in " ".join(shown.stderr.split()), shown.stderr
+    assert "mv deploy/engine-ctl.state.json* ./" in shown.stderr
+    assert "found deploy/engine-ctl.state.json below" in " ".join(run("stop", "chat").stderr.split())
+    assert "Reason    does not fit any host" in run("status", "chat", "deploy/").stdout  # passed: still found there

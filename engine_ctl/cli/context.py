@@ -11,7 +11,14 @@ from typing import Any
 import click
 
 from engine_ctl.cli.common import ENVIRONMENT, inventory_option, ssh_options
-from engine_ctl.cli.environments import current_env, env_option, project_root, state_file_name, state_for_env
+from engine_ctl.cli.environments import (
+    current_env,
+    env_option,
+    project_root,
+    state_file_name,
+    state_for_env,
+    states_below,
+)
 from engine_ctl.cli.views.output import console
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.yamlsource import parse_text
@@ -155,11 +162,23 @@ NO_STATE_HINT = (
 )
 
 
+def no_state_hint(backend: StateBackend) -> str:
+    """Where to look when no state is here; a state right below (beside documents in deploy/, where an engine-ctl
+    before this rule wrote it) is named, with the move that makes every command find it."""
+    if isinstance(backend, LocalState):
+        found = states_below(backend.given.parent, backend.given.name)
+        if found:
+            names = ", ".join(str(f) for f in found)
+            return (f"found {names} below: move it here, with its .backup (mv {found[0]}* {backend.given.parent}/), "
+                    "or pass --state")  # fmt: skip
+    return NO_STATE_HINT
+
+
 def no_such_deployment(name: str, state: State, backend: StateBackend) -> InputError:
     """The error for a deployment the state does not hold; where no state is at all, where it was looked for."""
     if not state_exists(backend):
         why = f"no state here: no deployment {name!r} was applied from this project"
-        return InputError([Diagnostic(Location(backend.location), "", why, hint=NO_STATE_HINT,
+        return InputError([Diagnostic(Location(backend.location), "", why, hint=no_state_hint(backend),
                                       code="unknown_deployment")])  # fmt: skip
     known = ", ".join(sorted(state.deployments)) or "none"
     return InputError([Diagnostic(Location("state"), "", f"no deployment named {name!r} in the state",

@@ -124,6 +124,16 @@ def project_root(start: Path) -> Path:
     return start
 
 
+def states_below(directory: Path, name: str) -> list[Path]:
+    """The state files `name` in the directories right below `directory`: where an engine-ctl before the project's
+    root rule wrote them (beside the documents, deploy/engine-ctl.state.json), for the hint of a command that finds
+    none here."""
+    try:
+        return sorted(d / name for d in directory.iterdir() if d.is_dir() and (d / name).is_file())
+    except OSError:
+        return []
+
+
 def beside(paths: tuple[Path, ...] | list[Path]) -> list[Path]:
     """The directories the documents are in: each directory given, and the directory of each file given."""
     out: list[Path] = []
@@ -144,4 +154,5 @@ __all__ = [
     "project_root",
     "state_file_name",
     "state_for_env",
+    "states_below",
 ]

@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 import click
 
 from engine_ctl.cli.common import find_inventory, inventory_option, ssh_options, ssh_settings
-from engine_ctl.cli.context import NO_STATE_HINT, backend_for, lock_timeout_option, state_exists, state_option
+from engine_ctl.cli.context import backend_for, lock_timeout_option, no_state_hint, state_exists, state_option
 from engine_ctl.cli.requests import recorded_verb
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.plan.operator import STOP_WAIT_S
@@ -44,8 +44,9 @@ def _verbs(state_path: str | None, inventory_path: Path | None, accept_new_host_
            lock_timeout: float) -> Verbs:  # fmt: skip
     backend = backend_for(state_path, ())
     if not state_exists(backend):  # never a state made here: a verb acts on what an apply recorded
-        raise InputError([Diagnostic(Location(backend.location), "", f"no state at {backend.location}: nothing "
-                                     "was applied from here", hint=NO_STATE_HINT, code="state_error")])  # fmt: skip
+        why = f"no state at {backend.location}: nothing was applied from here"
+        raise InputError([Diagnostic(Location(backend.location), "", why, hint=no_state_hint(backend),
+                                     code="state_error")])  # fmt: skip
     return Verbs(
         backend=backend, inventory=find_inventory(inventory_path, None),
         options=ssh_settings(accept_new_host_keys), progress=_progress,

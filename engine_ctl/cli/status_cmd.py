@@ -13,8 +13,8 @@ from rich.table import Table
 from engine_ctl.cli import state_cmd, state_move
 from engine_ctl.cli.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
 from engine_ctl.cli.context import (
-    NO_STATE_HINT,
     backend_for,
+    no_state_hint,
     no_such_deployment,
     read_state,
     state_exists,
@@ -398,7 +398,8 @@ def _slot(unit: str) -> str:
 
 def _no_deployments(backend: StateBackend) -> str:
     if not state_exists(backend):
-        hint = NO_STATE_HINT[0].upper() + NO_STATE_HINT[1:]
+        hint = no_state_hint(backend)
+        hint = hint[0].upper() + hint[1:]
         return f"No state at {backend.location}: nothing was applied from this project. {hint}."
     return f"No deployments in the state ({backend.location}); `engine-ctl apply` records them."
 
