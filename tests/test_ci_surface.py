@@ -476,7 +476,10 @@ def test_logs_refuses_what_it_cannot_read_with_a_hint(tmp_path: Path) -> None:
     missing = run("logs", "chat", *base)
     assert (
         missing.exit_code == 1
-        and "host fleet-1 (where the state says replicas run) is not in the inventory" in missing.stderr
+        and f"{state}:" in missing.stderr  # at the state's place that names the host (issue 24)
+        and "deployments.chat.replicas[0].host: host 'fleet-1', where replica 0 of chat runs as the state records "
+        "it, is not in the inventory"
+        in missing.stderr
     )
     for result in (unknown, instance, since, missing):
         assert "Traceback" not in result.output

@@ -1,4 +1,4 @@
-"""`engine-ctl stop|start|park|delete deployment NAME`: the operator verbs (engine_ctl.shell.lifecycle.verbs)."""
+"""`engine-ctl stop|start|park|delete [deployment] NAME`: the operator verbs (engine_ctl.shell.lifecycle.verbs)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import Any, NoReturn
 import click
 
 from engine_ctl.cli.common import find_inventory, inventory_option, ssh_options, ssh_settings
-from engine_ctl.cli.context import backend_for, lock_timeout_option, state_option
+from engine_ctl.cli.context import backend_for, lock_timeout_option, no_state_hint, state_exists, state_option
 from engine_ctl.cli.requests import recorded_verb
+from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.plan.operator import STOP_WAIT_S
 from engine_ctl.core.record.model import StateError
 from engine_ctl.shell.lifecycle.hosts import OperatorFailure
@@ -41,8 +42,13 @@ def verb_options(f: Any) -> Any:
 
 def _verbs(state_path: str | None, inventory_path: Path | None, accept_new_host_keys: bool,
            lock_timeout: float) -> Verbs:  # fmt: skip
+    backend = backend_for(state_path, ())
+    if not state_exists(backend):  # never a state made here: a verb acts on what an apply recorded
+        why = f"no state at {backend.location}: nothing was applied from here"
+        raise InputError([Diagnostic(Location(backend.location), "", why, hint=no_state_hint(backend),
+                                     code="state_error")])  # fmt: skip
     return Verbs(
-        backend=backend_for(state_path, ()), inventory=find_inventory(inventory_path, None),
+        backend=backend, inventory=find_inventory(inventory_path, None),
         options=ssh_settings(accept_new_host_keys), progress=_progress,
         lock_timeout=lock_timeout,
     )  # fmt: skip
@@ -71,8 +77,24 @@ def _accepted(what: str, name: str, out: Outcome) -> None:
     say(f"  Operation   {out.operation}")
 
 
+class VerbGroup(click.Group):
+    """`stop deployment NAME`, and `stop NAME` the same, as `status NAME` is (a word that names no subcommand is
+    the deployment's name)."""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["deployment", *args]
+        return super().resolve_command(ctx, args)
+
+
 def _group(name: str, help_text: str) -> click.Group:
-    return click.Group(name=name, help=help_text)
+    return VerbGroup(
+        name=name, help=f"{help_text}\n\n`engine-ctl {name} NAME` and `engine-ctl {name} deployment NAME` are the "
+        "same.",
+        subcommand_metavar="[deployment] NAME [OPTIONS]",
+    )  # fmt: skip
 
 
 stop = _group("stop", "Stop a deployment's engines and keep them stopped (apply too) until `start`.")
