@@ -299,12 +299,15 @@ def test_every_file_holding_a_secret_is_root_only_and_no_key_is_written_anywhere
             assert "2" not in which.split(",") and "3" not in which.split(","), (host, path)  # an API key: never
             if path == "/etc/ssh/ssh_host_ed25519_key" or path.startswith("/etc/ssh/"):
                 continue
-            assert mode in ("600", "400") and uid == "0", (host, path, mode, uid)
+            dynamic = 61184 <= int(uid) <= 65519  # systemd's DynamicUser range: the unit's own runtime copy
+            assert mode in ("600", "400") and (uid == "0" or dynamic), (host, path, mode, uid)
     gateway = {path for _, _, which, path in seen[truth.gateway.name] if "0" in which.split(",")}
     assert "/etc/engine-ctl/gateway/internal.key" in gateway, gateway
     replicas = {path for h in (truth.pinned, truth.other) for _, _, which, path in seen[h.name]
                 if "0" in which.split(",")}  # fmt: skip
-    assert replicas and all(p.startswith("/etc/engine-ctl/replica-key") for p in replicas), replicas
+    # the key files apply writes, and systemd's copies for each unit (LoadCredential=), nothing else
+    assert replicas and all(p.startswith(("/etc/engine-ctl/replica-key", "/run/credentials/engine-ctl-"))
+                            for p in replicas), replicas  # fmt: skip
     private = {path for _, _, which, path in seen[truth.gateway.name] if "1" in which.split(",")}
     assert private, "the scaler's private key is on the gateway host, root-only"
     print({h: [f[3] for f in files] for h, files in seen.items()})
