@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
+from click.shell_completion import CompletionItem
 
 from engine_ctl.cli.common import find_inventory, inventory_option, ssh_options, ssh_settings
+from engine_ctl.cli.completion import deployment_names
 from engine_ctl.cli.context import backend_for, lock_timeout_option, no_state_hint, state_exists, state_option
 from engine_ctl.cli.requests import recorded_verb
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
@@ -37,7 +39,7 @@ def _progress(line: str) -> None:
 def verb_options(f: Any) -> Any:
     for option in (lock_timeout_option, ssh_options, state_option, inventory_option):
         f = option(f)
-    return click.argument("name")(f)
+    return click.argument("name", shell_complete=deployment_names)(f)
 
 
 def _verbs(state_path: str | None, inventory_path: Path | None, accept_new_host_keys: bool,
@@ -87,6 +89,10 @@ class VerbGroup(click.Group):
         if args and args[0] not in self.commands and not args[0].startswith("-"):
             args = ["deployment", *args]
         return super().resolve_command(ctx, args)
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
+        """`stop <TAB>`: the deployments of the state, beside the `deployment` subcommand."""
+        return [*super().shell_complete(ctx, incomplete), *deployment_names(ctx, self, incomplete)]
 
 
 def _group(name: str, help_text: str) -> click.Group:

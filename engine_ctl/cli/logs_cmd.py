@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 
 from engine_ctl.cli.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
+from engine_ctl.cli.completion import deployment_names
 from engine_ctl.cli.context import backend_for, no_such_deployment, read_state, state_option, unknown_hosts
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Host
@@ -248,7 +249,7 @@ def _follow(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | N
 
 
 @click.command()
-@click.argument("deployment")
+@click.argument("deployment", shell_complete=deployment_names)
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--instance", type=click.IntRange(min=0), help="Only this instance (as status numbers them).")
 @click.option("--since", help="Only lines since T: 30s, 10m, 2h, 1d, or a time such as 2024-05-01T12:00.")

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from engine_ctl.cli import state_cmd, state_move
 from engine_ctl.cli.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
+from engine_ctl.cli.completion import deployment_names
 from engine_ctl.cli.context import (
     backend_for,
     no_state_hint,
@@ -209,7 +210,7 @@ def list_cmd(
 
 
 @click.command()
-@click.argument("name", required=False)
+@click.argument("name", required=False, shell_complete=deployment_names)
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @inventory_option
 @state_option
