@@ -46,3 +46,16 @@ def test_no_state_completes_nothing_and_writes_nothing(tmp_path: Path) -> None:
     (tmp_path / "hosts.yaml").write_text("hosts: [{name: a, address: 10.0.0.1}]\n")
     assert complete(tmp_path, "stop", "c") == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts.yaml"]
+
+
+def test_state_list_json_has_stable_fields(tmp_path: Path) -> None:
+    import json
+
+    state = State(deployments={"chat": DeploymentRecord(name="chat", revision=3)})
+    LocalState(tmp_path / "engine-ctl.state.json").write(state)
+    done = subprocess.run([str(SCRIPT), "state", "list", "--json"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["format_version"] == 1 and doc["serial"] == 1 and doc["lineage"]
+    assert [(d["name"], d["revision"], d["replicas"]) for d in doc["deployments"]] == [("chat", 3, [])]

@@ -223,6 +223,20 @@ def test_park_and_wake_of_a_llamacpp_deployment_is_a_restart(lc: Lifecycle) -> N
     assert woken.stdout.startswith("Waking lc from its park"), woken.stdout  # a wake, not a stop's words
     assert lc.unit_state() == "active" and lc.main_pid() != before  # restart_only: a new engine process
     assert lc.ask()[0] == 200
+    # --json: the same verbs for scripts, one document on stdout with stable fields
+    parked = lc.cli("park", "lc", "--json")
+    assert parked.returncode == 0, parked.stdout + parked.stderr
+    doc = json.loads(parked.stdout)
+    assert {k: doc[k] for k in ("format_version", "verb", "deployment")} == {"format_version": 1, "verb": "park",
+                                                                           "deployment": "lc"}  # fmt: skip
+    assert isinstance(doc["operation"], str) and doc["operation"]
+    woken = lc.cli("start", "lc", "--wait", "--json")
+    assert woken.returncode == 0, woken.stdout + woken.stderr
+    doc = json.loads(woken.stdout)
+    assert (doc["verb"], doc["ready"], doc["replicas"]) == ("start", 1, 1) and doc["hosts"], doc
+    unknown = lc.cli("stop", "nope", "--json")
+    assert unknown.returncode == 1
+    assert json.loads(unknown.stdout)["error"]["details"][0]["code"] == "unknown_deployment", unknown.stdout
 
 
 def test_a_park_asleep_is_parking_while_its_park_job_runs_then_parked(lc: Lifecycle) -> None:

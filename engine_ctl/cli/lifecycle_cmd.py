@@ -14,30 +14,62 @@ from engine_ctl.cli.common import find_inventory, inventory_option, ssh_options,
 from engine_ctl.cli.completion import deployment_names
 from engine_ctl.cli.context import backend_for, lock_timeout_option, no_state_hint, state_exists, state_option
 from engine_ctl.cli.requests import recorded_verb
-from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
+from engine_ctl.cli.views.output import emit_json
+from engine_ctl.core.diagnostics import Diagnostic, InputError, Location, error_object
 from engine_ctl.core.plan.operator import STOP_WAIT_S
 from engine_ctl.core.record.model import StateError
 from engine_ctl.shell.lifecycle.hosts import OperatorFailure
 from engine_ctl.shell.lifecycle.verbs import Outcome, Refused, Verbs
 from engine_ctl.shell.transport import HostFailure
 
+FORMAT_VERSION = 1
+"""The version of the verbs' --json documents."""
+JSON_MODE: list[bool] = [False]
+"""--json for this process's one verb: its outcome (or error) as one JSON document on stdout, no text there."""
+
 
 def say(line: str = "") -> None:
+    if JSON_MODE[0]:
+        return
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
 
 def fail(message: str, code: str | None = None, status: int = 1) -> NoReturn:
+    if JSON_MODE[0]:  # the shape of every command's --json error (core.diagnostics.error_object)
+        detail = Diagnostic(Location(""), "", message, code="operator_failed")
+        if code:  # the verb's own refusal code (still_stopping, unknown_deployment, …)
+            detail = Diagnostic(Location(""), "", message, code=code)
+        emit_json(error_object([detail]))
     sys.stderr.write((f"error [{code}]: " if code else "error: ") + message + "\n")
     sys.exit(status)
+
+
+def outcome_json(verb: str, name: str, out: Outcome) -> None:
+    """The verb's result for scripts: stable field names, with --json."""
+    if JSON_MODE[0]:
+        emit_json({
+            "format_version": FORMAT_VERSION, "verb": verb, "deployment": name, "operation": out.operation,
+            "ready": out.ready, "replicas": out.replicas, "hosts": out.hosts, "note": out.note or None,
+        })  # fmt: skip
 
 
 def _progress(line: str) -> None:
     sys.stderr.write(line + "\n")
 
 
+def _json_option(f: Any) -> Any:
+    def switch(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+        JSON_MODE[0] = value
+        return value
+
+    return click.option("--json", "as_json", is_flag=True, expose_value=False, is_eager=True, callback=switch,
+                        help="The outcome as one JSON document on stdout (verb, deployment, operation, ready, "
+                        "replicas, hosts, note), or {\"error\": {code, message}}.")(f)  # fmt: skip
+
+
 def verb_options(f: Any) -> Any:
-    for option in (lock_timeout_option, ssh_options, state_option, inventory_option):
+    for option in (lock_timeout_option, ssh_options, state_option, inventory_option, _json_option):
         f = option(f)
     return click.argument("name", shell_complete=deployment_names)(f)
 
@@ -71,6 +103,7 @@ def _run(verbs: Verbs, action: Callable[[], Outcome]) -> Outcome:
 
 
 def _accepted(what: str, name: str, out: Outcome) -> None:
+    outcome_json(what.lower(), name, out)
     if out.note:
         say(out.note)
         return
@@ -136,6 +169,8 @@ def start_deployment(name: str, inventory_path: Path | None, state_path: str | N
         say(waiting_line(verb, name))
 
     out = _run(verbs, lambda: verbs.start(name, wait, waiting))
+    if out.note or out.ready:
+        outcome_json("start", name, out)
     if out.note:
         say(out.note)
     elif out.ready:
@@ -182,6 +217,7 @@ def delete_deployment(name: str, inventory_path: Path | None, state_path: str | 
         say(f"Waiting for the stop of {name} to finish (at most {STOP_WAIT_S}s)")
 
     out = _run(verbs, lambda: verbs.delete(name, and_stop, waiting))
+    outcome_json("delete", name, out)
     if out.note:
         say(out.note)
         return

@@ -421,10 +421,24 @@ state_group.add_command(state_cmd.state_history)
 @state_group.command(name="list")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @state_option
-def state_list(paths: tuple[Path, ...], state_path: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="A versioned JSON document: the state's serial, lineage and "
+              "each deployment's ID, revision, state and replicas.")  # fmt: skip
+def state_list(paths: tuple[Path, ...], state_path: str | None, as_json: bool) -> None:
     """The deployments in the state, with revision and replicas."""
     backend = backend_for(state_path, paths)
     state = read_state(backend)
+    if as_json:
+        emit_json({
+            "format_version": FORMAT_VERSION, "state": backend.location, "serial": state.serial,
+            "lineage": state.lineage,
+            "deployments": [
+                {"name": name, "id": rec.id, "revision": rec.revision, "state": rec.state,
+                 "replicas": [{"index": r.index, "host": r.host, "unit": r.unit, "port": r.port,
+                               "revision": r.revision, "status": r.status} for r in rec.replicas]}
+                for name, rec in sorted(state.deployments.items())
+            ],
+        })  # fmt: skip
+        return
     out = console()
     out.print(f"# {backend.location}: serial {state.serial}, lineage {state.lineage}")
     for name, rec in sorted(state.deployments.items()):
