@@ -62,8 +62,10 @@ def main_pid(p: GatewayProject, name: str) -> tuple[int, str]:
 
 
 def deep(depth: int, model: str = "gw-b") -> bytes:
-    """A chat request 240,066 bytes long at 120,000 levels, under the gateway's 245,760-byte limit."""
-    return b'{"model":"' + model.encode() + b'","messages":' + b"[" * depth + b"]" * depth + b"}"
+    """A chat request 240,066 bytes long, its `stop` 120,000 levels deep (under the gateway's 245,760-byte limit):
+    llama-server parses it, then crashes with SIGSEGV."""
+    head = b'{"model":"' + model.encode() + b'","messages":[{"role":"user","content":"hi"}],"stop":'
+    return head + b"[" * depth + b"]" * depth + b"}"
 
 
 def test_deeply_nested_json_never_reaches_a_replica(hg: GatewayProject) -> None:

@@ -148,3 +148,61 @@ def test_haproxys_own_errors_are_openai_shaped(gateway: Gateway) -> None:  # noq
 def test_the_configuration_bounds_slow_clients(gateway: Gateway) -> None:  # noqa: F811
     cfg = (Path(str(gateway["dir"])) / "haproxy.cfg").read_text()
     assert "timeout http-request 10s" in cfg and "sc_conn_cur(0) gt 200" in cfg
+
+
+def test_a_pooled_connection_the_replica_closed_as_the_request_came_is_tried_again(gateway: Gateway) -> None:  # noqa: F811
+    """The keep-alive race (issue 24 point 12), made certain: a replica that answers the first request of each
+    connection (keep-alive) and closes the connection, unanswered, when the next request arrives on it, as
+    llama-server does right after a stream. HAProxy reuses its pooled connection for the client's second request;
+    the gateway tries it again on a new connection (retry-on empty-response) instead of answering 502."""
+    gateway["replicas"]["chat"].shutdown()  # type: ignore[index]
+    gateway["replicas"]["chat"].server_close()  # type: ignore[index]
+    closer = socket.socket()
+    closer.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    closer.bind(("127.0.0.1", int(gateway["ports"]["chat"])))  # type: ignore[index]
+    closer.listen(50)
+
+    def read_request(conn: socket.socket) -> bytes:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return b""
+            data += chunk
+        head, _, rest = data.partition(b"\r\n\r\n")
+        length = next(
+            (int(ln.split(b":")[1]) for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")), 0
+        )
+        while len(rest) < length:
+            rest += conn.recv(65536)
+        return head
+
+    def once_per_connection(conn: socket.socket) -> None:
+        if read_request(conn):
+            body = b'{"replica":"chat-0"}'
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+            )
+            read_request(conn)  # the next request on this connection: closed unanswered
+        conn.close()
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = closer.accept()
+            except OSError:
+                return
+            threading.Thread(target=once_per_connection, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    host, port = str(gateway["base"]).removeprefix("http://").split(":")
+    client = http.client.HTTPConnection(host, int(port), timeout=30)  # one client connection, kept alive
+    answers = []
+    for _ in range(6):
+        body = json.dumps(chat("chat")).encode()
+        client.request("POST", "/v1/chat/completions", body=body,
+                       headers={"Authorization": f"Bearer {KEY_ALL}", "Content-Type": "application/json"})  # fmt: skip
+        answer = client.getresponse()
+        answers.append((answer.status, answer.read()))
+    closer.close()
+    assert [status for status, _ in answers] == [200] * 6, answers
