@@ -122,6 +122,7 @@ def test_a_soak_of_16_clients_fails_no_request(hg: GatewayProject) -> None:
             "--clients", "16", "--seconds", "20", "--json"]  # fmt: skip
     run = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
     (level,) = json.loads(run.stdout)["levels"]
+    print("soak:", level)
     assert level["requests"] >= 32, level  # (2 cores shared by the fleet: a few requests a second)
     assert level["failures"] == 0 and run.returncode == 0, level
 
