@@ -86,7 +86,8 @@ def host_table(f: HostFacts) -> Table:
     for u in f.units:
         table.add_row(
             f"unit {u.name}",
-            f"{u.active_state}/{u.sub_state} pid {u.main_pid} restarts {u.n_restarts} sha256 {(u.sha256 or '-')[:12]}",
+            f"{u.active_state}/{u.sub_state} pid {u.main_pid} restarts {u.n_restarts} sha256 {(u.sha256 or '-')[:12]}"
+            + (f"; {len(u.exits)} crash(es), last {u.last_crash}" if u.exits else ""),
         )
     table.add_row("ports", " ".join(map(str, f.ports_in_use)) or "-")
     table.add_row("models", f"{len(f.model_files)} file(s)")

@@ -81,6 +81,17 @@ def parse_expiry(text: str) -> int | None:
     return int(moment.timestamp())
 
 
+def new_expiry_problem(text: str, now: float) -> str | None:
+    """Why `key new --expires TEXT` is refused at epoch `now` (not a date or time, or not after now); None if fine."""
+    when = parse_expiry(text)
+    if when is None:
+        return f"--expires {text!r}: a date (YYYY-MM-DD) or an ISO 8601 time"
+    if when <= now:
+        said = datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return f"--expires {text!r}: {said} is already past: the key would never work; give a later date or time"
+    return None
+
+
 def api_key_from(doc: SourceDocument) -> tuple[ApiKey | None, list[Diagnostic]]:
     """A loaded ApiKey document, or the problems that name its fields."""
     data = dict(doc.data)

@@ -180,6 +180,8 @@ def instance_status(r: ReplicaRecord, facts: HostFacts | None, loading: frozense
     if restarts:
         status = f"exit status {unit.exec_main_status}" if unit.exec_main_status else "killed or exited"
         error = f"restarted {restarts} time(s), last: {status}"
+    if unit.last_crash:  # the unit's own record of its crashes (NRestarts starts again once it serves)
+        error = f"crashed {len(unit.exits)} time(s), last {unit.last_crash}"
     if unit.active_state == "active" and health == "200":
         state = "ready"
     elif unit.active_state in ("activating", "reloading") or (unit.active_state == "active" and health in loading):

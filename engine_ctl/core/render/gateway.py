@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
 import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
@@ -36,6 +37,8 @@ GATEWAY_DIR = "/etc/engine-ctl/gateway"
 RUN_DIR_NAME = "engine-ctl-gateway"
 RUN_DIR = f"/run/{RUN_DIR_NAME}"
 ADMIN_SOCKET = f"{RUN_DIR}/admin.sock"
+MASTER_SOCKET = f"{RUN_DIR}/master.sock"
+"""HAProxy's master CLI (the unit's -S): it reaches every worker, those a reload left finishing too."""
 SERVER_STATE = f"{RUN_DIR}/server-state"
 INTERNAL_ENV = f"{GATEWAY_DIR}/internal.env"
 """Where engine-ctl before the key rotation kept the internal key on a gateway host (read, never written)."""
@@ -77,6 +80,31 @@ LUA_FILE = "hold.lua"
 START_STATE_FILE = "start.state"
 """Every server DOWN, in HAProxy's server-state format: what a freshly started gateway loads (its unit copies it
 to the state file before HAProxy starts), so no request goes to a replica before its first check passes."""
+ERRORS = {
+    400: ("Bad Request", "Bad request: the gateway could not parse it", "invalid_request_error", "bad_request"),
+    408: ("Request Timeout", "The request did not arrive in time", "invalid_request_error", "request_timeout"),
+    422: ("Unprocessable Content", "The request could not be processed", "invalid_request_error", "unprocessable"),
+    429: ("Too Many Requests", "Too many requests; retry later", "rate_limit_error", "rate_limit_exceeded"),
+    500: ("Internal Server Error", "The gateway failed to handle the request", "server_error", "internal_error"),
+    502: ("Bad Gateway", "The replica gave no valid answer", "server_error", "bad_gateway"),
+    503: ("Service Unavailable", "No server is available to handle this request", "server_error", "unavailable"),
+    504: ("Gateway Timeout", "The replica did not answer in time", "server_error", "gateway_timeout"),
+}
+"""HAProxy's own errors (a request it cannot parse, a timeout, no server): answered in the OpenAI error shape, from
+error-<status>.http beside the configuration (its `errorfile` lines), not as HAProxy's HTML."""
+
+
+def error_files() -> dict[str, str]:
+    """error-<status>.http: the raw HTTP answers HAProxy sends for its own errors (ERRORS)."""
+    out = {}
+    for status, (reason, message, kind, code) in ERRORS.items():
+        body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
+        head = [f"HTTP/1.1 {status} {reason}", "Content-Type: application/json", "Cache-Control: no-cache"]
+        head += ["Connection: close", f"Content-Length: {len(body)}", *(["Retry-After: 5"] if status == 503 else [])]
+        out[f"error-{status}.http"] = "\r\n".join(head) + "\r\n\r\n" + body
+    return out
+
+
 MAP_FILES = ("keys.map", "expires.map", "scopes.map", "models.map", "stopped.map")
 RUNTIME_MAPS = ("keys.map", "expires.map", "scopes.map", "stopped.map")
 """Maps changed over the stats socket, with no reload (models.map changes only with the backends)."""
@@ -240,6 +268,7 @@ def render_gateway(
             "backends": ordered,
             **decisions_context(ordered, internal_key),
             **stopped_answer(),
+            "errors": sorted(ERRORS),
         },
     )
     wakes = list(wake_addresses) or list(dict.fromkeys([LOOPBACK, wake_address]))
@@ -250,6 +279,7 @@ def render_gateway(
     maps["stopped.map"] = dict(stopped or {})
     files = {CONFIG_FILE: config, LUA_FILE: lua, **{name: map_text(maps[name]) for name in MAP_FILES}}
     files[START_STATE_FILE] = start_state(ordered)
+    files.update(error_files())
     unit = _gateway_unit(common, haproxy, run_dir, internal_key)
     return RenderedGateway(
         host=host.name, listen=listen, endpoint=endpoint_of(host), files=files, unit_text=unit, maps=maps

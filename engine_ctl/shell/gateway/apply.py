@@ -140,9 +140,9 @@ class GatewayApply:
             if where not in remote.server_states(t):
                 continue
             remote.set_state(t, *where, "drain")
-            left = remote.wait_for(t, *where, lambda s: s.in_flight == 0, timeout)
+            drained = remote.wait_drained(t, *where, timeout)  # in every worker: a reload's old ones too
             remote.set_state(t, *where, "maint")
-            if left is None:
+            if not drained:
                 self.progress(f"{deployment}: {unit} still had requests after {timeout} s of draining; stopping it")
         if self.live:
             self.progress(f"{deployment}: {unit} drained")

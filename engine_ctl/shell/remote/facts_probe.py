@@ -247,6 +247,15 @@ def parse_systemctl_show(text: str) -> list[dict[str, str]]:
     return out
 
 
+EXITS_DIR = "/run/engine-ctl/exits"  # engine_ctl.core.render.units.EXITS_DIR: a replica's exits other than a stop
+
+
+def exits(unit: str, limit: int = 20) -> list[str]:
+    """The unit's last exits that were not a stop (its ExecStopPost writes `epoch result code status`)."""
+    text = read(os.path.join(EXITS_DIR, unit)) or ""
+    return [line for line in text.splitlines() if line.strip()][-limit:]
+
+
 def units(prefix: str, unit_dir: str = UNIT_DIR) -> list[dict[str, Any]]:
     """engine-ctl's units: systemd's view of each (UNIT_PROPERTIES) and what its file says (unit_file); a file
     systemd does not report is listed with its file's facts alone."""
@@ -255,6 +264,8 @@ def units(prefix: str, unit_dir: str = UNIT_DIR) -> list[dict[str, Any]]:
         return []
     shown = parse_systemctl_show(run(systemctl_show_argv(files))["out"])
     out: list[dict[str, Any]] = [dict(fields, **files.get(fields["Id"], {})) for fields in shown]
+    for u in out:
+        u["exits"] = exits(u["Id"])
     seen = {u["Id"] for u in out}
     return out + [dict(files[n], Id=n) for n in files if n not in seen]
 
