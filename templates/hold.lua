@@ -121,6 +121,32 @@ core.register_action("depth", { "http-req" }, function(txn)
 end, 0)
 
 -- GET /v1/models: every deployment the caller's key may use (scopes.map holds "<key>/<deployment>").
+local function model_object(deployment)
+    return '{"id":"' .. deployment .. '","object":"model","created":0,"owned_by":"engine-ctl"}'
+end
+
+local function answer(applet, status, body)
+    applet:set_status(status)
+    applet:add_header("content-type", "application/json")
+    applet:add_header("content-length", string.len(body))
+    applet:start_response()
+    applet:send(body)
+end
+
+-- GET /v1/models/<id>: the model object of a deployment this key may use; anything else (unknown, out of the key's
+-- scope, not a deployment's name) is the same 404 model_not_found as a request for it.
+core.register_service("model", "http", function(applet)
+    local key = applet:get_var("txn.key") or ""
+    local id = string.sub(applet.path, #"/v1/models/" + 1)
+    local known = string.match(id, "^[a-z0-9][a-z0-9-]*$") ~= nil and core.backends[PREFIX .. id] ~= nil
+    if known and scopes:lookup(key .. "/" .. id) ~= nil then
+        return answer(applet, 200, model_object(id))
+    end
+    local shown = string.gsub(id, '[^%w%-%._]', "?")
+    answer(applet, 404, '{"error":{"message":"The model `' .. shown .. '` does not exist or you do not have ' ..
+        'access to it.","type":"invalid_request_error","param":null,"code":"model_not_found"}}')
+end)
+
 core.register_service("models", "http", function(applet)
     local key = applet:get_var("txn.key") or ""
     local names = {}
@@ -135,12 +161,7 @@ core.register_service("models", "http", function(applet)
     table.sort(names)
     local items = {}
     for _, deployment in ipairs(names) do
-        table.insert(items, '{"id":"' .. deployment .. '","object":"model","created":0,"owned_by":"engine-ctl"}')
+        table.insert(items, model_object(deployment))
     end
-    local body = '{"object":"list","data":[' .. table.concat(items, ",") .. "]}"
-    applet:set_status(200)
-    applet:add_header("content-type", "application/json")
-    applet:add_header("content-length", string.len(body))
-    applet:start_response()
-    applet:send(body)
+    answer(applet, 200, '{"object":"list","data":[' .. table.concat(items, ",") .. "]}")
 end)

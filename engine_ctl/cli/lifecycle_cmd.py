@@ -149,9 +149,11 @@ delete = _group("delete", "Delete a deployment's units (never its model files); 
 @verb_options
 def stop_deployment(name: str, inventory_path: Path | None, state_path: str | None, parallel: int,
                     accept_new_host_keys: bool, lock_timeout: float) -> None:  # fmt: skip
-    """Stop deployment NAME: returns once the stop is accepted, while the engine is still going away. The gateway
-    answers its requests with deployment_stopped at once; apply keeps it stopped until `engine-ctl start`."""
+    """Stop deployment NAME (or its ID): returns once the stop is accepted, while the engine is still going away.
+    The gateway answers its requests with deployment_stopped at once; apply keeps it stopped until
+    `engine-ctl start`."""
     verbs = _verbs(state_path, inventory_path, accept_new_host_keys, lock_timeout)
+    name = verbs.name_of(name)
     _accepted("Stop", name, _run(verbs, lambda: verbs.stop(name)))
 
 
@@ -164,6 +166,7 @@ def start_deployment(name: str, inventory_path: Path | None, state_path: str | N
                      accept_new_host_keys: bool, lock_timeout: float, wait: bool) -> None:  # fmt: skip
     """Start deployment NAME again. Right after a stop it is refused (exit 25, still_stopping) unless --wait."""
     verbs = _verbs(state_path, inventory_path, accept_new_host_keys, lock_timeout)
+    name = verbs.name_of(name)
 
     def waiting(verb: str) -> None:
         say(waiting_line(verb, name))
@@ -199,6 +202,7 @@ def park_deployment(name: str, inventory_path: Path | None, state_path: str | No
     in host RAM; deep: level 2 drops them), one without stops (restart_only). Returns once the park is accepted;
     status shows parking, then parked; `engine-ctl start` wakes it."""
     verbs = _verbs(state_path, inventory_path, accept_new_host_keys, lock_timeout)
+    name = verbs.name_of(name)
     _accepted("Park", name, _run(verbs, lambda: verbs.park(name)))
 
 
@@ -212,6 +216,7 @@ def delete_deployment(name: str, inventory_path: Path | None, state_path: str | 
     (delete_requires_cleanup) until a stop has finished; --stop stops it and waits. The state keeps a tombstone:
     no plan re-creates it while its document is still there."""
     verbs = _verbs(state_path, inventory_path, accept_new_host_keys, lock_timeout)
+    name = verbs.name_of(name)
 
     def waiting() -> None:
         say(f"Waiting for the stop of {name} to finish (at most {STOP_WAIT_S}s)")

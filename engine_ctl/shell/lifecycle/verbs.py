@@ -115,6 +115,14 @@ class Verbs:
     def _write(self, state: State) -> State:
         return self.backend.write(state)
 
+    def name_of(self, name_or_id: str) -> str:
+        """The deployment a verb names: by its name, or by its ID (the gateway's deployment_stopped answer names the
+        ID, as the seed's message does: `start it with engine-ctl start deployment <ID>`)."""
+        state = self.backend.read()
+        if name_or_id in state.deployments:
+            return name_or_id
+        return next((n for n, rec in state.deployments.items() if rec.id and rec.id == name_or_id), name_or_id)
+
     def record(self, name: str) -> DeploymentRecord:
         state = self.backend.read()
         rec = state.deployments.get(name)
