@@ -114,7 +114,9 @@ class Deployment(Value):
     replicas_min: int = 1
     replicas_max: int = 1
     idle_minutes: int | None = None
-    accelerator: Literal["gpu", "cpu"] = "gpu"
+    accelerator: Literal["gpu", "cpu", "host"] = "gpu"
+    """host: the host decides (the flat form, which has no accelerator field): its GPUs where it has some the
+    engine runs on, else its CPU where the engine runs on CPUs (fitting.host_decides, once per revision)."""
     gpus: int | None = None
     gpu_vendor: Literal["any", "nvidia", "amd"] = "any"
     cpu_cores: int | None = None

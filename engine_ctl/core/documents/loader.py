@@ -218,6 +218,7 @@ def _flat_deployment(doc: SourceDocument, parsed: FlatDeploymentDocument) -> tup
         engine=canonical_engine(parsed.engine),
         replicas_min=parsed.replicas,
         replicas_max=parsed.replicas,
+        accelerator="host",
         context_length=cfg.context_length,
         engine_args=tuple(cfg.extra_args),
         host=parsed.host,

@@ -258,7 +258,12 @@ def _check_flat(loaded: LoadedDeployment, engine: Provider) -> Iterator[Diagnost
             "engine_config.extra_args: set engine_config.accept_extra_args: true to pass extra engine arguments",
             code="extra_args_not_accepted",
         )
-    if d.residency != "restart_only" and d.api == "chat" and not engine.parks_asleep(d.residency):
+    if (
+        written(o, "residency")
+        and d.residency != "restart_only"
+        and d.api == "chat"
+        and not engine.parks_asleep(d.residency)
+    ):
         yield _warn(
             o,
             "residency",
@@ -283,7 +288,7 @@ def _check_decisions(loaded: LoadedDeployment, engine: Provider, model: Model | 
             hint=f"serve decision models with {titles(decision_providers(), ' or ')}",
             code="capability_missing",
         )
-    if d.residency in ("deep", "host_backed"):
+    if d.residency in ("deep", "host_backed") or (d.residency == "parked" and written(o, "residency")):
         yield _err(
             o,
             "residency",

@@ -60,6 +60,8 @@ def _defaults(loaded: LoadedDeployment, model: Model | None) -> list[Default]:
         )
     if o.form == "flat" and not written(o, "replicas_max"):
         out.append(Default("replicas", d.replicas_max, "default"))
+    if o.form == "flat":
+        out += flat_defaults(loaded, engine)
     if o.form == "spec":
         out += _spec_form_defaults(loaded)
     return out + _sizing_defaults(loaded, model, engine) + _parallel_default(loaded, engine)
@@ -84,6 +86,32 @@ def _spec_form_defaults(loaded: LoadedDeployment) -> list[Default]:
     return out
 
 
+def flat_defaults(loaded: LoadedDeployment, engine: Provider | None) -> list[Default]:
+    """What the flat form fills in (seed 003): the GPU, the memory the engine may use, and how the model parks."""
+    d, o = loaded.deployment, loaded.origin
+    title = engine.title if engine else "the engine"
+    out = []
+    if not d.devices and d.accelerator == "host":
+        cpu = f", or its CPU when it has no GPU {title} runs on" if engine is None or engine.runs_on("cpu") else ""
+        why = f"the host decides: the fewest of 1, 2, 4, 8 of its GPUs that hold the model{cpu}"
+        out.append(Default("devices", None, why, True))
+    if d.gpu_memory_bytes is None:
+        why = ("sized from the checkpoint and the GPU: the weights, the KV cache and a margin for the engine's own "
+               "memory")  # fmt: skip
+        out.append(Default("engine_config.memory.request", None, why, True))
+    if not written(o, "residency"):
+        out.append(Default("residency", d.residency, _parks(d.residency, d.api, engine)))
+    return out
+
+
+def _parks(residency: str, api: str, engine: Provider | None) -> str:
+    if api == "decisions":
+        return "a decisions deployment restarts instead of parking"
+    if engine is not None and not engine.parks_asleep(residency):
+        return f"how the model parks: {engine.title} has no sleep mode, so a park stops it"
+    return "how the model parks: off the GPU without stopping it, woken by the next request"
+
+
 def _sizing_defaults(loaded: LoadedDeployment, model: Model | None, engine: Provider | None) -> list[Default]:
     """context_length, gpus and cpu_cores left out: what they will be, or how they are chosen."""
     d, o = loaded.deployment, loaded.origin
@@ -98,6 +126,8 @@ def _sizing_defaults(loaded: LoadedDeployment, model: Model | None, engine: Prov
             out.append(Default(name("context_length"), min(cap, model.context_length), f"the model's, at most {cap}"))
         else:
             out.append(Default(name("context_length"), None, f"the model's (read from its files), at most {cap}", True))
+    if d.accelerator == "host":  # the flat form: flat_defaults says what the host decides
+        return out
     if d.accelerator == "gpu" and d.gpus is None:
         why = "the fewest of 1, 2, 4, 8 that hold the model on the largest-GPU host"
         out.append(Default(name("gpus"), None, why, True))
@@ -116,9 +146,11 @@ def _parallel_default(loaded: LoadedDeployment, engine: Provider | None) -> list
     d = loaded.deployment
     if d.parallel is not None or engine is None:
         return []
-    options = engine.parallel_candidates(d.accelerator)
+    options = engine.parallel_candidates("cpu" if d.accelerator == "cpu" else "gpu")
     where = "on a CPU" if d.accelerator == "cpu" else "on GPUs"
     name = field_name(loaded.origin, "parallel")
+    if d.accelerator == "host" and engine.runs_on("cpu"):
+        where += f" ({engine.parallel_candidates('cpu')[0]} on a CPU)"
     if len(options) == 1:
         return [Default(name, options[0], f"{engine.title} {where}")]
     first, *rest = options

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from engine_ctl.core.documents.inventory import Host
-from engine_ctl.core.fit.fitting import FitUnknown, fit, shape_disagreement
+from engine_ctl.core.fit.fitting import FitUnknown, fit, host_decides, shape_disagreement
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.fit.placement import place_one
@@ -132,11 +132,15 @@ def keep_chosen(
     """gpus and parallel, when the documents leave them out, are chosen once and kept with the revision ("so it
     does not move as machines come and go"): chosen again only when the deployment's documents change."""
     open_fields = [f for f in ("gpus", "parallel") if getattr(d, f) is None]
+    if d.accelerator == "host":  # the flat form: the host decides, once per revision
+        open_fields.insert(0, "accelerator")
     if d.accelerator == "cpu" and "gpus" in open_fields:
         open_fields.remove("gpus")
     if record is None or record.spec_hash != digest or record.plan is None:
         return d, {f: revision for f in open_fields}
     kept = {f: getattr(record.plan, f) for f in open_fields}
+    if kept.get("accelerator") == "cpu":
+        kept.pop("gpus", None)
     return d.model_copy(update=kept), {f: record.chosen.get(f, record.revision) for f in kept}
 
 
@@ -579,6 +583,7 @@ def start_deployment(
     """resolve → fit → leftovers → place the always-on replicas. `lineage`: the owning state's (unit headers).
     None for the target when there is no fit (the change says Failed or Pending)."""
     change, sized = resolve(d, model, record, names)
+    sized = host_decides(sized, model, hosts.reached, hosts)
     fitted = fit_step(change, sized, model, model_facts, hosts, record, names)
     if fitted is None:
         return change, None

@@ -1,0 +1,81 @@
+"""Seed 003's flat form, pure: the host decides the accelerator, validate shows what the flat form fills in (the
+GPU, the memory the engine may use, how the model parks), the default residency parks, and a decisions deployment
+refuses to park."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from engine_ctl.core.fit.fitting import host_decides
+from tests.fleetfacts import cpu_host, h100x8
+from tests.helpers import load, messages, run, write
+
+FLAT = "name: my-model\nengine: llamacpp\nmodel: Qwen3-4B-GGUF/qwen3-4b.gguf\n"
+
+
+def _flat(text: str = FLAT):  # type: ignore[no-untyped-def]
+    result, diags = load(text)
+    assert messages(diags) == []
+    return result.desired.deployments[0].deployment, result.desired.models[0].model
+
+
+def test_the_host_decides_gpus_where_it_has_them_else_its_cpu() -> None:
+    d, model = _flat()
+    assert d.accelerator == "host"
+    assert host_decides(d, model, [cpu_host()]).accelerator == "cpu"
+    assert host_decides(d, model, [cpu_host(), h100x8()]).accelerator == "gpu"
+    # host: narrows the hosts that decide; a pinned device means GPUs
+    pinned = d.model_copy(update={"host": "cpu-01"})
+    assert host_decides(pinned, model, [cpu_host(), h100x8()]).accelerator == "cpu"
+    assert host_decides(d.model_copy(update={"devices": ("gpu0",)}), model, [cpu_host()]).accelerator == "gpu"
+    # vLLM runs on no CPU: it waits for GPUs as before
+    vllm, vmodel = _flat("name: q\nengine: vllm\nmodel: Qwen3-4B\n")
+    assert host_decides(vllm, vmodel, [cpu_host()]).accelerator == "gpu"
+
+
+def test_the_spec_form_keeps_its_accelerator() -> None:
+    result, _ = load(
+        "kind: Model\nmetadata: {name: m}\nspec: {format: gguf, path: m.gguf}\n---\n"
+        "metadata: {name: chat}\nspec: {model: m}\n"
+    )
+    d = result.desired.deployments[0].deployment
+    assert d.accelerator == "gpu" and host_decides(d, result.desired.models[0].model, [cpu_host()]) is d
+
+
+def test_the_flat_default_residency_parks_and_decisions_restart() -> None:
+    assert _flat()[0].residency == "parked"
+    assert _flat(FLAT + "api: decisions\n")[0].residency == "restart_only"
+    assert _flat(FLAT + "residency: restart_only\n")[0].residency == "restart_only"
+    _, diags = load(FLAT)
+    assert messages(diags, "warning") == []  # the default is not a written choice llama.cpp ignores
+
+
+def test_parked_on_a_decisions_deployment_is_refused_with_the_seeds_reason() -> None:
+    for residency in ("parked", "deep", "host_backed"):
+        _, diags = load(FLAT + f"api: decisions\nresidency: {residency}\n")
+        assert messages(diags) == [
+            f"residency {residency}: a decisions deployment restarts instead of parking (restart_only)"
+        ]
+
+
+def test_validate_shows_what_the_flat_form_fills_in(tmp_path: Path) -> None:
+    path = write(tmp_path, "my-model.yaml", FLAT)
+    result = run("validate", str(path))
+    assert result.exit_code == 0, result.output
+    assert f"{path} is a valid deployment document" in result.output
+    out = result.output
+    assert "residency                    parked   (how the model parks: llama.cpp has no sleep mode, so a park" in out
+    assert "devices                      the host decides: the fewest of 1, 2, 4, 8 of its GPUs that hold the " in out
+    assert "or its CPU when it has no GPU llama.cpp runs on" in out
+    assert "engine_config.memory.request sized from the checkpoint and the GPU: the weights, the KV cache" in out
+    doc = json.loads(run("validate", "--json", str(path)).stdout)
+    filled = {x["field"]: x for x in doc["deployments"][0]["defaults"]}
+    assert filled["residency"]["value"] == "parked" and filled["residency"]["resolved_at"] == "load"
+    assert filled["devices"]["resolved_at"] == filled["engine_config.memory.request"]["resolved_at"] == "plan"
+    # what the document states is not filled in
+    stated = write(tmp_path, "stated.yaml", FLAT + "residency: deep\nengine_config: {memory: {request: 16GiB}}\n")
+    doc = json.loads(run("validate", "--json", str(stated)).stdout)
+    assert {x["field"] for x in doc["deployments"][0]["defaults"]}.isdisjoint(
+        {"residency", "engine_config.memory.request"}
+    )
