@@ -79,3 +79,51 @@ def test_validate_shows_what_the_flat_form_fills_in(tmp_path: Path) -> None:
     assert {x["field"] for x in doc["deployments"][0]["defaults"]}.isdisjoint(
         {"residency", "engine_config.memory.request"}
     )
+
+
+SEED_NOT_CHECKED = [
+    "resolution against a host: pass --inventory <hosts.yaml> to check the runtime profile, placement, the host's "
+    "devices and capacity, and timeouts, and to see the host's defaults",
+    "whether each allowed host is enrolled, online and has published (host_unpublished)",
+    "which runtime profiles the host's role accepted and published after measuring each installation "
+    "(profile_not_published)",
+    "the host's current resource policy as the server stores it (resource_policy_unavailable)",
+    "route and deployment-name conflicts with existing deployments (route_conflict)",
+    "a new checkpoint's digest, measured on the host after acceptance (checkpoint_digest_pending)",
+]
+
+
+def test_not_checked_is_the_seeds_six_items_with_their_codes(tmp_path: Path) -> None:
+    path = write(tmp_path, "my-model.yaml", FLAT)
+    out = run("validate", str(path)).output
+    assert out.split("\nNot checked\n")[1].splitlines() == [f"  {line}" for line in SEED_NOT_CHECKED]
+    doc = json.loads(run("validate", "--json", str(path)).stdout)
+    assert [x["code"] for x in doc["not_checked"]] == [
+        None, "host_unpublished", "profile_not_published", "resource_policy_unavailable", "route_conflict",
+        "checkpoint_digest_pending",
+    ]  # fmt: skip
+
+
+def test_validate_with_an_inventory_checks_the_runtime_profile_offline(tmp_path: Path) -> None:
+    (tmp_path / "inv").mkdir()
+    (tmp_path / "docs").mkdir()
+    inv = write(
+        tmp_path, "inv/hosts.yaml",
+        "kind: Inventory\nhosts:\n  - name: gpu-box\n    address: 198.18.0.11\n"
+        "    engines: {llama.cpp: {cuda: /opt/llama/cuda/llama-server}}\n",
+    )  # fmt: skip
+    model = "kind: Model\nmetadata: {name: m}\nspec: {format: gguf, path: m.gguf}\n---\n"
+    cpu = write(tmp_path, "docs/d.yaml", model + "metadata: {name: chat}\nspec: {model: m, accelerator: cpu, "
+                "host: gpu-box}\n")  # fmt: skip
+    refused = run("validate", "--inventory", str(inv), str(cpu))
+    assert refused.exit_code == 1
+    assert 'spec.host "gpu-box": the inventory names no llama.cpp build for cpu there (it names: cuda)' in (
+        refused.output
+    )
+    assert "hint: add engines.llama.cpp.cpu to gpu-box in the inventory" in refused.output
+    cpu.write_text(model + "metadata: {name: chat}\nspec: {model: m, gpu_vendor: nvidia, host: gpu-box}\n")
+    checked = run("validate", "--inventory", str(inv), str(cpu))
+    assert checked.exit_code == 0, checked.output
+    assert f"  resolution against a host: checked against {inv} offline: the hosts named and the runtime " in (
+        checked.output
+    )

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 
 from engine_ctl.core.diagnostics import Diagnostic, Location
 from engine_ctl.core.documents.engine_args import check_engine_args, split_flags
+from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.model import (
     FORMAT_TITLES,
     Deployment,
@@ -422,4 +423,32 @@ def check_hosts(desired: DesiredState, hosts: Sequence[str], inventory_file: str
         hint = (f"did you mean {close[0]!r}? " if close else "") + f"the inventory's hosts: {known}"
         message = f'{field_name(o, "host")} "{d.host}": no host of that name in the inventory{where_from}'
         out.append(_err(o, "host", message, hint=hint, code="unknown_host"))
+    return out
+
+
+PLATFORMS_BY_VENDOR = {"nvidia": ("cuda",), "amd": ("rocm", "vulkan")}
+"""The builds a vendor's GPUs run (seed 001, GPU vendors): what a host must name for gpu_vendor."""
+
+
+def check_profiles(desired: DesiredState, hosts: Sequence[Host]) -> list[Diagnostic]:
+    """validate --inventory, offline: a deployment that names its host (host:) finds there a build of its engine
+    for what it runs on, where the inventory names that engine's builds per platform (a CPU-only deployment: cpu;
+    gpu_vendor nvidia: cuda; amd: rocm or vulkan). The host's devices and capacity are in its facts (plan)."""
+    by_name = {h.name: h for h in hosts}
+    out: list[Diagnostic] = []
+    for loaded in desired.deployments:
+        d, o = loaded.deployment, loaded.origin
+        host = by_name.get(d.host or "")
+        engine = resolve_engine(d, desired.model(d.model))
+        builds = host.engine_builds.get(engine.name) if host is not None and engine is not None else None
+        if not builds or engine is None:
+            continue
+        wanted = ("cpu",) if d.accelerator == "cpu" else PLATFORMS_BY_VENDOR.get(d.gpu_vendor, ())
+        if not wanted or set(wanted) & builds.keys():
+            continue
+        named = ", ".join(sorted(builds))
+        out.append(_err(o, "host", f"{field_name(o, 'host')} \"{d.host}\": the inventory names no {engine.title} "
+                        f"build for {' or '.join(wanted)} there (it names: {named})",
+                        hint=f"add engines.{engine.name}.{wanted[0]} to {d.host} in the inventory",
+                        code="profile_not_published"))  # fmt: skip
     return out

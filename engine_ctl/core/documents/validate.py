@@ -12,23 +12,45 @@ from engine_ctl.providers import Provider
 
 FORMAT_VERSION = 1
 
-NOT_CHECKED = (
-    (
-        "host facts",
-        "whether any host has the GPUs, memory and disk a replica needs, and which GPUs are free "
-        "(placement); run `engine-ctl plan` to gather facts over SSH",
-    ),
-    (
-        "model files",
-        "whether the weights exist at the model's path under each host's models_dir, and their "
-        "format, context length and size as the files say (GGUF metadata, config.json)",
-    ),
-    ("engine installed", "whether the engine's executable is on each host and its version accepts the flags"),
-    ("hf commit", "whether an hf: commit exists upstream; engine-ctl never downloads at plan time"),
-    ("ports", "whether the ports engine-ctl allocates are free on each host"),
-    ("recorded state", "changes against what is running: revisions, replicas to add, replace or remove"),
-    ("ssh", "whether each host is reachable and its host key is known"),
+RESOLUTION = (
+    "resolution against a host: pass --inventory <hosts.yaml> to check the runtime profile, placement, the host's "
+    "devices and capacity, and timeouts, and to see the host's defaults"
 )
+"""Seed 003's first "Not checked" line (its --host is engine-ctl's --inventory)."""
+NOT_CHECKED = (
+    ("host_unpublished", "whether each allowed host is enrolled, online and has published"),
+    (
+        "profile_not_published",
+        "which runtime profiles the host's role accepted and published after measuring each installation",
+    ),
+    ("resource_policy_unavailable", "the host's current resource policy as the server stores it"),
+    ("route_conflict", "route and deployment-name conflicts with existing deployments"),
+    ("checkpoint_digest_pending", "a new checkpoint's digest, measured on the host after acceptance"),
+)
+"""Seed 003's "Not checked" list after its first line, verbatim, each with its code: what needs a host."""
+
+
+def resolution_line(inventory: str | None) -> str:
+    """The first "Not checked" line: with an inventory, what was checked offline and what still needs the hosts."""
+    if inventory is None:
+        return RESOLUTION
+    return (
+        f"resolution against a host: checked against {inventory} offline: the hosts named and the runtime profile "
+        "(the engine builds each host registers); the host's devices and capacity are in its facts: run "
+        "`engine-ctl plan`"
+    )
+
+
+def not_checked(inventory: str | None = None) -> list[dict[str, str | None]]:
+    """The "Not checked" list as --json gives it: each line with its code (None for the first)."""
+    first: dict[str, str | None] = {"what": "resolution against a host", "detail": resolution_line(inventory),
+                                    "code": None}  # fmt: skip
+    return [first, *({"what": code, "detail": text, "code": code} for code, text in NOT_CHECKED)]
+
+
+def not_checked_lines(inventory: str | None = None) -> list[str]:
+    """The "Not checked" list as validate prints it (seed 003's words)."""
+    return [resolution_line(inventory), *(f"{text} ({code})" for code, text in NOT_CHECKED)]
 
 
 @dataclass
@@ -174,7 +196,9 @@ def build_report(result: LoadResult) -> list[DeploymentReport]:
     return reports
 
 
-def report_json(result: LoadResult, diagnostics: list[Diagnostic], valid: bool) -> dict[str, object]:
+def report_json(
+    result: LoadResult, diagnostics: list[Diagnostic], valid: bool, inventory: str | None = None
+) -> dict[str, object]:
     errors = [d for d in diagnostics if d.severity == "error"]
     doc: dict[str, object] = {
         "format_version": FORMAT_VERSION,
@@ -205,7 +229,7 @@ def report_json(result: LoadResult, diagnostics: list[Diagnostic], valid: bool) 
             for r in build_report(result)
         ],
         "warnings": [d.as_json() for d in diagnostics if d.severity == "warning"],
-        "not_checked": [{"what": k, "detail": v} for k, v in NOT_CHECKED],
+        "not_checked": not_checked(inventory),
     }
     if not valid:
         doc["error"] = {
