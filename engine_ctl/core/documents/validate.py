@@ -45,7 +45,8 @@ def not_checked(inventory: str | None = None) -> list[dict[str, str | None]]:
     """The "Not checked" list as --json gives it: each line with its code (None for the first)."""
     first: dict[str, str | None] = {"what": "resolution against a host", "detail": resolution_line(inventory),
                                     "code": None}  # fmt: skip
-    return [first, *({"what": code, "detail": text, "code": code} for code, text in NOT_CHECKED)]
+    rest: list[dict[str, str | None]] = [{"what": code, "detail": text, "code": code} for code, text in NOT_CHECKED]
+    return [first, *rest]
 
 
 def not_checked_lines(inventory: str | None = None) -> list[str]:
