@@ -127,3 +127,42 @@ def test_validate_with_an_inventory_checks_the_runtime_profile_offline(tmp_path:
     assert f"  resolution against a host: checked against {inv} offline: the hosts named and the runtime " in (
         checked.output
     )
+
+
+# --- seed 003's flat fields: engine_config.memory.startup and timeouts ------------------------------------
+
+
+def test_memory_startup_alone_is_valid_and_is_what_a_start_sets_aside() -> None:
+    from engine_ctl.core.fit.fitting import fit
+    from engine_ctl.core.sizes import GIB
+    from tests.test_fit_seeds import SMALL
+
+    d, model = _flat(FLAT + "engine_config: {memory: {startup: 28GiB}}\n")  # no request: not required
+    assert (d.startup_bytes, d.gpu_memory_bytes) == (28 * GIB, None)
+    plan = fit(d.model_copy(update={"accelerator": "gpu"}), model, SMALL, [h100x8()])
+    assert not isinstance(plan, str) and plan.memory_bytes == 28 * GIB  # type: ignore[union-attr]
+    both, _ = _flat(FLAT + "engine_config: {memory: {request: 16GiB, startup: 20GiB}}\n")
+    assert (both.gpu_memory_bytes, both.startup_bytes) == (16 * GIB, 20 * GIB)
+
+
+def test_timeouts_startup_is_the_units_start_up_budget() -> None:
+    from tests.test_fit_seeds import rendered_unit
+
+    spec = "kind: Model\nmetadata: {name: t}\nspec: {format: gguf, path: t/t.gguf}\n---\n"
+    d, _ = _flat(FLAT + "timeouts: {startup: 15m}\n")
+    assert d.startup_timeout_s == 900
+    own = rendered_unit(spec + "name: chat\nengine: llamacpp\nmodel: t/t.gguf\ntimeouts: {startup: 15m}\n").text
+    default = rendered_unit(spec + "name: chat\nengine: llamacpp\nmodel: t/t.gguf\n").text
+    assert "no healthy answer within 900 s" in own and "no healthy answer within 600 s" in default
+
+
+def test_bad_startup_values_are_located_and_unset_ones_leave_digests_alone() -> None:
+    _, diags = load(FLAT + "timeouts: {startup: soon}\nengine_config: {memory: {startup: lots}}\n")
+    assert sorted(d.render().splitlines()[0] for d in diags) == [
+        "0-d.yaml:4:21: error: timeouts.startup: 'soon' is not a duration; write it like 600, 600s, 10m or 1h (more "
+        "than 0)",
+        "0-d.yaml:5:35: error: engine_config.memory.startup: 'lots' is not a size; write it like 16GiB, 512MiB or "
+        "42.5GB",
+    ]
+    d, _ = _flat()
+    assert "startup_bytes" not in d.model_dump() and "startup_timeout_s" not in d.model_dump()

@@ -103,6 +103,9 @@ class Model(Value):
         return "embeddings" in self.capabilities
 
 
+UNSET_UNRECORDED = ("startup_bytes", "startup_timeout_s")
+
+
 class Deployment(Value):
     """A deployment as engine-ctl understands it, whichever form it was written in."""
 
@@ -135,6 +138,10 @@ class Deployment(Value):
     beside the other fields as before they moved into providers, so that records and digests stay as they were."""
     prevent_destroy: bool = False
     """Any plan that would destroy the deployment is refused (recorded in the state, never a new revision)."""
+    startup_bytes: int | None = None
+    """The flat form's engine_config.memory.startup: memory set aside to start it until a start measures it."""
+    startup_timeout_s: int | None = None
+    """The flat form's timeouts.startup: the start-up budget in place of the engine's."""
 
     @field_validator("engine")
     @classmethod
@@ -166,6 +173,9 @@ class Deployment(Value):
         from engine_ctl.providers import recorded_unset_keys
 
         data: dict[str, Any] = handler(self)
+        for key in UNSET_UNRECORDED:  # written only when set: the digests of deployments without them stay
+            if data.get(key, 0) is None:
+                del data[key]
         if "engine_options" not in data:
             return data
         options = {**dict.fromkeys(recorded_unset_keys()), **data["engine_options"]}

@@ -131,7 +131,22 @@ class HfSource(Doc):
 
 
 class FlatMemory(Doc):
-    request: str | int = Field(description="GPU memory the engine may use: weights, KV cache and a margin, e.g. 16GiB.")
+    request: str | int | None = Field(
+        None, description="GPU memory the engine may use: weights, KV cache and a margin, e.g. 16GiB."
+    )
+    startup: str | int | None = Field(
+        None,
+        description="The memory set aside to start the model, e.g. 28GiB, in place of the estimate until a first "
+        "start has measured its peak.",
+    )
+
+
+class FlatTimeouts(Doc):
+    startup: int | str | None = Field(
+        None,
+        description="How long the engine may take to load the model and answer its health check: seconds, or "
+        "600s, 10m (default: the engine's start-up budget).",
+    )
 
 
 class EngineConfigFields(Doc):
@@ -198,6 +213,7 @@ class FlatDeploymentDocument(Doc):
     resources: FlatResources | None = None
     engine_config: FlatEngineConfig = Field(default_factory=FlatEngineConfig)
     replicas: int = Field(1, description="How many replicas (min = max).")
+    timeouts: FlatTimeouts | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -38,7 +38,7 @@ from engine_ctl.core.model import (
     Model,
     Origin,
 )
-from engine_ctl.core.sizes import parse_size
+from engine_ctl.core.sizes import parse_seconds, parse_size
 from engine_ctl.providers import canonical_engine, deployment_option_keys, engine_options, provider
 
 KINDS = ("Deployment", "Model", "Inventory", "ApiKey")
@@ -211,7 +211,8 @@ def _flat_deployment(doc: SourceDocument, parsed: FlatDeploymentDocument) -> tup
     cfg = parsed.engine_config
     model = _flat_model(parsed)
     res = parsed.resources
-    gpu_mem = cfg.memory.request if cfg.memory else (res.gpu if res else None)
+    request = cfg.memory.request if cfg.memory else None
+    gpu_mem = request if request is not None else (res.gpu if res else None)
     deployment = Deployment(
         name=parsed.name,
         model=model.name,
@@ -229,6 +230,8 @@ def _flat_deployment(doc: SourceDocument, parsed: FlatDeploymentDocument) -> tup
         ram_bytes=_size_or_none(res.ram if res else None),
         engine_options={k: v for k, v in _option_values(cfg).items() if k in deployment_option_keys()},
         prevent_destroy=parsed.prevent_destroy,
+        startup_bytes=_size_or_none(cfg.memory.startup if cfg.memory else None),
+        startup_timeout_s=_seconds_or_none(parsed.timeouts.startup if parsed.timeouts else None),
     )
     paths: dict[str, tuple[str | int, ...]] = {
         "name": ("name",),
@@ -243,7 +246,9 @@ def _flat_deployment(doc: SourceDocument, parsed: FlatDeploymentDocument) -> tup
         "api": ("api",),
         "residency": ("residency",),
         "devices": ("devices",),
-        "gpu_memory_bytes": ("engine_config", "memory", "request") if cfg.memory else ("resources", "gpu"),
+        "gpu_memory_bytes": ("engine_config", "memory", "request") if request is not None else ("resources", "gpu"),
+        "startup_bytes": ("engine_config", "memory", "startup"),
+        "startup_timeout_s": ("timeouts", "startup"),
         "ram_bytes": ("resources", "ram"),
         **{o.key: ("engine_config", o.key) for o in engine_options()},
         "prevent_destroy": ("prevent_destroy",),
@@ -312,6 +317,13 @@ def _size_or_none(value: str | int | None) -> int | None:
         return None  # reported by rules.check_sizes
 
 
+def _seconds_or_none(value: str | int | None) -> int | None:
+    try:
+        return None if value is None else parse_seconds(value)
+    except ValueError:
+        return None  # reported by _size_problems
+
+
 def _size_problems(doc: SourceDocument, parsed: FlatDeploymentDocument) -> list[Diagnostic]:
     from engine_ctl.core.diagnostics import format_path
 
@@ -322,13 +334,18 @@ def _size_problems(doc: SourceDocument, parsed: FlatDeploymentDocument) -> list[
         ),
         (("resources", "gpu"), parsed.resources.gpu if parsed.resources else None),
         (("resources", "ram"), parsed.resources.ram if parsed.resources else None),
+        (
+            ("engine_config", "memory", "startup"),
+            parsed.engine_config.memory.startup if parsed.engine_config.memory else None,
+        ),
+        (("timeouts", "startup"), parsed.timeouts.startup if parsed.timeouts else None),
     ]
     out = []
     for path, value in candidates:
         if value is None:
             continue
         try:
-            parse_size(value)
+            (parse_seconds if path[0] == "timeouts" else parse_size)(value)
         except ValueError as exc:
             out.append(Diagnostic(doc.locate(path), format_path(path), str(exc), code="invalid_size"))
     return out

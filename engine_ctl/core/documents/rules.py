@@ -51,6 +51,8 @@ FLAT_NAMES = {
     "accept_extra_args": "engine_config.accept_extra_args",
     "gpu_memory_bytes": "engine_config.memory.request",
     "ram_bytes": "resources.ram",
+    "startup_bytes": "engine_config.memory.startup",
+    "startup_timeout_s": "timeouts.startup",
     "hf": "model",
     "path": "model",
 }

@@ -299,9 +299,9 @@ def fit(
         result = _fit_gpu(d, model, facts, shape, usable, provider, weights, basis, fleet or AskEachHost())
     if not isinstance(result, FitPlan):
         return result
-    if d.ram_bytes:
-        result = result.model_copy(update={"memory_bytes": d.ram_bytes})
-    if d.ram_bytes or d.gpu_memory_bytes:
+    if d.ram_bytes or d.startup_bytes:  # a declared start-up memory is what its start sets aside
+        result = result.model_copy(update={"memory_bytes": d.startup_bytes or d.ram_bytes})
+    if d.ram_bytes or d.gpu_memory_bytes or d.startup_bytes:
         result = result.model_copy(
             update={"memory_basis": "catalog" if result.memory_basis == "estimate" else result.memory_basis}
         )
