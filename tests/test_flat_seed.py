@@ -166,3 +166,40 @@ def test_bad_startup_values_are_located_and_unset_ones_leave_digests_alone() -> 
     ]
     d, _ = _flat()
     assert "startup_bytes" not in d.model_dump() and "startup_timeout_s" not in d.model_dump()
+
+
+def test_the_2_gib_floor_holds_after_a_measured_peak() -> None:
+    """B42: a 41 MiB measurement reserved 41 MiB; seed 000's memory per replica is at least 2 GiB."""
+    from engine_ctl.core.plan.deployment import with_measured_startup
+    from engine_ctl.core.record.model import DeploymentRecord, StartupRecord
+    from engine_ctl.core.sizes import GIB, MIB
+    from tests.test_records import FIT
+
+    small = StartupRecord(revision=1, host="cpu-01", host_peak_bytes=41 * MIB)
+    fitted, provenance = with_measured_startup(FIT, DeploymentRecord(name="chat", revision=1, startup=small), 1)
+    assert provenance == "measured" and fitted.memory_bytes == 2 * GIB
+    big = small.model_copy(update={"host_peak_bytes": 5 * GIB})
+    assert with_measured_startup(FIT, DeploymentRecord(name="chat", revision=1, startup=big), 1)[0].memory_bytes == (
+        5 * GIB
+    )
+
+
+def test_capabilities_llamacpp_lacks_are_refused() -> None:
+    """Seed 001: llama.cpp serves no speech to text and no video (vLLM: Whisper; videos in a conversation)."""
+    for cap, words in (("transcription", "speech to text"), ("video", "video")):
+        _, diags = load(
+            f"kind: Model\nmetadata: {{name: w}}\nspec: {{format: gguf, path: w.gguf, capabilities: [chat, {cap}]}}\n"
+            "---\nmetadata: {name: chat}\nspec: {model: w}\n"
+        )
+        assert messages(diags) == [
+            f"capability_missing:{cap}: llama.cpp does not serve {words} (model w has capability {cap}); no engine "
+            f"here serves {cap} for this model"
+        ]
+    _, diags = load(
+        "kind: Model\nmetadata: {name: w}\nspec: {format: safetensors, path: /w, capabilities: [transcription]}\n"
+        "---\nmetadata: {name: chat}\nspec: {model: w, engine: vllm}\n"
+    )
+    assert messages(diags) == []
+    _, diags = load("kind: Model\nmetadata: {name: w}\nspec: {format: gguf, path: w.gguf, capabilities: [vision]}\n"
+                    "---\nmetadata: {name: chat}\nspec: {model: w}\n")  # fmt: skip
+    assert messages(diags) == []

@@ -128,6 +128,7 @@ def check_deployment(
         )
     if model is not None and model.format not in engine.formats:
         yield _format_mismatch(loaded, engine, model)
+    yield from _check_capabilities(loaded, engine, model)
     yield from _check_args(loaded, engine)
     yield from _check_flat(loaded, engine)
     yield from _check_decisions(loaded, engine, model)
@@ -224,6 +225,31 @@ def _format_mismatch(loaded: LoadedDeployment, engine: Provider, model: Model) -
         f"with {provider_for_format(model.format).name}",
         code="format_mismatch",
     )
+
+
+CAPABILITY_TITLES = {"transcription": "speech to text", "video": "video"}
+"""A capability as seed 001's table names it."""
+
+
+def _check_capabilities(loaded: LoadedDeployment, engine: Provider, model: Model | None) -> Iterator[Diagnostic]:
+    """A capability of the model the engine does not serve is refused, naming an engine that serves it."""
+    for cap in [c for c in (model.capabilities if model else ()) if c in engine.lacks]:
+        others = [p for p in providers_serving(cap) if model is not None and model.format in p.formats]
+        todo = f"serve it with {titles(others, ' or ')}" if others else f"no engine here serves {cap} for this model"
+        yield _err(
+            loaded.origin,
+            "engine" if written(loaded.origin, "engine") else "model",
+            f"capability_missing:{cap}: {engine.title} does not serve {CAPABILITY_TITLES.get(cap, cap)} "
+            f"(model {model.name if model else ''} has capability {cap}); {todo}",
+            hint=f"leave {cap} out of the model's capabilities, or choose another engine",
+            code="capability_missing",
+        )
+
+
+def providers_serving(cap: str) -> list[Provider]:
+    from engine_ctl.providers import PROVIDERS
+
+    return [p for p in PROVIDERS.values() if cap not in p.lacks]
 
 
 def _check_args(loaded: LoadedDeployment, engine: Provider) -> Iterator[Diagnostic]:

@@ -43,6 +43,7 @@ from engine_ctl.core.render.guard import guard_refusals, needs_guard, residency_
 from engine_ctl.core.render.units import RenderedUnit, gateway_allow, model_path_on_host, render_unit, replica_run
 from engine_ctl.core.sizes import gib_down, gib_up
 from engine_ctl.providers import Provider
+from engine_ctl.providers.base import at_least_2gib
 
 
 @dataclass
@@ -184,15 +185,15 @@ def with_measured_startup(
     model: Model | None = None,
 ) -> tuple[FitPlan, Literal["measured", "default"]]:
     """The fit with the start-up peak its revision's first start measured set aside instead of the estimate
-    (host RAM, and each GPU's peak), and where the figures came from. A new revision that changes only the
-    instance count (same_engine) keeps the measurement."""
+    (host RAM, never below seed 000's floor of 2 GiB; and each GPU's peak), and where the figures came from. A new
+    revision that changes only the instance count (same_engine) keeps the measurement."""
     startup = record.startup if record is not None else None
     if record is None or startup is None or startup.host_peak_bytes is None:
         return fitted, "default"
     kept = startup.revision == record.revision and same_engine(record.spec, record.model, d, model)
     if startup.revision != revision and not kept:
         return fitted, "default"
-    update: dict[str, int] = {"memory_bytes": startup.host_peak_bytes}
+    update: dict[str, int] = {"memory_bytes": at_least_2gib(startup.host_peak_bytes)}  # the seed's floor holds
     if startup.device_peak_bytes:
         update["min_gpu_memory_bytes"] = max(startup.device_peak_bytes.values())
     return fitted.model_copy(update=update), "measured"
