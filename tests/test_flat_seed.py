@@ -203,3 +203,27 @@ def test_capabilities_llamacpp_lacks_are_refused() -> None:
     _, diags = load("kind: Model\nmetadata: {name: w}\nspec: {format: gguf, path: w.gguf, capabilities: [vision]}\n"
                     "---\nmetadata: {name: chat}\nspec: {model: w}\n")  # fmt: skip
     assert messages(diags) == []
+
+
+def test_a_model_whose_weights_are_gone_is_failed_not_pending() -> None:
+    """Seed 000's Failed: "the model is gone". A first deployment whose weights are not there yet stays Pending."""
+    from engine_ctl.core.record.model import State
+    from tests.test_plan_core import applied
+    from tests.test_plan_promise import SHAPE, desired, plan
+
+    hosts = {h.host: h for h in (cpu_host("h1"), cpu_host("h2"))}
+    state, hosts = applied(plan(desired("path: m/m.gguf"), State(), hosts, SHAPE), State(), hosts)
+    gone = {n: h.model_copy(update={"model_problems": {"/srv/models/m/m.gguf": "not found"}}) for n, h in hosts.items()}
+    p = plan(desired("path: m/m.gguf"), state, gone, None)
+    (change,) = p.changes
+    assert change.failed_reason == (
+        "the model is gone: the weights of m are on no reachable host (/srv/models/m/m.gguf on h1, "
+        "/srv/models/m/m.gguf on h2: not found); put them back, or point the model's path at where they are"
+    )
+    assert change.pending_reason is None and p.problems == [f"chat is Failed: {change.failed_reason}"]
+    # on one host only: the other still has them, nothing is gone
+    one = {**hosts, "h2": gone["h2"]}
+    assert plan(desired("path: m/m.gguf"), state, one, SHAPE).changes[0].failed_reason is None
+    # never served: waiting for the weights (Pending)
+    first = plan(desired("path: m/m.gguf"), State(), gone, None).changes[0]
+    assert first.failed_reason is None and first.pending_reason is not None

@@ -154,6 +154,11 @@ def fit_step(
 ) -> FitPlan | None:  # fmt: skip
     """One replica's fit, recorded in the change; None when there is none (the change then says Failed, or
     Pending and why), and nothing more is planned for the deployment."""
+    gone = weights_gone(model, hosts, record)
+    if gone:
+        change.failed_reason = gone
+        change.warnings.append(f"{d.name} is Failed: {gone}; its running replicas are left as they are")
+        return None
     fitted = fit(d, model, model_facts, hosts.reached, names, hosts)
     if isinstance(fitted, str):
         change.failed_reason = fitted
@@ -232,6 +237,21 @@ def weights_missing(model: Model, hosts: Hosts) -> dict[str, str]:
         if path in h.model_problems and not fetched_at_apply(model, h.model_problems[path]):
             out[h.host] = f"Waiting for the weights of {model.name} at {path} ({h.model_problems[path]})"
     return out
+
+
+def weights_gone(model: Model, hosts: Hosts, record: DeploymentRecord | None) -> str | None:
+    """Seed 000's Failed, "the model is gone": the weights a recorded revision ran from, at the same path, are on
+    none of the hosts reached (not found on each), and no download brings them back (a path, not hf:). A first
+    deployment whose weights are not there yet waits for them (Pending) instead."""
+    ran = record is not None and record.replicas and record.model is not None and record.model.path == model.path
+    if not ran or model.hf is not None or not hosts.reached:
+        return None
+    paths = {h.host: model_path_on_host(model, hosts.inventory[h.host]) for h in hosts.reached}
+    if any(h.model_problems.get(paths[h.host]) != "not found" for h in hosts.reached):
+        return None
+    where = ", ".join(f"{paths[h.host]} on {h.host}" for h in hosts.reached)
+    return (f"the model is gone: the weights of {model.name} are on no reachable host ({where}: not found); put them "
+            "back, or point the model's path at where they are")  # fmt: skip
 
 
 def unusable_weights(model: Model, hosts: Hosts) -> tuple[str, dict[str, str]] | None:
