@@ -227,3 +227,34 @@ def test_a_model_whose_weights_are_gone_is_failed_not_pending() -> None:
     # never served: waiting for the weights (Pending)
     first = plan(desired("path: m/m.gguf"), State(), gone, None).changes[0]
     assert first.failed_reason is None and first.pending_reason is not None
+
+
+# --- issue 25 point 21: messages that mislead ---------------------------------------------------------------
+
+
+def test_a_host_no_build_runs_on_is_never_told_to_add_engines_none() -> None:
+    """B29: vLLM on a CPU-only host said `add engines.vllm.None`."""
+    from engine_ctl.providers import provider
+
+    from engine_ctl.core.documents.inventory import Host
+    from engine_ctl.core.plan.engines import engine_refusals
+
+    host = Host(name="cpu-01", address="198.18.0.11")
+    refused = engine_refusals(provider("vllm"), "gpu", [cpu_host()], {"cpu-01": host})
+    assert refused == {"cpu-01": "no vLLM build runs on cpu-01: vLLM needs a GPU"}
+
+
+def test_the_recorded_engine_version_is_the_version_not_the_whole_output() -> None:
+    """B38: the engine version was recorded as the whole multi-line `--version` output."""
+    from engine_ctl.core.fit.hostfacts import EngineInstall
+    from engine_ctl.core.plan.engines import with_engines
+    from engine_ctl.core.record.model import State
+    from tests.test_plan_promise import SHAPE, desired, plan
+
+    said = "ggml_cuda_init: found 0 devices\nversion: 0.6.0-dev (build 0, commit unknown)\nbuilt with cc"
+    p = plan(desired("path: m/m.gguf"), State(), {"h1": cpu_host("h1")}, SHAPE)
+    found = EngineInstall(path=p.changes[0].replicas[0].argv[0], version=said, sha256="ab" * 32)
+    facts = cpu_host("h1").model_copy(update={"engines": {"llama.cpp": found}})
+    p = with_engines(p, {"h1": facts})
+    (step,) = p.changes[0].replicas
+    assert step.engine_version == "0.6.0-dev"
