@@ -258,3 +258,21 @@ def test_the_recorded_engine_version_is_the_version_not_the_whole_output() -> No
     p = with_engines(p, {"h1": facts})
     (step,) = p.changes[0].replicas
     assert step.engine_version == "0.6.0-dev"
+
+
+def test_render_json_output_saved_among_the_documents_is_skipped(tmp_path: Path) -> None:
+    """B45: `render --json > docs/x.json` broke the next command ("not an engine-ctl document")."""
+    from engine_ctl.cli.render_cmd import render_json
+    from engine_ctl.core.plan.pipeline import render_deployment
+    from tests.test_fit_seeds import SMALL, desired, world
+
+    docs = "kind: Model\nmetadata: {name: t}\nspec: {format: gguf, path: t/t.gguf}\n---\n" + FLAT.replace(
+        "Qwen3-4B-GGUF/qwen3-4b.gguf", "t/t.gguf"
+    )
+    write(tmp_path, "d.yaml", docs)
+    inv, facts = world(h100x8())
+    rendered = render_deployment(desired(docs.split("---\n")[1]), "my-model", inv, facts, SMALL)
+    saved = write(tmp_path, "render.json", json.dumps(render_json(rendered, None, {})))
+    result = run("validate", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert f"{saved} is a `render --json` output, engine-ctl's own file, not a document: skipped" in result.output

@@ -43,7 +43,7 @@ from engine_ctl.providers import canonical_engine, deployment_option_keys, engin
 
 KINDS = ("Deployment", "Model", "Inventory", "ApiKey")
 STATE_NAME = "engine-ctl.state.json"
-OWN_KINDS = {"Plan": "a saved plan", "State": "an engine-ctl state"}
+OWN_KINDS = {"Plan": "a saved plan", "State": "an engine-ctl state", "Render": "a `render --json` output"}
 OWN_NAMES = {
     STATE_NAME: "the state",
     STATE_NAME + ".backup": "the state's backup",
@@ -562,13 +562,16 @@ def _validate_shape(doc: SourceDocument, schema: type[BaseModel]) -> tuple[Any, 
 
 def own_file_kind(data: dict[Any, Any]) -> str | None:
     """'Plan' for a saved plan (`plan --out`, `plan --json`: format_version with changes or state_lineage, as
-    savedplan.decode_plan reads it), 'State' for a state file; None for anything else."""
+    savedplan.decode_plan reads it), 'State' for a state file, 'Render' for `render --json` output; None for
+    anything else."""
     if "format_version" in data and ("changes" in data or "state_lineage" in data):
         return "Plan"
     if "state_lineage" in data and "changes" in data:
         return "Plan"
     if "lineage" in data and "serial" in data:
         return "State"
+    if "format_version" in data and "units" in data and "placements" in data:  # B45: render --json saved beside
+        return "Render"
     return None
 
 
