@@ -276,3 +276,10 @@ def test_render_json_output_saved_among_the_documents_is_skipped(tmp_path: Path)
     result = run("validate", str(tmp_path))
     assert result.exit_code == 0, result.output
     assert f"{saved} is a `render --json` output, engine-ctl's own file, not a document: skipped" in result.output
+
+
+def test_a_version_without_a_dotted_number_records_its_first_line() -> None:
+    from engine_ctl.core.plan.engines import recorded_version
+
+    assert recorded_version("version: 1\nbuilt with cc") == "version: 1"
+    assert recorded_version("b\n") == "b" and recorded_version(" ") is None and recorded_version(None) is None

@@ -92,6 +92,14 @@ def engine_drift_detail(record: ReplicaRecord, facts: HostFacts) -> str | None:
             "the replica restarts onto it")  # fmt: skip
 
 
+def recorded_version(said: str | None) -> str | None:
+    """What a replica records of its engine's --version output: the version itself, else its first line."""
+    if not said or not said.strip():
+        return None
+    shown = shown_version(said)
+    return shown if shown != "unknown" else said.strip().splitlines()[0][:200]
+
+
 def with_engines(plan: Plan, facts: Mapping[str, HostFacts]) -> Plan:
     """Each replica the plan starts or restarts, with the version and sha256 of the build it runs (argv[0])."""
     for change in plan.changes:
@@ -101,6 +109,6 @@ def with_engines(plan: Plan, facts: Mapping[str, HostFacts]) -> Plan:
             found = engine_at(facts[step.host], step.argv[0])
             if found is not None:
                 # B38: the version itself, not the whole multi-line --version output
-                version = shown_version(found.version) if found.version else None
+                version = recorded_version(found.version)
                 step.engine_version, step.engine_sha256 = version, found.sha256 or ""
     return plan
