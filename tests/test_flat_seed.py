@@ -283,3 +283,24 @@ def test_a_version_without_a_dotted_number_records_its_first_line() -> None:
 
     assert recorded_version("version: 1\nbuilt with cc") == "version: 1"
     assert recorded_version("b\n") == "b" and recorded_version(" ") is None and recorded_version(None) is None
+
+
+def test_two_flat_checkpoints_with_one_directory_name_or_two_commits_are_two_models() -> None:
+    """B11: /a/qwen and /b/qwen, or org/repo@c1 and org/repo@c2, are two models, not a duplicate."""
+    c1, c2 = "a" * 40, "b" * 40
+    for first, second, names in (
+        ("/a/qwen", "/b/qwen", {"one": "/a/qwen", "two": "/b/qwen"}),
+        (f"Qwen/Qwen3-4B@{c1}", f"Qwen/Qwen3-4B@{c2}", {"one": f"Qwen/Qwen3-4B@{c1}", "two": f"Qwen/Qwen3-4B@{c2}"}),
+    ):
+        result, diags = load(
+            f"name: one\nengine: vllm\nmodel: {first}\n", f"name: two\nengine: vllm\nmodel: {second}\n"
+        )
+        assert messages(diags) == []
+        desired = result.desired
+        assert {d.deployment.name: d.deployment.model for d in desired.deployments} == names
+        for d in desired.deployments:
+            model = desired.model(d.deployment.model)
+            assert model is not None and (model.path or str(model.hf)) == names[d.deployment.name]
+    # one checkpoint named twice is still one model, under its directory name
+    result, diags = load("name: one\nengine: vllm\nmodel: /a/qwen\n", "name: two\nengine: vllm\nmodel: /a/qwen\n")
+    assert messages(diags) == [] and {d.deployment.model for d in result.desired.deployments} == {"qwen"}

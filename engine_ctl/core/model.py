@@ -239,3 +239,32 @@ class DesiredState(Value):
             if loaded.deployment.name == name:
                 return loaded
         return None
+
+
+def distinct_flat_models(
+    models: list[LoadedModel], deployments: list[LoadedDeployment]
+) -> tuple[list[LoadedModel], list[LoadedDeployment]]:
+    """Seed 003 (B11): two flat checkpoints with the same directory name (/a/qwen, /b/qwen), or two commits of one
+    repository, are two models, not a duplicate. A flat model whose name another flat model has with other weights
+    is named by where it is (its path as written, or org/repo@commit), and its deployment with it."""
+    flat = [m for m in models if m.origin.form == "flat"]
+    by_name: dict[str, set[Model]] = {}
+    for m in flat:
+        by_name.setdefault(m.model.name, set()).add(m.model)
+    clashing = {name for name, found in by_name.items() if len(found) > 1}
+    if not clashing:
+        return models, deployments
+    renamed: dict[tuple[str, int, int], str] = {}
+    out_models = []
+    for m in models:
+        if m.origin.form == "flat" and m.model.name in clashing:
+            name = m.model.path.rstrip("/") if m.model.path else str(m.model.hf)
+            renamed[(m.origin.file, m.origin.line, m.origin.column)] = name
+            m = m.model_copy(update={"model": m.model.model_copy(update={"name": name})})
+        out_models.append(m)
+    out_deployments = []
+    for d in deployments:
+        new = renamed.get((d.origin.file, d.origin.line, d.origin.column)) if d.origin.form == "flat" else None
+        out_deployments.append(d.model_copy(update={"deployment": d.deployment.model_copy(update={"model": new})})
+                               if new else d)  # fmt: skip
+    return out_models, out_deployments

@@ -37,6 +37,7 @@ from engine_ctl.core.model import (
     LoadedModel,
     Model,
     Origin,
+    distinct_flat_models,
 )
 from engine_ctl.core.sizes import parse_seconds, parse_size
 from engine_ctl.providers import canonical_engine, deployment_option_keys, engine_options, provider
@@ -489,6 +490,7 @@ def load_documents(docs: list[SourceDocument]) -> LoadResult:
             problems.extend(_architecture_problems(doc, loaded_model.model))
             models.append(loaded_model)
             described.setdefault(doc.file, []).append(f"model {parsed.metadata.name}")
+    models, deployments = distinct_flat_models(models, deployments)
     desired = DesiredState(models=tuple(models), deployments=tuple(deployments), api_keys=tuple(api_keys))
     return LoadResult(
         desired=desired, inventory=inventory, diagnostics=problems, documents=described, broken_models=broken,
