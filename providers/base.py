@@ -260,6 +260,9 @@ class Provider:
     in_flight_metric: str = ""
     default_context_cap: int = 8192
     serves_decisions: bool = False
+    lacks: frozenset[str] = frozenset()
+    """Model capabilities this engine does not serve (seed 001: llama.cpp has no speech to text and no video); a
+    deployment of a model that has one is refused (capability_missing)."""
     decisions_min_version: str | None = None
     """The oldest release that serves decision models (seed 003): a build reporting an older version serves
     them only where the inventory says so (engines.<engine>.decisions: true)."""

@@ -186,6 +186,7 @@ LLAMACPP = LlamaCpp(
     formats=frozenset({"gguf"}),
     auto_for_format="gguf",
     auto_for_cpu=True,
+    lacks=frozenset({"transcription", "video"}),  # seed 001: "Speech to text, video — | Whisper; videos …"
     options=(GGUF_FILE,),
     loading_statuses=frozenset({"503"}),  # llama-server answers 503 "Loading model" until its model is loaded
     log_prefix=r"^[\d.:]+\s+[A-Z]\s+",  # llama-server's `0.00.014.738 E ` (time, level)

@@ -114,7 +114,9 @@ def test_flat_form_filled_in_defaults_use_flat_names(tmp_path: Path) -> None:
     assert code == 0
     (dep,) = json.loads(out)["deployments"]
     fields = [d["field"] for d in dep["defaults"]]
-    assert fields == ["replicas", "engine_config.context_length", "gpus", "cpu_cores", "parallel"]
+    assert fields == [
+        "replicas", "devices", "engine_config.memory.request", "residency", "engine_config.context_length", "parallel"
+    ]  # fmt: skip
     human = run("validate", str(tmp_path / "d.yaml")).stdout
     assert "    replicas                     1   (default)" in human
     assert "spec." not in human

@@ -101,7 +101,7 @@ SPECS = [
 ]
 # engine_config's engine-only keys are written in the flat form
 SGLANG_FLAT = "name: d9\nengine: sglang\nmodel: Qwen/Qwen3-8B@b968826d9c46dd6066d109eabc6255188de91218\n" \
-    "engine_config: {cuda_graphs: false}\n"  # fmt: skip
+    "engine_config: {cuda_graphs: false}\nresidency: restart_only\n"  # fmt: skip
 
 
 def rendered_flags(engine: str) -> set[str]:

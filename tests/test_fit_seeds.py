@@ -327,12 +327,16 @@ def test_vllm_gets_the_template_with_chat_template() -> None:
 
 
 def test_vllm_gpu_memory_utilization_comes_from_the_memory_request() -> None:
-    text = "name: chat\nengine: vllm\nmodel: /srv/models/qwen\nengine_config: {memory: {request: 16GiB}}\n"
+    text = (
+        "name: chat\nengine: vllm\nmodel: /srv/models/qwen\nengine_config: {memory: {request: 16GiB}}\n"
+        "residency: restart_only\n"
+    )
     shape = SHAPE_8B.model_copy(update={"weights_bytes": 8 * 10**9})
     argv = list(rendered_unit(text, shape).argv)
     # 16 GiB of an H100's 79.6 GiB is 0.20 of it: not the 0.90 default (72 GB of an 80 GB card)
     assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.20"
-    default = list(rendered_unit("name: chat\nengine: vllm\nmodel: /srv/models/qwen\n", shape).argv)
+    default = list(rendered_unit("name: chat\nengine: vllm\nmodel: /srv/models/qwen\nresidency: restart_only\n",
+                                 shape).argv)  # fmt: skip
     assert default[default.index("--gpu-memory-utilization") + 1] == "0.90"
 
 

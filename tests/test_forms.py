@@ -33,7 +33,11 @@ def test_same_meaning_in_both_forms_gives_the_same_internal_model() -> None:
     a, da = load(spec_form)
     b, db = load(flat_form)
     assert messages(da) == messages(db) == []
-    assert a.desired.deployments[0].deployment == b.desired.deployments[0].deployment
+    spec_d, flat_d = a.desired.deployments[0].deployment, b.desired.deployments[0].deployment
+    # where the forms differ by the seeds: the flat form lets the host decide the accelerator, and parks
+    assert (spec_d.accelerator, spec_d.residency) == ("gpu", "restart_only")
+    assert (flat_d.accelerator, flat_d.residency) == ("host", "parked")
+    assert spec_d == flat_d.model_copy(update={"accelerator": "gpu", "residency": "restart_only"})
     assert a.desired.models[0].model == b.desired.models[0].model
     assert a.desired.deployments[0].origin.form == "spec"
     assert b.desired.deployments[0].origin.form == "flat"

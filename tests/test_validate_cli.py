@@ -29,7 +29,7 @@ def test_seed_deployment_json_as_json() -> None:
     assert dep["name"] == "chat" and dep["engine"] == "llama.cpp"
     filled = {d["field"]: d["value"] for d in dep["defaults"]}
     assert filled["spec.cpu_cores"] == 4
-    assert {x["what"] for x in doc["not_checked"]} >= {"host facts", "model files"}
+    assert {x["code"] for x in doc["not_checked"]} >= {"host_unpublished", "checkpoint_digest_pending"}
 
 
 def test_invalid_document_is_400_invalid_deployment_in_json(tmp_path: Path) -> None:

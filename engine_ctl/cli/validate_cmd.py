@@ -14,8 +14,8 @@ from engine_ctl.cli.views.output import emit_json, printer
 from engine_ctl.core.diagnostics import Diagnostic, InputError, by_place
 from engine_ctl.core.documents.inventory import load_inventory
 from engine_ctl.core.documents.loader import OWN_KINDS, load_paths
-from engine_ctl.core.documents.rules import check, check_hosts
-from engine_ctl.core.documents.validate import NOT_CHECKED, build_report, report_json
+from engine_ctl.core.documents.rules import check, check_hosts, check_profiles
+from engine_ctl.core.documents.validate import build_report, not_checked_lines, report_json
 
 
 @click.command()
@@ -52,21 +52,22 @@ def validate(paths: tuple[Path, ...], inventory_path: Path | None, as_json: bool
     diagnostics.extend(check(result.desired, frozenset(result.broken_models)))
     if inventory is not None:  # spec.host names a host of the inventory
         diagnostics.extend(check_hosts(result.desired, [h.name for h in inventory.hosts], inventory.file))
+        diagnostics.extend(check_profiles(result.desired, inventory.hosts))
     if not result.documents and not diagnostics:  # nothing at all: never "valid"
         diagnostics.append(no_documents(result))
     diagnostics = by_place(diagnostics)  # in reading order, whichever check found them
     errors = [d for d in diagnostics if d.severity == "error"]
     valid = not errors
     if as_json:
-        doc = report_json(result, diagnostics, valid)
+        doc = report_json(result, diagnostics, valid, inventory.file if inventory is not None else None)
         doc["skipped"] = [{"file": f, "what": what} for f, what in sorted(result.skipped.items())]
         emit_json(doc)
         sys.exit(0 if valid else 1)
-    _print_human(result, diagnostics, valid)
+    _print_human(result, diagnostics, valid, inventory.file if inventory is not None else None)
     sys.exit(0 if valid else 1)
 
 
-def _print_human(result, diagnostics: list[Diagnostic], valid: bool) -> None:
+def _print_human(result, diagnostics: list[Diagnostic], valid: bool, inventory: str | None = None) -> None:
     out, err = printer(), printer(stderr=True)  # lines only: no rich to import
     for f, what in sorted(result.skipped.items()):  # what each of engine-ctl's own files is
         todo = f"; apply it with: engine-ctl apply {f}" if what == OWN_KINDS["Plan"] else ""
@@ -98,8 +99,8 @@ def _print_human(result, diagnostics: list[Diagnostic], valid: bool) -> None:
             for x in later:
                 out(f"    {x.field:<28} {x.why}")
     out("\nNot checked")
-    for what, detail in NOT_CHECKED:
-        out(f"  {what}: {detail}")
+    for line in not_checked_lines(inventory):
+        out(f"  {line}")
 
 
 @click.command()

@@ -42,7 +42,9 @@ CODES: dict[str, str] = {
     "context_too_long": "context_length above the model's maximum",
     "accelerator_mismatch": "the engine does not run on the accelerator asked for",
     "format_mismatch": "the engine does not serve the model's format (GGUF vs safetensors)",
-    "capability_missing": "the engine does not serve what the deployment asks for (decisions)",
+    "capability_missing": "the engine does not serve what the deployment asks for (decisions, speech to text, video)",
+    "profile_not_published": "validate --inventory: the host a deployment names registers no build of its engine "
+    "for what it runs on",
     "decisions_conflict": "a setting a decisions deployment cannot have",
     "extra_args_not_accepted": "flat form: extra_args without accept_extra_args: true",
     "model_source_missing": "a model has neither path nor hf",

@@ -105,6 +105,9 @@ class Model(Value):
         return "embeddings" in self.capabilities
 
 
+UNSET_UNRECORDED = ("startup_bytes", "startup_timeout_s")
+
+
 class Deployment(Value):
     """A deployment as engine-ctl understands it, whichever form it was written in."""
 
@@ -116,7 +119,9 @@ class Deployment(Value):
     replicas_min: int = 1
     replicas_max: int = 1
     idle_minutes: int | None = None
-    accelerator: Literal["gpu", "cpu"] = "gpu"
+    accelerator: Literal["gpu", "cpu", "host"] = "gpu"
+    """host: the host decides (the flat form, which has no accelerator field): its GPUs where it has some the
+    engine runs on, else its CPU where the engine runs on CPUs (fitting.host_decides, once per revision)."""
     gpus: int | None = None
     gpu_vendor: Literal["any", "nvidia", "amd"] = "any"
     cpu_cores: int | None = None
@@ -135,6 +140,10 @@ class Deployment(Value):
     beside the other fields as before they moved into providers, so that records and digests stay as they were."""
     prevent_destroy: bool = False
     """Any plan that would destroy the deployment is refused (recorded in the state, never a new revision)."""
+    startup_bytes: int | None = None
+    """The flat form's engine_config.memory.startup: memory set aside to start it until a start measures it."""
+    startup_timeout_s: int | None = None
+    """The flat form's timeouts.startup: the start-up budget in place of the engine's."""
 
     @field_validator("engine")
     @classmethod
@@ -160,6 +169,9 @@ class Deployment(Value):
         """engine_options written flat in their place: {…, "cuda_graphs": null, "prevent_destroy": …}. The keys
         records always carried (recorded_when_unset) are there when not set too; any other only when set."""
         data: dict[str, Any] = handler(self)
+        for key in UNSET_UNRECORDED:  # written only when set: the digests of deployments without them stay
+            if data.get(key, 0) is None:
+                del data[key]
         if "engine_options" not in data:
             return data
         options = {**dict.fromkeys(recorded_unset_keys()), **data["engine_options"]}
@@ -223,3 +235,32 @@ class DesiredState(Value):
             if loaded.deployment.name == name:
                 return loaded
         return None
+
+
+def distinct_flat_models(
+    models: list[LoadedModel], deployments: list[LoadedDeployment]
+) -> tuple[list[LoadedModel], list[LoadedDeployment]]:
+    """Seed 003 (B11): two flat checkpoints with the same directory name (/a/qwen, /b/qwen), or two commits of one
+    repository, are two models, not a duplicate. A flat model whose name another flat model has with other weights
+    is named by where it is (its path as written, or org/repo@commit), and its deployment with it."""
+    flat = [m for m in models if m.origin.form == "flat"]
+    by_name: dict[str, set[Model]] = {}
+    for m in flat:
+        by_name.setdefault(m.model.name, set()).add(m.model)
+    clashing = {name for name, found in by_name.items() if len(found) > 1}
+    if not clashing:
+        return models, deployments
+    renamed: dict[tuple[str, int, int], str] = {}
+    out_models = []
+    for m in models:
+        if m.origin.form == "flat" and m.model.name in clashing:
+            name = m.model.path.rstrip("/") if m.model.path else str(m.model.hf)
+            renamed[(m.origin.file, m.origin.line, m.origin.column)] = name
+            m = m.model_copy(update={"model": m.model.model_copy(update={"name": name})})
+        out_models.append(m)
+    out_deployments = []
+    for d in deployments:
+        new = renamed.get((d.origin.file, d.origin.line, d.origin.column)) if d.origin.form == "flat" else None
+        out_deployments.append(d.model_copy(update={"deployment": d.deployment.model_copy(update={"model": new})})
+                               if new else d)  # fmt: skip
+    return out_models, out_deployments

@@ -72,3 +72,14 @@ def human_bytes(n_bytes: int) -> str:
         if n_bytes >= factor:
             return f"{n_bytes / factor:.1f} {unit}"
     return f"{n_bytes} B"
+
+
+_DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h)?\s*$")
+
+
+def parse_seconds(text: str | int) -> int:
+    """A duration in whole seconds: 600, 600s, 10m or 1h; raise ValueError with what is accepted."""
+    match = None if isinstance(text, bool) else _DURATION.match(str(text))
+    if match is None or int(match.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a duration; write it like 600, 600s, 10m or 1h (more than 0)")
+    return int(match.group(1)) * {"s": 1, "m": 60, "h": 3600}[match.group(2) or "s"]

@@ -670,7 +670,8 @@ class Executor:
         """The deployment's engine's start-up budget, plus a margin for systemd and SSH."""
         engine = PROVIDERS.get(change.fit.engine) if change.fit else None
         budget = engine.startup_budget_s if engine else max(p.startup_budget_s for p in PROVIDERS.values())
-        return budget + 60
+        own = change.spec.startup_timeout_s if change.spec is not None else None
+        return (own or budget) + 60
 
     @staticmethod
     def _reason(t: Transport, change: DeploymentChange, unit: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from engine_ctl import providers as registry
 from engine_ctl.core.documents.engine_text import (
@@ -131,7 +131,22 @@ class HfSource(Doc):
 
 
 class FlatMemory(Doc):
-    request: str | int = Field(description="GPU memory the engine may use: weights, KV cache and a margin, e.g. 16GiB.")
+    request: str | int | None = Field(
+        None, description="GPU memory the engine may use: weights, KV cache and a margin, e.g. 16GiB."
+    )
+    startup: str | int | None = Field(
+        None,
+        description="The memory set aside to start the model, e.g. 28GiB, in place of the estimate until a first "
+        "start has measured its peak.",
+    )
+
+
+class FlatTimeouts(Doc):
+    startup: int | str | None = Field(
+        None,
+        description="How long the engine may take to load the model and answer its health check: seconds, or "
+        "600s, 10m (default: the engine's start-up budget).",
+    )
 
 
 class EngineConfigFields(Doc):
@@ -183,7 +198,10 @@ class FlatDeploymentDocument(Doc):
     )
     api: Literal["chat", "decisions"] = Field("chat", description="chat, or decisions (POST /v1/systemone).")
     residency: Literal["restart_only", "parked", "deep", "host_backed"] = Field(
-        "restart_only", description="restart_only: stop the engine instead of parking it."
+        "parked",
+        description="How the model parks. parked (the default): off the GPU without stopping it; restart_only to "
+        "stop the model instead of parking it, or deep to drop its weights when parked. A decisions deployment "
+        "restarts instead of parking (restart_only, its default).",
     )
     devices: list[FlatDevice] = Field(default_factory=list, description="Pin GPUs on a host with several.")
     host: str | None = Field(None, description="The inventory host to run on.")
@@ -195,6 +213,15 @@ class FlatDeploymentDocument(Doc):
     resources: FlatResources | None = None
     engine_config: FlatEngineConfig = Field(default_factory=FlatEngineConfig)
     replicas: int = Field(1, description="How many replicas (min = max).")
+    timeouts: FlatTimeouts | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _decisions_restart(cls, data: Any) -> Any:
+        """A decisions deployment restarts instead of parking: restart_only is its default (seed 003)."""
+        if isinstance(data, dict) and data.get("api") == "decisions" and "residency" not in data:
+            return {**data, "residency": "restart_only"}
+        return data
 
 
 class ModelMetadata(Doc):

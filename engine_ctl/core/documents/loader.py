@@ -37,13 +37,14 @@ from engine_ctl.core.model import (
     LoadedModel,
     Model,
     Origin,
+    distinct_flat_models,
 )
-from engine_ctl.core.sizes import parse_size
+from engine_ctl.core.sizes import parse_seconds, parse_size
 from engine_ctl.providers import canonical_engine, deployment_option_keys, engine_options, provider
 
 KINDS = ("Deployment", "Model", "Inventory", "ApiKey")
 STATE_NAME = "engine-ctl.state.json"
-OWN_KINDS = {"Plan": "a saved plan", "State": "an engine-ctl state"}
+OWN_KINDS = {"Plan": "a saved plan", "State": "an engine-ctl state", "Render": "a `render --json` output"}
 OWN_NAMES = {
     STATE_NAME: "the state",
     STATE_NAME + ".backup": "the state's backup",
@@ -211,13 +212,15 @@ def _flat_deployment(doc: SourceDocument, parsed: FlatDeploymentDocument) -> tup
     cfg = parsed.engine_config
     model = _flat_model(parsed)
     res = parsed.resources
-    gpu_mem = cfg.memory.request if cfg.memory else (res.gpu if res else None)
+    request = cfg.memory.request if cfg.memory else None
+    gpu_mem = request if request is not None else (res.gpu if res else None)
     deployment = Deployment(
         name=parsed.name,
         model=model.name,
         engine=canonical_engine(parsed.engine),
         replicas_min=parsed.replicas,
         replicas_max=parsed.replicas,
+        accelerator="host",
         context_length=cfg.context_length,
         engine_args=tuple(cfg.extra_args),
         host=parsed.host,
@@ -228,6 +231,8 @@ def _flat_deployment(doc: SourceDocument, parsed: FlatDeploymentDocument) -> tup
         ram_bytes=_size_or_none(res.ram if res else None),
         engine_options={k: v for k, v in _option_values(cfg).items() if k in deployment_option_keys()},
         prevent_destroy=parsed.prevent_destroy,
+        startup_bytes=_size_or_none(cfg.memory.startup if cfg.memory else None),
+        startup_timeout_s=_seconds_or_none(parsed.timeouts.startup if parsed.timeouts else None),
     )
     paths: dict[str, tuple[str | int, ...]] = {
         "name": ("name",),
@@ -242,7 +247,9 @@ def _flat_deployment(doc: SourceDocument, parsed: FlatDeploymentDocument) -> tup
         "api": ("api",),
         "residency": ("residency",),
         "devices": ("devices",),
-        "gpu_memory_bytes": ("engine_config", "memory", "request") if cfg.memory else ("resources", "gpu"),
+        "gpu_memory_bytes": ("engine_config", "memory", "request") if request is not None else ("resources", "gpu"),
+        "startup_bytes": ("engine_config", "memory", "startup"),
+        "startup_timeout_s": ("timeouts", "startup"),
         "ram_bytes": ("resources", "ram"),
         **{o.key: ("engine_config", o.key) for o in engine_options()},
         "prevent_destroy": ("prevent_destroy",),
@@ -311,6 +318,13 @@ def _size_or_none(value: str | int | None) -> int | None:
         return None  # reported by rules.check_sizes
 
 
+def _seconds_or_none(value: str | int | None) -> int | None:
+    try:
+        return None if value is None else parse_seconds(value)
+    except ValueError:
+        return None  # reported by _size_problems
+
+
 def _size_problems(doc: SourceDocument, parsed: FlatDeploymentDocument) -> list[Diagnostic]:
     from engine_ctl.core.diagnostics import format_path
 
@@ -321,13 +335,18 @@ def _size_problems(doc: SourceDocument, parsed: FlatDeploymentDocument) -> list[
         ),
         (("resources", "gpu"), parsed.resources.gpu if parsed.resources else None),
         (("resources", "ram"), parsed.resources.ram if parsed.resources else None),
+        (
+            ("engine_config", "memory", "startup"),
+            parsed.engine_config.memory.startup if parsed.engine_config.memory else None,
+        ),
+        (("timeouts", "startup"), parsed.timeouts.startup if parsed.timeouts else None),
     ]
     out = []
     for path, value in candidates:
         if value is None:
             continue
         try:
-            parse_size(value)
+            (parse_seconds if path[0] == "timeouts" else parse_size)(value)
         except ValueError as exc:
             out.append(Diagnostic(doc.locate(path), format_path(path), str(exc), code="invalid_size"))
     return out
@@ -471,6 +490,7 @@ def load_documents(docs: list[SourceDocument]) -> LoadResult:
             problems.extend(_architecture_problems(doc, loaded_model.model))
             models.append(loaded_model)
             described.setdefault(doc.file, []).append(f"model {parsed.metadata.name}")
+    models, deployments = distinct_flat_models(models, deployments)
     desired = DesiredState(models=tuple(models), deployments=tuple(deployments), api_keys=tuple(api_keys))
     return LoadResult(
         desired=desired, inventory=inventory, diagnostics=problems, documents=described, broken_models=broken,
@@ -544,13 +564,16 @@ def _validate_shape(doc: SourceDocument, schema: type[BaseModel]) -> tuple[Any, 
 
 def own_file_kind(data: dict[Any, Any]) -> str | None:
     """'Plan' for a saved plan (`plan --out`, `plan --json`: format_version with changes or state_lineage, as
-    savedplan.decode_plan reads it), 'State' for a state file; None for anything else."""
+    savedplan.decode_plan reads it), 'State' for a state file, 'Render' for `render --json` output; None for
+    anything else."""
     if "format_version" in data and ("changes" in data or "state_lineage" in data):
         return "Plan"
     if "state_lineage" in data and "changes" in data:
         return "Plan"
     if "lineage" in data and "serial" in data:
         return "State"
+    if "format_version" in data and "units" in data and "placements" in data:  # B45: render --json saved beside
+        return "Render"
     return None
 
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 
 from engine_ctl.core.diagnostics import Diagnostic, Location
 from engine_ctl.core.documents.engine_args import check_engine_args
+from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.model import (
     FORMAT_TITLES,
     Deployment,
@@ -51,6 +52,8 @@ FLAT_NAMES = {
     "accept_extra_args": "engine_config.accept_extra_args",
     "gpu_memory_bytes": "engine_config.memory.request",
     "ram_bytes": "resources.ram",
+    "startup_bytes": "engine_config.memory.startup",
+    "startup_timeout_s": "timeouts.startup",
     "hf": "model",
     "path": "model",
 }
@@ -126,6 +129,7 @@ def check_deployment(
         )
     if model is not None and model.format not in engine.formats:
         yield _format_mismatch(loaded, engine, model)
+    yield from _check_capabilities(loaded, engine, model)
     yield from _check_args(loaded, engine)
     yield from _check_flat(loaded, engine)
     yield from _check_decisions(loaded, engine, model)
@@ -224,6 +228,31 @@ def _format_mismatch(loaded: LoadedDeployment, engine: Provider, model: Model) -
     )
 
 
+CAPABILITY_TITLES = {"transcription": "speech to text", "video": "video"}
+"""A capability as seed 001's table names it."""
+
+
+def _check_capabilities(loaded: LoadedDeployment, engine: Provider, model: Model | None) -> Iterator[Diagnostic]:
+    """A capability of the model the engine does not serve is refused, naming an engine that serves it."""
+    for cap in [c for c in (model.capabilities if model else ()) if c in engine.lacks]:
+        others = [p for p in providers_serving(cap) if model is not None and model.format in p.formats]
+        todo = f"serve it with {titles(others, ' or ')}" if others else f"no engine here serves {cap} for this model"
+        yield _err(
+            loaded.origin,
+            "engine" if written(loaded.origin, "engine") else "model",
+            f"capability_missing:{cap}: {engine.title} does not serve {CAPABILITY_TITLES.get(cap, cap)} "
+            f"(model {model.name if model else ''} has capability {cap}); {todo}",
+            hint=f"leave {cap} out of the model's capabilities, or choose another engine",
+            code="capability_missing",
+        )
+
+
+def providers_serving(cap: str) -> list[Provider]:
+    from engine_ctl.providers import PROVIDERS
+
+    return [p for p in PROVIDERS.values() if cap not in p.lacks]
+
+
 def _check_args(loaded: LoadedDeployment, engine: Provider) -> Iterator[Diagnostic]:
     d, o = loaded.deployment, loaded.origin
     for problem in check_engine_args(d.engine_args, engine, field_name(o, "engine_args")):
@@ -259,7 +288,12 @@ def _check_flat(loaded: LoadedDeployment, engine: Provider) -> Iterator[Diagnost
             "engine_config.extra_args: set engine_config.accept_extra_args: true to pass extra engine arguments",
             code="extra_args_not_accepted",
         )
-    if d.residency != "restart_only" and d.api == "chat" and not engine.parks_asleep(d.residency):
+    if (
+        written(o, "residency")
+        and d.residency != "restart_only"
+        and d.api == "chat"
+        and not engine.parks_asleep(d.residency)
+    ):
         yield _warn(
             o,
             "residency",
@@ -284,7 +318,7 @@ def _check_decisions(loaded: LoadedDeployment, engine: Provider, model: Model | 
             hint=f"serve decision models with {titles(decision_providers(), ' or ')}",
             code="capability_missing",
         )
-    if d.residency in ("deep", "host_backed"):
+    if d.residency in ("deep", "host_backed") or (d.residency == "parked" and written(o, "residency")):
         yield _err(
             o,
             "residency",
@@ -418,4 +452,32 @@ def check_hosts(desired: DesiredState, hosts: Sequence[str], inventory_file: str
         hint = (f"did you mean {close[0]!r}? " if close else "") + f"the inventory's hosts: {known}"
         message = f'{field_name(o, "host")} "{d.host}": no host of that name in the inventory{where_from}'
         out.append(_err(o, "host", message, hint=hint, code="unknown_host"))
+    return out
+
+
+PLATFORMS_BY_VENDOR = {"nvidia": ("cuda",), "amd": ("rocm", "vulkan")}
+"""The builds a vendor's GPUs run (seed 001, GPU vendors): what a host must name for gpu_vendor."""
+
+
+def check_profiles(desired: DesiredState, hosts: Sequence[Host]) -> list[Diagnostic]:
+    """validate --inventory, offline: a deployment that names its host (host:) finds there a build of its engine
+    for what it runs on, where the inventory names that engine's builds per platform (a CPU-only deployment: cpu;
+    gpu_vendor nvidia: cuda; amd: rocm or vulkan). The host's devices and capacity are in its facts (plan)."""
+    by_name = {h.name: h for h in hosts}
+    out: list[Diagnostic] = []
+    for loaded in desired.deployments:
+        d, o = loaded.deployment, loaded.origin
+        host = by_name.get(d.host or "")
+        engine = resolve_engine(d, desired.model(d.model))
+        builds = host.engine_builds.get(engine.name) if host is not None and engine is not None else None
+        if not builds or engine is None:
+            continue
+        wanted = ("cpu",) if d.accelerator == "cpu" else PLATFORMS_BY_VENDOR.get(d.gpu_vendor, ())
+        if not wanted or set(wanted) & builds.keys():
+            continue
+        named = ", ".join(sorted(builds))
+        out.append(_err(o, "host", f"{field_name(o, 'host')} \"{d.host}\": the inventory names no {engine.title} "
+                        f"build for {' or '.join(wanted)} there (it names: {named})",
+                        hint=f"add engines.{engine.name}.{wanted[0]} to {d.host} in the inventory",
+                        code="profile_not_published"))  # fmt: skip
     return out

@@ -12,23 +12,46 @@ from engine_ctl.providers import Provider
 
 FORMAT_VERSION = 1
 
-NOT_CHECKED = (
-    (
-        "host facts",
-        "whether any host has the GPUs, memory and disk a replica needs, and which GPUs are free "
-        "(placement); run `engine-ctl plan` to gather facts over SSH",
-    ),
-    (
-        "model files",
-        "whether the weights exist at the model's path under each host's models_dir, and their "
-        "format, context length and size as the files say (GGUF metadata, config.json)",
-    ),
-    ("engine installed", "whether the engine's executable is on each host and its version accepts the flags"),
-    ("hf commit", "whether an hf: commit exists upstream; engine-ctl never downloads at plan time"),
-    ("ports", "whether the ports engine-ctl allocates are free on each host"),
-    ("recorded state", "changes against what is running: revisions, replicas to add, replace or remove"),
-    ("ssh", "whether each host is reachable and its host key is known"),
+RESOLUTION = (
+    "resolution against a host: pass --inventory <hosts.yaml> to check the runtime profile, placement, the host's "
+    "devices and capacity, and timeouts, and to see the host's defaults"
 )
+"""Seed 003's first "Not checked" line (its --host is engine-ctl's --inventory)."""
+NOT_CHECKED = (
+    ("host_unpublished", "whether each allowed host is enrolled, online and has published"),
+    (
+        "profile_not_published",
+        "which runtime profiles the host's role accepted and published after measuring each installation",
+    ),
+    ("resource_policy_unavailable", "the host's current resource policy as the server stores it"),
+    ("route_conflict", "route and deployment-name conflicts with existing deployments"),
+    ("checkpoint_digest_pending", "a new checkpoint's digest, measured on the host after acceptance"),
+)
+"""Seed 003's "Not checked" list after its first line, verbatim, each with its code: what needs a host."""
+
+
+def resolution_line(inventory: str | None) -> str:
+    """The first "Not checked" line: with an inventory, what was checked offline and what still needs the hosts."""
+    if inventory is None:
+        return RESOLUTION
+    return (
+        f"resolution against a host: checked against {inventory} offline: the hosts named and the runtime profile "
+        "(the engine builds each host registers); the host's devices and capacity are in its facts: run "
+        "`engine-ctl plan`"
+    )
+
+
+def not_checked(inventory: str | None = None) -> list[dict[str, str | None]]:
+    """The "Not checked" list as --json gives it: each line with its code (None for the first)."""
+    first: dict[str, str | None] = {"what": "resolution against a host", "detail": resolution_line(inventory),
+                                    "code": None}  # fmt: skip
+    rest: list[dict[str, str | None]] = [{"what": code, "detail": text, "code": code} for code, text in NOT_CHECKED]
+    return [first, *rest]
+
+
+def not_checked_lines(inventory: str | None = None) -> list[str]:
+    """The "Not checked" list as validate prints it (seed 003's words)."""
+    return [resolution_line(inventory), *(f"{text} ({code})" for code, text in NOT_CHECKED)]
 
 
 @dataclass
@@ -60,6 +83,8 @@ def _defaults(loaded: LoadedDeployment, model: Model | None) -> list[Default]:
         )
     if o.form == "flat" and not written(o, "replicas_max"):
         out.append(Default("replicas", d.replicas_max, "default"))
+    if o.form == "flat":
+        out += flat_defaults(loaded, engine)
     if o.form == "spec":
         out += _spec_form_defaults(loaded)
     return out + _sizing_defaults(loaded, model, engine) + _parallel_default(loaded, engine)
@@ -84,6 +109,32 @@ def _spec_form_defaults(loaded: LoadedDeployment) -> list[Default]:
     return out
 
 
+def flat_defaults(loaded: LoadedDeployment, engine: Provider | None) -> list[Default]:
+    """What the flat form fills in (seed 003): the GPU, the memory the engine may use, and how the model parks."""
+    d, o = loaded.deployment, loaded.origin
+    title = engine.title if engine else "the engine"
+    out = []
+    if not d.devices and d.accelerator == "host":
+        cpu = f", or its CPU when it has no GPU {title} runs on" if engine is None or engine.runs_on("cpu") else ""
+        why = f"the host decides: the fewest of 1, 2, 4, 8 of its GPUs that hold the model{cpu}"
+        out.append(Default("devices", None, why, True))
+    if d.gpu_memory_bytes is None:
+        why = ("sized from the checkpoint and the GPU: the weights, the KV cache and a margin for the engine's own "
+               "memory")  # fmt: skip
+        out.append(Default("engine_config.memory.request", None, why, True))
+    if not written(o, "residency"):
+        out.append(Default("residency", d.residency, _parks(d.residency, d.api, engine)))
+    return out
+
+
+def _parks(residency: str, api: str, engine: Provider | None) -> str:
+    if api == "decisions":
+        return "a decisions deployment restarts instead of parking"
+    if engine is not None and not engine.parks_asleep(residency):
+        return f"how the model parks: {engine.title} has no sleep mode, so a park stops it"
+    return "how the model parks: off the GPU without stopping it, woken by the next request"
+
+
 def _sizing_defaults(loaded: LoadedDeployment, model: Model | None, engine: Provider | None) -> list[Default]:
     """context_length, gpus and cpu_cores left out: what they will be, or how they are chosen."""
     d, o = loaded.deployment, loaded.origin
@@ -98,6 +149,8 @@ def _sizing_defaults(loaded: LoadedDeployment, model: Model | None, engine: Prov
             out.append(Default(name("context_length"), min(cap, model.context_length), f"the model's, at most {cap}"))
         else:
             out.append(Default(name("context_length"), None, f"the model's (read from its files), at most {cap}", True))
+    if d.accelerator == "host":  # the flat form: flat_defaults says what the host decides
+        return out
     if d.accelerator == "gpu" and d.gpus is None:
         why = "the fewest of 1, 2, 4, 8 that hold the model on the largest-GPU host"
         out.append(Default(name("gpus"), None, why, True))
@@ -116,9 +169,11 @@ def _parallel_default(loaded: LoadedDeployment, engine: Provider | None) -> list
     d = loaded.deployment
     if d.parallel is not None or engine is None:
         return []
-    options = engine.parallel_candidates(d.accelerator)
+    options = engine.parallel_candidates("cpu" if d.accelerator == "cpu" else "gpu")
     where = "on a CPU" if d.accelerator == "cpu" else "on GPUs"
     name = field_name(loaded.origin, "parallel")
+    if d.accelerator == "host" and engine.runs_on("cpu"):
+        where += f" ({engine.parallel_candidates('cpu')[0]} on a CPU)"
     if len(options) == 1:
         return [Default(name, options[0], f"{engine.title} {where}")]
     first, *rest = options
@@ -142,7 +197,9 @@ def build_report(result: LoadResult) -> list[DeploymentReport]:
     return reports
 
 
-def report_json(result: LoadResult, diagnostics: list[Diagnostic], valid: bool) -> dict[str, object]:
+def report_json(
+    result: LoadResult, diagnostics: list[Diagnostic], valid: bool, inventory: str | None = None
+) -> dict[str, object]:
     errors = [d for d in diagnostics if d.severity == "error"]
     doc: dict[str, object] = {
         "format_version": FORMAT_VERSION,
@@ -173,7 +230,7 @@ def report_json(result: LoadResult, diagnostics: list[Diagnostic], valid: bool) 
             for r in build_report(result)
         ],
         "warnings": [d.as_json() for d in diagnostics if d.severity == "warning"],
-        "not_checked": [{"what": k, "detail": v} for k, v in NOT_CHECKED],
+        "not_checked": not_checked(inventory),
     }
     if not valid:
         doc["error"] = {

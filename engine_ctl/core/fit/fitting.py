@@ -229,6 +229,22 @@ def largest_gpu_host(
     return chosen
 
 
+def host_decides(d: Deployment, model: Model, hosts: Sequence[HostFacts], fleet: Fleet | None = None) -> Deployment:
+    """The flat form's accelerator, "the host decides" (seed 003): GPUs where a host it may use has GPUs its engine
+    runs on (or it pins devices), else the CPU where its engine runs on CPUs and serves the model's format, as the
+    spec form's accelerator: cpu. A deployment that states its accelerator is returned as it is."""
+    if d.accelerator != "host":
+        return d
+    provider = resolve_engine(d, model)
+    assert provider is not None
+    on_gpus = (
+        bool(d.devices or d.gpus)
+        or (fleet or AskEachHost()).largest_gpu_host(sizing_hosts(d, hosts), provider, d.gpu_vendor) is not None
+    )
+    on_cpu = provider.runs_on("cpu") and model.format in provider.formats
+    return d.model_copy(update={"accelerator": "cpu" if on_cpu and not on_gpus else "gpu"})
+
+
 def devices_refusal(d: Deployment) -> str | None:
     """devices: [{id: gpu1}] pins GPUs of one machine: as many as a replica takes, each once."""
     if not d.devices:
@@ -283,9 +299,9 @@ def fit(
         result = _fit_gpu(d, model, facts, shape, usable, provider, weights, basis, fleet or AskEachHost())
     if not isinstance(result, FitPlan):
         return result
-    if d.ram_bytes:
-        result = result.model_copy(update={"memory_bytes": d.ram_bytes})
-    if d.ram_bytes or d.gpu_memory_bytes:
+    if d.ram_bytes or d.startup_bytes:  # a declared start-up memory is what its start sets aside
+        result = result.model_copy(update={"memory_bytes": d.startup_bytes or d.ram_bytes})
+    if d.ram_bytes or d.gpu_memory_bytes or d.startup_bytes:
         result = result.model_copy(
             update={"memory_basis": "catalog" if result.memory_basis == "estimate" else result.memory_basis}
         )

@@ -89,6 +89,8 @@ class ReplicaRun(BaseModel):
     lineage: str | None = None
     """The lineage of the state the unit belongs to, written into its header; None renders a unit as engine-ctl
     wrote it before it recorded lineages."""
+    startup_budget_s: int | None = None
+    """The deployment's own start-up budget (the flat form's timeouts.startup); None: the engine's."""
     residency: str = "restart_only"
     """How a park treats it (the deployment's residency): an engine with sleep controls is launched with them on."""
     guard_address: str | None = None

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from engine_ctl.core.documents.inventory import Host
-from engine_ctl.core.fit.fitting import FitUnknown, fit, shape_disagreement
+from engine_ctl.core.fit.fitting import FitUnknown, fit, host_decides, shape_disagreement
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.fit.placement import crowds, place_one, reserved_note
@@ -43,6 +43,7 @@ from engine_ctl.core.render.guard import guard_refusals, needs_guard, residency_
 from engine_ctl.core.render.units import RenderedUnit, gateway_allow, model_path_on_host, render_unit, replica_run
 from engine_ctl.core.sizes import gib_down, gib_up
 from engine_ctl.providers import Provider
+from engine_ctl.providers.base import at_least_2gib
 
 
 @dataclass
@@ -132,11 +133,15 @@ def keep_chosen(
     """gpus and parallel, when the documents leave them out, are chosen once and kept with the revision ("so it
     does not move as machines come and go"): chosen again only when the deployment's documents change."""
     open_fields = [f for f in ("gpus", "parallel") if getattr(d, f) is None]
+    if d.accelerator == "host":  # the flat form: the host decides, once per revision
+        open_fields.insert(0, "accelerator")
     if d.accelerator == "cpu" and "gpus" in open_fields:
         open_fields.remove("gpus")
     if record is None or record.spec_hash != digest or record.plan is None:
         return d, {f: revision for f in open_fields}
     kept = {f: getattr(record.plan, f) for f in open_fields}
+    if kept.get("accelerator") == "cpu":
+        kept.pop("gpus", None)
     return d.model_copy(update=kept), {f: record.chosen.get(f, record.revision) for f in kept}
 
 
@@ -149,6 +154,11 @@ def fit_step(
 ) -> FitPlan | None:  # fmt: skip
     """One replica's fit, recorded in the change; None when there is none (the change then says Failed, or
     Pending and why), and nothing more is planned for the deployment."""
+    gone = weights_gone(model, hosts, record)
+    if gone:
+        change.failed_reason = gone
+        change.warnings.append(f"{d.name} is Failed: {gone}; its running replicas are left as they are")
+        return None
     fitted = fit(d, model, model_facts, hosts.reached, names, hosts)
     if isinstance(fitted, str):
         change.failed_reason = fitted
@@ -180,15 +190,15 @@ def with_measured_startup(
     model: Model | None = None,
 ) -> tuple[FitPlan, Literal["measured", "default"]]:
     """The fit with the start-up peak its revision's first start measured set aside instead of the estimate
-    (host RAM, and each GPU's peak), and where the figures came from. A new revision that changes only the
-    instance count (same_engine) keeps the measurement."""
+    (host RAM, never below seed 000's floor of 2 GiB; and each GPU's peak), and where the figures came from. A new
+    revision that changes only the instance count (same_engine) keeps the measurement."""
     startup = record.startup if record is not None else None
     if record is None or startup is None or startup.host_peak_bytes is None:
         return fitted, "default"
     kept = startup.revision == record.revision and same_engine(record.spec, record.model, d, model)
     if startup.revision != revision and not kept:
         return fitted, "default"
-    update: dict[str, int] = {"memory_bytes": startup.host_peak_bytes}
+    update: dict[str, int] = {"memory_bytes": at_least_2gib(startup.host_peak_bytes)}  # the seed's floor holds
     if startup.device_peak_bytes:
         update["min_gpu_memory_bytes"] = max(startup.device_peak_bytes.values())
     return fitted.model_copy(update=update), "measured"
@@ -227,6 +237,21 @@ def weights_missing(model: Model, hosts: Hosts) -> dict[str, str]:
         if path in h.model_problems and not fetched_at_apply(model, h.model_problems[path]):
             out[h.host] = f"Waiting for the weights of {model.name} at {path} ({h.model_problems[path]})"
     return out
+
+
+def weights_gone(model: Model, hosts: Hosts, record: DeploymentRecord | None) -> str | None:
+    """Seed 000's Failed, "the model is gone": the weights a recorded revision ran from, at the same path, are on
+    none of the hosts reached (not found on each), and no download brings them back (a path, not hf:). A first
+    deployment whose weights are not there yet waits for them (Pending) instead."""
+    ran = record is not None and record.replicas and record.model is not None and record.model.path == model.path
+    if not ran or model.hf is not None or not hosts.reached:
+        return None
+    paths = {h.host: model_path_on_host(model, hosts.inventory[h.host]) for h in hosts.reached}
+    if any(h.model_problems.get(paths[h.host]) != "not found" for h in hosts.reached):
+        return None
+    where = ", ".join(f"{paths[h.host]} on {h.host}" for h in hosts.reached)
+    return (f"the model is gone: the weights of {model.name} are on no reachable host ({where}: not found); put them "
+            "back, or point the model's path at where they are")  # fmt: skip
 
 
 def unusable_weights(model: Model, hosts: Hosts) -> tuple[str, dict[str, str]] | None:
@@ -639,6 +664,7 @@ def start_deployment(
     """resolve → fit → leftovers → place the always-on replicas. `lineage`: the owning state's (unit headers).
     None for the target when there is no fit (the change says Failed or Pending)."""
     change, sized = resolve(d, model, record, names)
+    sized = host_decides(sized, model, hosts.reached, hosts)
     fitted = fit_step(change, sized, model, model_facts, hosts, record, names)
     if fitted is None:
         return change, None

@@ -8,6 +8,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from engine_ctl.core.decisions import shown_version
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.hostfacts import EngineInstall, HostFacts
 from engine_ctl.core.record.model import ReplicaRecord
@@ -46,6 +47,10 @@ def engine_refusals(
     for facts in hosts:
         host = inventory[facts.host]
         platform = host_platform(provider, accelerator, facts)
+        if platform is None:  # B29: no build of this engine runs here at all (never "add engines.vllm.None")
+            why = provider.gpu_refusal(facts.gpus[0]) if facts.gpus else f"{provider.title} needs a GPU"
+            out[facts.host] = f"no {provider.title} build runs on {facts.host}: {why or 'no build for its GPUs'}"
+            continue
         path = build_for(provider, host, platform)
         if path is None:
             named = ", ".join(sorted(host.engine_builds.get(provider.name, {}))) or "none"
@@ -87,6 +92,14 @@ def engine_drift_detail(record: ReplicaRecord, facts: HostFacts) -> str | None:
             "the replica restarts onto it")  # fmt: skip
 
 
+def recorded_version(said: str | None) -> str | None:
+    """What a replica records of its engine's --version output: the version itself, else its first line."""
+    if not said or not said.strip():
+        return None
+    shown = shown_version(said)
+    return shown if shown != "unknown" else said.strip().splitlines()[0][:200]
+
+
 def with_engines(plan: Plan, facts: Mapping[str, HostFacts]) -> Plan:
     """Each replica the plan starts or restarts, with the version and sha256 of the build it runs (argv[0])."""
     for change in plan.changes:
@@ -95,5 +108,7 @@ def with_engines(plan: Plan, facts: Mapping[str, HostFacts]) -> Plan:
                 continue
             found = engine_at(facts[step.host], step.argv[0])
             if found is not None:
-                step.engine_version, step.engine_sha256 = found.version, found.sha256 or ""
+                # B38: the version itself, not the whole multi-line --version output
+                version = recorded_version(found.version)
+                step.engine_version, step.engine_sha256 = version, found.sha256 or ""
     return plan

@@ -196,6 +196,7 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
     template = run.model.chat_template if run.chat_template_file else None
     weights_dir = run.model_path if run.model.format == "safetensors" else posixpath.dirname(run.model_path)
     deny = "~@privileged" if provider.jit_compiles else "~@privileged @resources"
+    budget = run.startup_budget_s or provider.startup_budget_s
     values = {
         "deployment": run.deployment,
         "index": run.index,
@@ -205,16 +206,14 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
         "host": host.name,
         "port": run.port,
         "gpus": [g.uuid for g in run.gpus],
-        "start_limit_interval": provider.startup_budget_s * 4 + 120,
+        "start_limit_interval": budget * 4 + 120,
         "restart_sec": RESTART_SEC,
         "exits_dir": EXITS_DIR,
         "exec_start": exec_line(argv),
-        "exec_health": exec_line(
-            health_argv(run.port, provider.health_path, provider.startup_budget_s, local_address(run.bind_address))
-        ),
+        "exec_health": exec_line(health_argv(run.port, provider.health_path, budget, local_address(run.bind_address))),
         **_guards(run, provider),
         "health_path": provider.health_path,
-        "startup_budget": provider.startup_budget_s,
+        "startup_budget": budget,
         "environment": [env_assignment(k, v) for k, v in sorted(environment.items())],
         "cache_directory": cache_directory,
         "cache_rw": cache_rw,
@@ -292,4 +291,5 @@ def replica_run(
         cache_dir=cache_path(host, d.name),
         lineage=lineage,
         residency=residency,
+        startup_budget_s=d.startup_timeout_s,
     )
