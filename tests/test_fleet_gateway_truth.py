@@ -331,3 +331,20 @@ def test_destroy_leaves_only_models_and_caches_even_for_a_gateway_out_of_the_inv
         assert left == ["/var/lib/engine-ctl/models"], (h.name, left)
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://{truth.gateway.address}:8800/health", timeout=5)
+
+
+def test_after_destroy_the_next_apply_starts_the_gateway_again(truth: Truth) -> None:
+    """A destroy removes the gateway's run directory with the private folder systemd keeps for its dynamic user;
+    the next apply's gateway starts (a run directory left half, or made by apply beside the unit's private one,
+    kept it failing with RUNTIME_DIRECTORY "File exists" for good)."""
+    inventory = Path(truth.fleet.inventory).read_text()
+    line = f"  - {{name: {truth.gateway.name}, address: {truth.gateway.address}}}"
+    truth.inventory.write_text(inventory.replace(line, line[:-1] + ", roles: [gateway]}"))
+    applied = truth.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    active = truth.fleet.ssh(truth.gateway, "systemctl is-active engine-ctl-gateway.service", check=False)
+    assert active.stdout.strip() == "active", active.stdout + active.stderr
+    assert truth.ask("tb", KEY_ALL)[0] == 200
+    destroyed = truth.cli("destroy", "--auto-approve")
+    assert destroyed.returncode == 0, destroyed.stdout + destroyed.stderr
+    assert truth.fleet.ssh(truth.gateway, "ls /run/private", check=False).stdout.strip() == ""

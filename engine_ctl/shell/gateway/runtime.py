@@ -19,6 +19,7 @@ from engine_ctl.core.render.gateway import (
     INTERNAL_ENV,
     INTERNAL_MAP_FILE,
     MASTER_SOCKET,
+    PRIVATE_RUN_DIR,
     REPLICA_KEY,
     RUN_DIR,
     RUNTIME_MAPS,
@@ -229,9 +230,14 @@ def set_internal_key(t: Transport, key: str, following: str | None, socket: str 
     """The gateway's key map: the root-only file its unit loads at a start, the copy a reload reads in its run
     directory and, in a running gateway, the map itself (no reload: the next request carries the new key)."""
     text, name = gateway_key_text(key, following), f"{RUN_DIR}/{INTERNAL_MAP_FILE}"
-    write_secrets(t, {GATEWAY_KEY: text, name: text}, owned=[name])
     if t.run(["systemctl", "is-active", "--quiet", GATEWAY_UNIT]).exit_code != 0:
+        # not running: its start copies the credential into its run directory, which systemd makes (a folder
+        # made here instead, beside the unit's private one, would keep the unit from ever starting)
+        write_secrets(t, {GATEWAY_KEY: text})
+        t.run(["sh", "-c", f"if [ -d {RUN_DIR} ] && [ ! -L {RUN_DIR} ] && [ -d {PRIVATE_RUN_DIR} ]; then "
+                           f"rm -rf {RUN_DIR}; fi"])  # fmt: skip
         return
+    write_secrets(t, {GATEWAY_KEY: text, name: text}, owned=[name])
     answer = runtime(t, internal_key_commands(name, key, following), socket)[0].strip()
     if "nknown map" in answer:  # a gateway of an older engine-ctl (its key in its environment): its reload follows
         return

@@ -9,7 +9,14 @@ import shlex
 from collections.abc import Callable, Iterable
 
 from engine_ctl.core.documents.inventory import Host
-from engine_ctl.core.render.gateway import GATEWAY_DIR, GATEWAY_UNIT, REPLICA_KEY, RUN_DIR, replica_key_files
+from engine_ctl.core.render.gateway import (
+    GATEWAY_DIR,
+    GATEWAY_UNIT,
+    PRIVATE_RUN_DIR,
+    REPLICA_KEY,
+    RUN_DIR,
+    replica_key_files,
+)
 from engine_ctl.core.render.scaler import COMMAND_PATH, KEY_COMMENT, SCALER_DIR, SCALER_STATE, SCALER_UNIT
 from engine_ctl.core.render.scalerlock import PASSWORD_FILE
 from engine_ctl.shell.transport import HostFailure, SSHOptions, transport_for
@@ -24,7 +31,9 @@ def teardown_script(gateway: bool, shared: bool) -> str:
     steps = []
     if gateway:
         units = f"{GATEWAY_UNIT} {SCALER_UNIT}"
-        paths = [GATEWAY_DIR, GATEWAY_DIR + ".new", RUN_DIR, SCALER_DIR, PASSWORD_FILE, SCALER_STATE]
+        # RUN_DIR is a DynamicUser unit's link to /run/private/<name>: both go, or the next start of the gateway
+        # finds its private folder with no link to it and fails (RUNTIME_DIRECTORY: File exists)
+        paths = [GATEWAY_DIR, GATEWAY_DIR + ".new", RUN_DIR, PRIVATE_RUN_DIR, SCALER_DIR, PASSWORD_FILE, SCALER_STATE]
         steps += [
             f"systemctl disable --now {units} 2>/dev/null",
             f"rm -f {UNIT_DIR}/{GATEWAY_UNIT} {UNIT_DIR}/{SCALER_UNIT}",
