@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -54,6 +55,8 @@ CORRUPT = "corrupt.gguf"
 CONTEXTS = (384, 512, 768)
 ARGS: tuple[tuple[str, ...], ...] = ((), ("--temp", "0.5"))
 NAMES = ("sa", "sb")
+IDENTITY = re.compile(r"Request identity: ([0-9A-Z]{26})")
+FORCE_UNLOCK = re.compile(r"engine-ctl force-unlock ([0-9a-f-]{36})")
 
 
 @dataclass(frozen=True)
@@ -292,6 +295,13 @@ class Machine:
         self.good_sha = ""
         self.step_no = 0
         self.plan_rc: int | None = None
+        self.current = ""
+        self.converged = False
+        """The last check found the plan empty and true."""
+        self.imported_converged = False
+        self.killed_request: str | None = None
+        """The identity an apply killed with SIGKILL printed: the next apply continues it with --request-id."""
+        self.killed_without_identity = False
 
     # ----- set-up and recovery -------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -345,6 +355,7 @@ class Machine:
         m = self.model
         live = [d for d in m.deps.values() if d.verb is None]
         held = [d for d in m.deps.values() if d.verb is not None]
+        free = not self.killed_request and not self.killed_without_identity  # an operator recovers a kill first
         return [
             ("edit_context", 3, lambda: True, Machine.edit_context),
             ("edit_engine_args", 3, lambda: True, Machine.edit_engine_args),
@@ -353,18 +364,18 @@ class Machine:
             ("edit_model_path", 2, lambda: True, Machine.edit_model_path),
             ("corrupt_weights", 1, lambda: m.model_file != CORRUPT, Machine.corrupt_weights),
             ("apply", 8, lambda: True, Machine.apply),
-            ("apply_killed", 2, lambda: True, Machine.apply_killed),
-            ("stop", 1, lambda: bool(live) and m.cut is None, Machine.stop),
-            ("park", 1, lambda: bool(live) and m.cut is None, Machine.park),
-            ("delete", 1, lambda: bool(live) and m.cut is None, Machine.delete),
-            ("start", 3, lambda: bool(held) and m.cut is None, Machine.start),
+            ("apply_killed", 2, lambda: free, Machine.apply_killed),
+            ("stop", 1, lambda: bool(live) and m.cut is None and free, Machine.stop),
+            ("park", 1, lambda: bool(live) and m.cut is None and free, Machine.park),
+            ("delete", 1, lambda: bool(live) and m.cut is None and free, Machine.delete),
+            ("start", 3, lambda: bool(held) and m.cut is None and free, Machine.start),
             ("cut_host", 1, lambda: m.cut is None, Machine.cut_host),
             ("host_back", 4, lambda: m.cut is not None, Machine.host_back),
             ("unit_stopped_by_hand", 1, lambda: m.cut is None, Machine.unit_stopped_by_hand),
             ("unit_edited_by_hand", 1, lambda: m.cut is None, Machine.unit_edited_by_hand),
             ("kill_gateway", 1, lambda: True, Machine.kill_gateway),
             ("kill_scaler", 1, lambda: any(d.zero for d in m.deps.values()), Machine.kill_scaler),
-            ("lose_state_then_import", 1, lambda: m.cut is None and not held, Machine.lose_state_then_import),
+            ("lose_state_then_import", 1, lambda: m.cut is None and not held and free, Machine.lose_state_then_import),
         ]
 
     def _set(self, name: str, **changes: Any) -> None:
@@ -405,27 +416,43 @@ class Machine:
         return f"corrupt_weights({CORRUPT})"
 
     def apply(self, rng: random.Random) -> str:
+        """apply, as an operator runs it: after an apply killed mid-way, with the request identity it printed
+        (`--request-id`, which continues it); where it printed none, a lock it left is cleared as the error says
+        (force-unlock ID), then apply again."""
         before = probe(self.p.fleet, self._reachable())
         poller = Poller(self.p.fleet, self._reachable())
-        run = self.p.cli("apply", "--auto-approve")
+        recover = ("--request-id", self.killed_request) if self.killed_request else ()
+        run = self.p.cli("apply", "--auto-approve", *recover)
+        unlocked = ""
+        if run.rc != 0 and not recover and (lock := FORCE_UNLOCK.search(run.err)) and self.killed_without_identity:
+            self.p.cli("force-unlock", lock[1], "--state", str(self.p.state_file))
+            unlocked = f"force-unlock {lock[1][:8]}…, "
+            run = self.p.cli("apply", "--auto-approve")
         poller.stop()
+        self.killed_request, self.killed_without_identity = None, False
         self.last_apply_rc = run.rc
         self._check_rolls(before, poller)
         self.log(f"    apply: exit {run.rc} in {run.seconds:.0f} s: {short(run.out + run.err, 300)}")
-        return f"apply() -> {run.rc}"
+        return f"apply({unlocked}{' '.join(recover)}) -> {run.rc}"
 
     def apply_killed(self, rng: random.Random) -> str:
         after = round(rng.uniform(0.5, 12.0), 1)
-        proc = subprocess.Popen(self.p.argv("apply", "--auto-approve"), cwd=self.p.docs,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        try:
-            proc.wait(timeout=after)
-            killed = False
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-            killed = True
+        err = self.p.path / "killed-apply.err"
+        with err.open("w") as stderr:
+            proc = subprocess.Popen(self.p.argv("apply", "--auto-approve"), cwd=self.p.docs,
+                                    stdout=subprocess.DEVNULL, stderr=stderr)  # fmt: skip
+            try:
+                proc.wait(timeout=after)
+                killed = False
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+                killed = True
         self.last_apply_rc = None if killed else proc.returncode
+        if killed:
+            found = IDENTITY.search(err.read_text())
+            self.killed_request = found[1] if found else None
+            self.killed_without_identity = found is None
         return f"apply_killed(after={after}s{'' if killed else ', finished first: exit ' + str(proc.returncode)})"
 
     def _verb(self, verb: str, name: str, *extra: str) -> Run:
@@ -521,6 +548,7 @@ class Machine:
 
     def lose_state_then_import(self, rng: random.Random) -> str:
         before = self._records()
+        self.imported_converged = self.converged
         for f in self.p.docs.glob("engine-ctl.state.json*"):
             f.unlink()
         run = self.p.cli("import")
@@ -548,7 +576,7 @@ class Machine:
         v = Violation(self.step_no, invariant, observed, expected, list(self.sequence), list(self.since_converged),
                       self.seed)  # fmt: skip
         self.violations.append(v)
-        self.log(str(v))
+        self.log(str(v) + (f" (then {self.current}, the step that found it)" if self.current else ""))
 
     def _check_rolls(self, before: Truth, poller: Poller) -> None:
         """Never two replicas of one deployment down at once during an apply (not while a host is cut off)."""
@@ -603,10 +631,15 @@ class Machine:
         if self.sequence and self.sequence[-1].startswith("apply()") and self.last_apply_rc == 0 and plan.rc != 0:
             self.violate("after an apply that exits 0 the next plan is empty",
                          f"plan exit {plan.rc}: {_plan_summary(doc, plan)}", "No changes, exit 0")  # fmt: skip
+        imported = self.sequence[-1:] and self.sequence[-1].startswith("lose_state") and self.imported_converged
+        if imported and plan.rc != 0:
+            self.violate("after import, plan is empty", f"plan exit {plan.rc}: {_plan_summary(doc, plan)}",
+                             "No changes, exit 0: the fleet was converged before the state was lost")  # fmt: skip
         if plan.rc == 0:
             self._check_gateway()
         self._check_status(doc, _json(results["status"].out), _json(results["list"].out))
-        if plan.rc == 0 and not diffs and len(self.violations) == found_before:
+        self.converged = plan.rc == 0 and not diffs and len(self.violations) == found_before
+        if self.converged:
             self.since_converged = []  # converged and true: the next violation's sequence starts here
 
     def _recorded_hosts(self) -> dict[str, set[str]]:
@@ -692,11 +725,16 @@ class Machine:
             names, weights = [n for n, _, _ in enabled], [w for _, w, _ in enabled]
             pick = rng.choices(range(len(enabled)), weights=weights)[0]
             started = time.monotonic()
+            before = len(self.violations)
+            self.current = names[pick]
             said = enabled[pick][2](self, rng)
+            self.current = ""
             self.kinds[names[pick]] += 1
             self.sequence.append(said)
             self.since_converged.append(said)
-            before = len(self.violations)
+            for v in self.violations[before:]:  # found inside the rule: the step belongs to its sequence
+                v.sequence.append(said)
+                v.since_converged.append(said)
             self.check()
             self.log(f"step {self.step_no:3d} {time.monotonic() - started:5.1f} s  plan exit {self.plan_rc}  {said}")
             if len(self.violations) > before:
