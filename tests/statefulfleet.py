@@ -232,7 +232,8 @@ def _served_as_written(model: Model, dep: Dep, units: list[Any], truth: Truth, g
         found.append(f"{dep.name}'s model file {want_model} is not usable weights (truncated GGUF)")
     for u in units:
         for what, argv in (("unit file", u.argv), ("process", u.running)):
-            if not argv or (what == "process" and u.active != "active"):
+            # a unit file that runs, or the on-demand slot the scaler would start; never an old slot's leftover
+            if not argv or (u.active != "active" and (what == "process" or not dep.zero)):
                 continue
             problems = _argv_problems(dep, argv, want_model)
             found += [f"{u.name} on {u.host}: its {what} {p}" for p in problems]
@@ -589,7 +590,10 @@ class Machine:
             indexes = {u.index for u in before.of(dep.name) if u.serving} & set(range(dep.replicas))
             if len(indexes) < 2:
                 continue
-            for start, end, down in poller.down_together(dep.name, indexes, hosts):
+            spans = poller.down_together(dep.name, indexes, hosts)
+            self.log(f"    rolls watched: {dep.name}'s replicas {sorted(indexes)}, {len(poller.samples)} samples, "
+                     f"{len(spans)} span(s) with two down")  # fmt: skip
+            for start, end, down in spans:
                 self.violate(
                     "one replica of a deployment rolls at a time",
                     f"replicas {sorted(down)} of {dep.name} were all down for {end - start:.1f} s during apply",
