@@ -1,5 +1,11 @@
 """The local state file: atomic writes (temporary file, fsync, rename), a backup of the previous state,
-and a lock file that records who holds it.
+and a lock.
+
+The lock is the kernel's: an exclusive `flock` on `<state>.flock`, which the kernel releases when its holder
+dies, however it dies (kill -9 included), as Terraform's local lock does. Beside it, `<state>.lock` says who holds
+it (command, user, host, pid, since when). A `.lock` file left by a command that died on this machine is
+cleared by the next command, which says so and goes on at once; one whose holder is alive, or runs on another
+machine (a state on a shared file system), is refused with who holds it.
 
 A state file reached through a symlink is locked, backed up and written where it really is, so the link stays
 a link and two commands through different paths to one file exclude each other."""
@@ -7,10 +13,12 @@ a link and two commands through different paths to one file exclude each other."
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -55,6 +63,7 @@ class LocalState:
         self.location = str(path) if self.path == path else f"{path} (→ {self.path})"
         self.backup = self.path.with_name(self.path.name + ".backup")
         self.lock_path = self.path.with_name(self.path.name + ".lock")
+        self.kernel_lock_path = self.path.with_name(self.path.name + ".flock")
 
     def recovery(self) -> str | None:
         """Where the previous state is, only when there is one to name."""
@@ -156,24 +165,57 @@ class LocalState:
         finally:
             tmp.unlink(missing_ok=True)
 
+    def _kernel_lock(self, deadline: float) -> int:
+        """The kernel's lock on <state>.flock (a file never deleted), waiting until `deadline`; LockHeld with the
+        holder's information when a live process holds it."""
+        fd = os.open(self.kernel_lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                held = self.lock_info()
+                if time.monotonic() >= deadline and held is not None:
+                    os.close(fd)
+                    raise self._held(held) from None
+                time.sleep(0.1)
+
+    def _clear_stale(self, held: LockInfo, why: str) -> None:
+        """The .lock file of a command that died here: the kernel's lock is free, so nobody holds the state."""
+        with contextlib.suppress(FileNotFoundError):
+            self.lock_path.unlink()
+        print(
+            f"warning: the state lock of {held.who} since {held.when} for `{held.operation}` (lock ID {held.id}) "
+            f"was stale ({why}); cleared it and went on",
+            file=sys.stderr,
+        )
+
     @contextlib.contextmanager
     def lock(self, operation: str, timeout: float = 0.0) -> Iterator[LockInfo]:
         info = new_lock(str(uuid.uuid4()), operation, str(self.path))
         deadline = time.monotonic() + timeout
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-        while not self._create_lock_file(info):
-            held = self.lock_info()
-            if held is None:  # released between the two looks: try again at once
-                continue
-            if stale_reason(held) is not None or time.monotonic() >= deadline:
-                raise self._held(held)  # a stale lock is never released: no use waiting for it
-            time.sleep(0.2)
+        kernel = self._kernel_lock(deadline)
         try:
-            yield info
+            while not self._create_lock_file(info):
+                held = self.lock_info()
+                if held is None:  # released between the two looks: try again at once
+                    continue
+                why = stale_reason(held)
+                if why is not None:  # its holder died on this machine: the kernel lock we hold proves it
+                    self._clear_stale(held, why)
+                    continue
+                if time.monotonic() >= deadline:  # alive (an older engine-ctl) or on another machine
+                    raise self._held(held)
+                time.sleep(0.2)
+            try:
+                yield info
+            finally:
+                current = self.lock_info()
+                if current is not None and current.id == info.id:
+                    self.lock_path.unlink(missing_ok=True)
         finally:
-            current = self.lock_info()
-            if current is not None and current.id == info.id:
-                self.lock_path.unlink(missing_ok=True)
+            os.close(kernel)  # the kernel's lock goes with its descriptor
 
     def force_unlock(self, lock_id: str) -> LockInfo:
         held = self.lock_info()

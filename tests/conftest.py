@@ -30,3 +30,23 @@ def fleet() -> Iterator[fleet_mod.Fleet]:
 @pytest.fixture(scope="session")
 def fleet_inventory(fleet: fleet_mod.Fleet) -> Inventory:
     return load_inventory(Path(fleet.inventory))
+
+
+FLEET_FIXTURES = frozenset({"fleet", "fleet_inventory", "project", "weights"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that asks for the fleet (directly or through another fixture) must say so with the `fleet` marker,
+    so that `pytest -m 'not fleet'` never boots one."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if FLEET_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("fleet") is None
+    ]
+    if unmarked:
+        listing = "\n  ".join(unmarked)
+        raise pytest.UsageError(
+            f"{len(unmarked)} test(s) use the fleet without the `fleet` marker; add `pytestmark = pytest.mark.fleet`"
+            f" (or @pytest.mark.fleet):\n  {listing}"
+        )

@@ -5,8 +5,11 @@ llama-server built here is visible inside), gets its own SSH host keys and the f
 answers SSH on 198.18.0.(10+i) (RFC 2544's benchmarking range) behind the bridge `ectl-br0`.
 Everything it creates is named with the prefix `ectl`, and leftovers with that prefix are cleared first.
 
-Several fleets can run side by side (one per working tree): ENGINE_CTL_FLEET_ID=N (1 to 9) names everything
-`ect<letter>` (ecta, ectb, ...), uses 198.18.N.0/24 and /var/tmp/engine-ctl-fleet-N. The default, 0, is `ectl`.
+Several fleets can run side by side (one per run): fleet id N (0 to 9) names everything `ectl` (0) or
+`ect<letter>` (1: ecta, 2: ectb, ...), uses 198.18.N.0/24 and /var/tmp/engine-ctl-fleet-N. ENGINE_CTL_FLEET_ID=N
+chooses the id; unset, a run takes the lowest id no live run owns (and reserves it at import). A fleet is owned:
+/var/tmp/engine-ctl-fleet-owners/N.json holds the owner's PID (with its start time) and checkout, and up() and
+down() refuse to clear a fleet whose owner is another live process. ENGINE_CTL_FLEET_ROOT moves /var/tmp.
 
 From a shell:  python -m tests.fleet up 4   |   python -m tests.fleet down   |   python -m tests.fleet status
 """
@@ -14,6 +17,7 @@ From a shell:  python -m tests.fleet up 4   |   python -m tests.fleet down   |  
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -21,17 +25,127 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-FLEET_ID = int(os.environ.get("ENGINE_CTL_FLEET_ID", "0"))
-if not 0 <= FLEET_ID <= 9:
-    raise SystemExit(f"ENGINE_CTL_FLEET_ID={FLEET_ID}: write 0 to 9")
+ROOT = Path(__file__).resolve().parents[1]
+FLEETS = Path(os.environ.get("ENGINE_CTL_FLEET_ROOT", "/var/tmp"))
+OWNERS = FLEETS / "engine-ctl-fleet-owners"
+IDS = range(10)
+
+
+class FleetBusy(RuntimeError):
+    """The fleet id is owned by a live process of another run: clearing it would stomp that run."""
+
+
+def base_of(fleet_id: int) -> Path:
+    return FLEETS / ("engine-ctl-fleet" + (f"-{fleet_id}" if fleet_id else ""))
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time (clock ticks since boot), or "" when there is no such process: a PID and its start
+    time name one process, even after the PID is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+@dataclass(frozen=True)
+class Owner:
+    pid: int
+    start: str
+    checkout: str
+    since: str = ""
+
+    def live(self) -> bool:
+        return self.pid > 0 and _start_time(self.pid) == self.start
+
+    def mine(self) -> bool:
+        return self.pid == os.getpid()
+
+    def __str__(self) -> str:
+        return f"PID {self.pid} of the checkout {self.checkout} (since {self.since})"
+
+
+def owner_of(fleet_id: int) -> Owner | None:
+    try:
+        return Owner(**json.loads((OWNERS / f"{fleet_id}.json").read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _other_live_owner(fleet_id: int) -> Owner | None:
+    owner = owner_of(fleet_id)
+    return owner if owner is not None and owner.live() and not owner.mine() else None
+
+
+def _unowned_but_running(fleet_id: int) -> bool:
+    """A fleet booted before owner files (no owner file) whose hosts still run: maybe in use, so not free."""
+    state = base_of(fleet_id) / "fleet.json"
+    if owner_of(fleet_id) is not None or not state.exists():
+        return False
+    try:
+        pids = [int(h["pid"]) for h in json.loads(state.read_text())["hosts"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return any(_start_time(pid) for pid in pids if pid > 0)
+
+
+@contextlib.contextmanager
+def _owners_locked() -> Iterator[None]:
+    """One process at a time reads and writes the owner files (flock, released when the process dies)."""
+    OWNERS.mkdir(parents=True, exist_ok=True)
+    with open(OWNERS / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _claim(fleet_id: int) -> None:
+    me = Owner(os.getpid(), _start_time(os.getpid()), str(ROOT), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    tmp = OWNERS / f".{fleet_id}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(asdict(me)))
+    tmp.replace(OWNERS / f"{fleet_id}.json")
+
+
+def _release(fleet_id: int) -> None:
+    owner = owner_of(fleet_id)
+    if owner is not None and (owner.mine() or not owner.live()):
+        (OWNERS / f"{fleet_id}.json").unlink(missing_ok=True)
+
+
+def _free(fleet_id: int) -> bool:
+    return _other_live_owner(fleet_id) is None and not _unowned_but_running(fleet_id)
+
+
+def pick_fleet_id() -> int:
+    """ENGINE_CTL_FLEET_ID when set; otherwise the lowest id no live run owns, reserved for this process."""
+    chosen = os.environ.get("ENGINE_CTL_FLEET_ID")
+    if chosen is not None:
+        if not chosen.isdigit() or int(chosen) not in IDS:
+            raise SystemExit(f"ENGINE_CTL_FLEET_ID={chosen}: write 0 to 9")
+        return int(chosen)
+    try:
+        with _owners_locked():
+            fleet_id = next((i for i in IDS if _free(i)), None)
+            if fleet_id is not None:
+                _claim(fleet_id)
+    except OSError:  # the owner files are not ours to write (not root): choose without reserving
+        fleet_id = next((i for i in IDS if _free(i)), None)
+    if fleet_id is None:
+        busy = "\n".join(f"  {i}: {owner_of(i) or 'hosts running, no owner file'}" for i in IDS)
+        raise SystemExit(f"every fleet id is in use by a live run:\n{busy}\nwait for one, or `down` a stale one")
+    return fleet_id
+
+
+FLEET_ID = pick_fleet_id()
 PREFIX = "ectl" if FLEET_ID == 0 else f"ect{chr(ord('a') + FLEET_ID - 1)}"  # all four letters: none prefixes another
 BRIDGE = f"{PREFIX}-br0"
 SUBNET = f"198.18.{FLEET_ID}"
-BASE = Path(os.environ.get("ENGINE_CTL_FLEET_DIR", "/var/tmp/engine-ctl-fleet" + (f"-{FLEET_ID}" if FLEET_ID else "")))
+BASE = base_of(FLEET_ID)
 STATE = BASE / "fleet.json"
 MASK = (
     "systemd-firstboot.service", "postgresql.service", "cron.service", "exim4.service", "getty@tty1.service",
@@ -188,7 +302,20 @@ def _wait_ssh(host: FleetHost, timeout: float = 180.0) -> str:
     raise RuntimeError(f"{host.name} ({host.address}) did not answer SSH within {timeout:.0f} s")
 
 
+def _take_ownership() -> None:
+    """Own FLEET_ID before clearing it, or refuse: another live run's fleet is never stomped."""
+    with _owners_locked():
+        other = _other_live_owner(FLEET_ID)
+        if other is not None:
+            raise FleetBusy(
+                f"fleet {FLEET_ID} ({PREFIX}*) is in use by {other}; it is not cleared. "
+                "Unset ENGINE_CTL_FLEET_ID to take the next free id, or set another one (0 to 9)"
+            )
+        _claim(FLEET_ID)
+
+
 def up(n: int, engines: dict[str, str] | None = None) -> Fleet:
+    _take_ownership()
     clear_leftovers()
     BASE.mkdir(parents=True, exist_ok=True)
     key = BASE / "id_ed25519"
@@ -225,6 +352,15 @@ def up(n: int, engines: dict[str, str] | None = None) -> Fleet:
 
 
 def down(fleet: Fleet | None = None) -> None:
+    _take_ownership()
+    try:
+        _down(fleet)
+    finally:
+        with _owners_locked():
+            _release(FLEET_ID)
+
+
+def _down(fleet: Fleet | None) -> None:
     if fleet is None:
         if not STATE.exists():
             clear_leftovers()
@@ -249,7 +385,8 @@ def main(argv: list[str]) -> int:
 
         llama = str(llama_server_dir() / "bin" / "llama-server")
         fleet = up(int(argv[1]) if len(argv) > 1 else 4, engines={"llama.cpp": llama})
-        print(f"{len(fleet.hosts)} hosts up; inventory: {fleet.inventory}")
+        print(f"fleet {FLEET_ID}: {len(fleet.hosts)} hosts up; inventory: {fleet.inventory}")
+        print(f"  take it down with: ENGINE_CTL_FLEET_ID={FLEET_ID} python -m tests.fleet down")
         for h in fleet.hosts:
             print(f"  {h.name}  {h.address}   ssh: {' '.join(fleet.ssh_argv(h))}")
         return 0
@@ -257,6 +394,7 @@ def main(argv: list[str]) -> int:
         down()
         print("fleet down")
         return 0
+    print(f"fleet {FLEET_ID}, owner: {owner_of(FLEET_ID) or 'none'}")
     if STATE.exists():
         print(STATE.read_text())
     else:

@@ -81,3 +81,30 @@ def plan_without_offered_lineage(doc: dict[str, Any]) -> dict[str, Any]:
                 step["unit_text"] = unit_text_without_lineage(step["unit_text"])
                 step.pop("unit_sha256", None)
     return out
+
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "examples" / "quickstart"
+
+
+def models_with_tiny(tmp: Path) -> Path:
+    """A models_dir under `tmp` holding the quickstart's tiny model (tiny-llama/tiny-llama-f32.gguf): a plan of the
+    quickstart against it is not Pending on the weights (plan exits 1 while a document cannot be served)."""
+    import shutil
+
+    from tests.llama import tiny_model
+
+    models = tmp / "models"
+    (models / "tiny-llama").mkdir(parents=True, exist_ok=True)
+    shutil.copy(tiny_model(), models / "tiny-llama" / "tiny-llama-f32.gguf")
+    return models
+
+
+def quickstart_copy(tmp: Path) -> Path:
+    """examples/quickstart copied under `tmp`, its inventory's models_dir one that holds the tiny model."""
+    import shutil
+
+    copy = tmp / "quickstart"
+    shutil.copytree(QUICKSTART, copy)
+    hosts = copy / "hosts.yaml"
+    hosts.write_text(hosts.read_text().replace("/var/lib/engine-ctl/models", str(models_with_tiny(tmp))))
+    return copy

@@ -74,6 +74,12 @@ class HubDouble:
         self.requests: list[Request] = []
         self.tokens_seen: list[str] = []
         self.rate = 0
+        self.redirect_files_to: str | None = None
+        """A CDN: each file request is answered 302 to this endpoint with the same path (the hub's LFS files are)."""
+        self.cuts: list[int] = []
+        """The next file bodies are cut after this many bytes each: the connection closes cleanly mid-body."""
+        self.failures: list[tuple[int, int | None]] = []
+        """The next requests are answered with this status (and Retry-After seconds, when not None)."""
         double = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -125,6 +131,15 @@ class HubDouble:
         name = (info or resolve).group(1) if (info or resolve) else ""
         repo = self.repos.get(name)
         self.requests.append(Request(h.command, url.path, h.headers.get("Range"), bool(auth)))
+        if self.failures:
+            status, after = self.failures.pop(0)
+            return self._error(h, status, None, "try again", body, retry_after=after)
+        if resolve and self.redirect_files_to:
+            h.send_response(302)
+            h.send_header("Location", self.redirect_files_to + h.path)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return None
         if repo is None:
             return self._error(h, 404, "RepoNotFound", "Repository not found", body)
         if repo.private_token and auth != f"Bearer {repo.private_token}":
@@ -140,9 +155,12 @@ class HubDouble:
         assert resolve
         return self._file(h, repo, unquote(resolve.group(3)), body)
 
-    def _error(self, h: BaseHTTPRequestHandler, code: int, error_code: str | None, message: str, body: bool) -> None:
+    def _error(self, h: BaseHTTPRequestHandler, code: int, error_code: str | None, message: str, body: bool,
+               retry_after: int | None = None) -> None:  # fmt: skip
         data = json.dumps({"error": message}).encode()
         h.send_response(code)
+        if retry_after is not None:
+            h.send_header("Retry-After", str(retry_after))
         if error_code:
             h.send_header("X-Error-Code", error_code)
         h.send_header("Content-Type", "application/json")
@@ -202,7 +220,10 @@ class HubDouble:
         h.send_header("Content-Length", str(len(data) - start))
         h.end_headers()
         if body:
-            self._send(h, data[start:])
+            cut = self.cuts.pop(0) if self.cuts else None
+            self._send(h, data[start:] if cut is None else data[start : start + cut])
+            if cut is not None:
+                h.close_connection = True
 
     def _send(self, h: BaseHTTPRequestHandler, data: bytes) -> None:
         step = 64 * 1024

@@ -22,7 +22,7 @@ from engine_ctl.core.plan.planner import DeploymentChange, Drift, FieldChange, P
 from engine_ctl.core.plan.savedplan import decode_plan
 from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord, State
 from tests.fleetfacts import h100x8
-from tests.helpers import run
+from tests.helpers import quickstart_copy, run
 from tests.test_plan_core import MODEL, SHAPE, applied, world
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,9 +141,10 @@ def test_engine_ctl_inventory_is_the_inventory_used(tmp_path: Path, monkeypatch:
 def test_engine_ctl_target_limits_the_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ENGINE_CTL_TARGET", "no-such")
     monkeypatch.setenv("ENGINE_CTL_STATE", str(tmp_path / "state.json"))
-    refused = run("plan", str(QUICKSTART))
+    quickstart = quickstart_copy(tmp_path)
+    refused = run("plan", str(quickstart))
     assert refused.exit_code == 1 and "no deployment named 'no-such'" in refused.output
-    kept = run("plan", str(QUICKSTART), "--target", "tiny-chat", "--json")
+    kept = run("plan", str(quickstart), "--target", "tiny-chat", "--json")
     assert kept.exit_code == 0, kept.output
     assert json.loads(kept.stdout)["targets"] == ["tiny-chat"]
 
@@ -154,7 +155,8 @@ def test_engine_ctl_target_limits_the_plan(tmp_path: Path, monkeypatch: pytest.M
 def saved_quickstart(tmp_path: Path) -> tuple[Path, str]:
     """A real saved plan of the quickstart against this machine, and what plan --json printed with it."""
     out = tmp_path / "pr.plan.json"
-    planned = run("plan", str(QUICKSTART), "--state", str(tmp_path / "state.json"), "--out", str(out), "--json")
+    planned = run("plan", str(quickstart_copy(tmp_path)), "--state", str(tmp_path / "state.json"), "--out", str(out),
+                  "--json")  # fmt: skip
     assert planned.exit_code == 0, planned.output
     return out, planned.stdout
 
@@ -162,6 +164,7 @@ def saved_quickstart(tmp_path: Path) -> tuple[Path, str]:
 def test_show_prints_exactly_the_saved_plan_without_hosts_or_state(tmp_path: Path) -> None:
     path, printed = saved_quickstart(tmp_path)
     assert not (tmp_path / "state.json").exists()
+    assert path.stat().st_mode & 0o777 == 0o600  # it names hosts, addresses, ports and key names: its owner's only
     shown = run("show", str(path), "--json")
     assert shown.exit_code == 0 and shown.stdout == printed  # what plan --json printed, byte for byte
     plan = decode_plan(path.read_text())
@@ -173,6 +176,9 @@ def test_show_prints_exactly_the_saved_plan_without_hosts_or_state(tmp_path: Pat
     assert text.stdout.startswith(f"Saved plan {path}: made {plan.created_at} against state serial 0")
     assert 'deployment "tiny-chat"' in text.stdout and "Plan: 1 to add, 0 to change, 0 to destroy." in text.stdout
     assert run("show", str(path), "--detailed-exitcode").exit_code == 2
+    path.chmod(0o644)
+    saved_quickstart(tmp_path)  # saved again over a readable file: private again
+    assert path.stat().st_mode & 0o777 == 0o600
     assert not (tmp_path / "state.json").exists() and not (tmp_path / "state.json.lock").exists()
 
 

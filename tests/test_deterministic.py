@@ -5,6 +5,7 @@ never documents, and destroying by absence is shown first (refused for prevent_d
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -23,6 +24,7 @@ from engine_ctl.core.record.model import State
 from engine_ctl.core.sizes import GIB
 from tests.fleetfacts import cpu_host
 from tests.helpers import plan_without_offered_lineage, run, write
+from tests.llama import tiny_model
 from tests.test_plan_core import applied
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,7 +175,8 @@ def test_weights_on_no_host_make_the_replica_pending_with_the_seeds_reason() -> 
     assert change.action == ["create"] and not change.replicas
     assert change.pending_reason == f"Waiting for the weights of m at {WEIGHTS} (not found)"
     assert change.waiting == {"h1": change.pending_reason, "h2": change.pending_reason}
-    assert not p.problems  # Pending is not an error: plan exits 0
+    # the promise of a plan: the document cannot be served now, so plan exits 1 (never "No changes", never 0)
+    assert p.problems == [f"chat is Pending: {change.pending_reason}"]
     assert f"Pending: chat: Waiting for the weights of m at {WEIGHTS}" in plan_text(p)
 
 
@@ -239,6 +242,8 @@ def _local_project(tmp_path: Path) -> Path:
     project.mkdir()
     write(project, "d.yaml", MODEL + "---\nmetadata: {name: chat}\nspec: {model: m, accelerator: cpu}\n")
     write(project, "hosts.yaml", LOCAL.format(models=tmp_path / "models"))
+    (tmp_path / "models" / "m").mkdir(parents=True)  # the weights are there: the plan is not Pending (exit 0)
+    shutil.copy(tiny_model(), tmp_path / "models" / "m" / "m.gguf")
     return project
 
 
@@ -322,7 +327,7 @@ def test_destroy_and_apply_do_nothing_when_refused(tmp_path: Path) -> None:
     assert state_file.read_bytes() == before
 
 
-def test_readme_documents_the_placement_order() -> None:
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_document_the_placement_order() -> None:
+    text = (ROOT / "docs" / "plan-apply.md").read_text()
     assert "fewest replicas of this deployment" in text and "inventory order" in text
     assert textwrap.dedent("prevent_destroy") in text

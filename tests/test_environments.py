@@ -12,7 +12,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from engine_ctl.cli.environments import env_of_inventory, state_file_name, state_for_env
-from tests.helpers import run
+from tests.helpers import models_with_tiny, run
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "examples" / "quickstart"
@@ -26,8 +26,11 @@ def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     deploy.mkdir()
     for name in ("chat.yaml", "models.yaml"):
         shutil.copy(QUICKSTART / name, deploy / name)
-    (deploy / "hosts.staging.yaml").write_text("hosts:\n  - {name: stage-box, transport: local}\n")
-    (deploy / "hosts.production.yaml").write_text("hosts:\n  - {name: prod-box, transport: local}\n")
+    models = models_with_tiny(tmp_path)  # the weights are there: the plans are not Pending (exit 0)
+    (deploy / "hosts.staging.yaml").write_text(f"defaults: {{models_dir: {models}}}\nhosts:\n"
+                                               "  - {name: stage-box, transport: local}\n")  # fmt: skip
+    (deploy / "hosts.production.yaml").write_text(f"defaults: {{models_dir: {models}}}\nhosts:\n"
+                                                  "  - {name: prod-box, transport: local}\n")  # fmt: skip
     monkeypatch.chdir(tmp_path)
     for variable in ("ENGINE_CTL_ENV", "ENGINE_CTL_STATE", "ENGINE_CTL_INVENTORY"):
         monkeypatch.delenv(variable, raising=False)
@@ -74,7 +77,9 @@ def test_without_env_another_environments_inventory_is_never_used(repo: Path) ->
 
 
 def test_a_hosts_yaml_beside_the_documents_is_found_without_inventory(repo: Path, tmp_path: Path) -> None:
-    (repo / "deploy" / "hosts.yaml").write_text("hosts:\n  - {name: beside, transport: local}\n")
+    models = repo / "models"
+    (repo / "deploy" / "hosts.yaml").write_text(f"defaults: {{models_dir: {models}}}\nhosts:\n"
+                                                "  - {name: beside, transport: local}\n")  # fmt: skip
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     # the directory, or the document files by name from another directory: the hosts.yaml beside them is used
@@ -103,8 +108,8 @@ def test_a_saved_plan_is_applied_only_in_its_own_environment(repo: Path) -> None
     assert "the saved plan was made for staging, and this is production" in refused.output
 
 
-def test_the_readme_says_how_environments_work_and_not_to_commit_the_state() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_say_how_environments_work_and_not_to_commit_the_state() -> None:
+    readme = (ROOT / "docs" / "state.md").read_text()
     section = readme.split("## Environments", 1)[1].split("\n## ", 1)[0]
     for said in ("--env", "ENGINE_CTL_ENV", "hosts.staging.yaml", "engine-ctl.staging.state.json", ".gitignore"):
         assert said in section, said
@@ -136,3 +141,22 @@ def test_validate_checks_spec_host_against_the_environments_inventory(repo: Path
     assert "hosts.production.yaml" in wrong.output
     none = run("validate", "deploy", "--env", "qa", "--json")
     assert none.exit_code == 1 and json.loads(none.stdout)["error"]["details"][0]["code"] == "no_inventory"
+
+
+def test_the_pr_workflow_installs_from_a_checkout_and_keeps_the_key_off_the_runners_disk() -> None:
+    flow = YAML(typ="safe").load((PR_REVIEW / "workflow.yml").read_text())
+    for name in ("plan", "apply"):
+        steps = flow["jobs"][name]["steps"]
+        runs = "\n".join(s.get("run", "") for s in steps)
+        installs = [s["run"] for s in steps if "pip install" in s.get("run", "")]
+        assert installs == ["python3 -m venv .venv && .venv/bin/pip install './.engine-ctl[postgres]'"]
+        checkout = next(s for s in steps if s.get("with", {}).get("path") == ".engine-ctl")
+        assert (
+            checkout["uses"].startswith("actions/checkout@")
+            and "ENGINE_CTL_REPOSITORY" in checkout["with"]["repository"]
+        )
+        assert "ssh-add - <<<" in runs and "secrets.DEPLOY_SSH_KEY" in runs
+        assert "id_ed25519" not in runs and "id_rsa" not in runs  # the key is never written to a file
+        assert '~/.ssh/known_hosts <<< "${{ secrets.DEPLOY_KNOWN_HOSTS }}"' in runs
+        last = steps[-1]
+        assert last["if"] == "always()" and "ssh-agent -k" in last["run"]

@@ -51,8 +51,8 @@ def codes_in_source() -> tuple[set[str], list[str]]:
 
 
 def readme_codes() -> set[str]:
-    text = (ROOT / "README.md").read_text()
-    table = text.split("### Error codes", 1)[1].split("\n#", 1)[0]
+    text = (ROOT / "docs" / "commands.md").read_text()
+    table = text.split("## Error codes", 1)[1].split("\n#", 1)[0]
     return set(re.findall(r"^\| `([a-z_0-9]+)` \|", table, re.MULTILINE))
 
 
@@ -143,7 +143,7 @@ def test_a_command_refusing_input_under_json_prints_the_error_object(
 
 
 def readme_exit_statuses() -> dict[str, int]:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "plan-apply.md").read_text()
     table = text.split("### Exit status of each error code", 1)[1].split("\n#", 1)[0]
     return {code: int(n) for code, n in re.findall(r"^\| `([a-z_0-9]+)` \| (\d+) \|", table, re.MULTILINE)}
 

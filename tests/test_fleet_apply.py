@@ -11,7 +11,11 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.fleetproject import MODELS_DIR, ROOT, Project
+
+pytestmark = pytest.mark.fleet
 
 
 def test_plan_apply_plan_is_empty_and_every_replica_answers(project: Project) -> None:

@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 import textwrap
 
+import pytest
+
 from tests.fleetproject import Project
+
+pytestmark = pytest.mark.fleet
 
 
 def _two_deployments(project: Project) -> list[str]:

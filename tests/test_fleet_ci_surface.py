@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 import urllib.request
 
+import pytest
+
 from tests.fleetproject import Project
+
+pytestmark = pytest.mark.fleet
 
 STEP_FIELDS = {"event", "deployment", "timestamp", "replica", "host", "unit"}
 

@@ -27,6 +27,8 @@ from tests.fleetproject import MODELS_DIR, Project
 from tests.llama import llama_server_dir
 from tests.tools.make_tiny_decision_model import tiny_decision_model
 
+pytestmark = pytest.mark.fleet
+
 SPEC = "api: decisions\ncontext_length: 512"
 
 

@@ -17,6 +17,8 @@ from tests.fleet import Fleet
 from tests.fleetproject import Project
 from tests.llama import llama_server_dir
 
+pytestmark = pytest.mark.fleet
+
 BUILD = "/opt/ectl-build/bin/llama-server"
 
 

@@ -7,6 +7,8 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
+
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.shell.gather import gather
 from engine_ctl.shell.transport import SSHOptions, SSHTransport
@@ -14,6 +16,8 @@ from tests import fleet as fleet_mod
 from tests.fleet import Fleet
 from tests.fleetfacts import RECORDINGS
 from tests.helpers import run
+
+pytestmark = pytest.mark.fleet
 
 MIB = 1024**2
 

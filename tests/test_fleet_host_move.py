@@ -76,7 +76,7 @@ def test_a_host_not_in_the_inventory_is_refused_with_a_did_you_mean(project: Pro
 
 def test_weights_on_no_host_make_the_replica_pending(project: Project) -> None:
     """The shape is stated (spec.architecture), so the fit is known; the file is on no host: no host is chosen,
-    and the plan says what it waits for (exit 0, nothing for apply to fail at)."""
+    and the plan says what it waits for, and exits 1: the document is not served, and no apply can serve it now."""
     (project.path / "docs.yaml").write_text(
         textwrap.dedent(
             f"""
@@ -96,7 +96,7 @@ def test_weights_on_no_host_make_the_replica_pending(project: Project) -> None:
         )
     )
     proc = project.cli("plan", "--json")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # Pending: not served, and no apply can serve it now
     (change,) = json.loads(proc.stdout)["changes"]
     assert change["replicas"] == []
     assert change["pending_reason"].startswith(f"Waiting for the weights of tiny at {MODELS_DIR}/tiny/absent.gguf (")

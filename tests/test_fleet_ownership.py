@@ -16,6 +16,8 @@ import pytest
 from tests.fleet import Fleet
 from tests.fleetproject import Project
 
+pytestmark = pytest.mark.fleet
+
 DSN = os.environ.get("ENGINE_CTL_TEST_PG", "postgresql:///engine_ctl_test")
 
 

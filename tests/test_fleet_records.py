@@ -13,9 +13,13 @@ import sys
 import time
 from typing import Any
 
+import pytest
+
 from engine_ctl.core.fit.startup import SOURCES
 from tests.fleet import Fleet
 from tests.fleetproject import ROOT, Project
+
+pytestmark = pytest.mark.fleet
 
 REQUEST = re.compile(r"Request identity: ([0-9A-Z]{26}) \(reuse --request-id \1 to recover this command\)")
 STATUS_HEADER = ["NAME", "STATE", "READY", "REVISION", "STARTUP", "INITIALIZE", "LAST", "OPERATION"]

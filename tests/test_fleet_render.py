@@ -6,6 +6,8 @@ import json
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.modelfacts import read_safetensors_dir
 from engine_ctl.shell.gather import gather
@@ -13,6 +15,8 @@ from tests import fleet as fleet_mod
 from tests.fleet import Fleet
 from tests.helpers import run
 from tests.llama import tiny_model
+
+pytestmark = pytest.mark.fleet
 
 
 def test_render_on_the_fleet_reads_the_model_on_the_host(fleet: Fleet, tmp_path: Path) -> None:

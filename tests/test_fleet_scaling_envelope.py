@@ -9,7 +9,11 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.fleetproject import Project
+
+pytestmark = pytest.mark.fleet
 
 
 def unit_state(project: Project, replica: dict) -> dict[str, str]:  # type: ignore[type-arg]

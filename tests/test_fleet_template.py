@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from engine_ctl.providers import provider
 
 from engine_ctl.core.documents.inventory import Inventory
@@ -13,6 +14,8 @@ from engine_ctl.core.model import Model
 from engine_ctl.core.render.units import chat_template_path, render_unit, unit_name
 from engine_ctl.shell.transport import SSHTransport
 from tests.llama import llama_server_dir, tiny_model
+
+pytestmark = pytest.mark.fleet
 
 LLAMA = provider("llama.cpp")
 # Jinja with what a unit file would otherwise mangle: a leading space, newlines, %, quotes, a backslash, non-ASCII.

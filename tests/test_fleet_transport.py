@@ -15,14 +15,19 @@ from engine_ctl.shell import transport
 from engine_ctl.shell.transport import HostFailure, SSHTransport
 from tests.fleet import Fleet
 
+pytestmark = pytest.mark.fleet
+
 
 @pytest.fixture
 def ssh_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The test's own ssh_config, read by `ssh -G -F` (and the paramiko fallback) through ENGINE_CTL_SSH_CONFIG."""
     path = tmp_path / "ssh_config"
-    monkeypatch.setattr(transport, "SSH_CONFIG_FILES", (str(path),))
+    monkeypatch.setenv(transport.SSH_CONFIG_VARIABLE, str(path))
     transport._ssh_config.cache_clear()
+    transport.openssh_settings.cache_clear()
     yield path
     transport._ssh_config.cache_clear()
+    transport.openssh_settings.cache_clear()
 
 
 def test_a_host_behind_a_proxy_jump(fleet: Fleet, fleet_inventory: Inventory, ssh_config: Path) -> None:

@@ -15,10 +15,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from engine_ctl.state import LocalState
 
 from tests.fleet import BRIDGE, FleetHost, sh
 from tests.fleetproject import MODELS_DIR, ROOT, Project
+
+pytestmark = pytest.mark.fleet
 
 
 def _unit_times(p: Project, replica: dict) -> tuple[int, int]:  # type: ignore[type-arg]

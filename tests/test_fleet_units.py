@@ -7,6 +7,7 @@ import re
 import shlex
 import time
 
+import pytest
 from engine_ctl.providers import provider
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,6 +21,8 @@ from engine_ctl.core.render.units import render_unit
 from engine_ctl.shell.transport import SSHTransport
 from tests.fleetfacts import h100x8
 from tests.llama import llama_server_dir, tiny_model
+
+pytestmark = pytest.mark.fleet
 
 LLAMA = provider("llama.cpp")
 

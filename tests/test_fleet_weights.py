@@ -25,6 +25,8 @@ from tests.fleetproject import MODELS_DIR, ROOT, Project
 from tests.hubdouble import HubDouble, tiny_repo_files
 from tests.llama import tiny_model
 
+pytestmark = pytest.mark.fleet
+
 REPO = "tiny-org/tiny-gguf"
 TOKEN = "hf_fleet_test_token_never_written"
 

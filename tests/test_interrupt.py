@@ -122,6 +122,6 @@ def test_shell_completion_produces_a_script_for_each_shell() -> None:
     assert "plain,plan" in done.stdout, done.stdout  # the commands themselves complete
 
 
-def test_the_readme_says_how_to_turn_completion_on() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_say_how_to_turn_completion_on() -> None:
+    readme = (ROOT / "docs" / "ci.md").read_text()
     assert 'eval "$(_ENGINE_CTL_COMPLETE=bash_source engine-ctl)"' in readme

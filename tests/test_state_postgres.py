@@ -28,7 +28,7 @@ from engine_ctl.state.base import boot_id, process_start
 from engine_ctl.state.postgres import advisory_key
 
 from engine_ctl.core.record.model import DeploymentRecord, State, StateError
-from tests.helpers import run
+from tests.helpers import quickstart_copy, run
 
 DSN = os.environ.get("ENGINE_CTL_TEST_PG", "postgresql:///engine_ctl_test")
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,10 +144,8 @@ def test_the_location_never_shows_a_password() -> None:
     assert "s3cret" not in b.location
 
 
-def test_plan_reads_its_state_from_postgres(backend: PostgresState) -> None:
-    from pathlib import Path
-
-    quickstart = Path(__file__).resolve().parents[1] / "examples/quickstart"
+def test_plan_reads_its_state_from_postgres(backend: PostgresState, tmp_path: Path) -> None:
+    quickstart = quickstart_copy(tmp_path)  # the tiny model in its models_dir: not Pending (that exits 1)
     result = run("plan", str(quickstart), "--state", f"{backend.dsn}#{backend.name}", "--detailed-exitcode")
     assert result.exit_code == 2, result.output
     assert "Plan: 1 to add, 0 to change, 0 to destroy." in result.stdout

@@ -341,23 +341,39 @@ def _hold_lock_and_die(state: Path) -> int:
     return info.pid
 
 
-def test_a_lock_whose_process_died_here_is_stale_with_the_exact_command(tmp_path: Path) -> None:
+def test_a_lock_whose_process_died_here_is_cleared_by_the_next_command_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     state = tmp_path / "engine-ctl.state.json"
     pid = _hold_lock_and_die(state)
     backend = LocalState(state)
     held = backend.lock_info()
     assert held is not None
     assert held.host == socket.gethostname() and held.boot_id == boot_id() and not process_alive(pid)
-    with pytest.raises(LockHeld) as err, backend.lock("apply", timeout=30):  # stale: no waiting
+    with backend.lock("apply") as mine:  # no waiting, no force-unlock: the kernel freed the dead holder's lock
+        assert backend.lock_info() == mine and mine.id != held.id
+    said = capsys.readouterr().err
+    assert f"(lock ID {held.id}) was stale" in said and f"pid {pid}" in said and "cleared it and went on" in said
+    assert not backend.lock_path.exists()
+
+
+def test_kill_9_of_a_command_holding_the_lock_frees_it_for_the_next_at_once(tmp_path: Path) -> None:
+    state = tmp_path / "engine-ctl.state.json"
+    code = (
+        "import sys, time; from pathlib import Path; from engine_ctl.state import LocalState\n"
+        "with LocalState(Path(sys.argv[1])).lock('apply'):\n    print('held', flush=True); time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code, str(state)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline().strip() == "held"
+    with pytest.raises(LockHeld), LocalState(state).lock("apply"):  # alive: refused
         pass
-    message = str(err.value)
-    assert "the lock is stale" in message and f"pid {pid}" in message and "no longer running" in message
-    command = f"engine-ctl force-unlock {held.id} --state {backend.path}"
-    assert command in message
-    result = run(*command.split()[1:])
-    assert result.exit_code == 0, result.output
-    with backend.lock("apply"):
+    child.kill()  # SIGKILL: no cleanup runs, the .lock file stays
+    child.wait()
+    assert LocalState(state).lock_path.exists()
+    with LocalState(state).lock("apply"):
         pass
+    listed = run("state", "list", "--state", str(state))
+    assert listed.exit_code == 0 and "locked" not in listed.output.lower()
 
 
 def test_a_live_holder_is_not_stale(tmp_path: Path) -> None:
@@ -388,7 +404,7 @@ def test_a_reused_pid_is_not_taken_for_the_holder(tmp_path: Path) -> None:
         "boot_id": boot_id(), "pid": os.getpid(), "pid_start": start - 1,
     }  # fmt: skip
     backend.lock_path.write_text(json.dumps(info))
-    with pytest.raises(LockHeld, match="the lock is stale"), backend.lock("apply"):
+    with backend.lock("apply"):  # the holder is gone: cleared
         pass
     backend.lock_path.write_text(json.dumps(dict(info, pid_start=start)))
     with pytest.raises(LockHeld) as err, backend.lock("apply"):

@@ -17,13 +17,16 @@ from engine_ctl.shell import transport
 
 @pytest.fixture
 def ssh_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """An ssh_config file of the test's own in place of ~/.ssh/config and /etc/ssh/ssh_config."""
+    """An ssh_config file of the test's own in place of ~/.ssh/config and /etc/ssh/ssh_config (ENGINE_CTL_SSH_CONFIG,
+    which OpenSSH's `ssh -G -F` and the paramiko fallback both read)."""
     path = tmp_path / "ssh_config"
     path.write_text("")
-    monkeypatch.setattr(transport, "SSH_CONFIG_FILES", (str(path),))
+    monkeypatch.setenv(transport.SSH_CONFIG_VARIABLE, str(path))
     transport._ssh_config.cache_clear()
+    transport.openssh_settings.cache_clear()
     yield path
     transport._ssh_config.cache_clear()
+    transport.openssh_settings.cache_clear()
 
 
 def test_paramiko_is_imported_without_invoke() -> None:
@@ -70,18 +73,26 @@ def test_proxy_command_and_proxy_jump(ssh_config: Path) -> None:
     assert transport._resolve("direct", None, None, None, 5).jumps == ()
 
 
-def test_match_exec_brings_invoke_in_only_then(ssh_config: Path) -> None:
-    """paramiko runs `Match exec` with invoke: the lookup imports it when a file has one (in a fresh process, as
-    engine-ctl runs), and the command's answer decides the match."""
+def test_match_exec_brings_invoke_in_only_then(ssh_config: Path, tmp_path: Path) -> None:
+    """Without OpenSSH installed (PATH has no ssh), paramiko reads the config and runs `Match exec` with invoke:
+    the lookup imports it when a file has one (in a fresh process, as engine-ctl runs), and the command's answer
+    decides the match. With OpenSSH, `ssh -G` runs it and invoke is never imported."""
     ssh_config.write_text("Match exec true\n  User matched\nHost *\n  User fallback\n")
+    no_ssh = tmp_path / "bin"  # a PATH with a shell and `true`, and no ssh
+    no_ssh.mkdir()
+    for tool in ("sh", "bash", "true"):
+        (no_ssh / tool).symlink_to(f"/bin/{tool}")
     code = (
-        "import json, sys\n"
+        "import json, os, sys\n"
+        f"os.environ['PATH'] = {str(no_ssh)!r}\n"
         "from engine_ctl.shell import transport\n"
-        f"transport.SSH_CONFIG_FILES = ({str(ssh_config)!r},)\n"
         "transport._paramiko()\n"
         "before = 'invoke' in sys.modules\n"
         "t = transport._resolve('anyhost', None, None, None, 5)\n"
-        "print(json.dumps([before, t.user]))"
+        "print(json.dumps([before, t.user]))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == [False, "matched"]
+    with_openssh = code.replace(f"os.environ['PATH'] = {str(no_ssh)!r}\n", "") + "print('invoke' in sys.modules)\n"
+    out = subprocess.run([sys.executable, "-c", with_openssh], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["[false,", '"matched"]', "False"]

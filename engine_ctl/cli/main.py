@@ -89,7 +89,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "status": (
         "engine_ctl.cli.status_cmd:status",
-        "A deployment's state and each instance (seed 003): NAME STATE READY REVISION STARTUP INITIALIZE LAST "
+        "A deployment's state and each instance: NAME STATE READY REVISION STARTUP INITIALIZE LAST "
         "OPERATION, then INSTANCE HOST STATE LIFECYCLE DEVICES LAST ERROR (all deployments without NAME).",
     ),
     "stop": (
@@ -136,6 +136,10 @@ def load_command(name: str) -> click.Command:
     command = getattr(importlib.import_module(module_name), attribute)
     if not isinstance(command, click.Command):
         raise TypeError(f"COMMANDS[{name!r}] names {COMMANDS[name][0]}, which is not a click command")
+    if command.epilog is None:
+        from engine_ctl.cli.examples import epilog
+
+        command.epilog = epilog(name)
     return command
 
 

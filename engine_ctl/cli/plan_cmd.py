@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -67,6 +68,14 @@ from engine_ctl.shell.transport import Ahead, HostFailure, Kept, SSHOptions, con
 from engine_ctl.shell.world import plan_world
 from engine_ctl.state import StateBackend, open_backend
 from engine_ctl.state.local import now, who
+
+
+def write_private(path: Path, text: str) -> None:
+    """A file only its owner reads (0600): a saved plan names hosts, addresses, ports and key names."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_TRUNC
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def connect_early(explicit: Path | None, options: SSHOptions, parallel: int) -> tuple[Ahead | None, Inventory | None]:
@@ -151,7 +160,7 @@ def plan(
     if out_path is not None and errors:
         console(stderr=True).print(f"error: the plan was not saved to {out_path}: the documents have errors")
     elif out_path is not None:
-        out_path.write_text(json.dumps(plan_json(result), indent=2) + "\n")
+        write_private(out_path, json.dumps(plan_json(result), indent=2) + "\n")
     if as_json:
         emit_json(plan_json(result))
     elif markdown:
@@ -405,8 +414,9 @@ def _apply_saved(
                                "it was edited; run engine-ctl plan again and review the new plan",
                                code="plan_tampered")  # fmt: skip
         show_plan(saved, stderr=events is not None)
-        return execute(saved, inventory, backend, state, options, "apply " + str(path), events, request.id,
+        code = execute(saved, inventory, backend, state, options, "apply " + str(path), events, request.id,
                        fanout=parallel, transports=kept)  # fmt: skip
+        return code or (1 if saved.problems else 0)  # Pending or Failed: not served, never exit 0
 
 
 @click.command()

@@ -203,7 +203,7 @@ def status(
     name: str | None, paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, as_json: bool, decisions: bool = False,
 ) -> None:  # fmt: skip
-    """A deployment's state and each instance (seed 003): NAME STATE READY REVISION STARTUP INITIALIZE LAST
+    """A deployment's state and each instance: NAME STATE READY REVISION STARTUP INITIALIZE LAST
     OPERATION, then INSTANCE HOST STATE LIFECYCLE DEVICES LAST ERROR (all deployments without NAME).
 
     `status deployment NAME` and `status NAME` are the same. NAME is read as a path, not a deployment, when it

@@ -99,6 +99,8 @@ def fetch_weights(
         if event.get("event") == "progress":
             numbers = [int(event.get(k) or 0) for k in ("file_done", "file_size", "done", "total")]
             progress(FetchProgress(str(event.get("file") or ""), *numbers))
+        elif event.get("event") == "retry":  # a transient failure, retried by the fetch itself
+            said.append(f"retry {event.get('attempt')} of {event.get('file')}: {event.get('reason')}")
         else:
             outcome.update(event)
 

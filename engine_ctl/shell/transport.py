@@ -5,9 +5,20 @@ paramiko is imported (by `_paramiko()`) when a connection is first made, not wit
 never open one (validate, --help) do not pay for it. It is used directly, not through fabric. paramiko imports
 invoke at import time (only to run `Match exec` lines of ssh_config), and invoke pulls in unittest.mock, asyncio
 and ssl: that doubled the cost of every command that reaches a host (bench/startup.py). `_paramiko()` imports
-paramiko without invoke; invoke is imported only if an ssh_config file does use `Match exec`. What fabric took
-from ~/.ssh/config and /etc/ssh/ssh_config (HostName, User, Port, IdentityFile, ProxyCommand, ProxyJump) is read
-here with paramiko's own SSHConfig.
+paramiko without invoke; invoke is imported only if an ssh_config file does use `Match exec`.
+
+What the inventory leaves out of a host (HostName, User, Port, IdentityFile, ProxyCommand, ProxyJump) is what
+OpenSSH itself answers: `ssh -G HOST`, which applies Include, Match, Host patterns and tokens exactly as `ssh`
+does (about 5 ms a host, asked once per host and process). paramiko's SSHConfig, which ignores Include, is only
+the fallback where no `ssh` is installed. ENGINE_CTL_SSH_CONFIG names another config file (`ssh -F`).
+
+Two SSH stacks, each for a reason: paramiko here (one process keeps a connection per host for every step of an
+apply and opens parallel sessions on it, with strict host keys from the same known_hosts), and OpenSSH on the
+gateway hosts for the scaler (stdlib-only Python there: no paramiko to install on a host). Both refuse an
+unknown or changed host key.
+
+Connecting is retried twice, with backoff, on a transient failure (a reset, a refused connection, a timeout
+while connecting); never after an authentication failure or a changed host key.
 """
 
 from __future__ import annotations
@@ -16,10 +27,13 @@ import functools
 import io
 import itertools
 import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -162,8 +176,21 @@ class SSHTransport:
         return Path(os.path.expanduser(self.host.known_hosts or DEFAULT_KNOWN_HOSTS))
 
     def _connection(self) -> paramiko.SSHClient:
+        """The host's connection, made on first use; a transient failure is tried again (see the module)."""
         if self._client is not None:
             return self._client
+        attempt = 0
+        while True:
+            try:
+                return self._connect_once()
+            except _Transient as exc:
+                retries = TIMEOUT_RETRIES if exc.failure.kind == "timeout" else CONNECT_RETRIES
+                if attempt >= retries:
+                    raise exc.failure from None
+                time.sleep(CONNECT_BACKOFF_S * 2**attempt)
+                attempt += 1
+
+    def _connect_once(self) -> paramiko.SSHClient:
         paramiko = _paramiko()
         AuthenticationException, BadHostKeyException = paramiko.AuthenticationException, paramiko.BadHostKeyException
         SSHException = paramiko.SSHException
@@ -210,7 +237,15 @@ class SSHTransport:
             ) from None
         except TimeoutError as exc:
             self._close_all()
-            raise HostFailure(h.name, "timeout", f"connecting to {h.address}:{h.port} timed out ({exc})") from None
+            raise _Transient(
+                HostFailure(h.name, "timeout", f"connecting to {h.address}:{h.port} timed out ({exc})")
+            ) from None
+        except SSHConfigError as exc:
+            self._close_all()
+            raise HostFailure(
+                h.name, "error", f"OpenSSH refused the ssh_config for {h.address}: {exc}",
+                hint="fix the line it names (ssh -G shows what OpenSSH makes of it)",
+            ) from None  # fmt: skip
         except ImportError as exc:  # paramiko needs invoke for `Match exec` in an ssh_config file
             self._close_all()
             raise HostFailure(
@@ -219,9 +254,12 @@ class SSHTransport:
             ) from None  # fmt: skip
         except (OSError, SSHException, EOFError) as exc:
             self._close_all()
-            raise HostFailure(
+            failure = HostFailure(
                 h.name, "unreachable", f"cannot connect to {h.address}:{h.port}: {exc or type(exc).__name__}"
-            ) from None
+            )
+            if _transient(exc):
+                raise _Transient(failure) from None
+            raise failure from None
         self._client = client
         return client
 
@@ -373,13 +411,20 @@ class _Target:
 
 
 SSH_CONFIG_FILES = ("~/.ssh/config", "/etc/ssh/ssh_config")  # the user's first: the first value found wins
+SSH_CONFIG_VARIABLE = "ENGINE_CTL_SSH_CONFIG"
+LISTS = ("identityfile",)  # the keys `ssh -G` may print more than once
+
+
+def _config_files() -> tuple[str, ...]:
+    chosen = os.environ.get(SSH_CONFIG_VARIABLE)
+    return (chosen,) if chosen else SSH_CONFIG_FILES
 
 
 @functools.cache
 def _ssh_config() -> paramiko.SSHConfig:
-    """~/.ssh/config and /etc/ssh/ssh_config, read once per process (as fabric read them)."""
+    """The ssh_config files, read once per process with paramiko (the fallback where OpenSSH is not installed)."""
     config = _paramiko().SSHConfig()
-    for name in SSH_CONFIG_FILES:
+    for name in _config_files():
         path = os.path.expanduser(name)
         if os.path.isfile(path):
             with open(path) as f:
@@ -408,8 +453,44 @@ def _resolve(address: str, user: str | None, port: int | None, identity: str | N
     )
 
 
+class SSHConfigError(Exception):
+    """`ssh -G` refused the configuration (a bad line, an Include that loops): its own words."""
+
+
+@functools.cache
+def openssh_settings(address: str, config: str | None = None) -> dict[str, Any]:
+    """OpenSSH's own answer for `address` (`ssh -G`): every setting, keys lowercased, IdentityFile a list."""
+    ssh = shutil.which("ssh")
+    assert ssh is not None
+    argv = [ssh, *(["-F", config] if config else []), "-G", "--", address]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        said = done.stderr.strip().splitlines()
+        raise SSHConfigError(said[-1] if said else f"ssh -G {address} exited {done.returncode}")
+    found: dict[str, Any] = {}
+    for line in done.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        if key in LISTS:
+            found.setdefault(key, []).append(value)
+        else:
+            found.setdefault(key, value)
+    if "proxycommand" in found:  # `ssh -G` leaves its tokens for the connection to expand
+        found["proxycommand"] = _expand_tokens(found["proxycommand"], found, address)
+    return found
+
+
+def _expand_tokens(text: str, found: Mapping[str, Any], address: str) -> str:
+    """ProxyCommand's %h %p %r %n and %%, as ssh_config(5) TOKENS says."""
+    values = {"h": found.get("hostname", address), "p": found.get("port", "22"), "r": found.get("user", ""),
+              "n": address, "%": "%"}  # fmt: skip
+    return re.sub(r"%([hprn%])", lambda m: str(values[m.group(1)]), text)
+
+
 def _ssh_config_lookup(address: str) -> dict[str, Any]:
-    """ssh_config's settings for `address`; a `Match exec` line needs invoke, imported then (and only then)."""
+    """ssh_config's settings for `address`, as OpenSSH resolves them (`ssh -G`); without OpenSSH, paramiko's
+    reading (a `Match exec` line there needs invoke, imported then, and only then)."""
+    if shutil.which("ssh"):
+        return openssh_settings(address, os.environ.get(SSH_CONFIG_VARIABLE))
     try:
         return dict(_ssh_config().lookup(address))
     except ImportError:
@@ -425,12 +506,37 @@ def _ssh_config_lookup(address: str) -> dict[str, Any]:
 def _jump_hop(hop: str) -> tuple[str | None, str, int | None]:
     """`[user@]host[:port]` of ProxyJump: what it leaves out comes from ssh_config for that host."""
     user, _, host = hop.strip().rpartition("@")
-    name, _, port = host.partition(":")
+    if host.startswith("["):  # `ssh -G` writes [host]:port
+        name, _, rest = host[1:].partition("]")
+        port = rest.removeprefix(":")
+    else:
+        name, _, port = host.partition(":")
     return user or None, name, int(port) if port else None
 
 
 def _proxy_command(target: _Target) -> paramiko.ProxyCommand | None:
     return _paramiko().ProxyCommand(target.proxy_command) if target.proxy_command else None
+
+
+CONNECT_RETRIES = 2  # a reset or a refused connection: tried 3 times in all
+TIMEOUT_RETRIES = 1  # a timeout while connecting: twice (a host cut off costs two connect timeouts, not three)
+CONNECT_BACKOFF_S = 0.5
+
+
+class _Transient(Exception):
+    """A connection failure worth another try; `failure` is what the user hears if none works."""
+
+    def __init__(self, failure: HostFailure) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+
+
+def _transient(exc: BaseException) -> bool:
+    """A reset, a refusal or an aborted connection, or the SSH banner never read (a reset mid-handshake);
+    not a DNS failure, an unreachable network, or anything about keys."""
+    if isinstance(exc, ConnectionResetError | ConnectionRefusedError | ConnectionAbortedError | EOFError):
+        return True
+    return "Error reading SSH protocol banner" in str(exc)
 
 
 def _cut_off(client: paramiko.SSHClient, exc: paramiko.AuthenticationException) -> bool:

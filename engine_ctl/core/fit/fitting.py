@@ -272,9 +272,10 @@ def fit(
         return unknown_reason(model, facts, "weights", names)
     shape = model_shape(model, facts)
     stated = d.ram_bytes if d.accelerator == "cpu" else d.gpu_memory_bytes
-    if shape is None and not stated:
-        return unknown_reason(model, facts, "KV cache (layers, KV heads and head size)", names)
     usable = sizing_hosts(d, hosts)
+    if shape is None and not stated:
+        too_big = weights_refusal(d, model, provider, weights, usable, fleet or AskEachHost())
+        return too_big or unknown_reason(model, facts, "KV cache (layers, KV heads and head size)", names)
     result: FitPlan | FitUnknown | str
     if d.accelerator == "cpu":
         result = _fit_cpu(d, model, facts, shape, usable, provider, weights, basis, fleet or AskEachHost())
@@ -289,6 +290,31 @@ def fit(
             update={"memory_basis": "catalog" if result.memory_basis == "estimate" else result.memory_basis}
         )
     return result
+
+
+def weights_refusal(
+    d: Deployment, model: Model, provider: Provider, weights: int, hosts: Sequence[HostFacts], fleet: Fleet
+) -> str | None:
+    """Failed before the KV cache is known: the weights alone (a lower bound of what each GPU holds, known without
+    the model's shape) fit on no GPU count it may use of the largest GPUs reached. None when they may fit, or when
+    there is nothing to compare with (CPU, unknown weights, no GPU host reached)."""
+    if d.accelerator == "cpu" or not weights:
+        return None
+    biggest = fleet.largest_gpu_host(hosts, provider, d.gpu_vendor, d.devices)
+    if biggest is None:
+        return None
+    sizes = [g.memory_total_bytes or 0 for g in compatible_gpus(biggest, provider, d.gpu_vendor, d.devices)]
+    biggest_gpu = (min(sizes) if d.devices else max(sizes)) if sizes else 0
+    fixed = d.gpus or (len(d.devices) if d.devices else None)
+    options = (fixed,) if fixed else tuple(n for n in GPU_CHOICES if n <= max(len(sizes), 1))
+    needs = [(provider.gpu_bytes_per_gpu(weights, 0, n, 0), n) for n in options]
+    if any(need <= biggest_gpu for need, _ in needs):
+        return None
+    need, n = min(needs)
+    return (
+        f"does not fit: the weights of {model.name} alone ({gb_up(weights)}) need at least {gb_up(need)} on each of "
+        f"{n} GPU{'s' if n > 1 else ''} (the largest GPU it may use has {gb_down(biggest_gpu)})"
+    )
 
 
 def _kv_per_token(d: Deployment, shape: ModelFacts | None, provider: Provider) -> int | None:

@@ -35,7 +35,7 @@ from engine_ctl.core.plan.changes import (
 )  # fmt: skip
 from engine_ctl.core.plan.decisions import decisions_refusals
 from engine_ctl.core.plan.diff import Names, changed_fields, spec_digest
-from engine_ctl.core.plan.drift import guard_drift, replica_drift
+from engine_ctl.core.plan.drift import checkpoint_drift, guard_drift, replica_drift
 from engine_ctl.core.plan.ownership import as_recorded
 from engine_ctl.core.plan.world import Allocation, Hosts, recorded_placement
 from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord
@@ -156,6 +156,8 @@ def fit_step(
         return None
     if isinstance(fitted, FitUnknown):  # Pending: nothing to size a replica from yet
         change.pending_reason = fitted.reason
+        if model_facts is None:  # the files are there but not usable: say which, where and why
+            change.pending_reason, change.waiting = unusable_weights(model, hosts) or (fitted.reason, {})
         change.action = list(CREATE) if record is None else change.action
         return None
     change.fit, change.startup_provenance = with_measured_startup(fitted, record, change.revision, d, model)
@@ -201,8 +203,11 @@ def whole_host(fitted: FitPlan, hosts: list[HostFacts]) -> tuple[FitPlan, bool]:
 
 def capped_to(fitted: FitPlan, limit: int) -> tuple[FitPlan, bool]:
     """whole_host with the most one host gives known (Hosts.most_available: asked once per plan, not once per
-    deployment over every host)."""
-    if not limit or fitted.memory_bytes <= limit:
+    deployment over every host). Never below what the weights themselves take in host memory (a CPU replica
+    holds them all): a host that cannot hold them is no whole host for it, and the replica waits (Pending) for a
+    machine with the memory its plan needs."""
+    resident = fitted.weights_bytes if fitted.accelerator == "cpu" else 0
+    if not limit or fitted.memory_bytes <= limit or limit < resident:
         return fitted, False
     return fitted.model_copy(update={"memory_bytes": limit}), True
 
@@ -222,6 +227,26 @@ def weights_missing(model: Model, hosts: Hosts) -> dict[str, str]:
         if path in h.model_problems and not fetched_at_apply(model, h.model_problems[path]):
             out[h.host] = f"Waiting for the weights of {model.name} at {path} ({h.model_problems[path]})"
     return out
+
+
+def unusable_weights(model: Model, hosts: Hosts) -> tuple[str, dict[str, str]] | None:
+    """Why a model's files, present on the reached hosts, cannot be used (not a valid file, writable by others):
+    the reason naming each file, its hosts and the fault, and each host's own; None when no host has such a file
+    (the weights are simply not there: fetched at apply, or waited for)."""
+    found: dict[tuple[str, str], list[str]] = {}
+    waiting: dict[str, str] = {}
+    for h in hosts.lacking_weights:
+        path = model_path_on_host(model, hosts.inventory[h.host])
+        problem = h.model_problems.get(path)
+        if problem is None or problem == "not found":
+            continue
+        found.setdefault((path, problem), []).append(h.host)
+        waiting[h.host] = f"{path} is not usable: {problem}"
+    if not found:
+        return None
+    said = "; ".join(f"{path} on {', '.join(on)}: {problem}" for (path, problem), on in sorted(found.items()))
+    return (f"the weights of {model.name} are not usable on any reachable host ({said}); replace the file, or point "
+            "the model's path at a valid one"), waiting  # fmt: skip
 
 
 # --- leftovers ----------------------------------------------------------------------------------------------
@@ -335,6 +360,7 @@ def keep_replica(t: Target, current: ReplicaRecord) -> bool:
     seen = current.model_copy(update={"on_demand": True}) if on_demand else current  # its activity: not drift
     found = replica_drift(t.d.name, seen, t.hosts.unit(current.host, current.unit), facts)
     found += guard_drift(t.d.name, seen, unit_now.text, facts)
+    found += checkpoint_drift(t.d.name, current, t.model, t.hosts.inventory.get(current.host), facts)
     t.drift.extend(found)
     if found:
         why = "; ".join(f.detail for f in found)

@@ -5,12 +5,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
+from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.hostfacts import BUSY_BYTES, HostFacts, UnitFact
+from engine_ctl.core.model import Model
 from engine_ctl.core.names import UNIT_PREFIX
 from engine_ctl.core.plan.changes import Drift
 from engine_ctl.core.plan.engines import engine_drift_detail
 from engine_ctl.core.record.model import ReplicaRecord, State
 from engine_ctl.core.render.guard import guard_name, guard_text, guarded_by
+from engine_ctl.core.weights import checkout_dir
 
 
 def replica_drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host: HostFacts) -> list[Drift]:
@@ -34,6 +37,23 @@ def replica_drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host:
             out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="gpu-held",
                              detail=f"GPU {g.index} ({g.uuid}) is held by another process"))  # fmt: skip
     return out
+
+
+def checkpoint_drift(name: str, record: ReplicaRecord, model: Model | None, entry: Host | None,
+                     host: HostFacts | None) -> list[Drift]:  # fmt: skip
+    """The replica's hf: checkpoint, measured on its host now, against the digest recorded when it was applied:
+    the weights changed under the deployment (seed 003: a changed digest is drift). Apply repairs it: the fetch
+    verifies every file again and fetches a changed one anew, then the replica restarts on them."""
+    hf = model.hf if model is not None else None
+    if hf is None or not hf.commit or not record.checkpoint_digest or entry is None or host is None:
+        return []
+    dest = checkout_dir(entry.models_dir, hf.repo, hf.commit)
+    now = host.checkpoints.get(dest)
+    if now is None or now == record.checkpoint_digest:
+        return []
+    detail = (f"the checkpoint digest of {hf.repo}@{hf.commit[:12]} at {dest} changed: recorded "
+              f"{record.checkpoint_digest[:12]}, measured {now[:12]}")  # fmt: skip
+    return [Drift(host=record.host, unit=record.unit, deployment=name, kind="weights-changed", detail=detail)]
 
 
 def guard_drift(name: str, record: ReplicaRecord, unit_text: str, host: HostFacts) -> list[Drift]:

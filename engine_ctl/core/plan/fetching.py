@@ -9,6 +9,7 @@ from engine_ctl.core.documents.inventory import Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.model import DesiredState
 from engine_ctl.core.plan.changes import DeploymentChange, Drift, Plan
+from engine_ctl.core.plan.drift import checkpoint_drift
 from engine_ctl.core.record.model import State
 from engine_ctl.core.weights import Checkout, WeightsFetch, checkout_dir, human, refusal
 
@@ -28,7 +29,9 @@ def plan_fetches(
 ) -> Plan:  # fmt: skip
     """The plan with each change's fetches (and a warning where one cannot happen as things stand), and the
     checkpoints that changed under their deployments as drift."""
-    plan.drift.extend(weights_drift(state, inventory, facts))
+    said = {(d.host, d.unit, d.kind) for d in plan.drift}  # a kept replica's, found as it was planned
+    plan.drift.extend(d for d in weights_drift(state, inventory, facts) if (d.host, d.unit, d.kind) not in said)
+    drifted = {(d.deployment, d.host) for d in plan.drift if d.kind == "weights-changed"}
     for change in plan.changes:
         loaded = desired.deployment(change.name)
         model = desired.model(loaded.deployment.model) if loaded else None
@@ -36,7 +39,8 @@ def plan_fetches(
             continue
         checkout = checkouts[model.name]
         for host in sorted({r.host for r in change.replicas if r.action != ["delete"]}):
-            fetch = _fetch(change, checkout, inventory, facts.get(host), host, state)
+            changed = (change.name, host) in drifted  # fetched again: every file verified, a changed one anew
+            fetch = _fetch(change, checkout, inventory, facts.get(host), host, state, changed)
             if fetch is not None:
                 change.fetches.append(fetch)
     return plan
@@ -44,14 +48,19 @@ def plan_fetches(
 
 def _fetch(
     change: DeploymentChange, checkout: Checkout, inventory: Inventory, facts: HostFacts | None, host: str,
-    state: State,
+    state: State, changed: bool = False,
 ) -> WeightsFetch | None:  # fmt: skip
     entry = inventory.host(host)
     if entry is None:
         return None
     dest = checkout_dir(entry.models_dir, checkout.repo, checkout.commit)
-    in_place = facts is not None and any(p.startswith(dest + "/") or p == dest for p in facts.models)
-    if not in_place and not inventory.downloads.enabled:
+    in_place = not changed and facts is not None and any(p.startswith(dest + "/") or p == dest for p in facts.models)
+    if changed and not inventory.downloads.enabled:
+        change.warnings.append(
+            f"the checkpoint {checkout.ref} changed on {host} and downloads are off (downloads.enabled: false in the "
+            f"inventory): apply fails there until the files at {dest} are put back"
+        )
+    elif not in_place and not inventory.downloads.enabled:
         change.warnings.append(
             f"downloads are off (downloads.enabled: false in the inventory) and {checkout.ref} is not on {host} "
             f"at {dest}: apply fails there until the files are put in place"
@@ -72,19 +81,8 @@ def weights_drift(state: State, inventory: Inventory, facts: Mapping[str, HostFa
     applied: the weights changed under the deployment (seed 003: a changed digest is drift)."""
     out = []
     for name, record in sorted(state.deployments.items()):
-        hf = record.model.hf if record.model is not None else None
-        if hf is None or not hf.commit:
-            continue
         for r in record.replicas:
-            entry, found = inventory.host(r.host), facts.get(r.host)
-            if not r.checkpoint_digest or entry is None or found is None:
-                continue
-            dest = checkout_dir(entry.models_dir, hf.repo, hf.commit)
-            now = found.checkpoints.get(dest)
-            if now is not None and now != r.checkpoint_digest:
-                out.append(Drift(host=r.host, unit=r.unit, deployment=name, kind="weights-changed",
-                                 detail=f"the checkpoint digest of {hf.repo}@{hf.commit[:12]} at {dest} "
-                                 f"changed: recorded {r.checkpoint_digest[:12]}, measured {now[:12]}"))  # fmt: skip
+            out += checkpoint_drift(name, r, record.model, inventory.host(r.host), facts.get(r.host))
     return out
 
 

@@ -559,6 +559,7 @@ def model_files(root: str, limit: int = 5000, depth: int = 5) -> list[dict[str, 
 # 10 u64, 11 i64, 12 f64
 SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 GGUF_STRING, GGUF_ARRAY = 8, 9
+GGUF_VERSIONS = (1, 2, 3)
 ARRAY_LIMIT = 4096
 
 
@@ -613,6 +614,8 @@ def read_gguf(f: IO[bytes], size: int) -> dict[str, Any]:
     if f.read(4) != b"GGUF":
         return {"error": "not a GGUF file (bad magic)"}
     version = r.take("<I")
+    if version not in GGUF_VERSIONS:
+        raise ValueError("unknown GGUF version %d" % version)
     n_tensors = r.take("<Q")
     n_kv = r.take("<Q")
     fields = {}
@@ -635,8 +638,12 @@ def read_gguf(f: IO[bytes], size: int) -> dict[str, Any]:
 
 
 def gguf(path: str) -> dict[str, Any]:
+    """read_gguf, with a header that cannot be read said as an invalid GGUF file (and why)."""
     with open(path, "rb") as f:
-        return read_gguf(f, os.fstat(f.fileno()).st_size)
+        try:
+            return read_gguf(f, os.fstat(f.fileno()).st_size)
+        except (ValueError, struct.error, UnicodeDecodeError, OverflowError) as exc:
+            return {"error": "not a valid GGUF file (%s)" % exc}
 
 
 def checkpoint(path: str) -> dict[str, Any]:

@@ -11,7 +11,14 @@ It fetches the files of one commit of a Hugging Face repository into <dest>, whe
 - each file is verified (the LFS sha256, or the git blob id of a file kept in git) before it is renamed into
   <dest>.partial/, and <dest>.partial/ is renamed to <dest> only when every file is there: <dest> is whole
   or absent;
-- the checkpoint digest (sha256 over each file's path and sha256) is written beside the files.
+- the checkpoint digest (sha256 over each file's path and sha256) is written beside the files;
+- a file a checkout of another commit of the repository already has (same size and digest, verified) is linked
+  from there, not downloaded again;
+- the hub token goes only to the host of the endpoint: a redirect elsewhere (LFS files are redirected to a CDN)
+  is followed without it, as huggingface_hub does;
+- a body cut short (the server closed the connection early) is resumed with Range, and connection errors, 429 and
+  5xx are retried, up to 5 times with backoff, honouring Retry-After; then the fetch fails keeping the part. Only a
+  digest mismatch after a complete download is corruption.
 
 The hub's download URL is {endpoint}/{repo}/resolve/{commit}/{file} (huggingface_hub's
 HUGGINGFACE_CO_URL_TEMPLATE, src/huggingface_hub/constants.py), answered with X-Repo-Commit and ETag headers.
@@ -23,6 +30,7 @@ or {"event": "failed", "reason": ...} (exit 5)."""
 import contextlib
 import fcntl
 import hashlib
+import http.client
 import json
 import os
 import sys
@@ -34,6 +42,51 @@ import urllib.request
 MARKER = ".engine-ctl-checkpoint.json"
 CHUNK = 1 << 20
 PROGRESS_EVERY_S = 0.5
+RETRIES = 5
+BACKOFF_S = 1.0
+BACKOFF_MAX_S = 30.0
+RETRY_AFTER_MAX_S = 60.0
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+
+
+class Retryable(Exception):
+    """A transient failure: a connection error, a body cut short, 429 or 5xx (with the server's Retry-After)."""
+
+    def __init__(self, reason, retry_after=None):
+        Exception.__init__(self, reason)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+def retry_after_s(headers):
+    """Retry-After in seconds (a number; an HTTP date is not worth parsing here), capped."""
+    value = headers.get("Retry-After") if headers is not None else None
+    try:
+        return min(max(float(str(value)), 0.0), RETRY_AFTER_MAX_S)
+    except (TypeError, ValueError):
+        return None
+
+
+def backoff_s(attempt, retry_after, base=BACKOFF_S):
+    if retry_after is not None:
+        return retry_after
+    return min(base * (2**attempt), BACKOFF_MAX_S)
+
+
+class SameHostAuth(urllib.request.HTTPRedirectHandler):
+    """Follows redirects, keeping Authorization only while the target is the endpoint's own host."""
+
+    def __init__(self, endpoint):
+        self.home = urllib.parse.urlsplit(endpoint)
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = urllib.request.HTTPRedirectHandler.redirect_request(self, req, fp, code, msg, headers, newurl)
+        if new is not None:
+            target = urllib.parse.urlsplit(new.full_url)
+            if (target.scheme, target.hostname, target.port) != (self.home.scheme, self.home.hostname, self.home.port):
+                new.remove_header("Authorization")
+                new.unredirected_hdrs.pop("Authorization", None)
+        return new
 
 
 def emit(**event):
@@ -110,6 +163,7 @@ class Fetch:
         self.file_size = 0
         self.last = 0.0
         self.digests = {}
+        self.reused = 0
 
     def progress(self, name, force=False):
         now = time.monotonic()
@@ -130,12 +184,21 @@ class Fetch:
         return "%s/%s/resolve/%s/%s" % (a["endpoint"].rstrip("/"), a["repo"], a["commit"], quoted)
 
     def request(self, name, offset):
+        """The file from `offset` on; a transient failure raises Retryable."""
         headers = {"User-Agent": "engine-ctl-fetch"}
         if self.args.get("token"):
             headers["Authorization"] = "Bearer " + self.args["token"]
         if offset:
             headers["Range"] = "bytes=%d-" % offset
-        return urllib.request.urlopen(urllib.request.Request(self.url(name), headers=headers), timeout=60)
+        opener = urllib.request.build_opener(SameHostAuth(self.args["endpoint"]))
+        try:
+            return opener.open(urllib.request.Request(self.url(name), headers=headers), timeout=60)
+        except urllib.error.HTTPError as exc:
+            if exc.code in RETRY_STATUSES:
+                raise Retryable("HTTP %d" % exc.code, retry_after_s(exc.headers)) from None
+            raise
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            raise Retryable("%s: %s" % (type(exc).__name__, getattr(exc, "reason", None) or exc)) from None
 
     def check_space(self):
         """Refuse before any byte comes in: the cap on all downloads, then the free space."""
@@ -173,14 +236,37 @@ class Fetch:
                 self.digests[name] = hashes.sha256.hexdigest()
                 return None
             os.unlink(final)
+        kept = self.from_another_commit(entry)
+        if kept is not None:
+            self.reuse(kept, final)
+            self.done += size
+            self.digests[name] = entry.get("sha256") or hash_file(final, size).sha256.hexdigest()
+            self.reused += size
+            return None
         have = os.path.getsize(part) if os.path.exists(part) else 0
         if have > size:
             os.truncate(part, 0)
             have = 0
         hashes = hash_file(part, size, upto=have) if have else Hashes(size)
         self.done += have
-        if have < size:
-            hashes = self.download(entry, part, have, hashes)
+        attempt = 0
+        while have < size:
+            try:
+                hashes = self.download(entry, part, have, hashes)
+                have = os.path.getsize(part)
+                if have >= size:
+                    break
+                why, wait = "the body was cut short at %d of %d bytes" % (have, size), None
+            except Retryable as exc:
+                have = os.path.getsize(part) if os.path.exists(part) else 0
+                hashes = hash_file(part, size, upto=have) if have else Hashes(size)
+                self.done = self.file_start + have
+                why, wait = exc.reason, exc.retry_after
+            if attempt >= RETRIES:
+                raise Retryable("%s, after %d retries (the %d bytes that came are kept)" % (why, RETRIES, have))
+            emit(event="retry", file=name, attempt=attempt + 1, reason=why)
+            time.sleep(backoff_s(attempt, wait, self.args.get("backoff_s", BACKOFF_S)))
+            attempt += 1
         if os.path.getsize(part) != size or not verified(entry, hashes):
             got = hashes.sha256.hexdigest()
             os.unlink(part)
@@ -189,6 +275,47 @@ class Fetch:
         os.rename(part, final)
         self.digests[name] = hashes.sha256.hexdigest()
         return None
+
+    def from_another_commit(self, entry):
+        """The same file (same size and digest) in a checkout of another commit of this repository on this host,
+        verified as a download is: a new commit re-downloads only the files that changed."""
+        parent = os.path.dirname(self.dest)
+        for other in sorted(os.listdir(parent)):
+            folder = os.path.join(parent, other)
+            if folder == self.dest or "." in other or not os.path.isdir(folder):
+                continue
+            try:
+                with open(os.path.join(folder, MARKER)) as f:
+                    known = json.load(f)["files"].get(entry["path"])
+            except (OSError, ValueError, KeyError, AttributeError):
+                continue
+            candidate = os.path.join(folder, entry["path"])
+            if not known or known.get("size") != entry["size"] or not os.path.isfile(candidate):
+                continue
+            if entry.get("sha256") and known.get("sha256") != entry["sha256"]:
+                continue
+            if verified(entry, hash_file(candidate, entry["size"])):
+                return candidate
+        return None
+
+    def reuse(self, source, final):
+        """A hard link (no second copy on disk), or a copy across file systems."""
+        tmp = final + ".reuse"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        try:
+            os.link(source, tmp)
+        except OSError:
+            with open(source, "rb") as src, open(tmp, "wb") as dst:
+                while True:
+                    data = src.read(CHUNK)
+                    if not data:
+                        break
+                    dst.write(data)
+                dst.flush()
+                os.fsync(dst.fileno())
+            os.chmod(tmp, 0o644)
+        os.rename(tmp, final)
 
     def download(self, entry, part, have, hashes):
         name = entry["path"]
@@ -207,7 +334,11 @@ class Fetch:
             fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
                 while True:
-                    data = response.read(CHUNK)
+                    try:
+                        data = response.read(CHUNK)
+                    except (http.client.IncompleteRead, OSError) as exc:  # what came so far is written: resume
+                        os.fsync(fd)
+                        raise Retryable("the connection broke: %s" % type(exc).__name__) from None
                     if not data:
                         break
                     os.write(fd, data)
@@ -284,7 +415,7 @@ class Fetch:
                 emit(event="corrupt", **bad)
                 return 4
         digest = self.finish()
-        emit(event="done", digest=digest, fetched=self.total, total=self.total)
+        emit(event="done", digest=digest, fetched=self.total - self.reused, reused=self.reused, total=self.total)
         return 0
 
 
@@ -299,7 +430,10 @@ def main():
         fcntl.flock(lock, fcntl.LOCK_EX)  # one fetch of a checkout at a time; a second waits for the first
         try:
             return Fetch(args).run()
-        except (OSError, urllib.error.URLError, ValueError) as exc:
+        except Retryable as exc:
+            emit(event="failed", reason=exc.reason)
+            return 5
+        except (OSError, urllib.error.URLError, ValueError, http.client.HTTPException) as exc:
             emit(event="failed", reason="%s: %s" % (type(exc).__name__, getattr(exc, "reason", None) or exc))
             return 5
 

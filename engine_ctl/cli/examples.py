@@ -1,0 +1,35 @@
+"""One or two examples at the end of each command's --help (click's epilog), kept apart from the commands so a
+command module stays about what it does. `\b` keeps click from rewrapping the lines."""
+
+from __future__ import annotations
+
+EXAMPLES: dict[str, list[str]] = {
+    "apply": ["engine-ctl apply deploy/", "engine-ctl apply plan.json            # exactly the saved, reviewed plan"],
+    "delete": ["engine-ctl delete deployment chat"],
+    "destroy": ["engine-ctl destroy deploy/ --target chat"],
+    "facts": ["engine-ctl facts --inventory hosts.yaml", "engine-ctl facts gpu-01 --json"],
+    "force-unlock": ["engine-ctl force-unlock 6f1d0c52-8c3e-4a1b-9f27-0d4e5a6b7c8d"],
+    "key": ["engine-ctl key new ci-bot --deployment chat --expires 2027-01-31 > ci-bot.yaml"],
+    "logs": ["engine-ctl logs chat --follow"],
+    "import": ["engine-ctl import deploy/ --inventory deploy/hosts.yaml"],
+    "list": ["engine-ctl list", "engine-ctl list --json"],
+    "park": ["engine-ctl park deployment chat"],
+    "plan": ["engine-ctl plan deploy/", "engine-ctl plan deploy/ --out plan.json --detailed-exitcode"],
+    "render": ["engine-ctl render chat deploy/ --inventory deploy/hosts.yaml"],
+    "show": ["engine-ctl show plan.json --markdown > comment.md"],
+    "restart": ["engine-ctl restart chat deploy/"],
+    "schema": ["engine-ctl schema > engine-ctl.schema.json"],
+    "start": ["engine-ctl start deployment chat", "engine-ctl start deployment chat --wait"],
+    "state": ["engine-ctl state list", "engine-ctl state push --to postgresql://db.example/engine_ctl"],
+    "status": ["engine-ctl status", "engine-ctl status chat --json"],
+    "stop": ["engine-ctl stop deployment chat"],
+    "validate": ["engine-ctl validate deploy/", "engine-ctl validate deploy/ --inventory deploy/hosts.yaml"],
+}
+
+
+def epilog(name: str) -> str | None:
+    """The epilog of command `name`: its examples, one a line."""
+    lines = EXAMPLES.get(name)
+    if not lines:
+        return None
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)

@@ -1,0 +1,124 @@
+"""The promise of a plan on the real fleet (issue 24): "No changes" and exit 0 only when every document is served
+as written. Real hosts, real SSH, the real llama-server and the tiny real model (tests/tools/make_tiny_model.py).
+
+- A model path changed to a file that is not a GGUF (bad magic), or to a GGUF header of random bytes: plan names
+  the file, each host and why, and exits 1 (with --detailed-exitcode too); apply exits 1 and changes nothing; the
+  old replica serves on (points 2 and 16).
+- A CPU model whose weights alone are larger than any host's memory is Pending with the seed's reason, not placed
+  on the host with the most memory (point 10).
+- A checkpoint changed on its host is drift that apply repairs: plan exits 2, apply fetches it again (every file
+  verified against the hub) and restarts the replica on it, and the next plan is empty (point 4).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+import pytest
+
+from tests.fleetproject import MODELS_DIR, Project
+from tests.hubdouble import HubDouble
+from tests.llama import tiny_model
+from tests.test_fleet_weights import REPO, hf_project, hub  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.fleet
+
+NO_CHANGES = "No changes. The hosts match the documents."
+BAD = {
+    "bad-magic.gguf": ("head -c 65536 /dev/zero", "not a GGUF file (bad magic)"),
+    "random.gguf": (
+        "python3 -c \"import random,sys; sys.stdout.buffer.write(b'GGUF' + random.Random(24).randbytes(65536))\"",
+        "not a valid GGUF file (unknown GGUF version ",
+    ),
+}
+
+
+def test_a_model_path_changed_to_an_unusable_file_is_pending_naming_it_and_plan_and_apply_exit_1(
+    project: Project,
+) -> None:
+    project.write("context_length: 512")
+    project.cli("apply", "--auto-approve", check=True)
+    (old,) = project.replicas()
+    for h in project.fleet.hosts:
+        for name, (make, _) in BAD.items():
+            project.fleet.ssh(h, f"{make} > {MODELS_DIR}/tiny/{name} && chmod 644 {MODELS_DIR}/tiny/{name}")
+    hosts = ", ".join(h.name for h in project.fleet.hosts)
+    for name, (_, why) in BAD.items():
+        project.write("context_length: 512", model_file=name)
+        for args in (("plan",), ("plan", "--detailed-exitcode")):
+            planned = project.cli(*args)
+            said = planned.stdout + planned.stderr
+            assert planned.returncode == 1, said
+            assert NO_CHANGES not in said and "Pending: " + project.name in said
+            assert f"{MODELS_DIR}/tiny/{name} on {hosts}: {why}" in said, said
+        applied = project.cli("apply", "--auto-approve")
+        assert applied.returncode == 1, applied.stdout + applied.stderr
+        assert f"{MODELS_DIR}/tiny/{name} on {hosts}: {why}" in applied.stdout + applied.stderr
+        (still,) = project.replicas()
+        assert still["unit"] == old["unit"] and still["revision"] == 1 and project.health(still) == 200
+        assert project.state()["deployments"][project.name]["revision"] == 1  # the new one is never recorded
+    project.write("context_length: 512")
+    assert project.cli("plan", "--detailed-exitcode").returncode == 0  # back to the served documents
+
+
+def test_a_cpu_model_larger_than_any_hosts_memory_is_pending_with_the_seeds_reason(project: Project) -> None:
+    # the tiny model's real GGUF header, its file extended (sparse) to 48 GiB: weights no fleet host can hold
+    for h in project.fleet.hosts:
+        huge = f"{MODELS_DIR}/tiny/huge.gguf"
+        project.fleet.ssh(h, f"cp {tiny_model()} {huge} && truncate -s 48G {huge}")
+    try:
+        project.write("context_length: 512", model_file="huge.gguf")
+        planned = project.cli("plan", "--json")
+        assert planned.returncode == 1, planned.stdout + planned.stderr
+        (change,) = json.loads(planned.stdout)["changes"]
+        assert change["replicas"] == [] and not change["whole_host"]
+        assert re.fullmatch(r"Waiting for a machine with 5\d\.\d GiB of free memory \(\d+\.\d GiB free here\)",
+                            change["pending_reason"]), change["pending_reason"]  # fmt: skip
+        human = project.cli("plan")
+        assert human.returncode == 1 and NO_CHANGES not in human.stdout and "whole_host" not in human.stdout
+        applied = project.cli("apply", "--auto-approve")
+        assert applied.returncode == 1, applied.stdout + applied.stderr
+        record = project.state()["deployments"][project.name]
+        assert record["state"] == "Pending" and record["replicas"] == []
+        assert re.fullmatch(r"Waiting for a machine with 5\d\.\d GiB of free memory \(\d+\.\d GiB free here\)",
+                            record["reason"] or ""), record["reason"]  # fmt: skip
+    finally:
+        for h in project.fleet.hosts:
+            project.fleet.ssh(h, f"rm -f {MODELS_DIR}/tiny/huge.gguf", check=False)
+
+
+def test_a_checkpoint_changed_on_its_host_is_a_change_apply_fetches_it_again_and_restarts_the_replica(
+    hub: HubDouble,  # noqa: F811
+    hf_project: Project,  # noqa: F811
+) -> None:
+    p = hf_project
+    p.cli("apply", "--auto-approve", check=True)
+    (served,) = p.replicas()
+    dest = f"{MODELS_DIR}/sources/{REPO}/{hub.repos[REPO].commit}"
+    host = p.host_of(served)
+    before = p.main_pid(served)
+    good = hashlib.sha256(tiny_model().read_bytes()).hexdigest()
+    # a byte of the served weights changed on the host, outside engine-ctl
+    p.fleet.ssh(host, f"printf '\\x00' | dd of={dest}/tiny.gguf bs=1 seek=5000000 conv=notrunc status=none")
+    planned = p.cli("plan", "--detailed-exitcode")
+    said = planned.stdout + planned.stderr
+    assert planned.returncode == 2, said
+    assert NO_CHANGES not in said and f"the checkpoint digest of {REPO}@" in said, said
+    doc = json.loads(p.cli("plan", "--json").stdout)
+    assert [d["kind"] for d in doc["drift"]] == ["weights-changed"]
+    (change,) = doc["changes"]
+    (repair,) = change["replicas"]
+    assert repair["action"] == ["update"] and repair["unit"] == served["unit"]
+    (fetch,) = change["fetches"]
+    assert fetch["host"] == served["host"] and fetch["in_place"] is False
+    applied = p.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    on_host = p.fleet.ssh(host, f"sha256sum {dest}/tiny.gguf").stdout
+    assert good in on_host  # fetched again from the hub, verified
+    (after,) = p.replicas()
+    assert after["unit"] == served["unit"] and after["checkpoint_digest"] == served["checkpoint_digest"]
+    assert p.main_pid(after) != before and p.chat(after)["model"] == p.name  # restarted on the repaired weights
+    again = p.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0 and NO_CHANGES in again.stdout, again.stdout + again.stderr

@@ -1,0 +1,206 @@
+"""The promise of a plan (issue 24), in the pure core: "No changes" and exit 0 only when every document is served
+as written; a plan names each difference, and its problems (what makes plan and apply exit 1) hold every
+deployment that no apply can serve now: Failed, or Pending.
+
+- A model path changed to a file no host can use (bad magic, a GGUF header of random bytes) is Pending, naming
+  the file, the host and why (point 2 and point 16), while the old replica is left serving.
+- Weights larger than every GPU count the deployment may use fail "does not fit" before the KV shape is known:
+  the weights alone are a lower bound (point 3). GPUs come from recorded real nvidia-smi output.
+- A CPU replica whose weights alone exceed what any host has is Pending with the seed's reason, never placed on
+  the biggest host as a whole_host first start (point 10).
+- A changed checkpoint digest is a change: the replica is repaired (fetched again, restarted), exit 2 (point 4).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from engine_ctl.cli.views.plan import plan_text
+from engine_ctl.core.documents.inventory import Host, Inventory
+from engine_ctl.core.documents.loader import load_documents
+from engine_ctl.core.documents.yamlsource import parse_text
+from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.fit.modelfacts import ModelFacts
+from engine_ctl.core.model import DesiredState
+from engine_ctl.core.plan.fetching import plan_fetches
+from engine_ctl.core.plan.planner import Plan, make_plan
+from engine_ctl.core.record.model import State
+from engine_ctl.core.sizes import GIB
+from engine_ctl.core.weights import Checkout, HubFile, checkout_dir
+from tests.fleetfacts import cpu_host, h100x8
+from tests.test_plan_core import applied
+
+SHAPE = ModelFacts(block_count=2, head_count=4, head_count_kv=2, embedding_length=64, weights_bytes=17_000_000)
+NO_CHANGES = "No changes. The hosts match the documents."
+
+
+def desired(model_spec: str, deployment_spec: str = "accelerator: cpu, cpu_cores: 2") -> DesiredState:
+    text = (f"kind: Model\nmetadata: {{name: m}}\nspec: {{format: gguf, {model_spec}}}\n---\n"
+            f"metadata: {{name: chat}}\nspec: {{model: m, {deployment_spec}}}\n")  # fmt: skip
+    found, problems = parse_text(text, "d.yaml")
+    assert not problems
+    result = load_documents(found)
+    assert not [d for d in result.diagnostics if d.severity == "error"], result.diagnostics
+    return result.desired
+
+
+def inventory(*facts: HostFacts) -> Inventory:
+    return Inventory(hosts=tuple(Host(name=f.host, address=f.host, models_dir="/srv/models") for f in facts))
+
+
+def plan(d: DesiredState, state: State, facts: dict[str, HostFacts], model: ModelFacts | None) -> Plan:
+    return make_plan(d, state, inventory(*facts.values()), facts, {"m": model})
+
+
+# --- point 2 and point 16: a model file no host can use ---------------------------------------------------------
+
+
+def test_a_model_path_changed_to_a_file_no_host_can_use_is_pending_naming_file_host_and_why() -> None:
+    hosts = {h.host: h for h in (cpu_host("h1"), cpu_host("h2"))}
+    state, hosts = applied(plan(desired("path: m/good.gguf"), State(), hosts, SHAPE), State(), hosts)
+    for why in ("not a GGUF file (bad magic)", "not a valid GGUF file (unknown GGUF version 3059489832)"):
+        bad = {n: h.model_copy(update={"model_problems": {"/srv/models/m/bad.gguf": why}}) for n, h in hosts.items()}
+        p = plan(desired("path: m/bad.gguf"), state, bad, None)  # no host has usable files: no model facts
+        (change,) = p.changes
+        assert change.pending_reason == (
+            f"the weights of m are not usable on any reachable host (/srv/models/m/bad.gguf on h1, h2: {why}); "
+            "replace the file, or point the model's path at a valid one"
+        )
+        assert change.waiting == {h: f"/srv/models/m/bad.gguf is not usable: {why}" for h in ("h1", "h2")}
+        assert change.replicas == [] and change.action == ["no-op"]  # the old replica is left serving
+        assert p.problems == [f"chat is Pending: {change.pending_reason}"]  # plan and apply exit 1
+        text = plan_text(p)
+        assert NO_CHANGES not in text and "No changes can be made; but the hosts do not match the documents" in text
+        assert f"Pending: chat: {change.pending_reason}" in text
+
+
+def test_weights_simply_not_there_keep_the_fit_unknown_reason_and_exit_1() -> None:
+    hosts = {"h1": cpu_host("h1").model_copy(update={"model_problems": {"/srv/models/m/m.gguf": "not found"}})}
+    p = plan(desired("path: m/m.gguf"), State(), hosts, None)
+    (change,) = p.changes
+    assert change.pending_reason is not None and change.pending_reason.startswith(
+        "the fit is not known yet: the weights of m are on no reachable host yet"
+    )
+    assert p.problems == [f"chat is Pending: {change.pending_reason}"]
+
+
+def test_a_deployment_an_operator_holds_is_not_a_problem() -> None:
+    from engine_ctl.core.record.model import OperatorAction
+
+    hosts = {"h1": cpu_host("h1")}
+    state, hosts = applied(plan(desired("path: m/m.gguf"), State(), hosts, SHAPE), State(), hosts)
+    state.deployments["chat"].operator = OperatorAction(verb="stopped", who="ops", when="2026-12-04T10:00:00+00:00")
+    missing = {"h1": hosts["h1"].model_copy(update={"model_problems": {"/srv/models/m/x.gguf": "not a GGUF file"}})}
+    p = plan(desired("path: m/x.gguf"), state, missing, None)
+    assert p.changes[0].operator is not None and p.problems == []
+
+
+# --- point 3: weights bigger than the GPUs, known without the KV shape -------------------------------------------
+
+
+def test_weights_bigger_than_one_gpu_fail_does_not_fit_before_the_kv_shape_is_known() -> None:
+    hosts = {"gpu-h100": h100x8()}  # recorded nvidia-smi: 8 x H100 80GB HBM3 (85.5 GB each)
+    p = plan(desired("path: big/big.gguf, weights_bytes: 240000000000", "gpus: 1"), State(), hosts, None)
+    (change,) = p.changes
+    assert change.failed_reason == (
+        "does not fit: the weights of m alone (240 GB) need at least 240.9 GB on each of 1 GPU (the largest GPU it "
+        "may use has 85.5 GB)"
+    )
+    assert change.pending_reason is None and change.replicas == []
+    assert p.problems == [f"chat is Failed: {change.failed_reason}"]
+    assert NO_CHANGES not in plan_text(p)
+
+
+def test_weights_that_some_gpu_count_may_hold_wait_for_the_shape_and_more_than_eight_gpus_fail() -> None:
+    hosts = {"gpu-h100": h100x8()}
+    fits_on_four = plan(desired("path: big/big.gguf, weights_bytes: 240000000000", "gpus: 4"), State(), hosts, None)
+    assert fits_on_four.changes[0].failed_reason is None
+    assert (fits_on_four.changes[0].pending_reason or "").startswith("the fit is not known yet")
+    too_big = plan(desired("path: big/big.gguf, weights_bytes: 800000000000", "parallel: 1"), State(), hosts, None)
+    assert (too_big.changes[0].failed_reason or "").startswith(
+        "does not fit: the weights of m alone (800 GB) need at least 100.9 GB on each of 8 GPUs"
+    )
+
+
+# --- point 10: a CPU model bigger than any host's memory -----------------------------------------------------------
+
+LLAMA_70B = ModelFacts(architecture="llama", block_count=80, head_count=64, head_count_kv=8, embedding_length=8192,
+                       context_length=131072, weights_bytes=42_520_000_000, file_type="Q4_K_M")  # fmt: skip
+
+
+def test_a_cpu_model_whose_weights_exceed_every_host_is_pending_with_the_seeds_reason_not_placed() -> None:
+    small = cpu_host("cpu-22", cores=16)
+    small = small.model_copy(update={"memory": small.memory.model_copy(update={"available_bytes": 22 * GIB})})
+    p = plan(desired("path: m/70b.gguf"), State(), {"cpu-22": small}, LLAMA_70B)
+    (change,) = p.changes
+    assert change.replicas == [] and not change.whole_host
+    assert change.pending_reason == "Waiting for a machine with 46.1 GiB of free memory (22.0 GiB free here)"
+    assert not any("whole_host" in w for w in change.warnings)
+    assert p.problems == [f"chat is Pending: {change.pending_reason}"]
+
+
+def test_an_estimate_above_every_host_whose_weights_fit_still_runs_its_first_start_alone() -> None:
+    host = cpu_host("cpu-48", cores=16)
+    host = host.model_copy(update={"memory": host.memory.model_copy(update={"available_bytes": 42 * GIB})})
+    p = plan(desired("path: m/70b.gguf"), State(), {"cpu-48": host}, LLAMA_70B)  # weights 39.6 GiB: they fit
+    (change,) = p.changes
+    assert change.whole_host and [r.host for r in change.replicas] == ["cpu-48"] and not p.problems
+
+
+# --- point 4: a changed checkpoint is a change that apply repairs --------------------------------------------------
+
+REPO, COMMIT = "org/tiny", "0123456789abcdef0123456789abcdef01234567"
+DEST = checkout_dir("/srv/models", REPO, COMMIT)
+
+
+def test_a_changed_checkpoint_digest_is_a_repair_with_a_fetch_and_exit_2() -> None:
+    d = desired(f"hf: '{REPO}@{COMMIT}', file: tiny.gguf")
+    checkout = Checkout(repo=REPO, commit=COMMIT, files=(HubFile(path="tiny.gguf", size=17, sha256="a" * 64),))
+    hosts = {"h1": cpu_host("h1").model_copy(update={"models": {f"{DEST}/tiny.gguf": SHAPE}})}
+    first = plan_fetches(plan(d, State(), hosts, SHAPE), d, inventory(*hosts.values()), hosts, {"m": checkout},
+                         State())  # fmt: skip
+    state, hosts = applied(first, State(), hosts)
+    state.deployments["chat"].replicas[0].checkpoint_digest = "d" * 64
+    same = {"h1": hosts["h1"].model_copy(update={"checkpoints": {DEST: "d" * 64}})}
+    quiet = plan_fetches(plan(d, state, same, SHAPE), d, inventory(*same.values()), same, {"m": checkout}, state)
+    assert not quiet.has_changes and not quiet.drift and NO_CHANGES in plan_text(quiet)
+    tampered = {"h1": hosts["h1"].model_copy(update={"checkpoints": {DEST: "e" * 64}})}
+    p = plan_fetches(plan(d, state, tampered, SHAPE), d, inventory(*tampered.values()), tampered, {"m": checkout},
+                     state)  # fmt: skip
+    (drift,) = p.drift
+    assert drift.kind == "weights-changed" and "recorded dddddddddddd, measured eeeeeeeeeeee" in drift.detail
+    (change,) = p.changes
+    (repair,) = change.replicas
+    assert repair.action == ["update"] and repair.unit == state.deployments["chat"].replicas[0].unit
+    assert "the checkpoint digest of org/tiny@0123456789ab" in repair.reason
+    (fetch,) = change.fetches
+    assert fetch.host == "h1" and not fetch.in_place  # fetched again: every file verified, a changed one anew
+    assert p.has_changes and not p.problems  # plan --detailed-exitcode: 2
+    assert NO_CHANGES not in plan_text(p)
+
+
+def test_a_changed_checkpoint_with_downloads_off_says_apply_fails_there_until_the_files_are_put_back() -> None:
+    from engine_ctl.core.documents.inventory import Downloads
+
+    d = desired(f"hf: '{REPO}@{COMMIT}', file: tiny.gguf")
+    checkout = Checkout(repo=REPO, commit=COMMIT, files=(HubFile(path="tiny.gguf", size=17, sha256="a" * 64),))
+    hosts = {"h1": cpu_host("h1").model_copy(update={"models": {f"{DEST}/tiny.gguf": SHAPE}})}
+    state, hosts = applied(plan(d, State(), hosts, SHAPE), State(), hosts)
+    state.deployments["chat"].replicas[0].checkpoint_digest = "d" * 64
+    tampered = {"h1": hosts["h1"].model_copy(update={"checkpoints": {DEST: "e" * 64}})}
+    off = inventory(*tampered.values()).model_copy(update={"downloads": Downloads(enabled=False)})
+    p = plan_fetches(make_plan(d, state, off, tampered, {"m": SHAPE}), d, off, tampered, {"m": checkout}, state)
+    assert p.has_changes and [r.action for r in p.changes[0].replicas] == [["update"]]
+    assert (
+        f"the checkpoint {REPO}@{COMMIT} changed on h1 and downloads are off (downloads.enabled: false in the "
+        f"inventory): apply fails there until the files at {DEST} are put back"
+    ) in p.changes[0].warnings
+
+
+def test_the_probe_says_a_gguf_header_of_random_bytes_is_not_a_valid_gguf_file(tmp_path: Path) -> None:
+    from engine_ctl.shell.remote import facts_probe
+
+    (tmp_path / "random.gguf").write_bytes(b"GGUF" + random.Random(24).randbytes(65536))
+    said = facts_probe.model_metadata(str(tmp_path / "random.gguf"))
+    assert said == {"error": "not a valid GGUF file (unknown GGUF version 3059489832)"}, said
