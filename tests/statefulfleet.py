@@ -303,6 +303,8 @@ class Machine:
         self.killed_request: str | None = None
         """The identity an apply killed with SIGKILL printed: the next apply continues it with --request-id."""
         self.killed_without_identity = False
+        self.hand_edited: set[str] = set()
+        """Units the test edited by hand since the last apply that exited 0."""
 
     # ----- set-up and recovery -------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -327,6 +329,7 @@ class Machine:
         for f in self.p.docs.glob("engine-ctl.*"):
             f.unlink()
         self.model = Model()
+        self.hand_edited = set()
         self._write()
         applied = self.p.cli("apply", "--auto-approve")
         assert applied.rc == 0, f"the starting documents do not apply: {applied.out}{applied.err}"
@@ -432,6 +435,8 @@ class Machine:
         poller.stop()
         self.killed_request, self.killed_without_identity = None, False
         self.last_apply_rc = run.rc
+        if run.rc == 0:
+            self.hand_edited = set()
         self._check_rolls(before, poller)
         self.log(f"    apply: exit {run.rc} in {run.seconds:.0f} s: {short(run.out + run.err, 300)}")
         return f"apply({unlocked}{' '.join(recover)}) -> {run.rc}"
@@ -537,6 +542,7 @@ class Machine:
             "systemctl daemon-reload" + (f" && systemctl restart {u.name}" if restart else "")
         )
         self.p.fleet.ssh(self.p.host(u.host), command, check=False)
+        self.hand_edited.add(u.name)
         return f"unit_edited_by_hand({u.host}, {u.name}, --ctx-size {ctx}{', restarted' if restart else ''})"
 
     def kill_gateway(self, rng: random.Random) -> str:
@@ -630,6 +636,12 @@ class Machine:
             self.violate("\"No changes\" only when live facts match the documents",
                          f"plan exit 0 (No changes) while: {'; '.join(diffs)}",
                          "plan names each difference, exit 1 or 2")  # fmt: skip
+        if self.model.model_file == CORRUPT and plan.rc != 1:
+            self.violate("exit 1 when no apply can reach the documents",
+                         f"plan exit {plan.rc} with the model at {CORRUPT} (a truncated GGUF): "
+                         f"{_plan_summary(doc, plan)}",
+                         "exit 1, naming the file, the host and why it is unusable")  # fmt: skip
+        self._check_blame(doc)
         if plan.rc == 0 and doc is not None and doc.get("has_changes"):
             self.violate("exit 0 means no changes", "plan --detailed-exitcode exit 0 with has_changes true", "exit 2")
         if self.sequence and self.sequence[-1].startswith("apply()") and self.last_apply_rc == 0 and plan.rc != 0:
@@ -645,6 +657,18 @@ class Machine:
         self.converged = plan.rc == 0 and not diffs and len(self.violations) == found_before
         if self.converged:
             self.since_converged = []  # converged and true: the next violation's sequence starts here
+
+    def _check_blame(self, doc: dict[str, Any] | None) -> None:
+        """The plan blames a person ("edited by hand") only for what the test edited by hand."""
+        if doc is None:
+            return
+        said = [json.dumps(d) for d in doc.get("drift", [])]
+        said += [r for g in doc.get("gateways", []) for r in g.get("reasons", [])]
+        for text in said:
+            if "edited by hand" in text and not any(name in text for name in self.hand_edited):
+                self.violate("drift blames a person only for a person's change",
+                             f"plan says: {short(text, 250)}",
+                             f"no hand edit there (hand edits: {sorted(self.hand_edited) or 'none'})")  # fmt: skip
 
     def _recorded_hosts(self) -> dict[str, set[str]]:
         try:
