@@ -6,11 +6,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
-
-if TYPE_CHECKING:  # annotations only: validate loads the providers without the fit's models (bench.startup)
-    from engine_ctl.core.fit.hostfacts import Gpu
-    from engine_ctl.core.fit.runspec import ReplicaRun
+from typing import Any, ClassVar, Protocol
 
 GIB = 1024**3
 
@@ -58,6 +54,122 @@ ROCM_GFX_PAGED = frozenset(
 )  # fmt: skip
 INSTINCT_GFX = frozenset({"gfx908", "gfx90a", "gfx942", "gfx950"})
 """Instinct accelerators: the Vulkan build is for Radeon cards only."""
+
+
+# --- what a provider reads of a run ---------------------------------------------------------------------------
+# Read-only views, so that providers need nothing of the core: engine_ctl.core.fit.runspec.ReplicaRun (with its
+# FitPlan, Model and hostfacts.Gpu) answers them, and mypy checks that it does wherever a run is passed.
+class RunGpu(Protocol):
+    """One GPU of a replica (the core's hostfacts.Gpu)."""
+
+    @property
+    def uuid(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def vendor(self) -> str: ...
+    @property
+    def memory_total_bytes(self) -> int | None: ...
+    @property
+    def gfx_target(self) -> str | None: ...
+
+
+class RunModel(Protocol):
+    """The model a replica serves (the core's model.Model)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def capabilities(self) -> Sequence[str]: ...
+    @property
+    def chat_template(self) -> str | None: ...
+    @property
+    def pooling(self) -> str | None: ...
+    @property
+    def tool_call_parser(self) -> str | None: ...
+    @property
+    def reasoning_parser(self) -> str | None: ...
+
+
+class RunPlan(Protocol):
+    """What the fit decided for a replica (the core's runspec.FitPlan)."""
+
+    @property
+    def accelerator(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def gpus(self) -> int: ...
+    @property
+    def context_length(self) -> int: ...
+    @property
+    def parallel(self) -> int: ...
+
+
+class Run(Protocol):
+    """One replica, as a provider reads it to build its argv and environment (the core's runspec.ReplicaRun)."""
+
+    @property
+    def deployment(self) -> str: ...
+    @property
+    def model(self) -> RunModel: ...
+    @property
+    def model_path(self) -> str: ...
+    @property
+    def mmproj_path(self) -> str | None: ...
+    @property
+    def executable(self) -> str: ...
+    @property
+    def bind_address(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def api_key_file(self) -> str | None: ...
+    @property
+    def gpus(self) -> Sequence[RunGpu]: ...
+    @property
+    def plan(self) -> RunPlan: ...
+    @property
+    def threads(self) -> int | None: ...
+    @property
+    def engine_args(self) -> Sequence[str]: ...
+    @property
+    def gpu_memory_bytes(self) -> int | None: ...
+    @property
+    def engine_options(self) -> Mapping[str, object]: ...
+    @property
+    def chat_template_file(self) -> str | None: ...
+    @property
+    def cache_dir(self) -> str | None: ...
+    @property
+    def residency(self) -> str: ...
+
+
+# --- the syntax of engine flags (the provider contract's: allow-lists and argv speak it) ---------------------
+def is_flag(token: str) -> bool:
+    if not token.startswith("-") or token in ("-", "--"):
+        return False
+    # Negative numbers are values: --seed -1, --rope-freq-scale -0.5
+    body = token[1:]
+    return not (body[:1].isdigit() or (body[:1] == "." and body[1:2].isdigit()))
+
+
+def flag_name(token: str) -> str:
+    return token.split("=", 1)[0]
+
+
+def split_flags(args: Sequence[str]) -> list[tuple[str, str | None]]:
+    """[('--temp', '0.7'), ('--jinja', None)] from a checked argument list."""
+    out: list[tuple[str, str | None]] = []
+    for token in args:
+        if is_flag(token):
+            name, eq, value = token.partition("=")
+            out.append((name, value if eq else None))
+        elif out and out[-1][1] is None:
+            out[-1] = (out[-1][0], token)
+    return out
+
+
 FAMILY_GFX = {
     "instinct-mi350": "gfx950", "instinct-mi100": "gfx908", "instinct": "gfx942", "radeon-rocm": "gfx1100",
     "radeon-rocm-llamacpp": "gfx1030",
@@ -188,13 +300,13 @@ class Provider:
     def parks_asleep(self, residency: str) -> bool:
         return self.sleep_controls is not None and residency in PARKING_RESIDENCIES
 
-    def sleep_launch(self, run: ReplicaRun) -> tuple[list[str], dict[str, str]]:
+    def sleep_launch(self, run: Run) -> tuple[list[str], dict[str, str]]:
         """The flags and environment that enable its sleep controls, when its residency parks it asleep."""
         if self.sleep_controls is None or not self.parks_asleep(run.residency):
             return [], {}
         return list(self.sleep_controls.launch_argv), dict(self.sleep_controls.launch_env)
 
-    def build_platform(self, gpu: Gpu | None) -> str | None:
+    def build_platform(self, gpu: RunGpu | None) -> str | None:
         """Which build of this engine runs a replica on `gpu` (None: on CPUs), by the seed's GPU-vendors table;
         None when no build of it runs there."""
         if gpu is None:
@@ -252,7 +364,7 @@ class Provider:
     def runs_on(self, platform: str) -> bool:
         return platform in self.platforms
 
-    def gpu_refusal(self, gpu: Gpu) -> str | None:
+    def gpu_refusal(self, gpu: RunGpu) -> str | None:
         """Why this engine cannot run on `gpu`, or None when one of its builds does (seed 001, GPU vendors)."""
         if not self.runs_on(gpu.vendor):
             return f"{self.title} does not run on {gpu.vendor} GPUs"
@@ -266,8 +378,6 @@ class Provider:
 
     def kv_cache_types(self, engine_args: Sequence[str]) -> tuple[str, str]:
         """K and V cache types as the user's engine_args set them (f16 by default)."""
-        from engine_ctl.core.documents.engine_args import split_flags
-
         k_flag, v_flag = self.cache_type_flags
         k = v = "f16"
         for flag, value in split_flags(engine_args):
@@ -300,10 +410,10 @@ class Provider:
         raise NotImplementedError
 
     # --- what a replica runs ----------------------------------------------------------------------------
-    def argv(self, run: ReplicaRun) -> list[str]:
+    def argv(self, run: Run) -> list[str]:
         raise NotImplementedError
 
-    def environment(self, run: ReplicaRun) -> dict[str, str]:
+    def environment(self, run: Run) -> dict[str, str]:
         return {}
 
     def version_probe(self) -> dict[str, object]:
@@ -325,7 +435,7 @@ class PagedProvider(Provider):
 
     gpu_memory_fraction: float = 0.90
 
-    def memory_fraction(self, run: ReplicaRun) -> float:
+    def memory_fraction(self, run: Run) -> float:
         """The share of each GPU the engine takes: the deployment's memory request (engine_config.memory.request,
         split over the replica's GPUs) against the smallest of them, rounded down to 0.01; else the default."""
         total = min((g.memory_total_bytes or 0) for g in run.gpus) if run.gpus else 0
@@ -352,7 +462,7 @@ def at_least_2gib(n: int) -> int:
     return max(n, 2 * GIB)
 
 
-def gpu_env(run: ReplicaRun) -> dict[str, str]:
+def gpu_env(run: Run) -> dict[str, str]:
     """Visible devices by UUID: CUDA_VISIBLE_DEVICES on NVIDIA, ROCR_VISIBLE_DEVICES on AMD."""
     if not run.gpus:
         return {}
@@ -372,7 +482,7 @@ def is_template_name(template: str) -> bool:
     return bool(TEMPLATE_NAME.fullmatch(template))
 
 
-def chat_template_argv(run: ReplicaRun, name_flag: str, file_flag: str) -> list[str]:
+def chat_template_argv(run: Run, name_flag: str, file_flag: str) -> list[str]:
     """The model's chat_template: a name as it is, Jinja text as the file the unit provides."""
     template = run.model.chat_template
     if not template:
@@ -384,7 +494,7 @@ def chat_template_argv(run: ReplicaRun, name_flag: str, file_flag: str) -> list[
     return [file_flag, run.chat_template_file]
 
 
-def cache_env(run: ReplicaRun, *names: str) -> dict[str, str]:
+def cache_env(run: Run, *names: str) -> dict[str, str]:
     """The engine's own cache variables, pointed at the replica's cache directory."""
     return {name: run.cache_dir for name in names} if run.cache_dir else {}
 

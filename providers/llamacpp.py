@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from engine_ctl.providers.base import (
     FETCHES,
@@ -14,6 +14,7 @@ from engine_ctl.providers.base import (
     ROCM_GFX_LLAMACPP,
     EngineOption,
     Provider,
+    Run,
     at_least_2gib,
     cache_env,
     ceil_div,
@@ -21,9 +22,6 @@ from engine_ctl.providers.base import (
     gpu_env,
 )
 from pydantic import BaseModel, ConfigDict, Field
-
-if TYPE_CHECKING:  # annotations only
-    from engine_ctl.core.fit.runspec import ReplicaRun
 
 ALLOWED = (
     "--threads", "--threads-batch", "--batch-size", "--ubatch-size", "--n-predict", "--keep", "--swa-full",
@@ -137,7 +135,7 @@ class LlamaCpp(Provider):
             "split between the parallel slots"
         )
 
-    def argv(self, run: ReplicaRun) -> list[str]:
+    def argv(self, run: Run) -> list[str]:
         plan = run.plan
         argv = [
             run.executable,
@@ -173,7 +171,7 @@ class LlamaCpp(Provider):
     internal_key_credential: ClassVar[str | None] = "replica-key"
     internal_key_several: ClassVar[bool] = True
 
-    def environment(self, run: ReplicaRun) -> dict[str, str]:
+    def environment(self, run: Run) -> dict[str, str]:
         return {**gpu_env(run), **cache_env(run, "LLAMA_CACHE")}
 
     def version_probe(self) -> dict[str, object]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from engine_ctl.providers.base import (
     FETCHES,
@@ -16,13 +16,11 @@ from engine_ctl.providers.base import (
     EngineOption,
     HttpCall,
     PagedProvider,
+    Run,
     SleepControls,
     chat_template_argv,
     gpu_env,
 )
-
-if TYPE_CHECKING:  # annotations only
-    from engine_ctl.core.fit.runspec import ReplicaRun
 
 MEM_FRACTION_STATIC = 0.88
 
@@ -98,7 +96,7 @@ SGLANG_SLEEP = SleepControls(
 class SgLang(PagedProvider):
     """SGLang: `python -m sglang.launch_server`; a static memory fraction of each GPU for weights and KV."""
 
-    def argv(self, run: ReplicaRun) -> list[str]:
+    def argv(self, run: Run) -> list[str]:
         plan = run.plan
         argv = [
             run.executable, "-m", "sglang.launch_server",
@@ -135,7 +133,7 @@ class SgLang(PagedProvider):
     def internal_key_text(self, keys: Sequence[str]) -> str:
         return f"api-key: {keys[0]}\n"
 
-    def environment(self, run: ReplicaRun) -> dict[str, str]:
+    def environment(self, run: Run) -> dict[str, str]:
         return {"HF_HUB_OFFLINE": "1", "SGLANG_DISABLE_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **gpu_env(run)}
 
     def version_probe(self) -> dict[str, object]:

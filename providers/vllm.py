@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from engine_ctl.providers.base import (
     FETCHES,
@@ -14,14 +14,12 @@ from engine_ctl.providers.base import (
     ROCM_GFX_PAGED,
     HttpCall,
     PagedProvider,
+    Run,
     SleepControls,
     cache_env,
     chat_template_argv,
     gpu_env,
 )
-
-if TYPE_CHECKING:  # annotations only
-    from engine_ctl.core.fit.runspec import ReplicaRun
 
 GPU_MEMORY_UTILIZATION = 0.90
 
@@ -94,7 +92,7 @@ class Vllm(PagedProvider):
     """vLLM: takes 90% of each GPU (or the share engine_config.memory.request asks for) and pages its KV cache
     between requests; tensor parallel across GPUs."""
 
-    def argv(self, run: ReplicaRun) -> list[str]:
+    def argv(self, run: Run) -> list[str]:
         plan = run.plan
         argv = [
             run.executable, "serve", run.model_path,
@@ -119,7 +117,7 @@ class Vllm(PagedProvider):
     # api_server.py, "if token := args.api_key or envs.VLLM_API_KEY"); one key only from the environment.
     internal_key_env: ClassVar[str | None] = "VLLM_API_KEY"
 
-    def environment(self, run: ReplicaRun) -> dict[str, str]:
+    def environment(self, run: Run) -> dict[str, str]:
         env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **gpu_env(run)}
         return {**env, **cache_env(run, "VLLM_CACHE_ROOT"), **self.sleep_launch(run)[1]}
 

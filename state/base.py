@@ -78,6 +78,31 @@ def process_start(pid: int) -> int | None:
     return stat[1] if stat else None
 
 
+def process_started_at(pid: int) -> float | None:
+    """When a process started, in seconds since the epoch (None when not known, or there is no such process)."""
+    start = process_start(pid)
+    if start is None:
+        return None
+    try:
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + start / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def writer_gone(pid: int, written: float) -> bool:
+    """Whether the process `pid` that wrote a file at `written` (its mtime) is gone from this machine: no such
+    process runs, or the pid is another process's now, started after the file was written (a reused pid).
+    Never this process."""
+    if pid == os.getpid():
+        return False
+    if not process_alive(pid):
+        return True
+    started = process_started_at(pid)
+    return started is not None and started > written + 1
+
+
 def process_alive(pid: int, start: int | None = None) -> bool:
     """Whether `pid` still runs here and is the same process (same start time, when known); a zombie is dead."""
     if pid <= 0:

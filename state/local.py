@@ -17,20 +17,27 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
+import stat
 import sys
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
-from engine_ctl.state.base import LockHeld, new_lock, now, stale_reason, unlock_command, who
+from engine_ctl.state.base import LockHeld, new_lock, now, stale_reason, unlock_command, who, writer_gone
 from pydantic import ValidationError
 
 from engine_ctl import __version__
+from engine_ctl.core.jsonbounds import MAX_STATE_BYTES, JsonBoundError, bounded_json_bytes
 from engine_ctl.core.record.model import FORMAT_VERSION, LockInfo, State, StateError, parse_state
 
 DEFAULT_NAME = "engine-ctl.state.json"
+LEFTOVER_AGE_S = 60.0
+"""A temporary file of a writer that is gone is removed once it is this old: a writer's own temporary file lives
+for milliseconds (written, synced, renamed), so one this old was left by a kill between the write and the rename."""
 UNREADABLE_PREFIX = "unreadable-"
 """The ID of a lock file that cannot be read: this prefix and the first 12 hex digits of the sha256 of its
 bytes, so `force-unlock` clears exactly the file that was reported, never one written since."""
@@ -54,6 +61,13 @@ def writable(state: State, location: str) -> None:
         raise StateError(f"refusing to write a state it could not read back (a bug in engine-ctl): {exc}") from None
 
 
+def private(path: Path) -> IO[str]:
+    """A new file (replacing any at `path`) that only its owner may read or write (0600)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "w")
+
+
 class LocalState:
     """A JSON file beside the documents (engine-ctl.state.json), its backup and its lock."""
 
@@ -71,16 +85,21 @@ class LocalState:
             return None
         return f"The previous state is in {self.backup}; to go back to it: cp {self.backup} {self.path}"
 
+    def _then(self) -> str:
+        recovery = self.recovery()
+        return f". {recovery}" if recovery else ""
+
     def read(self) -> State:
         if not self.path.exists():
             return State(engine_ctl_version=__version__)
         try:
-            raw = json.loads(self.path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            recovery = self.recovery()
-            raise StateError(
-                f"{self.path}: cannot read the state ({exc})" + (f". {recovery}" if recovery else "")
-            ) from None
+            with open(self.path, "rb") as f:  # never more than a state may be, whatever the file's size
+                raw = bounded_json_bytes(f.read(MAX_STATE_BYTES + 1), "state", MAX_STATE_BYTES)
+        except JsonBoundError as exc:
+            where = f"{self.path}:{exc.line}:{exc.column}" if exc.line is not None else str(self.path)
+            raise StateError(f"{where}: cannot read the state: {exc.message}" + self._then()) from None
+        except (OSError, ValueError) as exc:  # not UTF-8, not JSON (or a number past Python's digits limit)
+            raise StateError(f"{self.path}: cannot read the state ({exc})" + self._then()) from None
         version = raw.get("format_version") if isinstance(raw, dict) else None
         if not isinstance(version, int):
             raise StateError(f"{self.path}: not an engine-ctl state file (no format_version)")
@@ -107,13 +126,14 @@ class LocalState:
         data = json.dumps(new.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w") as f:
+        with private(tmp) as f:  # hosts, addresses, ports, key names: its owner's only
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         if self.path.exists():
             backup_tmp = self.backup.with_name(f".{self.backup.name}.{os.getpid()}.tmp")
             shutil.copyfile(self.path, backup_tmp)
+            os.chmod(backup_tmp, 0o600)
             os.replace(backup_tmp, self.backup)
         os.replace(tmp, self.path)
         dir_fd = os.open(self.path.parent, os.O_RDONLY)
@@ -121,6 +141,37 @@ class LocalState:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+    def _temporary(self) -> re.Pattern[str]:
+        """The names of this state's temporary files: .NAME.<pid>.tmp, .NAME.backup.<pid>.tmp (the state and its
+        backup, written under the lock) and .NAME.lock.<pid>.<id>.tmp (a lock file being created)."""
+        names = "|".join(re.escape(p.name) for p in (self.path, self.backup, self.lock_path))
+        return re.compile(rf"\.(?:{names})\.([1-9][0-9]{{0,9}})(?:\.[0-9a-f]{{1,8}})?\.tmp")
+
+    def clean_leftovers(self, age_s: float = LEFTOVER_AGE_S) -> list[Path]:
+        """Remove the temporary files that writers killed between a write and its rename left beside the state:
+        only those whose writer (the pid in the name) no longer runs on this machine (or whose pid another process
+        took since), older than `age_s`, and plain files. Called under the lock, so no writer that respects it is
+        between a write and a rename. Returns what was removed."""
+        pattern, removed = self._temporary(), []
+        try:
+            entries = list(os.scandir(self.path.parent))
+        except OSError:
+            return []
+        for entry in entries:
+            m = pattern.fullmatch(entry.name)
+            if m is None:
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode) or time.time() - st.st_mtime < age_s:
+                    continue
+                if writer_gone(int(m[1]), st.st_mtime):
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+            except OSError:
+                continue
+        return removed
 
     def lock_info(self) -> LockInfo | None:
         """Who holds the lock; None when nobody does. A lock file that cannot be read is reported as such,
@@ -209,6 +260,7 @@ class LocalState:
                     raise self._held(held)
                 time.sleep(0.2)
             try:
+                self.clean_leftovers()
                 yield info
             finally:
                 current = self.lock_info()

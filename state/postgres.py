@@ -29,7 +29,14 @@ from engine_ctl.state.base import LockHeld, new_lock, now, unlock_command, who
 from engine_ctl.state.local import writable
 
 from engine_ctl import __version__
+from engine_ctl.core.jsonbounds import MAX_STATE_BYTES, JsonBoundError, bounded_json, size_problem
 from engine_ctl.core.record.model import FORMAT_VERSION, LockInfo, Operation, State, StateError, parse_state
+
+READ_BOUNDED = (
+    "SELECT format_version, octet_length(body::text), "
+    "CASE WHEN octet_length(body::text) <= %s THEN body::text END FROM engine_ctl_state WHERE name = %s"
+)
+"""The state's text only when it is within the bound (else its size alone), so a huge row is never sent."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS engine_ctl_state (
@@ -198,17 +205,29 @@ class PostgresState:
     # --- the state ---
 
     def read(self) -> State:
+        """The state, read within bounds (engine_ctl.core.jsonbounds): its size is asked of the server first, and
+        its text is parsed only when it is within it, and within the nesting depth."""
         with self._tx() as cur:
-            cur.execute("SELECT format_version, body FROM engine_ctl_state WHERE name = %s", (self.name,))
+            cur.execute(READ_BOUNDED, (MAX_STATE_BYTES, self.name))
             row = cur.fetchone()
         if row is None:
             return State(engine_ctl_version=__version__)
-        version, body = row
+        version, size, text = row
         if version > FORMAT_VERSION:
             raise StateError(
                 f"{self.location}: written by a newer engine-ctl (state format {version}, this one reads "
                 f"{FORMAT_VERSION} and older); upgrade engine-ctl. The state was not changed."
             )
+        try:
+            if text is None:  # the server sent only its size
+                raise size_problem(int(size), "state", MAX_STATE_BYTES) or JsonBoundError("too large")
+            body = bounded_json(text, "state", MAX_STATE_BYTES)
+        except ValueError as exc:  # past a bound, or not JSON Python reads (a number past its digits limit)
+            why = f"{exc.where}{exc.message}" if isinstance(exc, JsonBoundError) else str(exc)
+            recovery = self._recovery()
+            raise StateError(
+                f"{self.location}: cannot read the state: {why}" + (f". {recovery}" if recovery else "")
+            ) from None
         return parse_state(body, self.location, self._recovery())
 
     def _recovery(self) -> str | None:
@@ -252,7 +271,9 @@ class PostgresState:
         self._check_session()
         body = json.dumps(new.model_dump(mode="json"), sort_keys=True)
         with self._tx() as cur:
-            cur.execute("SELECT serial, lineage, body FROM engine_ctl_state WHERE name = %s FOR UPDATE", (self.name,))
+            cur.execute(  # the replaced body as text: kept in the history as it is, never parsed here
+                "SELECT serial, lineage, body::text FROM engine_ctl_state WHERE name = %s FOR UPDATE", (self.name,)
+            )
             row = cur.fetchone()
             if row is None and replacing.serial == 0:
                 cur.execute(
@@ -274,12 +295,13 @@ class PostgresState:
                 (new.serial, new.lineage, body, FORMAT_VERSION, self.name),
             )
 
-    def _keep(self, cur: Any, serial: int, body: Any) -> None:
-        """The replaced version into the history (the latest one replaced at a serial wins), the oldest out."""
+    def _keep(self, cur: Any, serial: int, body: str | None) -> None:
+        """The replaced version (its JSON text) into the history (the latest one replaced at a serial wins), the
+        oldest out."""
         cur.execute(
             "INSERT INTO engine_ctl_state_history (name, serial, body) VALUES (%s, %s, %s) "
             "ON CONFLICT (name, serial) DO UPDATE SET body = EXCLUDED.body, replaced_at = now()",
-            (self.name, serial, json.dumps(body)),
+            (self.name, serial, body if body is not None else "null"),
         )
         cur.execute(
             "DELETE FROM engine_ctl_state_history WHERE name = %s AND serial <= %s", (self.name, serial - HISTORY_KEPT)

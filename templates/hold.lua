@@ -74,6 +74,52 @@ core.register_action("hold", { "http-req" }, function(txn)
     txn:set_var("txn.hold", "timeout")
 end, 0)
 
+-- A JSON body nested deeper than MAX_DEPTH is refused (400) before it reaches an engine: an engine's JSON parser
+-- may recurse once a level (llama-server's crashes with SIGSEGV past about 100,000 levels). The scan jumps from one
+-- bracket or quote to the next (string.find), so a request costs one pass over its body's brackets, and stops at
+-- the first level past the bound; brackets inside strings do not count.
+local MAX_DEPTH = 64
+local find, byte = string.find, string.byte
+local function too_deep(body)
+    local depth, pos = 0, 1
+    while true do
+        local at = find(body, '[%[%]{}"]', pos)
+        if at == nil then
+            return false
+        end
+        local c = byte(body, at)
+        pos = at + 1
+        if c == 34 then -- a string: on to its closing quote, past escaped characters
+            while true do
+                local q = find(body, '["\\]', pos)
+                if q == nil then
+                    return false
+                end
+                if byte(body, q) == 92 then
+                    pos = q + 2
+                else
+                    pos = q + 1
+                    break
+                end
+            end
+        elseif c == 91 or c == 123 then
+            depth = depth + 1
+            if depth > MAX_DEPTH then
+                return true
+            end
+        else
+            depth = depth - 1
+        end
+    end
+end
+
+core.register_action("depth", { "http-req" }, function(txn)
+    local body = txn.f:req_body()
+    if body ~= nil and #body > MAX_DEPTH * 2 and too_deep(body) then
+        txn:set_var("txn.too_deep", MAX_DEPTH)
+    end
+end, 0)
+
 -- GET /v1/models: every deployment the caller's key may use (scopes.map holds "<key>/<deployment>").
 core.register_service("models", "http", function(applet)
     local key = applet:get_var("txn.key") or ""

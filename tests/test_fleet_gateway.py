@@ -96,7 +96,7 @@ class GatewayProject:
         return proc
 
     def state(self) -> dict:  # type: ignore[type-arg]
-        return json.loads((self.docs / "engine-ctl.state.json").read_text())
+        return json.loads((self.path / "engine-ctl.state.json").read_text())
 
     def replicas(self, name: str) -> list[dict]:  # type: ignore[type-arg]
         return self.state()["deployments"][name]["replicas"]
@@ -112,7 +112,7 @@ class GatewayProject:
 def gw(fleet: Fleet, weights: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProject]:
     p = GatewayProject(tmp_path_factory.mktemp("gateway"), fleet)
     yield p
-    if (p.docs / "engine-ctl.state.json").exists():
+    if (p.path / "engine-ctl.state.json").exists():
         p.cli("destroy", "--auto-approve")
     fleet.ssh(p.gateway, "systemctl disable --now engine-ctl-gateway.service", check=False)
 
@@ -176,7 +176,7 @@ def test_plan_shows_the_gateway_and_apply_serves_both_deployments(gw: GatewayPro
     for model in ("gw-a", "gw-b"):
         assert ask(client, model) == model
         assert ask(client, model, stream=True) == model
-    state_text = (gw.docs / "engine-ctl.state.json").read_text()
+    state_text = (gw.path / "engine-ctl.state.json").read_text()
     assert KEY_ALL not in state_text and KEY_A not in state_text
     hosts = {r["host"] for r in gw.replicas("gw-a")}
     assert len(hosts) == 2 and gw.pinned.name not in hosts
@@ -303,7 +303,7 @@ def test_the_internal_key_is_on_the_hosts_only(gw: GatewayProject) -> None:
     assert gateway_map == f"gateway {key}\n" and len(key) == 64
     assert {t for p, t in keys.items() if p.endswith("/replica-key")} == {key + "\n"}
     assert any(p.endswith("replica-key.vllm.env") and t == f"VLLM_API_KEY={key}\n" for p, t in keys.items())
-    state_text = (gw.docs / "engine-ctl.state.json").read_text()
+    state_text = (gw.path / "engine-ctl.state.json").read_text()
     assert key not in state_text and not any(key in said for said in gw.said)
     assert key not in gw.cli("plan", "--json").stdout
 

@@ -68,7 +68,7 @@ class Lifecycle:
         return proc
 
     def state(self) -> dict:  # type: ignore[type-arg]
-        return json.loads((self.docs / "engine-ctl.state.json").read_text())
+        return json.loads((self.path / "engine-ctl.state.json").read_text())
 
     def on_engine_host(self, command: str) -> str:
         return self.fleet.ssh(self.engine_host, command, check=False).stdout.strip()
@@ -105,7 +105,7 @@ def lc(fleet: Fleet, weights: None, tmp_path_factory: pytest.TempPathFactory) ->
     applied = p.cli("apply", "--auto-approve")
     assert applied.returncode == 0, applied.stdout + applied.stderr
     yield p
-    if (p.docs / "engine-ctl.state.json").exists():
+    if (p.path / "engine-ctl.state.json").exists():
         p.cli("destroy", "--auto-approve")
     fleet.ssh(p.gateway, "systemctl disable --now engine-ctl-gateway.service", check=False)
 
@@ -223,13 +223,27 @@ def test_park_and_wake_of_a_llamacpp_deployment_is_a_restart(lc: Lifecycle) -> N
     assert woken.stdout.startswith("Waking lc from its park"), woken.stdout  # a wake, not a stop's words
     assert lc.unit_state() == "active" and lc.main_pid() != before  # restart_only: a new engine process
     assert lc.ask()[0] == 200
+    # --json: the same verbs for scripts, one document on stdout with stable fields
+    parked = lc.cli("park", "lc", "--json")
+    assert parked.returncode == 0, parked.stdout + parked.stderr
+    doc = json.loads(parked.stdout)
+    assert {k: doc[k] for k in ("format_version", "verb", "deployment")} == {"format_version": 1, "verb": "park",
+                                                                           "deployment": "lc"}  # fmt: skip
+    assert isinstance(doc["operation"], str) and doc["operation"]
+    woken = lc.cli("start", "lc", "--wait", "--json")
+    assert woken.returncode == 0, woken.stdout + woken.stderr
+    doc = json.loads(woken.stdout)
+    assert (doc["verb"], doc["ready"], doc["replicas"]) == ("start", 1, 1) and doc["hosts"], doc
+    unknown = lc.cli("stop", "nope", "--json")
+    assert unknown.returncode == 1
+    assert json.loads(unknown.stdout)["error"]["details"][0]["code"] == "unknown_deployment", unknown.stdout
 
 
 def test_a_park_asleep_is_parking_while_its_park_job_runs_then_parked(lc: Lifecycle) -> None:
     """An engine that sleeps (vLLM, SGLang) stays active while parked, so status asks its host for the park job
     (`park-<unit>`, a transient systemd unit). No such engine runs here: the record says a level-1 park of `lc`,
     and a real transient unit of that name stands for its job."""
-    path = lc.docs / "engine-ctl.state.json"
+    path = lc.path / "engine-ctl.state.json"
     before = path.read_text()
     doc = json.loads(before)
     doc["deployments"]["lc"]["operator"] = {"verb": "parked", "when": "2026-12-03T11:00:00+00:00", "level": 1}

@@ -32,7 +32,7 @@ def pw(fleet: Fleet, weights: None, tmp_path_factory: pytest.TempPathFactory) ->
     applied = p.cli("apply", "--auto-approve")
     assert applied.returncode == 0, applied.stdout + applied.stderr
     yield p
-    if (p.docs / "engine-ctl.state.json").exists():
+    if (p.path / "engine-ctl.state.json").exists():
         p.cli("destroy", "--auto-approve")
     fleet.ssh(p.gateway, f"systemctl disable --now engine-ctl-gateway.service {SCALER_UNIT}", check=False)
 

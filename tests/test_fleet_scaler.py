@@ -67,7 +67,7 @@ class ScalerProject:
         return proc
 
     def state(self) -> State:
-        return State.model_validate_json((self.docs / "engine-ctl.state.json").read_text())
+        return State.model_validate_json((self.path / "engine-ctl.state.json").read_text())
 
     def host_of(self, name: str) -> FleetHost:
         return next(h for h in self.fleet.hosts if h.name == name)
@@ -116,7 +116,7 @@ class ScalerProject:
             yield self
         finally:
             self.on_gateway(f"systemctl disable --now {SCALER_UNIT}", check=False)
-            if (self.docs / "engine-ctl.state.json").exists():
+            if (self.path / "engine-ctl.state.json").exists():
                 self.cli("destroy", "--auto-approve")
             self.on_gateway("systemctl disable --now engine-ctl-gateway.service", check=False)
 
@@ -244,5 +244,5 @@ def test_the_credential_cannot_run_an_arbitrary_command(sp: ScalerProject) -> No
     mode = sp.on_gateway(f"stat -c '%a %U' {SCALER_KEY}").stdout.split()
     assert mode == ["600", "root"]
     private = sp.on_gateway(f"sed -n 2p {SCALER_KEY}").stdout.strip()
-    assert private and private not in (sp.docs / "engine-ctl.state.json").read_text()
+    assert private and private not in (sp.path / "engine-ctl.state.json").read_text()
     assert private not in sp.cli("plan").stdout

@@ -9,12 +9,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
 
 from tests.helpers import run
 
+pytestmark = pytest.mark.slow  # fuzzing: the fast tier leaves it out (pytest -m 'not fleet and not slow')
 EXAMPLES = 1000
 LOCATED = re.compile(r"^(?P<file>[^\n]+?):(?P<line>\d+):(?P<col>\d+): (error|warning): ", re.M)
 

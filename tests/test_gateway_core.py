@@ -39,12 +39,12 @@ def load(text: str):  # type: ignore[no-untyped-def]
 
 
 def test_an_api_key_document_holds_the_hash_scope_and_expiry() -> None:
-    text = key_document("ci-bot", SHA, ["chat"], "2027-01-31")
+    text = key_document("ci-bot", SHA, ["chat"], "2099-01-31")
     result = load(text)
     assert not result.diagnostics
     (key,) = result.desired.api_keys
     assert (key.name, key.sha256, key.deployments) == ("ci-bot", SHA, ("chat",))
-    assert key.expires == parse_expiry("2027-01-31") == 1801353600
+    assert key.expires == parse_expiry("2099-01-31") == 4073500800
 
 
 def test_bad_api_key_documents_name_their_fields() -> None:
@@ -235,13 +235,13 @@ def test_a_saved_plan_with_an_edited_gateway_is_refused() -> None:
     forged.gateways[0].files["keys.map"] += "x y z\n"
     problems = gateway_tampering(forged.gateways, forged.changes, State(), inv)
     assert problems == [
-        "gateway edge: hold.lua differs from what engine-ctl renders",
-        "gateway edge: keys.map holds something other than names and hashes",
+        "gateway edge: hold.lua differs from what engine-ctl renders from the plan's inputs",
+        "gateway edge: keys.map differs from what engine-ctl renders from the plan's inputs",
     ]
 
 
 def test_key_new_prints_the_key_once_and_a_document_with_its_hash_only() -> None:
-    result = run("key", "new", "ci-bot", "--deployment", "chat", "--expires", "2027-01-31")
+    result = run("key", "new", "ci-bot", "--deployment", "chat", "--expires", "2099-01-31")
     assert result.exit_code == 0, result.output
     (key,) = [w for w in result.stderr.split() if w.startswith("ak-")]
     assert len(key) >= 3 + 43  # 256 bits, base64url

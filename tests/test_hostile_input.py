@@ -207,6 +207,7 @@ HOSTILE = st.one_of(
 )
 
 
+@pytest.mark.slow  # fuzzing
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(HOSTILE, min_size=1, max_size=3))
 def test_hostile_documents_are_read_in_bounded_time_and_memory(parts: list[str]) -> None:

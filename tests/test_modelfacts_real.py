@@ -11,7 +11,7 @@ from pathlib import Path
 from engine_ctl.providers import provider
 
 from engine_ctl.core.fit.fitting import kv_bytes_per_token
-from engine_ctl.core.fit.modelfacts import read_gguf
+from tests.gguf_reader import read_gguf
 from tests.llama import llama_server_dir, tiny_model
 
 

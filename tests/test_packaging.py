@@ -7,6 +7,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -27,6 +29,7 @@ def test_every_subpackage_in_the_tree_is_declared() -> None:
     assert packages - found == set(), f"listed packages that do not exist: {packages - found}"
 
 
+@pytest.mark.slow
 def test_wheel_and_sdist_install_and_run_outside_the_tree() -> None:
     """Build both, install each into a fresh venv, run --help, validate, plan and schema from an empty dir."""
     result = subprocess.run(

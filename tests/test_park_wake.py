@@ -77,10 +77,14 @@ def test_a_wake_belongs_to_its_park() -> None:
     assert woken_at(state.deployments["chat"], Woken(at=WHEN, park=ULID)) is None  # not parked
 
 
+ID = ULID
+"""The deployment's ID in running()'s state: the scaler writes it in each entry, and status reads only its own."""
+
+
 def woken_facts(facts: dict[str, HostFacts], park: str) -> dict[str, HostFacts]:
     """The facts as a gateway host that runs the scaler has them: its state.json says it woke `chat`."""
     decision = {"at": WHEN, "action": "woken", "reason": "woken by a request"}
-    entry = {"state": "Ready", "wanted": 1, "running": [0], "ready": 1, "woken": {"at": WHEN, "park": park},
+    entry = {"id": ID, "state": "Ready", "wanted": 1, "running": [0], "ready": 1, "woken": {"at": WHEN, "park": park},
              "decisions": [decision]}  # fmt: skip
     scaler = {"deployments": {"chat": entry}}
     return {h: f.model_copy(update={"scaler_state": scaler}) for h, f in facts.items()}

@@ -180,7 +180,9 @@ def test_a_deployment_made_again_under_its_name_keeps_none_of_the_old_ones_decis
 @pytest.mark.parametrize(
     "command",
     ["sh -c id", "start sshd.service", "stop engine-ctl-gateway.service", "start engine-ctl-chat-0a.service; id",
-     "start ../../etc/passwd", "", "is-active", "status now"],
+     "start ../../etc/passwd", "", "is-active", "status now", "reset-failed sshd.service",
+     "reset-failed engine-ctl-gateway.service", "reset-failed engine-ctl-scaler.service", "reset-failed",
+     "reset-failed engine-ctl-chat-0a.service extra"],
 )  # fmt: skip
 def test_the_forced_command_refuses_anything_else(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert scaler_command.main(command) == scaler_command.REFUSED

@@ -357,13 +357,18 @@ def test_a_lock_whose_process_died_here_is_cleared_by_the_next_command_at_once(
     assert not backend.lock_path.exists()
 
 
-def test_kill_9_of_a_command_holding_the_lock_frees_it_for_the_next_at_once(tmp_path: Path) -> None:
-    state = tmp_path / "engine-ctl.state.json"
+def _holder(state: Path) -> subprocess.Popen[str]:
+    """A live process that holds the lock of `state` for a minute (it prints `held` once it does)."""
     code = (
         "import sys, time; from pathlib import Path; from engine_ctl.state import LocalState\n"
         "with LocalState(Path(sys.argv[1])).lock('apply'):\n    print('held', flush=True); time.sleep(60)\n"
     )
-    child = subprocess.Popen([sys.executable, "-c", code, str(state)], stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-c", code, str(state)], stdout=subprocess.PIPE, text=True)
+
+
+def test_kill_9_of_a_command_holding_the_lock_frees_it_for_the_next_at_once(tmp_path: Path) -> None:
+    state = tmp_path / "engine-ctl.state.json"
+    child = _holder(state)
     assert child.stdout is not None and child.stdout.readline().strip() == "held"
     with pytest.raises(LockHeld), LocalState(state).lock("apply"):  # alive: refused
         pass
@@ -378,11 +383,7 @@ def test_kill_9_of_a_command_holding_the_lock_frees_it_for_the_next_at_once(tmp_
 
 def test_a_live_holder_is_not_stale(tmp_path: Path) -> None:
     state = tmp_path / "engine-ctl.state.json"
-    code = (
-        "import sys, time; from pathlib import Path; from engine_ctl.state import LocalState\n"
-        "with LocalState(Path(sys.argv[1])).lock('apply'):\n    print('held', flush=True); time.sleep(60)\n"
-    )
-    child = subprocess.Popen([sys.executable, "-c", code, str(state)], stdout=subprocess.PIPE, text=True)
+    child = _holder(state)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "held"
         with pytest.raises(LockHeld) as err, LocalState(state).lock("apply", timeout=0.3):

@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from engine_ctl.cli.environments import VARIABLE, beside, current_env, env_of_inventory, env_option, inventory_names
+from engine_ctl.cli.environments import (
+    VARIABLE,
+    beside,
+    current_env,
+    env_of_inventory,
+    env_option,
+    inventory_names,
+    project_root,
+)
 from engine_ctl.cli.views.output import console
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location, by_place
 from engine_ctl.core.documents.inventory import Inventory, load_inventory
@@ -218,7 +226,8 @@ def resolve_inventory(explicit: Path | None, loaded: LoadResult | None, known: I
 
 def find_inventory(explicit: Path | None, loaded: LoadResult | None) -> Inventory:
     """--inventory; else, for the environment (--env NAME: hosts.NAME.yaml; none: hosts.yaml), the one among the
-    documents, then the one beside them, then the one in the current directory. Another environment's inventory
+    documents, then the one beside them, then the one in the current directory, then the one in the project's root
+    above them (environments.project_root: where the state is found too). Another environment's inventory
     (hosts.production.yaml) is never taken for this one's."""
     if explicit is not None:
         return load_inventory(explicit)
@@ -231,7 +240,8 @@ def find_inventory(explicit: Path | None, loaded: LoadResult | None) -> Inventor
         if own:
             return own[-1]
     searched = beside([Path(p) for p in loaded.searched]) if loaded is not None else []
-    for directory in [*searched, Path(".")]:
+    places = [*searched, Path(".")]
+    for directory in dict.fromkeys([*places, *(project_root(d) for d in places)]):  # then up, as the state is found
         for name in names:
             if (directory / name).is_file():
                 return load_inventory(directory / name)

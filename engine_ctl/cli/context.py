@@ -11,10 +11,18 @@ from typing import Any
 import click
 
 from engine_ctl.cli.common import ENVIRONMENT, inventory_option, ssh_options
-from engine_ctl.cli.environments import current_env, env_option, state_file_name, state_for_env
+from engine_ctl.cli.environments import (
+    current_env,
+    env_option,
+    project_root,
+    state_file_name,
+    state_for_env,
+    states_below,
+)
 from engine_ctl.cli.views.output import console
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
-from engine_ctl.core.record.model import State, StateError
+from engine_ctl.core.documents.yamlsource import parse_text
+from engine_ctl.core.record.model import DeploymentRecord, State, StateError
 from engine_ctl.state import LocalState, StateBackend, open_backend
 from engine_ctl.state.local import DEFAULT_NAME
 
@@ -25,7 +33,8 @@ def state_option(f: Any) -> Any:
         "state_path",
         envvar=ENVIRONMENT["--state"],
         show_envvar=True,
-        help=f"The state: a file (default: {DEFAULT_NAME} beside the documents) or postgresql://…[#name]; "
+        help=f"The state: a file (default: {DEFAULT_NAME} in the project's root: the documents' directory, or the "
+        "current one, or the nearest above it holding an inventory or a state) or postgresql://…[#name]; "
         "with --env NAME, NAME's own state there.",
     )(f)
     return env_option(f)
@@ -77,17 +86,31 @@ def writing_options(f: Any) -> Any:
 
 
 def default_state_path(paths: tuple[Path, ...]) -> Path:
+    """The state file every command finds the same way: engine-ctl.state.json (engine-ctl.NAME.state.json with
+    --env NAME) in the project's root, the directory of the documents (or the current directory without them) or
+    the nearest one above it that holds an inventory or a state (environments.project_root)."""
     first = paths[0] if paths else Path(".")
     base = first if first.is_dir() else first.parent
-    return base / state_file_name(current_env(), DEFAULT_NAME)
+    return project_root(base) / state_file_name(current_env(), DEFAULT_NAME)
 
 
 def backend_for(explicit: str | None, paths: tuple[Path, ...]) -> StateBackend:
-    """The state: --state (with --env NAME, NAME's own state in that backend), else the file beside the
-    documents (engine-ctl.state.json; engine-ctl.NAME.state.json for an environment)."""
+    """The state: --state (with --env NAME, NAME's own state in that backend), else the file in the project's
+    root (default_state_path)."""
     if explicit:
         return open_backend(state_for_env(explicit, current_env()))
     return LocalState(default_state_path(paths))
+
+
+def state_exists(backend: StateBackend) -> bool:
+    """Whether the backend holds a state yet: a command that finds none never creates one (only apply and import
+    write a first state)."""
+    if isinstance(backend, LocalState):
+        return backend.path.exists()
+    try:
+        return backend.read().serial > 0
+    except StateError:
+        return True
 
 
 def reopen_string(backend: StateBackend) -> str:
@@ -130,3 +153,59 @@ def read_state(backend: StateBackend) -> State:
         return backend.read()
     except StateError as exc:
         raise InputError([Diagnostic(Location(backend.location), "", str(exc), code="state_error")]) from None
+
+
+NO_STATE_HINT = (
+    "run it where you run apply: the state is engine-ctl.state.json in the project's root (the documents' directory, "
+    "or the current one, or the nearest directory above it holding an inventory or a state); or pass the documents' "
+    "directory, or --state"
+)
+
+
+def no_state_hint(backend: StateBackend) -> str:
+    """Where to look when no state is here; a state right below (beside documents in deploy/, where an engine-ctl
+    before this rule wrote it) is named, with the move that makes every command find it."""
+    if isinstance(backend, LocalState):
+        found = states_below(backend.given.parent, backend.given.name)
+        if found:
+            names = ", ".join(str(f) for f in found)
+            return (f"found {names} below: move it here, with its .backup (mv {found[0]}* {backend.given.parent}/), "
+                    "or pass --state")  # fmt: skip
+    return NO_STATE_HINT
+
+
+def no_such_deployment(name: str, state: State, backend: StateBackend) -> InputError:
+    """The error for a deployment the state does not hold; where no state is at all, where it was looked for."""
+    if not state_exists(backend):
+        why = f"no state here: no deployment {name!r} was applied from this project"
+        return InputError([Diagnostic(Location(backend.location), "", why, hint=no_state_hint(backend),
+                                      code="unknown_deployment")])  # fmt: skip
+    known = ", ".join(sorted(state.deployments)) or "none"
+    return InputError([Diagnostic(Location("state"), "", f"no deployment named {name!r} in the state",
+                                  hint=f"deployments: {known}", code="unknown_deployment")])  # fmt: skip
+
+
+def unknown_hosts(
+    unknown: list[tuple[str, int, str]], records: list[DeploymentRecord], inventory: str,
+    backend: StateBackend | None,
+) -> list[Diagnostic]:  # fmt: skip
+    """Each replica on a host the inventory lacks, located where the state file names the host
+    (file:line:column of deployments.NAME.replicas[I].host)."""
+    source = None
+    if isinstance(backend, LocalState) and backend.path.is_file():
+        found, _ = parse_text(backend.path.read_text(errors="replace"), backend.location)
+        source = found[0] if found else None
+    out = []
+    index = {d.name: d for d in records}
+    for name, i, host in unknown:
+        where = ("deployments", name, "replicas", i, "host")
+        location = source.locate(where) if source is not None else Location(backend.location if backend else "state")
+        replica = index[name].replicas[i].index
+        out.append(Diagnostic(
+            location, f"deployments.{name}.replicas[{i}].host",
+            f"host {host!r}, where replica {replica} of {name} runs as the state records it, is not in the inventory "
+            f"{inventory}",
+            hint=f"pass the inventory {name} was applied with (--inventory, or --env NAME), or add {host} to it",
+            code="unknown_host",
+        ))  # fmt: skip
+    return out

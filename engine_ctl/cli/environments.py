@@ -4,7 +4,9 @@ the documents, and a state of its own in the state's backend; the documents are 
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,6 +18,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 VARIABLE = "ENGINE_CTL_ENV"
 NAME_RULE = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
 INVENTORY_FILE = re.compile(r"hosts\.([a-z0-9][a-z0-9_-]{0,39})\.ya?ml")
+_ENV = r"(\.[a-z0-9][a-z0-9_-]{0,39})?"
+PROJECT_MARKER = re.compile(rf"hosts{_ENV}\.ya?ml|engine-ctl{_ENV}\.state\.json")
+"""What makes a directory a project's root: an inventory (hosts.yaml, hosts.NAME.yaml) or a state
+(engine-ctl.state.json, engine-ctl.NAME.state.json), of any environment."""
 _META = "engine_ctl.env"
 
 
@@ -82,6 +88,52 @@ def state_for_env(location: str, env: str | None) -> str:
     return f"{location}.{env}"
 
 
+def _shared_places() -> set[Path]:
+    """Directories that are never a project's root when reached by walking up: the filesystem's root, the home
+    directory and the temporary directory (a stray hosts.yaml there must not join unrelated projects)."""
+    places = {Path("/"), Path(tempfile.gettempdir()).resolve()}
+    home = os.environ.get("HOME")
+    if home:
+        places.add(Path(home).resolve())
+    return places
+
+
+def is_project_root(directory: Path) -> bool:
+    try:
+        return any(PROJECT_MARKER.fullmatch(p.name) and p.is_file() for p in directory.iterdir())
+    except OSError:
+        return False
+
+
+def project_root(start: Path) -> Path:
+    """Where the state lives, found as git finds its repository: `start` (the documents' directory, or the current
+    one) if it holds an inventory or a state (PROJECT_MARKER), else the nearest directory above it that does. The
+    walk stops at a repository's root (a directory holding .git) and never takes the filesystem's root, the home
+    or the temporary directory; with no such directory, `start` itself."""
+    here = start.resolve()
+    if is_project_root(here):
+        return start
+    shared = _shared_places()
+    probe = here
+    while not (probe / ".git").exists() and probe.parent != probe:
+        probe = probe.parent
+        if probe in shared:
+            break
+        if is_project_root(probe):
+            return probe
+    return start
+
+
+def states_below(directory: Path, name: str) -> list[Path]:
+    """The state files `name` in the directories right below `directory`: where an engine-ctl before the project's
+    root rule wrote them (beside the documents, deploy/engine-ctl.state.json), for the hint of a command that finds
+    none here."""
+    try:
+        return sorted(d / name for d in directory.iterdir() if d.is_dir() and (d / name).is_file())
+    except OSError:
+        return []
+
+
 def beside(paths: tuple[Path, ...] | list[Path]) -> list[Path]:
     """The directories the documents are in: each directory given, and the directory of each file given."""
     out: list[Path] = []
@@ -99,6 +151,8 @@ __all__ = [
     "env_of_inventory",
     "env_option",
     "inventory_names",
+    "project_root",
     "state_file_name",
     "state_for_env",
+    "states_below",
 ]

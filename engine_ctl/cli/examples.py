@@ -5,7 +5,7 @@ from __future__ import annotations
 
 EXAMPLES: dict[str, list[str]] = {
     "apply": ["engine-ctl apply deploy/", "engine-ctl apply plan.json            # exactly the saved, reviewed plan"],
-    "delete": ["engine-ctl delete deployment chat"],
+    "delete": ["engine-ctl delete chat"],
     "destroy": ["engine-ctl destroy deploy/ --target chat"],
     "facts": ["engine-ctl facts --inventory hosts.yaml", "engine-ctl facts gpu-01 --json"],
     "force-unlock": ["engine-ctl force-unlock 6f1d0c52-8c3e-4a1b-9f27-0d4e5a6b7c8d"],
@@ -13,16 +13,16 @@ EXAMPLES: dict[str, list[str]] = {
     "logs": ["engine-ctl logs chat --follow"],
     "import": ["engine-ctl import deploy/ --inventory deploy/hosts.yaml"],
     "list": ["engine-ctl list", "engine-ctl list --json"],
-    "park": ["engine-ctl park deployment chat"],
+    "park": ["engine-ctl park chat"],
     "plan": ["engine-ctl plan deploy/", "engine-ctl plan deploy/ --out plan.json --detailed-exitcode"],
     "render": ["engine-ctl render chat deploy/ --inventory deploy/hosts.yaml"],
     "show": ["engine-ctl show plan.json --markdown > comment.md"],
     "restart": ["engine-ctl restart chat deploy/"],
     "schema": ["engine-ctl schema > engine-ctl.schema.json"],
-    "start": ["engine-ctl start deployment chat", "engine-ctl start deployment chat --wait"],
+    "start": ["engine-ctl start chat", "engine-ctl start chat --wait"],
     "state": ["engine-ctl state list", "engine-ctl state push --to postgresql://db.example/engine_ctl"],
     "status": ["engine-ctl status", "engine-ctl status chat --json"],
-    "stop": ["engine-ctl stop deployment chat"],
+    "stop": ["engine-ctl stop chat"],
     "validate": ["engine-ctl validate deploy/", "engine-ctl validate deploy/ --inventory deploy/hosts.yaml"],
 }
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from engine_ctl.cli.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
+from engine_ctl.cli.completion import host_names
 from engine_ctl.cli.views.output import console, emit_json
 from engine_ctl.core.sizes import gib
 from engine_ctl.shell.transport import connect_ahead
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 
 @click.command()
-@click.argument("hosts", nargs=-1)
+@click.argument("hosts", nargs=-1, shell_complete=host_names)
 @inventory_option
 @ssh_options
 @click.option("--json", "as_json", is_flag=True, help="Print a versioned JSON document.")
@@ -85,7 +86,8 @@ def host_table(f: HostFacts) -> Table:
     for u in f.units:
         table.add_row(
             f"unit {u.name}",
-            f"{u.active_state}/{u.sub_state} pid {u.main_pid} restarts {u.n_restarts} sha256 {(u.sha256 or '-')[:12]}",
+            f"{u.active_state}/{u.sub_state} pid {u.main_pid} restarts {u.n_restarts} sha256 {(u.sha256 or '-')[:12]}"
+            + (f"; {len(u.exits)} crash(es), last {u.last_crash}" if u.exits else ""),
         )
     table.add_row("ports", " ".join(map(str, f.ports_in_use)) or "-")
     table.add_row("models", f"{len(f.model_files)} file(s)")

@@ -58,6 +58,11 @@ def _show(adoption: Adoption, location: str) -> None:
             f"{a.status})" + (f": {a.note}" if a.note else ""),
             style="green",
         )
+    for g in adoption.adopted_gateways:
+        out.print(f"  + gateway on {g.host}: http://{g.endpoint}/v1" + (f": {g.note}" if g.note else ""), style="green")
+    for name in sorted(set(adoption.deployments) - set(adoption.ids)):
+        out.print(f"  · {name}: no host carries its ID (a scaler's state carries those it acts on); the next apply "
+                  "gives it a new one")  # fmt: skip
     if adoption.skipped:
         out.print("Left as they are:")
         for s in adoption.skipped:
@@ -70,6 +75,7 @@ def _written(state: State, adoption: Adoption, fingerprints: dict[str, str]) -> 
         update={
             "lineage": adoption.lineage,
             "deployments": adoption.deployments,
+            "gateways": adoption.gateways,
             "hosts": {h: HostRecord(facts_fingerprint=fp) for h, fp in sorted(fingerprints.items())},
         }
     )
@@ -143,6 +149,8 @@ def import_cmd(
                 "written": write,
                 "adopted": [a.model_dump(mode="json") for a in adoption.adopted],
                 "skipped": [s.model_dump(mode="json") for s in adoption.skipped],
+                "gateways": [g.model_dump(mode="json") for g in adoption.adopted_gateways],
+                "ids": adoption.ids,
             }
         )
         sys.exit(0)

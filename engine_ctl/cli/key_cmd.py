@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import secrets
 import sys
+import time
 
 import click
 
-from engine_ctl.core.documents.apikey import KEY_BYTES, KEY_PREFIX, key_document, key_sha256, parse_expiry
+from engine_ctl.core.documents.apikey import KEY_BYTES, KEY_PREFIX, key_document, key_sha256, new_expiry_problem
 from engine_ctl.core.names import NAME_MESSAGE, deployment_name_ok
 
 
@@ -42,8 +43,9 @@ def new(name: str, deployments: tuple[str, ...], expires: str | None) -> None:
     bad = [n for n in (name, *deployments) if not deployment_name_ok(n)]
     if bad:
         raise click.UsageError(f"{bad[0]!r}: {NAME_MESSAGE}")
-    if expires is not None and parse_expiry(expires) is None:
-        raise click.UsageError(f"--expires {expires!r}: a date (YYYY-MM-DD) or an ISO 8601 time")
+    problem = new_expiry_problem(expires, time.time()) if expires is not None else None
+    if problem:
+        raise click.UsageError(problem)
     value = KEY_PREFIX + secrets.token_urlsafe(KEY_BYTES)
     document = key_document(name, key_sha256(value), list(deployments) or None, expires)
     click.echo(f"API key {name} (shown once, never stored; give it to its user):\n\n  {value}\n", err=True)

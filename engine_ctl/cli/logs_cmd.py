@@ -19,12 +19,15 @@ from pathlib import Path
 import click
 
 from engine_ctl.cli.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
-from engine_ctl.cli.context import backend_for, read_state, state_option
+from engine_ctl.cli.completion import deployment_names
+from engine_ctl.cli.context import backend_for, no_such_deployment, read_state, state_option, unknown_hosts
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.documents.loader import load_paths
-from engine_ctl.core.record.model import ReplicaRecord
+from engine_ctl.core.plan.status import hosts_not_in
+from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord
 from engine_ctl.shell.transport import HostFailure, SSHOptions, Transport, fan_out, transport_for
+from engine_ctl.state import StateBackend
 
 DEFAULT_LINES = 100
 FIELDS = "MESSAGE,_SYSTEMD_UNIT,UNIT,SYSLOG_IDENTIFIER"
@@ -139,21 +142,18 @@ def _replicas(name: str, instance: int | None, records: list[ReplicaRecord]) -> 
     return sorted(chosen, key=lambda r: (r.index, r.host, r.unit))
 
 
-def _hosts(replicas: list[Replica], inventory_path: Path | None, paths: tuple[Path, ...]) -> list[Host]:
+def _hosts(
+    record: DeploymentRecord, replicas: list[Replica], inventory_path: Path | None, paths: tuple[Path, ...],
+    backend: StateBackend,
+) -> list[Host]:  # fmt: skip
+    """The hosts the replicas run on; one the inventory lacks is an error at the state's place that names it."""
     loaded = load_paths(list(paths)) if paths else None
     inventory = resolve_inventory(inventory_path, loaded)
     by_name = {h.name: h for h in inventory.hosts}
-    missing = sorted({r.host for r in replicas} - set(by_name))
-    if missing:
-        where = Location(inventory.file or "inventory")
-        why = f"host {', '.join(missing)} (where the state says replicas run) is not in the inventory"
-        raise InputError(
-            [
-                Diagnostic(
-                    where, "", why, hint="pass the inventory it was applied with (--inventory)", code="unknown_host"
-                )
-            ]
-        )
+    shown = {(r.host, r.unit) for r in replicas}
+    unknown = [u for u in hosts_not_in([record], set(by_name)) if (u[2], record.replicas[u[1]].unit) in shown]
+    if unknown:
+        raise InputError(unknown_hosts(unknown, [record], inventory.file or "the inventory", backend))
     return [by_name[h] for h in sorted({r.host for r in replicas})]
 
 
@@ -249,7 +249,7 @@ def _follow(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | N
 
 
 @click.command()
-@click.argument("deployment")
+@click.argument("deployment", shell_complete=deployment_names)
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--instance", type=click.IntRange(min=0), help="Only this instance (as status numbers them).")
 @click.option("--since", help="Only lines since T: 30s, 10m, 2h, 1d, or a time such as 2024-05-01T12:00.")
@@ -275,14 +275,13 @@ def logs(
     streams from all of them at once and stops on Ctrl-C."""
     since_arg = since_argument(since) if since is not None else None
     count = lines if lines is not None else (None if since_arg else DEFAULT_LINES)
-    state = read_state(backend_for(state_path, paths))
+    backend = backend_for(state_path, paths)
+    state = read_state(backend)
     record = state.deployments.get(deployment)
     if record is None:
-        known = ", ".join(sorted(state.deployments)) or "none"
-        raise InputError([Diagnostic(Location("state"), "", f"no deployment named {deployment!r} in the state",
-                                     hint=f"deployments: {known}", code="unknown_deployment")])  # fmt: skip
+        raise no_such_deployment(deployment, state, backend)
     replicas = _replicas(deployment, instance, record.replicas)
-    hosts = _hosts(replicas, inventory_path, paths)
+    hosts = _hosts(record, replicas, inventory_path, paths, backend)
     by_host: dict[str, list[Replica]] = {}
     for r in replicas:
         by_host.setdefault(r.host, []).append(r)

@@ -47,9 +47,10 @@ from engine_ctl.cli.views.output import console, emit_json
 from engine_ctl.cli.views.plan import RICH_STYLES, plan_json, plan_markdown, render_plan
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Inventory, load_inventory
+from engine_ctl.core.jsonbounds import MAX_PLAN_BYTES
 from engine_ctl.core.model import DesiredState
 from engine_ctl.core.plan.changes import DELETE, Plan
-from engine_ctl.core.plan.gateway import gateway_tampering
+from engine_ctl.core.plan.gateway import GatewayChange, gateway_tampering
 from engine_ctl.core.plan.planner import destroy_refusals
 from engine_ctl.core.plan.refresh import refresh_state
 from engine_ctl.core.plan.revisions import mismatches as revision_mismatches
@@ -62,6 +63,7 @@ from engine_ctl.core.record.requests import finish as finish_request
 from engine_ctl.core.weights import Checkout
 from engine_ctl.shell.apply import ApplyEvent, Executor, Recorder, utc_now
 from engine_ctl.shell.fetch import HubAccess
+from engine_ctl.shell.gateway.teardown import teardown
 from engine_ctl.shell.gather import gather
 from engine_ctl.shell.pinning import Pinner, unresolved
 from engine_ctl.shell.transport import Ahead, HostFailure, Kept, SSHOptions, connect_ahead
@@ -178,13 +180,15 @@ def plan(
 
 def _load_plan_file(path: Path) -> Plan | None:
     try:
-        text = path.read_text()
+        with path.open("rb") as f:
+            text = f.read(MAX_PLAN_BYTES + 1).decode()  # never more than a plan may be, whatever the file's size
     except (OSError, UnicodeDecodeError):
         return None
     try:
         return decode_plan(text)
     except PlanFileError as exc:
-        raise InputError([Diagnostic(Location(str(path)), "", str(exc), code="not_a_plan")]) from None
+        where = Location(str(path), exc.line, exc.column)
+        raise InputError([Diagnostic(where, "", str(exc), code="not_a_plan")]) from None
 
 
 PROMPTS = {
@@ -352,7 +356,24 @@ def for_destroy(plan: Plan) -> Plan:
             continue
         replicas = [r.model_copy(update={"reason": "destroyed"}) for r in c.replicas]
         changes.append(c.model_copy(update={"reasons": [f"{asked} destroys it"], "replicas": replicas}))
-    return plan.model_copy(update={"changes": changes, "absent": []})
+    gateways = plan.gateways
+    if not plan.targets:  # everything: each gateway engine-ctl set up goes too (its role in the inventory or not)
+        gateways = [GatewayChange(host=g.host, action=["delete"], endpoint=g.endpoint, reasons=[f"{asked} removes it"])
+                    for g in plan.gateways if g.action != ["create"]]  # fmt: skip
+    return plan.model_copy(update={"changes": changes, "absent": [], "gateways": gateways})
+
+
+def _teardown(plan: Plan, inventory: Inventory, options: SSHOptions, stderr: bool) -> int:
+    """After a destroy of everything: engine-ctl's keys, gateway and scaler files off every host it reached (the
+    replicas' key kept where another state still has units). 1 when a host could not be cleared."""
+    shared = {u.host for u in plan.owned_elsewhere}
+    gateways = {g.host for g in plan.gateways} | {h.name for h in inventory.gateways()}
+    hosts = [h for h in inventory.hosts if h.name in plan.host_fingerprints]
+    out = console(stderr=stderr)
+    failed = teardown(hosts, gateways, shared, options, out.print)
+    for why in failed:
+        out.print(f"error: destroy could not clear {why}; run engine-ctl destroy again")
+    return 1 if failed else 0
 
 
 def _plan_for(
@@ -542,14 +563,17 @@ def destroy(
         events = JsonEvents() if as_json else None
         show_plan(result, "destroy", stderr=as_json)
         report_failures(failures)
-        if not result.changes or result.refused:  # refused (prevent_destroy): nothing is destroyed
-            code = 1 if result.refused else 0
+        if not (result.changes or result.gateways) or result.refused:  # refused (prevent_destroy): nothing is
+            code = 1 if result.refused else 0  # destroyed
             if events is not None:
                 events.plain("finished", command="destroy", result="no changes", exit_code=code, unrecorded=[])
             sys.exit(code)
         _confirm(auto_approve, "destroy", as_json)
-        sys.exit(execute(result, inventory, backend, state, options, "destroy", events, request.id, fanout=parallel,
-                         transports=kept))  # fmt: skip
+        code = execute(result, inventory, backend, state, options, "destroy", events, request.id, fanout=parallel,
+                       transports=kept)  # fmt: skip
+        if code == 0 and not targets:
+            code = _teardown(result, inventory, options, stderr=as_json)
+        sys.exit(code)
 
 
 __all__ = ["apply", "destroy", "plan", "restart"]

@@ -15,6 +15,7 @@ from engine_ctl.cli.common import (
     ssh_options,
     ssh_settings,
 )
+from engine_ctl.cli.completion import deployment_names
 from engine_ctl.cli.context import backend_for, read_state, state_option
 from engine_ctl.cli.views.output import console, emit_json
 from engine_ctl.cli.views.plan import context_meaning, memory_value
@@ -29,7 +30,7 @@ FORMAT_VERSION = 1
 
 
 @click.command()
-@click.argument("deployment")
+@click.argument("deployment", shell_complete=deployment_names)
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @click.option(
     "--host", "host_names", multiple=True,

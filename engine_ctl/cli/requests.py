@@ -14,7 +14,7 @@ from typing import Any
 import click
 from ulid import ULID
 
-from engine_ctl.cli.context import backend_for
+from engine_ctl.cli.context import backend_for, state_exists
 from engine_ctl.cli.views.output import console
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.record.model import REQUESTS_KEPT, RequestRecord, State, StateError
@@ -159,6 +159,8 @@ def _record_verb(backend: StateBackend, request_id: str, command: str, code: int
     """The verb's request, finished with its exit status; None: cut off, recorded unfinished (a state that cannot be
     written is said, not raised)."""
     result = "done" if code == 0 else f"refused or failed (exit status {code})"
+    if not state_exists(backend):  # a verb refused where no state is: none is made to record it
+        return
     try:
         with backend.lock(f"{command} (request {request_id})", timeout=10):
             state = backend.read()

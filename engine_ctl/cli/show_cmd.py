@@ -6,7 +6,6 @@ carry out (apply still refuses it if it is stale or not engine-ctl's own).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -17,11 +16,10 @@ from engine_ctl.cli.views.plan import RICH_STYLES, plan_json, plan_markdown, ren
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.loader import classify
 from engine_ctl.core.documents.yamlsource import parse_text
+from engine_ctl.core.jsonbounds import MAX_PLAN_BYTES, bounded_json
 from engine_ctl.core.plan.changes import Plan
 from engine_ctl.core.plan.savedplan import PlanFileError, decode_plan
 
-MAX_PLAN_BYTES = 256 * 1024 * 1024
-"""A saved plan of thousands of deployments is tens of MiB; past this a file is not one engine-ctl wrote."""
 HINT = "save a plan with `engine-ctl plan PATHS --out FILE`, then `engine-ctl show FILE`"
 DOCUMENT_KINDS = {
     "Deployment": "a deployment",
@@ -55,7 +53,9 @@ def read_plan(path: Path) -> Plan:
     try:
         plan = decode_plan(text)
     except PlanFileError as exc:
-        raise _refuse(path, str(exc), hint="engine-ctl can show only plans it can read") from None
+        where = Location(str(path), exc.line, exc.column)
+        hint = "engine-ctl can show only plans it can read"
+        raise InputError([Diagnostic(where, "", str(exc), hint=hint, code="not_a_plan")]) from None
     if plan is None:
         raise _refuse(path, f"is not a saved plan: it is {what_it_is(text, str(path))}")
     return plan
@@ -71,8 +71,8 @@ def what_it_is(text: str, file: str) -> str:
     if stripped.startswith(("engine-ctl will perform", "No changes.", "Plan: ")):
         return "a plan's terminal output, which cannot be applied"
     try:
-        data = json.loads(text)
-    except ValueError:
+        data = bounded_json(text, "saved plan", MAX_PLAN_BYTES)
+    except ValueError:  # not JSON, or past the bounds: the YAML reader has its own
         return _yaml_kind(text, file)
     return _json_kind(data)
 

@@ -12,7 +12,16 @@ from rich.table import Table
 
 from engine_ctl.cli import state_cmd, state_move
 from engine_ctl.cli.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
-from engine_ctl.cli.context import backend_for, read_state, state_option
+from engine_ctl.cli.completion import deployment_names
+from engine_ctl.cli.context import (
+    backend_for,
+    no_state_hint,
+    no_such_deployment,
+    read_state,
+    state_exists,
+    state_option,
+    unknown_hosts,
+)
 from engine_ctl.cli.views.output import console, emit_json
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.loader import load_paths
@@ -24,7 +33,9 @@ from engine_ctl.core.plan.status import (
     DeploymentStatus,
     deployment_status,
     held_view,
+    hosts_not_in,
     initialize_text,
+    scaler_entries,
     startup_text,
 )
 from engine_ctl.core.plan.wake import WOKEN_OPERATION, woken_at, woken_status
@@ -33,6 +44,7 @@ from engine_ctl.core.render.gateway import endpoint_of
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.gather import gather
 from engine_ctl.shell.transport import HostFailure, SSHOptions
+from engine_ctl.state import StateBackend
 
 FORMAT_VERSION = 1
 
@@ -57,15 +69,20 @@ def name_and_paths(name: str | None, paths: tuple[Path, ...]) -> tuple[str | Non
 def _live(
     records: list[DeploymentRecord], inventory_path: Path | None, paths: tuple[Path, ...], options: SSHOptions,
     parallel: int, addresses: dict[str, str] | None = None, gateways: list[tuple[str, str]] | None = None,
+    backend: StateBackend | None = None,
 ) -> tuple[dict[str, HostFacts], dict[str, HostFailure]]:  # fmt: skip
     """Facts and health of the hosts the shown deployments run on, and of the gateway hosts (whose (host,
     endpoint) pairs are added to `gateways`); none (and no inventory) when they run nowhere. `addresses`, when
-    given, is filled with each such host's address from the inventory."""
+    given, is filled with each such host's address from the inventory. A replica recorded on a host the inventory
+    does not have is an error at the state's place that names it (never shown as merely unreachable)."""
     used = {r.host for d in records for r in d.replicas}
     if not used:
         return {}, {}
     loaded = load_paths(list(paths)) if paths else None
     inventory = resolve_inventory(inventory_path, loaded)
+    unknown = hosts_not_in(records, {h.name for h in inventory.hosts})
+    if unknown:
+        raise InputError(unknown_hosts(unknown, records, inventory.file or "the inventory", backend))
     if gateways is not None:
         gateways += [(h.name, endpoint_of(h)) for h in inventory.gateways()]
     used |= {h.name for h in inventory.gateways()}
@@ -91,7 +108,9 @@ def _statuses(
     facts: dict[str, HostFacts],
     gateways: list[tuple[str, str]] | None = None,
 ) -> list[DeploymentStatus]:
-    views = scaler_views_of(facts[h] for h, _ in gateways or [] if h in facts)
+    own = [facts[h].model_copy(update={"scaler_state": scaler_entries(facts[h].scaler_state, state.deployments)})
+           for h, _ in gateways or [] if h in facts]  # fmt: skip
+    views = scaler_views_of(own)
     return [_one_status(state.deployments[n], facts, gateways or [], views.get(n)) for n in names]
 
 
@@ -171,21 +190,27 @@ def list_cmd(
     records = [state.deployments[n] for n in names]
     gateways: list[tuple[str, str]] = []
     facts, failures = _live(
-        records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel, gateways=gateways
+        records,
+        inventory_path,
+        paths,
+        ssh_settings(accept_new_host_keys),
+        parallel,
+        gateways=gateways,
+        backend=backend,
     )
     statuses = _statuses(state, names, facts, gateways)
     statuses = _asleep(statuses, records, inventory_path, paths, ssh_settings(accept_new_host_keys))
     if as_json:
         emit_json(list_json(statuses))
     else:
-        console().print(list_table(statuses) if statuses else _no_deployments(backend.location))
+        console().print(list_table(statuses) if statuses else _no_deployments(backend))
         _sleep_warning(records)
         report_failures(failures)
     sys.exit(1 if failures else 0)
 
 
 @click.command()
-@click.argument("name", required=False)
+@click.argument("name", required=False, shell_complete=deployment_names)
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @inventory_option
 @state_option
@@ -208,8 +233,9 @@ def status(
 
     `status deployment NAME` and `status NAME` are the same. NAME is read as a path, not a deployment, when it
     looks like one (it has a / or ends in .yaml, .yml or .json, or is . or ..) or is an existing file or
-    directory: `engine-ctl status .` shows every deployment of the state beside the documents in the current
-    directory.
+    directory: `engine-ctl status .` shows every deployment of the current directory's project. The state is
+    engine-ctl.state.json in the project's root: the documents' directory (or the current one), or the nearest
+    directory above it that holds an inventory or a state, as apply finds it.
     """
     if name == "deployment" and paths and not is_path(str(paths[0])):
         name, paths = str(paths[0]), paths[1:]
@@ -225,20 +251,12 @@ def _status(
     state = read_state(backend)
     names = [name] if name else sorted(state.deployments)
     if name and name not in state.deployments:
-        known = ", ".join(sorted(state.deployments)) or "none"
-        problem = Diagnostic(
-            Location("state"),
-            "",
-            f"no deployment named {name!r} in the state",
-            hint=f"deployments: {known}",
-            code="unknown_deployment",
-        )
-        raise InputError([problem])
+        raise no_such_deployment(name, state, backend)
     records = [state.deployments[n] for n in names]
     addresses: dict[str, str] = {}
     gateways: list[tuple[str, str]] = []
     facts, failures = _live(
-        records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel, addresses, gateways
+        records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel, addresses, gateways, backend
     )
     statuses = _statuses(state, names, facts, gateways)
     statuses = _asleep(statuses, records, inventory_path, paths, ssh_settings(accept_new_host_keys))
@@ -247,7 +265,7 @@ def _status(
         sys.exit(1 if failures else 0)
     out = console()
     if not statuses:
-        out.print(_no_deployments(backend.location))
+        out.print(_no_deployments(backend))
     _sleep_warning(records)
     for s in statuses:
         out.print(deployment_table(s))
@@ -379,8 +397,12 @@ def _slot(unit: str) -> str:
     return parsed.slot if parsed else "?"
 
 
-def _no_deployments(location: str) -> str:
-    return f"No deployments in the state ({location}); `engine-ctl apply` records them."
+def _no_deployments(backend: StateBackend) -> str:
+    if not state_exists(backend):
+        hint = no_state_hint(backend)
+        hint = hint[0].upper() + hint[1:]
+        return f"No state at {backend.location}: nothing was applied from this project. {hint}."
+    return f"No deployments in the state ({backend.location}); `engine-ctl apply` records them."
 
 
 @click.group(name="state")
@@ -399,10 +421,24 @@ state_group.add_command(state_cmd.state_history)
 @state_group.command(name="list")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @state_option
-def state_list(paths: tuple[Path, ...], state_path: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="A versioned JSON document: the state's serial, lineage and "
+              "each deployment's ID, revision, state and replicas.")  # fmt: skip
+def state_list(paths: tuple[Path, ...], state_path: str | None, as_json: bool) -> None:
     """The deployments in the state, with revision and replicas."""
     backend = backend_for(state_path, paths)
     state = read_state(backend)
+    if as_json:
+        emit_json({
+            "format_version": FORMAT_VERSION, "state": backend.location, "serial": state.serial,
+            "lineage": state.lineage,
+            "deployments": [
+                {"name": name, "id": rec.id, "revision": rec.revision, "state": rec.state,
+                 "replicas": [{"index": r.index, "host": r.host, "unit": r.unit, "port": r.port,
+                               "revision": r.revision, "status": r.status} for r in rec.replicas]}
+                for name, rec in sorted(state.deployments.items())
+            ],
+        })  # fmt: skip
+        return
     out = console()
     out.print(f"# {backend.location}: serial {state.serial}, lineage {state.lineage}")
     for name, rec in sorted(state.deployments.items()):

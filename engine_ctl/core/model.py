@@ -13,6 +13,8 @@ from pydantic import (
     model_validator,
 )
 
+from engine_ctl.providers import AUTO, PROVIDERS, deployment_option_keys, recorded_unset_keys
+
 Format = Literal["gguf", "safetensors"]
 FORMAT_TITLES = {"gguf": "GGUF", "safetensors": "safetensors"}
 """How a format is written in prose."""
@@ -20,7 +22,7 @@ OptionValue = bool | int | float | str
 
 
 class Value(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class HfRef(Value):
@@ -137,8 +139,6 @@ class Deployment(Value):
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, engine: str) -> str:
-        from engine_ctl.providers import AUTO, PROVIDERS
-
         if engine != AUTO and engine not in PROVIDERS:
             raise ValueError(f"engine {engine!r}: {AUTO} or one of {', '.join(PROVIDERS)}")
         return engine
@@ -149,8 +149,6 @@ class Deployment(Value):
         """A recorded spec (a saved plan's) names engine options as fields of their own: gather them again."""
         if not isinstance(data, dict):
             return data
-        from engine_ctl.providers import deployment_option_keys
-
         keys = deployment_option_keys() & data.keys()
         if not keys:
             return data
@@ -161,8 +159,6 @@ class Deployment(Value):
     def _flat_options(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """engine_options written flat in their place: {…, "cuda_graphs": null, "prevent_destroy": …}. The keys
         records always carried (recorded_when_unset) are there when not set too; any other only when set."""
-        from engine_ctl.providers import recorded_unset_keys
-
         data: dict[str, Any] = handler(self)
         if "engine_options" not in data:
             return data

@@ -144,6 +144,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
             text=hide_secrets_in(u["text"]) if isinstance(u.get("text"), str) else None,  # never a token kept
             header=parse_unit_header([str(x) for x in u.get("header") or []]),
             body_sha256=u.get("body_sha256"),
+            exits=tuple(str(x) for x in u.get("exits") or []),
         )
         for u in doc.get("units") or []
     )
@@ -197,6 +198,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         haproxy_version=doc.get("haproxy"),
         gateway_files=(doc.get("gateway") or {}).get("files") if doc.get("gateway") else None,
         gateway_servers=dict((doc.get("gateway") or {}).get("servers") or {}),
+        gateway_maps=(doc.get("gateway") or {}).get("maps"),
         scaler_state=doc["scaler"] if isinstance(doc.get("scaler"), dict) else None,
         psql=doc.get("psql", ""),
         ip_filtering=doc.get("cgroup2"),

@@ -31,7 +31,7 @@ SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class _Doc(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, defer_build=True)
 
 
 class ApiKeyMetadata(_Doc):
@@ -79,6 +79,17 @@ def parse_expiry(text: str) -> int | None:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp())
+
+
+def new_expiry_problem(text: str, now: float) -> str | None:
+    """Why `key new --expires TEXT` is refused at epoch `now` (not a date or time, or not after now); None if fine."""
+    when = parse_expiry(text)
+    if when is None:
+        return f"--expires {text!r}: a date (YYYY-MM-DD) or an ISO 8601 time"
+    if when <= now:
+        said = datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return f"--expires {text!r}: {said} is already past: the key would never work; give a later date or time"
+    return None
 
 
 def api_key_from(doc: SourceDocument) -> tuple[ApiKey | None, list[Diagnostic]]:

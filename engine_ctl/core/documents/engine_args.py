@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine_ctl.core.documents.yamlsource import bad_character
-from engine_ctl.providers.base import Provider
+from engine_ctl.providers.base import Provider, flag_name, is_flag
 
 MAX_ARGS = 64
 MAX_ARG_CHARS = 4096
@@ -23,18 +23,6 @@ class ArgProblem:
     """One of engine_ctl.core.diagnostics.CODES."""
 
 
-def _is_flag(token: str) -> bool:
-    if not token.startswith("-") or token in ("-", "--"):
-        return False
-    # Negative numbers are values: --seed -1, --rope-freq-scale -0.5
-    body = token[1:]
-    return not (body[:1].isdigit() or (body[:1] == "." and body[1:2].isdigit()))
-
-
-def flag_name(token: str) -> str:
-    return token.split("=", 1)[0]
-
-
 def check_engine_args(args: Sequence[str], provider: Provider, field: str) -> list[ArgProblem]:
     """All problems with `args` for `provider`; `field` is how the list is named in messages."""
     problems: list[ArgProblem] = []
@@ -49,7 +37,7 @@ def check_engine_args(args: Sequence[str], provider: Provider, field: str) -> li
         if unsafe:
             problems.append(unsafe)
             continue
-        if not _is_flag(token):
+        if not is_flag(token):
             if i == 0:
                 problems.append(
                     ArgProblem(
@@ -125,15 +113,3 @@ def _check_flag(i: int, where: str, name: str, provider: Provider) -> list[ArgPr
     if name not in provider.allowed_flags:
         return [ArgProblem(i, f"{where} {name}: {off_list}", code="flag_not_allowed")]
     return []
-
-
-def split_flags(args: Sequence[str]) -> list[tuple[str, str | None]]:
-    """[('--temp', '0.7'), ('--jinja', None)] from a checked argument list."""
-    out: list[tuple[str, str | None]] = []
-    for token in args:
-        if _is_flag(token):
-            name, eq, value = token.partition("=")
-            out.append((name, value if eq else None))
-        elif out and out[-1][1] is None:
-            out[-1] = (out[-1][0], token)
-    return out

@@ -45,7 +45,7 @@ Capability = Literal[
 
 
 class Doc(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, defer_build=True)
 
 
 class Metadata(Doc):

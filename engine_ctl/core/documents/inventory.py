@@ -39,7 +39,7 @@ EXECUTABLE_MESSAGE = "an absolute path of letters, digits and / . _ + : = , @ - 
 
 
 class _Doc(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, defer_build=True)
 
 
 if TYPE_CHECKING:
@@ -169,7 +169,7 @@ class ScalingSettings(_Doc):
 class ScalerLockSettings(BaseModel):
     """scaling.lock as given (engine_ctl.core.plan.scalerlock fills in the rest from the state's DSN)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     host: str | None = None
     port: int | None = None
@@ -181,7 +181,7 @@ class ScalerLockSettings(BaseModel):
 
 
 class Scaling(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     decide_every_s: int = 120
     poll_s: int = 15
@@ -204,7 +204,7 @@ class InventoryDocument(_Doc):
 class Host(BaseModel):
     """A host, with the defaults applied."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     name: str
     address: str
@@ -232,7 +232,7 @@ class Host(BaseModel):
 
 
 class Downloads(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     enabled: bool = True
     cap_bytes: int | None = DEFAULT_DOWNLOAD_CAP
@@ -240,7 +240,7 @@ class Downloads(BaseModel):
 
 
 class GatewaySettings(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     hold_s: int = DEFAULT_HOLD_S
     hold_cap: int = DEFAULT_HOLD_CAP
@@ -248,7 +248,7 @@ class GatewaySettings(BaseModel):
 
 
 class Inventory(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     file: str | None = None
     hosts: tuple[Host, ...] = ()

@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterator, Sequence
 
 from engine_ctl.core.diagnostics import Diagnostic, Location
-from engine_ctl.core.documents.engine_args import check_engine_args, split_flags
+from engine_ctl.core.documents.engine_args import check_engine_args
 from engine_ctl.core.model import (
     FORMAT_TITLES,
     Deployment,
@@ -28,6 +28,7 @@ from engine_ctl.providers import (
     provider_for_format,
     titles,
 )
+from engine_ctl.providers.base import split_flags
 
 NAME_RULE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 NAME_MESSAGE = "lowercase letters, digits and -, not starting or ending with -, at most 40 characters"

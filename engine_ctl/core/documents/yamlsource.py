@@ -9,18 +9,34 @@ import datetime
 import re
 import unicodedata
 import warnings
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.composer import Composer, MaxDepthExceededError
+from ruamel.yaml.constructor import RoundTripConstructor
 from ruamel.yaml.error import MarkedYAMLError, ReusedAnchorWarning, StreamMark, YAMLError
-from ruamel.yaml.events import AliasEvent
+from ruamel.yaml.events import (
+    AliasEvent,
+    MappingEndEvent,
+    MappingStartEvent,
+    ScalarEvent,
+    SequenceEndEvent,
+    SequenceStartEvent,
+)
+from ruamel.yaml.resolver import VersionedResolver
+from ruamel.yaml.tag import Tag
 
 from engine_ctl.core.diagnostics import Diagnostic, Location, format_path
-from engine_ctl.core.render.systemd_escape import NONCHARACTERS
+
+try:  # ruamel's binding of libyaml (ruamel.yaml.clib): the same events as its pure parser, about 30x faster
+    from _ruamel_yaml import CParser
+except ImportError:  # pragma: no cover - without it, the pure parser reads every file
+    CParser = None
 
 DOCUMENT_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -145,6 +161,11 @@ def character_name(ch: str) -> str:
     return f"U+{ord(ch):04X} ({name})"
 
 
+NONCHARACTERS = "\ufdd0-\ufdef" + "".join(
+    chr(plane + 0xFFFE) + chr(plane + 0xFFFF) for plane in range(0, 0x110000, 1 << 16)
+)
+"""Unicode's noncharacters, as a regular expression's character class: systemd refuses a line holding one as not
+UTF-8 clean and ignores the directive (utf8.c, unichar_is_valid), so a unit with one in its ExecStart= has none."""
 NONCHARACTER = re.compile(f"[{NONCHARACTERS}]")
 """Unicode's noncharacters (U+FDD0..U+FDEF, the last two code points of every plane): systemd refuses a unit line
 holding one as not UTF-8 clean and drops the directive, so none may reach a unit."""
@@ -348,15 +369,34 @@ def parse_text(text: str, file: str) -> tuple[list[SourceDocument], list[Diagnos
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_FILE_BYTES:
         return [], [_size_diagnostic(file, text, size)]
+    docs = _fast_documents(text, file)
+    if docs is None:
+        docs, problems = _pure_documents(text, file)
+        if problems:
+            return [], problems
+    if not docs:
+        return [], [
+            Diagnostic(
+                Location(file, 1, 1),
+                "",
+                "empty file: no document in it",
+                hint="write a deployment document",
+                code="empty_file",
+            )
+        ]
+    return docs, []
+
+
+def _pure_documents(text: str, file: str) -> tuple[list[SourceDocument], list[Diagnostic]]:
+    """ruamel's round-trip loader, parser included, in Python: the reference, and every error's message."""
     yaml = YAML(typ="rt")
     yaml.allow_duplicate_keys = False
     yaml.max_depth = MAX_DEPTH
     yaml.Composer = BoundedComposer
-    docs: list[SourceDocument] = []
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ReusedAnchorWarning)
-            docs = _load_all(yaml, text, file)
+            return _documents(yaml.load_all(text), file), []
     except (LimitExceeded, MaxDepthExceededError) as exc:
         return [], [_limit_diagnostic(file, exc)]
     except MarkedYAMLError as exc:
@@ -373,22 +413,31 @@ def parse_text(text: str, file: str) -> tuple[list[SourceDocument], list[Diagnos
         ]
     except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
         return [], [Diagnostic(Location(file, 1, 1), "", f"cannot read document: {exc}", code="yaml_syntax")]
-    if not docs:
-        return [], [
-            Diagnostic(
-                Location(file, 1, 1),
-                "",
-                "empty file: no document in it",
-                hint="write a deployment document",
-                code="empty_file",
-            )
-        ]
-    return docs, []
 
 
-def _load_all(yaml: YAML, text: str, file: str) -> list[SourceDocument]:
+STEP_ASIDE = re.compile(r"^%|\r(?!\n)|[\x85\u2028\u2029]", re.MULTILINE)
+"""Where the fast path leaves a file to the pure one: a directive (%YAML 1.1 changes what the pure loader
+resolves), and line breaks other than \\n and \\r\\n (libyaml's lines would not be str.split's)."""
+
+
+def _fast_documents(text: str, file: str) -> list[SourceDocument] | None:
+    """The same documents as the pure loader, its parser swapped for libyaml's: the same composer (with the
+    bounds) and constructor run on the C parser's events. None where only the pure loader may answer: no C
+    parser, STEP_ASIDE, or any error at all (the pure loader's message and place are the ones users see), so the
+    two never differ in what a user sees (tests/test_yaml_fast_path.py)."""
+    if CParser is None or STEP_ASIDE.search(text):
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ReusedAnchorWarning)
+            return _documents(_CLoader(text).load_all(), file)
+    except Exception:
+        return None
+
+
+def _documents(loaded: Iterable[Any], file: str) -> list[SourceDocument]:
     docs: list[SourceDocument] = []
-    for index, node in enumerate(yaml.load_all(text)):
+    for index, node in enumerate(loaded):
         if node is None:
             continue
         line, column = 1, 1
@@ -399,6 +448,105 @@ def _load_all(yaml: YAML, text: str, file: str) -> list[SourceDocument]:
         doc.data = _plain(node, (), doc)
         docs.append(doc)
     return docs
+
+
+class _StepAside(Exception):
+    """The fast path cannot be sure to read this file as the pure one does: the pure one reads it."""
+
+
+class _CEvents:
+    """The C parser's events as the pure parser gives them: explicit tags as Tag (not str), and empty values
+    placed where ruamel places them."""
+
+    def __init__(self, text: str) -> None:
+        self._parser = CParser(text)
+        self._text = text
+        self._lines: list[str] | None = None
+        self._flow: list[bool] = []
+        self.check_event = self._parser.check_event
+
+    def peek_event(self) -> Any:
+        return _tagged(self._parser.peek_event())
+
+    def get_event(self) -> Any:
+        event = _tagged(self._parser.get_event())
+        kind = type(event)
+        if kind is ScalarEvent:
+            if event.value == "" and event.style == "":  # an empty value: no text, so placed by rule
+                self._place_empty(event)
+        elif kind is MappingStartEvent or kind is SequenceStartEvent:
+            self._flow.append(bool(event.flow_style))
+        elif kind is MappingEndEvent or kind is SequenceEndEvent:
+            self._flow.pop()
+        return event
+
+    def _place_empty(self, event: Any) -> None:
+        """ruamel places an empty value after `key:` at what follows in a block, and just after the colon in a flow
+        mapping; libyaml the other way round."""
+        if self._lines is None:
+            self._lines = self._text.split("\n")
+        line, column = event.start_mark.line, event.start_mark.column
+        text = self._lines[line] if line < len(self._lines) else ""
+        if self._flow and self._flow[-1]:
+            before = text[:column].rstrip(" \t")
+            if not before:
+                raise _StepAside("an empty flow value at the start of a line")
+            if before.endswith(":"):
+                event.start_mark = event.end_mark = StreamMark(None, 0, line, len(before))
+        elif text[column - 1 : column] == ":":
+            if text[column:].lstrip(" \t\r").startswith("#"):  # ruamel's place then hangs on where the comment goes
+                raise _StepAside("an empty value with a comment after it")
+            mark = self._parser.peek_event().start_mark
+            after = self._lines[mark.line][: mark.column] if mark.line < len(self._lines) else ""
+            if after.rstrip(" \t").endswith("?"):  # an explicit key next: ruamel places it after the `?`
+                raise _StepAside("an empty value before an explicit key")
+            event.start_mark = event.end_mark = mark
+
+    def dispose(self) -> None:
+        self._parser.dispose()
+
+
+def _tagged(event: Any) -> Any:
+    if isinstance(getattr(event, "ctag", None), str):
+        event.ctag = Tag(suffix=event.ctag)
+    return event
+
+
+class _FastComposer(BoundedComposer):
+    """BoundedComposer with its parser and resolver as attributes (ruamel looks them up on every event)."""
+
+    parser: Any = None
+    resolver: Any = None
+
+
+class _FastConstructor(RoundTripConstructor):
+    composer: Any = None
+    resolver: Any = None
+
+
+class _CLoader:
+    """What ruamel's composer, resolver and constructor ask of a loader, as YAML(typ="rt") answers it, with the C
+    parser's events under them."""
+
+    max_depth = MAX_DEPTH
+    comment_handling = None
+
+    def __init__(self, text: str) -> None:
+        self._scanner = SimpleNamespace(yaml_version=None)  # no %YAML directive: YAML 1.2, as the pure loader
+        self._parser = _CEvents(text)
+        self._resolver = VersionedResolver(loader=self)
+        self._composer = _FastComposer(loader=self)
+        self._composer.parser, self._composer.resolver = self._parser, self._resolver
+        self._constructor = _FastConstructor(loader=self)
+        self._constructor.composer, self._constructor.resolver = self._composer, self._resolver
+        self._constructor.allow_duplicate_keys = False
+
+    def load_all(self) -> Iterator[Any]:
+        try:
+            while self._constructor.check_data():
+                yield self._constructor.get_data()
+        finally:
+            self._parser.dispose()
 
 
 def read_path(path: Path) -> tuple[list[SourceDocument], list[Diagnostic]]:

@@ -6,6 +6,7 @@ import csv
 import hashlib
 import io
 import json
+import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -76,9 +77,22 @@ class UnitFact(Fact):
     secret are hidden in it (engine_ctl.core.plan.unitdiff.hide_secrets). sha256 is the file's own."""
     header: UnitHeader | None = None
     """What the unit's engine-ctl header says (deployment, revision, lineage, …); None without one."""
+    exits: tuple[str, ...] = ()
+    """Its last exits other than a stop, oldest first, as its unit records them: `epoch result code status`
+    (`1733312345 signal killed SEGV`: a crash by SIGSEGV). Kept until the host reboots."""
     body_sha256: str | None = None
     """sha256 of the file with its content-sha256 value left empty: equal to the header's content_sha256 when
     nobody edited the unit since engine-ctl wrote it."""
+
+    @property
+    def last_crash(self) -> str | None:
+        """The last exit other than a stop, in words: `killed by signal SEGV at 2026-12-04 10:40:05 UTC`."""
+        if not self.exits:
+            return None
+        epoch, result, code, status = ([*self.exits[-1].split(), "", "", "", ""])[:4]
+        how = {"killed": "killed by signal", "dumped": "killed by signal (core dumped)", "exited": "exited with status"}
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(int(epoch))) if epoch.isdigit() else "?"
+        return f"{how.get(code, code or result)} {status} ({result}) at {when}".replace("  ", " ")
 
     @property
     def edited(self) -> bool:
@@ -118,6 +132,8 @@ class HostFacts(Fact):
     """engine-ctl's gateway files on the host (name -> sha256), None where there are none."""
     gateway_servers: dict[str, str] = Field(default_factory=dict)
     """backend/server -> its state as the host's gateway sees it (UP, DOWN, DRAIN, MAINT, ...)."""
+    gateway_maps: dict[str, dict[str, str]] | None = None
+    """The running gateway's key maps in memory (map name -> key -> value), None when it does not answer."""
     scaler_state: dict[str, Any] | None = None
     psql: str | None = ""
     """psql's path (the scaler's PostgreSQL lock needs it on a gateway host); None: not installed; "": not asked."""
@@ -147,7 +163,7 @@ class HostFacts(Fact):
             exclude={
                 "gpus": {"__all__": {"memory_used_bytes"}},
                 # the text: its sha256 is there; unit_file_state: only import reads it, no plan depends on it
-                "units": {"__all__": {"main_pid", "n_restarts", "text", "unit_file_state"}},
+                "units": {"__all__": {"main_pid", "n_restarts", "text", "unit_file_state", "exits"}},
             },
         )
         stable["memory_total"] = self.memory.total_bytes

@@ -1,4 +1,4 @@
-"""What a model's files say: GGUF metadata (read with the `gguf` package) and safetensors checkpoints'
+"""What a model's files say: GGUF metadata (as the facts probe reads it on a host) and safetensors checkpoints'
 config.json plus index. Values in `ModelFacts`; readers for a local path (shell)."""
 
 from __future__ import annotations
@@ -88,26 +88,6 @@ def facts_from_gguf_fields(fields: dict[str, object], weights_bytes: int | None 
         pooling=pooling_names.get(pooling) if pooling is not None else None,
         sliding_window=key("attention.sliding_window"),
     )
-
-
-def read_gguf(path: Path) -> ModelFacts:
-    """Read a local GGUF file's metadata with the gguf package (shell)."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
-    fields: dict[str, object] = {}
-    for name, field in reader.fields.items():
-        if name.startswith("tokenizer.") or not field.types:
-            continue
-        try:
-            fields[name] = field.contents()
-        except (ValueError, IndexError, TypeError):
-            continue
-    weights = sum(int(t.n_bytes) for t in reader.tensors)
-    facts = facts_from_gguf_fields(fields, weights_bytes=weights or path.stat().st_size)
-    if facts.parameters is None:
-        facts = facts.model_copy(update={"parameters": sum(int(t.n_elements) for t in reader.tensors)})
-    return facts
 
 
 def facts_from_hf_config(config: dict[str, object], weights_bytes: int | None, parameters: int | None) -> ModelFacts:

@@ -86,6 +86,74 @@ class Taken:
         return min(by_total, by_available)
 
 
+@dataclass
+class Reserved:
+    """What on-demand slots reserve on each host (their GPUs, cores and host memory), which an always-on replica
+    keeps off where it has another place: a slot whose room an always-on replica took could never start, and its
+    deployment (at `min: 0`) would never wake. `who` names the slots on each host, for the plan."""
+
+    gpus: dict[str, set[str]] = field(default_factory=dict)
+    cores: dict[str, int] = field(default_factory=dict)
+    memory: dict[str, int] = field(default_factory=dict)
+    who: dict[str, list[str]] = field(default_factory=dict)
+
+    def hold(self, host: str, who: str, *, gpus: Iterable[str] = (), cores: int = 0, memory: int = 0) -> None:
+        self.gpus.setdefault(host, set()).update(gpus)
+        self.cores[host] = self.cores.get(host, 0) + cores
+        self.memory[host] = self.memory.get(host, 0) + memory
+        self.who.setdefault(host, []).append(who)
+
+    def free(self, host: str, who: str, *, gpus: Iterable[str] = (), cores: int = 0, memory: int = 0) -> None:
+        if who not in self.who.get(host, []):
+            return
+        self.who[host].remove(who)
+        self.gpus[host].difference_update(gpus)
+        self.cores[host] = max(self.cores.get(host, 0) - cores, 0)
+        self.memory[host] = max(self.memory.get(host, 0) - memory, 0)
+
+    def over(self, host: str, taken: Taken) -> Taken | None:
+        """`taken` with what is reserved on `host` added (None: nothing is reserved there)."""
+        if not self.who.get(host):
+            return None
+        out = Taken(gpus=taken.gpus | self.gpus.get(host, set()), ours=taken.ours, ports=taken.ports,
+                    cores=dict(taken.cores), memory=dict(taken.memory), placed_memory=taken.placed_memory)  # fmt: skip
+        out.cores[host] = out.cores.get(host, 0) + self.cores.get(host, 0)
+        out.memory[host] = out.memory.get(host, 0) + self.memory.get(host, 0)
+        return out
+
+
+RESERVED = "kept off: on-demand "
+"""How place_one says (in FitResult.waiting) that a host was passed over for what on-demand slots reserve there."""
+
+
+def reserved_note(result: FitResult) -> str:
+    """'; kept off HOST (on-demand … reserves it)' for each host place_one passed over to keep what on-demand
+    slots reserved; '' when none was."""
+    kept = [f"{host} ({why.removeprefix('kept off: ')})" for host, why in sorted(result.waiting.items())
+            if why.startswith(RESERVED)]  # fmt: skip
+    return f"; kept off {', '.join(kept)}" if kept and result.placements else ""
+
+
+def crowded(host: HostFacts, always: Taken, cpu_cores: int, memory_bytes: int) -> str | None:
+    """Why an on-demand slot (its cores and host memory) cannot start on `host` beside what `always` counts (the
+    always-on replicas, and what is not engine-ctl's), or None. The scaler would refuse to start it there."""
+    cores = always.cores.get(host.host, 0)
+    if cpu_cores and cores + cpu_cores > host.cpu.cores:
+        return (f"always-on replicas hold {cores} of the {host.cpu.cores} cores of {host.host}, and it needs "
+                f"{cpu_cores}")  # fmt: skip
+    memory = always.memory.get(host.host, 0)
+    if memory_bytes and memory + memory_bytes > host.memory.total_bytes:
+        return (f"always-on replicas hold {gib_up(memory)} of the {gib_down(host.memory.total_bytes)} of host "
+                f"memory of {host.host}, and it needs {gib_up(memory_bytes)}")  # fmt: skip
+    return None
+
+
+def crowds(per_host: Mapping[str, int], host: str, own: str) -> bool:
+    """Whether a replacement on `host` would sit beside more replicas of its deployment than on its own host
+    (`per_host`: the deployment's replicas on each host, the one replaced left out): a roll keeps the spread."""
+    return per_host.get(host, 0) > per_host.get(own, 0)
+
+
 # --- placement --------------------------------------------------------------------------------------------
 
 
@@ -308,10 +376,14 @@ def place_one(
     no_weights: Mapping[str, str] | None = None,
     within: str | None = None,
     index: int = 0,
+    reserved: Reserved | None = None,
 ) -> FitResult:
     """One replica, as place() would place it with count 1 over the ranking's hosts and `taken` (which is not
     changed), looking only as far down host_order as the first host where it fits. `within` narrows the hosts to
-    one (a stop-then-start replacement stays on its host). On no host: every host's reason, as place() gives."""
+    one (a stop-then-start replacement stays on its host). On no host: every host's reason, as place() gives.
+
+    `reserved` (an always-on replica): what on-demand slots reserve is kept, on the first host in the order where
+    the replica fits beside it; only where it fits nowhere so does it take a slot's room (the slot then moves)."""
     only = d.host if d.host is not None else within
     if only is not None:
         found = ranking.hosts.get(only) if within in (None, only) else None
@@ -323,6 +395,7 @@ def place_one(
         order = ranking.in_order(per_host or {}, prefer)
     waiting: dict[str, str] = {}
     taken = ranking.taken
+    fallback: tuple[HostFacts, list[Gpu]] | None = None
     for h in order:
         if no_weights and h.host in no_weights:
             waiting[h.host] = no_weights[h.host]
@@ -331,14 +404,26 @@ def place_one(
         if gpus is None:
             waiting[h.host] = reason or "cannot run here"
             continue
-        port = free_port(set(h.ports_in_use) | taken.ports.get(h.host, set()))
-        placement = Placement(
-            index=index, host=h.host, gpus=tuple(gpus), port=port, threads=replica_threads(plan, h),
-            cpu_cores=plan.cpu_cores, memory_bytes=plan.memory_bytes,
-        )  # fmt: skip
-        return FitResult(plan=plan, placements=(placement,))
+        beside = reserved.over(h.host, taken) if reserved is not None else None
+        if beside is not None and host_verdict(h, plan, provider, beside)[0] is None:
+            waiting[h.host] = f"{RESERVED}{', '.join(reserved.who[h.host])} reserves it"  # type: ignore[union-attr]
+            fallback = fallback or (h, gpus)
+            continue
+        kept = {k: v for k, v in waiting.items() if v.startswith(RESERVED)}
+        return FitResult(plan=plan, placements=(_placement(plan, h, gpus, taken, index),), waiting=kept)
+    if fallback is not None:  # it fits nowhere beside the reservations: it takes an on-demand slot's room
+        h, gpus = fallback
+        return FitResult(plan=plan, placements=(_placement(plan, h, gpus, taken, index),))
     reason = _furthest(waiting) if waiting else "Waiting for a machine (no host in the inventory)"
     return FitResult(plan=plan, waiting=waiting, pending_reason=reason)
+
+
+def _placement(plan: FitPlan, h: HostFacts, gpus: list[Gpu], taken: Taken, index: int) -> Placement:
+    port = free_port(set(h.ports_in_use) | taken.ports.get(h.host, set()))
+    return Placement(
+        index=index, host=h.host, gpus=tuple(gpus), port=port, threads=replica_threads(plan, h),
+        cpu_cores=plan.cpu_cores, memory_bytes=plan.memory_bytes,
+    )  # fmt: skip
 
 
 def replica_threads(plan: FitPlan, host: HostFacts) -> int | None:

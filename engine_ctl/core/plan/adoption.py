@@ -14,23 +14,26 @@ engine-ctl wrote it). Each adopted unit is rendered again from the documents at 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from pydantic import BaseModel, ValidationError
 
-from engine_ctl.core.documents.inventory import Inventory
+from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.documents.rules import resolve_engine
 from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.fit.runspec import FitPlan
 from engine_ctl.core.fit.unitheader import UnitHeader
-from engine_ctl.core.model import DesiredState
+from engine_ctl.core.model import ApiKey, DesiredState
 from engine_ctl.core.names import parse_unit_name
 from engine_ctl.core.plan.diff import spec_digest
+from engine_ctl.core.plan.gateway import Replica, recorded_replicas, render_for, stopped_map
 from engine_ctl.core.plan.planner import make_plan, render_replica
 from engine_ctl.core.plan.status import recorded_verdict
 from engine_ctl.core.plan.world import recorded_placement
-from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord, State
+from engine_ctl.core.record.model import ULID, DeploymentRecord, GatewayRecord, ReplicaRecord, State
+from engine_ctl.core.render.gateway import CONFIG_FILE, GATEWAY_UNIT, RenderedGateway
 from engine_ctl.core.render.guard import guarded_by
 
 
@@ -60,12 +63,23 @@ class SkippedUnit(BaseModel):
     why: str
 
 
+class AdoptedGateway(BaseModel):
+    host: str
+    endpoint: str
+    note: str = ""
+    """How its files compare with what the adopted deployments render, when they are not the same."""
+
+
 class Adoption(BaseModel):
     lineage: str
     lineage_reason: str
     deployments: dict[str, DeploymentRecord]
     adopted: list[AdoptedReplica]
     skipped: list[SkippedUnit]
+    gateways: dict[str, GatewayRecord] = {}
+    adopted_gateways: list[AdoptedGateway] = []
+    ids: dict[str, str] = {}
+    """Where each deployment's ID came from (the scaler's state on a gateway host), or why it has none."""
 
 
 Found = tuple[str, UnitFact, UnitHeader]
@@ -210,6 +224,10 @@ def adopt(
     skipped += more
     if not records:
         return Adoption(lineage=chosen, lineage_reason=reason, deployments={}, adopted=[], skipped=skipped)
+    ids = deployment_ids(facts, records)
+    for name, rec in records.items():
+        rec.id = ids.get(name, "")
+        rec.revision = max(rec.revision, recorded_revision(facts, name, rec.id))
     draft = State(lineage=chosen, deployments=records)
     plan = make_plan(desired, draft, inventory, facts, model_facts, targets=sorted(records))
     adopted: list[AdoptedReplica] = []
@@ -220,7 +238,7 @@ def adopt(
                          or change.failed_reason)  # fmt: skip
         if any(n.startswith("differs") or n.startswith("not compared") for n in notes.values()):
             record.spec_hash = ""  # the next plan gives it a new revision and replaces what differs
-        wanted = max((record.spec.replicas_min if record.spec else 1) or 1, 1)
+        wanted = record.spec.replicas_min if record.spec else len(record.replicas)  # as apply counts it (min 0: 0)
         found_verdict = recorded_verdict(record.replicas, wanted, record.revision)
         record.state, record.reason = found_verdict.state, found_verdict.reason
         for r in record.replicas:
@@ -240,7 +258,9 @@ def adopt(
                     note=notes.get((r.host, r.unit), ""),
                 )
             )
-    return Adoption(lineage=chosen, lineage_reason=reason, deployments=records, adopted=adopted, skipped=skipped)
+    gateways, seen = adopt_gateways(State(lineage=chosen, deployments=records), inventory, facts, desired.api_keys)
+    return Adoption(lineage=chosen, lineage_reason=reason, deployments=records, adopted=adopted, skipped=skipped,
+                    gateways=gateways, adopted_gateways=seen, ids=ids)  # fmt: skip
 
 
 def _compare(
@@ -280,4 +300,125 @@ def _compare(
     return notes
 
 
-__all__ = ["AdoptedReplica", "Adoption", "AdoptionError", "SkippedUnit", "adopt", "choose_lineage"]
+def deployment_ids(facts: Mapping[str, HostFacts], names: Iterable[str]) -> dict[str, str]:
+    """Each deployment's ID where a host carries it: the scaler's state (its state.json on a gateway host, in the
+    facts) names each deployment it acts on with its ID. Only a ULID, and only one: scalers that disagree give none."""
+    seen: dict[str, set[str]] = {}
+    for hf in facts.values():
+        views = (hf.scaler_state or {}).get("deployments")
+        for name, view in views.items() if isinstance(views, dict) else ():
+            value = view.get("id") if isinstance(view, dict) else None
+            if isinstance(value, str) and ULID.fullmatch(value):
+                seen.setdefault(name, set()).add(value)
+    return {n: min(seen[n]) for n in names if len(seen.get(n, ())) == 1}
+
+
+def recorded_revision(facts: Mapping[str, HostFacts], name: str, deployment_id: str) -> int:
+    """The deployment's revision as the scaler's state carries it beside its ID (0: none does). A change that
+    reaches no unit (an in-place one: idle_minutes, say) records a revision the units' headers do not have."""
+    found = [0]
+    for hf in facts.values() if deployment_id else ():
+        views = (hf.scaler_state or {}).get("deployments")
+        view = views.get(name) if isinstance(views, dict) else None
+        if isinstance(view, dict) and view.get("id") == deployment_id and type(view.get("revision")) is int:
+            found.append(max(view["revision"], 0))
+    return max(found)
+
+
+Replicas = dict[str, dict[tuple[str, int, str], Replica]]
+MAX_ON_DEMAND_TRIED = 8
+"""On-demand servers whose every running/not-running combination is tried against a gateway's files (2^8 renders)."""
+
+
+Sizing = dict[str, tuple[str | None, int | None, str]]
+
+
+def _gateway_inputs(state: State, facts: Mapping[str, HostFacts]) -> tuple[Replicas, Sizing]:
+    """The replicas each deployment's backend has (as the recorded state has them), and its (engine, parallel, api)."""
+    after: Replicas = {}
+    sizing: Sizing = {}
+    for name, rec in sorted(state.deployments.items()):
+        after[name] = {(r.host, r.index, r.slot): r for r in recorded_replicas(rec, facts)}
+        api = rec.spec.api if rec.spec else "chat"
+        sizing[name] = (rec.plan.engine, rec.plan.parallel, api) if rec.plan else (None, None, api)
+    return after, sizing
+
+
+def _running(after: Replicas, active: frozenset[tuple[str, tuple[str, int, str]]]) -> Replicas:
+    """The replicas with exactly the on-demand ones in `active` running (their servers not in maintenance)."""
+    return {
+        name: {k: r.model_copy(update={"active": (name, k) in active}) if r.on_demand else r for k, r in reps.items()}
+        for name, reps in after.items()
+    }  # fmt: skip
+
+
+def _renderings(after: Replicas, render: Callable[[Replicas], RenderedGateway]) -> Iterator[RenderedGateway]:
+    """What a gateway renders for each set of running on-demand replicas (the last apply wrote one of them, and the
+    scaler has started or stopped some since): those running now first."""
+    yield render(after)
+    idle = [(name, k) for name, reps in after.items() for k, r in reps.items() if r.on_demand]
+    if not idle or len(idle) > MAX_ON_DEMAND_TRIED:
+        return
+    now = frozenset((n, k) for n, k in idle if after[n][k].active)
+    for size in range(len(idle) + 1):
+        for chosen in itertools.combinations(idle, size):
+            if frozenset(chosen) != now:
+                yield render(_running(after, frozenset(chosen)))
+
+
+def _gateway_record(unit_sha: str, on_host: Mapping[str, str], renderings: Iterator[RenderedGateway]) -> tuple[
+    GatewayRecord, str
+]:  # fmt: skip
+    """The record of a gateway whose files are one of `renderings` (and a note when its unit is not engine-ctl's);
+    else its files as they are, so that the next plan updates them."""
+    first = next(renderings)
+    for g in itertools.chain([first], renderings):
+        if all(on_host.get(n) == sha for n, sha in g.file_sha256.items()):
+            record = GatewayRecord(endpoint=g.endpoint, files_sha256=g.file_sha256, unit_sha256=unit_sha,
+                                   config=g.files[CONFIG_FILE])  # fmt: skip
+            same = unit_sha == g.unit_sha256
+            return record, "" if same else f"{GATEWAY_UNIT} is not what engine-ctl renders: the next plan updates it"
+    files = {n: on_host[n] for n in first.files if n in on_host}
+    record = GatewayRecord(endpoint=first.endpoint, files_sha256=files, unit_sha256=unit_sha)
+    return record, "its files are not what these documents render: the next plan updates them"
+
+
+def adopt_gateways(state: State, inventory: Inventory, facts: Mapping[str, HostFacts], keys: Iterable[ApiKey]) -> tuple[
+    dict[str, GatewayRecord], list[AdoptedGateway]
+]:  # fmt: skip
+    """The record of each gateway host that runs engine-ctl's gateway (its unit and files), as the last apply left
+    it: the files' sha256 and configuration of the rendering (of the adopted deployments, the documents' keys) that
+    they are. A gateway whose files are not one of them is recorded as it is, so the next plan updates it; a host
+    without engine-ctl's gateway has no record, so the next plan creates it."""
+    hosts = {h.name: h for h in inventory.hosts}
+    after, sizing = _gateway_inputs(state, facts)
+    stopped, keys = stopped_map(state.deployments), list(keys)
+    records: dict[str, GatewayRecord] = {}
+    adopted: list[AdoptedGateway] = []
+    for host in inventory.gateways():
+        hf = facts.get(host.name)
+        unit = next((u for u in hf.units if u.name == GATEWAY_UNIT), None) if hf is not None else None
+        if hf is None or not hf.gateway_files or unit is None or unit.sha256 is None:
+            continue
+
+        def render(replicas: Replicas, host: Host = host) -> RenderedGateway:
+            return render_for(host, replicas, sizing, keys, hosts, inventory.gateway, stopped)
+
+        record, note = _gateway_record(unit.sha256, hf.gateway_files, _renderings(after, render))
+        records[host.name] = record
+        adopted.append(AdoptedGateway(host=host.name, endpoint=record.endpoint, note=note))
+    return records, adopted
+
+
+__all__ = [
+    "AdoptedGateway",
+    "AdoptedReplica",
+    "Adoption",
+    "AdoptionError",
+    "SkippedUnit",
+    "adopt",
+    "adopt_gateways",
+    "choose_lineage",
+    "deployment_ids",
+    "recorded_revision",
+]

@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.model import Deployment, Model
 from engine_ctl.core.plan.gateway import GatewayChange
-from engine_ctl.core.plan.ownership import ForeignUnit
 from engine_ctl.core.plan.scaler import ScalerPlan
 from engine_ctl.core.weights import WeightsFetch
 
@@ -185,8 +184,10 @@ class Drift(BaseModel):
     unit: str
     deployment: str | None = None
     kind: Literal[
-        "edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged", "weights-changed", "engine-changed"
-    ]
+        "edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged", "weights-changed", "engine-changed",
+        "start-failed",
+    ]  # fmt: skip
+    """start-failed: an on-demand slot whose last start failed (systemd's start limit): no start runs until reset."""
     detail: str
     diff: list[str] = Field(default_factory=list)
     """A hand-edited unit: the unified diff from the file on the host to engine-ctl's (secret values hidden)."""
@@ -202,6 +203,28 @@ class PlanContext(BaseModel):
     model_paths: dict[str, list[str]] = Field(default_factory=dict)
     env: str | None = None
     """The environment (--env, ENGINE_CTL_ENV) it was planned in: `apply PLANFILE` refuses it in another."""
+
+
+class ForeignUnit(BaseModel):
+    """A unit on a host of this inventory that another state (another lineage) made and manages."""
+
+    model_config = ConfigDict(frozen=True)
+
+    host: str
+    unit: str
+    deployment: str
+    lineage: str
+    revision: int
+    port: int | None = None
+    active_state: str | None = None
+
+    @property
+    def line(self) -> str:
+        state = f", {self.active_state}" if self.active_state else ""
+        return (
+            f"{self.host} {self.unit}: deployment {self.deployment} revision {self.revision}{state}, "
+            f"owned by the state of lineage {self.lineage}"
+        )
 
 
 class Plan(BaseModel):

@@ -15,7 +15,7 @@ from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.fitting import FitUnknown, fit, shape_disagreement
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts
-from engine_ctl.core.fit.placement import place_one
+from engine_ctl.core.fit.placement import crowds, place_one, reserved_note
 from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.fit.startup import same_engine
 from engine_ctl.core.model import Deployment, Model
@@ -329,7 +329,7 @@ def place_replicas(t: Target, live: list[ReplicaRecord], indexes: range) -> int 
 def create_replica(t: Target, index: int) -> bool:
     """A new replica where placement puts it; False (the change Pending, and why) when there is no room."""
     result = place_one(t.d, t.fitted, t.provider, t.alloc.ranking, per_host=t.on_host, no_weights=t.no_weights,
-                       index=index)  # fmt: skip
+                       index=index, reserved=None if t.on_demand(index) else t.alloc.reserved)  # fmt: skip
     if not result.placements:
         t.change.pending_reason, t.change.waiting = result.pending_reason, result.waiting
         return False
@@ -338,6 +338,7 @@ def create_replica(t: Target, index: int) -> bool:
     t.on_host[p.host] = t.on_host.get(p.host, 0) + 1
     t.placed[index] = p
     why = "new replica, on demand: installed, not started" if t.on_demand(index) else "new replica"
+    why += reserved_note(result)
     rc = replica_change(list(CREATE), t.render(p, t.revision, "a"), t.revision, p, reason=why)
     rc.on_demand = t.on_demand(index)
     t.replicas.append(rc)
@@ -351,6 +352,8 @@ def keep_replica(t: Target, current: ReplicaRecord) -> bool:
     same_place = recorded_placement(current, facts, t.fitted)
     moving = t.d.host not in (None, current.host)  # spec.host changed: a replacement onto the new host
     if same_place is None or len(same_place.gpus) != t.fitted.gpus or moving or displaced(t, current):
+        return False
+    if spread(t, current):
         return False
     unit_now = t.render_recorded(same_place, current)
     if unit_now.sha256 != current.unit_sha256:
@@ -397,33 +400,17 @@ def role_change(t: Target, unit: RenderedUnit, current: ReplicaRecord, p: Placem
 def replace_replica(t: Target, current: ReplicaRecord, index: int) -> bool:
     """A rolling replacement into the other slot: a surge (create, then delete) where there is room for both,
     else stop-then-start (delete, then create) on its host. False (Pending) when neither has room."""
-    moving = t.d.host not in (None, current.host)
-    others = {h: n - (1 if h == current.host else 0) for h, n in t.on_host.items()}
-    surge = place_one(t.d, t.fitted, t.provider, t.alloc.ranking, per_host=others, prefer=current.host,
-                      no_weights=t.no_weights)  # fmt: skip
-    strategy: Strategy = "surge"
-    if surge.placements:
-        p = surge.placements[0].model_copy(update={"index": index})
-    else:
-        strategy = "stop-then-start"
-        t.alloc.release(current)
-        stop_start = place_one(t.d, t.fitted, t.provider, t.alloc.ranking, no_weights=t.no_weights,
-                               within=None if moving else current.host)  # fmt: skip
-        if not stop_start.placements:
-            t.change.pending_reason, t.change.waiting = stop_start.pending_reason, stop_start.waiting
-            facts = t.hosts.facts[current.host]
-            t.alloc.take(recorded_placement(current, facts, t.fitted)
-                         or Placement(index=index, host=current.host, port=current.port))  # fmt: skip
-            return False
-        kept = {} if moving else {"port": current.port}
-        p = stop_start.placements[0].model_copy(update={"index": index, **kept})
+    placed = roll_placement(t, current, index)
+    if placed is None:
+        return False
+    p, strategy = placed
     t.alloc.take(p)
     t.placed[index] = p
     if p.host != current.host:
         t.on_host[current.host] = t.on_host.get(current.host, 1) - 1
         t.on_host[p.host] = t.on_host.get(p.host, 0) + 1
     t.strategies.add(strategy)
-    why = ", ".join(c.path for c in t.change.field_changes) or "the unit's content changed"
+    why = replace_reason(t, current)
     rc = replica_change(replace_actions(strategy), t.render(p, t.revision, other_slot(current.slot)), t.revision, p,
                         reason=why)  # fmt: skip
     rc.old_unit, rc.old_host, rc.old_slot, rc.old_argv = current.unit, current.host, current.slot, current.argv
@@ -434,6 +421,58 @@ def replace_replica(t: Target, current: ReplicaRecord, index: int) -> bool:
         rc.reason += "; on demand: rolled if the scaler runs it, else only installed"
     t.replicas.append(rc)
     return True
+
+
+def roll_placement(t: Target, current: ReplicaRecord, index: int) -> tuple[Placement, Strategy] | None:
+    """Where a replacement goes: a surge where there is room for both, unless that puts it beside more replicas of
+    the deployment than its own host keeps (fewest per host holds through a roll: placement.crowds), where a
+    stop-then-start on its host is taken instead; else stop-then-start. None (Pending) when neither has room."""
+    moving = t.d.host not in (None, current.host)
+    others = {h: n - (1 if h == current.host else 0) for h, n in t.on_host.items()}
+    reserved = None if t.on_demand(index) else t.alloc.reserved
+    surge = place_one(t.d, t.fitted, t.provider, t.alloc.ranking, per_host=others, prefer=current.host,
+                      no_weights=t.no_weights, reserved=reserved)  # fmt: skip
+    if surge.placements and (moving or not crowds(others, surge.placements[0].host, current.host)):
+        return surge.placements[0].model_copy(update={"index": index}), "surge"
+    t.alloc.release(current)
+    stop_start = place_one(t.d, t.fitted, t.provider, t.alloc.ranking, no_weights=t.no_weights,
+                           within=None if moving else current.host, reserved=reserved)  # fmt: skip
+    if stop_start.placements:
+        kept = {} if moving else {"port": current.port}
+        return stop_start.placements[0].model_copy(update={"index": index, **kept}), "stop-then-start"
+    facts = t.hosts.facts[current.host]
+    t.alloc.take(recorded_placement(current, facts, t.fitted)
+                 or Placement(index=index, host=current.host, port=current.port))  # fmt: skip
+    if surge.placements:  # no room on its own host after all: the surge, though it crowds
+        return surge.placements[0].model_copy(update={"index": index}), "surge"
+    t.change.pending_reason, t.change.waiting = stop_start.pending_reason, stop_start.waiting
+    return None
+
+
+def spread(t: Target, current: ReplicaRecord) -> bool:
+    """An always-on replica on a host with 2 or more of the deployment's while a host with at least 2 fewer has
+    room for it (a host full or out of reach when they were placed, room since): it moves there (a surge), and
+    the plan says so (Allocation.moves). Placement's rule, fewest replicas of a deployment per host, restored."""
+    here = t.on_host.get(current.host, 0)
+    if t.d.host is not None or t.on_demand(current.index) or here < 2:
+        return False
+    others = {h: n - (1 if h == current.host else 0) for h, n in t.on_host.items()}
+    found = place_one(t.d, t.fitted, t.provider, t.alloc.ranking, per_host=others, no_weights=t.no_weights)
+    where = found.placements[0].host if found.placements else None
+    if where is None or others.get(where, 0) > here - 2 or where in t.alloc.reserved.who:
+        return False
+    t.alloc.moves[current.unit] = (f"{here} replicas of {t.d.name} on {current.host}, and {where} has room with "
+                                   f"{others.get(where, 0)} (fewest replicas of a deployment per host)")  # fmt: skip
+    return True
+
+
+def replace_reason(t: Target, current: ReplicaRecord) -> str:
+    """Why a replica is replaced: moved (Allocation.moves: an on-demand slot off the room always-on replicas took,
+    or a replica to restore the spread), or the fields that changed."""
+    moved = t.alloc.moves.get(current.unit)
+    if moved:
+        return f"moved: {moved}"
+    return ", ".join(c.path for c in t.change.field_changes) or "the unit's content changed"
 
 
 def other_slot(slot: str) -> str:
@@ -523,15 +562,36 @@ def needs_clearing(record: DeploymentRecord, change: DeploymentChange) -> bool:
     return record.last_error is not None or record.state not in ("Ready", "ScaledToZero")
 
 
+def placement_reasons(replicas: list[ReplicaChange]) -> list[str]:
+    """What placement did beyond the documents, for the plan's reasons: a replica moved (an on-demand slot off
+    room always-on replicas took, a spread restored), or kept off what on-demand slots reserve."""
+    out = []
+    for r in replicas:
+        if r.reason.startswith("moved: "):
+            out.append(f"replica {r.index} {r.reason.split('; on demand:')[0]}")
+        elif "; kept off " in r.reason:
+            out.append(f"replica {r.index} on {r.host}: {r.reason.split('; ', 1)[1]}")
+    return out
+
+
 def strategy_warnings(t: Target) -> None:
-    """The roll's strategy (stop-then-start if any replica has no room for a surge) and its outage warning."""
+    """The roll's strategy (stop-then-start if any replica has no room for a surge) and its outage warning: with
+    one always-on replica, or with every other one on a host out of reach (it may not serve, and apply cannot
+    tell)."""
     if not t.strategies:
         return
     t.change.strategy = "stop-then-start" if "stop-then-start" in t.strategies else "surge"
-    if t.change.strategy == "stop-then-start" and t.always <= 1:
-        room = "GPU" if t.fitted.accelerator == "gpu" else "room"
+    if t.change.strategy != "stop-then-start":
+        return
+    room = "GPU" if t.fitted.accelerator == "gpu" else "room"
+    away = {r.index: r.host for r in t.live if r.index < t.always and r.host not in t.hosts.facts}
+    if t.always <= 1:
         t.change.warnings.append(f"{t.d.name} will have no serving replica during the change: no free {room} for a "
                                  "surge, so stop-then-start")  # fmt: skip
+    elif t.always - len(away) <= 1:
+        t.change.warnings.append(f"{t.d.name} will have no serving replica during the change: no free {room} for a "
+                                 "surge, so stop-then-start, and its other replicas are on hosts out of reach "
+                                 f"({', '.join(sorted(set(away.values())))})")  # fmt: skip
 
 
 # --- render -------------------------------------------------------------------------------------------------
@@ -614,7 +674,8 @@ def finish_deployment(
 
 
 def place_on_demand(t: Target, alloc: Allocation) -> None:
-    """Slots `min`..`max`-1. One that has no place is a warning (the scaler can run fewer), not Pending."""
+    """Slots `min`..`max`-1. One that has no place is a warning (the scaler can run fewer), not Pending; but at
+    `min: 0` with no slot placed at all the deployment can never wake: a problem of the plan (exit 1)."""
     t.exclusive = frozenset(alloc.taken.gpus)
     t.alloc = alloc.view(t.d.name)
     pending, waiting = t.change.pending_reason, t.change.waiting
@@ -622,6 +683,10 @@ def place_on_demand(t: Target, alloc: Allocation) -> None:
     if stopped is not None:
         why = t.change.pending_reason
         t.change.pending_reason, t.change.waiting = pending, waiting
+        if stopped == 0:
+            t.change.blocked.append(f"on-demand replica 0 has no place ({why}): no replica can start, so a request "
+                                    f"never wakes {t.d.name} (503 after the hold) until a host has room")  # fmt: skip
+            return
         t.change.warnings.append(
             f"{t.d.name}: on-demand replica {stopped} has no place ({why}); the scaler can run at most {stopped} "
             f"of the {t.count} replicas of spec.replicas.max"
@@ -654,5 +719,6 @@ def _guard_refused(change: DeploymentChange, d: Deployment, provider: Provider, 
 def decide_with_strategy(t: Target, record: DeploymentRecord | None, d: Deployment, names: Names | None) -> None:
     strategy_warnings(t)
     decide(t.change, record, d, names)
+    t.change.reasons += placement_reasons(t.change.replicas)
     if t.change.pending_reason and record is None and not t.change.replicas:
         t.change.action = list(CREATE)

@@ -19,7 +19,8 @@ from engine_ctl.core.weights import checkout_dir
 def replica_drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host: HostFacts) -> list[Drift]:
     """How the recorded replica's unit differs on its host: missing, edited by hand, stopped or crash-looping
     (and the GPUs another process holds meanwhile). An on-demand replica's unit being active or not is the
-    scaler's doing, never drift: only its file (and its engine) are checked."""
+    scaler's doing, never drift: only its file (and its engine) are checked, and whether it can start at all (a
+    failed start leaves it in systemd's start limit: apply resets it)."""
     if fact is None or fact.sha256 is None:
         return [Drift(host=record.host, unit=record.unit, deployment=name, kind="missing",
                       detail=f"unit file {record.unit} is missing on {record.host}")]  # fmt: skip
@@ -30,6 +31,8 @@ def replica_drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host:
     if fact.sha256 != record.unit_sha256:
         detail = f"unit file edited by hand (sha256 {fact.sha256[:12]}… ≠ {record.unit_sha256[:12]}…)"
         out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="edited", detail=detail))
+    if record.on_demand and fact.active_state == "failed":
+        out.append(_cannot_start(name, record, fact))
     if fact.active_state != "active" and not record.on_demand:
         out.append(_not_running(name, record, fact))
         held = [g for g in host.gpus if g.uuid in record.gpus and (g.memory_used_bytes or 0) > BUSY_BYTES]
@@ -77,6 +80,16 @@ def guard_drift(name: str, record: ReplicaRecord, unit_text: str, host: HostFact
         detail = f"{guard} is {fact.active_state}/{fact.sub_state} beside its running replica"
         return [Drift(host=record.host, unit=guard, deployment=name, kind="stopped", detail=detail)]
     return []
+
+
+def _cannot_start(name: str, record: ReplicaRecord, fact: UnitFact) -> Drift:
+    """An on-demand slot whose last start failed: systemd refuses to start it again within its start limit, so
+    the scaler's next start of it would fail too (the scaler resets a failed slot first; apply resets it now)."""
+    detail = f"on-demand replica {record.index}: {record.unit} is {fact.active_state}/{fact.sub_state}"
+    if fact.exec_main_status:
+        detail += f" (exit status {fact.exec_main_status})"
+    detail += ": its last start failed and systemd will not start it again until it is reset; apply resets it"
+    return Drift(host=record.host, unit=record.unit, deployment=name, kind="start-failed", detail=detail)
 
 
 def _not_running(name: str, record: ReplicaRecord, fact: UnitFact) -> Drift:

@@ -8,15 +8,16 @@ an old one is drained before it stops; after the apply it runs what serves then 
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine_ctl.core.documents.apikey import SHA256_HEX
 from engine_ctl.core.documents.inventory import DEFAULT_GATEWAY_THREADS, GatewaySettings, Host, Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.model import ApiKey
+from engine_ctl.core.names import deployment_name_ok
 from engine_ctl.core.record.model import DeploymentRecord, State
 from engine_ctl.core.render.gateway import (
     CONFIG_FILE,
@@ -75,6 +76,9 @@ class GatewayChange(BaseModel):
     """The inventory's gateway.hold_cap: requests held at once per deployment."""
     threads: int = DEFAULT_GATEWAY_THREADS
     """The inventory's gateway.threads: HAProxy's threads."""
+    keys: list[ApiKey] = Field(default_factory=list)
+    """The ApiKey documents (names, SHA-256, scopes, expiry: never a key) the key maps are rendered from: a saved
+    plan's maps are rendered again from them at apply and must match (gateway_tampering)."""
 
     @property
     def symbol(self) -> str:
@@ -125,7 +129,8 @@ def unit_active(host: str, unit: str, status: str, facts: Mapping[str, HostFacts
 
 
 def backends_from_state(state: State, hosts: Mapping[str, Host]) -> list[GatewayBackend]:
-    """What the gateway should route to, from the recorded state (after an apply, whatever it did)."""
+    """What the gateway should route to, from the recorded state (after an apply, whatever it did). A deployment
+    an operator deleted is not routed: its name is unknown at once (404 model_not_found), never held."""
     return [
         deployment_backend(
             name,
@@ -136,22 +141,39 @@ def backends_from_state(state: State, hosts: Mapping[str, Host]) -> list[Gateway
             rec.spec.api if rec.spec else "chat",
         )
         for name, rec in sorted(state.deployments.items())
+        if not deleted(rec)
     ]
+
+
+def deleted(record: DeploymentRecord | None) -> bool:
+    """A tombstone: the record of a deployment an operator deleted (engine-ctl delete)."""
+    return record is not None and record.operator is not None and record.operator.verb == "deleted"
+
+
+Slots = dict[tuple[int, str], Replica]
+"""A deployment's replicas by (index, slot): its servers in the gateway are named by these alone (r1b), so
+two replicas with one name (the same slot on two hosts, as a kill in a roll can leave) are one server."""
+
+
+def _by_server(replicas: Iterable[Replica]) -> Slots:
+    return {(r.index, r.slot): r for r in replicas}
 
 
 def _planned(
     plan_changes: Iterable[Any], state: State, facts: Mapping[str, HostFacts] | None = None
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+) -> tuple[dict[str, Slots], dict[str, Slots], dict[str, Any]]:
     """Per deployment: replicas after the plan, the union with those now, and (engine, parallel)."""
-    after: dict[str, dict[tuple[str, int, str], Replica]] = {}
-    union: dict[str, dict[tuple[str, int, str], Replica]] = {}
+    after: dict[str, Slots] = {}
+    union: dict[str, Slots] = {}
     sizing: dict[str, tuple[str | None, int | None, str]] = {}
     changes = {c.name: c for c in plan_changes}
     for name in sorted(set(state.deployments) | set(changes)):
         record = state.deployments.get(name)
-        now = {(r.host, r.index, r.slot): r for r in (recorded_replicas(record, facts) if record else [])}
-        final, both = dict(now), dict(now)
         change = changes.get(name)
+        if deleted(record) and (change is None or not change.replicas):
+            continue  # deleted by an operator: not routed (404), until start or a new document brings it back
+        now = _by_server(recorded_replicas(record, facts) if record else [])
+        final, both = dict(now), dict(now)
         plan = (change.fit if change is not None and change.fit else None) or (record.plan if record else None)
         spec = (change.spec if change is not None and change.spec else None) or (record.spec if record else None)
         api = spec.api if spec else "chat"  # a decisions deployment's backend answers POST /v1/systemone only
@@ -160,10 +182,10 @@ def _planned(
             new = Replica(index=rc.index, slot=rc.slot, host=rc.host, port=rc.port, on_demand=rc.on_demand,
                           active=rc.active)  # fmt: skip
             if rc.action in (["delete"], ["delete", "create"], ["create", "delete"]):  # removed, or replaced
-                final.pop((rc.old_host or rc.host, rc.index, rc.old_slot or rc.slot), None)
+                final.pop((rc.index, rc.old_slot or rc.slot), None)
             if rc.action != ["delete"]:
-                final[(new.host, new.index, new.slot)] = new
-                both[(new.host, new.index, new.slot)] = new.model_copy(update={"new": True})
+                final[(new.index, new.slot)] = new
+                both[(new.index, new.slot)] = new.model_copy(update={"new": True})
         if change is not None and change.action == ["delete"]:
             final = {}
         if final or (change is not None and change.action != ["delete"]):
@@ -185,14 +207,16 @@ def stopped_map(deployments: Mapping[str, DeploymentRecord]) -> dict[str, str]:
 def render_for(
     host: Host, replicas: Mapping[str, Mapping[Any, Replica]], sizing: Mapping[str, Any], keys: Iterable[ApiKey],
     hosts: Mapping[str, Host], settings: GatewaySettings, stopped: Mapping[str, str] | None = None,
+    held: Iterable[str] = (),
 ) -> RenderedGateway:  # fmt: skip
+    """`held`: deployments an operator deleted (not routed; an unscoped key's scope still names them)."""
     backends = [
         deployment_backend(name, reps.values(), sizing[name][0], sizing[name][1], hosts, sizing[name][2])
         for name, reps in sorted(replicas.items())
     ]
     return render_gateway(host, backends, keys, hold_s=settings.hold_s, hold_cap=settings.hold_cap,
                           threads=settings.threads, stopped=stopped,
-                          wake_addresses=wake_addresses_for(host, hosts.values()))  # fmt: skip
+                          wake_addresses=wake_addresses_for(host, hosts.values()), scope_names=held)  # fmt: skip
 
 
 def config_diff(old: str, new: str) -> list[str]:
@@ -210,50 +234,60 @@ def plan_gateways(
     """One GatewayChange per gateway host (and a delete for a recorded gateway no longer in the inventory), and
     the drift found on them (host, detail)."""
     hosts = {h.name: h for h in inventory.hosts}
-    keys = list(keys)
+    keys = sorted(keys, key=lambda k: k.name)
     after, union, sizing = _planned(list(plan_changes), state, facts)
+    stopped = stopped_map(state.deployments)
+    held = sorted(n for n, rec in state.deployments.items() if deleted(rec) and n not in after)
     out: list[GatewayChange] = []
     drift: list[dict[str, str]] = []
     for host in inventory.gateways():
-        stopped = stopped_map(state.deployments)
-        final = render_for(host, after, sizing, keys, hosts, inventory.gateway, stopped)
-        interim = render_for(host, union, sizing, keys, hosts, inventory.gateway, stopped)
-        record = state.gateways.get(host.name)
+        final = render_for(host, after, sizing, keys, hosts, inventory.gateway, stopped, held)
+        interim = render_for(host, union, sizing, keys, hosts, inventory.gateway, stopped, held)
         change = GatewayChange(
             host=host.name, action=["no-op"], endpoint=final.endpoint, files=final.files, unit_text=final.unit_text,
-            maps=final.maps, interim_files=None if interim.files == final.files else interim.files,
+            maps=final.maps, interim_files=None if interim.files == final.files else interim.files, keys=keys,
             hold_s=inventory.gateway.hold_s, hold_cap=inventory.gateway.hold_cap, threads=inventory.gateway.threads,
         )  # fmt: skip
         hf = facts.get(host.name)
-        if hf is not None and hf.haproxy_version is None:
-            change.warnings.append(f"HAProxy is not installed on {host.name}: install it (apt install haproxy); "
-                                   "apply fails there until it is")  # fmt: skip
-        if hf is not None and hf.ip_filtering is False:
-            change.warnings.append(f"{host.name}'s systemd does not enforce IPAddressAllow= (cgroup v1): replicas "
-                                   "there are guarded by the gateway's internal key only")  # fmt: skip
-        old_config = record.config if record else ""
-        change.diff = config_diff(old_config, final.files[CONFIG_FILE])
+        change.warnings += _warnings(host.name, hf)
+        record = state.gateways.get(host.name)
+        change.diff = config_diff(record.config if record else "", final.files[CONFIG_FILE])
         if record is None:
             change.action = ["create"]
             change.reasons.append(f"new gateway on {host.name}: http://{final.endpoint}/v1")
-        else:
-            found = _drift(host.name, record.files_sha256, record.unit_sha256, hf)
-            drift.extend(found)
-            # on-demand servers as the recorded configuration had them: whether the scaler runs them is not a change
-            was = render_for(host, as_recorded(after, record.config), sizing, keys, hosts, inventory.gateway, stopped)
-            changed = [n for n, s in was.file_sha256.items() if record.files_sha256.get(n) != s]
-            if record.unit_sha256 != final.unit_sha256:
-                changed.append(GATEWAY_UNIT)
-            if changed or found or interim.files != final.files:
-                change.action = ["update"]
-                change.reasons.append("changes: " + ", ".join(changed) if changed else "the replicas roll")
-                change.reasons += [d["detail"] for d in found]
+            out.append(change)
+            continue
+        found = _drift(host.name, record.files_sha256, record.unit_sha256, hf)
+        found += runtime_drift(host.name, final.maps, hf)
+        drift.extend(found)
+        # on-demand servers as the recorded configuration had them: whether the scaler runs them is not a change
+        was = render_for(host, as_recorded(after, record.config), sizing, keys, hosts, inventory.gateway, stopped,
+                         held)  # fmt: skip
+        changed = [n for n, s in was.file_sha256.items() if record.files_sha256.get(n) != s]
+        if record.unit_sha256 != final.unit_sha256:
+            changed.append(GATEWAY_UNIT)
+        if changed or found or interim.files != final.files:
+            change.action = ["update"]
+            change.reasons.append("changes: " + ", ".join(changed) if changed else "the replicas roll")
+            change.reasons += [d["detail"] for d in found]
         out.append(change)
     for name, record in sorted(state.gateways.items()):
         if name not in {h.name for h in inventory.gateways()}:
             out.append(GatewayChange(host=name, action=["delete"], endpoint=record.endpoint,
                                      reasons=[f"{name} is no longer a gateway host in the inventory"]))  # fmt: skip
     return out, drift
+
+
+def _warnings(host: str, hf: HostFacts | None) -> list[str]:
+    out = []
+    if hf is not None and hf.haproxy_version is None:
+        out.append(
+            f"HAProxy is not installed on {host}: install it (apt install haproxy); apply fails there until it is"
+        )
+    if hf is not None and hf.ip_filtering is False:
+        out.append(f"{host}'s systemd does not enforce IPAddressAllow= (cgroup v1): replicas there are guarded by the "
+                   "gateway's internal key only")  # fmt: skip
+    return out
 
 
 def _drift(host: str, files: Mapping[str, str], unit_sha: str, hf: HostFacts | None) -> list[dict[str, str]]:
@@ -275,6 +309,44 @@ def _drift(host: str, files: Mapping[str, str], unit_sha: str, hf: HostFacts | N
     elif unit.active_state != "active":
         out.append({"host": host, "kind": "stopped", "detail": f"{GATEWAY_UNIT} is {unit.active_state} on {host}"})
     return out
+
+
+def runtime_drift(host: str, wanted: Mapping[str, Mapping[str, str]], hf: HostFacts | None) -> list[dict[str, str]]:
+    """Where the running gateway's key maps (in memory: what requests are checked against) are not the
+    documents': a key, a scope or an expiry set over the stats socket and never on disk. Each is drift that apply
+    removes (it replaces the running maps). Keys are named, never their hashes."""
+    running = hf.gateway_maps if hf is not None else None
+    out = []
+    for name in RUNTIME_MAPS:
+        now = (running or {}).get(name)
+        if now is not None:
+            details = map_differences(name, now, wanted.get(name) or {}, host)
+            out += [{"host": host, "kind": "edited", "detail": d} for d in details]
+    return out
+
+
+def _said(text: str) -> str:
+    """A name from a running map, as the plan shows it (quoted, bounded: it may be anything)."""
+    return repr(text if len(text) <= 40 else text[:40] + "…")
+
+
+def map_differences(name: str, now: Mapping[str, str], wanted: Mapping[str, str], host: str) -> list[str]:
+    """The entries of one running map that the documents do not give (or give otherwise), and those missing."""
+    extra = sorted(k for k, v in now.items() if wanted.get(k) != v)
+    missing = sorted(k for k in wanted if k not in now)
+    where = f"the running gateway on {host} ({name}, in memory)"
+    if name == "keys.map":  # hash -> key name: the hash is never shown
+        return [f"{where} accepts a key that no ApiKey document gives, named {_said(now[k])}" for k in extra] + [
+            f"{where} does not accept ApiKey {_said(wanted[k])}" for k in missing
+        ]  # fmt: skip
+    if name == "scopes.map":  # "<key>/<deployment>" -> 1
+        return [f"{where} lets key {_said(k.split('/')[0])} call {_said(k.partition('/')[2])}, which no "
+                "ApiKey document allows" for k in extra] + [
+            f"{where} does not let key {_said(k.split('/')[0])} call {_said(k.partition('/')[2])}" for k in missing
+        ]  # fmt: skip
+    return [f"{where} holds {_said(k)} → {_said(now[k])}, not what the documents give" for k in extra] + [
+        f"{where} lacks {_said(k)}" for k in missing
+    ]  # fmt: skip
 
 
 def gateway_after_apply(host: Host, state: State, hosts: Mapping[str, Host], change: GatewayChange) -> RenderedGateway:
@@ -301,42 +373,67 @@ def planned_gateway(change: GatewayChange, interim: bool) -> RenderedGateway:
                            unit_text=change.unit_text, maps=change.maps)  # fmt: skip
 
 
-MAP_LINE = re.compile(r"[A-Za-z0-9/_.-]+ [A-Za-z0-9_.-]+")
-
-
 def gateway_tampering(plan_gateways_: Iterable[GatewayChange], plan_changes: Iterable[Any], state: State,
                       inventory: Inventory) -> list[str]:  # fmt: skip
-    """Where a saved plan's gateway is not what engine-ctl renders from the plan's own changes and the state (the
-    configuration, the Lua, the unit; the key maps must be lines of names and hashes): a plan file is untrusted
-    input, and these run on the gateway hosts."""
-    expected, _ = plan_gateways(list(plan_changes), state, inventory, {}, [])
-    idle = on_demand_servers(_planned(list(plan_changes), state)[0])
+    """Where a saved plan's gateway is not what engine-ctl renders from the plan's own recorded inputs (its
+    changes, its ApiKey documents) and the state: the configuration, the Lua, the unit, every map file and the
+    maps apply sends to the running gateway over its stats socket. A plan file is untrusted input, and these run
+    on the gateway hosts and decide who may call what."""
+    saved = list(plan_gateways_)
+    keys, problems = recorded_keys(saved)
+    changes = list(plan_changes)
+    expected, _ = plan_gateways(changes, state, inventory, {}, keys)
+    idle = on_demand_servers(_planned(changes, state)[0])
     by_host = {g.host: g for g in expected}
-    problems = []
-    for g in plan_gateways_:
-        mine = by_host.get(g.host)
+    for g in saved:
         if g.action == ["delete"]:
             if g.host in by_host or g.host not in state.gateways:
                 problems.append(f"gateway {g.host}: a removal engine-ctl would not plan")
-            continue
-        if mine is None:
+        elif g.host not in by_host:
             problems.append(f"gateway {g.host}: not a gateway host of the inventory")
-            continue
-        for name, text in g.files.items():
-            if name in RUNTIME_MAPS:
-                if not all(MAP_LINE.fullmatch(line) for line in text.splitlines()):
-                    problems.append(f"gateway {g.host}: {name} holds something other than names and hashes")
-            elif blind(mine.files.get(name) or "", idle) != blind(text, idle):
-                problems.append(f"gateway {g.host}: {name} differs from what engine-ctl renders")
-        if set(g.files) != set(mine.files):
-            problems.append(f"gateway {g.host}: its files are not engine-ctl's")
-        if g.unit_text != mine.unit_text:
-            problems.append(f"gateway {g.host}: its unit differs from what engine-ctl renders")
-        if (g.hold_s, g.hold_cap, g.threads) != (mine.hold_s, mine.hold_cap, mine.threads):
-            problems.append(f"gateway {g.host}: its hold or thread settings are not the inventory's")
-        interim = (g.interim_files or {}).get(CONFIG_FILE)
-        if interim is not None and blind(interim, idle) != blind((mine.interim_files or mine.files)[CONFIG_FILE], idle):
-            problems.append(f"gateway {g.host}: its interim configuration differs from what engine-ctl renders")
+        else:
+            problems += [f"gateway {g.host}: {p}" for p in _forged(g, by_host[g.host], idle)]
+    return problems
+
+
+def recorded_keys(saved: Iterable[GatewayChange]) -> tuple[list[ApiKey], list[str]]:
+    """The ApiKey documents a saved plan records (every gateway renders the same ones), and what is wrong with
+    them: a name, a hash or a scope the documents' own rules refuse, or gateways that disagree."""
+    live = [g for g in saved if g.action != ["delete"]]
+    keys = live[0].keys if live else []
+    problems = [f"gateway {g.host}: its ApiKey documents differ from gateway {live[0].host}'s" for g in live
+                if g.keys != keys]  # fmt: skip
+    for k in keys:
+        scope = k.deployments or ()
+        if not (deployment_name_ok(k.name) and SHA256_HEX.fullmatch(k.sha256) and all(map(deployment_name_ok, scope))):
+            problems.append(f"ApiKey {_said(k.name)}: not a key document engine-ctl loads (name, sha256, scope)")
+    return keys, problems
+
+
+def _forged(g: GatewayChange, mine: GatewayChange, idle: set[tuple[str, str]]) -> list[str]:
+    """One gateway of a saved plan against engine-ctl's own rendering of it (on-demand servers' maintenance,
+    which follows the scaler, left out)."""
+    problems = []
+    if set(g.files) != set(mine.files):
+        problems.append("its files are not engine-ctl's")
+    for name, text in sorted(g.files.items()):
+        if name in mine.files and blind(mine.files[name], idle) != blind(text, idle):
+            problems.append(f"{name} differs from what engine-ctl renders from the plan's inputs")
+    if g.maps != mine.maps:
+        names = sorted(n for n in set(g.maps) | set(mine.maps) if g.maps.get(n) != mine.maps.get(n))
+        problems.append(f"the maps it sends to the running gateway ({', '.join(names)}) differ from what "
+                        "engine-ctl renders from the plan's ApiKey documents")  # fmt: skip
+    if g.unit_text != mine.unit_text:
+        problems.append("its unit differs from what engine-ctl renders")
+    if (g.hold_s, g.hold_cap, g.threads) != (mine.hold_s, mine.hold_cap, mine.threads):
+        problems.append("its hold or thread settings are not the inventory's")
+    if (g.endpoint, g.drain_timeout_s) != (mine.endpoint, mine.drain_timeout_s):
+        problems.append("its endpoint or drain timeout is not engine-ctl's")
+    interim, own = g.interim_files or g.files, mine.interim_files or mine.files
+    if set(interim) != set(own) or any(blind(own[n], idle) != blind(t, idle) for n, t in interim.items()):
+        problems.append("its interim configuration differs from what engine-ctl renders")
+    if g.action == ["no-op"] and mine.action != ["no-op"]:
+        problems.append("it changes the gateway, and the plan does not show it")
     return problems
 
 

@@ -12,38 +12,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
-
-from pydantic import BaseModel, ConfigDict
 
 from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
 from engine_ctl.core.fit.placement import Taken
+from engine_ctl.core.plan.changes import ForeignUnit, Plan, ReplicaChange
 from engine_ctl.core.render.units import RenderedUnit
-
-if TYPE_CHECKING:
-    from engine_ctl.core.plan.changes import Plan, ReplicaChange
-
-
-class ForeignUnit(BaseModel):
-    """A unit on a host of this inventory that another state (another lineage) made and manages."""
-
-    model_config = ConfigDict(frozen=True)
-
-    host: str
-    unit: str
-    deployment: str
-    lineage: str
-    revision: int
-    port: int | None = None
-    active_state: str | None = None
-
-    @property
-    def line(self) -> str:
-        state = f", {self.active_state}" if self.active_state else ""
-        return (
-            f"{self.host} {self.unit}: deployment {self.deployment} revision {self.revision}{state}, "
-            f"owned by the state of lineage {self.lineage}"
-        )
 
 
 def owner(unit: UnitFact) -> str | None:

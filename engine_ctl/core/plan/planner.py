@@ -43,6 +43,7 @@ from engine_ctl.core.plan.envelope import envelopes
 from engine_ctl.core.plan.gateway import plan_gateways
 from engine_ctl.core.plan.operator import hold, without_held_drift
 from engine_ctl.core.plan.ownership import foreign_units, hold_back, hold_foreign
+from engine_ctl.core.plan.replace import forced, mark_replaced
 from engine_ctl.core.plan.scaler import lock_refusals, plan_scaler, scaler_views_of, without_scaler
 from engine_ctl.core.plan.unitdiff import attach_unit_diffs
 from engine_ctl.core.plan.wake import woken_parks
@@ -138,8 +139,6 @@ def finish_all(
     """Once every deployment's always-on replicas are placed: each one's on-demand slots, in the same order (the
     highest priority first), then shrink and decide (deployment.finish_deployment); the envelopes last. Returns
     the drift found."""
-    from engine_ctl.core.plan.replace import forced, mark_replaced
-
     drift: list[Drift] = []
     for name, change, target in started:
         if target is not None:
@@ -185,8 +184,6 @@ def make_plan(
     names deployments whose replicas are all replaced (a rolling restart: engine_ctl.core.plan.replace).
     `scaler_lock`: with PostgreSQL state, the lock that lets a scaler run on every gateway host
     (engine_ctl.core.render.scalerlock)."""
-    from engine_ctl.core.plan.replace import forced
-
     plan = Plan(
         created_at=created_at, state_serial=state.serial, state_lineage=state.lineage,
         host_fingerprints={name: f.fingerprint() for name, f in sorted(facts.items())},

@@ -8,7 +8,6 @@ specification must pass the same rules as the documents.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +15,7 @@ from pydantic import ValidationError
 
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.documents.rules import check, resolve_engine
+from engine_ctl.core.jsonbounds import MAX_PLAN_BYTES, JsonBoundError, bounded_json
 from engine_ctl.core.model import Deployment, DesiredState, LoadedDeployment, LoadedModel, Model, Origin
 from engine_ctl.core.plan.changes import (
     DELETE,
@@ -34,14 +34,23 @@ from engine_ctl.core.render.units import RenderedUnit
 
 
 class PlanFileError(Exception):
-    """The file is a plan, but one that cannot be applied; the message says why."""
+    """The file is a plan, but one that cannot be applied; the message says why (and `line`, `column` where)."""
+
+    def __init__(self, message: str, line: int | None = None, column: int | None = None) -> None:
+        super().__init__(message)
+        self.line, self.column = line, column
 
 
 def decode_plan(text: str) -> Plan | None:
-    """A saved plan, or None when the text is not one (then it is taken as documents)."""
+    """A saved plan, or None when the text is not one (then it is taken as documents). A JSON object is read
+    within bounds (engine_ctl.core.jsonbounds: its size and nesting), before anything else."""
+    if not text.lstrip().startswith("{"):
+        return None
     try:
-        raw = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        raw = bounded_json(text, "saved plan", MAX_PLAN_BYTES)
+    except JsonBoundError as exc:
+        raise PlanFileError(f"{exc.message}: not a plan engine-ctl wrote", exc.line, exc.column) from None
+    except ValueError:  # not JSON (json.JSONDecodeError), or a number past Python's digits limit
         return None
     if not (isinstance(raw, dict) and "changes" in raw and "state_lineage" in raw):
         return None

@@ -46,7 +46,8 @@ def scaler_deployment(rec: DeploymentRecord, hosts: Mapping[str, Host]) -> Scale
     slots = [s for s in (scaler_slot(i, hosts, health) for i in slot_inputs(rec)) if s is not None]
     held = rec.operator is not None  # stopped, parked or deleted by an operator: the scaler never starts a slot
     return ScalerDeployment(
-        name=rec.name, id=rec.id or rec.name, min=rec.spec.replicas_min, max=rec.spec.replicas_max,
+        name=rec.name, id=rec.id or rec.name, revision=rec.revision, min=rec.spec.replicas_min,
+        max=rec.spec.replicas_max,
         parallel=max(rec.plan.parallel, 1), idle_minutes=rec.spec.idle_minutes, priority=rec.spec.priority,
         metric=provider.in_flight_metric if provider else "", stopped=held, slots=tuple(slots),
         parked=wake_steps(rec, provider),
@@ -71,7 +72,7 @@ class Decision(BaseModel):
     at: str
     action: str
     """up, down, zero, wake, woken (a parked deployment a request woke), preempt, hold (nothing free), failed,
-    gateway (one did not answer, or answers again)."""
+    reset (a slot whose last start failed, reset before a new start), gateway (one did not answer, or answers again)."""
     slot: int | None = None
     host: str | None = None
     reason: str

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.plan.decisions import decided_facts
-from engine_ctl.core.plan.scaler import Decision
+from engine_ctl.core.plan.scaler import Decision, scales
+from engine_ctl.core.plan.wake import parked
 from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord
 from engine_ctl.providers import PROVIDERS
 
@@ -179,6 +180,8 @@ def instance_status(r: ReplicaRecord, facts: HostFacts | None, loading: frozense
     if restarts:
         status = f"exit status {unit.exec_main_status}" if unit.exec_main_status else "killed or exited"
         error = f"restarted {restarts} time(s), last: {status}"
+    if unit.last_crash:  # the unit's own record of its crashes (NRestarts starts again once it serves)
+        error = f"crashed {len(unit.exits)} time(s), last {unit.last_crash}"
     if unit.active_state == "active" and health == "200":
         state = "ready"
     elif unit.active_state in ("activating", "reloading") or (unit.active_state == "active" and health in loading):
@@ -233,16 +236,49 @@ def verdict(
     return Verdict(state="Ready", reason="; ".join(parts))
 
 
+class Slot(BaseModel):
+    """One unit of a replica as a verdict counts it: its replica's index, its state (`ready` serves), the revision
+    it runs, and whether it is idle (an on-demand slot nobody started: not counted at all)."""
+
+    index: int
+    state: str
+    revision: int
+    idle: bool = False
+
+
+NOT_SERVING = ("starting", "pending", "failed", "unknown", "stopping", "parking", "stopped", "parked")
+"""A replica's state from its slots' when none serves: the first of these any slot is in (a replica one of whose
+slots starts is starting, whatever its other slot did)."""
+
+
+def per_replica(slots: Sequence[Slot], target: int, limit: int | None = None) -> tuple[list[int], list[str]]:
+    """(the revision of each serving replica, the state of each other one): one entry per replica index, its old
+    and new slots (a and b of a roll) counted as one replica, and only the replicas the document asks for (index
+    below `limit`, its `replicas.max`). A replica serves when a slot of it is ready (at `target` if one is)."""
+    serving: list[int] = []
+    others: list[str] = []
+    for index in sorted({s.index for s in slots if limit is None or s.index < limit}):
+        mine = [s for s in slots if s.index == index]
+        ready = [s.revision for s in mine if s.state == "ready"]
+        if ready:
+            serving.append(target if target in ready else max(ready))
+            continue
+        states = [s.state for s in mine if not s.idle]
+        if states:
+            others.append(next((n for n in NOT_SERVING if n in states), states[0]))
+    return serving, others
+
+
 def recorded_verdict(
     replicas: list[ReplicaRecord], wanted: int, target: int, *,
-    failure: str | None = None, pending: str | None = None, fit_failed: bool = False,
+    failure: str | None = None, pending: str | None = None, fit_failed: bool = False, limit: int | None = None,
 ) -> Verdict:  # fmt: skip
     """The verdict from the replicas as the state records them (what apply writes). An on-demand replica apply
-    installed and did not start (standby) is not counted: the scaler starts it."""
-    serving = [r.revision for r in replicas if r.status == "serving"]
-    others = [
-        "starting" if r.status == "pending" else r.status for r in replicas if r.status not in ("serving", "standby")
-    ]
+    installed and did not start (standby) is not counted: the scaler starts it. One replica per index."""
+    named = {"serving": "ready", "pending": "starting"}
+    slots = [Slot(index=r.index, state=named.get(r.status, r.status), revision=r.revision,
+                  idle=r.status == "standby") for r in replicas]  # fmt: skip
+    serving, others = per_replica(slots, target, limit)
     return verdict(serving, others, wanted, target, failure=failure, pending=pending, fit_failed=fit_failed)
 
 
@@ -278,13 +314,14 @@ def deployment_status(
     engine = PROVIDERS.get(rec.plan.engine) if rec.plan else None
     loading = engine.loading_statuses if engine else frozenset()
     instances = [with_records(instance_status(r, facts.get(r.host), loading), r) for r in ordered]
-    wanted = rec.spec.replicas_min if rec.spec else len(instances)
-    serving = [r.revision for r, i in zip(ordered, instances, strict=True) if i.state == "ready"]
-    others = [i.state for r, i in zip(ordered, instances, strict=True) if i.state != "ready" and not idle(r, i)]
+    wanted = rec.spec.replicas_min if rec.spec else len({r.index for r in ordered})
+    slots = [Slot(index=r.index, state=i.state, revision=r.revision, idle=idle(r, i))
+             for r, i in zip(ordered, instances, strict=True)]  # fmt: skip
+    serving, others = per_replica(slots, rec.revision, rec.spec.replicas_max if rec.spec else None)
     # "cannot be served as asked" (the fit failed) stays Failed whatever still runs; apply records it so
     fit_failed = rec.state == "Failed" and rec.last_error is not None and rec.reason == rec.last_error
     failure = rec.last_error or (rec.reason if rec.state == "Failed" else None)
-    found = verdict(serving, others, wanted, rec.revision, failure=failure, fit_failed=fit_failed)
+    found = by_hand(verdict(serving, others, wanted, rec.revision, failure=failure, fit_failed=fit_failed), others)
     held = held_state(rec, facts)
     status = DeploymentStatus(
         id=rec.id,
@@ -301,6 +338,19 @@ def deployment_status(
         ready_replicas=len(serving), **record_fields(rec),
     )  # fmt: skip
     return held_view(status, held[0], facts, rec) if held else status
+
+
+def by_hand(found: Verdict, others: Sequence[str]) -> Verdict:
+    """No replica serves because each one's unit was stopped outside engine-ctl (no verb holds it, no scaler stops
+    it): what the plan calls drift and apply repairs, said so."""
+    if found.state != "Failed" or found.reason != "no replica serves" or not others:
+        return found
+    if any(o != "stopped" for o in others):
+        return found
+    n = len(others)
+    what = "its replica's unit is" if n == 1 else f"the units of its {n} replicas are"
+    return found.model_copy(update={"reason": f"no replica serves: {what} stopped outside engine-ctl (the plan shows "
+                                    "it as drift; `engine-ctl apply` starts it)"})  # fmt: skip
 
 
 def held_state(rec: DeploymentRecord, facts: dict[str, HostFacts]) -> tuple[HeldState, str] | None:
@@ -348,7 +398,7 @@ def held_view(
     members = [m.model_copy(update={"state": i.state, "reason": None, "ready": False})
                for m, i in zip(s.members, instances, strict=False)]  # fmt: skip
     return s.model_copy(update={
-        "state": phase, "ready": 0, "ready_replicas": 0, "replicas": max(s.replicas, len(instances)),
+        "state": phase, "ready": 0, "ready_replicas": 0, "replicas": max(s.replicas, len({i.index for i in instances})),
         "instances": instances, "members": members, "last_operation": last,
     })  # fmt: skip
 
@@ -361,3 +411,28 @@ def _instance_phase(i: InstanceStatus, done: str, facts: dict[str, HostFacts] | 
     unit = next((u for u in facts[i.host].units if u.name == i.unit), None)
     going = unit is not None and unit.active_state in ("active", "activating", "deactivating", "reloading")
     return {"stopped": "stopping", "parked": "parking"}[done] if going else done
+
+
+# --- what status may read of the scaler's state.json (issue 24: never a file left by another deployment ID) ----
+def scaler_entries(document: Any, records: Mapping[str, DeploymentRecord]) -> Any:
+    """The scaler's state.json (as a gateway host's facts carry it) as status may read it: only the entries of
+    deployments the scaler acts on now (they scale, or an operator parked them), each written for this deployment
+    ID. An entry left by an older deployment of the same name (destroyed, made again), or kept after the scaler
+    stopped acting on it (a park that `start` cleared), says nothing of what runs now."""
+    if not isinstance(document, dict) or not isinstance(document.get("deployments"), dict):
+        return document
+    kept = {}
+    for name, entry in document["deployments"].items():
+        rec = records.get(str(name))
+        if rec is None or not (scales(rec.spec) or parked(rec)) or not isinstance(entry, dict):
+            continue
+        if rec.id and entry.get("id") != rec.id:
+            continue
+        kept[name] = entry
+    return {**document, "deployments": kept}
+
+
+def hosts_not_in(records: Sequence[DeploymentRecord], known: set[str]) -> list[tuple[str, int, str]]:
+    """(deployment, position in its replicas, host) of each recorded replica on a host the inventory does not have:
+    status cannot ask it, and it is not "unreachable" but unknown (an error at the place that names it)."""
+    return [(d.name, i, r.host) for d in records for i, r in enumerate(d.replicas) if r.host not in known]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.fit.fitting import largest_cores, largest_gpu_host
 from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
-from engine_ctl.core.fit.placement import HostRanking, Taken, replica_threads
+from engine_ctl.core.fit.placement import HostRanking, Reserved, Taken, crowded, replica_threads
 from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.plan.engines import engine_refusals
 from engine_ctl.core.record.model import ReplicaRecord, State
@@ -108,6 +108,11 @@ class Allocation:
         self.shared: set[tuple[str, str]] = set()
         """(host, unit) of the on-demand records, whose room is held in their deployment's view only."""
         self.displaced: set[str] = set()
+        self.reserved = Reserved()
+        """What the on-demand records reserve: always-on replicas keep off it where they can (placement.Reserved)."""
+        self.moves: dict[str, str] = {}
+        """Records that move though nothing of theirs changed (unit -> why): an on-demand slot whose room always-on
+        replicas took (its deployment's view), a replica that restores the spread (deployment.spread)."""
         self.hosts = hosts
         records = sorted(state.deployments.values(), key=lambda d: (-(d.spec.priority if d.spec else 0), d.name))
         owner: dict[str, str] = {}
@@ -121,6 +126,8 @@ class Allocation:
                     self.taken.hold(r.host, port=r.port)
                     self.on_demand.setdefault(d.name, []).append(r)
                     self.shared.add((r.host, r.unit))
+                    self.reserved.hold(r.host, f"{d.name} replica {r.index}", gpus=r.gpus, cores=share[0],
+                                       memory=share[1])  # fmt: skip
                     continue
                 if any(owner.setdefault(g, d.name) != d.name for g in r.gpus):  # another deployment holds them
                     self.displaced.add(r.unit)
@@ -135,9 +142,11 @@ class Allocation:
         cores, memory = self.shares.pop(record.unit, (0, 0))
         if (record.host, record.unit) in self.shared:  # its room is held in its deployment's view only
             self.shared.discard((record.host, record.unit))
-            for own in self.on_demand.values():
+            for name, own in self.on_demand.items():
                 if record in own:
                     own.remove(record)
+                    self.reserved.free(record.host, f"{name} replica {record.index}", gpus=record.gpus, cores=cores,
+                                       memory=memory)  # fmt: skip
             self.taken.free(record.host, port=record.port)
             return
         gpus = () if record.unit in self.displaced else record.gpus  # a displaced one's GPUs are another's
@@ -146,13 +155,19 @@ class Allocation:
     def view(self, name: str) -> Allocation:
         """What deployment `name`'s on-demand slots see: every always-on replica and its own on-demand slots (not
         other deployments' on-demand slots: those may overlap). Ports stay global: a port taken in the view is
-        taken for every deployment."""
+        taken for every deployment. An own slot on a CPU host whose cores or memory the always-on replicas hold
+        is `displaced` (placed again), and `moves` says why (a GPU slot: Target.exclusive)."""
         out = Allocation(State(), [])
         out.taken = self.taken.copy()
         out.taken.ports = self.taken.ports
         out.shares, out.hosts = dict(self.shares), self.hosts
+        facts = {h.host: h for h in self.hosts}
         for r in self.on_demand.get(name, []):
             cores, memory = self.shares.get(r.unit, (0, 0))
+            why = crowded(facts[r.host], self.taken, cores, memory) if r.host in facts and not r.gpus else None
+            if why is not None:  # always-on replicas took its room: it could never start there, so it moves
+                out.displaced.add(r.unit)
+                out.moves[r.unit] = why
             out.taken.ours.update(r.gpus)
             out.taken.hold(r.host, gpus=r.gpus, cores=cores, memory=memory)
         out.ranking = self.ranking.copy_for(out.taken)

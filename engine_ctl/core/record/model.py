@@ -358,7 +358,8 @@ class LockInfo(Record):
 
 class State(Record):
     format_version: int = FORMAT_VERSION
-    serial: int = 0
+    serial: Count = 0
+    """Up by one at every write, from 0 (never written); a negative one is not a serial engine-ctl wrote."""
     lineage: str = Field(default_factory=lambda: str(uuid.uuid4()))
     engine_ctl_version: str = ""
     deployments: dict[DeploymentName, DeploymentRecord] = Field(default_factory=dict)

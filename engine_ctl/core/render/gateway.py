@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
 import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
@@ -36,6 +37,8 @@ GATEWAY_DIR = "/etc/engine-ctl/gateway"
 RUN_DIR_NAME = "engine-ctl-gateway"
 RUN_DIR = f"/run/{RUN_DIR_NAME}"
 ADMIN_SOCKET = f"{RUN_DIR}/admin.sock"
+MASTER_SOCKET = f"{RUN_DIR}/master.sock"
+"""HAProxy's master CLI (the unit's -S): it reaches every worker, those a reload left finishing too."""
 SERVER_STATE = f"{RUN_DIR}/server-state"
 INTERNAL_ENV = f"{GATEWAY_DIR}/internal.env"
 """Where engine-ctl before the key rotation kept the internal key on a gateway host (read, never written)."""
@@ -77,6 +80,31 @@ LUA_FILE = "hold.lua"
 START_STATE_FILE = "start.state"
 """Every server DOWN, in HAProxy's server-state format: what a freshly started gateway loads (its unit copies it
 to the state file before HAProxy starts), so no request goes to a replica before its first check passes."""
+ERRORS = {
+    400: ("Bad Request", "Bad request: the gateway could not parse it", "invalid_request_error", "bad_request"),
+    408: ("Request Timeout", "The request did not arrive in time", "invalid_request_error", "request_timeout"),
+    422: ("Unprocessable Content", "The request could not be processed", "invalid_request_error", "unprocessable"),
+    429: ("Too Many Requests", "Too many requests; retry later", "rate_limit_error", "rate_limit_exceeded"),
+    500: ("Internal Server Error", "The gateway failed to handle the request", "server_error", "internal_error"),
+    502: ("Bad Gateway", "The replica gave no valid answer", "server_error", "bad_gateway"),
+    503: ("Service Unavailable", "No server is available to handle this request", "server_error", "unavailable"),
+    504: ("Gateway Timeout", "The replica did not answer in time", "server_error", "gateway_timeout"),
+}
+"""HAProxy's own errors (a request it cannot parse, a timeout, no server): answered in the OpenAI error shape, from
+error-<status>.http beside the configuration (its `errorfile` lines), not as HAProxy's HTML."""
+
+
+def error_files() -> dict[str, str]:
+    """error-<status>.http: the raw HTTP answers HAProxy sends for its own errors (ERRORS)."""
+    out = {}
+    for status, (reason, message, kind, code) in ERRORS.items():
+        body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
+        head = [f"HTTP/1.1 {status} {reason}", "Content-Type: application/json", "Cache-Control: no-cache"]
+        head += ["Connection: close", f"Content-Length: {len(body)}", *(["Retry-After: 5"] if status == 503 else [])]
+        out[f"error-{status}.http"] = "\r\n".join(head) + "\r\n\r\n" + body
+    return out
+
+
 MAP_FILES = ("keys.map", "expires.map", "scopes.map", "models.map", "stopped.map")
 RUNTIME_MAPS = ("keys.map", "expires.map", "scopes.map", "stopped.map")
 """Maps changed over the stats socket, with no reload (models.map changes only with the backends)."""
@@ -211,12 +239,15 @@ def render_gateway(
     stopped: Mapping[str, str] | None = None,
     wake_address: str = LOOPBACK,
     wake_addresses: Sequence[str] = (),
+    scope_names: Iterable[str] = (),
 ) -> RenderedGateway:
     """Everything one gateway host runs, rendered from templates/ (haproxy.cfg.j2, hold.lua, gateway.service.j2).
     `stopped`: deployment -> ID of those an operator stopped (stopped.map: answered deployment_stopped).
     `wake_address`: where its Lua pokes the scaler (wake_address_for) when none listens on this host's loopback;
     `wake_addresses`: every place it tries, in order (wake_addresses_for: with PostgreSQL state a scaler runs on
-    every gateway host, and the first that listens passes the wake to the one that acts)."""
+    every gateway host, and the first that listens passes the wake to the one that acts).
+    `scope_names`: deployments a key with no scope may also name though none is routed (one an operator deleted:
+    its name answers 404 all the same, and its scopes stay as they were, so the delete changes no key map)."""
     ordered = sorted(backends, key=lambda b: b.deployment)
     listen = f"{'[::]' if ':' in host.address else '*'}:{host.gateway_port}"
     common = {"host": host.name, "listen": listen, "internal_key": internal_key}
@@ -237,16 +268,18 @@ def render_gateway(
             "backends": ordered,
             **decisions_context(ordered, internal_key),
             **stopped_answer(),
+            "errors": sorted(ERRORS),
         },
     )
     wakes = list(wake_addresses) or list(dict.fromkeys([LOOPBACK, wake_address]))
     lua = _with_hash("hold.lua", {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX,
                                   "wake_port": WAKE_PORT, "wake_addresses": wakes})  # fmt: skip
-    maps = key_maps(keys, [b.deployment for b in ordered])
+    maps = key_maps(keys, [*(b.deployment for b in ordered), *scope_names])
     maps["models.map"] = {b.deployment: b.backend for b in ordered}
     maps["stopped.map"] = dict(stopped or {})
     files = {CONFIG_FILE: config, LUA_FILE: lua, **{name: map_text(maps[name]) for name in MAP_FILES}}
     files[START_STATE_FILE] = start_state(ordered)
+    files.update(error_files())
     unit = _gateway_unit(common, haproxy, run_dir, internal_key)
     return RenderedGateway(
         host=host.name, listen=listen, endpoint=endpoint_of(host), files=files, unit_text=unit, maps=maps

@@ -43,7 +43,8 @@ RUN_DIR_NAME = "engine-ctl-scaler"
 """/run/engine-ctl-scaler: the scaler's SSH connections to the replica hosts, kept open (ControlMaster)."""
 SCALER_STATE = f"/var/lib/{STATE_DIR_NAME}/state.json"
 COMMAND_PATH = "/usr/local/lib/engine-ctl/scaler-command"
-"""On replica hosts: the forced command of the scaler's key (start, stop, is-active, wake of replica units; status)."""
+"""On replica hosts: the forced command of the scaler's key (start, stop, is-active, reset-failed, wake of replica
+units; status)."""
 KEY_COMMENT = "engine-ctl-scaler"
 POLL_S = 15
 """Seed 000: the engines' /metrics are read every 15 s."""
@@ -111,6 +112,8 @@ class ScalerDeployment(BaseModel):
 
     name: str
     id: str
+    revision: int = 0
+    """The deployment's recorded revision: the scaler's state.json carries it with the ID (import reads both back)."""
     min: int
     max: int
     parallel: int

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import re
 
-NONCHARACTERS = "\ufdd0-\ufdef" + "".join(
-    chr(plane + 0xFFFE) + chr(plane + 0xFFFF) for plane in range(0, 0x110000, 1 << 16)
-)
-"""Unicode's noncharacters, as a regular expression's character class: systemd refuses a line holding one as not
-UTF-8 clean and ignores the directive (utf8.c, unichar_is_valid), so a unit with one in its ExecStart= has none."""
+from engine_ctl.core.documents.yamlsource import NONCHARACTERS
+
 CONTROL = re.compile(f"[\x00-\x1f\x7f-\x9f\u2028\u2029{NONCHARACTERS}]")
 """Unicode's control characters (category Cc), the line and paragraph separators (Zl, Zp) and the
 noncharacters."""

@@ -30,6 +30,11 @@ VAR_CACHE = "/var/cache"
 CREDENTIALS_DIR = "/run/credentials"
 TEMPLATE_CREDENTIAL = "chat-template"
 HASH_LINE = "\n# content-sha256: \n"
+RESTART_SEC = 5
+"""A replica that exits other than by a stop (a crash) is started again this many seconds later."""
+EXITS_DIR = "/run/engine-ctl/exits"
+"""Where a replica's unit records each exit that was not a stop (one line: epoch, systemd's result, exit code and
+status: `1733312345 signal killed SEGV`), in a file named after the unit; the facts probe reads it."""
 """The template's header line for the content hash, as the body (rendered without the hash) has it."""
 NVIDIA_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
@@ -201,6 +206,8 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
         "port": run.port,
         "gpus": [g.uuid for g in run.gpus],
         "start_limit_interval": provider.startup_budget_s * 4 + 120,
+        "restart_sec": RESTART_SEC,
+        "exits_dir": EXITS_DIR,
         "exec_start": exec_line(argv),
         "exec_health": exec_line(
             health_argv(run.port, provider.health_path, provider.startup_budget_s, local_address(run.bind_address))

@@ -17,6 +17,7 @@ from engine_ctl.core.render.gateway import (
     CONFIG_FILE,
     GATEWAY_DIR,
     GATEWAY_UNIT,
+    RenderedGateway,
     backend_name,
     replica_key_files,
     server_name,
@@ -72,11 +73,23 @@ class GatewayApply:
         for g in self.live:
             remote.set_internal_key(self._t(g.host), key, following)
             if g.changed:
-                done = remote.install(self._t(g.host), planned_gateway(g, interim=True))
+                interim = planned_gateway(g, interim=True)
+                done = remote.install(self._t(g.host), interim)
+                self._record_installed(g, interim)
                 self.progress(f"gateway {g.host}: {done} (http://{g.endpoint}/v1)")
         for g in self.changes:
             if g.action == ["delete"]:
                 self._remove(g)
+
+    def _record_installed(self, g: GatewayChange, rendered: RenderedGateway) -> None:
+        """What engine-ctl installed on a gateway, recorded at once: the interim configuration, until the roll is
+        done. A kill in between leaves a state that says so, and the next plan sees engine-ctl's own files there
+        (and plans the rest), never an edit by hand."""
+        record = GatewayRecord(
+            endpoint=g.endpoint, files_sha256=rendered.file_sha256, unit_sha256=rendered.unit_sha256,
+            config=rendered.files[CONFIG_FILE],
+        )  # fmt: skip
+        self.record(lambda s, h=g.host, r=record: s.gateways.__setitem__(h, r), f"gateway {g.host}")  # type: ignore[misc]
 
     def _internal_key(self) -> tuple[str, str | None]:
         """The key the gateways already share (and the next one, during a rotation), or a new one (256 bits). It
@@ -127,9 +140,9 @@ class GatewayApply:
             if where not in remote.server_states(t):
                 continue
             remote.set_state(t, *where, "drain")
-            left = remote.wait_for(t, *where, lambda s: s.in_flight == 0, timeout)
+            drained = remote.wait_drained(t, *where, timeout)  # in every worker: a reload's old ones too
             remote.set_state(t, *where, "maint")
-            if left is None:
+            if not drained:
                 self.progress(f"{deployment}: {unit} still had requests after {timeout} s of draining; stopping it")
         if self.live:
             self.progress(f"{deployment}: {unit} drained")
@@ -141,10 +154,6 @@ class GatewayApply:
             host = self.hosts[g.host]
             rendered = gateway_after_apply(host, self.state(), self.hosts, g)
             done = remote.install(self._t(g.host), rendered)
-            record = GatewayRecord(
-                endpoint=g.endpoint, files_sha256=rendered.file_sha256, unit_sha256=rendered.unit_sha256,
-                config=rendered.files[CONFIG_FILE],
-            )  # fmt: skip
-            self.record(lambda s, h=g.host, r=record: s.gateways.__setitem__(h, r), f"gateway {g.host}")  # type: ignore[misc]
+            self._record_installed(g, rendered)
             if done != "maps" or g.changed:
                 self.progress(f"gateway {g.host}: serving http://{g.endpoint}/v1 ({done})")

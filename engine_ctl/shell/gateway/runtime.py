@@ -4,6 +4,7 @@ dropping a connection, change its key maps and its servers' states over the stat
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -17,6 +18,7 @@ from engine_ctl.core.render.gateway import (
     HAPROXY,
     INTERNAL_ENV,
     INTERNAL_MAP_FILE,
+    MASTER_SOCKET,
     REPLICA_KEY,
     RUN_DIR,
     RUNTIME_MAPS,
@@ -133,6 +135,39 @@ def wait_for(
         time.sleep(0.5)
 
 
+def old_workers(show_proc: str) -> list[int]:
+    """The master CLI's `show proc` -> the pids of the workers a reload left finishing their requests."""
+    section = show_proc.partition("# old workers")[2].partition("#")[0]
+    return [int(line.split()[0]) for line in section.splitlines() if line.split() and line.split()[0].isdigit()]
+
+
+def in_flight_in_old_workers(t: Transport, backend: str, server: str, master: str = MASTER_SOCKET) -> int:
+    """Requests to one server still in flight in the workers a reload left (the admin socket reaches only the
+    newest worker: a request that began before the reload is invisible there)."""
+    try:
+        pids = old_workers(runtime(t, ["show proc; quit"], master)[0])  # (the master keeps a connection open)
+        answers = runtime(t, [f"@!{pid} show stat; quit" for pid in pids], master) if pids else []
+    except GatewayFailure:  # no master socket (a gateway started by an older engine-ctl): the newest worker only
+        return 0
+    stats = [parse_stat(re.sub(r"^\[\d+\] ", "", a.lstrip())) for a in answers]  # the master adds "[pid] "
+    return sum(s.in_flight for stat in stats if (s := stat.get((backend, server))) is not None)
+
+
+def wait_drained(
+    t: Transport, backend: str, server: str, timeout: float, socket: str = ADMIN_SOCKET, master: str = MASTER_SOCKET
+) -> bool:
+    """Wait (bounded) until no request to the server is in flight in any worker, the newest and those a reload
+    left; False if some still were at the timeout."""
+    deadline = time.monotonic() + timeout
+    if wait_for(t, backend, server, lambda s: s.in_flight == 0, timeout, socket) is None:
+        return False
+    while in_flight_in_old_workers(t, backend, server, master):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 def set_state(t: Transport, backend: str, server: str, state: str, socket: str = ADMIN_SOCKET) -> None:
     answer = runtime(t, [f"set server {backend}/{server} state {state}"], socket)[0].strip()
     if answer and "No such" in answer:
@@ -204,6 +239,18 @@ def set_internal_key(t: Transport, key: str, following: str | None, socket: str 
         raise GatewayFailure(f"changing the gateway's internal key: {answer}")
 
 
+def check_config(t: Transport, path: str, host: str, haproxy: str = HAPROXY) -> None:
+    """`haproxy -c` on a configuration; when it refuses it, HAProxy's own lines (its alerts, with the file and
+    line they point at) are the error, never a bare exit status."""
+    result = t.run([haproxy, "-c", "-f", path], timeout=120)
+    if result.exit_code == 0:
+        return
+    lines = [ln.strip() for ln in (result.stdout + "\n" + result.stderr).splitlines() if ln.strip()]
+    said = [ln for ln in lines if "ALERT" in ln] or lines
+    raise GatewayFailure(f"haproxy -c on {host} refused the configuration (exit status {result.exit_code}): "
+                         + (" | ".join(said[:8]) if said else "HAProxy printed nothing"))  # fmt: skip
+
+
 def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> str:
     """Put the files in place, checked first: the new set is written beside the old (GATEWAY_DIR.new), checked
     with `haproxy -c` there, then moved in. Then start the unit, or reload it (master-worker: the listening
@@ -216,7 +263,7 @@ def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> 
     _ok(t, ["sh", "-c", prepare], "preparing the gateway directory")
     for name, text in rendered.files.items():
         t.put(f"{staging}/{name}", text.encode(), 0o644)
-    _ok(t, [haproxy, "-c", "-q", "-f", f"{staging}/haproxy.cfg"], f"haproxy -c on {rendered.host}")
+    check_config(t, f"{staging}/haproxy.cfg", rendered.host, haproxy)
     old = t.run(["sh", "-c", f"cd {GATEWAY_DIR} && sha256sum * {UNIT_DIR}/{GATEWAY_UNIT} 2>/dev/null"]).stdout
     before = {
         line.split()[1].rsplit("/", 1)[-1]: line.split()[0] for line in old.splitlines() if len(line.split()) == 2

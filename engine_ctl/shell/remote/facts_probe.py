@@ -247,6 +247,15 @@ def parse_systemctl_show(text: str) -> list[dict[str, str]]:
     return out
 
 
+EXITS_DIR = "/run/engine-ctl/exits"  # engine_ctl.core.render.units.EXITS_DIR: a replica's exits other than a stop
+
+
+def exits(unit: str, limit: int = 20) -> list[str]:
+    """The unit's last exits that were not a stop (its ExecStopPost writes `epoch result code status`)."""
+    text = read(os.path.join(EXITS_DIR, unit)) or ""
+    return [line for line in text.splitlines() if line.strip()][-limit:]
+
+
 def units(prefix: str, unit_dir: str = UNIT_DIR) -> list[dict[str, Any]]:
     """engine-ctl's units: systemd's view of each (UNIT_PROPERTIES) and what its file says (unit_file); a file
     systemd does not report is listed with its file's facts alone."""
@@ -255,6 +264,8 @@ def units(prefix: str, unit_dir: str = UNIT_DIR) -> list[dict[str, Any]]:
         return []
     shown = parse_systemctl_show(run(systemctl_show_argv(files))["out"])
     out: list[dict[str, Any]] = [dict(fields, **files.get(fields["Id"], {})) for fields in shown]
+    for u in out:
+        u["exits"] = exits(u["Id"])
     seen = {u["Id"] for u in out}
     return out + [dict(files[n], Id=n) for n in files if n not in seen]
 
@@ -850,15 +861,15 @@ def parse_show_stat(data: str) -> dict[str, str]:
     return servers
 
 
-def gateway_servers(path: str = GATEWAY_SOCKET) -> dict[str, str]:
-    """Each server's state as HAProxy sees it, over its runtime socket; {} when it does not answer."""
+def gateway_ask(command: str, path: str = GATEWAY_SOCKET) -> str | None:
+    """One command to the gateway's runtime socket: its answer, or None when it does not answer."""
     import socket
 
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(3)
             s.connect(path)
-            s.sendall(b"show stat\n")
+            s.sendall(command.encode() + b"\n")
             data = b""
             while True:
                 chunk = s.recv(65536)
@@ -866,8 +877,43 @@ def gateway_servers(path: str = GATEWAY_SOCKET) -> dict[str, str]:
                     break
                 data += chunk
     except OSError:
-        return {}
-    return parse_show_stat(data.decode("utf-8", "replace"))
+        return None
+    return data.decode("utf-8", "replace")
+
+
+def gateway_servers(path: str = GATEWAY_SOCKET) -> dict[str, str]:
+    """Each server's state as HAProxy sees it, over its runtime socket; {} when it does not answer."""
+    return parse_show_stat(gateway_ask("show stat", path) or "")
+
+
+RUNTIME_MAPS = ("keys.map", "expires.map", "scopes.map", "stopped.map")
+"""The maps apply changes in a running gateway (engine_ctl.core.render.gateway.RUNTIME_MAPS)."""
+
+
+def parse_show_map(data: str) -> dict[str, str] | None:
+    """`show map NAME` -> {key: value} (each line `0x<ref> <key> <value>`); None for a map it does not know."""
+    entries = {}
+    for line in data.splitlines():
+        words = line.split(" ", 2)
+        if len(words) == 3 and words[0].startswith("0x"):
+            entries[words[1]] = words[2]
+        elif line.strip():
+            return None  # "Unknown map identifier", or an answer that is not a map
+    return entries
+
+
+def gateway_maps(path: str = GATEWAY_SOCKET) -> dict[str, dict[str, str]] | None:
+    """The key maps as the running gateway holds them in memory (what requests are checked against): a map
+    changed over the socket, never on disk, shows here. None when the gateway does not answer."""
+    out = {}
+    for name in RUNTIME_MAPS:
+        data = gateway_ask("show map " + name, path)
+        if data is None:
+            return None
+        entries = parse_show_map(data)
+        if entries is not None:
+            out[name] = entries
+    return out
 
 
 def gateway(directory: str = GATEWAY_DIR) -> dict[str, Any] | None:
@@ -883,7 +929,7 @@ def gateway(directory: str = GATEWAY_DIR) -> dict[str, Any] | None:
                     files[entry] = hashlib.sha256(f.read()).hexdigest()
     except OSError:
         return None
-    return {"files": files, "servers": gateway_servers()}
+    return {"files": files, "servers": gateway_servers(), "maps": gateway_maps()}
 
 
 # The probe ------------------------------------------------------------------------------------------------------

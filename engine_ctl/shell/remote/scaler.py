@@ -22,10 +22,10 @@ GPU process is not started: another slot is, or the decision says why none is fr
 may preempt a lower-priority replica above that deployment's min.
 
 Replica hosts are reached over SSH with the scaler's own key, which a forced command there limits to start, stop,
-is-active and wake of engine-ctl's replica units and a read-only status (scaler_command.py): a parked engine's
-wake calls are made there, on loopback, since its guard passes no sleep control on. State (decisions, times,
-averages, what is in flight) is kept in /var/lib/engine-ctl/scaler/state.json, written atomically, so a restart
-carries on where it was and does not flap.
+is-active, reset-failed (a failed slot, before a new start) and wake of engine-ctl's replica units and a read-only
+status (scaler_command.py): a parked engine's wake calls are made there, on loopback, since its guard passes no
+sleep control on. State (decisions, times, averages, what is in flight) is kept in
+/var/lib/engine-ctl/scaler/state.json, written atomically, so a restart carries on where it was and does not flap.
 
 Hosts may run an older Python than engine-ctl: this file keeps to Python 3.7's grammar and library. The decision
 (`decide`) and the slot choice (`choose_slot`) are pure functions over plain values, unit-tested locally."""
@@ -551,6 +551,7 @@ class Scaler:
             if kept is not None and kept.get("id", d.get("id")) != d.get("id"):
                 del self.state["deployments"][d["name"]]  # deleted and made again under its name: none of its past
             self.mem(d["name"])["id"] = d.get("id")
+            self.mem(d["name"])["revision"] = d.get("revision")  # with the ID: what `import` reads back
             self.mem(d["name"]).setdefault("last_request_at", time.time())
 
     def mem(self, name: str) -> Obj:
@@ -798,7 +799,7 @@ class Scaler:
         return status if isinstance(status, dict) else None
 
     def ssh(self, slot: Obj, command: str, timeout: float = 60) -> tuple[int, str]:
-        if command.split()[0] in ("start", "stop", "gateway-set", "wake"):
+        if command.split()[0] in ("start", "stop", "reset-failed", "gateway-set", "wake"):
             self.fence()
         argv = ["ssh", "-F", "/dev/null", "-i", self.config["key"], "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
                 "-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile=" + self.config["known_hosts"],
@@ -937,6 +938,7 @@ class Scaler:
             self.woken.set()
 
     def start(self, dep: Obj, slot: Obj) -> None:
+        self.reset_if_failed(dep, slot)
         code, out = self.ssh(slot, "start " + slot["unit"], timeout=120)
         if code != 0:
             raise RuntimeError("start %s on %s: %s" % (slot["unit"], slot["host"], out.strip()[-300:]))
@@ -956,6 +958,16 @@ class Scaler:
         if len(failed) == len(self.drives()):
             raise RuntimeError("slot %d serves but no gateway took it: %s" % (slot["index"], "; ".join(failed)))
         self.log("%s: slot %d serving" % (dep["name"], slot["index"]))
+
+    def reset_if_failed(self, dep: Obj, slot: Obj) -> None:
+        """A slot whose last start failed is in systemd's start limit (StartLimitIntervalSec, up to 42 min): no
+        start would run. The forced command resets it when it is failed (and only then); recorded as a decision."""
+        code, out = self.ssh(slot, "reset-failed " + slot["unit"], timeout=30)
+        if code != 0:
+            self.log("%s: reset-failed %s on %s: %s" % (dep["name"], slot["unit"], slot["host"], out.strip()[-300:]))
+        elif out.strip().endswith("reset (it had failed)"):
+            self.record(dep["name"], "reset", "slot %d had failed its last start: reset before this start"
+                        % slot["index"], None, slot)  # fmt: skip
 
     def drain_and_stop(self, dep: Obj, slot: Obj) -> None:
         """Drain on every gateway, wait until no gateway that answers has a request on it, maintenance on every

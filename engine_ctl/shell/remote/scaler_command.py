@@ -4,6 +4,9 @@
 The key can do exactly this, read from SSH_ORIGINAL_COMMAND and nothing else:
 - `start UNIT`, `stop UNIT`, `is-active UNIT` where UNIT is one of engine-ctl's replica units installed here
   (engine-ctl-<deployment>-<index><slot>.service, with engine-ctl's header);
+- `reset-failed UNIT`, such a unit: systemd's failed state and start limit reset, only when the unit is failed
+  (a failed start drove it into the start limit: no later start would run for StartLimitIntervalSec). The scaler
+  asks before each start; a unit that is not failed is left as it is (its crash-loop limit still holds);
 - `is-active stop-UNIT`, `is-active park-UNIT`: whether a park's job on such a unit still runs (exit 0 while it
   is active or activating, as a oneshot job is);
 - `status`: the replica units in use here with the devices each takes, the GPUs with a process (nvidia-smi, when
@@ -52,8 +55,9 @@ METHODS = ("GET", "POST")
 
 
 def refuse(command: str) -> int:
-    sys.stderr.write("engine-ctl scaler key: refused: %r (only start, stop, is-active, wake of a replica unit, "
-                     "status, gateway-set of an engine-ctl server, gateway-stat)\n" % command[:200])  # fmt: skip
+    sys.stderr.write("engine-ctl scaler key: refused: %r (only start, stop, is-active, reset-failed, wake of a "
+                     "replica unit, status, gateway-set of an engine-ctl server, gateway-stat)\n"
+                     % command[:200])  # fmt: skip
     return REFUSED
 
 
@@ -77,9 +81,7 @@ def operator_job(name: str) -> bool:
 
 def job_running(name: str) -> bool:
     """Whether a oneshot job runs: `activating` while it does (is-active says 0 only for `active`)."""
-    p = subprocess.run(["systemctl", "show", "-p", "ActiveState", "--value", "--", name], stdout=subprocess.PIPE,
-                       text=True, check=False)  # fmt: skip
-    return p.stdout.strip() in IN_USE
+    return active_state(name) in IN_USE
 
 
 def unit_devices(name: str) -> list[str]:
@@ -92,6 +94,23 @@ def unit_devices(name: str) -> list[str]:
     for m in DEVICES.finditer(text):
         out += [d for d in m.group(1).split(",") if d]
     return sorted(set(out))
+
+
+def active_state(name: str) -> str:
+    p = subprocess.run(["systemctl", "show", "-p", "ActiveState", "--value", "--", name], stdout=subprocess.PIPE,
+                       text=True, check=False)  # fmt: skip
+    return p.stdout.strip()
+
+
+def reset_failed(name: str) -> int:
+    """A failed replica unit reset (its failed state and its start limit), so that the next start runs; one that
+    is not failed is left alone. Says which on stdout."""
+    if active_state(name) != "failed":
+        sys.stdout.write("%s is not failed\n" % name)
+        return 0
+    code = subprocess.run(["systemctl", "reset-failed", "--", name], check=False).returncode
+    sys.stdout.write("%s reset (it had failed)\n" % name if code == 0 else "")
+    return code
 
 
 def units_in_use() -> list[dict[str, Any]]:
@@ -298,6 +317,8 @@ def main(command: str | None = None, unit_dir: str = UNIT_DIR) -> int:
         return 0
     if len(words) == 2 and words[0] == "wake" and replica_unit(words[1], unit_dir):
         return wake(words[1], unit_dir)
+    if len(words) == 2 and words[0] == "reset-failed" and replica_unit(words[1], unit_dir):
+        return reset_failed(words[1])
     if len(words) == 2 and words[0] == "is-active" and operator_job(words[1]):
         return 0 if job_running(words[1]) else 3
     if len(words) != 2 or words[0] not in ("start", "stop", "is-active") or not replica_unit(words[1]):

@@ -3,8 +3,8 @@ replica hosts, its configuration (from the recorded state: what apply placed), i
 
 The key is generated on the scaler host itself (ssh-keygen there, 0600, root's): only its public half travels,
 into each replica host's and each other gateway host's authorized_keys with `restrict` and a forced command that
-allows start, stop and is-active of engine-ctl's replica units, a read-only status, and on a gateway host the
-state of one server of one engine-ctl backend and its counts (remote/scaler_command.py). Nothing of the key is
+allows start, stop, is-active and reset-failed of engine-ctl's replica units, a read-only status, and on a gateway
+host the state of one server of one engine-ctl backend and its counts (remote/scaler_command.py). Nothing of the key is
 in a plan, the state or a log."""
 
 from __future__ import annotations

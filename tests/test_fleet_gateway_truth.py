@@ -1,0 +1,333 @@
+"""The gateway tells the truth on the real fleet (HAProxy 2.6 under engine-ctl's unit, the real llama-server): a
+tampered saved plan cannot add or widen a key, a key set only in the running gateway's memory is drift that apply
+removes, a kill in a roll never wedges the next apply nor is blamed on a person, a deleted deployment is unknown
+at once, and destroy leaves nothing of engine-ctl's on any host. Issue 31 point 1; issue 24 points 1, 6, 7, 16."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine_ctl.core.documents.apikey import key_sha256
+from tests.fleet import Fleet
+
+pytestmark = pytest.mark.fleet
+KEY_ALL = "ak-truth-all-" + "e5" * 24
+KEY_ONE = "ak-truth-one-" + "f6" * 24
+EVIL = "ak-evil"
+SOCKET = "/run/engine-ctl-gateway/admin.sock"
+
+
+class Truth:
+    """Documents (the first host a gateway; `tk`: two replicas pinned to one host with a core each, so a roll is
+    stop-then-start; `tb`: one replica elsewhere), keys `all` and `one` (tk only), a state beside them."""
+
+    def __init__(self, path: Path, fleet: Fleet) -> None:
+        self.path, self.fleet = path, fleet
+        self.gateway, self.pinned, self.other = fleet.hosts[0], fleet.hosts[1], fleet.hosts[2]
+        inventory = Path(fleet.inventory).read_text()
+        line = f"  - {{name: {self.gateway.name}, address: {self.gateway.address}}}"
+        assert line in inventory
+        self.inventory = path / "hosts.yaml"
+        self.inventory.write_text(inventory.replace(line, line[:-1] + ", roles: [gateway]}"))
+        self.docs = path / "docs"
+        self.docs.mkdir()
+        self.write(512)
+
+    def write(self, context: int, zero: bool = False) -> None:
+        """The documents; `zero`: with `tz` too, which scales to zero (so a scaler runs, with its key on a host)."""
+        scaled = textwrap.dedent(f"""
+            ---
+            metadata: {{name: tz}}
+            spec: {{model: tiny, accelerator: cpu, host: {self.fleet.hosts[3].name}, cpu_cores: 1,
+                    context_length: 512, replicas: {{min: 0, max: 1, idle_minutes: 1}}}}
+            """)  # fmt: skip
+        if zero:
+            (self.docs / "scaled.yaml").write_text(scaled)
+        (self.docs / "docs.yaml").write_text(textwrap.dedent(f"""
+            kind: Model
+            metadata: {{name: tiny}}
+            spec: {{format: gguf, path: tiny/tiny.gguf, parameters: 4170048}}
+            ---
+            metadata: {{name: tk}}
+            spec: {{model: tiny, accelerator: cpu, host: {self.pinned.name}, cpu_cores: 1, context_length: {context},
+                    replicas: {{min: 2, max: 2}}}}
+            ---
+            metadata: {{name: tb}}
+            spec: {{model: tiny, accelerator: cpu, host: {self.other.name}, cpu_cores: 1, context_length: 512}}
+            ---
+            kind: ApiKey
+            metadata: {{name: all}}
+            spec: {{sha256: {key_sha256(KEY_ALL)}}}
+            ---
+            kind: ApiKey
+            metadata: {{name: one}}
+            spec: {{sha256: {key_sha256(KEY_ONE)}, deployments: [tk]}}
+            """))  # fmt: skip
+
+    def argv(self, *args: str) -> list[str]:
+        argv = [sys.executable, "-m", "engine_ctl", *args]
+        if args[0] in ("plan", "apply", "destroy", "status", "list"):
+            argv.append(str(self.docs))
+        return [*argv, "--inventory", str(self.inventory)]
+
+    def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(self.argv(*args), capture_output=True, text=True, timeout=timeout, cwd=self.docs)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        return proc
+
+    def apply_file(self, plan: Path) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "engine_ctl", "apply", str(plan), "--inventory", str(self.inventory)]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=self.docs)
+
+    def ask(self, model: str, key: str) -> tuple[int, dict, float]:  # type: ignore[type-arg]
+        """One chat request through the gateway: its HTTP status, JSON body and how long it took."""
+        body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        req = urllib.request.Request(
+            f"http://{self.gateway.address}:8800/v1/chat/completions", data=body.encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+        )  # fmt: skip
+        started = time.monotonic()
+        try:
+            with urllib.request.urlopen(req, timeout=180) as r:
+                return r.status, json.loads(r.read()), time.monotonic() - started
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}"), time.monotonic() - started
+
+    def stats_socket(self, *commands: str) -> None:
+        """Commands to the running gateway's stats socket, as anyone with root on the gateway host could send."""
+        script = (
+            "import socket,sys\n"
+            "for c in sys.argv[1:]:\n"
+            f"    s=socket.socket(socket.AF_UNIX); s.connect({SOCKET!r}); s.sendall(c.encode()+b'\\n')\n"
+            "    print(s.recv(65536).decode()); s.close()\n"
+        )
+        quoted = " ".join("'" + c + "'" for c in commands)
+        self.fleet.ssh(self.gateway, f'python3 -c "{script}" {quoted}')
+
+
+@pytest.fixture(scope="module")
+def truth(fleet: Fleet, weights: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Truth]:
+    p = Truth(tmp_path_factory.mktemp("truth"), fleet)
+    applied = p.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    yield p
+    (p.docs / "engine-ctl.state.json.lock").unlink(missing_ok=True)
+    if (p.docs / "engine-ctl.state.json").exists():
+        p.cli("destroy", "--auto-approve")
+    fleet.ssh(p.gateway, "systemctl disable --now engine-ctl-gateway.service", check=False)
+
+
+def tampered(truth: Truth, edit: str) -> subprocess.CompletedProcess[str]:
+    """A plan saved with --out, one of its gateway maps edited (`keys.map` or `scopes.map`), then applied."""
+    saved = truth.path / f"{edit}.json"
+    made = truth.cli("plan", "--out", str(saved))
+    assert made.returncode == 0, made.stdout + made.stderr
+    plan = json.loads(saved.read_text())
+    maps = plan["gateways"][0]["maps"]
+    if edit == "keys.map":
+        maps["keys.map"][key_sha256(EVIL)] = "all"  # sha256("ak-evil") -> all: every deployment
+    else:
+        maps["scopes.map"]["one/tb"] = "1"  # `one` (tk only) may call tb
+    saved.write_text(json.dumps(plan))
+    return truth.apply_file(saved)
+
+
+def test_a_saved_plan_cannot_add_a_key_or_widen_a_scope(truth: Truth) -> None:
+    assert truth.ask("tk", KEY_ALL)[0] == 200 and truth.ask("tb", KEY_ONE)[0] == 404
+    added = tampered(truth, "keys.map")
+    assert added.returncode == 1, added.stdout + added.stderr
+    assert "the saved plan's gateway is not engine-ctl's" in added.stderr and "keys.map" in added.stderr, added.stderr
+    assert truth.ask("tk", EVIL)[0] == 401
+    widened = tampered(truth, "scopes.map")
+    assert widened.returncode == 1 and "scopes.map" in widened.stderr, widened.stdout + widened.stderr
+    assert truth.ask("tb", KEY_ONE)[0] == 404
+    assert truth.cli("plan", "--detailed-exitcode").returncode == 0
+
+
+def test_a_key_only_in_the_running_gateway_is_drift_and_apply_removes_it(truth: Truth) -> None:
+    truth.stats_socket(f"add map keys.map {key_sha256(EVIL)} intruder", "add map scopes.map intruder/tb 1",
+                       "add map scopes.map one/tb 1")  # fmt: skip
+    assert truth.ask("tb", EVIL)[0] == 200 and truth.ask("tb", KEY_ONE)[0] == 200  # the hole is real
+    plan = truth.cli("plan", "--detailed-exitcode")
+    said = plan.stdout + plan.stderr
+    assert plan.returncode == 2, said
+    assert "accepts a key that no ApiKey document gives, named 'intruder'" in said, said
+    assert "lets key 'one' call 'tb', which no ApiKey document allows" in said, said
+    assert key_sha256(EVIL)[:8] not in said  # named, never shown by its hash
+    applied = truth.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert truth.ask("tb", EVIL)[0] == 401 and truth.ask("tb", KEY_ONE)[0] == 404
+    again = truth.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def killed_in_the_roll(truth: Truth, needle: str = "no room for a surge", nth: int = 2) -> str:
+    """apply, killed with SIGKILL right after its `nth` line that says `needle`; what it printed."""
+    proc = subprocess.Popen(truth.argv("apply", "--auto-approve"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=truth.docs)  # fmt: skip
+    said, seen = [], 0
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        said.append(line)
+        seen += needle in line
+        if seen == nth:
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    assert seen == nth, "".join(said)
+    return "".join(said)
+
+
+def test_a_kill_in_a_roll_is_recovered_by_the_next_apply_and_blamed_on_no_one(truth: Truth) -> None:
+    truth.write(1024)
+    killed_in_the_roll(truth)
+    (truth.docs / "engine-ctl.state.json.lock").unlink()  # the lock of a process that was killed
+    plan = truth.cli("plan", "--detailed-exitcode")
+    said = plan.stdout + plan.stderr
+    assert plan.returncode == 2, said
+    assert "by hand" not in said, said  # engine-ctl's own interim configuration, recorded as such
+    applied = truth.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    again = truth.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert truth.ask("tk", KEY_ALL)[0] == 200
+
+
+def test_a_deleted_deployment_is_unknown_at_once(truth: Truth) -> None:
+    assert truth.ask("tb", KEY_ALL)[0] == 200
+    deleted = truth.cli("delete", "deployment", "tb", "--stop")
+    assert deleted.returncode == 0, deleted.stdout + deleted.stderr
+    status, body, took = truth.ask("tb", KEY_ALL)
+    assert (status, body["error"]["code"]) == (404, "model_not_found") and took < 5, (status, body, took)
+    plan = truth.cli("plan", "--detailed-exitcode")
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    assert truth.ask("tk", KEY_ALL)[0] == 200
+    started = truth.cli("start", "deployment", "tb")
+    assert started.returncode == 0, started.stdout + started.stderr
+    applied = truth.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert truth.ask("tb", KEY_ALL)[0] == 200
+
+
+def test_a_refused_configuration_says_haproxys_own_words(truth: Truth) -> None:
+    """`haproxy -c` refusing a configuration: the error carries HAProxy's alert (file, line, what), not a bare
+    exit status. The shell's own install, on the real gateway host, with a configuration that names a server
+    twice (what a kill in a roll once made)."""
+    from engine_ctl.core.documents.inventory import load_inventory
+    from engine_ctl.shell.gateway import runtime
+    from engine_ctl.shell.transport import transport_for
+
+    host = load_inventory(truth.inventory).host(truth.gateway.name)
+    assert host is not None
+    t = transport_for(host, None)
+    try:
+        t.run(["sh", "-c", "rm -rf /tmp/twice && cp -r /etc/engine-ctl/gateway /tmp/twice"])
+        config = t.run(["cat", "/tmp/twice/haproxy.cfg"]).stdout
+        line = next(ln for ln in config.splitlines() if ln.strip().startswith("server r0"))
+        t.put("/tmp/twice/haproxy.cfg", config.replace(line, line + "\n" + line).encode(), 0o644)
+        with pytest.raises(runtime.GatewayFailure) as refused:
+            runtime.check_config(t, "/tmp/twice/haproxy.cfg", host.name)
+        t.run(["rm", "-rf", "/tmp/twice"])
+    finally:
+        t.close()
+    assert re.search(r"ALERT.*haproxy\.cfg:\d+.*r0", str(refused.value)), str(refused.value)
+
+
+LEFT = (
+    "ls -d /etc/engine-ctl /usr/local/lib/engine-ctl /run/engine-ctl-* /var/lib/engine-ctl/* "
+    "/etc/systemd/system/engine-ctl* 2>/dev/null; grep -h engine-ctl-scaler /root/.ssh/authorized_keys; "
+    "systemctl list-units --all --no-legend --plain 'engine-ctl*' | grep -v ' not-found '; true"
+)
+"""What of engine-ctl's is on a host: its folders, units (files, and loaded ones that exist), and the scaler's
+authorized key."""
+
+
+SECRETS_SCAN = r"""
+import glob, os, sys
+tokens = [t.encode() for t in sys.argv[1:]]
+tops = ["/etc/engine-ctl", "/etc/systemd/system", "/run", "/usr/local/lib/engine-ctl", "/root/.ssh", "/home",
+        "/tmp", "/var/lib/private", *glob.glob("/var/lib/engine-ctl*")]
+for top in tops:
+    for folder, dirs, files in os.walk(top):
+        if folder.startswith(("/var/lib/engine-ctl/models", "/run/systemd", "/etc/ssh")):
+            dirs[:] = []
+            continue
+        for name in files:
+            path = os.path.join(folder, name)
+            try:
+                st = os.lstat(path)
+                if not os.path.isfile(path) or os.path.islink(path) or st.st_size > 4_000_000:
+                    continue
+                data = open(path, "rb").read()
+            except OSError:
+                continue
+            found = [i for i, t in enumerate(tokens) if t in data]
+            if found:
+                print("%o %d %s %s" % (st.st_mode & 0o777, st.st_uid, ",".join(map(str, found)), path))
+"""
+
+
+def test_every_file_holding_a_secret_is_root_only_and_no_key_is_written_anywhere(truth: Truth) -> None:
+    """Issue 29 point 8, on the hosts: every file that holds the gateway's internal key or the scaler's private key
+    is 0600 (or 0400) and root's, and is one of the files the docs name; an API key is never written anywhere.
+    The scan covers where engine-ctl writes (its folders, units, /run, the SSH folders, /tmp and the dynamic users'
+    state), not the whole image the fleet's hosts share with this machine."""
+    truth.write(1024, zero=True)  # with a scale-to-zero deployment: a scaler and its key exist
+    applied = truth.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    internal = truth.fleet.ssh(truth.gateway, "cat /etc/engine-ctl/gateway/internal.key").stdout.split()[1]
+    tokens = [internal, "PRIVATE KEY-----", KEY_ALL, KEY_ONE]
+    seen: dict[str, list[tuple[str, str, str]]] = {}
+    for h in truth.fleet.hosts:
+        out = truth.fleet.ssh(h, f"python3 -c '{SECRETS_SCAN}' " + " ".join(f"'{t}'" for t in tokens)).stdout
+        seen[h.name] = [tuple(line.split(" ", 3)) for line in out.splitlines() if line.strip()]  # type: ignore[misc]
+    for host, files in seen.items():
+        for mode, uid, which, path in files:
+            assert "2" not in which.split(",") and "3" not in which.split(","), (host, path)  # an API key: never
+            if path == "/etc/ssh/ssh_host_ed25519_key" or path.startswith("/etc/ssh/"):
+                continue
+            dynamic = 61184 <= int(uid) <= 65519  # systemd's DynamicUser range: the unit's own runtime copy
+            assert mode in ("600", "400") and (uid == "0" or dynamic), (host, path, mode, uid)
+    gateway = {path for _, _, which, path in seen[truth.gateway.name] if "0" in which.split(",")}
+    assert "/etc/engine-ctl/gateway/internal.key" in gateway, gateway
+    replicas = {path for h in (truth.pinned, truth.other) for _, _, which, path in seen[h.name]
+                if "0" in which.split(",")}  # fmt: skip
+    # the key files apply writes, and systemd's copies for each unit (LoadCredential=), nothing else
+    assert replicas and all(p.startswith(("/etc/engine-ctl/replica-key", "/run/credentials/engine-ctl-"))
+                            for p in replicas), replicas  # fmt: skip
+    private = {path for _, _, which, path in seen[truth.gateway.name] if "1" in which.split(",")}
+    assert private, "the scaler's private key is on the gateway host, root-only"
+    print({h: [f[3] for f in files] for h, files in seen.items()})
+
+
+def test_destroy_leaves_only_models_and_caches_even_for_a_gateway_out_of_the_inventory(truth: Truth) -> None:
+    truth.write(1024, zero=True)
+    applied = truth.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    slot_host = truth.fleet.hosts[3]
+    before = truth.fleet.ssh(slot_host, LEFT).stdout
+    assert "engine-ctl-scaler" in before and "/usr/local/lib/engine-ctl" in before, before  # the scaler reaches it
+    assert "engine-ctl-gateway" in truth.fleet.ssh(truth.gateway, LEFT).stdout
+    truth.inventory.write_text(Path(truth.fleet.inventory).read_text())  # the gateway role removed
+    destroyed = truth.cli("destroy", "--auto-approve")
+    said = destroyed.stdout + destroyed.stderr
+    assert destroyed.returncode == 0, said
+    assert f"gateway {truth.gateway.name}: removed" in said, said
+    for h in truth.fleet.hosts:
+        left = [ln for ln in truth.fleet.ssh(h, LEFT).stdout.splitlines() if ln.strip()]
+        assert left == ["/var/lib/engine-ctl/models"], (h.name, left)
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://{truth.gateway.address}:8800/health", timeout=5)

@@ -1,0 +1,114 @@
+"""A saved plan is untrusted input: everything it carries for a gateway (configuration, map files, the maps apply
+sends to the running gateway over its stats socket) must be what engine-ctl renders from the plan's own recorded
+inputs (its changes, its ApiKey documents) and the state. And a key that exists only in a running gateway's memory
+is drift at the next plan, named (never by its hash), and removed by apply. Issue 31, point 1."""
+
+from __future__ import annotations
+
+from engine_ctl.core.documents.apikey import key_sha256
+from engine_ctl.core.model import ApiKey
+from engine_ctl.core.plan.gateway import gateway_tampering
+from engine_ctl.core.plan.planner import make_plan
+from engine_ctl.core.record.model import State
+from engine_ctl.core.render.gateway import map_text
+from tests.test_gateway_core import SHAPE, applied, desired, world
+
+EVIL = key_sha256("ak-evil")
+
+
+def reviewed():  # type: ignore[no-untyped-def]
+    """A plan made after a first apply (the gateway recorded), with the documents' key `k` (every deployment)."""
+    inv, facts = world()
+    state, after = applied(make_plan(desired(), State(), inv, facts, SHAPE), facts)
+    return inv, state, after, make_plan(desired(1024), state, inv, after, SHAPE)
+
+
+def test_an_untouched_saved_plan_carries_its_key_documents_and_passes() -> None:
+    inv, state, _, plan = reviewed()
+    (g,) = plan.gateways
+    assert [(k.name, k.sha256) for k in g.keys] == [("k", key_sha256("ak-example"))]
+    assert gateway_tampering(plan.gateways, plan.changes, state, inv) == []
+
+
+def test_a_key_added_to_the_running_maps_only_is_refused() -> None:
+    inv, state, _, plan = reviewed()
+    forged = plan.model_copy(deep=True)
+    forged.gateways[0].maps["keys.map"][EVIL] = "all"  # the issue's attack: sent over the stats socket by apply
+    problems = gateway_tampering(forged.gateways, forged.changes, state, inv)
+    assert problems == [
+        "gateway edge: the maps it sends to the running gateway (keys.map) differ from what engine-ctl renders from "
+        "the plan's ApiKey documents"
+    ]
+
+
+def test_a_widened_scope_in_the_running_maps_is_refused() -> None:
+    inv, _, _, _ = reviewed()
+    scoped = desired().model_copy(update={"api_keys": (ApiKey(name="k", sha256=key_sha256("ak-example"),
+                                                              deployments=("other",)),)})  # fmt: skip
+    plan = make_plan(scoped, State(), inv, world()[1], SHAPE)
+    assert gateway_tampering(plan.gateways, plan.changes, State(), inv) == []
+    assert "k/chat" not in plan.gateways[0].maps["scopes.map"]
+    forged = plan.model_copy(deep=True)
+    forged.gateways[0].maps["scopes.map"]["k/chat"] = "1"
+    assert gateway_tampering(forged.gateways, forged.changes, State(), inv) == [
+        "gateway edge: the maps it sends to the running gateway (scopes.map) differ from what engine-ctl renders "
+        "from the plan's ApiKey documents"
+    ]
+
+
+def test_a_key_added_to_the_files_and_maps_together_is_refused() -> None:
+    inv, state, _, plan = reviewed()
+    forged = plan.model_copy(deep=True)
+    g = forged.gateways[0]
+    g.maps["keys.map"][EVIL] = "k"
+    g.files["keys.map"] = map_text(g.maps["keys.map"])
+    assert set(gateway_tampering(forged.gateways, forged.changes, state, inv)) == {
+        "gateway edge: keys.map differs from what engine-ctl renders from the plan's inputs",
+        "gateway edge: the maps it sends to the running gateway (keys.map) differ from what engine-ctl renders from "
+        "the plan's ApiKey documents",
+    }
+
+
+def test_a_key_document_added_to_a_plan_that_showed_no_gateway_change_is_refused() -> None:
+    """Even with the recorded inputs edited to match (a key record, its maps and files), a plan that showed the
+    gateway unchanged cannot carry a gateway change."""
+    inv, facts = world()
+    state, after = applied(make_plan(desired(), State(), inv, facts, SHAPE), facts)
+    plan = make_plan(desired(), state, inv, after, SHAPE)
+    assert plan.gateways[0].action == ["no-op"]
+    forged_inputs = desired().model_copy(update={"api_keys": (*desired().api_keys, ApiKey(name="evil", sha256=EVIL))})
+    rendered = make_plan(forged_inputs, state, inv, after, SHAPE).gateways[0]
+    forged = plan.model_copy(deep=True)
+    forged.gateways[0] = rendered.model_copy(update={"action": ["no-op"], "reasons": []})
+    assert gateway_tampering(forged.gateways, forged.changes, state, inv) == [
+        "gateway edge: it changes the gateway, and the plan does not show it"
+    ]
+
+
+def test_a_recorded_key_the_rules_refuse_is_refused() -> None:
+    inv, state, _, plan = reviewed()
+    forged = plan.model_copy(deep=True)
+    forged.gateways[0].keys = [ApiKey(name="k", sha256="ak-plaintext x\nnext 1")]
+    problems = gateway_tampering(forged.gateways, forged.changes, state, inv)
+    assert "ApiKey 'k': not a key document engine-ctl loads (name, sha256, scope)" in problems
+
+
+def test_a_key_that_runs_only_in_memory_is_drift_named_without_its_hash() -> None:
+    inv, state, after, _ = reviewed()
+    running = {"keys.map": {key_sha256("ak-example"): "k", EVIL: "all"}, "expires.map": {},
+               "scopes.map": {"k/chat": "1", "all/chat": "1"}, "stopped.map": {}}  # fmt: skip
+    facts = dict(after)
+    facts["edge"] = after["edge"].model_copy(update={"gateway_maps": running})
+    clean = dict(after)
+    clean["edge"] = after["edge"].model_copy(update={"gateway_maps": {**running, "keys.map": {
+        key_sha256("ak-example"): "k"}, "scopes.map": {"k/chat": "1"}}})  # fmt: skip
+    assert not make_plan(desired(), state, inv, clean, SHAPE).has_changes
+    plan = make_plan(desired(), state, inv, facts, SHAPE)
+    assert plan.has_changes and plan.gateways[0].action == ["update"]
+    details = [d.detail for d in plan.drift]
+    assert details == [
+        "the running gateway on edge (keys.map, in memory) accepts a key that no ApiKey document gives, named 'all'",
+        "the running gateway on edge (scopes.map, in memory) lets key 'all' call 'chat', which no ApiKey document "
+        "allows",
+    ]
+    assert not any(EVIL[:8] in d for d in details)
