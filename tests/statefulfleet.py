@@ -140,7 +140,6 @@ class Project:
         self.gateway = self.hosts[0]
         self.docs = path / "docs"
         self.docs.mkdir(parents=True, exist_ok=True)
-        self.state_file = self.docs / "engine-ctl.state.json"
         self.inventory = path / "hosts.yaml"
         lines = [line for line in Path(fleet.inventory).read_text().splitlines() if not line.startswith("  - {name")]
         for h in self.hosts:
@@ -148,6 +147,18 @@ class Project:
             lines.append(f"  - {{name: {h.name}, address: {h.address}{roles}}}")
         lines += [f"gateway: {{hold_s: {HOLD_S}}}", "scaling: {decide_every_s: 20, poll_s: 2}"]
         self.inventory.write_text("\n".join(lines) + "\n")
+
+    @property
+    def state_file(self) -> Path:
+        """Where engine-ctl keeps the state by default: the project's root (the directory holding the inventory),
+        or, in older versions, beside the documents."""
+        for where in (self.path, self.docs):
+            if (where / "engine-ctl.state.json").exists():
+                return where / "engine-ctl.state.json"
+        return self.path / "engine-ctl.state.json"
+
+    def state_files(self) -> list[Path]:
+        return [f for where in (self.path, self.docs) for f in where.glob("engine-ctl.state.json*")]
 
     def put_weights(self) -> None:
         tiny = tiny_model()
@@ -326,7 +337,7 @@ class Machine:
                 "systemctl daemon-reload; systemctl reset-failed 'engine-ctl-*' 2>/dev/null; true",
                 check=False,
             )
-        for f in self.p.docs.glob("engine-ctl.*"):
+        for f in self.p.state_files():
             f.unlink()
         self.model = Model()
         self.hand_edited = set()
@@ -556,7 +567,7 @@ class Machine:
     def lose_state_then_import(self, rng: random.Random) -> str:
         before = self._records()
         self.imported_converged = self.converged
-        for f in self.p.docs.glob("engine-ctl.state.json*"):
+        for f in self.p.state_files():
             f.unlink()
         run = self.p.cli("import")
         self.log(f"    import: exit {run.rc}: {short(run.out + run.err, 300)}")
