@@ -779,8 +779,13 @@ class Machine:
             if len(self.violations) > before:
                 self.kinds["reset"] += 1
                 self.log("  (violation: the fleet is reset to the starting documents, and the run goes on)")
-                self.reset()
                 self.sequence.append("reset()")
+                try:
+                    self.reset()
+                except AssertionError as e:  # destroy then apply did not bring the fleet back: nothing more to run
+                    self.violate("destroy then apply of the starting documents succeeds", short(str(e), 900),
+                                 "apply exit 0")  # fmt: skip
+                    return
 
 
 def _json(text: str) -> dict[str, Any] | None:
