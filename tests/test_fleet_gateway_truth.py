@@ -124,8 +124,8 @@ def truth(fleet: Fleet, weights: None, tmp_path_factory: pytest.TempPathFactory)
     applied = p.cli("apply", "--auto-approve")
     assert applied.returncode == 0, applied.stdout + applied.stderr
     yield p
-    (p.docs / "engine-ctl.state.json.lock").unlink(missing_ok=True)
-    if (p.docs / "engine-ctl.state.json").exists():
+    (p.path / "engine-ctl.state.json.lock").unlink(missing_ok=True)
+    if (p.path / "engine-ctl.state.json").exists():
         p.cli("destroy", "--auto-approve")
     fleet.ssh(p.gateway, "systemctl disable --now engine-ctl-gateway.service", check=False)
 
@@ -194,7 +194,8 @@ def killed_in_the_roll(truth: Truth, needle: str = "no room for a surge", nth: i
 def test_a_kill_in_a_roll_is_recovered_by_the_next_apply_and_blamed_on_no_one(truth: Truth) -> None:
     truth.write(1024)
     killed_in_the_roll(truth)
-    (truth.docs / "engine-ctl.state.json.lock").unlink()  # the lock of a process that was killed
+    # the killed apply's lock: the kernel freed it with its process; the next command clears what it left
+    assert (truth.path / "engine-ctl.state.json.lock").exists()
     plan = truth.cli("plan", "--detailed-exitcode")
     said = plan.stdout + plan.stderr
     assert plan.returncode == 2, said

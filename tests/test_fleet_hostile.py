@@ -34,7 +34,7 @@ def hg(fleet: Fleet, weights: None, tmp_path_factory: pytest.TempPathFactory) ->
     p.write()
     p.cli("apply", "--auto-approve", check=True)
     yield p
-    if (p.docs / "engine-ctl.state.json").exists():
+    if (p.path / "engine-ctl.state.json").exists():
         p.cli("destroy", "--auto-approve")
     fleet.ssh(p.gateway, "systemctl disable --now engine-ctl-gateway.service", check=False)
 

@@ -35,7 +35,7 @@ def ip(fleet: Fleet, weights: None, tmp_path_factory: pytest.TempPathFactory) ->
         yield p
     finally:
         p.on_gateway(f"systemctl disable --now {SCALER_UNIT}", check=False)
-        if (p.docs / "engine-ctl.state.json").exists():
+        if (p.path / "engine-ctl.state.json").exists():
             p.cli("destroy", "--auto-approve")
         p.on_gateway("systemctl disable --now engine-ctl-gateway.service", check=False)
 
@@ -71,7 +71,7 @@ def test_import_after_a_lost_state_adopts_the_gateway_and_keeps_ids_revisions_an
         ip.write(_docs(context, one, idle))
         ip.cli("apply", "--auto-approve", check=True)
     ip.installed()
-    state_file = ip.docs / "engine-ctl.state.json"
+    state_file = ip.path / "engine-ctl.state.json"
     carried = {n: d["revision"] for n, d in json.loads(state_file.read_text())["deployments"].items()}
     assert carried["zero"] == 3, carried
     ip.wait("the scaler's state at the recorded revisions", lambda: {n: d.get("revision") for n, d in

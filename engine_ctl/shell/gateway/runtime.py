@@ -22,6 +22,7 @@ from engine_ctl.core.render.gateway import (
     PRIVATE_RUN_DIR,
     REPLICA_KEY,
     RUN_DIR,
+    RUN_DIR_NAME,
     RUNTIME_MAPS,
     SERVER_STATE,
     RenderedGateway,
@@ -226,18 +227,24 @@ def internal_key_commands(map_name: str, key: str, following: str | None) -> lis
     return commands + ([f"add map {map_name} next {following}"] if following else [])
 
 
+RUN_DIR_LINK = (
+    f"if [ -d {PRIVATE_RUN_DIR} ]; then "
+    f"if [ -d {RUN_DIR} ] && [ ! -L {RUN_DIR} ]; then rm -rf {RUN_DIR}; fi; "
+    f"[ -e {RUN_DIR} ] || ln -s private/{RUN_DIR_NAME} {RUN_DIR}; fi"
+)
+"""The gateway's run directory as systemd keeps a DynamicUser unit's: a link to /run/private/<name> once the unit
+has run (a plain folder beside that private one would keep the unit from starting: RUNTIME_DIRECTORY, File
+exists); on a host where it never ran, the folder apply writes is moved there by systemd at the first start."""
+
+
 def set_internal_key(t: Transport, key: str, following: str | None, socket: str = ADMIN_SOCKET) -> None:
     """The gateway's key map: the root-only file its unit loads at a start, the copy a reload reads in its run
     directory and, in a running gateway, the map itself (no reload: the next request carries the new key)."""
     text, name = gateway_key_text(key, following), f"{RUN_DIR}/{INTERNAL_MAP_FILE}"
-    if t.run(["systemctl", "is-active", "--quiet", GATEWAY_UNIT]).exit_code != 0:
-        # not running: its start copies the credential into its run directory, which systemd makes (a folder
-        # made here instead, beside the unit's private one, would keep the unit from ever starting)
-        write_secrets(t, {GATEWAY_KEY: text})
-        t.run(["sh", "-c", f"if [ -d {RUN_DIR} ] && [ ! -L {RUN_DIR} ] && [ -d {PRIVATE_RUN_DIR} ]; then "
-                           f"rm -rf {RUN_DIR}; fi"])  # fmt: skip
-        return
+    t.run(["sh", "-c", RUN_DIR_LINK])
     write_secrets(t, {GATEWAY_KEY: text, name: text}, owned=[name])
+    if t.run(["systemctl", "is-active", "--quiet", GATEWAY_UNIT]).exit_code != 0:
+        return
     answer = runtime(t, internal_key_commands(name, key, following), socket)[0].strip()
     if "nknown map" in answer:  # a gateway of an older engine-ctl (its key in its environment): its reload follows
         return
