@@ -47,7 +47,7 @@ def engine_refusals(
     for facts in hosts:
         host = inventory[facts.host]
         platform = host_platform(provider, accelerator, facts)
-        if platform is None:  # B29: no build of this engine runs here at all (never "add engines.vllm.None")
+        if platform is None:  # B29: no build of this engine runs here at all (never "add engines.<engine>.None")
             why = provider.gpu_refusal(facts.gpus[0]) if facts.gpus else f"{provider.title} needs a GPU"
             out[facts.host] = f"no {provider.title} build runs on {facts.host}: {why or 'no build for its GPUs'}"
             continue

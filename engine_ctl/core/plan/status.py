@@ -175,7 +175,7 @@ def instance_status(r: ReplicaRecord, facts: HostFacts | None, loading: frozense
     health = facts.health.get(str(r.port))
     if unit is None or unit.sha256 is None:
         return InstanceStatus(**base, state="failed", last_error="unit file missing on the host")
-    restarts = unit.n_restarts
+    restarts = max(unit.n_restarts or 0, len(unit.exits))  # NRestarts starts again once it serves; its exits stay
     error = r.reason
     if restarts:
         status = f"exit status {unit.exec_main_status}" if unit.exec_main_status else "killed or exited"
