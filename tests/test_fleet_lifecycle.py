@@ -155,11 +155,11 @@ def test_a_request_through_the_gateway_for_the_stopped_deployment_is_refused_and
     ident = lc.state()["deployments"]["lc"]["id"]
     status, body = lc.ask()
     assert status == 409
-    assert body == {
-        "code": "deployment_stopped",
-        "message": f"deployment {ident} was stopped by an operator; inference does not start it; start it with "
-        f"`engine-ctl start deployment {ident}`",
-    }
+    said = (f"deployment {ident} was stopped by an operator; inference does not start it; start it with "
+            f"`engine-ctl start deployment {ident}`")  # fmt: skip
+    assert (body["code"], body["message"]) == ("deployment_stopped", said)  # the seed's shape
+    assert body["error"] == {"message": said, "type": "invalid_request_error", "param": "model",
+                             "code": "deployment_stopped"}  # and the OpenAI envelope clients read  # fmt: skip
     time.sleep(3)
     assert lc.unit_state() == "inactive"
 
@@ -186,7 +186,8 @@ def test_plan_and_apply_keep_it_stopped_and_say_so(lc: Lifecycle) -> None:
 
 
 def test_start_wait_starts_it_and_returns_when_it_answers(lc: Lifecycle) -> None:
-    started = lc.cli("start", "deployment", "lc", "--wait")
+    ident = lc.state()["deployments"]["lc"]["id"]  # as the gateway's deployment_stopped answer names it
+    started = lc.cli("start", "deployment", ident, "--wait")
     assert started.returncode == 0, started.stdout + started.stderr
     identity(started.stderr.splitlines()[0])
     assert started.stdout.splitlines() == [
