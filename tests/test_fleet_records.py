@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import pytest
+from engine_ctl.providers.base import at_least_2gib
 
 from engine_ctl.core.fit.startup import SOURCES
 from tests.fleet import Fleet
@@ -72,7 +73,9 @@ def test_revisions_startup_and_the_seeds_tables(project: Project) -> None:
 
     # the next plan sets the measured peak aside instead of the estimate
     (change,) = json.loads(project.cli("plan", "--json", check=True).stdout)["changes"]
-    assert change["startup_provenance"] == "measured" and change["fit"]["memory_bytes"] == startup["host_peak_bytes"]
+    # (never below seed 000's floor of 2 GiB per replica: the tiny model's peak is far below it)
+    assert change["startup_provenance"] == "measured"
+    assert change["fit"]["memory_bytes"] == at_least_2gib(startup["host_peak_bytes"])
 
     # only the instance count: a new revision, and the engine keeps running (same MainPID), its start-up kept
     (r0,) = project.replicas()
@@ -130,7 +133,8 @@ def test_kill_9_mid_roll_then_request_id_converges_with_no_step_twice(project: P
     again = project.cli("apply", "--auto-approve", "--json", "--request-id", request_id, timeout=600)
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"Continuing request {request_id} (`apply`" in again.stderr
-    assert f"Cleared the lock request {request_id} left" in again.stderr
+    # the killed apply's lock: the kernel freed it with its process; the re-run clears what it left and says so
+    assert f"(request {request_id})` (lock ID" in again.stderr and "was stale" in again.stderr, again.stderr
     second = _events(again.stdout)
     started = [(e["action"], e["unit"]) for e in first + second if e["event"] == "started"]
     assert len(started) == len(set(started)), started  # no step twice
