@@ -96,10 +96,10 @@ def test_the_gateway_answers_a_stopped_deployment_with_its_id_and_never_holds_it
     config = g.files["haproxy.cfg"]
     rule = config.index("map(stopped.map)")
     assert rule < config.index("http-request lua.hold")  # answered before any request is held
-    assert (
-        '{"code":"deployment_stopped","message":"deployment %[var(txn.stopped)] was stopped by an operator; '
-        'inference does not start it; start it with `engine-ctl start deployment %[var(txn.stopped)]`"}'
-    ) in config
+    said = ("deployment %[var(txn.stopped)] was stopped by an operator; inference does not start it; start it with "
+            "`engine-ctl start deployment %[var(txn.stopped)]`")  # fmt: skip
+    assert f'"code":"deployment_stopped","message":"{said}"}}' in config  # the seed's keys
+    assert f'{{"error":{{"message":"{said}","type":"invalid_request_error"' in config  # inside the OpenAI envelope
 
 
 def test_phases_of_a_stop_and_a_park() -> None:
