@@ -41,7 +41,9 @@ def recorded(directory: Path) -> None:
 
 def test_plan_of_deploy_uses_the_state_at_the_projects_root_beside_the_inventory(repo: Path) -> None:
     planned = run("plan", "deploy/", "--json")
-    assert planned.exit_code in (0, 2), planned.output
+    # 1 is the plan's answer where this machine has not got the weights in place yet (Pending); any other 1 is not
+    waiting = planned.exit_code == 1 and "Waiting for the weights of tiny-llama" in planned.stdout
+    assert planned.exit_code in (0, 2) or waiting, planned.output
     context = json.loads(planned.stdout)["context"]
     assert Path(context["state"]).resolve() == (repo / "engine-ctl.state.json").resolve(), context
     assert Path(context["inventory"]).resolve() == (repo / "hosts.yaml").resolve()
