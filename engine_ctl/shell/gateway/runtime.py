@@ -29,43 +29,11 @@ from engine_ctl.core.render.gateway import (
     gateway_key_text,
     parse_gateway_key,
 )
+from engine_ctl.shell import shipped
 from engine_ctl.shell.systemd import UNIT_DIR, is_active, reload_then
 from engine_ctl.shell.transport import LocalTransport, SSHTransport, python_argv
 
 Transport = SSHTransport | LocalTransport
-
-RUNTIME_SCRIPT = r"""
-import json, socket, sys
-path = sys.argv[1]
-def ask(command):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(10)
-    s.connect(path)
-    s.sendall(command.encode() + b"\n")
-    out = b""
-    while True:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        out += chunk
-    s.close()
-    return out.decode()
-answers = []
-for item in json.load(sys.stdin):
-    if isinstance(item, str):
-        answers.append(ask(item))
-        continue
-    name, entries = item["map"], item["entries"]
-    said = ask("prepare map " + name)
-    version = said.strip().rsplit(" ", 1)[-1]
-    if not version.isdigit():
-        answers.append("prepare failed: " + said)
-        continue
-    for key, value in entries.items():
-        ask("add map @%s %s %s %s" % (version, name, key, value))
-    answers.append(ask("commit map @%s %s" % (version, name)))
-print(json.dumps(answers))
-"""
 
 
 class GatewayFailure(Exception):
@@ -82,7 +50,7 @@ class ServerState:
 def runtime(t: Transport, commands: Sequence[object], socket: str = ADMIN_SOCKET) -> list[str]:
     """Send commands to the stats socket (one connection each); a {"map": name, "entries": {...}} item replaces a
     map's entries atomically (prepare, add, commit). Returns HAProxy's answers."""
-    argv = python_argv("-c", RUNTIME_SCRIPT, socket)
+    argv = python_argv("-c", shipped.script("gateway_maps.py"), socket)
     result = t.run(argv, stdin=json.dumps(list(commands)), timeout=60)
     if result.exit_code != 0:
         said = (result.stderr or result.stdout).strip().splitlines()

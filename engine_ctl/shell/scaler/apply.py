@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Mapping
-from importlib import resources
 
 from engine_ctl.core.documents.inventory import GATEWAY_ROLE, Host
 from engine_ctl.core.plan.scaler import ScalerPlan, scaler_deployments
@@ -32,6 +31,7 @@ from engine_ctl.core.render.scaler import (
     sha256,
 )
 from engine_ctl.core.render.scalerlock import PASSWORD_FILE
+from engine_ctl.shell import shipped
 from engine_ctl.shell.scaler.lock import LockFailure, prepare_lock
 from engine_ctl.shell.systemd import UNIT_DIR, reload_then, remove_unit
 from engine_ctl.shell.transport import LocalTransport, SSHOptions, SSHTransport, transport_for
@@ -73,11 +73,11 @@ class ScalerFailure(Exception):
 
 
 def program_text() -> str:
-    return resources.files("engine_ctl.shell.remote").joinpath("scaler.py").read_text()
+    return shipped.script("scaler.py")
 
 
 def command_text() -> str:
-    return resources.files("engine_ctl.shell.remote").joinpath("scaler_command.py").read_text()
+    return shipped.script("scaler_command.py")
 
 
 def authorized_line(public_key: str, scaler: str | None = None) -> str:
