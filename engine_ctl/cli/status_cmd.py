@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,7 +9,6 @@ from typing import Any
 import click
 from rich.table import Table
 
-from engine_ctl.cli import state_cmd, state_move
 from engine_ctl.cli.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
 from engine_ctl.cli.completion import deployment_names
 from engine_ctl.cli.context import (
@@ -403,60 +401,6 @@ def _no_deployments(backend: StateBackend) -> str:
         hint = hint[0].upper() + hint[1:]
         return f"No state at {backend.location}: nothing was applied from this project. {hint}."
     return f"No deployments in the state ({backend.location}); `engine-ctl apply` records them."
-
-
-@click.group(name="state")
-def state_group() -> None:
-    """Inspect the recorded state, move it between backends (push, pull), forget or rename a deployment's record
-    (rm, mv), read the operations log (history)."""
-
-
-state_group.add_command(state_move.state_push)
-state_group.add_command(state_move.state_pull)
-state_group.add_command(state_cmd.state_rm)
-state_group.add_command(state_cmd.state_mv)
-state_group.add_command(state_cmd.state_history)
-
-
-@state_group.command(name="list")
-@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
-@state_option
-@click.option("--json", "as_json", is_flag=True, help="A versioned JSON document: the state's serial, lineage and "
-              "each deployment's ID, revision, state and replicas.")  # fmt: skip
-def state_list(paths: tuple[Path, ...], state_path: str | None, as_json: bool) -> None:
-    """The deployments in the state, with revision and replicas."""
-    backend = backend_for(state_path, paths)
-    state = read_state(backend)
-    if as_json:
-        emit_json({
-            "format_version": FORMAT_VERSION, "state": backend.location, "serial": state.serial,
-            "lineage": state.lineage,
-            "deployments": [
-                {"name": name, "id": rec.id, "revision": rec.revision, "state": rec.state,
-                 "replicas": [{"index": r.index, "host": r.host, "unit": r.unit, "port": r.port,
-                               "revision": r.revision, "status": r.status} for r in rec.replicas]}
-                for name, rec in sorted(state.deployments.items())
-            ],
-        })  # fmt: skip
-        return
-    out = console()
-    out.print(f"# {backend.location}: serial {state.serial}, lineage {state.lineage}")
-    for name, rec in sorted(state.deployments.items()):
-        out.print(f"{name}  revision {rec.revision}  {rec.state}  {len(rec.replicas)} replica(s)")
-
-
-@state_group.command(name="show")
-@click.argument("name")
-@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
-@state_option
-def state_show(name: str, paths: tuple[Path, ...], state_path: str | None) -> None:
-    """One deployment's record as JSON."""
-    state = read_state(backend_for(state_path, paths))
-    if name not in state.deployments:
-        raise InputError(
-            [Diagnostic(Location("state"), "", f"no deployment named {name!r} in the state", code="unknown_deployment")]
-        )
-    sys.stdout.write(json.dumps(state.deployments[name].model_dump(mode="json"), indent=2) + "\n")
 
 
 @click.command(name="force-unlock")
