@@ -216,7 +216,8 @@ def render_for(
     ]
     return render_gateway(host, backends, keys, hold_s=settings.hold_s, hold_cap=settings.hold_cap,
                           threads=settings.threads, stopped=stopped,
-                          wake_addresses=wake_addresses_for(host, hosts.values()), scope_names=held)  # fmt: skip
+                          wake_addresses=wake_addresses_for(host, hosts.values()), scope_names=held,
+                          requests_per_minute=settings.requests_per_minute)  # fmt: skip
 
 
 def config_diff(old: str, new: str) -> list[str]:
