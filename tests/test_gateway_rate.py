@@ -96,3 +96,37 @@ def test_a_bad_limit_in_the_inventory_is_located() -> None:
     _, problems = inventory_from(doc)
     said = [p.render() for p in problems]
     assert any("gateway.requests_per_minute" in p and "hosts.yaml:4:" in p for p in said), said
+
+
+def test_a_limit_raised_or_removed_in_a_saved_plan_is_refused_and_one_set_in_memory_only_is_drift() -> None:
+    """Issue 31 point 1 for limits.map: a saved plan's limits are rendered again from its ApiKey documents, and
+    the running limits are compared with the documents' at every plan."""
+    from engine_ctl.core.documents.apikey import key_sha256
+    from engine_ctl.core.plan.gateway import gateway_tampering
+    from engine_ctl.core.plan.planner import make_plan
+    from engine_ctl.core.record.model import State
+    from tests.test_gateway_core import SHAPE, applied, desired, world
+
+    inv, facts = world()
+    limited = desired().model_copy(update={"api_keys": (ApiKey(name="k", sha256=key_sha256("ak-example"),
+                                                                requests_per_minute=10),)})  # fmt: skip
+    state, after = applied(make_plan(limited, State(), inv, facts, SHAPE), facts)
+    plan = make_plan(limited, state, inv, after, SHAPE)
+    assert plan.gateways[0].maps["limits.map"] == {"k": "10"} and not plan.has_changes
+    for forged_limits in ({"k": "1000000"}, {}):
+        forged = plan.model_copy(deep=True)
+        forged.gateways[0].maps["limits.map"] = forged_limits
+        assert gateway_tampering(forged.gateways, forged.changes, state, inv) == [
+            "gateway edge: the maps it sends to the running gateway (limits.map) differ from what engine-ctl renders "
+            "from the plan's ApiKey documents"
+        ]
+    forged = plan.model_copy(deep=True)
+    forged.gateways[0].keys = [k.model_copy(update={"requests_per_minute": 0}) for k in forged.gateways[0].keys]
+    assert any("requests_per_minute" in p for p in gateway_tampering(forged.gateways, forged.changes, state, inv))
+    running = {**plan.gateways[0].maps, "limits.map": {}}  # the limit dropped over the stats socket
+    drifted = dict(after)
+    drifted["edge"] = after["edge"].model_copy(update={"gateway_maps": running})
+    again = make_plan(limited, state, inv, drifted, SHAPE)
+    assert again.has_changes and [d.detail for d in again.drift] == [
+        "the running gateway on edge (limits.map, in memory) does not limit key 'k' to its 10 requests a minute"
+    ]

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine_ctl.core.documents.apikey import SHA256_HEX
+from engine_ctl.core.documents.apikey import RATE_RANGE, SHA256_HEX
 from engine_ctl.core.documents.inventory import DEFAULT_GATEWAY_THREADS, GatewaySettings, Host, Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.model import ApiKey
@@ -345,6 +345,11 @@ def map_differences(name: str, now: Mapping[str, str], wanted: Mapping[str, str]
                 "ApiKey document allows" for k in extra] + [
             f"{where} does not let key {_said(k.split('/')[0])} call {_said(k.partition('/')[2])}" for k in missing
         ]  # fmt: skip
+    if name == "limits.map":  # key name -> requests a minute
+        return [f"{where} limits key {_said(k)} to {_said(now[k])} requests a minute, not what the documents give"
+                for k in extra] + [
+            f"{where} does not limit key {_said(k)} to its {wanted[k]} requests a minute" for k in missing
+        ]  # fmt: skip
     return [f"{where} holds {_said(k)} → {_said(now[k])}, not what the documents give" for k in extra] + [
         f"{where} lacks {_said(k)}" for k in missing
     ]  # fmt: skip
@@ -406,8 +411,11 @@ def recorded_keys(saved: Iterable[GatewayChange]) -> tuple[list[ApiKey], list[st
                 if g.keys != keys]  # fmt: skip
     for k in keys:
         scope = k.deployments or ()
-        if not (deployment_name_ok(k.name) and SHA256_HEX.fullmatch(k.sha256) and all(map(deployment_name_ok, scope))):
-            problems.append(f"ApiKey {_said(k.name)}: not a key document engine-ctl loads (name, sha256, scope)")
+        rate_ok = k.requests_per_minute is None or RATE_RANGE[0] <= k.requests_per_minute <= RATE_RANGE[1]
+        if not (deployment_name_ok(k.name) and SHA256_HEX.fullmatch(k.sha256) and all(map(deployment_name_ok, scope))
+                and rate_ok):  # fmt: skip
+            problems.append(f"ApiKey {_said(k.name)}: not a key document engine-ctl loads (name, sha256, scope, "
+                            "requests_per_minute)")  # fmt: skip
     return keys, problems
 
 
