@@ -151,9 +151,12 @@ core.register_action("ratelimit", { "http-req" }, function(txn)
     txn:set_var("txn.rate_reset", math.ceil((limit - b.tokens) / per_s))
 end, 0)
 
--- GET /v1/models: every deployment the caller's key may use (scopes.map holds "<key>/<deployment>").
+-- GET /v1/models: every deployment the caller's key may use (scopes.map holds "<key>/<deployment>"); `created` is
+-- when the deployment was created (epoch seconds, from its ID).
+local CREATED = { {% for b in backends %}["{{ b.deployment }}"] = {{ b.created }}{{ ", " if not loop.last }}{% endfor %} }
 local function model_object(deployment)
-    return '{"id":"' .. deployment .. '","object":"model","created":0,"owned_by":"engine-ctl"}'
+    return '{"id":"' .. deployment .. '","object":"model","created":' .. (CREATED[deployment] or 0) ..
+        ',"owned_by":"engine-ctl"}'
 end
 
 local function answer(applet, status, body)

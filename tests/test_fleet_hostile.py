@@ -220,3 +220,13 @@ def test_a_key_over_its_requests_a_minute_gets_429_and_another_key_still_passes(
     hg.write(limits={})
     hg.cli("apply", "--auto-approve", check=True)
     assert all(limited.models.list() for _ in range(5)), "the limit is gone with the document's field"
+
+
+def test_models_carry_each_deployments_creation_time(hg: GatewayProject) -> None:
+    """Issue 26: `created` in /v1/models entries is the deployment's creation time (its ID's), not 0."""
+    from engine_ctl.core.render.gateway import created_of
+
+    recorded = {name: created_of(d["id"]) for name, d in hg.state()["deployments"].items()}
+    assert set(recorded) == {"gw-a", "gw-b"} and all(abs(t - time.time()) < 86400 for t in recorded.values())
+    assert {m.id: m.created for m in hg.client().models.list()} == recorded
+    assert hg.client().models.retrieve("gw-b").created == recorded["gw-b"]

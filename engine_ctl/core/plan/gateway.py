@@ -30,6 +30,7 @@ from engine_ctl.core.render.gateway import (
     GatewayServer,
     RenderedGateway,
     backend_name,
+    created_of,
     render_gateway,
     server_name,
     wake_addresses_for,
@@ -91,7 +92,7 @@ class GatewayChange(BaseModel):
 
 def deployment_backend(
     name: str, replicas: Iterable[Replica], engine: str | None, parallel: int | None, hosts: Mapping[str, Host],
-    api: str = "chat",
+    api: str = "chat", created: int = 0,
 ) -> GatewayBackend:  # fmt: skip
     provider = PROVIDERS.get(engine or "")
     servers = tuple(
@@ -106,7 +107,7 @@ def deployment_backend(
         if r.host in hosts
     )
     health = provider.health_path if provider else "/health"
-    return GatewayBackend(deployment=name, health_path=health, servers=servers, api=api)
+    return GatewayBackend(deployment=name, health_path=health, servers=servers, api=api, created=created)
 
 
 def recorded_replicas(record: DeploymentRecord, facts: Mapping[str, HostFacts] | None = None) -> list[Replica]:
@@ -139,6 +140,7 @@ def backends_from_state(state: State, hosts: Mapping[str, Host]) -> list[Gateway
             rec.plan.parallel if rec.plan else None,
             hosts,
             rec.spec.api if rec.spec else "chat",
+            created_of(rec.id),
         )
         for name, rec in sorted(state.deployments.items())
         if not deleted(rec)
@@ -165,7 +167,7 @@ def _planned(
     """Per deployment: replicas after the plan, the union with those now, and (engine, parallel)."""
     after: dict[str, Slots] = {}
     union: dict[str, Slots] = {}
-    sizing: dict[str, tuple[str | None, int | None, str]] = {}
+    sizing: dict[str, tuple[str | None, int | None, str, int]] = {}
     changes = {c.name: c for c in plan_changes}
     for name in sorted(set(state.deployments) | set(changes)):
         record = state.deployments.get(name)
@@ -177,7 +179,8 @@ def _planned(
         plan = (change.fit if change is not None and change.fit else None) or (record.plan if record else None)
         spec = (change.spec if change is not None and change.spec else None) or (record.spec if record else None)
         api = spec.api if spec else "chat"  # a decisions deployment's backend answers POST /v1/systemone only
-        sizing[name] = (plan.engine, plan.parallel, api) if plan else (None, None, api)
+        created = created_of(record.id) if record else 0
+        sizing[name] = (plan.engine, plan.parallel, api, created) if plan else (None, None, api, created)
         for rc in change.replicas if change is not None else []:
             new = Replica(index=rc.index, slot=rc.slot, host=rc.host, port=rc.port, on_demand=rc.on_demand,
                           active=rc.active)  # fmt: skip
@@ -211,7 +214,7 @@ def render_for(
 ) -> RenderedGateway:  # fmt: skip
     """`held`: deployments an operator deleted (not routed; an unscoped key's scope still names them)."""
     backends = [
-        deployment_backend(name, reps.values(), sizing[name][0], sizing[name][1], hosts, sizing[name][2])
+        deployment_backend(name, reps.values(), *sizing[name][:2], hosts, *sizing[name][2:])
         for name, reps in sorted(replicas.items())
     ]
     return render_gateway(host, backends, keys, hold_s=settings.hold_s, hold_cap=settings.hold_cap,

@@ -133,6 +133,9 @@ class GatewayBackend(BaseModel):
     api: str = "chat"
     """decisions: the backend answers POST /v1/systemone only, and its servers' health check is the readiness
     decision (seed 003); chat: everything under /v1 but /v1/systemone."""
+    created: int = 0
+    """When the deployment was created (epoch seconds, from its ID): `created` of its model object in /v1/models
+    (0 until its first apply gives it an ID)."""
 
     @property
     def backend(self) -> str:
@@ -168,6 +171,20 @@ class RenderedGateway(BaseModel):
 
 def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def created_of(deployment_id: str) -> int:
+    """The creation time (epoch seconds) a deployment's ID records: a ULID's first 10 characters are its
+    milliseconds since the epoch, in Crockford's base 32. 0 for no ID (a state written before IDs)."""
+    if len(deployment_id) != 26 or any(c not in CROCKFORD for c in deployment_id[:10]):
+        return 0
+    ms = 0
+    for c in deployment_id[:10]:
+        ms = ms * 32 + CROCKFORD.index(c)
+    return ms // 1000
 
 
 def backend_name(deployment: str) -> str:
@@ -284,7 +301,7 @@ def render_gateway(
     )
     wakes = list(wake_addresses) or list(dict.fromkeys([LOOPBACK, wake_address]))
     lua = _with_hash("hold.lua", {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX,
-                                  "wake_port": WAKE_PORT, "wake_addresses": wakes})  # fmt: skip
+                                  "wake_port": WAKE_PORT, "wake_addresses": wakes, "backends": ordered})  # fmt: skip
     maps = key_maps(keys, [*(b.deployment for b in ordered), *scope_names], requests_per_minute)
     maps["models.map"] = {b.deployment: b.backend for b in ordered}
     maps["stopped.map"] = dict(stopped or {})
