@@ -171,7 +171,10 @@ def test_plan_shows_the_gateway_and_apply_serves_both_deployments(gw: GatewayPro
     planned = gw.cli("plan", "--detailed-exitcode")
     assert planned.returncode == 2, planned.stdout + planned.stderr
     assert f'+ gateway "{gw.gateway.name}"' in planned.stdout
-    assert "+    balance leastconn" in planned.stdout and "+    tune.bufsize 262144" in planned.stdout
+    assert f"endpoint: {gw.base}" in planned.stdout and "routes:   gw-a, gw-b" in planned.stdout
+    assert "balance leastconn" not in planned.stdout, "a new gateway is a summary; its configuration with --verbose"
+    verbose = gw.cli("plan", "--verbose").stdout
+    assert "+    balance leastconn" in verbose and "+    tune.bufsize 262144" in verbose
     assert KEY_ALL not in planned.stdout and key_sha256(KEY_ALL) not in planned.stdout
     gw.cli("apply", "--auto-approve", check=True)
     again = gw.cli("plan", "--detailed-exitcode")

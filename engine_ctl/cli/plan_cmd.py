@@ -116,11 +116,11 @@ class Request:
         return None
 
 
-def show_plan(plan: Plan, command: str = "apply", stderr: bool = False) -> None:
+def show_plan(plan: Plan, command: str = "apply", stderr: bool = False, verbose: bool = False) -> None:
     """The plan: coloured on a terminal (argv and unit diff lines by their sign), plain otherwise; on stderr
-    under --json (stdout carries the events)."""
+    under --json (stdout carries the events). `verbose`: a new gateway's whole configuration, not its summary."""
     out = console(stderr=stderr)
-    for style, line in render_plan(plan, command):
+    for style, line in render_plan(plan, command, verbose):
         out.print(line, style=RICH_STYLES[style] or None)
 
 
@@ -135,11 +135,12 @@ def show_plan(plan: Plan, command: str = "apply", stderr: bool = False) -> None:
 @click.option("--markdown", is_flag=True, help="The plan as Markdown, for a pull-request comment.")
 @click.option("--detailed-exitcode", is_flag=True, help="Exit 0 no changes, 1 error, 2 changes present.")
 @click.option("--refresh-only", is_flag=True, help="Only record in the state what drifted on the hosts.")
+@click.option("--verbose", "-v", is_flag=True, help="A new gateway's whole HAProxy configuration, not its summary.")
 @replace_option
 def plan(
     paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, targets: tuple[str, ...], out_path: Path | None, as_json: bool, markdown: bool,
-    detailed_exitcode: bool, refresh_only: bool, replace: tuple[str, ...],
+    detailed_exitcode: bool, refresh_only: bool, verbose: bool, replace: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Show what apply would change: documents + recorded state + live host facts.
 
@@ -169,7 +170,7 @@ def plan(
         saved = str(out_path) if out_path is not None and not errors else None
         sys.stdout.write(plan_markdown(result, full_plan=saved))
     else:
-        show_plan(result)
+        show_plan(result, verbose=verbose)
         if out_path is not None and not errors:
             console().print(f"\nSaved the plan to {out_path}; apply exactly it with: engine-ctl apply {out_path}")
     report_failures(failures)
