@@ -10,8 +10,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from engine_ctl.shell.gateway.runtime import set_maps
 from engine_ctl.core.render.gateway import created_of
+from engine_ctl.shell.gateway.runtime import set_maps
 from tests.test_gateway_loopback import CREATED, KEY_ALL, KEY_CHAT, gateway  # noqa: F401 (the fixture)
 
 Gateway = dict  # type: ignore[type-arg]
