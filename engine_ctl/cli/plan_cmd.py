@@ -159,7 +159,6 @@ def plan(
         loaded.desired, inventory, state, backend, options, parallel, targets, refresh_only, paths,
         hold_absent=held, replace=replace, checkouts=pinner.checkouts, ahead=ahead,
     )  # fmt: skip
-    result.context.env = current_env()  # `apply PLANFILE` refuses it in another environment
     if out_path is not None and errors:
         console(stderr=True).print(f"error: the plan was not saved to {out_path}: the documents have errors")
     elif out_path is not None:
@@ -383,10 +382,12 @@ def _plan_for(
     hold_absent: str | None = None, replace: tuple[str, ...] = (), checkouts: dict[str, Checkout] | None = None,
     ahead: Ahead | None = None, keep: Kept | None = None,
 ) -> tuple[Plan, dict[str, HostFailure]]:  # fmt: skip
-    return plan_world(
+    result, failures = plan_world(
         desired, inventory, state, backend.location, reopen_string(backend), options, parallel, targets,
         refresh_only, documents, hold_absent, replace, checkouts, ahead, keep,
     )  # fmt: skip
+    result.context.env = current_env()  # the header names it; `apply PLANFILE` refuses it in another environment
+    return result, failures
 
 
 def _refuse_plan(path: Path, message: str, hint: str, code: str) -> InputError:

@@ -244,6 +244,8 @@ def _render_top(plan: Plan) -> list[tuple[str, str]]:
     """What stands above the actions: deployments destroyed for absent documents, refusals, unreachable hosts,
     drift (a hand-edited unit with the diff of its text)."""
     out: list[tuple[str, str]] = []
+    if plan.context.env:  # issue 26: on hosts shared by environments, which one this plan is for
+        out += [("bold", f"Environment: {plan.context.env}"), ("", "")]
     if plan.absent:  # first: with --auto-approve this is an outage nobody asked for by name
         n = len(plan.absent)
         out.append(("destroy", f"This plan destroys {n} deployment{'s' if n != 1 else ''} because "
@@ -459,7 +461,8 @@ def _cut_note(left_out: list[_Piece], full_plan: str | None, limit: int) -> str:
 
 def _md_head(plan: Plan) -> str:
     s = plan.summary()
-    head = f"### engine-ctl plan: {s['add']} to add, {s['change']} to change, {s['destroy']} to destroy\n\n"
+    where = f" ({_code(plan.context.env)})" if plan.context.env else ""
+    head = f"### engine-ctl plan{where}: {s['add']} to add, {s['change']} to change, {s['destroy']} to destroy\n\n"
     if replicas_line(plan):
         head += replicas_line(plan) + "\n\n"
     if plan.refresh_only:
