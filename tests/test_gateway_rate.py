@@ -42,7 +42,7 @@ def test_a_limited_key_gets_429_with_retry_after_and_another_key_still_passes(ga
     assert status == 429, (status, body)
     assert set(body["error"]) == {"message", "type", "param", "code"}
     assert body["error"]["code"] == "rate_limit_exceeded" and body["error"]["type"] == "requests"
-    assert "chatonly" in body["error"]["message"] and "Limit 3" in body["error"]["message"]
+    assert "API key `chatonly` on requests per min (RPM): Limit 3. Please try again in " in body["error"]["message"]
     assert headers["content-type"] == "application/json"
     assert 19 <= int(headers["retry-after"]) <= 20, headers  # 3 a minute: one token every 20 s
     assert headers["x-ratelimit-remaining-requests"] == "0"
