@@ -207,6 +207,16 @@ def stopped_map(deployments: Mapping[str, DeploymentRecord]) -> dict[str, str]:
     }
 
 
+def _engine(sizing: tuple[str | None, int | None, str, int]) -> tuple[str | None, int | None]:
+    """(engine, parallel) of a deployment's sizing."""
+    return sizing[0], sizing[1]
+
+
+def _route(sizing: tuple[str | None, int | None, str, int]) -> tuple[str, int]:
+    """(api, created) of a deployment's sizing."""
+    return sizing[2], sizing[3]
+
+
 def render_for(
     host: Host, replicas: Mapping[str, Mapping[Any, Replica]], sizing: Mapping[str, Any], keys: Iterable[ApiKey],
     hosts: Mapping[str, Host], settings: GatewaySettings, stopped: Mapping[str, str] | None = None,
@@ -214,7 +224,7 @@ def render_for(
 ) -> RenderedGateway:  # fmt: skip
     """`held`: deployments an operator deleted (not routed; an unscoped key's scope still names them)."""
     backends = [
-        deployment_backend(name, reps.values(), *sizing[name][:2], hosts, *sizing[name][2:])
+        deployment_backend(name, reps.values(), *_engine(sizing[name]), hosts, *_route(sizing[name]))
         for name, reps in sorted(replicas.items())
     ]
     return render_gateway(host, backends, keys, hold_s=settings.hold_s, hold_cap=settings.hold_cap,
