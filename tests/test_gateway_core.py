@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from engine_ctl.cli.views.plan import plan_markdown, plan_text
 from engine_ctl.core.documents.apikey import key_document, key_sha256, parse_expiry
 from engine_ctl.core.documents.inventory import Host, Inventory
@@ -262,3 +264,18 @@ def test_key_new_prints_the_key_once_and_a_document_with_its_hash_only() -> None
     assert run("key", "new", "ci-bot").stderr != result.stderr  # a new random key each time
     bad = run("key", "new", "Bad Name")
     assert bad.exit_code == 1 and "lowercase letters" in bad.output
+
+
+def test_show_of_a_saved_plan_has_the_summary_and_its_configuration_with_verbose(tmp_path: Path) -> None:
+    import json
+
+    from engine_ctl.cli.views.plan import plan_json
+    from tests.helpers import run
+
+    inv, facts = world()
+    saved = tmp_path / "plan.json"
+    saved.write_text(json.dumps(plan_json(make_plan(desired(), State(), inv, facts, SHAPE))))
+    short = run("show", str(saved))
+    assert short.exit_code == 0 and "routes:   chat" in short.stdout and "balance leastconn" not in short.stdout
+    whole = run("show", str(saved), "--verbose")
+    assert whole.exit_code == 0 and "+    balance leastconn" in whole.stdout, whole.output
