@@ -56,9 +56,11 @@ def test_a_limited_key_gets_429_with_retry_after_and_another_key_still_passes(ga
 def test_retry_after_honoured_lets_the_next_request_through(gateway: Gateway) -> None:  # noqa: F811
     base = str(gateway["base"])
     limit(gateway, {"all": "120"})  # two tokens a second
-    answers = [call(base, "/v1/models", KEY_ALL) for _ in range(121)]
-    assert [a[0] for a in answers[:120]] == [200] * 120
-    status, headers, body = answers[120]
+    passed = 0
+    while (answer := call(base, "/v1/models", KEY_ALL))[0] == 200 and passed < 1000:
+        passed += 1  # (the bucket refills as they go: a loaded machine lets a few more through)
+    status, headers, body = answer
+    assert passed >= 120, "the whole bucket first"
     assert status == 429 and headers["retry-after"] == "1", (status, headers, body)
     time.sleep(int(headers["retry-after"]))
     status, headers, _ = call(base, "/v1/chat/completions", KEY_ALL, chat("chat"))
