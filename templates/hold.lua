@@ -1,4 +1,4 @@
--- Managed by engine-ctl (the gateway's Lua): held requests and GET /v1/models.
+-- Managed by engine-ctl (the gateway's Lua): held requests, JSON depth, per-key rate limits and GET /v1/models.
 -- content-sha256: {{ content_hash }}
 local HOLD_MS = {{ hold_s * 1000 }}
 local STEP_MS = 250
@@ -120,9 +120,43 @@ core.register_action("depth", { "http-req" }, function(txn)
     end
 end, 0)
 
--- GET /v1/models: every deployment the caller's key may use (scopes.map holds "<key>/<deployment>").
+-- Requests a minute per API key (limits.map, read by the configuration into txn.key_rpm): a token bucket per key
+-- name, full (key_rpm requests) at first and refilled at key_rpm / 60 a second. A request takes one token; with
+-- none left it is refused: txn.rate_wait is the whole seconds until a token is back (the answer's Retry-After: a
+-- client that waits that long is let through). txn.rate_left and txn.rate_reset (seconds until full) go into the
+-- x-ratelimit-* headers. Counted per gateway host and per HAProxy process: a reload starts every bucket full.
+local buckets = {}
+core.register_action("ratelimit", { "http-req" }, function(txn)
+    local key = txn:get_var("txn.key")
+    local limit = tonumber(txn:get_var("txn.key_rpm"))
+    if key == nil or limit == nil or limit < 1 then
+        return
+    end
+    local clock = core.now()
+    local now = clock.sec + clock.usec / 1000000
+    local per_s = limit / 60
+    local b = buckets[key]
+    if b == nil then
+        b = { tokens = limit, at = now }
+        buckets[key] = b
+    end
+    b.tokens = math.min(limit, b.tokens + math.max(0, now - b.at) * per_s)
+    b.at = now
+    if b.tokens >= 1 - 1e-9 then
+        b.tokens = b.tokens - 1
+    else
+        txn:set_var("txn.rate_wait", math.max(1, math.ceil((1 - b.tokens) / per_s)))
+    end
+    txn:set_var("txn.rate_left", math.floor(b.tokens + 1e-9))
+    txn:set_var("txn.rate_reset", math.ceil((limit - b.tokens) / per_s))
+end, 0)
+
+-- GET /v1/models: every deployment the caller's key may use (scopes.map holds "<key>/<deployment>"); `created` is
+-- when the deployment was created (epoch seconds, from its ID).
+local CREATED = { {% for b in backends %}["{{ b.deployment }}"] = {{ b.created }}{{ ", " if not loop.last }}{% endfor %} }
 local function model_object(deployment)
-    return '{"id":"' .. deployment .. '","object":"model","created":0,"owned_by":"engine-ctl"}'
+    return '{"id":"' .. deployment .. '","object":"model","created":' .. (CREATED[deployment] or 0) ..
+        ',"owned_by":"engine-ctl"}'
 end
 
 local function answer(applet, status, body)

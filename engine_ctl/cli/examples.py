@@ -9,7 +9,10 @@ EXAMPLES: dict[str, list[str]] = {
     "destroy": ["engine-ctl destroy deploy/ --target chat"],
     "facts": ["engine-ctl facts --inventory hosts.yaml", "engine-ctl facts gpu-01 --json"],
     "force-unlock": ["engine-ctl force-unlock 6f1d0c52-8c3e-4a1b-9f27-0d4e5a6b7c8d"],
-    "key": ["engine-ctl key new ci-bot --deployment chat --expires 2027-01-31 > ci-bot.yaml"],
+    "key": [
+        "engine-ctl key new ci-bot --deployment chat --expires 2027-01-31 > ci-bot.yaml",
+        "engine-ctl key new batch --requests-per-minute 60 --json > batch.json",
+    ],
     "logs": ["engine-ctl logs chat --follow"],
     "import": ["engine-ctl import deploy/ --inventory deploy/hosts.yaml"],
     "list": ["engine-ctl list", "engine-ctl list --json"],

@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -95,32 +96,63 @@ def _message(value: object) -> str:
 
 
 def parse_entry(raw: str, by_unit: dict[str, Replica]) -> tuple[int, Replica, str] | None:
-    """One journal entry (a JSON line) -> (microseconds since the epoch, its replica, its text); None when the
-    line is not an entry of one of these units."""
+    """One journal entry (a JSON line) -> (microseconds since the epoch, its replica, its text: systemd's own
+    words prefixed `systemd: `); None when the line is not an entry of one of these units."""
+    found = parse_fields(raw, by_unit)
+    if found is None:
+        return None
+    micros, replica, text, source = found
+    return micros, replica, f"systemd: {text}" if source == "systemd" else text
+
+
+def parse_fields(raw: str, by_unit: dict[str, Replica]) -> tuple[int, Replica, str, str] | None:
+    """One journal entry -> (microseconds since the epoch, its replica, its message, its source: `engine` for
+    the engine's own line, `systemd` for systemd's words about the unit); None when not one of these units'."""
     try:
         entry = json.loads(raw)
     except ValueError:
         return None
     if not isinstance(entry, dict):
         return None
-    unit = entry.get("_SYSTEMD_UNIT")
-    replica = by_unit.get(str(unit))
-    text = _message(entry.get("MESSAGE"))
+    replica = by_unit.get(str(entry.get("_SYSTEMD_UNIT")))
+    source = "engine"
     if replica is None:  # systemd's own words about the unit (started, stopped, failed)
-        replica = by_unit.get(str(entry.get("UNIT")))
-        text = f"systemd: {text}"
+        replica, source = by_unit.get(str(entry.get("UNIT"))), "systemd"
     if replica is None:
         return None
     try:
         micros = int(entry.get("__REALTIME_TIMESTAMP", 0))
     except (TypeError, ValueError):
         micros = 0
-    return micros, replica, text
+    return micros, replica, _message(entry.get("MESSAGE")), source
+
+
+def _when(micros: int) -> str:
+    return datetime.fromtimestamp(micros / 1e6, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def format_line(micros: int, replica: Replica, text: str, width: int) -> str:
-    when = datetime.fromtimestamp(micros / 1e6, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-    return f"{replica.label(width)} | {when} {text}"
+    return f"{replica.label(width)} | {_when(micros)} {text}"
+
+
+JSON_FIELDS = ("time", "deployment", "host", "instance", "unit", "source", "message")
+"""`logs --json`: one object a line with these fields, in this order."""
+
+
+def json_line(micros: int, replica: Replica, message: str, source: str, deployment: str) -> str:
+    """One entry as `logs --json` prints it (JSON_FIELDS)."""
+    values = (_when(micros), deployment, replica.host, replica.index, replica.unit, source, message)
+    return json.dumps(dict(zip(JSON_FIELDS, values, strict=True)), ensure_ascii=False)
+
+
+Formatter = Callable[[tuple[int, Replica, str, str]], str]
+
+
+def formatter(deployment: str, as_json: bool, width: int) -> Formatter:
+    """How each parsed entry is printed: a prefixed line, or a JSON object (`--json`)."""
+    if as_json:
+        return lambda e: json_line(*e, deployment)
+    return lambda e: format_line(e[0], e[1], f"systemd: {e[2]}" if e[3] == "systemd" else e[2], width)
 
 
 def _replicas(name: str, instance: int | None, records: list[ReplicaRecord]) -> list[Replica]:
@@ -170,9 +202,8 @@ class Printer:
 
 
 def _show(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | None, lines: int | None,
-          options: SSHOptions, parallel: int) -> dict[str, HostFailure]:  # fmt: skip
+          options: SSHOptions, parallel: int, show: Formatter) -> dict[str, HostFailure]:  # fmt: skip
     """Each replica's log (its own journalctl, one connection per host), all lines merged in time order."""
-    width = max(len(r.label(0)) for rs in by_host.values() for r in rs)
 
     def read(transport: Transport) -> list[tuple[int, str]]:
         out: list[tuple[int, str]] = []
@@ -184,9 +215,9 @@ def _show(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | Non
                 raise HostFailure(transport.host.name, "command", f"journalctl for {replica.unit}: {_message(why)}")
             before = len(out)
             for raw in result.stdout.splitlines():
-                parsed = parse_entry(raw, {replica.unit: replica})
+                parsed = parse_fields(raw, {replica.unit: replica})
                 if parsed is not None:
-                    out.append((parsed[0], format_line(*parsed, width)))
+                    out.append((parsed[0], show(parsed)))
             if len(out) == before and result.stderr.strip():  # e.g. "No journal files were found."
                 print(f"{transport.host.name}: journalctl: {_message(result.stderr.strip())}", file=sys.stderr)
         return out
@@ -199,9 +230,8 @@ def _show(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | Non
 
 
 def _follow(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | None, lines: int | None,
-            options: SSHOptions) -> dict[str, HostFailure]:  # fmt: skip
+            options: SSHOptions, show: Formatter) -> dict[str, HostFailure]:  # fmt: skip
     """One thread per host, one journalctl --follow for the host's replicas, lines printed as they come."""
-    width = max(len(r.label(0)) for rs in by_host.values() for r in rs)
     stop = threading.Event()
     printer = Printer(stop)
     failures: dict[str, HostFailure] = {}
@@ -211,9 +241,9 @@ def _follow(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | N
         transport = transport_for(host, options)
 
         def on_line(raw: str) -> None:
-            parsed = parse_entry(raw, units)
+            parsed = parse_fields(raw, units)
             if parsed is not None:
-                printer.line(format_line(*parsed, width))
+                printer.line(show(parsed))
             elif raw.strip() and not raw.startswith("{"):
                 print(f"{host.name}: journalctl: {_message(raw)}", file=sys.stderr, flush=True)
 
@@ -254,12 +284,14 @@ def _follow(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | N
     f"{DEFAULT_LINES}, or all since --since); with --follow, of each host, then new lines as they come.",
 )
 @click.option("--follow", "-f", is_flag=True, help="Stream new lines from every replica at once, until Ctrl-C.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line: " + ", ".join(JSON_FIELDS) + ".")
 @inventory_option
 @state_option
 @ssh_options
 def logs(
     deployment: str, paths: tuple[Path, ...], instance: int | None, since: str | None, lines: int | None,
-    follow: bool, inventory_path: Path | None, state_path: str | None, parallel: int, accept_new_host_keys: bool,
+    follow: bool, as_json: bool, inventory_path: Path | None, state_path: str | None, parallel: int,
+    accept_new_host_keys: bool,
 ) -> None:  # fmt: skip
     """Each replica's engine log, lines prefixed by host and instance.
 
@@ -279,12 +311,13 @@ def logs(
     for r in replicas:
         by_host.setdefault(r.host, []).append(r)
     options = ssh_settings(accept_new_host_keys)
+    show = formatter(deployment, as_json, max(len(r.label(0)) for r in replicas))
     if follow:
-        failures = _follow(by_host, hosts, since_arg, count, options)
+        failures = _follow(by_host, hosts, since_arg, count, options, show)
     else:
-        failures = _show(by_host, hosts, since_arg, count, options, parallel)
+        failures = _show(by_host, hosts, since_arg, count, options, parallel, show)
     report_failures(failures)
     sys.exit(1 if failures else 0)
 
 
-__all__ = ["journal_argv", "logs", "parse_entry", "since_argument"]
+__all__ = ["journal_argv", "json_line", "logs", "parse_entry", "parse_fields", "since_argument"]

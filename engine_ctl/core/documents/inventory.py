@@ -30,6 +30,8 @@ DEFAULT_GATEWAY_THREADS = 1
 answer, and leaves the other cores to the engines that share the host (bench/gateway.py: two threads on two
 cores took about a sixth more CPU per request)."""
 GATEWAY_THREADS_RANGE = (1, 64)
+KEY_RATE_RANGE = (1, 1_000_000)
+"""Requests a minute per API key (the ApiKey documents' spec.requests_per_minute has the same range)."""
 """All hf: downloads together on a host are capped at 500 GiB (seed 003), unless downloads.cap says otherwise."""
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 EXECUTABLE = re.compile(r"/[A-Za-z0-9/._+:=,@-]*")
@@ -137,6 +139,11 @@ class GatewaySettingsDocument(_Doc):
         None, description=f"HAProxy's threads on each gateway host ({DEFAULT_GATEWAY_THREADS}; "
         f"{GATEWAY_THREADS_RANGE[0]} to {GATEWAY_THREADS_RANGE[1]}): more for a gateway of its own under heavy load."
     )  # fmt: skip
+    requests_per_minute: int | None = Field(
+        None, description=f"At most this many requests a minute per API key, on each gateway host, for every key "
+        f"whose document sets no spec.requests_per_minute ({KEY_RATE_RANGE[0]} to {KEY_RATE_RANGE[1]}; left out: no "
+        "limit). More are answered 429 `rate_limit_exceeded` with Retry-After."
+    )  # fmt: skip
 
 
 class ScalerLockDocument(_Doc):
@@ -195,7 +202,7 @@ class InventoryDocument(_Doc):
     gateway: GatewaySettingsDocument | None = Field(
         None,
         description="The gateway's settings: how long and how many requests are held (hold_s, hold_cap), "
-        "HAProxy's threads (threads).",
+        "HAProxy's threads (threads), the requests a minute per API key (requests_per_minute).",
     )
     scaling: ScalingSettings | None = Field(None, description="The scaler's timings: decide_every_s, poll_s.")
     hosts: list[dict[str, object]] = Field(description="The hosts.")
@@ -245,6 +252,8 @@ class GatewaySettings(BaseModel):
     hold_s: int = DEFAULT_HOLD_S
     hold_cap: int = DEFAULT_HOLD_CAP
     threads: int = DEFAULT_GATEWAY_THREADS
+    requests_per_minute: int | None = None
+    """Per API key, for keys whose document sets none (None: no limit)."""
 
 
 class Inventory(BaseModel):
@@ -514,6 +523,7 @@ def _gateway_settings(
         ("hold_s", HOLD_S_RANGE, DEFAULT_HOLD_S, " seconds"),
         ("hold_cap", HOLD_CAP_RANGE, DEFAULT_HOLD_CAP, ""),
         ("threads", GATEWAY_THREADS_RANGE, DEFAULT_GATEWAY_THREADS, ""),
+        ("requests_per_minute", KEY_RATE_RANGE, "no limit", " requests a minute"),
     )
     for key, (low, high), default, unit in limits:
         value = getattr(settings, key)

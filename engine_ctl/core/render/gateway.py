@@ -107,8 +107,8 @@ def error_files() -> dict[str, str]:
     return out
 
 
-MAP_FILES = ("keys.map", "expires.map", "scopes.map", "models.map", "stopped.map")
-RUNTIME_MAPS = ("keys.map", "expires.map", "scopes.map", "stopped.map")
+MAP_FILES = ("keys.map", "expires.map", "scopes.map", "limits.map", "models.map", "stopped.map")
+RUNTIME_MAPS = ("keys.map", "expires.map", "scopes.map", "limits.map", "stopped.map")
 """Maps changed over the stats socket, with no reload (models.map changes only with the backends)."""
 
 
@@ -133,6 +133,9 @@ class GatewayBackend(BaseModel):
     api: str = "chat"
     """decisions: the backend answers POST /v1/systemone only, and its servers' health check is the readiness
     decision (seed 003); chat: everything under /v1 but /v1/systemone."""
+    created: int = 0
+    """When the deployment was created (epoch seconds, from its ID): `created` of its model object in /v1/models
+    (0 until its first apply gives it an ID)."""
 
     @property
     def backend(self) -> str:
@@ -170,6 +173,20 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def created_of(deployment_id: str) -> int:
+    """The creation time (epoch seconds) a deployment's ID records: a ULID's first 10 characters are its
+    milliseconds since the epoch, in Crockford's base 32. 0 for no ID (a state written before IDs)."""
+    if len(deployment_id) != 26 or any(c not in CROCKFORD for c in deployment_id[:10]):
+        return 0
+    ms = 0
+    for c in deployment_id[:10]:
+        ms = ms * 32 + CROCKFORD.index(c)
+    return ms // 1000
+
+
 def backend_name(deployment: str) -> str:
     return BACKEND_PREFIX + deployment
 
@@ -200,20 +217,27 @@ def _with_hash(name: str, values: Mapping[str, object]) -> str:
     return load_template(name).render(**values, content_hash=sha256(body))
 
 
-def key_maps(keys: Iterable[ApiKey], deployments: Iterable[str]) -> dict[str, dict[str, str]]:
-    """keys.map (hash -> key name), expires.map (key name -> epoch) and scopes.map ("<key>/<deployment>" -> 1,
-    for every deployment a key may use; a key with no scope may use all of them)."""
+def key_maps(
+    keys: Iterable[ApiKey], deployments: Iterable[str], requests_per_minute: int | None = None
+) -> dict[str, dict[str, str]]:
+    """keys.map (hash -> key name), expires.map (key name -> epoch), scopes.map ("<key>/<deployment>" -> 1,
+    for every deployment a key may use; a key with no scope may use all of them) and limits.map (key name ->
+    requests a minute: its document's, else `requests_per_minute`, the inventory's; none: no limit)."""
     names = sorted(set(deployments))
     keys_map: dict[str, str] = {}
     expires: dict[str, str] = {}
     scopes: dict[str, str] = {}
+    limits: dict[str, str] = {}
     for k in sorted(keys, key=lambda k: k.name):
         keys_map[k.sha256] = k.name
         if k.expires is not None:
             expires[k.name] = str(k.expires)
         for d in names if k.deployments is None else sorted(set(k.deployments)):
             scopes[f"{k.name}/{d}"] = "1"
-    return {"keys.map": keys_map, "expires.map": expires, "scopes.map": scopes}
+        rate = k.requests_per_minute if k.requests_per_minute is not None else requests_per_minute
+        if rate is not None:
+            limits[k.name] = str(rate)
+    return {"keys.map": keys_map, "expires.map": expires, "scopes.map": scopes, "limits.map": limits}
 
 
 def map_text(entries: Mapping[str, str]) -> str:
@@ -242,6 +266,7 @@ def render_gateway(
     wake_address: str = LOOPBACK,
     wake_addresses: Sequence[str] = (),
     scope_names: Iterable[str] = (),
+    requests_per_minute: int | None = None,
 ) -> RenderedGateway:
     """Everything one gateway host runs, rendered from templates/ (haproxy.cfg.j2, hold.lua, gateway.service.j2).
     `stopped`: deployment -> ID of those an operator stopped (stopped.map: answered deployment_stopped).
@@ -249,7 +274,8 @@ def render_gateway(
     `wake_addresses`: every place it tries, in order (wake_addresses_for: with PostgreSQL state a scaler runs on
     every gateway host, and the first that listens passes the wake to the one that acts).
     `scope_names`: deployments a key with no scope may also name though none is routed (one an operator deleted:
-    its name answers 404 all the same, and its scopes stay as they were, so the delete changes no key map)."""
+    its name answers 404 all the same, and its scopes stay as they were, so the delete changes no key map);
+    `requests_per_minute`: the inventory's limit for keys whose document sets none (None: no limit)."""
     ordered = sorted(backends, key=lambda b: b.deployment)
     listen = f"{'[::]' if ':' in host.address else '*'}:{host.gateway_port}"
     common = {"host": host.name, "listen": listen, "internal_key": internal_key}
@@ -275,13 +301,12 @@ def render_gateway(
     )
     wakes = list(wake_addresses) or list(dict.fromkeys([LOOPBACK, wake_address]))
     lua = _with_hash("hold.lua", {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX,
-                                  "wake_port": WAKE_PORT, "wake_addresses": wakes})  # fmt: skip
-    maps = key_maps(keys, [*(b.deployment for b in ordered), *scope_names])
+                                  "wake_port": WAKE_PORT, "wake_addresses": wakes, "backends": ordered})  # fmt: skip
+    maps = key_maps(keys, [*(b.deployment for b in ordered), *scope_names], requests_per_minute)
     maps["models.map"] = {b.deployment: b.backend for b in ordered}
     maps["stopped.map"] = dict(stopped or {})
     files = {CONFIG_FILE: config, LUA_FILE: lua, **{name: map_text(maps[name]) for name in MAP_FILES}}
-    files[START_STATE_FILE] = start_state(ordered)
-    files.update(error_files())
+    files.update({START_STATE_FILE: start_state(ordered), **error_files()})
     unit = _gateway_unit(common, haproxy, run_dir, internal_key)
     return RenderedGateway(
         host=host.name, listen=listen, endpoint=endpoint_of(host), files=files, unit_text=unit, maps=maps
