@@ -151,7 +151,8 @@ MASK = (
     "systemd-firstboot.service", "postgresql.service", "cron.service", "exim4.service", "getty@tty1.service",
     "console-getty.service", "systemd-timesyncd.service", "haproxy.service", "apt-daily.timer",
     "apt-daily-upgrade.timer", "man-db.timer", "e2scrub_all.timer", "fstrim.timer", "docker.service",
-    "docker.socket", "containerd.service", "systemd-journald-audit.socket",
+    "docker.socket", "containerd.service", "systemd-journald-audit.socket", "prometheus.service",
+    "prometheus-node-exporter.service",
 )  # fmt: skip
 
 
