@@ -322,12 +322,12 @@ def _gateway_logs(
         return json.dumps(r.as_json(), separators=(",", ":")) if as_json else format_request(r, width)
 
     if not follow:
-        found, failures = read_gateway_requests(hosts, by_address, deployment, since, None if since else lines,
-                                                options, parallel)  # fmt: skip
+        found, failed = read_gateway_requests(hosts, by_address, deployment, since, None if since else lines,
+                                              options, parallel)  # fmt: skip
         printer = Printer(threading.Event())
         for r in found[-lines:] if lines is not None and not since else found:
             printer.line(show(r))
-        return failures
+        return failed
     stop = threading.Event()
     printer = Printer(stop)
     failures: dict[str, HostFailure] = {}

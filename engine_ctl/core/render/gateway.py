@@ -312,8 +312,11 @@ def render_gateway(
             **stopped_answer(),
             "errors": sorted(ERRORS),
             "access_log_format": access_log_format(host.name),
-            "metrics": None if metrics_port is None else {
-                "listen": f"{'[::]' if ':' in host.address else '*'}:{metrics_port}", "allow": list(metrics_allow),
+            "metrics": None
+            if metrics_port is None
+            else {
+                "listen": f"{'[::]' if ':' in host.address else '*'}:{metrics_port}",
+                "allow": list(metrics_allow),
             },
         },
     )
