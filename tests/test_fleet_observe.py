@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import textwrap
 import time
 import urllib.error
@@ -244,3 +245,58 @@ def test_metrics_for_monitoring_hosts_only_and_a_real_prometheus_counts_every_re
             prom.wait()
         log.close()
         shutil.rmtree(tmp_path / "data", ignore_errors=True)
+
+
+def _tmux(socket_name: str, *args: str, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(["tmux", "-L", socket_name, *args], capture_output=True, text=True, env=env, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _board_requests(screen: str, deployment: str) -> int | None:
+    """The REQUESTS column of a deployment's line on the board (DEPLOYMENT STATE READY IN FLIGHT QUEUE REQUESTS)."""
+    for line in screen.splitlines():
+        words = line.split()
+        if words and words[0] == deployment and len(words) >= 6 and words[5].isdigit():
+            return int(words[5])
+    return None
+
+
+@pytest.mark.parametrize("no_color", [False, True])
+def test_status_watch_redraws_under_tmux_and_ctrl_c_ends_it(ob: ObserveProject, no_color: bool) -> None:
+    socket_name = f"ectl-obs-{os.getpid()}-{int(no_color)}"  # a tmux server of its own, with this environment
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"} | {"TERM": "xterm-256color"}
+    if no_color:
+        env["NO_COLOR"] = "1"
+    command = (f"cd {ob.path} && {sys.executable} -m engine_ctl status --watch {ob.docs} --inventory {ob.inventory}; "
+               "echo EXIT=$?; sleep 60")  # fmt: skip
+    _tmux(socket_name, "new-session", "-d", "-s", "board", "-x", "150", "-y", "30", command, env=env)
+    try:
+        screen, before = "", None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and before is None:
+            time.sleep(0.5)
+            screen = _tmux(socket_name, "capture-pane", "-p", "-t", "board")
+            before = _board_requests(screen, "gw-a")
+        assert before is not None, screen
+        assert "DEPLOYMENT" in screen and "IN FLIGHT" in screen and "SCALER'S LAST DECISION" in screen
+        assert _board_requests(screen, "gw-b") is not None
+        for _ in range(2):
+            assert ob.chat("gw-a", KEY_A)[0] == 200
+        after = before
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and after < before + 2:
+            time.sleep(0.5)
+            after = _board_requests(_tmux(socket_name, "capture-pane", "-p", "-t", "board"), "gw-a") or after
+        assert after >= before + 2, (before, after)  # the board moved with the requests, redrawn in place
+        escaped = _tmux(socket_name, "capture-pane", "-p", "-e", "-t", "board")
+        coloured = any(f"\x1b[{c}m" in escaped or f";{c}m" in escaped for c in ("31", "32", "33"))
+        assert coloured != no_color, escaped[-600:]
+        _tmux(socket_name, "send-keys", "-t", "board", "C-c")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "EXIT=" not in screen:
+            time.sleep(0.5)
+            screen = _tmux(socket_name, "capture-pane", "-p", "-S", "-200", "-t", "board")
+        assert "EXIT=130" in screen and "Traceback" not in screen, screen
+    finally:
+        subprocess.run(["tmux", "-L", socket_name, "kill-server"], capture_output=True, timeout=30)

@@ -145,3 +145,31 @@ def test_the_scrape_config_covers_every_gateway_and_promtool_accepts_it(tmp_path
     assert shown.exit_code == 0 and shown.stdout == text
     none = run("monitoring", "scrape-config", "--inventory", str(write(tmp_path, "plain.yaml", HOSTS)))
     assert none.exit_code == 1 and "no monitoring block" in none.stderr and "Traceback" not in none.output
+
+
+STAT = (
+    "# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,req_tot,rtime\n"
+    "api,FRONTEND,,,3,5,1000,40,0,0,40,\n"
+    "d_chat,r0a,1,1,2,2,2,30,0,0,,12\n"
+    "d_chat,BACKEND,1,1,2,2,100,30,0,0,30,12\n"
+    "ectl_usage,BACKEND,0,0,0,0,100,0,0,0,0,0\n"
+)
+
+
+def test_the_watch_board_adds_the_gateways_figures_up() -> None:
+    from datetime import UTC, datetime
+
+    from rich.console import Console
+
+    from engine_ctl.cli.watch_cmd import backend_figures, board
+    from engine_ctl.core.plan.status import DeploymentStatus
+
+    figures = backend_figures([STAT, STAT.replace(",30,0,0,30,12", ",10,0,0,10,4")])
+    chat = figures["chat"]
+    assert list(figures) == ["chat"] and (chat.in_flight, chat.queued, chat.requests) == (4, 2, 40)
+    assert chat.ttfb() == 10  # (12 x 30 + 4 x 10) / 40
+    status = DeploymentStatus(name="chat", state="Ready", ready=1, replicas=1, revision=1, hosts=["h"], instances=[])
+    out = Console(width=150, no_color=True, record=True)
+    out.print(board([status], figures, {}, datetime(2026, 1, 1, tzinfo=UTC), 0.4))
+    text = out.export_text()
+    assert text.splitlines()[1].split()[:7] == ["chat", "ready", "1/1", "4", "2", "40", "10"]

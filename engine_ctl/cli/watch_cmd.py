@@ -8,6 +8,7 @@ the average time to the first byte of the last 1024 answers), over one SSH conne
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from rich.console import Group
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -110,7 +111,10 @@ Round = tuple[list[DeploymentStatus], dict[str, BackendFigures], dict[str, HostF
 def watch(fetch: Callable[[], Round]) -> None:
     """Draw the board every REFRESH_S until Ctrl-C. `fetch` runs in its own thread (a slow round never freezes
     the display or Ctrl-C); the board shows the newest round."""
-    out = console()
+    tty = sys.stdout.isatty()
+    # On a terminal the board is redrawn in place, in colour unless NO_COLOR is set; elsewhere (a pipe, a file)
+    # each round is printed after the last, plain.
+    out = Console(no_color=bool(os.environ.get("NO_COLOR")), highlight=False, emoji=False) if tty else console()
     latest: list[Group] = [Group(Text("gathering the hosts' facts and the gateways' figures …"))]
     changed = threading.Event()
     stop = threading.Event()
@@ -129,6 +133,12 @@ def watch(fetch: Callable[[], Round]) -> None:
     worker = threading.Thread(target=rounds, name="watch", daemon=True)
     worker.start()
     try:
+        if not tty:
+            while True:
+                if changed.wait(timeout=0.2):
+                    changed.clear()
+                    out.print(latest[0])
+                    out.print("")
         with Live(latest[0], console=out, auto_refresh=False, transient=False, redirect_stdout=False) as live:
             while True:
                 if changed.wait(timeout=0.2):
