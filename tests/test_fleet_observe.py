@@ -29,6 +29,7 @@ import pytest
 
 from engine_ctl.core.documents.apikey import key_sha256
 from tests.fleet import SUBNET, Fleet
+from tests.fleetproject import ROOT
 from tests.test_fleet_gateway import KEY_A, KEY_ALL, GatewayProject
 
 pytestmark = pytest.mark.fleet
@@ -133,6 +134,25 @@ def test_request_log_has_every_request_and_never_the_key(ob: ObserveProject) -> 
     assert only_b.stdout and all(" 200 gw-b " in x for x in only_b.stdout.splitlines()), only_b.stdout
     assert made in only_b.stdout and "obs-given-1" not in only_b.stdout
 
+    # --follow: a request sent while following arrives as its line; Ctrl-C ends it (130)
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "engine_ctl", "logs", "--gateway", "--follow", "--json", "--lines", "0",
+         "--inventory", str(ob.inventory)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ob.path,
+    )  # fmt: skip
+    try:
+        assert follow.stdout is not None and follow.stderr is not None
+        time.sleep(3)
+        assert follow.poll() is None, follow.stderr.read()
+        assert ob.chat("gw-a", KEY_A, request_id="obs-followed-1")[0] == 200
+        streamed = json.loads(follow.stdout.readline())
+        assert streamed["id"] == "obs-followed-1" and streamed["key"] == "obs-a"
+        follow.send_signal(signal.SIGINT)
+        assert follow.wait(timeout=15) == 130
+        assert "Traceback" not in follow.stderr.read()
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+
     # no key material anywhere in the gateway host's journal, nor in what engine-ctl printed
     journal = ob.fleet.ssh(ob.gateway, "journalctl --no-pager -o cat -u engine-ctl-gateway.service").stdout
     assert '"id":"obs-given-1"' in journal
@@ -236,6 +256,13 @@ def test_metrics_for_monitoring_hosts_only_and_a_real_prometheus_counts_every_re
         assert by_key == {"obs-a": wanted["gw-a"], "obs-all": wanted["gw-b"]}
         held = _query(base, "engine_ctl_held_requests")
         assert {r["metric"]["deployment"] for r in held} == {"gw-a", "gw-b"}
+        # every query of the Grafana dashboard runs, and each names series that exist (an answer per deployment or
+        # key; over 24 h or a minute of samples, the rate of a series scraped for a few seconds has one too)
+        dashboard = json.loads((ROOT / "examples/monitoring/grafana-dashboard.json").read_text())
+        for panel in dashboard["panels"]:
+            for target in panel["targets"]:
+                answer = _query(base, target["expr"].replace("$__rate_interval", "1m"))
+                assert answer, f"{panel['title']}: {target['expr']} answers nothing"
     finally:
         os.killpg(prom.pid, signal.SIGTERM)
         try:

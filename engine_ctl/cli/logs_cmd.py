@@ -406,8 +406,9 @@ def logs(
     if gateway or as_json:
         if not gateway or instance is not None:
             flag = "--json" if not gateway else "--instance"
-            raise InputError([Diagnostic(Location(flag), flag, f"{flag} goes with " + ("--gateway" if not gateway
-                                         else "an engine's log, not --gateway"), code="invalid_option")])  # fmt: skip
+            goes = "--gateway" if not gateway else "an engine's log, not --gateway"
+            raise InputError([Diagnostic(Location(flag), flag, f"{flag} goes with {goes}",
+                                         code="conflicting_options")])  # fmt: skip
         if deployment is not None and (Path(deployment).exists() or deployment.endswith((".yaml", ".yml"))):
             paths, deployment = (Path(deployment), *paths), None
         failures = _gateway_logs(deployment, paths, since_arg, count, follow, as_json, inventory_path, parallel,

@@ -248,7 +248,7 @@ def status(
         if as_json:
             raise InputError([Diagnostic(Location("--watch"), "--watch", "--watch draws a board for a person; "
                                          "--json is for programs", hint="leave out one of them",
-                                         code="invalid_option")])  # fmt: skip
+                                         code="conflicting_options")])  # fmt: skip
         _watch(name, paths, inventory_path, state_path, parallel, accept_new_host_keys)
     _status(name, paths, inventory_path, state_path, parallel, accept_new_host_keys, as_json, decisions)
 

@@ -569,10 +569,10 @@ def _monitoring(
     taken.update({h.port: f"{h.name}'s SSH port" for h in hosts if GATEWAY_ROLE in h.roles})
     taken.update(RESERVED_PORTS)
     if not 1 <= port <= 65535:
-        wrong(("monitoring", "port"), f"between 1 and 65535, not {port}", "e.g. 8405", "out_of_range")
+        wrong(("monitoring", "port"), f"between 1 and 65535, not {port}", "e.g. 8405", code="out_of_range")
     elif port in taken:
         wrong(("monitoring", "port"), f"{port} is already {taken[port]} on the gateway hosts",
-              "choose a free port, e.g. 8405", "port_taken")  # fmt: skip
+              "choose a free port, e.g. 8405", code="port_taken")  # fmt: skip
     by_name = {h.name: h for h in hosts}
     allow: list[str] = []
     for i, entry in enumerate(settings.hosts):
@@ -584,12 +584,12 @@ def _monitoring(
             if named is not None:
                 wrong(("monitoring", "hosts", i), f"host {entry!r} has the address {value!r}, not an IP address: "
                       "the gateway compares a scraper's source address with it", "give the host's IP address "
-                      "here instead", "monitoring_host")  # fmt: skip
+                      "here instead", code="monitoring_host")  # fmt: skip
             else:
                 known = ", ".join(sorted(by_name)) or "(none)"
                 wrong(("monitoring", "hosts", i), f"{entry!r} is neither a host of this inventory nor an IP "
                       "address or network", f"an inventory host ({known}), an address such as 10.0.0.5 or a "
-                      "network such as 10.0.0.0/24", "monitoring_host")  # fmt: skip
+                      "network such as 10.0.0.0/24", code="monitoring_host")  # fmt: skip
             continue
         allow.append(str(network.network_address) if network.num_addresses == 1 else str(network))
     if problems:
