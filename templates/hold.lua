@@ -193,6 +193,29 @@ local function per_deployment(out, metric, kind, help, counts)
     end
 end
 
+-- The scaler's decisions so far per deployment and action: the scaler on this host keeps them in this map over
+-- the stats socket ("<deployment>/<action>" -> count); a deployment it never decided for has none.
+local decisions = Map.new("{{ decisions_map }}", Map._str)
+local ACTIONS = { {% for a in actions %}"{{ a }}"{{ ", " if not loop.last }}{% endfor %} }
+
+local function scaler_decisions(out)
+    local metric = "engine_ctl_scaler_decisions_total"
+    out[#out + 1] = "# HELP " .. metric .. " The scaler's decisions, by deployment and action."
+    out[#out + 1] = "# TYPE " .. metric .. " counter"
+    for name, _ in pairs(core.backends) do
+        if string.sub(name, 1, #PREFIX) == PREFIX then
+            local deployment = string.sub(name, #PREFIX + 1)
+            for _, action in ipairs(ACTIONS) do
+                local count = decisions:lookup(deployment .. "/" .. action)
+                if count ~= nil then
+                    out[#out + 1] = metric .. '{deployment="' .. label(deployment) .. '",action="' .. action ..
+                        '"} ' .. count
+                end
+            end
+        end
+    end
+end
+
 local PER_KEY = {
     { "engine_ctl_requests_total", "http_req_cnt", "Requests routed to a deployment, by key name." },
     { "engine_ctl_client_errors_total", "http_err_cnt", "Of those, answered 4xx." },
@@ -220,6 +243,7 @@ core.register_service("metrics", "http", function(applet)
     per_deployment(out, "engine_ctl_hold_timeouts_total", "counter", "Held requests answered 503 at the end of the hold.", hold_timeouts)
     per_deployment(out, "engine_ctl_hold_full_total", "counter", "Requests answered 503 at once: the hold cap was reached.", hold_full)
     per_deployment(out, "engine_ctl_wakes_total", "counter", "Wakes sent to the scaler.", wakes)
+    scaler_decisions(out)
     local body = table.concat(out, "\n") .. "\n"
     applet:set_status(200)
     applet:add_header("content-type", "text/plain; version=0.0.4")

@@ -4,8 +4,9 @@ monitoring port to the monitoring hosts only, and a real Prometheus (Debian's `p
 the test machine, which is the fleet's bridge address and the inventory's one monitoring host) scrapes it from
 `engine-ctl monitoring scrape-config` and answers PromQL with exactly the requests this module sent.
 
-One project for the module (test_fleet_gateway's GatewayProject): two deployments of one replica each, so one
-apply (the slow part) serves every test here."""
+One project for the module (test_fleet_gateway's GatewayProject): two deployments of one replica each, gw-b on
+demand (its first request is held and wakes it: the scaler's decisions, holds and wakes are then series too), so
+one apply (the slow part) serves every test here."""
 
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ PROMETHEUS = "/usr/bin/prometheus"
 
 
 class ObserveProject(GatewayProject):
-    """gw-a and gw-b, one replica each on two hosts; the inventory's monitoring block names this machine (the
-    fleet's bridge address) as the one monitoring host."""
+    """gw-a and gw-b (on demand), one replica each on two hosts; the inventory's monitoring block names this
+    machine (the fleet's bridge address) as the one monitoring host."""
 
     def __init__(self, path: Path, fleet: Fleet) -> None:
         super().__init__(path, fleet)
@@ -63,7 +64,8 @@ class ObserveProject(GatewayProject):
                         host: {self.fleet.hosts[1].name}}}
                 ---
                 metadata: {{name: gw-b}}
-                spec: {{model: tiny, accelerator: cpu, cpu_cores: 1, context_length: 512, host: {self.pinned.name}}}
+                spec: {{model: tiny, accelerator: cpu, cpu_cores: 1, context_length: 512, host: {self.pinned.name},
+                        replicas: {{min: 0, max: 1, idle_minutes: 30}}}}
                 """
             )
         )
@@ -256,6 +258,12 @@ def test_metrics_for_monitoring_hosts_only_and_a_real_prometheus_counts_every_re
         assert by_key == {"obs-a": wanted["gw-a"], "obs-all": wanted["gw-b"]}
         held = _query(base, "engine_ctl_held_requests")
         assert {r["metric"]["deployment"] for r in held} == {"gw-a", "gw-b"}
+        # gw-b's first request was held and woke it: a hold, a wake, and the scaler's decision to start a replica
+        for series in ("engine_ctl_holds_total", "engine_ctl_wakes_total"):
+            woke = {r["metric"]["deployment"]: float(r["value"][1]) for r in _query(base, series)}
+            assert woke["gw-b"] >= 1 and woke["gw-a"] == 0, (series, woke)
+        decided = _query(base, 'engine_ctl_scaler_decisions_total{deployment="gw-b"}')
+        assert {r["metric"]["action"]: r["value"][1] for r in decided} == {"up": "1"}, decided
         # every query of the Grafana dashboard runs, and each names series that exist (an answer per deployment or
         # key; over 24 h or a minute of samples, the rate of a series scraped for a few seconds has one too)
         dashboard = json.loads((ROOT / "examples/monitoring/grafana-dashboard.json").read_text())
@@ -291,6 +299,7 @@ def _board_requests(screen: str, deployment: str) -> int | None:
 
 @pytest.mark.parametrize("no_color", [False, True])
 def test_status_watch_redraws_under_tmux_and_ctrl_c_ends_it(ob: ObserveProject, no_color: bool) -> None:
+    assert ob.chat("gw-b")[0] == 200  # woken (when this test runs alone): the scaler has decided for it
     socket_name = f"ectl-obs-{os.getpid()}-{int(no_color)}"  # a tmux server of its own, with this environment
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"} | {"TERM": "xterm-256color"}
     if no_color:
@@ -308,6 +317,8 @@ def test_status_watch_redraws_under_tmux_and_ctrl_c_ends_it(ob: ObserveProject, 
         assert before is not None, screen
         assert "DEPLOYMENT" in screen and "IN FLIGHT" in screen and "SCALER'S LAST DECISION" in screen
         assert _board_requests(screen, "gw-b") is not None
+        line_b = next(x for x in screen.splitlines() if x.split()[:1] == ["gw-b"])
+        assert " up 20" in line_b, line_b  # the scaler's last decision for it: up, at its time
         for _ in range(2):
             assert ob.chat("gw-a", KEY_A)[0] == 200
         after = before

@@ -143,6 +143,13 @@ def access_log_format(host: str) -> str:
     return "{" + ",".join(parts) + "}"
 
 
+DECISIONS_MAP_FILE = "decisions.map"
+"""The scaler's decisions so far, "<deployment>/<action>" -> count: empty as rendered, filled at run time by the
+scaler on this host over the stats socket (never by apply), exported by the metrics port."""
+DECISION_ACTIONS = ("up", "down", "zero", "wake", "woken", "preempt", "hold", "failed", "reset", "gateway", "lead",
+                    "follow")  # fmt: skip
+"""The scaler's actions (core.plan.scaler.Decision), each a label value of engine_ctl_scaler_decisions_total."""
+
 MAP_FILES = ("keys.map", "expires.map", "scopes.map", "models.map", "stopped.map")
 RUNTIME_MAPS = ("keys.map", "expires.map", "scopes.map", "stopped.map")
 """Maps changed over the stats socket, with no reload (models.map changes only with the backends)."""
@@ -322,12 +329,14 @@ def render_gateway(
     )
     wakes = list(wake_addresses) or list(dict.fromkeys([LOOPBACK, wake_address]))
     lua = _with_hash("hold.lua", {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX,
-                                  "wake_port": WAKE_PORT, "wake_addresses": wakes})  # fmt: skip
+                                  "wake_port": WAKE_PORT, "wake_addresses": wakes,
+                                  "decisions_map": DECISIONS_MAP_FILE, "actions": DECISION_ACTIONS})  # fmt: skip
     maps = key_maps(keys, [*(b.deployment for b in ordered), *scope_names])
     maps["models.map"] = {b.deployment: b.backend for b in ordered}
     maps["stopped.map"] = dict(stopped or {})
     files = {CONFIG_FILE: config, LUA_FILE: lua, **{name: map_text(maps[name]) for name in MAP_FILES}}
     files[START_STATE_FILE] = start_state(ordered)
+    files[DECISIONS_MAP_FILE] = ""
     files.update(error_files())
     unit = _gateway_unit(common, haproxy, run_dir, internal_key)
     return RenderedGateway(
