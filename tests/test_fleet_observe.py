@@ -35,6 +35,7 @@ from tests.test_fleet_gateway import KEY_A, KEY_ALL, GatewayProject
 
 pytestmark = pytest.mark.fleet
 METRICS_PORT = 8405
+JOBS = {"engine-ctl", "engine-ctl-haproxy", "engine-ctl-engines"}
 PROMETHEUS = "/usr/bin/prometheus"
 
 
@@ -204,6 +205,10 @@ def test_metrics_for_monitoring_hosts_only_and_a_real_prometheus_counts_every_re
     assert 'engine_ctl_requests_total{key="obs-all",deployment="gw-b"}' in own
     outsider = ob.fleet.ssh(ob.outsider, f"curl -s -m 5 http://{gw.address}:{METRICS_PORT}/metrics", check=False)
     assert outsider.returncode != 0 and "haproxy_" not in outsider.stdout
+    replica = ob.replicas("gw-a")[0]  # nor straight to an engine: they answer the gateways only
+    direct = ob.fleet.ssh(ob.outsider, f"curl -s -m 5 http://{ob.host(replica['host']).address}:{replica['port']}"
+                          "/metrics", check=False)  # fmt: skip
+    assert "llamacpp:" not in direct.stdout, direct.stdout
     with urllib.request.urlopen(f"http://{gw.address}:{METRICS_PORT}/metrics", timeout=10) as answer:
         assert b'haproxy_backend_http_requests_total{proxy="d_gw-a"}' in answer.read()
 
@@ -229,13 +234,17 @@ def test_metrics_for_monitoring_hosts_only_and_a_real_prometheus_counts_every_re
             assert prom.poll() is None, (tmp_path / "prometheus.log").read_text()
             try:
                 up = _query(base, "up == 1")
-                if {r["metric"]["job"] for r in up} == {"engine-ctl", "engine-ctl-haproxy"}:
+                if {r["metric"]["job"] for r in up} == JOBS and len(up) == 4:
                     break
             except (urllib.error.URLError, ConnectionError):
                 pass
             time.sleep(0.5)
-        assert {r["metric"]["job"] for r in up} == {"engine-ctl", "engine-ctl-haproxy"}, up
-        assert {r["metric"]["gateway"] for r in up} == {gw.name}
+        assert {r["metric"]["job"] for r in up} == JOBS and len(up) == 4, up
+        assert {r["metric"].get("gateway") for r in up if r["metric"]["job"] != "engine-ctl-engines"} == {gw.name}
+        # each engine's own metrics, through the gateway (the engines answer only the gateways)
+        engines = {r["metric"]["deployment"]: r["metric"]["host"] for r in up
+                   if r["metric"]["job"] == "engine-ctl-engines"}  # fmt: skip
+        assert engines == {"gw-a": ob.fleet.hosts[1].name, "gw-b": ob.pinned.name}, up
         for _ in range(3):
             assert ob.chat("gw-a", KEY_A)[0] == 200
         assert ob.chat("gw-b", KEY_ALL)[0] == 200
@@ -262,6 +271,8 @@ def test_metrics_for_monitoring_hosts_only_and_a_real_prometheus_counts_every_re
         for series in ("engine_ctl_holds_total", "engine_ctl_wakes_total"):
             woke = {r["metric"]["deployment"]: float(r["value"][1]) for r in _query(base, series)}
             assert woke["gw-b"] >= 1 and woke["gw-a"] == 0, (series, woke)
+        predicted = _query(base, "sum by (deployment) (llamacpp:tokens_predicted_total)")
+        assert {r["metric"]["deployment"] for r in predicted if float(r["value"][1]) >= 1} == {"gw-a", "gw-b"}
         decided = _query(base, 'engine_ctl_scaler_decisions_total{deployment="gw-b"}')
         assert {r["metric"]["action"]: r["value"][1] for r in decided} == {"up": "1"}, decided
         # every query of the Grafana dashboard runs, and each names series that exist (an answer per deployment or

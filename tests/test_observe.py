@@ -173,3 +173,18 @@ def test_the_watch_board_adds_the_gateways_figures_up() -> None:
     out.print(board([status], figures, {}, datetime(2026, 1, 1, tzinfo=UTC), 0.4))
     text = out.export_text()
     assert text.splitlines()[1].split()[:7] == ["chat", "ready", "1/1", "4", "2", "40", "10"]
+
+
+def test_the_scrape_config_reads_each_engine_through_the_first_gateway(tmp_path: Path) -> None:
+    from engine_ctl.core.render.gateway import GatewayBackend, GatewayServer
+
+    inv = load_inventory(write(tmp_path, "hosts.yaml", "monitoring: {port: 8405, hosts: [prom]}\n" + HOSTS))
+    servers = (GatewayServer(name="r0a", address="10.0.0.9", port=8000, maxconn=2),
+               GatewayServer(name="r1b", address="10.0.0.3", port=8001, maxconn=2))  # fmt: skip
+    text = scrape_configs(inv, 15, [GatewayBackend(deployment="chat", servers=servers)])
+    engines = text.split("job_name: engine-ctl-engines", 1)[1]
+    assert engines.count('targets: ["10.0.0.2:8405"]') == 2 and "10.0.0.3:8405" not in engines  # once each
+    assert '__metrics_path__: "/metrics/replica/chat/r1b", deployment: "chat", replica: "r1b", host: "edge2"' in engines
+    checked = subprocess.run(["promtool", "check", "config", str(write(tmp_path, "p.yml", text))],
+                             capture_output=True, text=True)  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr

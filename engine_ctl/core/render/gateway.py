@@ -324,6 +324,7 @@ def render_gateway(
             else {
                 "listen": f"{'[::]' if ':' in host.address else '*'}:{metrics_port}",
                 "allow": list(metrics_allow),
+                "engine_path": "/metrics",
             },
         },
     )
