@@ -179,7 +179,15 @@ def test_usage_per_key_and_deployment(ob: ObserveProject) -> None:
     table = ob.cli("usage", "--by", "deployment", "--inventory", str(ob.inventory))
     assert table.returncode == 0, table.stderr
     assert table.stdout.splitlines()[0].split()[:3] == ["DEPLOYMENT", "REQUESTS", "ERRORS"]
-    assert "exact" in table.stdout and "tokens: not measured" in table.stdout
+    assert "PROMPT TOKENS" in table.stdout and "since each replica started" in table.stdout
+    # tokens per deployment: the engines' own counters (llama-server's), read through the gateway's metrics port
+    per = json.loads(ob.cli("usage", "--by", "deployment", "--json", "--inventory", str(ob.inventory)).stdout)
+    rows = {r["deployment"]: r for r in per["rows"]}
+    assert rows["gw-a"]["requests"] == ob.sent["gw-a"] and rows["gw-b"]["requests"] == ob.sent["gw-b"]
+    for name in ("gw-a", "gw-b"):  # max_tokens 2 a request: at most 2 generated each
+        assert 1 <= rows[name]["generated_tokens"] <= 2 * ob.sent[name], rows[name]
+        assert rows[name]["prompt_tokens"] >= ob.sent[name], rows[name]
+    assert "generated_tokens" in per["exact"] and per["tokens_unread"] == []
 
 
 def _free_port() -> int:

@@ -123,4 +123,17 @@ def usage(lines: Iterable[RequestLine], by: str) -> dict[str, Usage]:
     return dict(sorted(out.items()))
 
 
-__all__ = ["RequestLine", "Usage", "format_request", "parse_request", "usage", "when"]
+def counter_sum(text: str, name: str) -> float | None:
+    """The sum of a Prometheus text exposition's samples of `name` (every label set); None when it has none."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{"):
+            try:
+                total += float(line.rsplit(" ", 1)[-1])
+                seen = True
+            except ValueError:
+                continue
+    return total if seen else None
+
+
+__all__ = ["RequestLine", "Usage", "counter_sum", "format_request", "parse_request", "usage", "when"]
