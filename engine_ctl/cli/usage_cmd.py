@@ -4,8 +4,8 @@ logs (core.accesslog), read from every gateway host's journal as `engine-ctl log
 What is exact and what is not, as the output says: requests, errors and bytes are counted from one log line per
 request, exact for the lines the journal kept (the gateway's unit lifts journald's rate limit; journald still
 rotates old lines away past its SystemMaxUse=, and the metrics port's counters are the exact ones since the
-gateway's last reload). Tokens are not in the gateway's log (it never reads a response body): per deployment they come from the
-engines' own counters (exact, but since each replica started), per key they are not measured."""
+gateway's last reload). Tokens are not in the gateway's log (it never reads a response body): per deployment
+they come from the engines' own counters (exact, but since each replica started), per key they are not measured."""
 
 from __future__ import annotations
 
