@@ -27,6 +27,7 @@ from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.documents.loader import load_paths
 from engine_ctl.core.plan.status import hosts_not_in
 from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord
+from engine_ctl.core.render.gateway import GATEWAY_UNIT
 from engine_ctl.shell import systemd
 from engine_ctl.shell.transport import HostFailure, SSHOptions, Transport, fan_out, transport_for
 from engine_ctl.state import StateBackend
@@ -242,22 +243,11 @@ def _follow(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | N
     return failures
 
 
-GATEWAY_UNIT_NAME = "engine-ctl-gateway.service"
-
-
 def gateway_journal_argv(deployment: str | None, since: str | None, lines: int | None, follow: bool) -> list[str]:
     """journalctl for the gateway's unit: its MESSAGE only; for one deployment, only the lines that name it (a
     request line holds `"deployment":"<name>"`: a deployment's name needs no escaping in JSON)."""
-    argv = ["journalctl", "--no-pager", "--output=json", "--output-fields=MESSAGE", f"--unit={GATEWAY_UNIT_NAME}"]
-    if deployment is not None:
-        argv.append(f'--grep="deployment":"{deployment}"')
-    if since is not None:
-        argv.append(f"--since={since}")
-    if lines is not None:
-        argv.append(f"--lines={lines}")
-    if follow:
-        argv.append("--follow")
-    return argv
+    grep = f'"deployment":"{deployment}"' if deployment is not None else None
+    return systemd.journal_argv([GATEWAY_UNIT], "MESSAGE", since, lines, follow, grep=grep)
 
 
 def _request_of(raw: str, gateway: str, by_address: dict[str, str], deployment: str | None) -> RequestLine | None:

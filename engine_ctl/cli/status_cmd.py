@@ -243,7 +243,7 @@ def _watch(
     gateway host's stats socket for its figures over a connection kept open for the next rounds."""
     from engine_ctl.cli.watch_cmd import BackendFigures, backend_figures, watch
     from engine_ctl.shell.gateway.runtime import GatewayFailure, runtime
-    from engine_ctl.shell.transport import transport_for
+    from engine_ctl.shell.transport import LocalTransport, SSHTransport, transport_for
 
     name, paths = name_and_paths(name, paths)
     backend = backend_for(state_path, paths)
@@ -252,7 +252,7 @@ def _watch(
     if name and name not in first.deployments:
         raise no_such_deployment(name, first, backend)
     inventory = resolve_inventory(inventory_path, load_paths(list(paths)) if paths else None)
-    open_to: dict[str, Any] = {}
+    open_to: dict[str, SSHTransport | LocalTransport] = {}
 
     def figures(failures: dict[str, HostFailure]) -> dict[str, BackendFigures]:
         texts = []
