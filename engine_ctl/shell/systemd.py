@@ -4,6 +4,7 @@ them through a transport, and tests read them without a host. Nothing here runs 
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 from collections.abc import Sequence
 
@@ -46,6 +47,23 @@ def start_unit_argv(unit: str, wait: bool) -> list[str]:
 def disable_now(*units: str) -> str:
     """Shell text: disable and stop units, quietly (one that is not there is no error)."""
     return f"systemctl disable --now {' '.join(shlex.quote(u) for u in units)} 2>/dev/null"
+
+
+PRUNE_NAMED = 3
+"""prune_checkout's exit status when a unit file still names the checkout: nothing was deleted."""
+
+
+def prune_checkout(path: str, unit_dir: str = UNIT_DIR) -> list[str]:
+    """Delete an hf: checkout no deployment uses any more (and its fetch's lock file), unless a unit file on the
+    host names it by now (exit PRUNE_NAMED, the unit on stderr); then its repository's and organisation's folders
+    if they are left empty."""
+    q = shlex.quote(path.rstrip("/"))
+    repo, org = posixpath.dirname(path.rstrip("/")), posixpath.dirname(posixpath.dirname(path.rstrip("/")))
+    check = (f"for f in {shlex.quote(unit_dir)}/engine-ctl-*.service; do [ -f \"$f\" ] && grep -qF -- {q} \"$f\" && "
+             f"{{ echo \"still named by $f\" >&2; exit {PRUNE_NAMED}; }}; done; ")  # fmt: skip
+    tidy = f"rmdir -- {shlex.quote(repo)} 2>/dev/null; rmdir -- {shlex.quote(org)} 2>/dev/null; true"
+    beside = " ".join(shlex.quote(path.rstrip("/") + end) for end in (".partial", ".lock"))  # the fetch's
+    return ["sh", "-c", check + f"rm -rf -- {q} {beside} || exit 1; " + tidy]
 
 
 def remove_unit(unit: str, *paths: str, only_if_installed: bool = False) -> str:
