@@ -77,6 +77,10 @@ class GatewayChange(BaseModel):
     """The inventory's gateway.hold_cap: requests held at once per deployment."""
     threads: int = DEFAULT_GATEWAY_THREADS
     """The inventory's gateway.threads: HAProxy's threads."""
+    metrics_port: int | None = None
+    """The inventory's monitoring.port (None: no metrics)."""
+    metrics_allow: list[str] = Field(default_factory=list)
+    """The inventory's monitoring hosts, as addresses and networks."""
     keys: list[ApiKey] = Field(default_factory=list)
     """The ApiKey documents (names, SHA-256, scopes, expiry: never a key) the key maps are rendered from: a saved
     plan's maps are rendered again from them at apply and must match (gateway_tampering)."""
@@ -230,7 +234,8 @@ def render_for(
     return render_gateway(host, backends, keys, hold_s=settings.hold_s, hold_cap=settings.hold_cap,
                           threads=settings.threads, stopped=stopped,
                           wake_addresses=wake_addresses_for(host, hosts.values()), scope_names=held,
-                          requests_per_minute=settings.requests_per_minute)  # fmt: skip
+                          requests_per_minute=settings.requests_per_minute,
+                          metrics_port=settings.metrics_port, metrics_allow=settings.metrics_allow)  # fmt: skip
 
 
 def config_diff(old: str, new: str) -> list[str]:
@@ -261,6 +266,7 @@ def plan_gateways(
             host=host.name, action=["no-op"], endpoint=final.endpoint, files=final.files, unit_text=final.unit_text,
             maps=final.maps, interim_files=None if interim.files == final.files else interim.files, keys=keys,
             hold_s=inventory.gateway.hold_s, hold_cap=inventory.gateway.hold_cap, threads=inventory.gateway.threads,
+            metrics_port=inventory.gateway.metrics_port, metrics_allow=list(inventory.gateway.metrics_allow),
         )  # fmt: skip
         hf = facts.get(host.name)
         change.warnings += _warnings(host.name, hf)
@@ -379,6 +385,8 @@ def gateway_after_apply(host: Host, state: State, hosts: Mapping[str, Host], cha
         hold_cap=change.hold_cap,
         threads=change.threads,
         wake_addresses=wake_addresses_for(host, hosts.values()),
+        metrics_port=change.metrics_port,
+        metrics_allow=change.metrics_allow,
     )
     files = {**rendered.files, **{n: t for n, t in change.files.items() if n in RUNTIME_MAPS}}
     maps = {**rendered.maps, **{n: m for n, m in change.maps.items() if n in RUNTIME_MAPS}}
@@ -449,6 +457,8 @@ def _forged(g: GatewayChange, mine: GatewayChange, idle: set[tuple[str, str]]) -
         problems.append("its unit differs from what engine-ctl renders")
     if (g.hold_s, g.hold_cap, g.threads) != (mine.hold_s, mine.hold_cap, mine.threads):
         problems.append("its hold or thread settings are not the inventory's")
+    if (g.metrics_port, g.metrics_allow) != (mine.metrics_port, mine.metrics_allow):
+        problems.append("its metrics port or monitoring hosts are not the inventory's")
     if (g.endpoint, g.drain_timeout_s) != (mine.endpoint, mine.drain_timeout_s):
         problems.append("its endpoint or drain timeout is not engine-ctl's")
     interim, own = g.interim_files or g.files, mine.interim_files or mine.files
