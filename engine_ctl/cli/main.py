@@ -47,7 +47,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Remove the state lock LOCK_ID left by a command that died.",
     ),
     "key": ("engine_ctl.cli.key_cmd:key", "API keys for the gateway: only their SHA-256 is ever written anywhere."),
-    "logs": ("engine_ctl.cli.logs_cmd:logs", "Each replica's engine log, lines prefixed by host and instance."),
+    "logs": (
+        "engine_ctl.cli.logs_cmd:logs",
+        "Each replica's engine log, lines prefixed by host and instance; with --gateway, the gateways' request log.",
+    ),
     "import": (
         "engine_ctl.cli.import_cmd:import_cmd",
         "Rebuild the state from the units on the hosts and the documents (PATHS), touching no host.",
@@ -58,7 +61,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "monitoring": (
         "engine_ctl.cli.monitoring_cmd:monitoring",
-        "Prometheus: print the scrape_configs for the gateways' metrics (the inventory's monitoring block).",
+        "Prometheus: what to scrape on the gateway hosts (the inventory's monitoring block).",
     ),
     "park": (
         "engine_ctl.cli.lifecycle_cmd:park",
@@ -102,7 +105,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "usage": (
         "engine_ctl.cli.usage_cmd:usage",
-        "Requests, errors, bytes and tokens per key or deployment, from the gateways' request logs.",
+        "Requests, errors, bytes in and out and p50 time to first byte per key name (--by key) or deployment, "
+        "from every gateway host's request log since --since.",
     ),
     "validate": (
         "engine_ctl.cli.validate_cmd:validate",

@@ -294,6 +294,52 @@ def stopped_answer() -> dict[str, str]:
     return {"stopped_code": code}
 
 
+def _hold_lua(hold_s: int, hold_cap: int, wakes: list[str], ordered: list[GatewayBackend]) -> str:
+    """hold.lua: the hold, the wake, the rate limits per key and the scaler's decision counts."""
+    return _with_hash("hold.lua", {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX,
+                                   "wake_port": WAKE_PORT, "wake_addresses": wakes, "backends": ordered,
+                                   "decisions_map": DECISIONS_MAP_FILE, "actions": DECISION_ACTIONS})  # fmt: skip
+
+
+def metrics_frontend(host: Host, port: int | None, allow: Sequence[str]) -> dict[str, object] | None:
+    """The metrics frontend's settings (None: the inventory sets no monitoring.port)."""
+    if port is None:
+        return None
+    listen = f"{'[::]' if ':' in host.address else '*'}:{port}"
+    return {"listen": listen, "allow": list(allow), "engine_path": "/metrics"}
+
+
+def _haproxy_cfg(
+    host: Host, common: dict[str, object], ordered: list[GatewayBackend], run_dir: str,
+    sizes: tuple[int, int, int], metrics: tuple[int | None, Sequence[str]],
+) -> str:  # fmt: skip
+    """haproxy.cfg: `sizes` are the hold (seconds), the hold's cap and HAProxy's threads; `metrics` the
+    monitoring port and who may reach it."""
+    hold_s, hold_cap, threads = sizes
+    return _with_hash(
+        "haproxy.cfg.j2",
+        {
+            **common,
+            "endpoint": endpoint_of(host),
+            "bufsize": BUFSIZE,
+            "body_limit": BODY_LIMIT,
+            "maxconn": MAXCONN,
+            "admin_socket": f"{run_dir}/admin.sock",
+            "server_state": f"{run_dir}/server-state",
+            "internal_map": f"{run_dir}/{INTERNAL_MAP_FILE}",
+            "hold_s": hold_s,
+            "hold_cap": hold_cap,
+            "threads": threads,
+            "backends": ordered,
+            **decisions_context(ordered, bool(common["internal_key"])),
+            **stopped_answer(),
+            "errors": sorted(ERRORS),
+            "access_log_format": access_log_format(host.name),
+            "metrics": metrics_frontend(host, *metrics),
+        },
+    )
+
+
 def render_gateway(
     host: Host,
     backends: Iterable[GatewayBackend],
@@ -326,45 +372,13 @@ def render_gateway(
     ordered = sorted(backends, key=lambda b: b.deployment)
     listen = f"{'[::]' if ':' in host.address else '*'}:{host.gateway_port}"
     common = {"host": host.name, "listen": listen, "internal_key": internal_key}
-    config = _with_hash(
-        "haproxy.cfg.j2",
-        {
-            **common,
-            "endpoint": endpoint_of(host),
-            "bufsize": BUFSIZE,
-            "body_limit": BODY_LIMIT,
-            "maxconn": MAXCONN,
-            "admin_socket": f"{run_dir}/admin.sock",
-            "server_state": f"{run_dir}/server-state",
-            "internal_map": f"{run_dir}/{INTERNAL_MAP_FILE}",
-            "hold_s": hold_s,
-            "hold_cap": hold_cap,
-            "threads": threads,
-            "backends": ordered,
-            **decisions_context(ordered, internal_key),
-            **stopped_answer(),
-            "errors": sorted(ERRORS),
-            "access_log_format": access_log_format(host.name),
-            "metrics": None
-            if metrics_port is None
-            else {
-                "listen": f"{'[::]' if ':' in host.address else '*'}:{metrics_port}",
-                "allow": list(metrics_allow),
-                "engine_path": "/metrics",
-            },
-        },
-    )
+    config = _haproxy_cfg(host, common, ordered, run_dir, (hold_s, hold_cap, threads), (metrics_port, metrics_allow))
     wakes = list(wake_addresses) or list(dict.fromkeys([LOOPBACK, wake_address]))
-    lua = _with_hash("hold.lua", {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX,
-                                  "wake_port": WAKE_PORT, "wake_addresses": wakes, "backends": ordered,
-                                  "decisions_map": DECISIONS_MAP_FILE, "actions": DECISION_ACTIONS})  # fmt: skip
+    lua = _hold_lua(hold_s, hold_cap, wakes, ordered)
     maps = key_maps(keys, [*(b.deployment for b in ordered), *scope_names], requests_per_minute)
-    maps["models.map"] = {b.deployment: b.backend for b in ordered}
-    maps["stopped.map"] = dict(stopped or {})
+    maps.update({"models.map": {b.deployment: b.backend for b in ordered}, "stopped.map": dict(stopped or {})})
     files = {CONFIG_FILE: config, LUA_FILE: lua, **{name: map_text(maps[name]) for name in MAP_FILES}}
-    files[START_STATE_FILE] = start_state(ordered)
-    files[DECISIONS_MAP_FILE] = ""
-    files.update(error_files())
+    files.update({START_STATE_FILE: start_state(ordered), DECISIONS_MAP_FILE: "", **error_files()})
     unit = _gateway_unit(common, haproxy, run_dir, internal_key)
     return RenderedGateway(
         host=host.name, listen=listen, endpoint=endpoint_of(host), files=files, unit_text=unit, maps=maps
