@@ -6,7 +6,8 @@ answers SSH on 198.18.0.(10+i) (RFC 2544's benchmarking range) behind the bridge
 Everything it creates is named with the prefix `ectl`, and leftovers with that prefix are cleared first.
 
 Several fleets can run side by side (one per run): fleet id N (0 to 19) names everything `ectl` (0),
-`ect<letter>` (1: ecta, 2: ectb, ... 9: ecti) or `ecu<letter>` (10: ecua, ... 19: ecuj), uses 198.18.N.0/24 and /var/tmp/engine-ctl-fleet-N. ENGINE_CTL_FLEET_ID=N
+`ect<letter>` (1: ecta, 2: ectb, ... 9: ecti) or `ecu<letter>` (10: ecua, ... 19: ecuj), uses 198.18.N.0/24
+and /var/tmp/engine-ctl-fleet-N. ENGINE_CTL_FLEET_ID=N
 chooses the id; unset, a run takes the lowest id no live run owns (and reserves it at import). A fleet is owned:
 /var/tmp/engine-ctl-fleet-owners/N.json holds the owner's PID (with its start time) and checkout, and up() and
 down() refuse to clear a fleet whose owner is another live process. ENGINE_CTL_FLEET_ROOT moves /var/tmp.

@@ -11,7 +11,7 @@ from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.plan.decisions import decided_facts
 from engine_ctl.core.plan.scaler import Decision, scales
 from engine_ctl.core.plan.wake import parked
-from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord
+from engine_ctl.core.record.model import DeploymentRecord, FailedStart, ReplicaRecord
 from engine_ctl.providers import PROVIDERS
 
 DeploymentState = Literal["Pending", "Starting", "Ready", "ScaledToZero", "Failed"]
@@ -35,6 +35,8 @@ class InstanceStatus(BaseModel):
     """Seed 003's LIFECYCLE: active (apply keeps it running), removing (being replaced or removed), stopped."""
     devices: list[str] = Field(default_factory=list)
     """Seed 003's DEVICES: gpu0, gpu1, … (empty on a CPU deployment)."""
+    removed: bool = Field(default=False, exclude=True)
+    """A failed start's row: its unit was removed again (not one of the units running now)."""
 
 
 class Member(BaseModel):
@@ -314,9 +316,11 @@ def deployment_status(
     engine = PROVIDERS.get(rec.plan.engine) if rec.plan else None
     loading = engine.loading_statuses if engine else frozenset()
     instances = [with_records(instance_status(r, facts.get(r.host), loading), r) for r in ordered]
-    wanted = rec.spec.replicas_min if rec.spec else len({r.index for r in ordered})
+    failed = failed_rows(rec)
+    wanted = rec.spec.replicas_min if rec.spec else len({r.index for r in ordered} | {f.index for f in failed})
     slots = [Slot(index=r.index, state=i.state, revision=r.revision, idle=idle(r, i))
              for r, i in zip(ordered, instances, strict=True)]  # fmt: skip
+    slots += [Slot(index=f.index, state="failed", revision=f.revision) for f in failed]
     serving, others = per_replica(slots, rec.revision, rec.spec.replicas_max if rec.spec else None)
     # "cannot be served as asked" (the fit failed) stays Failed whatever still runs; apply records it so
     fit_failed = rec.state == "Failed" and rec.last_error is not None and rec.reason == rec.last_error
@@ -326,18 +330,33 @@ def deployment_status(
     status = DeploymentStatus(
         id=rec.id,
         name=rec.name, state=held[0] if held else found.state, reason=held[1] if held else found.reason,
-        ready=len(serving), replicas=max(wanted, len(serving) + len(others)), revision=rec.revision,
-        hosts=sorted({r.host for r in rec.replicas}),
-        instances=instances, served_model_name=rec.name, kind=rec.plan.kind if rec.plan else None,
+        ready=len(serving), replicas=max(wanted, len(serving) + len(others)),
+        revision=rec.revision or max((f.revision for f in failed), default=0),
+        hosts=sorted({r.host for r in rec.replicas} | {f.host for f in failed}),
+        instances=sorted(instances + [failed_instance(f) for f in failed], key=lambda i: (i.index, i.unit)),
+        served_model_name=rec.name, kind=rec.plan.kind if rec.plan else None,
         endpoint=Endpoint(name=rec.name, listen_port=int(gateways[0][1].rsplit(":", 1)[1]),
                           external=gateways[0][1]) if gateways else None,
         gateways=[f"http://{e}" for _, e in gateways],
-        members=members(rec.name, ordered, instances, [facts.get(h) for h, _ in gateways]) if gateways else
-        [Member(run=r.unit, machine=r.host, state=i.state, reason=i.last_error, ready=False)
-         for r, i in zip(ordered, instances, strict=True)],
+        members=(members(rec.name, ordered, instances, [facts.get(h) for h, _ in gateways]) if gateways else
+                 [Member(run=r.unit, machine=r.host, state=i.state, reason=i.last_error, ready=False)
+                  for r, i in zip(ordered, instances, strict=True)])
+        + [Member(run=f.unit, machine=f.host, state="failed", reason=f.error, ready=False) for f in failed],
         ready_replicas=len(serving), **record_fields(rec),
     )  # fmt: skip
     return held_view(status, held[0], facts, rec) if held else status
+
+
+def failed_rows(rec: DeploymentRecord) -> list[FailedStart]:
+    """The failed starts status shows as rows of their own: those of replicas with no recorded unit now."""
+    recorded = {r.index for r in rec.replicas}
+    return [f for f in rec.failed_starts if f.index not in recorded]
+
+
+def failed_instance(f: FailedStart) -> InstanceStatus:
+    """Seed 003's row of a replica whose start failed: `0  gpu-box  failed  active  gpu0  launch_failed: …`."""
+    return InstanceStatus(index=f.index, host=f.host, unit=f.unit, port=f.port, gpus=f.gpu_indexes, state="failed",
+                          last_error=f.error, devices=[f"gpu{g}" for g in f.gpu_indexes], removed=True)  # fmt: skip
 
 
 def by_hand(found: Verdict, others: Sequence[str]) -> Verdict:
