@@ -9,6 +9,7 @@ hosts of the order, not at every host of the fleet (5,000 replicas on 1,000 host
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -259,10 +260,10 @@ def place(
     for index in range(count):
         best: tuple[HostFacts, list[Gpu]] | None = None
         for h in host_order(candidates, per_host, held, prefer):
-            if no_weights and h.host in no_weights:
-                waiting[h.host] = no_weights[h.host]
-                continue
             gpus, reason = host_verdict(h, plan, provider, held)
+            if no_weights and h.host in no_weights:  # it waits for the weights only where it would run
+                waiting[h.host] = no_weights[h.host] if gpus is not None else reason or "cannot run here"
+                continue
             if gpus is None:
                 waiting[h.host] = reason or "cannot run here"
             elif best is None:
@@ -397,10 +398,10 @@ def place_one(
     taken = ranking.taken
     fallback: tuple[HostFacts, list[Gpu]] | None = None
     for h in order:
-        if no_weights and h.host in no_weights:
-            waiting[h.host] = no_weights[h.host]
-            continue
         gpus, reason = host_verdict(h, plan, provider, taken)
+        if no_weights and h.host in no_weights:  # it waits for the weights only where it would run
+            waiting[h.host] = no_weights[h.host] if gpus is not None else reason or "cannot run here"
+            continue
         if gpus is None:
             waiting[h.host] = reason or "cannot run here"
             continue
@@ -431,9 +432,31 @@ def replica_threads(plan: FitPlan, host: HostFacts) -> int | None:
     return min(2 * plan.cpu_cores, host.cpu.cores) if plan.accelerator == "cpu" else None
 
 
+STAGES = (
+    re.compile(r"^Waiting for a machine with a GPU \(this one has none\)"),
+    re.compile(r"^Waiting for a machine with \w+ GPUs \(this one has "),
+    re.compile(r"^Waiting for a machine with GPUs .* runs on "),
+    re.compile(r"^Waiting for a machine with the pinned GPUs "),
+    re.compile(r"^Waiting for a machine with a GPU with at least "),
+    re.compile(r"^Waiting for a machine with \d+ free GPUs? with at least "),
+    re.compile(r"^Waiting for a machine with \d+ free CPU cores? "),
+    re.compile(r"^Waiting for a machine with [\d.]+ GiB of free "),
+    re.compile("^" + re.escape(RESERVED)),
+    re.compile(r"^Waiting for the weights of | is not usable: "),
+)
+"""How far a replica got on a host, in the order host_verdict checks (then the weights, checked once it would run
+there): a host with a GPU too small is further than one with none, one with every GPU busy further still."""
+
+
+def stage(reason: str) -> int:
+    """The reason's place in STAGES (-1: one of no stage, as a host the deployment names that is not there)."""
+    return next((i for i, pattern in enumerate(STAGES) if pattern.search(reason)), -1)
+
+
 def _furthest(waiting: dict[str, str]) -> str:
-    """The reason to show for the deployment: the one most hosts share."""
+    """The reason to show for the deployment (seed 000: "the reason is the furthest replica's"): the reason of the
+    host where it got furthest (STAGES); among equals, the one most hosts share, then the first host's."""
     counts: dict[str, int] = {}
     for reason in waiting.values():
         counts[reason] = counts.get(reason, 0) + 1
-    return max(counts, key=lambda r: counts[r])
+    return max(counts, key=lambda r: (stage(r), counts[r]))
