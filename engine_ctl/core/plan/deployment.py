@@ -150,16 +150,17 @@ def keep_chosen(
 
 def fit_step(
     change: DeploymentChange, d: Deployment, model: Model, model_facts: ModelFacts | None, hosts: Hosts,
-    record: DeploymentRecord | None, names: Names | None = None,
+    record: DeploymentRecord | None, names: Names | None = None, flat: bool = False,
 ) -> FitPlan | None:  # fmt: skip
     """One replica's fit, recorded in the change; None when there is none (the change then says Failed, or
-    Pending and why), and nothing more is planned for the deployment."""
+    Pending and why), and nothing more is planned for the deployment. `flat`: a flat-form document (seed 003's
+    memory margin)."""
     gone = weights_gone(model, hosts, record)
     if gone:
         change.failed_reason = gone
         change.warnings.append(f"{d.name} is Failed: {gone}; its running replicas are left as they are")
         return None
-    fitted = fit(d, model, model_facts, hosts.reached, names, hosts)
+    fitted = fit(d, model, model_facts, hosts.reached, names, hosts, flat=flat)
     if isinstance(fitted, str):
         change.failed_reason = fitted
         change.warnings.append(f"{d.name} is Failed: {fitted}; its running replicas are left as they are")
@@ -665,7 +666,7 @@ def start_deployment(
     None for the target when there is no fit (the change says Failed or Pending)."""
     change, sized = resolve(d, model, record, names)
     sized = host_decides(sized, model, hosts.reached, hosts)
-    fitted = fit_step(change, sized, model, model_facts, hosts, record, names)
+    fitted = fit_step(change, sized, model, model_facts, hosts, record, names, flat=d.accelerator == "host")
     if fitted is None:
         return change, None
     refused = hosts.engine_refusals(provider, sized.accelerator)
