@@ -325,7 +325,9 @@ def deployment_status(
     # "cannot be served as asked" (the fit failed) stays Failed whatever still runs; apply records it so
     fit_failed = rec.state == "Failed" and rec.last_error is not None and rec.reason == rec.last_error
     failure = rec.last_error or (rec.reason if rec.state == "Failed" else None)
-    found = by_hand(verdict(serving, others, wanted, rec.revision, failure=failure, fit_failed=fit_failed), others)
+    pending = rec.reason if rec.state == "Pending" else None  # what it waits for, as apply recorded it
+    found = by_hand(verdict(serving, others, wanted, rec.revision, failure=failure, pending=pending,
+                            fit_failed=fit_failed), others)  # fmt: skip
     held = held_state(rec, facts)
     status = DeploymentStatus(
         id=rec.id,
