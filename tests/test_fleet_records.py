@@ -5,6 +5,7 @@ and reused by the next plan, and seed 003's tables column for column."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -19,6 +20,7 @@ from engine_ctl.providers.base import at_least_2gib
 from engine_ctl.core.fit.startup import SOURCES
 from tests.fleet import Fleet
 from tests.fleetproject import ROOT, Project
+from tests.llama import llama_server_dir
 
 pytestmark = pytest.mark.fleet
 
@@ -186,6 +188,13 @@ def test_a_failed_first_start_says_so_in_last_operation(project: Project) -> Non
     project.cli("apply", "--auto-approve", check=True)
     assert "failed_starts" not in record(project), record(project)
     assert rows(project.cli("status", project.name).stdout, "INSTANCE")[1][2] == "ready"
+    # seed 000's plan object names the build the replica runs (path and digest) and its port; capabilities derived
+    (dep,) = json.loads(project.cli("status", project.name, "--json").stdout)["deployments"]
+    binary = llama_server_dir() / "bin" / "llama-server"
+    assert dep["plan"]["image"]["path"] == str(binary), dep["plan"]
+    assert dep["plan"]["image"]["sha256"] == hashlib.sha256(binary.read_bytes()).hexdigest(), dep["plan"]
+    assert dep["plan"]["cpu_burst"] is True and dep["plan"]["port"] == dep["members"][0]["port"], dep["plan"]
+    assert dep["capabilities"]["engine"] == "llama.cpp" and dep["capabilities"]["chat"] is True, dep["capabilities"]
 
 
 # The double speaks nvidia-smi's per-process query as NVIDIA's manual gives it (`nvidia-smi

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.plan.capabilities import capabilities, plan_extras
 from engine_ctl.core.plan.decisions import decided_facts
 from engine_ctl.core.plan.scaler import Decision, scales
 from engine_ctl.core.plan.wake import parked
@@ -81,7 +82,8 @@ class DeploymentStatus(BaseModel):
     """`decisions` for a decisions deployment; None (left out of --json) for chat."""
     spec: dict[str, Any] | None = None
     plan: dict[str, Any] | None = None
-    capabilities: list[str] = Field(default_factory=list)
+    capabilities: dict[str, Any] = Field(default_factory=dict)
+    """Seed 000's: what it answers (chat, tools with tools_reason when not, reasoning_switch, engine, parsers, …)."""
     ready_replicas: int = 0
     decisions: list[Decision] = Field(default_factory=list)
     """The scaler's last decisions for this deployment, each with the figure it acted on (oldest first)."""
@@ -150,9 +152,10 @@ def with_records(i: InstanceStatus, r: ReplicaRecord) -> InstanceStatus:
     return i.model_copy(update={"lifecycle": lifecycle_of(r), "devices": [f"gpu{g}" for g in r.gpu_indexes]})
 
 
-def record_fields(rec: DeploymentRecord) -> dict[str, Any]:
+def record_fields(rec: DeploymentRecord, facts: Mapping[str, HostFacts] | None = None) -> dict[str, Any]:
     """The recorded fields seed 003's status shows, and seed 000's "What the cluster returns" that the record
-    holds (the specification with what was chosen, the plan, its capabilities)."""
+    holds (the specification with what was chosen, the plan with the build its replicas run, the capabilities
+    derived from the model and the engine). `facts`: the hosts' (the AMD builds they have)."""
     startup = startup_status(rec)
     measured = rec.startup if rec.startup is not None and rec.startup.revision == rec.revision else None
     spec = rec.spec.model_dump(mode="json") if rec.spec is not None else None
@@ -162,9 +165,21 @@ def record_fields(rec: DeploymentRecord) -> dict[str, Any]:
         "startup": startup, "initialize_s": measured.initialize_s if measured else None,
         "last_operation": rec.last_operation,
         "api": rec.spec.api if rec.spec is not None and rec.spec.api != "chat" else None,
-        "spec": spec, "plan": rec.plan.model_dump(mode="json") if rec.plan is not None else None,
-        "capabilities": list(rec.plan.capabilities) if rec.plan is not None else [],
+        "spec": spec, **_plan_and_capabilities(rec, facts or {}),
     }  # fmt: skip
+
+
+def _plan_and_capabilities(rec: DeploymentRecord, facts: Mapping[str, HostFacts]) -> dict[str, Any]:
+    engine = PROVIDERS.get(rec.plan.engine) if rec.plan is not None else None
+    if rec.plan is None or engine is None:
+        return {"plan": rec.plan.model_dump(mode="json") if rec.plan else None, "capabilities": {}}
+    plan = rec.plan.model_dump(mode="json") | plan_extras(engine, rec.replicas, facts)
+    plan.pop("capabilities", None)  # the model's word for it: `capabilities` beside the plan is derived
+    if rec.model is None:
+        return {"plan": plan, "capabilities": {}}
+    api = rec.spec.api if rec.spec is not None else "chat"
+    args = rec.spec.engine_args if rec.spec is not None else ()
+    return {"plan": plan, "capabilities": capabilities(rec.model, engine, api, args)}
 
 
 def instance_status(r: ReplicaRecord, facts: HostFacts | None, loading: frozenset[str] = frozenset()) -> InstanceStatus:
@@ -344,7 +359,7 @@ def deployment_status(
                  [Member(run=r.unit, machine=r.host, state=i.state, reason=i.last_error, ready=False)
                   for r, i in zip(ordered, instances, strict=True)])
         + [Member(run=f.unit, machine=f.host, state="failed", reason=f.error, ready=False) for f in failed],
-        ready_replicas=len(serving), **record_fields(rec),
+        ready_replicas=len(serving), **record_fields(rec, facts),
     )  # fmt: skip
     return held_view(status, held[0], facts, rec) if held else status
 
