@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from engine_ctl.core.names import UNIT_PREFIX
 from engine_ctl.core.plan.unitdiff import hide_secrets_in
 from engine_ctl.core.render.units import bind_address, local_address
 from engine_ctl.providers import PROVIDERS
+from engine_ctl.shell import shipped
 from engine_ctl.shell.transport import (
     Ahead,
     HostFailure,
@@ -42,7 +42,7 @@ from engine_ctl.shell.transport import (
 
 
 def probe_source() -> str:
-    return resources.files("engine_ctl.shell.remote").joinpath("facts_probe.py").read_text()
+    return shipped.script("facts_probe.py")
 
 
 def probe_args(

@@ -16,6 +16,8 @@ import struct
 import subprocess
 import sys
 
+from engine_ctl.shell.remote.haproxy_admin import haproxy_ask  # shipped: this line becomes haproxy_admin.py
+
 TYPE_CHECKING = False  # typing costs import time on every host; mypy still reads the block below
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -863,22 +865,10 @@ def parse_show_stat(data: str) -> dict[str, str]:
 
 def gateway_ask(command: str, path: str = GATEWAY_SOCKET) -> str | None:
     """One command to the gateway's runtime socket: its answer, or None when it does not answer."""
-    import socket
-
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(3)
-            s.connect(path)
-            s.sendall(command.encode() + b"\n")
-            data = b""
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
+        return haproxy_ask(path, command, 3)
     except OSError:
         return None
-    return data.decode("utf-8", "replace")
 
 
 def gateway_servers(path: str = GATEWAY_SOCKET) -> dict[str, str]:
