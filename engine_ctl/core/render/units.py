@@ -119,6 +119,12 @@ def cpu_weight(cores: int) -> int:
     return max(1, min(CPU_WEIGHT_MAX, CPU_WEIGHT_PER_CORE * cores))
 
 
+def _cpu_share(run: ReplicaRun) -> dict[str, int]:
+    """The template's CPU lines: the replica's cores, and its CPUWeight= by them."""
+    cores = run.plan.cpu_cores
+    return {"cpu_cores": cores, "cpu_weight": cpu_weight(cores), "cpu_weight_per_core": CPU_WEIGHT_PER_CORE}
+
+
 FAST_POLL_S = 10
 """The health gate's first seconds, when it asks every 50 ms."""
 
@@ -236,9 +242,7 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
         "mdwe": not provider.jit_compiles and not run.gpus,
         "syscall_deny": deny,
         "lineage": run.lineage,
-        "cpu_cores": run.plan.cpu_cores,
-        "cpu_weight": cpu_weight(run.plan.cpu_cores),
-        "cpu_weight_per_core": CPU_WEIGHT_PER_CORE,
+        **_cpu_share(run),
     }
     name = unit_name(run.deployment, run.index, run.slot)
     values["guard"] = render_guard(name, run, provider, credential_value)
