@@ -258,6 +258,8 @@ class Provider:
     health_path: str = "/health"
     metrics_path: str = "/metrics"
     in_flight_metric: str = ""
+    token_metrics: tuple[str, str] = ("", "")
+    """Its /metrics counters of prompt tokens and generated tokens since it started (`engine-ctl usage`)."""
     default_context_cap: int = 8192
     serves_decisions: bool = False
     lacks: frozenset[str] = frozenset()

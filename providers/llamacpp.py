@@ -196,6 +196,7 @@ LLAMACPP = LlamaCpp(
     refused_flags=REFUSED,
     short_flags=SHORT,
     in_flight_metric="llamacpp:requests_processing",
+    token_metrics=("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total"),
     default_context_cap=8192,
     serves_decisions=True,
     decisions_min_version="0.7.0",

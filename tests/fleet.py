@@ -5,12 +5,12 @@ llama-server built here is visible inside), gets its own SSH host keys and the f
 answers SSH on 198.18.0.(10+i) (RFC 2544's benchmarking range) behind the bridge `ectl-br0`.
 Everything it creates is named with the prefix `ectl`, and leftovers with that prefix are cleared first.
 
-Several fleets can run side by side (one per run): fleet id N (0 to 19) names everything `ectl` (0),
-`ect<letter>` (1: ecta, 2: ectb, ... 9: ecti) or `ecu<letter>` (10: ecua, ... 19: ecuj), uses 198.18.N.0/24
-and /var/tmp/engine-ctl-fleet-N. ENGINE_CTL_FLEET_ID=N
-chooses the id; unset, a run takes the lowest id no live run owns (and reserves it at import). A fleet is owned:
-/var/tmp/engine-ctl-fleet-owners/N.json holds the owner's PID (with its start time) and checkout, and up() and
-down() refuse to clear a fleet whose owner is another live process. ENGINE_CTL_FLEET_ROOT moves /var/tmp.
+Several fleets can run side by side (one per run): fleet id N (0 to 24) names everything `ectl` (0) or `ect<letter>`
+(1: ecta, 2: ectb, ..., 11: ectk, 12: ectm: `l` is id 0's), uses 198.18.N.0/24 and /var/tmp/engine-ctl-fleet-N.
+ENGINE_CTL_FLEET_ID=N chooses the id; unset, a run takes the lowest id no live run owns (and reserves it at import).
+A fleet is owned: /var/tmp/engine-ctl-fleet-owners/N.json holds the owner's PID (with its start time) and checkout,
+and up() and down() refuse to clear a fleet whose owner is another live process.
+ENGINE_CTL_FLEET_ROOT moves /var/tmp.
 
 From a shell:  python -m tests.fleet up 4   |   python -m tests.fleet down   |   python -m tests.fleet status
 """
@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FLEETS = Path(os.environ.get("ENGINE_CTL_FLEET_ROOT", "/var/tmp"))
 OWNERS = FLEETS / "engine-ctl-fleet-owners"
-IDS = range(20)
+IDS = range(25)
 
 
 class FleetBusy(RuntimeError):
@@ -126,9 +126,12 @@ def pick_fleet_id() -> int:
     """ENGINE_CTL_FLEET_ID when set; otherwise the lowest id no live run owns, reserved for this process."""
     chosen = os.environ.get("ENGINE_CTL_FLEET_ID")
     if chosen is not None:
-        if not chosen.isdigit() or int(chosen) not in IDS:
-            raise SystemExit(f"ENGINE_CTL_FLEET_ID={chosen}: write 0 to {IDS[-1]}")
-        return int(chosen)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...: workers side by side, a fleet each
+        offset = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+        if not chosen.isdigit() or int(chosen) + offset not in IDS:
+            raise SystemExit(f"ENGINE_CTL_FLEET_ID={chosen} (+{offset} for pytest-xdist's {worker or 'main'}): write "
+                             f"{IDS[0]} to {IDS[-1] - offset}")  # fmt: skip
+        return int(chosen) + offset
     try:
         with _owners_locked():
             fleet_id = next((i for i in IDS if _free(i)), None)
@@ -143,16 +146,8 @@ def pick_fleet_id() -> int:
 
 
 FLEET_ID = pick_fleet_id()
-
-
-def prefix_of(fleet_id: int) -> str:
-    """All four letters, none a prefix of another's: 12 is `ecuc`, never `ectl` (fleet 0's)."""
-    if fleet_id == 0:
-        return "ectl"
-    return f"ect{chr(ord('a') + fleet_id - 1)}" if fleet_id < 10 else f"ecu{chr(ord('a') + fleet_id - 10)}"
-
-
-PREFIX = prefix_of(FLEET_ID)
+LETTERS = "abcdefghijkmnopqrstuvwxyz"  # every letter but `l`: `ectl` is id 0's
+PREFIX = "ectl" if FLEET_ID == 0 else f"ect{LETTERS[FLEET_ID - 1]}"  # all four letters: none prefixes another
 BRIDGE = f"{PREFIX}-br0"
 SUBNET = f"198.18.{FLEET_ID}"
 BASE = base_of(FLEET_ID)
@@ -319,7 +314,7 @@ def _take_ownership() -> None:
         if other is not None:
             raise FleetBusy(
                 f"fleet {FLEET_ID} ({PREFIX}*) is in use by {other}; it is not cleared. "
-                f"Unset ENGINE_CTL_FLEET_ID to take the next free id, or set another one (0 to {IDS[-1]})"
+                "Unset ENGINE_CTL_FLEET_ID to take the next free id, or set another one (0 to 24)"
             )
         _claim(FLEET_ID)
 

@@ -98,9 +98,3 @@ def test_a_second_run_takes_the_next_free_id_by_itself(tmp_path: Path, sleeper: 
     third = _python(tmp_path, code)  # the first run is gone: its id is free again
     assert third.communicate(timeout=60)[0].split() == ["1", "ecta", "198.18.1"]
 
-
-def test_every_fleet_id_has_its_own_prefix_and_none_prefixes_another() -> None:
-    prefixes = [fleet_mod.prefix_of(i) for i in fleet_mod.IDS]
-    assert len(fleet_mod.IDS) == 20 and fleet_mod.prefix_of(12) == "ecuc" and fleet_mod.prefix_of(0) == "ectl"
-    assert all(len(p) == 4 for p in prefixes) and len(set(prefixes)) == len(prefixes)
-    assert not [(a, b) for a in prefixes for b in prefixes if a != b and b.startswith(a)]

@@ -60,6 +60,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "engine_ctl.cli.status_cmd:list_cmd",
         "Every deployment: NAME STATE READY REVISION HOSTS, from the state and live health.",
     ),
+    "monitoring": (
+        "engine_ctl.cli.monitoring_cmd:monitoring",
+        "Prometheus: print the scrape_configs for the gateways' metrics (the inventory's monitoring block).",
+    ),
     "park": (
         "engine_ctl.cli.lifecycle_cmd:park",
         "Take a deployment off its GPUs without losing it: asleep where its engine has a sleep mode, else stopped.",
@@ -99,6 +103,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stop": (
         "engine_ctl.cli.lifecycle_cmd:stop",
         "Stop a deployment's engines and keep them stopped (apply too) until `start`.",
+    ),
+    "usage": (
+        "engine_ctl.cli.usage_cmd:usage",
+        "Requests, errors, bytes and tokens per key or deployment, from the gateways' request logs.",
     ),
     "validate": (
         "engine_ctl.cli.validate_cmd:validate",

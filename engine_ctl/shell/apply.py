@@ -21,7 +21,7 @@ from engine_ctl.core.plan.status import recorded_verdict, size_text
 from engine_ctl.core.record.model import DeploymentRecord, FailedStart, ReplicaRecord, StartupRecord, State
 from engine_ctl.core.record.requests import done_steps, step_done
 from engine_ctl.core.render.units import bind_address, local_address
-from engine_ctl.core.weights import WeightsFetch, human, waiting_reason
+from engine_ctl.core.weights import WeightsFetch, human, is_checkout, waiting_reason
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.decisions import prove_ready
 from engine_ctl.shell.fetch import FetchFailed, FetchProgress, HubAccess, fetch_weights
@@ -30,6 +30,7 @@ from engine_ctl.shell.gateway.runtime import GatewayFailure
 from engine_ctl.shell.scaler.apply import ScalerApply, ScalerFailure
 from engine_ctl.shell.scaler.lock import operator_dsn
 from engine_ctl.shell.systemd import (
+    PRUNE_NAMED,
     UNIT_DIR,
     UPLOAD_FAILED,
     disable_argv,
@@ -39,6 +40,7 @@ from engine_ctl.shell.systemd import (
     measured_argv,
     measurement,
     on_demand_argv,
+    prune_checkout,
     remove_argv,
     restart_argv,
     start_argv,
@@ -387,6 +389,7 @@ class Executor:
             self._gateway_step(self.gateway.after, "after the roll")
             self.gateway.close()
         self._scaler()
+        self._prune()
         for t in self._transports.values():
             t.close()
         self.result.interrupted = self.stop.is_set()
@@ -413,6 +416,30 @@ class Executor:
         except (ScalerFailure, HostFailure, OSError) as exc:
             self.result.failed.setdefault("scaler", f"the scaler on {self.plan.scaler.host}: {exc}")
             self.progress(f"scaler: FAILED: {exc}")
+
+    def _prune(self) -> None:
+        """The checkouts no deployment uses any more, last, and only when everything else succeeded (an old
+        replica left serving by a failed roll still reads its weights); each checked against the host's models
+        folder first: a plan file is untrusted input, and this deletes."""
+        if not self.plan.prunes or self.result.failed or self.result.unrecorded or self.stop.is_set():
+            return
+        for p in self.plan.prunes:
+            host = self.hosts.get(p.host)
+            if host is None or not is_checkout(p.repo, p.commit, p.path, host.models_dir):
+                self.result.failed.setdefault("prune", f"{p.host}: {p.path} is not a checkout of {p.repo}; kept")
+                continue
+            try:
+                with self._on(p.host) as ts:
+                    result = ts[p.host].run(prune_checkout(p.path), timeout=300)
+            except (HostFailure, StepFailed, OSError) as exc:
+                self.result.failed.setdefault("prune", f"pruning {p.line}: {exc}")
+                continue
+            if result.exit_code == PRUNE_NAMED:
+                self.progress(f"weights {p.host}: kept {p.repo}@{p.commit[:12]}: {result.stderr.strip()}")
+            elif result.exit_code != 0:
+                self.result.failed.setdefault("prune", f"pruning {p.line}: {result.stderr.strip()}")
+            else:
+                self.progress(f"weights {p.host}: pruned {p.repo}@{p.commit[:12]} ({p.path})")
 
     def _gateway(self, step: Callable[[str, str], None], name: str, unit: str) -> None:
         """A gateway step of a roll (a new replica enters, an old one drains); its failure halts the roll."""

@@ -4,6 +4,7 @@ them through a transport, and tests read them without a host. Nothing here runs 
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 from collections.abc import Sequence
 
@@ -48,6 +49,23 @@ def disable_now(*units: str) -> str:
     return f"systemctl disable --now {' '.join(shlex.quote(u) for u in units)} 2>/dev/null"
 
 
+PRUNE_NAMED = 3
+"""prune_checkout's exit status when a unit file still names the checkout: nothing was deleted."""
+
+
+def prune_checkout(path: str, unit_dir: str = UNIT_DIR) -> list[str]:
+    """Delete an hf: checkout no deployment uses any more (and its fetch's lock file), unless a unit file on the
+    host names it by now (exit PRUNE_NAMED, the unit on stderr); then its repository's and organisation's folders
+    if they are left empty."""
+    q = shlex.quote(path.rstrip("/"))
+    repo, org = posixpath.dirname(path.rstrip("/")), posixpath.dirname(posixpath.dirname(path.rstrip("/")))
+    check = (f"for f in {shlex.quote(unit_dir)}/engine-ctl-*.service; do [ -f \"$f\" ] && grep -qF -- {q} \"$f\" && "
+             f"{{ echo \"still named by $f\" >&2; exit {PRUNE_NAMED}; }}; done; ")  # fmt: skip
+    tidy = f"rmdir -- {shlex.quote(repo)} 2>/dev/null; rmdir -- {shlex.quote(org)} 2>/dev/null; true"
+    beside = " ".join(shlex.quote(path.rstrip("/") + end) for end in (".partial", ".lock"))  # the fetch's
+    return ["sh", "-c", check + f"rm -rf -- {q} {beside} || exit 1; " + tidy]
+
+
 def remove_unit(unit: str, *paths: str, only_if_installed: bool = False) -> str:
     """Shell text: disable and stop a unit, delete its file (and `paths`), reload systemd. With
     `only_if_installed`, nothing at all happens on a host without the unit file (exit 0)."""
@@ -60,11 +78,15 @@ def remove_unit(unit: str, *paths: str, only_if_installed: bool = False) -> str:
     return f"{first}; rm -f {' '.join([path, *paths])}; {daemon_reload()}"
 
 
-def journal_argv(units: Sequence[str], fields: str, since: str | None, lines: int | None, follow: bool) -> list[str]:
+def journal_argv(
+    units: Sequence[str], fields: str, since: str | None, lines: int | None, follow: bool, grep: str | None = None
+) -> list[str]:
     """journalctl for these units, one JSON entry a line (so each line is known to be the unit's, and when), cut to
-    some fields."""
+    some fields; `grep`: only the entries whose MESSAGE matches (a PCRE2 pattern)."""
     argv = ["journalctl", "--no-pager", "--output=json", f"--output-fields={fields}"]
     argv += [f"--unit={u}" for u in units]
+    if grep is not None:
+        argv.append(f"--grep={grep}")
     if since is not None:
         argv.append(f"--since={since}")
     if lines is not None:
