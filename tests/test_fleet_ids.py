@@ -97,4 +97,3 @@ def test_a_second_run_takes_the_next_free_id_by_itself(tmp_path: Path, sleeper: 
         first.wait()
     third = _python(tmp_path, code)  # the first run is gone: its id is free again
     assert third.communicate(timeout=60)[0].split() == ["1", "ecta", "198.18.1"]
-
