@@ -90,6 +90,9 @@ def test_a_rendered_unit_runs_the_real_llama_server_and_passes_its_health_gate(f
         assert time.monotonic() - started < 60
         state = t.run(["systemctl", "show", "-p", "ActiveState,SubState,User", unit.name]).stdout
         assert "ActiveState=active" in state and "SubState=running" in state
+        # seed 000: its cores are a share, not a ceiling: systemd reads the weight by cores, and there is no quota
+        cpu = t.run(["systemctl", "show", "-p", "CPUWeight,CPUQuotaPerSecUSec", unit.name]).stdout.split()
+        assert sorted(cpu) == ["CPUQuotaPerSecUSec=infinity", "CPUWeight=200"], cpu
         body = json.dumps({"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
         reply = t.run(
             [

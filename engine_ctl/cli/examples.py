@@ -7,6 +7,10 @@ EXAMPLES: dict[str, list[str]] = {
     "apply": ["engine-ctl apply deploy/", "engine-ctl apply plan.json            # exactly the saved, reviewed plan"],
     "delete": ["engine-ctl delete chat"],
     "destroy": ["engine-ctl destroy deploy/ --target chat"],
+    "engine": [
+        "engine-ctl engine list --inventory hosts.yaml",
+        "engine-ctl engine add llama.cpp /opt/llama.cpp/bin/llama-server --build cpu",
+    ],
     "facts": ["engine-ctl facts --inventory hosts.yaml", "engine-ctl facts gpu-01 --json"],
     "force-unlock": ["engine-ctl force-unlock 6f1d0c52-8c3e-4a1b-9f27-0d4e5a6b7c8d"],
     "key": [

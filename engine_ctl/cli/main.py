@@ -37,6 +37,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "engine_ctl.cli.plan_cmd:destroy",
         "Stop and remove the units of every deployment in the state (or --target ones).",
     ),
+    "engine": (
+        "engine_ctl.cli.engine_cmd:engine",
+        "The engines the inventory registers: list them with their builds, versions and hosts; add a build.",
+    ),
     "facts": (
         "engine_ctl.cli.facts_cmd:facts",
         "Gather facts from HOSTS (default: every host of the inventory): OS, CPU, memory, disks, GPUs, engines, "
