@@ -108,8 +108,13 @@ def platforms_for(provider: Provider, hosts: Sequence[HostFacts], build: str | N
 
 
 def registration(
-    provider: Provider, path: str, existing: object, platforms: Sequence[str], versions: Sequence[str | None],
-    other_versions: Sequence[str | None] = (), digests: Sequence[str | None] = (),
+    provider: Provider,
+    path: str,
+    existing: object,
+    platforms: Sequence[str],
+    versions: Sequence[str | None],
+    other_versions: Sequence[str | None] = (),
+    digests: Sequence[str | None] = (),
 ) -> Registration | str:
     """The engines entry with `path` as the build for `platforms`, from the one the block has now (`existing`: None,
     a path, or a mapping of builds), or why it cannot be written. `versions`: what the new build reports on each
