@@ -201,6 +201,7 @@ LLAMACPP = LlamaCpp(
     serves_decisions=True,
     decisions_min_version="0.7.0",
     default_executable="/usr/local/bin/llama-server",
+    vision_needs_mmproj=True,
     jit_compiles=False,
     startup_budget_s=600,
     cache_type_flags=("--cache-type-k", "--cache-type-v"),

@@ -91,7 +91,7 @@ def add_engine(
     name: str, path: str, build: str | None, on_hosts: tuple[str, ...], decisions: bool | None,
     inventory_path: Path | None, parallel: int, accept_new_host_keys: bool,
 ) -> None:  # fmt: skip
-    """Register PATH as a build of engine NAME (llama.cpp, vllm, sglang or an alias) in the inventory: each host it is
+    """Register PATH as a build of engine NAME (an engine's name or alias) in the inventory: each host it is
     for is asked first (the build must be there: its `--version` and sha256), then the inventory file is written
     with the build and, when every build of the engine reports one version, that version as its pin. Comments and
     the rest of the file are kept."""

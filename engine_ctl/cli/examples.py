@@ -3,13 +3,17 @@ command module stays about what it does. `\b` keeps click from rewrapping the li
 
 from __future__ import annotations
 
+from engine_ctl.providers import PROVIDERS
+
+_CPU_ENGINE = next(p for p in PROVIDERS.values() if p.auto_for_cpu)
+
 EXAMPLES: dict[str, list[str]] = {
     "apply": ["engine-ctl apply deploy/", "engine-ctl apply plan.json            # exactly the saved, reviewed plan"],
     "delete": ["engine-ctl delete chat"],
     "destroy": ["engine-ctl destroy deploy/ --target chat"],
     "engine": [
         "engine-ctl engine list --inventory hosts.yaml",
-        "engine-ctl engine add llama.cpp /opt/llama.cpp/bin/llama-server --build cpu",
+        f"engine-ctl engine add {_CPU_ENGINE.name} /opt{_CPU_ENGINE.default_executable} --build cpu",
     ],
     "facts": ["engine-ctl facts --inventory hosts.yaml", "engine-ctl facts gpu-01 --json"],
     "force-unlock": ["engine-ctl force-unlock 6f1d0c52-8c3e-4a1b-9f27-0d4e5a6b7c8d"],

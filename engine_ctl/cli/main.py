@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "engine": (
         "engine_ctl.cli.engine_cmd:engine",
-        "The engines the inventory registers: list them with their builds, versions and hosts; add a build.",
+        "The engines the inventory registers: `list` them with their builds, versions and hosts; `add` a build.",
     ),
     "facts": (
         "engine_ctl.cli.facts_cmd:facts",

@@ -15,7 +15,6 @@ AMD_PLATFORMS = ("rocm", "vulkan")
 """The builds seed 000 calls amd_images: ROCm, and Vulkan for the Radeon GPUs ROCm has no kernels for."""
 EFFORT_PARSERS = frozenset({"gpt_oss", "gptoss", "openai_gptoss", "harmony"})
 """Parsers of models switched by `reasoning_effort` (gpt-oss's harmony format); the others by `enable_thinking`."""
-AUTO_TOOL_CHOICE = "--enable-auto-tool-choice"
 
 
 def capabilities(
@@ -29,8 +28,8 @@ def capabilities(
     embedding = model.is_embedding
     chat = not embedding and api == "chat"
     served = {c: c in said and c not in provider.lacks for c in ("audio", "video", "transcription")}
-    vision = "vision" in said and (provider.name != "llama.cpp" or model.mmproj is not None)  # llama.cpp: --mmproj
-    parsers = bool(provider.parser_flags)  # vLLM and SGLang name a parser; llama.cpp reads the chat template
+    vision = "vision" in said and (not provider.vision_needs_mmproj or model.mmproj is not None)
+    parsers = bool(provider.parser_flags)  # an engine names a parser, or reads the model's chat template
     tool_parser = model.tool_call_parser if parsers else None
     reasoning_parser = model.reasoning_parser if parsers else None
     tools, why, add = _tools(said, chat, provider, tool_parser, engine_args)
@@ -60,12 +59,12 @@ def _tools(
         return False, "not a chat deployment", []
     if "tools" not in said:
         return False, "the model's capabilities do not list tools", []
-    if not provider.parser_flags:  # llama.cpp: --jinja, the model's template
+    if not provider.parser_flags:  # the model's chat template says how tools are called
         return True, None, []
     flag = provider.parser_flags["tool_call_parser"]
     if parser or flag in engine_args:
         return True, None, []
-    add = ([AUTO_TOOL_CHOICE] if provider.name == "vllm" else []) + [flag, "<parser>"]
+    add = [*provider.tool_choice_flags, flag, "<parser>"]
     return False, f"{provider.title} needs a tool-call parser for this model: set the model's tool_call_parser", add
 
 

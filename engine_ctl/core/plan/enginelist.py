@@ -16,7 +16,7 @@ from engine_ctl.core.plan.engines import engine_at, host_platform
 from engine_ctl.providers import Provider
 
 PLAIN = "any"
-"""The build column of an engine registered as one executable for every platform (`engines: {vllm: /opt/…}`)."""
+"""The build column of an engine registered as one executable for every platform (`engines: {<engine>: /opt/…}`)."""
 
 
 class EngineRow(BaseModel):
