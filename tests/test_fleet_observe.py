@@ -320,7 +320,9 @@ def _board_requests(screen: str, deployment: str) -> int | None:
 def test_status_watch_redraws_under_tmux_and_ctrl_c_ends_it(ob: ObserveProject, no_color: bool) -> None:
     assert ob.chat("gw-b")[0] == 200  # woken (when this test runs alone): the scaler has decided for it
     socket_name = f"ectl-obs-{os.getpid()}-{int(no_color)}"  # a tmux server of its own, with this environment
-    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"} | {"TERM": "xterm-256color"}
+    # the board's size is the pane's: COLUMNS and LINES (pytest-xdist's workers have them) would override it
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS", "LINES")}
+    env["TERM"] = "xterm-256color"
     if no_color:
         env["NO_COLOR"] = "1"
     command = (f"cd {ob.path} && {sys.executable} -m engine_ctl status --watch {ob.docs} --inventory {ob.inventory}; "
