@@ -5,8 +5,8 @@ llama-server built here is visible inside), gets its own SSH host keys and the f
 answers SSH on 198.18.0.(10+i) (RFC 2544's benchmarking range) behind the bridge `ectl-br0`.
 Everything it creates is named with the prefix `ectl`, and leftovers with that prefix are cleared first.
 
-Several fleets can run side by side (one per run): fleet id N (0 to 9) names everything `ectl` (0) or
-`ect<letter>` (1: ecta, 2: ectb, ...), uses 198.18.N.0/24 and /var/tmp/engine-ctl-fleet-N. ENGINE_CTL_FLEET_ID=N
+Several fleets can run side by side (one per run): fleet id N (0 to 24) names everything `ectl` (0) or
+`ect<letter>` (1: ecta, 2: ectb, ..., 11: ectk, 12: ectm: `l` is id 0's), uses 198.18.N.0/24 and /var/tmp/engine-ctl-fleet-N. ENGINE_CTL_FLEET_ID=N
 chooses the id; unset, a run takes the lowest id no live run owns (and reserves it at import). A fleet is owned:
 /var/tmp/engine-ctl-fleet-owners/N.json holds the owner's PID (with its start time) and checkout, and up() and
 down() refuse to clear a fleet whose owner is another live process. ENGINE_CTL_FLEET_ROOT moves /var/tmp.
@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FLEETS = Path(os.environ.get("ENGINE_CTL_FLEET_ROOT", "/var/tmp"))
 OWNERS = FLEETS / "engine-ctl-fleet-owners"
-IDS = range(10)
+IDS = range(25)
 
 
 class FleetBusy(RuntimeError):
@@ -126,7 +126,7 @@ def pick_fleet_id() -> int:
     chosen = os.environ.get("ENGINE_CTL_FLEET_ID")
     if chosen is not None:
         if not chosen.isdigit() or int(chosen) not in IDS:
-            raise SystemExit(f"ENGINE_CTL_FLEET_ID={chosen}: write 0 to 9")
+            raise SystemExit(f"ENGINE_CTL_FLEET_ID={chosen}: write 0 to 24")
         return int(chosen)
     try:
         with _owners_locked():
@@ -142,7 +142,8 @@ def pick_fleet_id() -> int:
 
 
 FLEET_ID = pick_fleet_id()
-PREFIX = "ectl" if FLEET_ID == 0 else f"ect{chr(ord('a') + FLEET_ID - 1)}"  # all four letters: none prefixes another
+LETTERS = "abcdefghijkmnopqrstuvwxyz"  # every letter but `l`: `ectl` is id 0's
+PREFIX = "ectl" if FLEET_ID == 0 else f"ect{LETTERS[FLEET_ID - 1]}"  # all four letters: none prefixes another
 BRIDGE = f"{PREFIX}-br0"
 SUBNET = f"198.18.{FLEET_ID}"
 BASE = base_of(FLEET_ID)
@@ -309,7 +310,7 @@ def _take_ownership() -> None:
         if other is not None:
             raise FleetBusy(
                 f"fleet {FLEET_ID} ({PREFIX}*) is in use by {other}; it is not cleared. "
-                "Unset ENGINE_CTL_FLEET_ID to take the next free id, or set another one (0 to 9)"
+                "Unset ENGINE_CTL_FLEET_ID to take the next free id, or set another one (0 to 24)"
             )
         _claim(FLEET_ID)
 
