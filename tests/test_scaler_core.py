@@ -261,3 +261,18 @@ def test_a_deployment_that_scales_without_a_gateway_host_is_warned() -> None:
     assert list(alone) == ["chat"] and "roles: [gateway]" in alone["chat"]
     with_gateway = Inventory(hosts=(Host(name="x", address="a", roles=("gateway",)),))
     assert without_scaler([change], with_gateway) == {}
+
+
+def test_status_of_a_min_zero_deployment_an_operator_holds_says_the_verb_not_scaled_to_zero() -> None:
+    """Issue 24 (stateful rules stop, delete): a stopped or deleted min-0 deployment showed ScaledToZero, the
+    scaler's view, in place of the operator's verb."""
+    from engine_ctl.core.plan.scaler import with_scaler
+    from engine_ctl.core.plan.status import DeploymentStatus, InstanceStatus
+
+    idle = InstanceStatus(index=0, host="h1", unit="engine-ctl-chat-0a.service", port=8001, state="stopped", gpus=[])
+    view = ScalerView(state="ScaledToZero", reason="no request for 1 min: it holds no GPU", wanted=0)
+    for verb in ("stopped", "stopping", "parked", "deleted"):
+        held = DeploymentStatus(name="chat", state=verb, reason=f"{verb} by an operator", ready=0, replicas=1,
+                                revision=3, hosts=["h1"], instances=[idle])  # fmt: skip
+        shown = with_scaler(held, view)
+        assert (shown.state, shown.reason, shown.replicas) == (verb, f"{verb} by an operator", 1), verb
