@@ -276,3 +276,17 @@ def test_status_of_a_min_zero_deployment_an_operator_holds_says_the_verb_not_sca
                                 revision=3, hosts=["h1"], instances=[idle])  # fmt: skip
         shown = with_scaler(held, view)
         assert (shown.state, shown.reason, shown.replicas) == (verb, f"{verb} by an operator", 1), verb
+
+
+def test_ready_never_exceeds_the_replicas_when_the_scaler_wants_fewer_than_serve() -> None:
+    """Issue 24 (stateful rule kill_gateway): a woken min-0 deployment read READY 1/0 after its gateway was killed
+    (the scaler's count went to 0 while the replica still served)."""
+    from engine_ctl.core.plan.scaler import with_scaler
+    from engine_ctl.core.plan.status import DeploymentStatus, InstanceStatus
+
+    up = InstanceStatus(index=0, host="h1", unit="engine-ctl-chat-0b.service", port=8001, state="ready", gpus=[])
+    status = DeploymentStatus(name="chat", state="Ready", ready=1, replicas=1, revision=2, hosts=["h1"],
+                              instances=[up])  # fmt: skip
+    shown = with_scaler(status, ScalerView(state="ScaledToZero", reason="the gateway does not answer", wanted=0))
+    assert (shown.ready, shown.replicas) == (1, 1)
+    assert with_scaler(status, ScalerView(state="Ready", reason="", wanted=2)).replicas == 2

@@ -227,7 +227,9 @@ def with_scaler(status: Any, view: ScalerView | None) -> Any:
         return status
     if status.state in OPERATOR_HELD:  # an operator's verb holds it: the scaler starts nothing, its phase is the verb's
         return status.model_copy(update={"decisions": view.decisions})
-    update: dict[str, Any] = {"decisions": view.decisions, "replicas": view.wanted}
+    # READY never exceeds REPLICAS: a replica the scaler no longer wants (it is stopping it, or it lost count when
+    # the gateway it reads went away) still serves until it stops
+    update: dict[str, Any] = {"decisions": view.decisions, "replicas": max(view.wanted, status.ready)}
     failed = any(i.state == "failed" for i in status.instances)  # a unit that failed says so, whoever started it
     if status.ready == 0 and view.state in ("ScaledToZero", "Starting") and not failed:
         update.update(state=view.state, reason=view.reason)
