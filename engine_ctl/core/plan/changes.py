@@ -185,9 +185,11 @@ class Drift(BaseModel):
     deployment: str | None = None
     kind: Literal[
         "edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged", "weights-changed", "engine-changed",
-        "start-failed",
+        "start-failed", "interrupted",
     ]  # fmt: skip
-    """start-failed: an on-demand slot whose last start failed (systemd's start limit): no start runs until reset."""
+    """start-failed: an on-demand slot whose last start failed (systemd's start limit): no start runs until reset.
+    interrupted: a gateway's files as an apply cut off (a kill) left them mid-install: engine-ctl's own, not a
+    person's edit."""
     detail: str
     diff: list[str] = Field(default_factory=list)
     """A hand-edited unit: the unified diff from the file on the host to engine-ctl's (secret values hidden)."""

@@ -324,6 +324,10 @@ class GatewayRecord(Record):
     files_sha256: dict[str, Sha256] = Field(default_factory=dict)
     unit_sha256: Sha256
     config: str = ""
+    installing: dict[str, Sha256] = Field(default_factory=dict)
+    """The files (and the unit, by its name) an apply is installing, recorded before it writes them and cleared once
+    they are in place: a kill in between leaves engine-ctl's own files there, which the next plan finishes, never
+    an edit by hand."""
 
 
 class HostRecord(Record):
