@@ -5,11 +5,12 @@ llama-server built here is visible inside), gets its own SSH host keys and the f
 answers SSH on 198.18.0.(10+i) (RFC 2544's benchmarking range) behind the bridge `ectl-br0`.
 Everything it creates is named with the prefix `ectl`, and leftovers with that prefix are cleared first.
 
-Several fleets can run side by side (one per run): fleet id N (0 to 24) names everything `ectl` (0) or
-`ect<letter>` (1: ecta, 2: ectb, ..., 11: ectk, 12: ectm: `l` is id 0's), uses 198.18.N.0/24 and /var/tmp/engine-ctl-fleet-N. ENGINE_CTL_FLEET_ID=N
-chooses the id; unset, a run takes the lowest id no live run owns (and reserves it at import). A fleet is owned:
-/var/tmp/engine-ctl-fleet-owners/N.json holds the owner's PID (with its start time) and checkout, and up() and
-down() refuse to clear a fleet whose owner is another live process. ENGINE_CTL_FLEET_ROOT moves /var/tmp.
+Several fleets can run side by side (one per run): fleet id N (0 to 24) names everything `ectl` (0) or `ect<letter>`
+(1: ecta, 2: ectb, ..., 11: ectk, 12: ectm: `l` is id 0's), uses 198.18.N.0/24 and /var/tmp/engine-ctl-fleet-N.
+ENGINE_CTL_FLEET_ID=N chooses the id; unset, a run takes the lowest id no live run owns (and reserves it at import).
+A fleet is owned: /var/tmp/engine-ctl-fleet-owners/N.json holds the owner's PID (with its start time) and checkout,
+and up() and down() refuse to clear a fleet whose owner is another live process.
+ENGINE_CTL_FLEET_ROOT moves /var/tmp.
 
 From a shell:  python -m tests.fleet up 4   |   python -m tests.fleet down   |   python -m tests.fleet status
 """

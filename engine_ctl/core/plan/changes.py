@@ -132,6 +132,9 @@ class Slot(BaseModel):
 
 class DeploymentChange(Step):
     name: str
+    deployment_id: str = ""
+    """The deployment's ID: the recorded one, or the one its first apply records (deployment_id_for); its units'
+    headers carry it, so that `import` keeps it."""
     reasons: list[str] = Field(default_factory=list)
     old_revision: int = 0
     revision: int = 0

@@ -657,7 +657,7 @@ def read_gguf(f: IO[bytes], size: int) -> dict[str, Any]:
 
 GGML_TYPES = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 36),
               10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
-              24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 30: (1, 2)}
+              24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 30: (1, 2)}  # fmt: skip
 """ggml type -> (elements per block, bytes per block), from ggml's type traits (F32, F16, Q4_0 … Q8_1, the K
 quants, I8 … I64, F64, BF16). A type not listed counts as 0 bytes: only its offset is checked."""
 
