@@ -25,7 +25,7 @@ ULID = "01M3R7A6YJW402N962HH17A66W"
 def running(spec: str = "gpus: 1") -> tuple[State, dict[str, HostFacts]]:
     h = h100x8()
     state, facts = applied(plan_for(spec, State(), h), State(), {h.host: h})
-    state.deployments["chat"].id = ULID
+    assert state.deployments["chat"].id  # the ID the plan named, which its units' headers carry
     return state, facts
 
 
@@ -88,7 +88,7 @@ def test_a_deleted_deployment_is_not_re_created_while_its_document_is_there_and_
 def test_the_gateway_answers_a_stopped_deployment_with_its_id_and_never_holds_it() -> None:
     state, _ = running()
     assert stopped_map(state.deployments) == {}
-    assert stopped_map(held(state, "stopped").deployments) == {"chat": ULID}
+    assert stopped_map(held(state, "stopped").deployments) == {"chat": state.deployments["chat"].id}
     assert stopped_map(held(state, "parked").deployments) == {}  # parked: requests are held, not refused
     g = render_gateway(Host(name="gw", address="198.18.0.11", roles=("gateway",)), [GatewayBackend(deployment="chat")],
                        [], stopped={"chat": ULID})  # fmt: skip
@@ -134,7 +134,8 @@ def test_the_id_and_the_verb_are_read_back_and_refused_when_malformed() -> None:
     state, _ = running()
     doc = json.loads(held(state, "stopped").model_dump_json())
     back = parse_state(doc, "state.json")
-    assert back.deployments["chat"].id == ULID and back.deployments["chat"].operator is not None
+    ident = state.deployments["chat"].id
+    assert back.deployments["chat"].id == ident and back.deployments["chat"].operator is not None
     older = json.loads(State().model_dump_json())
     assert "id" not in json.dumps(older)  # a state with no deployment reads (and writes) as before
     doc["deployments"]["chat"]["id"] = "not a ulid"
