@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from engine_ctl.providers import PROVIDERS
 
-from engine_ctl.cli.status_cmd import without_chat_api
+from engine_ctl.cli.views.status import without_chat_api
 from engine_ctl.core.decisions import (
     READINESS_CHECK_VERSION,
     DecisionAnswer,

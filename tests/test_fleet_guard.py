@@ -40,7 +40,6 @@ from engine_ctl.core.render.gateway import (
 from engine_ctl.core.render.guard import guard_name
 from engine_ctl.core.render.scaler import COMMAND_PATH, SCALER_UNIT, ssh_target
 from engine_ctl.core.render.units import render_unit, replica_run
-from engine_ctl.shell.apply import remove_argv, start_argv
 from engine_ctl.shell.gateway import runtime as gateway_shell
 from engine_ctl.shell.lifecycle.hosts import job_argv, sleep_job
 from engine_ctl.shell.remote.scaler import Scaler
@@ -52,6 +51,7 @@ from engine_ctl.shell.scaler.apply import (
     command_text,
     known_hosts_line,
 )
+from engine_ctl.shell.systemd import remove_argv, start_argv
 from engine_ctl.shell.transport import SSHTransport
 from tests.fleet import Fleet, FleetHost
 from tests.test_guard import desired_with, render

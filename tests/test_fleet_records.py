@@ -187,7 +187,7 @@ echo "1, GPU-5f2b0c1e-0000-4000-8000-00000000000a, 99999"
 
 def test_the_gpu_sampler_and_the_measurement_on_a_host_with_an_nvidia_smi_double(fleet: Fleet) -> None:
     from engine_ctl.core.fit.startup import DEVICE_SOURCE, MIB, parse_measurement
-    from engine_ctl.shell.apply import measured_argv, measurement
+    from engine_ctl.shell.systemd import measured_argv, measurement
 
     h = fleet.hosts[-1]
     unit = "engine-ctl-probe-0a.service"

@@ -22,7 +22,7 @@ import pytest
 from engine_ctl.core.weights import checkpoint_digest
 from tests.fleet import SUBNET, Fleet
 from tests.fleetproject import MODELS_DIR, ROOT, Project
-from tests.hubdouble import HubDouble, tiny_repo_files
+from tests.hubdouble import HubDouble, RepoFile, tiny_repo_files
 from tests.llama import tiny_model
 
 pytestmark = pytest.mark.fleet
@@ -139,3 +139,46 @@ def test_an_unpinned_reference_the_hub_refuses_stops_the_plan_with_its_field(
     assert "docs.yaml:6:7: error: spec.hf: the hub at" in out.stderr and "HTTP 401" in out.stderr
     assert "validate works offline" not in out.stderr  # the hub's refusal is the error, said once
     assert "hf_wrong" not in out.stdout + out.stderr
+
+
+def test_a_checkout_no_deployment_uses_any_more_is_pruned_by_apply_and_the_plan_says_what_it_frees(
+    hub: HubDouble, hf_project: Project
+) -> None:
+    """Issue 29: a new commit rolls the replica onto a new checkout (the unchanged GGUF linked from the old one,
+    not downloaded again); the plan lists the old checkout to prune with what deleting it frees at most; apply
+    deletes it after the roll; then plan says No changes, and the served weights are whole."""
+    p = hf_project
+    first = hub.repos[REPO].commit
+    applied = p.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    (served,) = p.state()["deployments"][p.name]["replicas"]
+    host = p.host_of(served)
+    old = f"{MODELS_DIR}/sources/{REPO}/{first}"
+    files = tiny_repo_files(tiny_model())
+    files["README.md"] = RepoFile(b"# tiny\nA second commit: the README changed, the weights did not.\n", lfs=False)
+    second = hub.add(REPO, files, private_token=TOKEN).commit
+    assert second != first
+
+    planned = p.cli("plan", "--json")
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    (prune,) = json.loads(planned.stdout)["prunes"]
+    size = tiny_model().stat().st_size
+    assert (prune["host"], prune["repo"], prune["commit"], prune["path"]) == (served["host"], REPO, first, old)
+    assert prune["freed_bytes"] >= size  # today nothing else links its GGUF: deleting it would free all of it
+    human = p.cli("plan").stdout
+    assert f"- checkout {served['host']}: {REPO}@{first[:12]} ({old}), frees up to " in human, human
+    assert "Weights to prune: 1 checkout, frees up to" in human
+
+    rolled = p.cli("apply", "--auto-approve")
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    assert f"weights {served['host']}: pruned {REPO}@{first[:12]}" in rolled.stdout, rolled.stdout
+    new = f"{MODELS_DIR}/sources/{REPO}/{second}"
+    listing = p.fleet.ssh(host, f"ls {MODELS_DIR}/sources/{REPO}; stat -c %h {new}/tiny.gguf").stdout.split()
+    # the old checkout and its fetch's lock gone; the GGUF it shared is the new checkout's alone
+    assert listing == [second, f"{second}.lock", "1"], listing
+    assert not any(r.path == f"/{REPO}/resolve/{second}/tiny.gguf" for r in hub.requests)  # linked, not fetched
+    (replica,) = p.state()["deployments"][p.name]["replicas"]
+    assert p.chat(replica)["model"] == p.name
+    again = p.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "No changes" in again.stdout

@@ -33,9 +33,9 @@ from engine_ctl.core.plan.pipeline import DeploymentRender, render_deployment
 from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord, State
 from engine_ctl.core.render.guard import GUARD_LINE, guard_config, guard_name, guard_note, guard_text
 from engine_ctl.core.render.units import RenderedUnit
-from engine_ctl.shell.apply import guard_upload, remove_argv
 from engine_ctl.shell.lifecycle.hosts import sleep_job, wake_job
 from engine_ctl.shell.remote import scaler_command
+from engine_ctl.shell.systemd import guard_upload, remove_argv
 from tests.fleetfacts import cpu_host, h100x8
 from tests.helpers import load, messages
 from tests.test_render import MODELS, SHAPES

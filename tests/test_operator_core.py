@@ -160,7 +160,7 @@ def test_a_held_deployment_on_an_unreachable_host_gives_apply_nothing_to_record(
 
 # --- seed 003's rows of a held deployment, and a start without --wait (follow-up) ----------------------------
 def _rows(state: State, facts: dict[str, HostFacts]) -> list[str]:
-    from engine_ctl.cli.status_cmd import deployment_table, instance_table, list_table
+    from engine_ctl.cli.views.status import deployment_table, instance_table, list_table
     from engine_ctl.core.plan.status import deployment_status
     from tests.test_records import render
 

@@ -17,8 +17,8 @@ from rich.console import Console
 from engine_ctl.cli.main import COMMANDS, cli, load_command
 from engine_ctl.cli.plan_cmd import for_destroy, outcome_line, show_plan
 from engine_ctl.cli.render_cmd import print_render
-from engine_ctl.cli.status_cmd import deployment_table, instance_table, list_table, units_line
 from engine_ctl.cli.views.plan import plan_json, plan_markdown, plan_text, render_plan
+from engine_ctl.cli.views.status import deployment_table, instance_table, list_table, units_line
 from engine_ctl.core.diagnostics import Diagnostic, Location, by_place
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts

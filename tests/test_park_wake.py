@@ -91,7 +91,8 @@ def woken_facts(facts: dict[str, HostFacts], park: str) -> dict[str, HostFacts]:
 
 
 def test_status_shows_a_parked_deployment_a_request_woke_as_serving_with_the_seeds_columns() -> None:
-    from engine_ctl.cli.status_cmd import _statuses, deployment_table, instance_table, list_table
+    from engine_ctl.cli.status_cmd import _statuses
+    from engine_ctl.cli.views.status import deployment_table, instance_table, list_table
     from tests.test_records import render
 
     state, facts = running()

@@ -13,7 +13,7 @@ import pytest
 from engine_ctl.state import LocalState, open_backend
 from rich.console import Console
 
-from engine_ctl.cli.status_cmd import deployment_table, detail_lines, instance_table, list_table
+from engine_ctl.cli.views.status import deployment_table, detail_lines, instance_table, list_table
 from engine_ctl.core.diagnostics import EXIT_STATUSES
 from engine_ctl.core.fit.runspec import FitPlan
 from engine_ctl.core.fit.startup import MIB, device_peaks, parse_measurement

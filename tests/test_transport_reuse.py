@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine_ctl.core.documents.inventory import Host
-from engine_ctl.shell.apply import MEASURED, measurement
+from engine_ctl.shell.systemd import MEASURED, measurement
 from engine_ctl.shell.transport import HostFailure, Kept, LocalTransport, fan_out, python_argv
 
 WHICH = "import sys; print(sys.executable)"

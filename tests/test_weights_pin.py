@@ -137,7 +137,7 @@ def test_hf_endpoint_is_honoured_and_the_token_is_sent_but_never_said() -> None:
 
 def test_an_unreachable_hub_says_so_and_how_to_do_without_it() -> None:
     with pytest.raises(HubError, match=r"could not be reached to pin org/tiny@main.*pin the commit yourself"):
-        Hub("http://127.0.0.1:9", timeout=2).revision("org/tiny", "main")
+        Hub("http://127.0.0.1:9", timeout=2, backoff_s=0.01).revision("org/tiny", "main")  # retried, quickly
 
 
 def test_the_pinner_writes_the_commit_into_the_documents_and_keeps_the_files() -> None:

@@ -22,8 +22,7 @@ from engine_ctl.cli.common import (
 )
 from engine_ctl.cli.context import backend_for, lock_timeout_option, locked, read_state, state_option
 from engine_ctl.cli.requests import recorded_command
-from engine_ctl.cli.state_cmd import log_operation
-from engine_ctl.cli.state_move import backup_of
+from engine_ctl.cli.state_cmd import backup_of, log_operation
 from engine_ctl.cli.views.output import console, emit_json
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.plan.adoption import Adoption, AdoptionError, adopt

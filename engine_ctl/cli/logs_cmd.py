@@ -26,6 +26,7 @@ from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.documents.loader import load_paths
 from engine_ctl.core.plan.status import hosts_not_in
 from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord
+from engine_ctl.shell import systemd
 from engine_ctl.shell.transport import HostFailure, SSHOptions, Transport, fan_out, transport_for
 from engine_ctl.state import StateBackend
 
@@ -81,15 +82,7 @@ def since_argument(value: str) -> str:
 
 def journal_argv(units: list[str], since: str | None, lines: int | None, follow: bool) -> list[str]:
     """journalctl for these units, one JSON entry a line (so each line is known to be the unit's, and when)."""
-    argv = ["journalctl", "--no-pager", "--output=json", f"--output-fields={FIELDS}"]
-    argv += [f"--unit={u}" for u in units]
-    if since is not None:
-        argv.append(f"--since={since}")
-    if lines is not None:
-        argv.append(f"--lines={lines}")
-    if follow:
-        argv.append("--follow")
-    return argv
+    return systemd.journal_argv(units, FIELDS, since, lines, follow)
 
 
 def _message(value: object) -> str:

@@ -83,7 +83,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Start a deployment an operator stopped or parked (or lift its delete).",
     ),
     "state": (
-        "engine_ctl.cli.status_cmd:state_group",
+        "engine_ctl.cli.state_cmd:state_group",
         "Inspect the recorded state, move it between backends (push, pull), forget or rename a deployment's record "
         "(rm, mv), read the operations log (history).",
     ),

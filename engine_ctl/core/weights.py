@@ -150,6 +150,14 @@ def checkout_dir(models_dir: str, repo: str, commit: str) -> str:
     return posixpath.join(models_dir, "sources", repo, commit)
 
 
+def is_checkout(repo: str, commit: str, path: str, models_dir: str) -> bool:
+    """Whether `path` is exactly the checkout of `repo` at `commit` under the host's models folder
+    (<models_dir>/sources/<org>/<repo>/<commit>): nothing else is ever deleted as one."""
+    parts = repo.split("/")
+    named = len(parts) == 2 and all(SAFE_PART.match(x) for x in parts) and COMMIT.match(commit) is not None
+    return named and path == checkout_dir(models_dir, repo, commit)
+
+
 def checkpoint_digest(file_digests: Mapping[str, str]) -> str:
     """The checkpoint's digest: sha256 over each file's path and content sha256, in path order. The host
     measures each file; the same files always give the same digest, any changed byte another one."""

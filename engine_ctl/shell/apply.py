@@ -4,7 +4,6 @@ health-gated, recording the state after every step so that a crash or Ctrl-C los
 from __future__ import annotations
 
 import re
-import shlex
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -14,16 +13,15 @@ from dataclasses import dataclass, field
 
 from engine_ctl.core.decisions import DecisionAnswer, comparable_reference
 from engine_ctl.core.documents.inventory import Host
-from engine_ctl.core.fit.startup import measure_script, parse_measurement, same_engine, sampler
+from engine_ctl.core.fit.startup import parse_measurement, same_engine
 from engine_ctl.core.names import UNIT_FORM, parse_unit_name
 from engine_ctl.core.plan.changes import CREATE, DELETE, SURGE, UPDATE, DeploymentChange, Plan, ReplicaChange
 from engine_ctl.core.plan.decisions import internal_key_file
 from engine_ctl.core.plan.status import recorded_verdict, size_text
 from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord, StartupRecord, State
 from engine_ctl.core.record.requests import done_steps, step_done
-from engine_ctl.core.render.guard import GUARD_LINE, guard_name
 from engine_ctl.core.render.units import bind_address, local_address
-from engine_ctl.core.weights import WeightsFetch, human, waiting_reason
+from engine_ctl.core.weights import WeightsFetch, human, is_checkout, waiting_reason
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.decisions import prove_ready
 from engine_ctl.shell.fetch import FetchFailed, FetchProgress, HubAccess, fetch_weights
@@ -31,6 +29,23 @@ from engine_ctl.shell.gateway.apply import GatewayApply
 from engine_ctl.shell.gateway.runtime import GatewayFailure
 from engine_ctl.shell.scaler.apply import ScalerApply, ScalerFailure
 from engine_ctl.shell.scaler.lock import operator_dsn
+from engine_ctl.shell.systemd import (
+    PRUNE_NAMED,
+    UNIT_DIR,
+    UPLOAD_FAILED,
+    disable_argv,
+    failure_argv,
+    install_argv,
+    is_active,
+    measured_argv,
+    measurement,
+    on_demand_argv,
+    prune_checkout,
+    remove_argv,
+    restart_argv,
+    start_argv,
+    stop_argv,
+)
 from engine_ctl.shell.transport import (
     CommandResult,
     HostFailure,
@@ -40,7 +55,6 @@ from engine_ctl.shell.transport import (
 )
 from engine_ctl.state.base import StateBackend
 
-UNIT_DIR = "/etc/systemd/system"
 Progress = Callable[[str], None]
 
 
@@ -77,133 +91,6 @@ def utc_now() -> str:
     from datetime import UTC, datetime
 
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-# --- what to run: argv only (the executor runs them) ----------------------------------------------------
-# Each step is one command on the host (every exec costs the host a session: about 0.3 s on the test fleet), and
-# systemd reloads its units only where it must (`enable --no-reload`, then _reload_unless_loaded), not once per
-# systemctl call that would reload by itself.
-UPLOAD_FAILED = 90
-"""The exit status of a step whose unit file could not be written (why on stderr); nothing was started."""
-
-
-def _upload(unit: str) -> str:
-    """Shell text: write the unit file from stdin atomically (a temporary file renamed over it, mode 0644)."""
-    path = shlex.quote(f"{UNIT_DIR}/{unit}")
-    tmp = shlex.quote(f"{UNIT_DIR}/{unit}.engine-ctl-tmp")
-    why = shlex.quote(f"writing {UNIT_DIR}/{unit} failed")
-    return (f"umask 022; cat > {tmp} && chmod 644 {tmp} && mv -f {tmp} {path} || "
-            f"{{ rm -f {tmp}; echo {why} >&2; exit {UPLOAD_FAILED}; }}; " + guard_upload(unit))  # fmt: skip
-
-
-def guard_upload(unit: str, unit_dir: str = UNIT_DIR) -> str:
-    """Shell text, once the replica's unit file is written: its guard's unit (engine_ctl.core.render.guard), the
-    file's `#|` lines, written beside it; a unit with none has no guard, and one left from before is stopped and
-    removed (before the replica restarts on the address it held)."""
-    path = shlex.quote(f"{unit_dir}/{unit}")
-    guard = guard_name(unit)
-    q, gpath = shlex.quote(guard), shlex.quote(f"{unit_dir}/{guard}")
-    tmp = shlex.quote(f"{unit_dir}/{guard}.engine-ctl-tmp")
-    why = shlex.quote(f"writing {unit_dir}/{guard} failed")
-    return (
-        f"if grep -q '^{GUARD_LINE}' {path}; then sed -n 's/^{GUARD_LINE} \\{{0,1\\}}//p' {path} > {tmp} && "
-        f"chmod 644 {tmp} && mv -f {tmp} {gpath} || {{ rm -f {tmp}; echo {why} >&2; exit {UPLOAD_FAILED}; }}; "
-        f"elif [ -e {gpath} ]; then systemctl stop {q} 2>/dev/null; rm -f {gpath}; fi; "
-    )
-
-
-def _reload_unless_loaded(q: str) -> str:
-    """Shell text: `systemctl daemon-reload` (0.3-1 s, every unit re-read) only where it is needed. systemd loads
-    a unit file it has not loaded before when it is first asked for it (here, by `systemctl show`), so a new
-    replica's unit needs no reload; a unit already loaded whose file changed (a repair) says
-    NeedDaemonReload=yes, and an old systemd that cached the name as not found says LoadState=not-found."""
-    state = f"$(systemctl show -p LoadState,NeedDaemonReload {q} | sort | tr '\\n' ' ')"
-    return f"[ \"{state}\" = 'LoadState=loaded NeedDaemonReload=no ' ] || systemctl daemon-reload"
-
-
-def _enable_and(verb: str, unit: str, upload: bool, enable: bool = True) -> list[str]:
-    q = shlex.quote(unit)
-    then = f"{{ systemctl reset-failed {q} 2>/dev/null; systemctl {verb} {q}; }}"
-    first = f"systemctl enable --no-reload {q}" if enable else f"systemctl disable --no-reload {q} 2>/dev/null; true"
-    load = f"{first} && {{ {_reload_unless_loaded(q)}; }} && {then}"
-    return ["sh", "-c", (_upload(unit) if upload else "") + load]
-
-
-def start_argv(unit: str, upload: bool = False) -> list[str]:
-    """(Write the unit file from stdin,) enable, reload and start; `start` returns once the unit's health-gated
-    ExecStartPost passed."""
-    return _enable_and("start", unit, upload)
-
-
-MEASURED = "--- engine-ctl start-up measurement ---"
-"""The line after which measured_argv's output is the measurement (measure_script's output)."""
-
-
-def measured_argv(start: list[str], unit: str) -> list[str]:
-    """A start (start_argv, on_demand_argv: `sh -c SCRIPT`) with nvidia-smi's per-process figures sampled in the
-    background while the engine starts (where there is an nvidia-smi), for the first start of a revision to
-    measure its peak; once the start succeeded, the measurement follows a MEASURED line in the same session (one
-    exec less on the host than a separate measure_script: see measurement())."""
-    script = start[2]
-    return ["sh", "-c", f"{sampler(unit)}( {script} ); rc=$?; [ -n \"$sampler\" ] && kill $sampler 2>/dev/null; "
-            f"[ $rc = 0 ] && {{ echo '{MEASURED}'; {measure_script(unit)[2]}; }}; exit $rc"]  # fmt: skip
-
-
-def measurement(stdout: str) -> str:
-    """measured_argv's output -> the measurement alone (what follows its MEASURED line)."""
-    return stdout.rpartition(MEASURED + "\n")[2] if MEASURED in stdout else ""
-
-
-def restart_argv(unit: str, upload: bool = False) -> list[str]:
-    return _enable_and("restart", unit, upload)
-
-
-def install_argv(unit: str) -> list[str]:
-    """An on-demand replica's unit: write the file from stdin and load it (daemon-reload); never enabled or started
-    (the scaler starts it)."""
-    q = shlex.quote(unit)
-    return ["sh", "-c", _upload(unit) + f"systemctl disable --no-reload {q} 2>/dev/null; systemctl daemon-reload"]
-
-
-def on_demand_argv(verb: str, unit: str, upload: bool = False) -> list[str]:
-    """(Write the unit file from stdin,) keep it disabled, reload, then `verb` it: `start` (a roll of an on-demand
-    replica the scaler runs) or `try-restart` (a repair: restarted only if it runs)."""
-    return _enable_and(verb, unit, upload, enable=False)
-
-
-def active_argv(unit: str) -> list[str]:
-    return ["systemctl", "is-active", "--quiet", unit]
-
-
-def disable_argv(unit: str) -> list[str]:
-    """A replica that becomes on demand: not started at boot any more, left running."""
-    return ["systemctl", "disable", "--no-reload", unit]
-
-
-def stop_argv(unit: str) -> list[str]:
-    return ["systemctl", "disable", "--no-reload", "--now", unit]
-
-
-def remove_argv(unit: str) -> list[str]:
-    """Stop, disable and delete the unit; fails (non-zero, with why on stderr) if it is still there afterwards."""
-    q = shlex.quote(unit)
-    path = shlex.quote(f"{UNIT_DIR}/{unit}")
-    guard = shlex.quote(guard_name(unit))
-    gpath = shlex.quote(f"{UNIT_DIR}/{guard_name(unit)}")
-    return ["sh", "-c", f"systemctl disable --no-reload --now {q} 2>/dev/null; systemctl stop {guard} 2>/dev/null; "
-            f"rm -f {path} {gpath} || exit 1; "
-            f"systemctl daemon-reload || exit 1; systemctl reset-failed {q} 2>/dev/null; "
-            f"if systemctl is-active --quiet {q}; then echo '{unit} is still active' >&2; exit 1; fi"]  # fmt: skip
-
-
-def failure_argv(unit: str) -> list[str]:
-    """systemctl's verdict, then the engine's own last lines (messages of the unit's processes only, from its last
-    invocation: not systemd's "Failed to start …")."""
-    q = shlex.quote(unit)
-    return ["sh", "-c", f"systemctl show -p Result,ExecMainStatus,ExecMainCode,NRestarts {q}; echo ---; "
-            f"inv=$(systemctl show -p InvocationID --value {q}); "
-            f"journalctl _SYSTEMD_UNIT={q} ${{inv:+_SYSTEMD_INVOCATION_ID=$inv}} -n 40 --no-pager -o cat 2>/dev/null "
-            "| tail -n 40"]  # fmt: skip
 
 
 # Lines the health gate itself writes: a fallback only, the engine's own words come first.
@@ -491,6 +378,7 @@ class Executor:
             self._gateway_step(self.gateway.after, "after the roll")
             self.gateway.close()
         self._scaler()
+        self._prune()
         for t in self._transports.values():
             t.close()
         self.result.interrupted = self.stop.is_set()
@@ -517,6 +405,30 @@ class Executor:
         except (ScalerFailure, HostFailure, OSError) as exc:
             self.result.failed.setdefault("scaler", f"the scaler on {self.plan.scaler.host}: {exc}")
             self.progress(f"scaler: FAILED: {exc}")
+
+    def _prune(self) -> None:
+        """The checkouts no deployment uses any more, last, and only when everything else succeeded (an old
+        replica left serving by a failed roll still reads its weights); each checked against the host's models
+        folder first: a plan file is untrusted input, and this deletes."""
+        if not self.plan.prunes or self.result.failed or self.result.unrecorded or self.stop.is_set():
+            return
+        for p in self.plan.prunes:
+            host = self.hosts.get(p.host)
+            if host is None or not is_checkout(p.repo, p.commit, p.path, host.models_dir):
+                self.result.failed.setdefault("prune", f"{p.host}: {p.path} is not a checkout of {p.repo}; kept")
+                continue
+            try:
+                with self._on(p.host) as ts:
+                    result = ts[p.host].run(prune_checkout(p.path), timeout=300)
+            except (HostFailure, StepFailed, OSError) as exc:
+                self.result.failed.setdefault("prune", f"pruning {p.line}: {exc}")
+                continue
+            if result.exit_code == PRUNE_NAMED:
+                self.progress(f"weights {p.host}: kept {p.repo}@{p.commit[:12]}: {result.stderr.strip()}")
+            elif result.exit_code != 0:
+                self.result.failed.setdefault("prune", f"pruning {p.line}: {result.stderr.strip()}")
+            else:
+                self.progress(f"weights {p.host}: pruned {p.repo}@{p.commit[:12]} ({p.path})")
 
     def _gateway(self, step: Callable[[str, str], None], name: str, unit: str) -> None:
         """A gateway step of a roll (a new replica enters, an old one drains); its failure halts the roll."""
@@ -865,7 +777,7 @@ class Executor:
                 self._record(lambda s: _set_status(s, name, step.host, step.unit, "failed", reason), name)
                 raise StepFailed(reason)
             digest = self._digests.get((name, step.host), "")
-            status = "standby" if step.on_demand and tr.run(active_argv(step.unit)).exit_code != 0 else "serving"
+            status = "standby" if step.on_demand and tr.run(is_active(step.unit)).exit_code != 0 else "serving"
             self._record(lambda s: _put_replica(s, name, self._replica_record(step, status, digest)), name)
             self.progress(f"{name}: replica {step.index} on {step.host}: {step.unit} repaired ({step.reason})")
             self._event("healthy", name, replica=step.index, host=step.host, unit=step.unit, port=step.port,
@@ -886,7 +798,7 @@ class Executor:
                 status = "serving"
             else:
                 self._run(tr, disable_argv(step.unit), f"disabling {step.unit} on {step.host}")
-                status = "serving" if tr.run(active_argv(step.unit)).exit_code == 0 else "standby"
+                status = "serving" if tr.run(is_active(step.unit)).exit_code == 0 else "standby"
             digest = self._digests.get((name, step.host), "")
             self._record(lambda s: _put_replica(s, name, self._replica_record(step, status, digest)), name)
         if status == "serving" and self.gateway is not None:
@@ -900,7 +812,7 @@ class Executor:
         old_host, old_unit = step.old_host or step.host, step.old_unit or step.unit
         with self._on(step.host, old_host) as t:
             new_t, old_t = t[step.host], t[old_host]
-            if step.on_demand and old_t.run(active_argv(old_unit)).exit_code != 0:
+            if step.on_demand and old_t.run(is_active(old_unit)).exit_code != 0:
                 # an on-demand replica the scaler does not run: its new unit installed, the old one removed
                 self._install(new_t, change, step)
                 self._remove_old(old_t, name, old_host, old_unit)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.hostfacts import (
+    CheckoutFact,
     Cpu,
     Disk,
     EngineInstall,
@@ -30,6 +30,7 @@ from engine_ctl.core.names import UNIT_PREFIX
 from engine_ctl.core.plan.unitdiff import hide_secrets_in
 from engine_ctl.core.render.units import bind_address, local_address
 from engine_ctl.providers import PROVIDERS
+from engine_ctl.shell import shipped
 from engine_ctl.shell.transport import (
     Ahead,
     HostFailure,
@@ -42,7 +43,7 @@ from engine_ctl.shell.transport import (
 
 
 def probe_source() -> str:
-    return resources.files("engine_ctl.shell.remote").joinpath("facts_probe.py").read_text()
+    return shipped.script("facts_probe.py")
 
 
 def probe_args(
@@ -72,6 +73,11 @@ def probe_args(
             for name, p in PROVIDERS.items()
         },
     }
+
+
+def _checkout(raw: dict[str, Any]) -> CheckoutFact:
+    path, repo, commit = str(raw["path"]), str(raw["repo"]), str(raw["commit"])
+    return CheckoutFact(path=path, repo=repo, commit=commit, bytes=int(raw["bytes"]), freed_bytes=int(raw["freed"]))
 
 
 def _int(value: object) -> int | None:
@@ -195,6 +201,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         units=units,
         ports_in_use=tuple(doc.get("ports") or ()),
         model_files=tuple(ModelFile(path=f["path"], size_bytes=int(f["size"])) for f in doc.get("model_files") or []),
+        checkouts=tuple(_checkout(c) for c in doc.get("checkouts") or []),
         haproxy_version=doc.get("haproxy"),
         gateway_files=(doc.get("gateway") or {}).get("files") if doc.get("gateway") else None,
         gateway_servers=dict((doc.get("gateway") or {}).get("servers") or {}),

@@ -16,6 +16,7 @@ from engine_ctl.core.plan.fetching import fetch_lines
 from engine_ctl.core.plan.gateway import GatewayChange
 from engine_ctl.core.render.guard import guard_note
 from engine_ctl.core.sizes import human_bytes
+from engine_ctl.core.weights import human
 from engine_ctl.providers import PROVIDERS, canonical_engine
 
 SENSITIVE_WORDS = ("key", "token", "secret", "password")
@@ -138,7 +139,8 @@ def summary_line(plan: Plan) -> str:
     s = plan.summary()
     line = f"Plan: {s['add']} to add, {s['change']} to change, {s['destroy']} to destroy."
     replicas = replicas_line(plan)
-    return f"{line} {replicas}" if replicas else line
+    line = f"{line} {replicas}" if replicas else line
+    return f"{line} Weights to prune: {prune_total(plan)}." if plan.prunes else line
 
 
 def _chosen(c: DeploymentChange, key: str) -> str:
@@ -209,7 +211,7 @@ def render_plan(plan: Plan, command: str = "apply") -> list[tuple[str, str]]:
     gateways = [g for g in plan.gateways if g.changed]
     if changed and command == "destroy":
         out.append(("bold", "engine-ctl destroy will stop and remove the units of these deployments:"))
-    elif changed or gateways:
+    elif changed or gateways or plan.prunes:
         out.append(("bold", "engine-ctl will perform the following actions:"))
     for c in changed:
         out += _render_change(c, command)
@@ -220,8 +222,23 @@ def render_plan(plan: Plan, command: str = "apply") -> list[tuple[str, str]]:
     for c in plan.changes:
         out += _render_notes(c)
     out += _scaler_lines(plan)
+    out += _prune_lines(plan)
     out.append(("", ""))
-    return out + _render_end(plan, command, bool(changed or gateways))
+    return out + _render_end(plan, command, bool(changed or gateways or plan.prunes))
+
+
+def _prune_lines(plan: Plan) -> list[tuple[str, str]]:
+    """The hf: checkouts no deployment uses any more, deleted once everything else succeeded."""
+    if not plan.prunes:
+        return []
+    out = [("", ""), ("bold", f"  # weights no deployment uses any more (deleted after the roll): {prune_total(plan)}")]
+    return out + [("destroy", f"  - checkout {p.line}") for p in plan.prunes]
+
+
+def prune_total(plan: Plan) -> str:
+    """`2 checkouts, frees up to 3.4 GB` (a file another checkout links to by then is not freed)."""
+    n = len(plan.prunes)
+    return f"{n} checkout{'s' if n != 1 else ''}, frees up to {human(sum(p.freed_bytes for p in plan.prunes))}"
 
 
 def _scaler_lines(plan: Plan) -> list[tuple[str, str]]:
@@ -385,6 +402,9 @@ def plan_markdown(plan: Plan, full_plan: str | None = None, limit: int = COMMENT
     pieces += [_Piece("warning", text) for text in _md_warnings(plan)]
     pieces += [_Piece("unit diff", _md_unit_diff(d)) for d in plan.drift if d.diff]
     pieces += [_Piece("deployment", _md_section(c)) for c in plan.changes if c.changed]
+    if plan.prunes:
+        lines = "".join(f"- {_text(p.line)}\n" for p in plan.prunes)
+        pieces.append(_Piece("deployment", f"\n**Weights to prune** ({prune_total(plan)}):\n\n{lines}"))
     foot = _md_foot(plan, full_plan)
     whole = "".join(p.text for p in pieces) + foot
     return whole if _length(whole) <= limit else _cut(pieces, foot, full_plan, limit)
@@ -438,9 +458,9 @@ def _md_head(plan: Plan) -> str:
         head += replicas_line(plan) + "\n\n"
     if plan.refresh_only:
         head += "Refresh only: apply records what drifted into the state; nothing on the hosts changes.\n\n"
-    elif not any(c.changed for c in plan.changes) and not plan.problems:
+    elif not plan.has_changes and not plan.problems:
         head += "No changes. The hosts match the documents.\n\n"
-    elif not any(c.changed for c in plan.changes):
+    elif not plan.has_changes:
         head += "No changes can be made; but the hosts do not match the documents.\n\n"
     if plan.targets:
         head += "Only " + ", ".join(_code(t) for t in plan.targets) + " (`--target`).\n\n"
@@ -618,6 +638,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "replicas": {v.removeprefix("to "): counts.get(v, 0) for v in REPLICA_VERBS.values()},
     }
     doc["has_changes"] = plan.has_changes
+    doc.setdefault("prunes", [])  # in the plan's digest only when there are some; always in the document
     for change, shown in zip(plan.changes, doc.get("changes", []), strict=False):
         shown["startup_provenance"] = change.startup_provenance  # measured start-up, or the estimate (default)
         shown["whole_host"] = change.whole_host

@@ -411,8 +411,16 @@ def _pure_documents(text: str, file: str) -> tuple[list[SourceDocument], list[Di
         return [], [
             Diagnostic(Location(file, 1, 1), "", f"invalid YAML: {exc}", hint="fix the YAML syntax", code="yaml_syntax")
         ]
-    except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
-        return [], [Diagnostic(Location(file, 1, 1), "", f"cannot read document: {exc}", code="yaml_syntax")]
+    except (ValueError, TypeError, IndexError, RecursionError) as exc:  # ruamel's constructors: `+_` reads as an int
+        return [], [
+            Diagnostic(
+                Location(file, 1, 1),
+                "",
+                f"cannot read a value of the document ({type(exc).__name__}: {exc})",
+                hint="quote any value that looks like a number but is not one (for example '+_')",
+                code="yaml_syntax",
+            )
+        ]
 
 
 STEP_ASIDE = re.compile(r"^%|\r(?!\n)|[\x85\u2028\u2029]", re.MULTILINE)

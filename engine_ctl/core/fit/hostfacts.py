@@ -110,6 +110,17 @@ class ModelFile(Fact):
     size_bytes: int
 
 
+class CheckoutFact(Fact):
+    """An hf: checkout a fetch left on the host, whole: <models_dir>/sources/<repo>/<commit>."""
+
+    path: str
+    repo: str
+    commit: str
+    bytes: int
+    freed_bytes: int
+    """What deleting it frees: its files no other checkout links to."""
+
+
 class HostFacts(Fact):
     host: str
     hostname: str | None = None
@@ -127,6 +138,7 @@ class HostFacts(Fact):
     units: tuple[UnitFact, ...] = ()
     ports_in_use: tuple[int, ...] = ()
     model_files: tuple[ModelFile, ...] = ()
+    checkouts: tuple[CheckoutFact, ...] = ()
     haproxy_version: str | None = None
     gateway_files: dict[str, str] | None = None
     """engine-ctl's gateway files on the host (name -> sha256), None where there are none."""

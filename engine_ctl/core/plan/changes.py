@@ -18,7 +18,7 @@ from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.model import Deployment, Model
 from engine_ctl.core.plan.gateway import GatewayChange
 from engine_ctl.core.plan.scaler import ScalerPlan
-from engine_ctl.core.weights import WeightsFetch
+from engine_ctl.core.weights import WeightsFetch, human
 
 FORMAT_VERSION = 2
 """2: typed spec/model/fit, and a surge recorded as ["create", "delete"] (1 recorded every replacement as
@@ -232,6 +232,23 @@ class ForeignUnit(BaseModel):
         )
 
 
+class Prune(BaseModel):
+    """An hf: checkout on a host that no deployment uses any more: apply deletes it once everything else
+    succeeded (engine_ctl.core.plan.prune)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str
+    repo: str
+    commit: str
+    path: str
+    freed_bytes: int
+
+    @property
+    def line(self) -> str:
+        return f"{self.host}: {self.repo}@{self.commit[:12]} ({self.path}), frees up to {human(self.freed_bytes)}"
+
+
 class Plan(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -257,6 +274,8 @@ class Plan(BaseModel):
     """The gateway hosts (inventory role gateway): their HAProxy configuration, maps and unit."""
     scaler: ScalerPlan | None = None
     """The scaler (on the first gateway host by name) when a deployment scales; apply installs it."""
+    prunes: list[Prune] = Field(default_factory=list, exclude_if=lambda v: not v)
+    """Checkouts of hf: weights no deployment uses any more, deleted by apply after everything else succeeded."""
 
     def summary(self) -> dict[str, int]:
         """Deployments and gateways to add, change and destroy."""
@@ -274,6 +293,7 @@ class Plan(BaseModel):
             any(c.changed for c in self.changes)
             or any(g.changed for g in self.gateways)
             or (self.refresh_only and bool(self.drift))
+            or bool(self.prunes)
         )
 
     @property
@@ -293,6 +313,6 @@ class Plan(BaseModel):
 
 
 __all__ = [
-    "FORMAT_VERSION", "Action", "DeploymentChange", "Drift", "FieldChange", "Plan", "PlanContext", "ReplicaChange",
-    "Slot", "Strategy",
+    "FORMAT_VERSION", "Action", "DeploymentChange", "Drift", "FieldChange", "Plan", "PlanContext", "Prune",
+    "ReplicaChange", "Slot", "Strategy",
 ]  # fmt: skip

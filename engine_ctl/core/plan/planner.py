@@ -43,6 +43,7 @@ from engine_ctl.core.plan.envelope import envelopes
 from engine_ctl.core.plan.gateway import plan_gateways
 from engine_ctl.core.plan.operator import hold, without_held_drift
 from engine_ctl.core.plan.ownership import foreign_units, hold_back, hold_foreign
+from engine_ctl.core.plan.prune import prunes
 from engine_ctl.core.plan.replace import forced, mark_replaced
 from engine_ctl.core.plan.scaler import lock_refusals, plan_scaler, scaler_views_of, without_scaler
 from engine_ctl.core.plan.unitdiff import attach_unit_diffs
@@ -224,6 +225,7 @@ def make_plan(
             g.action = ["no-op"]
     plan.absent = [c.name for c in plan.changes if c.actions == DELETE]
     plan.refused = destroy_refusals(plan, state) + lock_refusals(plan.scaler, facts)
+    plan.prunes = [] if refresh_only else prunes(desired, plan.changes, facts)
     return plan
 
 

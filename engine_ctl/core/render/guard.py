@@ -6,7 +6,7 @@ else, the sleep controls among it, is answered 404 there; those controls answer 
 
 The guard's unit is carried inside the replica's unit as `#|` comment lines (systemd ignores them): one file, one
 hash, so the plan's unit diff shows the guard, drift covers it, and a saved plan proves it. apply writes the guard's
-file from those lines beside the replica's (engine_ctl.shell.apply) and removes it with the replica."""
+file from those lines beside the replica's (engine_ctl.shell.systemd) and removes it with the replica."""
 
 from __future__ import annotations
 

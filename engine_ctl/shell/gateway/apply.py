@@ -23,6 +23,7 @@ from engine_ctl.core.render.gateway import (
     server_name,
 )
 from engine_ctl.shell.gateway import runtime as remote
+from engine_ctl.shell.systemd import remove_unit
 from engine_ctl.shell.transport import LocalTransport, SSHOptions, SSHTransport, transport_for
 
 ENTER_TIMEOUT_S = 60
@@ -116,9 +117,7 @@ class GatewayApply:
     def _remove(self, g: GatewayChange) -> None:
         if g.host in self.hosts:
             t = self._t(g.host)
-            script = (f"systemctl disable --now {GATEWAY_UNIT} 2>/dev/null; rm -f /etc/systemd/system/{GATEWAY_UNIT}; "
-                      f"rm -rf {GATEWAY_DIR}; systemctl daemon-reload")  # fmt: skip
-            t.run(["sh", "-c", script], timeout=60)
+            t.run(["sh", "-c", remove_unit(GATEWAY_UNIT) + f"; rm -rf {GATEWAY_DIR}"], timeout=60)
         self.record(lambda s: s.gateways.pop(g.host, None), f"gateway {g.host}")  # type: ignore[arg-type]
         self.progress(f"gateway {g.host}: removed")
 

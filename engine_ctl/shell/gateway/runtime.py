@@ -29,43 +29,11 @@ from engine_ctl.core.render.gateway import (
     gateway_key_text,
     parse_gateway_key,
 )
+from engine_ctl.shell import shipped
+from engine_ctl.shell.systemd import UNIT_DIR, is_active, reload_then
 from engine_ctl.shell.transport import LocalTransport, SSHTransport, python_argv
 
-UNIT_DIR = "/etc/systemd/system"
 Transport = SSHTransport | LocalTransport
-
-RUNTIME_SCRIPT = r"""
-import json, socket, sys
-path = sys.argv[1]
-def ask(command):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(10)
-    s.connect(path)
-    s.sendall(command.encode() + b"\n")
-    out = b""
-    while True:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        out += chunk
-    s.close()
-    return out.decode()
-answers = []
-for item in json.load(sys.stdin):
-    if isinstance(item, str):
-        answers.append(ask(item))
-        continue
-    name, entries = item["map"], item["entries"]
-    said = ask("prepare map " + name)
-    version = said.strip().rsplit(" ", 1)[-1]
-    if not version.isdigit():
-        answers.append("prepare failed: " + said)
-        continue
-    for key, value in entries.items():
-        ask("add map @%s %s %s %s" % (version, name, key, value))
-    answers.append(ask("commit map @%s %s" % (version, name)))
-print(json.dumps(answers))
-"""
 
 
 class GatewayFailure(Exception):
@@ -82,7 +50,7 @@ class ServerState:
 def runtime(t: Transport, commands: Sequence[object], socket: str = ADMIN_SOCKET) -> list[str]:
     """Send commands to the stats socket (one connection each); a {"map": name, "entries": {...}} item replaces a
     map's entries atomically (prepare, add, commit). Returns HAProxy's answers."""
-    argv = python_argv("-c", RUNTIME_SCRIPT, socket)
+    argv = python_argv("-c", shipped.script("gateway_maps.py"), socket)
     result = t.run(argv, stdin=json.dumps(list(commands)), timeout=60)
     if result.exit_code != 0:
         said = (result.stderr or result.stdout).strip().splitlines()
@@ -243,7 +211,7 @@ def set_internal_key(t: Transport, key: str, following: str | None, socket: str 
     text, name = gateway_key_text(key, following), f"{RUN_DIR}/{INTERNAL_MAP_FILE}"
     t.run(["sh", "-c", RUN_DIR_LINK])
     write_secrets(t, {GATEWAY_KEY: text, name: text}, owned=[name])
-    if t.run(["systemctl", "is-active", "--quiet", GATEWAY_UNIT]).exit_code != 0:
+    if t.run(is_active(GATEWAY_UNIT)).exit_code != 0:
         return
     answer = runtime(t, internal_key_commands(name, key, following), socket)[0].strip()
     if "nknown map" in answer:  # a gateway of an older engine-ctl (its key in its environment): its reload follows
@@ -286,16 +254,14 @@ def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> 
     unit_changed = before.get(GATEWAY_UNIT) != rendered.unit_sha256
     if unit_changed:
         t.put(f"{UNIT_DIR}/{GATEWAY_UNIT}", rendered.unit_text.encode(), 0o644)
-    active = t.run(["systemctl", "is-active", "--quiet", GATEWAY_UNIT]).exit_code == 0
+    active = t.run(is_active(GATEWAY_UNIT)).exit_code == 0
     reload_files = [n for n in rendered.files if n not in RUNTIME_MAPS]
     if not active:
-        _ok(
-            t, ["sh", "-c", f"systemctl daemon-reload && systemctl enable --now {GATEWAY_UNIT}"], "starting the gateway"
-        )
+        _ok(t, reload_then("start", GATEWAY_UNIT, enable=True), "starting the gateway")
         return "started"
     if unit_changed or any(before.get(n) != s for n, s in rendered.file_sha256.items() if n in reload_files):
         save_server_state(t)
-        _ok(t, ["sh", "-c", f"systemctl daemon-reload && systemctl reload {GATEWAY_UNIT}"], "reloading the gateway")
+        _ok(t, reload_then("reload", GATEWAY_UNIT), "reloading the gateway")
         wait_reloaded(t)
         set_maps(t, rendered.maps)
         return "reloaded"

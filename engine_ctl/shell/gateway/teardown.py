@@ -19,9 +19,8 @@ from engine_ctl.core.render.gateway import (
 )
 from engine_ctl.core.render.scaler import COMMAND_PATH, KEY_COMMENT, SCALER_DIR, SCALER_STATE, SCALER_UNIT
 from engine_ctl.core.render.scalerlock import PASSWORD_FILE
+from engine_ctl.shell.systemd import UNIT_DIR, daemon_reload, disable_now
 from engine_ctl.shell.transport import HostFailure, SSHOptions, transport_for
-
-UNIT_DIR = "/etc/systemd/system"
 
 
 def teardown_script(gateway: bool, shared: bool) -> str:
@@ -30,12 +29,11 @@ def teardown_script(gateway: bool, shared: bool) -> str:
     still has units on the host, so the replicas' key (which they read) and the scalers' access stay."""
     steps = []
     if gateway:
-        units = f"{GATEWAY_UNIT} {SCALER_UNIT}"
         # RUN_DIR is a DynamicUser unit's link to /run/private/<name>: both go, or the next start of the gateway
         # finds its private folder with no link to it and fails (RUNTIME_DIRECTORY: File exists)
         paths = [GATEWAY_DIR, GATEWAY_DIR + ".new", RUN_DIR, PRIVATE_RUN_DIR, SCALER_DIR, PASSWORD_FILE, SCALER_STATE]
         steps += [
-            f"systemctl disable --now {units} 2>/dev/null",
+            disable_now(GATEWAY_UNIT, SCALER_UNIT),
             f"rm -f {UNIT_DIR}/{GATEWAY_UNIT} {UNIT_DIR}/{SCALER_UNIT}",
             "rm -rf " + " ".join(shlex.quote(p) for p in paths),
         ]
@@ -49,7 +47,7 @@ def teardown_script(gateway: bool, shared: bool) -> str:
             f"{{ grep -Ev {comment} {keys} || true; }} > {keys}.new && mv {keys}.new {keys}; fi",
         ]
     folders = [SCALER_STATE.rsplit("/", 1)[0], COMMAND_PATH.rsplit("/", 1)[0], "/etc/engine-ctl"]
-    steps += [f"rmdir {' '.join(folders)} 2>/dev/null", "systemctl daemon-reload", "true"]
+    steps += [f"rmdir {' '.join(folders)} 2>/dev/null", daemon_reload(), "true"]
     return "; ".join(steps)
 
 

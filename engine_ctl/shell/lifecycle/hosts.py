@@ -10,7 +10,6 @@ A wake runs the same script in place, and returns when the engine answers again.
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from engine_ctl.core.render.gateway import LOOPBACK, REPLICA_KEY
 from engine_ctl.core.render.units import bind_address, local_address
 from engine_ctl.providers import PROVIDERS, Provider
 from engine_ctl.providers.base import HttpCall
+from engine_ctl.shell.systemd import show, stop_argv
 from engine_ctl.shell.transport import CommandResult, Transport
 
 HOST_JOB = r"""
@@ -139,7 +139,7 @@ def _drain_job(provider: Provider | None, host: Host, r: ReplicaRecord, base: st
 
 def stop_job(provider: Provider | None, host: Host, r: ReplicaRecord) -> Job:
     """Wait STOP_SETTLE_S, drain, then disable and stop the unit (it stays installed: `start` starts it again)."""
-    then = ("systemctl", "disable", "--no-reload", "--now", r.unit)
+    then = tuple(stop_argv(r.unit))
     return _drain_job(provider, host, r, settle_s=STOP_SETTLE_S, then=then)
 
 
@@ -175,21 +175,13 @@ def unit_states(t: Transport, units: Iterable[str]) -> dict[str, str]:
     names = sorted(set(units))
     if not names:
         return {}
-    result = t.run(["systemctl", "show", "-p", "Id,ActiveState", "--", *names], timeout=60)
+    result = t.run(show(["Id", "ActiveState"], names), timeout=60)
     out: dict[str, str] = dict.fromkeys(names, "inactive")
     for block in result.stdout.split("\n\n"):
         fields = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
         if fields.get("Id") in out:
             out[fields["Id"]] = fields.get("ActiveState", "inactive")
     return out
-
-
-def start_unit_argv(unit: str, wait: bool) -> list[str]:
-    """Enable and start an installed unit: with `wait`, returns once its health gate passed (or failed)."""
-    q = shlex.quote(unit)
-    block = "" if wait else "--no-block "
-    return ["sh", "-c", f"systemctl reset-failed {q} 2>/dev/null; systemctl enable --no-reload {q} && "
-            f"systemctl start {block}{q}"]  # fmt: skip
 
 
 def said(result: CommandResult) -> str:

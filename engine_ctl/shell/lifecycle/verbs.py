@@ -30,7 +30,7 @@ from engine_ctl.core.render.gateway import (
     wake_addresses_for,
 )
 from engine_ctl.core.render.scalerlock import ScalerLock, scaler_lock
-from engine_ctl.shell.apply import UNIT_DIR, new_id, remove_argv
+from engine_ctl.shell.apply import new_id
 from engine_ctl.shell.gateway import runtime as remote
 from engine_ctl.shell.lifecycle.hosts import (
     OperatorFailure,
@@ -40,11 +40,11 @@ from engine_ctl.shell.lifecycle.hosts import (
     run_checked,
     said,
     sleep_job,
-    start_unit_argv,
     stop_job,
     unit_states,
     wake_job,
 )
+from engine_ctl.shell.systemd import UNIT_DIR, remove_argv, start_unit_argv
 from engine_ctl.shell.transport import HostFailure, LocalTransport, SSHOptions, SSHTransport, transport_for
 from engine_ctl.state import StateBackend
 from engine_ctl.state.base import now, who

@@ -16,6 +16,8 @@ import struct
 import subprocess
 import sys
 
+from engine_ctl.shell.remote.haproxy_admin import haproxy_ask  # shipped: this line becomes haproxy_admin.py
+
 TYPE_CHECKING = False  # typing costs import time on every host; mypy still reads the block below
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -712,6 +714,52 @@ def model_metadata(path: str) -> dict[str, Any]:
 MARKER = ".engine-ctl-checkpoint.json"
 
 
+COMMIT_CHARS = frozenset("0123456789abcdef")
+
+
+def checkouts(models_dir: str, limit: int = 1000) -> list[dict[str, Any]]:
+    """The whole hf: checkouts engine-ctl fetched, <models_dir>/sources/<org>/<repo>/<commit> with the fetch's
+    marker: each with its bytes and the bytes deleting it would free (files no other checkout links to: a file a
+    newer commit linked from it stays there). A download still under way (<commit>.partial) is not one."""
+    found: list[dict[str, Any]] = []
+    sources = os.path.join(models_dir, "sources")
+    try:
+        orgs = sorted(os.listdir(sources))
+    except OSError:
+        return found
+    for org in orgs:
+        try:
+            repos = sorted(os.listdir(os.path.join(sources, org)))
+        except OSError:
+            continue
+        for repo in repos:
+            try:
+                commits = sorted(os.listdir(os.path.join(sources, org, repo)))
+            except OSError:
+                continue
+            for commit in commits:
+                root = os.path.join(sources, org, repo, commit)
+                if (
+                    len(commit) != 40
+                    or not set(commit) <= COMMIT_CHARS
+                    or not os.path.isfile(os.path.join(root, MARKER))
+                ):
+                    continue
+                size = freed = 0
+                for dirpath, _dirs, files in os.walk(root):
+                    for name in files:
+                        try:
+                            st = os.lstat(os.path.join(dirpath, name))
+                        except OSError:
+                            continue
+                        size += st.st_size
+                        freed += st.st_size if st.st_nlink == 1 else 0
+                found.append({"path": root, "repo": org + "/" + repo, "commit": commit, "bytes": size, "freed": freed})
+                if len(found) >= limit:
+                    return found
+    return found
+
+
 def checkpoint_digest(path: str) -> dict[str, Any] | None:
     """The checkpoint digest of an hf: checkout engine-ctl fetched (the marker beside its files), measured now:
     a file whose size or mtime differs from what the fetch recorded is hashed again. None for other models."""
@@ -886,22 +934,10 @@ def parse_show_stat(data: str) -> dict[str, str]:
 
 def gateway_ask(command: str, path: str = GATEWAY_SOCKET) -> str | None:
     """One command to the gateway's runtime socket: its answer, or None when it does not answer."""
-    import socket
-
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(3)
-            s.connect(path)
-            s.sendall(command.encode() + b"\n")
-            data = b""
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
+        return haproxy_ask(path, command, 3)
     except OSError:
         return None
-    return data.decode("utf-8", "replace")
 
 
 def gateway_servers(path: str = GATEWAY_SOCKET) -> dict[str, str]:
@@ -1007,6 +1043,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "units": units(args.get("unit_prefix", "engine-ctl-")),
         "ports": listening_ports(),
         "model_files": model_files(args["models_dir"]),
+        "checkouts": checkouts(args["models_dir"]),
         "curl": shutil.which("curl"),
         "psql": shutil.which("psql"),
         "python": "%d.%d.%d" % sys.version_info[:3],

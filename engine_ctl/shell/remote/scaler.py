@@ -44,6 +44,8 @@ import time
 import urllib.error
 import urllib.request
 
+from engine_ctl.shell.remote.haproxy_admin import haproxy_ask  # shipped: this line becomes haproxy_admin.py
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -264,20 +266,7 @@ def wake_allowed(peer: str, allowed: list[str]) -> bool:
 
 
 def admin(path: str, command: str, timeout: float = 10) -> str:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
-    try:
-        s.connect(path)
-        s.sendall(command.encode() + b"\n")
-        out = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            out += chunk
-    finally:
-        s.close()
-    return out.decode()
+    return haproxy_ask(path, command, timeout)
 
 
 def parse_stat(text: str) -> dict[str, Obj]:

@@ -26,12 +26,13 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+
+from engine_ctl.shell.remote.haproxy_admin import haproxy_ask  # shipped: this line becomes haproxy_admin.py
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -176,20 +177,7 @@ def engine_ctl_rows(text: str) -> str:
 
 
 def admin(command: str, path: str = ADMIN_SOCKET, timeout: float = 10) -> str:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
-    try:
-        s.connect(path)
-        s.sendall(command.encode() + b"\n")
-        out = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            out += chunk
-    finally:
-        s.close()
-    return out.decode(errors="replace")
+    return haproxy_ask(path, command, timeout)
 
 
 def gateway(commands: list[str]) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Mapping
-from importlib import resources
 
 from engine_ctl.core.documents.inventory import GATEWAY_ROLE, Host
 from engine_ctl.core.plan.scaler import ScalerPlan, scaler_deployments
@@ -32,11 +31,12 @@ from engine_ctl.core.render.scaler import (
     sha256,
 )
 from engine_ctl.core.render.scalerlock import PASSWORD_FILE
+from engine_ctl.shell import shipped
 from engine_ctl.shell.scaler.lock import LockFailure, prepare_lock
+from engine_ctl.shell.systemd import UNIT_DIR, reload_then, remove_unit
 from engine_ctl.shell.transport import LocalTransport, SSHOptions, SSHTransport, transport_for
 
 Transport = SSHTransport | LocalTransport
-UNIT_DIR = "/etc/systemd/system"
 AUTHORIZE = r"""
 set -e
 lines=$(cat)
@@ -73,11 +73,11 @@ class ScalerFailure(Exception):
 
 
 def program_text() -> str:
-    return resources.files("engine_ctl.shell.remote").joinpath("scaler.py").read_text()
+    return shipped.script("scaler.py")
 
 
 def command_text() -> str:
-    return resources.files("engine_ctl.shell.remote").joinpath("scaler_command.py").read_text()
+    return shipped.script("scaler_command.py")
 
 
 def authorized_line(public_key: str, scaler: str | None = None) -> str:
@@ -221,8 +221,7 @@ class ScalerApply:
         for path in changed:
             t.put(path, files[path].encode(), 0o644)
         verb = "restart" if changed else "start"
-        _ok(t, ["sh", "-c", f"systemctl daemon-reload && systemctl enable {SCALER_UNIT} && systemctl {verb} "
-                f"{SCALER_UNIT}"], f"starting the scaler on {host.name}")  # fmt: skip
+        _ok(t, reload_then(verb, SCALER_UNIT, enable=True), f"starting the scaler on {host.name}")
         names = ", ".join(d.name for d in deployments)
         self.progress(f"scaler {host.name}: {'updated' if changed else 'running'}, scaling {names}")
 
@@ -230,10 +229,8 @@ class ScalerApply:
         """No scaler on `host` (none runs there in this plan): its unit, configuration and lock password gone, and
         (`forget`: a host that runs no scaler at all now, as a lock's follower did) its state.json too, so that
         nothing reads its old decisions as the scaler's."""
-        state = f" {SCALER_STATE}" if forget else ""
-        script = (f"[ -f {UNIT_DIR}/{SCALER_UNIT} ] || exit 0; systemctl disable --now {SCALER_UNIT}; "
-                  f"rm -f {UNIT_DIR}/{SCALER_UNIT} {SCALER_CONFIG} {PASSWORD_FILE}{state}; "
-                  "systemctl daemon-reload")  # fmt: skip
+        extra = [SCALER_CONFIG, PASSWORD_FILE, *([SCALER_STATE] if forget else [])]
+        script = remove_unit(SCALER_UNIT, *extra, only_if_installed=True)
         t = transport_for(host, self.options)
         try:
             _ok(t, ["sh", "-c", script], f"removing the scaler from {host.name}")
