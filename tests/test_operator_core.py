@@ -14,18 +14,20 @@ from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.plan.gateway import stopped_map
 from engine_ctl.core.plan.operator import park_refusal, parking_phase, stop_phase
 from engine_ctl.core.plan.planner import make_plan
-from engine_ctl.core.record.model import OperatorAction, State, parse_state
+from engine_ctl.core.record.model import OperatorAction, State, derived_id, parse_state
 from engine_ctl.core.render.gateway import GatewayBackend, render_gateway
 from tests.fleetfacts import h100x8
 from tests.test_plan_core import SHAPE, applied, desired, plan_for, world
 
-ULID = "01M3R7A6YJW402N962HH17A66W"
+LINEAGE = "00000000-0000-4000-8000-0000000000aa"
+ULID = derived_id("deployment", LINEAGE, "chat", "0")
+"""The ID running()'s plan names for `chat` (and its first apply records): its units' headers carry it."""
 
 
 def running(spec: str = "gpus: 1") -> tuple[State, dict[str, HostFacts]]:
     h = h100x8()
-    state, facts = applied(plan_for(spec, State(), h), State(), {h.host: h})
-    assert state.deployments["chat"].id  # the ID the plan named, which its units' headers carry
+    state, facts = applied(plan_for(spec, State(lineage=LINEAGE), h), State(), {h.host: h})
+    assert state.deployments["chat"].id == ULID  # the ID the plan named, which its units' headers carry
     return state, facts
 
 
@@ -88,7 +90,7 @@ def test_a_deleted_deployment_is_not_re_created_while_its_document_is_there_and_
 def test_the_gateway_answers_a_stopped_deployment_with_its_id_and_never_holds_it() -> None:
     state, _ = running()
     assert stopped_map(state.deployments) == {}
-    assert stopped_map(held(state, "stopped").deployments) == {"chat": state.deployments["chat"].id}
+    assert stopped_map(held(state, "stopped").deployments) == {"chat": ULID}
     assert stopped_map(held(state, "parked").deployments) == {}  # parked: requests are held, not refused
     g = render_gateway(Host(name="gw", address="198.18.0.11", roles=("gateway",)), [GatewayBackend(deployment="chat")],
                        [], stopped={"chat": ULID})  # fmt: skip
@@ -134,8 +136,7 @@ def test_the_id_and_the_verb_are_read_back_and_refused_when_malformed() -> None:
     state, _ = running()
     doc = json.loads(held(state, "stopped").model_dump_json())
     back = parse_state(doc, "state.json")
-    ident = state.deployments["chat"].id
-    assert back.deployments["chat"].id == ident and back.deployments["chat"].operator is not None
+    assert back.deployments["chat"].id == ULID and back.deployments["chat"].operator is not None
     older = json.loads(State().model_dump_json())
     assert "id" not in json.dumps(older)  # a state with no deployment reads (and writes) as before
     doc["deployments"]["chat"]["id"] = "not a ulid"
