@@ -10,7 +10,8 @@ Run:  .venv/bin/python -m bench.gateway [REQUESTS] [--rounds 16] [--seconds 2] [
 Throughput is measured in rounds: each round measures direct and the gateway back to back, in an order that turns
 around every round, and the ratio reported is the median of the rounds' ratios (the machine is shared and its load
 drifts). --variants adds gateways with one suspect of overhead taken out each (body buffering, the large buffers,
-the hold's rules, the per-server maxconn), side by side in the same rounds.
+the hold's rules, the per-server maxconn, the request log), side by side in the same rounds. The rendered
+gateway has its request log and metrics port on, as engine-ctl renders them with a monitoring block.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ def variants(config: str) -> dict[str, str]:
         "no hold rules": without("lua.hold", "var(txn.hold)"),
         "no server maxconn": config.replace(" maxconn 8", ""),
         f"nbthread {os.cpu_count()}": config.replace("    nbthread 1\n", f"    nbthread {os.cpu_count()}\n"),
+        "no request log": without("log-format", "log stdout format raw"),
         "plain proxy": plain_proxy(config),
     }
 
@@ -141,14 +143,16 @@ def start_gateways(tmp: str, replica: int, chosen: list[str]) -> tuple[dict[str,
         server = GatewayServer(name="r0a", address="127.0.0.1", port=replica, maxconn=8)
         keys = [ApiKey(name="bench", sha256=key_sha256(KEY))]
         rendered = render_gateway(host, [GatewayBackend(deployment="bench", servers=(server,))], keys,
-                                  internal_key=False, run_dir=str(folder))  # fmt: skip
+                                  internal_key=False, run_dir=str(folder), metrics_port=free_port())  # fmt: skip
         for file, text in rendered.files.items():
             (folder / file).write_text(text)
         (folder / "haproxy.cfg").write_text(variants(rendered.files["haproxy.cfg"])[name])
         (folder / "server-state").write_text("")
-        # the environment the gateway's unit gives HAProxy (its allocator settings)
+        # the environment the gateway's unit gives HAProxy (its allocator settings); its stdout, where the request
+        # log goes (the journal, in the unit), to a file: one write per request, as to journald's pipe
+        log = (folder / "stdout.log").open("wb")
         procs.append(subprocess.Popen(["haproxy", "-f", f"{folder}/haproxy.cfg"], env={**os.environ, **ALLOCATOR_ENV},
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+                                      stdout=log, stderr=subprocess.DEVNULL))  # fmt: skip
         ports[name] = port
     return ports, procs
 

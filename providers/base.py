@@ -258,6 +258,8 @@ class Provider:
     health_path: str = "/health"
     metrics_path: str = "/metrics"
     in_flight_metric: str = ""
+    token_metrics: tuple[str, str] = ("", "")
+    """Its /metrics counters of prompt tokens and generated tokens since it started (`engine-ctl usage`)."""
     default_context_cap: int = 8192
     serves_decisions: bool = False
     lacks: frozenset[str] = frozenset()
@@ -278,6 +280,10 @@ class Provider:
     """Whether `engine: auto` with `accelerator: cpu` picks this engine."""
     options: tuple[EngineOption, ...] = ()
     """engine_config keys only this engine reads."""
+    vision_needs_mmproj: bool = False
+    """Whether the engine serves images only with the model's multimodal projector beside it (a `--mmproj`)."""
+    tool_choice_flags: tuple[str, ...] = ()
+    """Flags that, with the tool-call parser's, turn on tool calls (the engine's auto tool choice)."""
     parser_flags: Mapping[str, str] = field(default_factory=dict)
     """The model's parser fields (tool_call_parser, reasoning_parser) -> the flag that sets each; a decisions
     deployment has no parser, so these flags are refused in its extra_args."""

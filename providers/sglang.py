@@ -152,6 +152,7 @@ SGLANG = SgLang(
     refused_flags=REFUSED,
     short_flags=SHORT,
     in_flight_metric="sglang:num_running_reqs",
+    token_metrics=("sglang:prompt_tokens_total", "sglang:generation_tokens_total"),
     parser_flags={"tool_call_parser": "--tool-call-parser", "reasoning_parser": "--reasoning-parser"},
     options=(CUDA_GRAPHS,),
     # SGLang's /health answers 503 while the server is still starting (ServerStatus.Starting in its http_server)

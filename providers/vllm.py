@@ -158,7 +158,9 @@ VLLM = Vllm(
     refused_flags=REFUSED,
     short_flags=SHORT,
     in_flight_metric="vllm:num_requests_running",
+    token_metrics=("vllm:prompt_tokens_total", "vllm:generation_tokens_total"),
     parser_flags={"tool_call_parser": "--tool-call-parser", "reasoning_parser": "--reasoning-parser"},
+    tool_choice_flags=("--enable-auto-tool-choice",),
     # vLLM's HTTP server starts once its engine has loaded the model; a 503 from /health then means the engine
     # died, not that it is loading: no loading answer.
     loading_statuses=frozenset(),

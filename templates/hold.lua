@@ -1,10 +1,14 @@
--- Managed by engine-ctl (the gateway's Lua): held requests and GET /v1/models.
+-- Managed by engine-ctl (the gateway's Lua): held requests, JSON depth, per-key rate limits and GET /v1/models.
 -- content-sha256: {{ content_hash }}
 local HOLD_MS = {{ hold_s * 1000 }}
 local STEP_MS = 250
 local CAP = {{ hold_cap }}
 local PREFIX = "{{ backend_prefix }}"
 local held = {}
+local holds, hold_timeouts, hold_full, wakes = {}, {}, {}, {}
+local function bump(counts, name)
+    counts[name] = (counts[name] or 0) + 1
+end
 local scopes = Map.new("scopes.map", Map._str)
 
 -- The scaler's wake (engine-ctl-scaler on port {{ wake_port }}: this host's own at 127.0.0.1, else the first
@@ -16,6 +20,7 @@ local WAKE_ADDRESSES = { {% for a in wake_addresses %}"{{ a }}"{{ ", " if not lo
 local WAKE_PORT = {{ wake_port }}
 local WAKE_EVERY_MS = 5000
 local function wake(name)
+    bump(wakes, name)
     for _, address in ipairs(WAKE_ADDRESSES) do
         local s = core.tcp()
         s:settimeout(1)
@@ -53,10 +58,12 @@ core.register_action("hold", { "http-req" }, function(txn)
     end
     local count = held[name] or 0
     if count >= CAP then
+        bump(hold_full, name)
         txn:set_var("txn.hold", "full")
         return
     end
     held[name] = count + 1
+    bump(holds, name)
     local waited = 0
     wake(name)
     while waited < HOLD_MS do
@@ -71,6 +78,7 @@ core.register_action("hold", { "http-req" }, function(txn)
         end
     end
     held[name] = held[name] - 1
+    bump(hold_timeouts, name)
     txn:set_var("txn.hold", "timeout")
 end, 0)
 
@@ -120,9 +128,43 @@ core.register_action("depth", { "http-req" }, function(txn)
     end
 end, 0)
 
--- GET /v1/models: every deployment the caller's key may use (scopes.map holds "<key>/<deployment>").
+-- Requests a minute per API key (limits.map, read by the configuration into txn.key_rpm): a token bucket per key
+-- name, full (key_rpm requests) at first and refilled at key_rpm / 60 a second. A request takes one token; with
+-- none left it is refused: txn.rate_wait is the whole seconds until a token is back (the answer's Retry-After: a
+-- client that waits that long is let through). txn.rate_left and txn.rate_reset (seconds until full) go into the
+-- x-ratelimit-* headers. Counted per gateway host and per HAProxy process: a reload starts every bucket full.
+local buckets = {}
+core.register_action("ratelimit", { "http-req" }, function(txn)
+    local key = txn:get_var("txn.key")
+    local limit = tonumber(txn:get_var("txn.key_rpm"))
+    if key == nil or limit == nil or limit < 1 then
+        return
+    end
+    local clock = core.now()
+    local now = clock.sec + clock.usec / 1000000
+    local per_s = limit / 60
+    local b = buckets[key]
+    if b == nil then
+        b = { tokens = limit, at = now }
+        buckets[key] = b
+    end
+    b.tokens = math.min(limit, b.tokens + math.max(0, now - b.at) * per_s)
+    b.at = now
+    if b.tokens >= 1 - 1e-9 then
+        b.tokens = b.tokens - 1
+    else
+        txn:set_var("txn.rate_wait", math.max(1, math.ceil((1 - b.tokens) / per_s)))
+    end
+    txn:set_var("txn.rate_left", math.floor(b.tokens + 1e-9))
+    txn:set_var("txn.rate_reset", math.ceil((limit - b.tokens) / per_s))
+end, 0)
+
+-- GET /v1/models: every deployment the caller's key may use (scopes.map holds "<key>/<deployment>"); `created` is
+-- when the deployment was created (epoch seconds, from its ID).
+local CREATED = { {% for b in backends %}["{{ b.deployment }}"] = {{ b.created }}{{ ", " if not loop.last }}{% endfor %} }
 local function model_object(deployment)
-    return '{"id":"' .. deployment .. '","object":"model","created":0,"owned_by":"engine-ctl"}'
+    return '{"id":"' .. deployment .. '","object":"model","created":' .. (CREATED[deployment] or 0) ..
+        ',"owned_by":"engine-ctl"}'
 end
 
 local function answer(applet, status, body)
@@ -164,4 +206,82 @@ core.register_service("models", "http", function(applet)
         table.insert(items, model_object(deployment))
     end
     answer(applet, 200, '{"object":"list","data":[' .. table.concat(items, ",") .. "]}")
+end)
+
+-- GET /metrics/engine-ctl on the metrics port (Prometheus' text format): requests, errors and bytes per key name and
+-- deployment (the api frontend's stick table: counted by HAProxy per request, read here only when scraped), and the
+-- held requests and wakes per deployment (counted above). Counters start again from 0 when the gateway restarts or
+-- reloads, as Prometheus' rate() and increase() expect of a counter.
+local function label(value)
+    return (string.gsub(value, '[^%w%-%._]', "_"))
+end
+
+local function per_deployment(out, metric, kind, help, counts)
+    out[#out + 1] = "# HELP " .. metric .. " " .. help
+    out[#out + 1] = "# TYPE " .. metric .. " " .. kind
+    for name, _ in pairs(core.backends) do
+        if string.sub(name, 1, #PREFIX) == PREFIX then
+            out[#out + 1] = metric .. '{deployment="' .. label(string.sub(name, #PREFIX + 1)) .. '"} ' ..
+                string.format("%d", counts[name] or 0)
+        end
+    end
+end
+
+-- The scaler's decisions so far per deployment and action: the scaler on this host keeps them in this map over
+-- the stats socket ("<deployment>/<action>" -> count); a deployment it never decided for has none.
+local decisions = Map.new("{{ decisions_map }}", Map._str)
+local ACTIONS = { {% for a in actions %}"{{ a }}"{{ ", " if not loop.last }}{% endfor %} }
+
+local function scaler_decisions(out)
+    local metric = "engine_ctl_scaler_decisions_total"
+    out[#out + 1] = "# HELP " .. metric .. " The scaler's decisions, by deployment and action."
+    out[#out + 1] = "# TYPE " .. metric .. " counter"
+    for name, _ in pairs(core.backends) do
+        if string.sub(name, 1, #PREFIX) == PREFIX then
+            local deployment = string.sub(name, #PREFIX + 1)
+            for _, action in ipairs(ACTIONS) do
+                local count = decisions:lookup(deployment .. "/" .. action)
+                if count ~= nil then
+                    out[#out + 1] = metric .. '{deployment="' .. label(deployment) .. '",action="' .. action ..
+                        '"} ' .. count
+                end
+            end
+        end
+    end
+end
+
+local PER_KEY = {
+    { "engine_ctl_requests_total", "http_req_cnt", "Requests routed to a deployment, by key name." },
+    { "engine_ctl_client_errors_total", "http_err_cnt", "Of those, answered 4xx." },
+    { "engine_ctl_server_errors_total", "http_fail_cnt", "Of those, answered 5xx (the gateway's own 503s included)." },
+    { "engine_ctl_bytes_in_total", "bytes_in_cnt", "Bytes received from clients (headers and body)." },
+    { "engine_ctl_bytes_out_total", "bytes_out_cnt", "Bytes sent to clients (headers and body)." },
+}
+
+core.register_service("metrics", "http", function(applet)
+    local out = {}
+    local rows = core.backends["ectl_usage"].stktable:dump()
+    for _, series in ipairs(PER_KEY) do
+        out[#out + 1] = "# HELP " .. series[1] .. " " .. series[3]
+        out[#out + 1] = "# TYPE " .. series[1] .. " counter"
+        for tracked, counters in pairs(rows) do
+            local key, deployment = string.match(tracked, "^(.*)/([^/]*)$")
+            if key ~= nil then
+                out[#out + 1] = series[1] .. '{key="' .. label(key) .. '",deployment="' .. label(deployment) ..
+                    '"} ' .. string.format("%d", counters[series[2]] or 0)
+            end
+        end
+    end
+    per_deployment(out, "engine_ctl_held_requests", "gauge", "Requests held now: no replica serving yet.", held)
+    per_deployment(out, "engine_ctl_holds_total", "counter", "Requests held (a wake was sent).", holds)
+    per_deployment(out, "engine_ctl_hold_timeouts_total", "counter", "Held requests answered 503 at the end of the hold.", hold_timeouts)
+    per_deployment(out, "engine_ctl_hold_full_total", "counter", "Requests answered 503 at once: the hold cap was reached.", hold_full)
+    per_deployment(out, "engine_ctl_wakes_total", "counter", "Wakes sent to the scaler.", wakes)
+    scaler_decisions(out)
+    local body = table.concat(out, "\n") .. "\n"
+    applet:set_status(200)
+    applet:add_header("content-type", "text/plain; version=0.0.4")
+    applet:add_header("content-length", string.len(body))
+    applet:start_response()
+    applet:send(body)
 end)

@@ -126,9 +126,12 @@ def pick_fleet_id() -> int:
     """ENGINE_CTL_FLEET_ID when set; otherwise the lowest id no live run owns, reserved for this process."""
     chosen = os.environ.get("ENGINE_CTL_FLEET_ID")
     if chosen is not None:
-        if not chosen.isdigit() or int(chosen) not in IDS:
-            raise SystemExit(f"ENGINE_CTL_FLEET_ID={chosen}: write 0 to 24")
-        return int(chosen)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...: workers side by side, a fleet each
+        offset = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+        if not chosen.isdigit() or int(chosen) + offset not in IDS:
+            raise SystemExit(f"ENGINE_CTL_FLEET_ID={chosen} (+{offset} for pytest-xdist's {worker or 'main'}): write "
+                             f"{IDS[0]} to {IDS[-1] - offset}")  # fmt: skip
+        return int(chosen) + offset
     try:
         with _owners_locked():
             fleet_id = next((i for i in IDS if _free(i)), None)

@@ -415,6 +415,14 @@ def test_journal_entries_are_the_replicas_lines_with_time_and_nothing_else() -> 
     assert hostile is not None and hostile[2] == "\\x1b[2J\\x1b]0;owned\\x07x"  # no escape reaches the terminal
     assert parse_entry(entry(MESSAGE="x", _SYSTEMD_UNIT="engine-ctl-other-0a.service"), units) is None
     assert parse_entry("No journal files were found.", units) is None
+    from engine_ctl.cli.logs_cmd import json_line, parse_fields
+
+    fields = parse_fields(entry(MESSAGE="Started x", _SYSTEMD_UNIT="init.scope", UNIT=r.unit), units)
+    assert fields is not None
+    assert json.loads(json_line(*fields, "chat")) == {
+        "time": "2024-05-01T12:00:00.123Z", "deployment": "chat", "host": "fleet-1", "instance": 0,
+        "unit": "engine-ctl-chat-0a.service", "source": "systemd", "message": "Started x",
+    }  # fmt: skip
 
 
 def test_the_local_stream_hands_over_lines_as_they_come_and_ends_the_process_on_stop(tmp_path: Path) -> None:

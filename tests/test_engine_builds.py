@@ -222,3 +222,41 @@ def test_a_binarys_sha256_is_read_again_only_when_the_binary_changed(
     assert copy.stat().st_size == before.st_size and copy.stat().st_mtime_ns == before.st_mtime_ns
     again = gather_one(LocalTransport(host)).engine_builds["llama.cpp"]["cpu"]
     assert again.sha256 == hashlib.sha256(bytes(data)).hexdigest() != first.sha256
+
+
+# --- issue 25 point 10: engine list and engine add (seed 003, "Add an engine") --------------------------------
+
+
+def test_engine_rows_group_hosts_by_the_version_and_digest_their_build_reports() -> None:
+    from engine_ctl.core.plan.enginelist import engine_rows
+
+    old = EngineInstall(path="/opt/l/llama-server", version="version: 0.5.0 (b1)", sha256="a" * 64)
+    new = EngineInstall(path="/opt/l/llama-server", version="version: 0.6.0-dev (b2)", sha256="b" * 64)
+    builds = {"llama.cpp": {"cpu": "/opt/l/llama-server"}}
+    hosts = [Host(name=n, address=n, engine_builds=builds) for n in ("h1", "h2", "h3", "h4", "h5")]
+    hosts.append(Host(name="h6", address="h6", engines={"vllm": "/opt/v/vllm"}))
+    facts = {"h1": _facts("h1", cpu=old), "h2": _facts("h2", cpu=new), "h3": _facts("h3", cpu=new),
+             "h4": _facts("h4"), "h6": _facts("h6")}  # fmt: skip
+    rows = engine_rows(hosts, facts)
+    assert [(r.engine, r.build, r.version, r.hosts) for r in rows] == [
+        ("llama.cpp", "cpu", "0.5.0", ("h1",)), ("llama.cpp", "cpu", "0.6.0-dev", ("h2", "h3")),
+        ("vllm", "any", None, ()),
+    ]  # fmt: skip
+    assert rows[0].missing == ("h4",) and rows[0].unknown == ("h5",) and rows[2].missing == ("h6",)
+
+
+def test_engine_add_pins_the_version_only_when_every_build_of_the_engine_reports_it() -> None:
+    from engine_ctl.core.plan.enginelist import registration
+
+    made = registration(LLAMA, "/opt/n/llama-server", None, ["cpu"], ["version: 0.6.0-dev (b2)"])
+    assert not isinstance(made, str) and made.entry == {"cpu": "/opt/n/llama-server", "version": "0.6.0-dev"}
+    existing = {"cuda": "/opt/c/llama-server", "version": "0.5.0", "sha256": "c" * 64}
+    mixed = registration(LLAMA, "/opt/n/llama-server", existing, ["cpu"], ["version: 0.6.0-dev"], ["version: 0.5.0"],
+                         ["d" * 64])  # fmt: skip
+    assert not isinstance(mixed, str) and "version" not in mixed.entry and "sha256" not in mixed.entry
+    assert mixed.entry == {"cuda": "/opt/c/llama-server", "cpu": "/opt/n/llama-server"}
+    assert registration(LLAMA, "/opt/n/llama-server", "/opt/other/llama-server", ["cpu"], []) == (
+        "engines.llama.cpp is /opt/other/llama-server, one executable for every platform; remove it, or write its "
+        "builds per platform, before adding another"
+    )
+    assert registration(LLAMA, "/opt/n/x", None, ["tpu"], []) == "--build tpu: one of cuda, rocm, vulkan, metal, cpu"

@@ -58,6 +58,17 @@ def test_env_chooses_its_inventory_and_a_state_of_its_own(repo: Path) -> None:
     assert hosts_of(production) == {"prod-box"}
 
 
+def test_the_plan_header_names_the_environment(repo: Path) -> None:
+    """Issue 26: on hosts that environments share, the plan says which one it is for (terminal and Markdown)."""
+    shown = run("plan", "deploy", "--env", "staging")
+    assert shown.exit_code == 0, shown.output
+    assert shown.stdout.splitlines()[0] == "Environment: staging", shown.stdout
+    markdown = run("plan", "deploy", "--env", "staging", "--markdown")
+    assert markdown.stdout.startswith("### engine-ctl plan (`staging`):"), markdown.stdout
+    plain = run("plan", "deploy", "--inventory", "deploy/hosts.staging.yaml")
+    assert "Environment:" not in plain.stdout, plain.stdout
+
+
 def test_engine_ctl_env_is_the_environment_and_the_flag_wins(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ENGINE_CTL_ENV", "production")
     assert hosts_of(planned()) == {"prod-box"}

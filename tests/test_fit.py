@@ -178,3 +178,24 @@ def test_memory_the_deployment_states_replaces_the_estimate() -> None:
     plan = fit(d, m, None, [h100x8()])
     assert not isinstance(plan, str)
     assert plan.memory_bytes == 2 * GIB and plan.min_gpu_memory_gb == math.ceil(16 * GIB / 1e9)
+
+
+def test_the_pending_reason_is_the_furthest_replicas_not_the_most_common() -> None:
+    """Seed 000, States: "The reason is the furthest replica's." Two hosts without a GPU and one whose GPUs are too
+    small: the deployment waits for a bigger GPU, not for a GPU at all; a host that lacks only the weights is
+    further still, and one that lacks the weights and has no GPU says it has no GPU (the recorded A100 host)."""
+    m = Model(name="m", format="gguf", path="m.gguf", weights_bytes=60_000_000_000)
+    d = Deployment(name="x", model="m", gpus=1)
+    plan = fit(d, m, LLAMA_31_8B, [h100x8()])
+    assert not isinstance(plan, str)
+    need = math.ceil(plan.min_gpu_memory_bytes / 1e8) / 10
+    hosts = [cpu_host("cpu-01"), cpu_host("cpu-02"), a100x4()]
+    result = place(d, plan, LLAMA, hosts, 1)
+    assert result.pending_reason == (
+        f"Waiting for a machine with a GPU with at least {need:g} GB (the largest here has 42.9 GB)"
+    ), result.waiting
+    weights = "Waiting for the weights of m at /srv/models/m.gguf (not found)"
+    missing = {"cpu-01": weights, "gpu-h100": weights}
+    found = place(d, plan, LLAMA, [*hosts, h100x8()], 1, no_weights=missing)
+    assert found.pending_reason == weights
+    assert found.waiting["cpu-01"] == "Waiting for a machine with a GPU (this one has none)"

@@ -8,6 +8,7 @@ series renamed, in rocm-smi's real format.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from pathlib import Path
 
@@ -516,3 +517,42 @@ def test_two_inventory_hosts_with_the_same_address_are_refused() -> None:
     _, problems = inventory_from(doc)
     (problem,) = problems
     assert problem.field == "hosts[1].address" and "10.0.0.5" in problem.message and "hosts[0]" in problem.message
+
+
+# --- issue 25 point 9: seed 003's memory margin for the flat form --------------------------------------------
+
+
+def test_the_memory_margin_is_the_seeds_rule() -> None:
+    """Seed 003: "On a unified-memory machine such as a GB10 the margin is 8 GiB, or the weights x 0.15 plus 4 GiB
+    for checkpoints above 26.7 GiB; on a discrete GPU it is the weights x 0.10." """
+    from engine_ctl.core.fit.fitting import memory_margin_bytes
+
+    assert memory_margin_bytes(10 * GIB, unified=False) == GIB
+    assert memory_margin_bytes(16 * GIB, unified=True) == 8 * GIB
+    assert memory_margin_bytes(int(26.7 * GIB), unified=True) == 8 * GIB
+    assert memory_margin_bytes(40 * GIB, unified=True) == 6 * GIB + 4 * GIB
+
+
+def spark(name: str = "spark") -> HostFacts:
+    """A DGX Spark: one NVIDIA GB10 sharing the machine's 128 GB (nvidia-smi's name for it: `NVIDIA GB10`)."""
+    from engine_ctl.core.fit.hostfacts import Gpu
+
+    gb10 = Gpu(index=0, uuid="GPU-6d1c2a3b-0000-4000-8000-00000000gb10", name="NVIDIA GB10", vendor="nvidia",
+               memory_total_bytes=119 * GIB, memory_used_bytes=0)  # fmt: skip
+    return gpu_host(name, [gb10], cores=20, memory_gib=128)
+
+
+@pytest.mark.parametrize(("host", "unified"), [(h100x8, False), (spark, True)])
+def test_the_flat_form_sizes_the_memory_the_engine_may_use_with_the_seeds_margin(host, unified) -> None:  # type: ignore[no-untyped-def]
+    """The flat form fills in the GPU memory the engine may use: the weights, the KV cache and the margin (x 0.10 on
+    an H100, 8 GiB on a GB10); the spec form (seed 000) keeps the engine's own rule."""
+    facts = SHAPE_8B.model_copy(update={"weights_bytes": 16 * GIB})
+    flat = "name: chat\nengine: llamacpp\nmodel: m/m.gguf\n"
+    spec = ("kind: Model\nmetadata: {name: m}\nspec: {format: gguf, path: m/m.gguf}\n---\n"
+            "metadata: {name: chat}\nspec: {model: m}\n")  # fmt: skip
+    inv, hosts = world(host())
+    fitted = planned(make_plan(desired(flat), State(), inv, hosts, {"m.gguf": facts}), "chat").fit
+    margin = 8 * GIB if unified else math.ceil(16 * GIB * 0.10)
+    assert fitted.gpus == 1 and fitted.min_gpu_memory_bytes == 16 * GIB + fitted.kv_cache_bytes + margin
+    engines_own = planned(make_plan(desired(spec), State(), inv, hosts, {"m": facts}), "chat").fit
+    assert engines_own.min_gpu_memory_bytes != fitted.min_gpu_memory_bytes

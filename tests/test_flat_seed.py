@@ -304,3 +304,26 @@ def test_two_flat_checkpoints_with_one_directory_name_or_two_commits_are_two_mod
     # one checkpoint named twice is still one model, under its directory name
     result, diags = load("name: one\nengine: vllm\nmodel: /a/qwen\n", "name: two\nengine: vllm\nmodel: /a/qwen\n")
     assert messages(diags) == [] and {d.deployment.model for d in result.desired.deployments} == {"qwen"}
+
+
+def test_a_per_platform_build_in_place_is_never_warned_as_not_installed() -> None:
+    """B30: with per-platform builds (engines: {llama.cpp: {cpu: …}}) the plan warned "llama.cpp is not installed on
+    h1 …; apply fails there until it is" although the build the replica runs was there."""
+    from engine_ctl.core.documents.inventory import Host, Inventory
+    from engine_ctl.core.fit.hostfacts import EngineInstall
+    from engine_ctl.core.plan.planner import make_plan
+    from engine_ctl.core.record.model import State
+    from tests.test_plan_promise import SHAPE, desired
+
+    build = "/opt/llama-cpu/llama-server"
+    inv = Inventory(hosts=(Host(name="h1", address="h1", models_dir="/srv/models",
+                                engine_builds={"llama.cpp": {"cpu": build}}),))  # fmt: skip
+    there = EngineInstall(path=build, version="version: 0.6.0-dev", sha256="ab" * 32)
+    facts = cpu_host("h1").model_copy(update={"engine_builds": {"llama.cpp": {"cpu": there}}})
+    p = make_plan(desired("path: m/m.gguf"), State(), inv, {"h1": facts}, {"m": SHAPE})
+    (change,) = p.changes
+    assert change.replicas and change.replicas[0].argv[0] == build
+    assert not [w for w in change.warnings if "not installed" in w], change.warnings
+    gone = cpu_host("h1")  # the build is not there: the warning stays
+    p = make_plan(desired("path: m/m.gguf"), State(), inv, {"h1": gone}, {"m": SHAPE})
+    assert any("llama.cpp is not installed on h1" in w for w in p.changes[0].warnings), p.changes[0].warnings

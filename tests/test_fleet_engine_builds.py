@@ -94,3 +94,51 @@ def test_a_host_whose_build_is_not_the_pinned_version_is_left_out_with_the_reaso
     host = p.fleet.hosts[0].name
     assert f"llama.cpp at {BUILD} on {host} is version version: 0.6.0-dev" in out.stdout
     assert "not the pinned 9.9.9" in out.stdout and "Pending" in out.stdout
+
+
+def test_engine_add_asks_the_hosts_records_the_version_and_engine_list_shows_who_has_what(
+    tmp_path: Path, fleet: Fleet
+) -> None:
+    """Seed 003, "Add an engine": `engine add` registers a build in the inventory once the hosts it is for have it,
+    with the version they report as its pin; `engine list` shows each build, its version and digest, and its
+    hosts. Issue 25 point 10."""
+    import hashlib
+    import subprocess
+    import sys
+
+    host = fleet.hosts[0]
+    fleet.ssh(host, f"rm -rf /opt/ectl-build && mkdir -p /opt/ectl-build && cp -a {llama_server_dir()}/bin "
+                    "/opt/ectl-build/")  # fmt: skip
+    for other in fleet.hosts[1:]:
+        fleet.ssh(other, "rm -rf /opt/ectl-build")
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(re.sub(r"  engines: .*\n", "", Path(fleet.inventory).read_text()))
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([sys.executable, "-m", "engine_ctl", "engine", *args, "--inventory", str(inventory)],
+                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        assert "Traceback" not in proc.stderr, proc.stderr
+        return proc
+
+    before = inventory.read_text()
+    refused = cli("add", "llama.cpp", BUILD)  # every host: the others lack it, and nothing is written
+    others = ", ".join(h.name for h in fleet.hosts[1:])
+    assert refused.returncode == 1 and f"{BUILD} is not an executable llama.cpp on {others}" in refused.stderr
+    assert inventory.read_text() == before
+    one = cli("add", "llamacpp", BUILD, "--host", host.name)
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert "version 0.6.0-dev, pinned" in one.stdout, one.stdout
+    shared = str(llama_server_dir() / "bin" / "llama-server")
+    assert cli("add", "llama.cpp", shared).returncode == 0
+    text = inventory.read_text()
+    assert text.startswith("# the test fleet") and f"cpu: {shared}" in text and "version: 0.6.0-dev" in text, text
+    listed = cli("list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["path"]: r for r in json.loads(listed.stdout)["engines"]}
+    digest = hashlib.sha256(Path(shared).read_bytes()).hexdigest()
+    assert rows[BUILD]["hosts"] == [host.name] and rows[BUILD]["version"] == "0.6.0-dev"
+    assert rows[BUILD]["sha256"] == digest and rows[BUILD]["build"] == "cpu"  # a copy of the same binary
+    assert set(rows[shared]["hosts"]) >= {h.name for h in fleet.hosts[1:]}, rows[shared]
+    assert rows[shared]["pinned"] == {"version": "0.6.0-dev"} and not rows[shared]["missing"]
+    table = cli("list").stdout
+    assert "ENGINE" in table and "0.6.0-dev (pinned)" in table and digest[:12] in table, table

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.fleet import Fleet
-from tests.fleetproject import Project
+from tests.fleetproject import MODELS_DIR, Project
 from tests.test_fleet_decisions import _inventory, decision_weights  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.fleet
@@ -65,3 +65,23 @@ def test_a_flat_decisions_document_runs_on_a_cpu_only_host(flat: Project) -> Non
     _runs_on_the_cpu(p)
     reference = p.state()["deployments"][p.name]["decision_reference"]
     assert abs(sum(reference["probabilities"].values()) - 1) < 0.001
+
+
+def test_a_model_directory_others_may_write_is_named_not_called_weights_on_no_host(flat: Project) -> None:
+    """B41: a model directory writable by other users (an absolute path, a Hugging Face cache snapshot, say) was
+    reported as weights on no host; seed 003: "its directory must not be writable by other users"."""
+    p = flat
+    snapshot = "/srv/b41/snapshot"
+    for h in p.fleet.hosts:
+        p.fleet.ssh(h, f"mkdir -p {snapshot} && cp {MODELS_DIR}/tiny/tiny.gguf {snapshot}/ && chmod 777 {snapshot}")
+    _flat(p, f"model: {snapshot}/tiny.gguf\n")
+    planned = p.cli("plan")
+    out = planned.stdout + planned.stderr
+    assert planned.returncode == 1, out
+    assert f"{snapshot} is writable by other users: refused; remove their write access (chmod o-w {snapshot})" in out
+    assert "on no reachable host" not in out and "put the weights on a host" not in out, out
+    assert "remove the other users' write access" in out and "replace the file" not in out, out
+    applied = p.cli("apply", "--auto-approve")
+    assert applied.returncode == 1 and "is writable by other users" in applied.stdout + applied.stderr
+    shown = p.cli("status", p.name).stdout  # status says what it waits for: the apply's recorded reason
+    assert "pending" in shown and "Reason    the weights of tiny.gguf are not usable on any reachable host " in shown

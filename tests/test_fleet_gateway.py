@@ -54,11 +54,14 @@ class GatewayProject:
         a_context: int | None = None,
         keys: dict[str, tuple[str, list[str] | None]] | None = None,
         b_args: str | None = None,
+        limits: dict[str, int] | None = None,
     ) -> None:
-        """The documents; what is not given stays as the last write left it."""
+        """The documents; what is not given stays as the last write left it (`limits`: key name -> its
+        requests_per_minute)."""
         self.a_context = a_context or getattr(self, "a_context", 512)
         self.b_args = b_args if b_args is not None else getattr(self, "b_args", "")
         self.keys = keys or getattr(self, "keys", {"all": (KEY_ALL, None), "a-only": (KEY_A, ["gw-a"])})
+        self.limits = limits if limits is not None else getattr(self, "limits", {})
         cores = os.cpu_count() or 2
         (self.docs / "deployments.yaml").write_text(
             textwrap.dedent(
@@ -81,6 +84,7 @@ class GatewayProject:
         for name, (key, scope) in self.keys.items():
             lines = ["kind: ApiKey", f"metadata: {{name: {name}}}", "spec:", f"  sha256: {key_sha256(key)}"]
             lines += [f"  deployments: [{', '.join(scope)}]"] if scope else []
+            lines += [f"  requests_per_minute: {self.limits[name]}"] if name in self.limits else []
             docs.append("\n".join(lines) + "\n")
         (self.docs / "keys.yaml").write_text("---\n".join(docs))
 
@@ -167,7 +171,10 @@ def test_plan_shows_the_gateway_and_apply_serves_both_deployments(gw: GatewayPro
     planned = gw.cli("plan", "--detailed-exitcode")
     assert planned.returncode == 2, planned.stdout + planned.stderr
     assert f'+ gateway "{gw.gateway.name}"' in planned.stdout
-    assert "+    balance leastconn" in planned.stdout and "+    tune.bufsize 262144" in planned.stdout
+    assert f"endpoint: {gw.base}" in planned.stdout and "routes:   gw-a, gw-b" in planned.stdout
+    assert "balance leastconn" not in planned.stdout, "a new gateway is a summary; its configuration with --verbose"
+    verbose = gw.cli("plan", "--verbose").stdout
+    assert "+    balance leastconn" in verbose and "+    tune.bufsize 262144" in verbose
     assert KEY_ALL not in planned.stdout and key_sha256(KEY_ALL) not in planned.stdout
     gw.cli("apply", "--auto-approve", check=True)
     again = gw.cli("plan", "--detailed-exitcode")

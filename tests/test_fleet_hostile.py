@@ -7,6 +7,7 @@ gateway in a fleet host under engine-ctl's unit, the real llama-server behind it
 - A soak with 16 clients (half streaming, max_retries=0) fails no request (bench/gateway_soak.py).
 - 1,100 slow connections from one address (slowloris) do not keep a keyed client waiting.
 - Only exactly one `Authorization: Bearer <key>` header is a key, and odd paths and models never reach a replica.
+- A key over its requests a minute gets 429 with Retry-After, while another key passes.
 
 The project is test_fleet_gateway's: `gw-a` (2 replicas) and `gw-b` (1 replica pinned to one host)."""
 
@@ -19,11 +20,12 @@ import sys
 import time
 from collections.abc import Iterator
 
+import openai
 import pytest
 
 from tests.fleet import Fleet
 from tests.fleetproject import ROOT
-from tests.test_fleet_gateway import KEY_ALL, GatewayProject, ask
+from tests.test_fleet_gateway import KEY_A, KEY_ALL, GatewayProject, ask
 
 pytestmark = pytest.mark.fleet
 
@@ -187,3 +189,45 @@ def test_odd_paths_and_models_never_reach_a_replica(hg: GatewayProject, path: st
     assert status == 404 and answer["error"]["code"] == "unknown_url", (path, status, answer)
     status, answer = post(hg, json.dumps({**body, "model": "gw-a\u0000x"}).encode())
     assert status == 404 and answer["error"]["code"] == "model_not_found", (status, answer)
+
+
+def test_a_key_over_its_requests_a_minute_gets_429_and_another_key_still_passes(hg: GatewayProject) -> None:
+    """Issue 31 point 3, once a key is known: `requests_per_minute` in a key's document. The key over it is
+    answered 429 rate_limit_exceeded with Retry-After; the official client, which honours Retry-After, then gets
+    through; another key passes throughout. A map change only: the gateway is not reloaded."""
+    hg.write(limits={"a-only": 3})
+    planned = hg.cli("plan")
+    assert "limits.map" in planned.stdout and "haproxy.cfg" not in planned.stdout, planned.stdout
+    hg.cli("apply", "--auto-approve", check=True)
+    assert hg.cli("plan", "--detailed-exitcode").returncode == 0, "the running maps are the documents'"
+    limited = hg.client(KEY_A)
+    answer = limited.chat.completions.with_raw_response.create(
+        model="gw-a", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    assert answer.headers["x-ratelimit-limit-requests"] == "3"
+    for _ in range(2):  # answered by the gateway itself: quick, so no token comes back (one each 20 s) meanwhile
+        assert limited.models.with_raw_response.list().headers["x-ratelimit-limit-requests"] == "3"
+    with pytest.raises(openai.RateLimitError) as refused:
+        limited.models.list()
+    error = refused.value
+    assert error.status_code == 429 and error.code == "rate_limit_exceeded", error.body
+    assert 19 <= int(error.response.headers["retry-after"]) <= 20, error.response.headers
+    for _ in range(5):  # another key is not limited
+        assert ask(hg.client(), "gw-a") == "gw-a"
+    started = time.monotonic()
+    patient = openai.OpenAI(base_url=hg.base, api_key=KEY_A, max_retries=2, timeout=60)
+    assert "gw-a" in [m.id for m in patient.models.list()], "Retry-After honoured: the next request passes"
+    assert 15 < time.monotonic() - started < 45
+    hg.write(limits={})
+    hg.cli("apply", "--auto-approve", check=True)
+    assert all(limited.models.list() for _ in range(5)), "the limit is gone with the document's field"
+
+
+def test_models_carry_each_deployments_creation_time(hg: GatewayProject) -> None:
+    """Issue 26: `created` in /v1/models entries is the deployment's creation time (its ID's), not 0."""
+    from engine_ctl.core.render.gateway import created_of
+
+    recorded = {name: created_of(d["id"]) for name, d in hg.state()["deployments"].items()}
+    assert set(recorded) == {"gw-a", "gw-b"} and all(abs(t - time.time()) < 86400 for t in recorded.values())
+    assert {m.id: m.created for m in hg.client().models.list()} == recorded
+    assert hg.client().models.retrieve("gw-b").created == recorded["gw-b"]

@@ -3,6 +3,7 @@ instance; `--follow` streams from every host at once and stops on Ctrl-C (exit 1
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -40,6 +41,18 @@ def test_logs_show_and_follow_every_replica_prefixed_and_ctrl_c_stops_cleanly(
     for lines in seen.values():  # the real llama-server's own words, and systemd's about the unit
         assert any("llama_server: listening on http://198.18." in t for t in lines), "\n".join(lines)  # its address
         assert any(t.startswith("systemd: Started") for t in lines), lines
+
+    as_json = project.cli("logs", project.name, "--json", docs=False)  # issue 26: --json, stable field names
+    assert as_json.returncode == 0, as_json.stderr
+    entries = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert entries and all(list(e) == ["time", "deployment", "host", "instance", "unit", "source", "message"]
+                           for e in entries)  # fmt: skip
+    assert {(e["host"], e["instance"]) for e in entries} == {(host, index) for index, host in replicas.items()}
+    assert {e["deployment"] for e in entries} == {project.name} and [e["time"] for e in entries] == sorted(
+        e["time"] for e in entries
+    )
+    assert any(e["source"] == "systemd" and e["message"].startswith("Started") for e in entries)
+    assert any(e["source"] == "engine" and "llama_server: listening" in e["message"] for e in entries)
 
     only = project.cli("logs", project.name, "--instance", "1", "--lines", "5", docs=False)
     assert only.returncode == 0 and only.stdout

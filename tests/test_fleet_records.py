@@ -5,6 +5,7 @@ and reused by the next plan, and seed 003's tables column for column."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -19,6 +20,7 @@ from engine_ctl.providers.base import at_least_2gib
 from engine_ctl.core.fit.startup import SOURCES
 from tests.fleet import Fleet
 from tests.fleetproject import ROOT, Project
+from tests.llama import llama_server_dir
 
 pytestmark = pytest.mark.fleet
 
@@ -167,6 +169,32 @@ def test_a_failed_first_start_says_so_in_last_operation(project: Project) -> Non
     shown = project.cli("status", "deployment", project.name).stdout
     table = rows(shown, "NAME")
     assert table[0] == STATUS_HEADER and table[1][-3:] == ["initialize", "failed", "(launch_failed)"], shown
+    # seed 003: the failed replica keeps its row: READY 0/1, REVISION 1, row 0 with LAST ERROR launch_failed: …
+    assert table[1][1:4] == ["failed", "0/1", "1"], shown
+    instances = rows(shown, "INSTANCE")
+    host = rec["failed_starts"][0]["host"]
+    assert instances[0] == INSTANCE_HEADER, shown
+    assert instances[1][:6] == ["0", host, "failed", "active", "-", "launch_failed:"], shown
+    assert instances[-1][-2:] == ["each", "HOST"], shown  # its unit was removed: no unit runs now
+    assert f"Hosts     {host}" in shown, shown
+    (dep,) = json.loads(project.cli("status", project.name, "--json").stdout)["deployments"]
+    assert (dep["state"], dep["ready"], dep["replicas"], dep["revision"]) == ("Failed", 0, 1, 1), dep
+    (member,) = dep["members"]
+    assert (member["index"], member["host"], member["state"]) == (0, host, "failed"), member
+    assert member["last_error"] == rec["last_error"] and not member["ready"], member
+    listed = rows(project.cli("list").stdout, "NAME")
+    assert listed[1][1:] == ["failed", "0/1", "1", host], listed
+    project.write("context_length: 512")  # the model mended: the row is the serving replica's, no failed start
+    project.cli("apply", "--auto-approve", check=True)
+    assert "failed_starts" not in record(project), record(project)
+    assert rows(project.cli("status", project.name).stdout, "INSTANCE")[1][2] == "ready"
+    # seed 000's plan object names the build the replica runs (path and digest) and its port; capabilities derived
+    (dep,) = json.loads(project.cli("status", project.name, "--json").stdout)["deployments"]
+    binary = llama_server_dir() / "bin" / "llama-server"
+    assert dep["plan"]["image"]["path"] == str(binary), dep["plan"]
+    assert dep["plan"]["image"]["sha256"] == hashlib.sha256(binary.read_bytes()).hexdigest(), dep["plan"]
+    assert dep["plan"]["cpu_burst"] is True and dep["plan"]["port"] == dep["members"][0]["port"], dep["plan"]
+    assert dep["capabilities"]["engine"] == "llama.cpp" and dep["capabilities"]["chat"] is True, dep["capabilities"]
 
 
 # The double speaks nvidia-smi's per-process query as NVIDIA's manual gives it (`nvidia-smi

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from engine_ctl.cli.views.plan import plan_text
+from pathlib import Path
+
+from engine_ctl.cli.views.plan import plan_markdown, plan_text
 from engine_ctl.core.documents.apikey import key_document, key_sha256, parse_expiry
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.documents.loader import load_documents
@@ -169,7 +171,16 @@ def test_a_new_gateway_is_planned_with_its_configuration_and_then_nothing_change
     assert "server r0a 10.0.0.5:" in g.files["haproxy.cfg"]
     assert g.interim_files is not None and " disabled" in g.interim_files["haproxy.cfg"]
     text = plan_text(plan)
-    assert '+ gateway "edge" {' in text and "+    balance leastconn" in text
+    assert '+ gateway "edge" {' in text and "balance leastconn" not in text, "a new gateway is a summary (issue 26)"
+    for line in ("endpoint: http://10.0.0.2:8800/v1", "routes:   chat", "hold:     up to 120 s, at most 100 requests",
+                 "threads:  1", "keys:     1 (sha256 only"):  # fmt: skip
+        assert line in text, text
+    assert len(text.splitlines()) < 60, text
+    verbose = plan_text(plan, verbose=True)
+    assert "+    balance leastconn" in verbose and "routes:" not in verbose
+    markdown = plan_markdown(plan)
+    assert "gateway <b>edge</b>" in markdown and "+    balance leastconn" in markdown, "the Markdown keeps it whole"
+    assert "tune.bufsize 262144" in plan.model_dump_json(), "--json carries it whole"
     assert "Plan: 2 to add, 0 to change, 0 to destroy." in text
     (chat,) = plan.changes
     (replica,) = chat.replicas
@@ -279,3 +290,18 @@ def test_the_files_an_apply_killed_mid_install_left_are_engine_ctls_not_a_hand_e
     state.gateways["edge"] = record  # nothing recorded as being installed: a person's edit, said so
     plan = make_plan(desired(1024), state, inv, left, SHAPE)
     assert any("edited by hand" in d.detail for d in plan.drift)
+
+
+def test_show_of_a_saved_plan_has_the_summary_and_its_configuration_with_verbose(tmp_path: Path) -> None:
+    import json
+
+    from engine_ctl.cli.views.plan import plan_json
+    from tests.helpers import run
+
+    inv, facts = world()
+    saved = tmp_path / "plan.json"
+    saved.write_text(json.dumps(plan_json(make_plan(desired(), State(), inv, facts, SHAPE))))
+    short = run("show", str(saved))
+    assert short.exit_code == 0 and "routes:   chat" in short.stdout and "balance leastconn" not in short.stdout
+    whole = run("show", str(saved), "--verbose")
+    assert whole.exit_code == 0 and "+    balance leastconn" in whole.stdout, whole.output

@@ -29,6 +29,8 @@ from engine_ctl.shell.transport import LocalTransport
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 KEY_ALL, KEY_CHAT, KEY_OLD = "ak-all-" + "1" * 40, "ak-chat-" + "2" * 40, "ak-old-" + "3" * 40
+CREATED = {"chat": 1764806400, "embed": 1764810000}
+"""Each deployment's creation time (what its ID records): `created` in /v1/models."""
 
 
 def free_port() -> int:
@@ -84,6 +86,7 @@ def gateway(tmp_path: Path) -> Iterator[dict[str, object]]:
         GatewayBackend(
             deployment=d,
             servers=(GatewayServer(name="r0a", address="127.0.0.1", port=p, maxconn=2, disabled=d not in replicas),),
+            created=CREATED[d],
         )
         for d, p in ports.items()
     ]

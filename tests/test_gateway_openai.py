@@ -10,8 +10,9 @@ from pathlib import Path
 import openai
 import pytest
 
+from engine_ctl.core.render.gateway import created_of
 from engine_ctl.shell.gateway.runtime import set_maps
-from tests.test_gateway_loopback import KEY_ALL, KEY_CHAT, gateway  # noqa: F401 (the fixture)
+from tests.test_gateway_loopback import CREATED, KEY_ALL, KEY_CHAT, gateway  # noqa: F401 (the fixture)
 
 Gateway = dict  # type: ignore[type-arg]
 STOPPED_ID = "01M3R7A6YJW402N962HH17A66W"
@@ -26,6 +27,8 @@ def test_models_list_and_retrieve_as_the_client_expects(gateway: Gateway) -> Non
     assert [m.id for m in every.models.list()] == ["chat", "embed"]
     model = every.models.retrieve("chat")
     assert (model.id, model.object, model.owned_by) == ("chat", "model", "engine-ctl")
+    assert {m.id: m.created for m in every.models.list()} == CREATED, "created: the deployment's creation time"
+    assert model.created == CREATED["chat"]
     scoped = client(gateway, KEY_CHAT)
     assert [m.id for m in scoped.models.list()] == ["chat"]
     for name in ("embed", "nope", "chat%00x", "Chat"):  # out of scope, unknown, not a deployment's name
@@ -34,6 +37,14 @@ def test_models_list_and_retrieve_as_the_client_expects(gateway: Gateway) -> Non
         assert missing.value.code == "model_not_found", missing.value.body
     with pytest.raises(openai.AuthenticationError):
         client(gateway, "ak-wrong").models.retrieve("chat")
+
+
+def test_created_is_the_time_a_deployment_id_records() -> None:
+    from ulid import ULID
+
+    for when in (1764806400.0, 1764806400.999, 2000000000.5):
+        assert created_of(str(ULID.from_timestamp(when))) == int(when)
+    assert created_of("") == 0 and created_of("not-a-ulid") == 0
 
 
 def test_a_stopped_deployment_is_409_in_the_openai_envelope_with_the_seeds_words(gateway: Gateway) -> None:  # noqa: F811

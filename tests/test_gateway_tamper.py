@@ -90,7 +90,7 @@ def test_a_recorded_key_the_rules_refuse_is_refused() -> None:
     forged = plan.model_copy(deep=True)
     forged.gateways[0].keys = [ApiKey(name="k", sha256="ak-plaintext x\nnext 1")]
     problems = gateway_tampering(forged.gateways, forged.changes, state, inv)
-    assert "ApiKey 'k': not a key document engine-ctl loads (name, sha256, scope)" in problems
+    assert "ApiKey 'k': not a key document engine-ctl loads (name, sha256, scope, requests_per_minute)" in problems
 
 
 def test_a_key_that_runs_only_in_memory_is_drift_named_without_its_hash() -> None:

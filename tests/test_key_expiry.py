@@ -40,3 +40,24 @@ def test_new_expiry_problem_is_refused_exactly_when_not_after_now(offset: int) -
     text = datetime.fromtimestamp(int(now) + offset, UTC).isoformat()
     problem = new_expiry_problem(text, now)
     assert (problem is None) == ((parse_expiry(text) or 0) > now)
+
+
+def test_key_new_json_gives_the_key_and_its_document_with_stable_names() -> None:
+    """Issue 26: `--json` on `key new` (stable field names); issue 31: the key's requests a minute."""
+    import json
+
+    from engine_ctl.core.documents.apikey import api_key_from, key_sha256
+    from engine_ctl.core.documents.yamlsource import parse_text
+
+    result = run("key", "new", "batch", "--deployment", "chat", "--requests-per-minute", "60", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert set(out) == {"name", "key", "sha256", "deployments", "expires", "requests_per_minute", "document"}
+    assert out["name"] == "batch" and out["key"].startswith("ak-") and out["sha256"] == key_sha256(out["key"])
+    assert out["deployments"] == ["chat"] and out["expires"] is None and out["requests_per_minute"] == 60
+    (doc,), _ = parse_text(out["document"], "batch.yaml")
+    key, problems = api_key_from(doc)
+    assert not problems and key is not None
+    assert (key.name, key.sha256, key.deployments, key.requests_per_minute) == ("batch", out["sha256"], ("chat",), 60)
+    refused = run("key", "new", "batch", "--requests-per-minute", "0")
+    assert refused.exit_code != 0 and "ak-" not in refused.output and "Traceback" not in refused.output

@@ -190,6 +190,20 @@ def test_gpu_units_never_use_private_devices_and_allow_their_gpus_only() -> None
     assert "MemoryDenyWriteExecute" not in text  # so do the CUDA and ROCm runtimes
 
 
+def test_cpu_cores_are_a_weight_by_cores_never_a_quota() -> None:
+    """Seed 000: a replica's cores are "its share when the machine is busy, not a ceiling": CPUWeight= by cores
+    (100 per core, systemd's default weight for one unit), and no CPUQuota= (nor the cgroup v1 CPUShares=)."""
+    from engine_ctl.core.render.units import cpu_weight
+
+    for case in CASES:
+        rendered, _ = render_case(case)
+        unit = rendered.units[0]
+        cores = rendered.fit.plan.cpu_cores
+        assert f"\nCPUWeight={100 * cores}\n" in unit.text, (case, cores)
+        assert not [line for line in unit.text.splitlines() if line.startswith(("CPUQuota", "CPUShares"))], case
+    assert (cpu_weight(1), cpu_weight(4), cpu_weight(1024)) == (100, 400, 10_000)
+
+
 def test_header_records_deployment_revision_and_content_hash() -> None:
     import hashlib
 

@@ -3,16 +3,28 @@ command module stays about what it does. `\b` keeps click from rewrapping the li
 
 from __future__ import annotations
 
+from engine_ctl.providers import PROVIDERS
+
+_CPU_ENGINE = next(p for p in PROVIDERS.values() if p.auto_for_cpu)
+
 EXAMPLES: dict[str, list[str]] = {
     "apply": ["engine-ctl apply deploy/", "engine-ctl apply plan.json            # exactly the saved, reviewed plan"],
     "delete": ["engine-ctl delete chat"],
     "destroy": ["engine-ctl destroy deploy/ --target chat"],
+    "engine": [
+        "engine-ctl engine list --inventory hosts.yaml",
+        f"engine-ctl engine add {_CPU_ENGINE.name} /opt{_CPU_ENGINE.default_executable} --build cpu",
+    ],
     "facts": ["engine-ctl facts --inventory hosts.yaml", "engine-ctl facts gpu-01 --json"],
     "force-unlock": ["engine-ctl force-unlock 6f1d0c52-8c3e-4a1b-9f27-0d4e5a6b7c8d"],
-    "key": ["engine-ctl key new ci-bot --deployment chat --expires 2027-01-31 > ci-bot.yaml"],
-    "logs": ["engine-ctl logs chat --follow"],
+    "key": [
+        "engine-ctl key new ci-bot --deployment chat --expires 2027-01-31 > ci-bot.yaml",
+        "engine-ctl key new batch --requests-per-minute 60 --json > batch.json",
+    ],
+    "logs": ["engine-ctl logs chat --follow", "engine-ctl logs --gateway chat --since 1h --json"],
     "import": ["engine-ctl import deploy/ --inventory deploy/hosts.yaml"],
     "list": ["engine-ctl list", "engine-ctl list --json"],
+    "monitoring": ["engine-ctl monitoring scrape-config --inventory hosts.yaml > scrape.yml"],
     "park": ["engine-ctl park chat"],
     "plan": ["engine-ctl plan deploy/", "engine-ctl plan deploy/ --out plan.json --detailed-exitcode"],
     "render": ["engine-ctl render chat deploy/ --inventory deploy/hosts.yaml"],
@@ -21,8 +33,9 @@ EXAMPLES: dict[str, list[str]] = {
     "schema": ["engine-ctl schema > engine-ctl.schema.json"],
     "start": ["engine-ctl start chat", "engine-ctl start chat --wait"],
     "state": ["engine-ctl state list", "engine-ctl state push --to postgresql://db.example/engine_ctl"],
-    "status": ["engine-ctl status", "engine-ctl status chat --json"],
+    "status": ["engine-ctl status", "engine-ctl status chat --json", "engine-ctl status --watch"],
     "stop": ["engine-ctl stop chat"],
+    "usage": ["engine-ctl usage --since 24h --by key", "engine-ctl usage --by deployment --json"],
     "validate": ["engine-ctl validate deploy/", "engine-ctl validate deploy/ --inventory deploy/hosts.yaml"],
 }
 

@@ -12,7 +12,8 @@ import os
 import re
 import sys
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,11 +22,13 @@ import click
 from engine_ctl.cli.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
 from engine_ctl.cli.completion import deployment_names
 from engine_ctl.cli.context import backend_for, no_such_deployment, read_state, state_option, unknown_hosts
+from engine_ctl.core.accesslog import RequestLine, format_request, parse_request
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.documents.loader import load_paths
 from engine_ctl.core.plan.status import hosts_not_in
 from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord
+from engine_ctl.core.render.gateway import GATEWAY_UNIT
 from engine_ctl.shell import systemd
 from engine_ctl.shell.transport import HostFailure, SSHOptions, Transport, fan_out, transport_for
 from engine_ctl.state import StateBackend
@@ -95,32 +98,63 @@ def _message(value: object) -> str:
 
 
 def parse_entry(raw: str, by_unit: dict[str, Replica]) -> tuple[int, Replica, str] | None:
-    """One journal entry (a JSON line) -> (microseconds since the epoch, its replica, its text); None when the
-    line is not an entry of one of these units."""
+    """One journal entry (a JSON line) -> (microseconds since the epoch, its replica, its text: systemd's own
+    words prefixed `systemd: `); None when the line is not an entry of one of these units."""
+    found = parse_fields(raw, by_unit)
+    if found is None:
+        return None
+    micros, replica, text, source = found
+    return micros, replica, f"systemd: {text}" if source == "systemd" else text
+
+
+def parse_fields(raw: str, by_unit: dict[str, Replica]) -> tuple[int, Replica, str, str] | None:
+    """One journal entry -> (microseconds since the epoch, its replica, its message, its source: `engine` for
+    the engine's own line, `systemd` for systemd's words about the unit); None when not one of these units'."""
     try:
         entry = json.loads(raw)
     except ValueError:
         return None
     if not isinstance(entry, dict):
         return None
-    unit = entry.get("_SYSTEMD_UNIT")
-    replica = by_unit.get(str(unit))
-    text = _message(entry.get("MESSAGE"))
+    replica = by_unit.get(str(entry.get("_SYSTEMD_UNIT")))
+    source = "engine"
     if replica is None:  # systemd's own words about the unit (started, stopped, failed)
-        replica = by_unit.get(str(entry.get("UNIT")))
-        text = f"systemd: {text}"
+        replica, source = by_unit.get(str(entry.get("UNIT"))), "systemd"
     if replica is None:
         return None
     try:
         micros = int(entry.get("__REALTIME_TIMESTAMP", 0))
     except (TypeError, ValueError):
         micros = 0
-    return micros, replica, text
+    return micros, replica, _message(entry.get("MESSAGE")), source
+
+
+def _when(micros: int) -> str:
+    return datetime.fromtimestamp(micros / 1e6, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def format_line(micros: int, replica: Replica, text: str, width: int) -> str:
-    when = datetime.fromtimestamp(micros / 1e6, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-    return f"{replica.label(width)} | {when} {text}"
+    return f"{replica.label(width)} | {_when(micros)} {text}"
+
+
+JSON_FIELDS = ("time", "deployment", "host", "instance", "unit", "source", "message")
+"""`logs --json`: one object a line with these fields, in this order."""
+
+
+def json_line(micros: int, replica: Replica, message: str, source: str, deployment: str) -> str:
+    """One entry as `logs --json` prints it (JSON_FIELDS)."""
+    values = (_when(micros), deployment, replica.host, replica.index, replica.unit, source, message)
+    return json.dumps(dict(zip(JSON_FIELDS, values, strict=True)), ensure_ascii=False)
+
+
+Formatter = Callable[[tuple[int, Replica, str, str]], str]
+
+
+def formatter(deployment: str, as_json: bool, width: int) -> Formatter:
+    """How each parsed entry is printed: a prefixed line, or a JSON object (`--json`)."""
+    if as_json:
+        return lambda e: json_line(*e, deployment)
+    return lambda e: format_line(e[0], e[1], f"systemd: {e[2]}" if e[3] == "systemd" else e[2], width)
 
 
 def _replicas(name: str, instance: int | None, records: list[ReplicaRecord]) -> list[Replica]:
@@ -170,9 +204,8 @@ class Printer:
 
 
 def _show(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | None, lines: int | None,
-          options: SSHOptions, parallel: int) -> dict[str, HostFailure]:  # fmt: skip
+          options: SSHOptions, parallel: int, show: Formatter) -> dict[str, HostFailure]:  # fmt: skip
     """Each replica's log (its own journalctl, one connection per host), all lines merged in time order."""
-    width = max(len(r.label(0)) for rs in by_host.values() for r in rs)
 
     def read(transport: Transport) -> list[tuple[int, str]]:
         out: list[tuple[int, str]] = []
@@ -184,9 +217,9 @@ def _show(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | Non
                 raise HostFailure(transport.host.name, "command", f"journalctl for {replica.unit}: {_message(why)}")
             before = len(out)
             for raw in result.stdout.splitlines():
-                parsed = parse_entry(raw, {replica.unit: replica})
+                parsed = parse_fields(raw, {replica.unit: replica})
                 if parsed is not None:
-                    out.append((parsed[0], format_line(*parsed, width)))
+                    out.append((parsed[0], show(parsed)))
             if len(out) == before and result.stderr.strip():  # e.g. "No journal files were found."
                 print(f"{transport.host.name}: journalctl: {_message(result.stderr.strip())}", file=sys.stderr)
         return out
@@ -199,9 +232,8 @@ def _show(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | Non
 
 
 def _follow(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | None, lines: int | None,
-            options: SSHOptions) -> dict[str, HostFailure]:  # fmt: skip
+            options: SSHOptions, show: Formatter) -> dict[str, HostFailure]:  # fmt: skip
     """One thread per host, one journalctl --follow for the host's replicas, lines printed as they come."""
-    width = max(len(r.label(0)) for rs in by_host.values() for r in rs)
     stop = threading.Event()
     printer = Printer(stop)
     failures: dict[str, HostFailure] = {}
@@ -211,9 +243,9 @@ def _follow(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | N
         transport = transport_for(host, options)
 
         def on_line(raw: str) -> None:
-            parsed = parse_entry(raw, units)
+            parsed = parse_fields(raw, units)
             if parsed is not None:
-                printer.line(format_line(*parsed, width))
+                printer.line(show(parsed))
             elif raw.strip() and not raw.startswith("{"):
                 print(f"{host.name}: journalctl: {_message(raw)}", file=sys.stderr, flush=True)
 
@@ -241,9 +273,119 @@ def _follow(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | N
     return failures
 
 
+def gateway_journal_argv(deployment: str | None, since: str | None, lines: int | None, follow: bool) -> list[str]:
+    """journalctl for the gateway's unit: its MESSAGE only; for one deployment, only the lines that name it (a
+    request line holds `"deployment":"<name>"`: a deployment's name needs no escaping in JSON)."""
+    grep = f'"deployment":"{deployment}"' if deployment is not None else None
+    return systemd.journal_argv([GATEWAY_UNIT], "MESSAGE", since, lines, follow, grep=grep)
+
+
+def _request_of(raw: str, gateway: str, by_address: dict[str, str], deployment: str | None) -> RequestLine | None:
+    try:
+        entry = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(entry, dict):
+        return None
+    found = parse_request(_message(entry.get("MESSAGE")), by_address)
+    if found is None or (deployment is not None and found.deployment != deployment):
+        return None
+    return found if found.gateway else replace(found, gateway=gateway)
+
+
+def read_gateway_requests(
+    hosts: list[Host], by_address: dict[str, str], deployment: str | None, since: str | None, lines: int | None,
+    options: SSHOptions, parallel: int,
+) -> tuple[list[RequestLine], dict[str, HostFailure]]:  # fmt: skip
+    """Every gateway host's request lines (one journalctl each, at once), merged in time order."""
+
+    def read(transport: Transport) -> list[RequestLine]:
+        result = transport.run(gateway_journal_argv(deployment, since, lines, follow=False))
+        if result.exit_code not in (0, 1) or (result.exit_code == 1 and result.stdout.strip()):
+            said = (result.stderr or result.stdout).strip().splitlines()
+            why = said[-1] if said else f"exit status {result.exit_code}"
+            raise HostFailure(transport.host.name, "command", f"journalctl for the gateway: {_message(why)}")
+        found = (_request_of(raw, transport.host.name, by_address, deployment) for raw in result.stdout.splitlines())
+        return [r for r in found if r is not None]
+
+    found, failures = fan_out(hosts, read, options=options, parallel=parallel)
+    return sorted((r for rs in found.values() for r in rs), key=lambda r: r.ts), failures
+
+
+def _gateway_hosts(inventory_path: Path | None, paths: tuple[Path, ...]) -> tuple[list[Host], dict[str, str]]:
+    """The inventory's gateway hosts (an error when it has none), and every host's name by its address."""
+    loaded = load_paths(list(paths)) if paths else None
+    inventory = resolve_inventory(inventory_path, loaded)
+    gateways = inventory.gateways()
+    if not gateways:
+        raise InputError([Diagnostic(Location(inventory.file or "the inventory"), "hosts", "no host has the "
+                                     "gateway role: no gateway logs requests", hint="give a host roles: [gateway]",
+                                     code="no_gateway")])  # fmt: skip
+    return gateways, {h.address: h.name for h in inventory.hosts}
+
+
+def _gateway_logs(
+    deployment: str | None, paths: tuple[Path, ...], since: str | None, lines: int | None, follow: bool,
+    as_json: bool, inventory_path: Path | None, parallel: int, options: SSHOptions,
+) -> dict[str, HostFailure]:  # fmt: skip
+    hosts, by_address = _gateway_hosts(inventory_path, paths)
+    width = max(len(h.name) for h in hosts)
+
+    def show(r: RequestLine) -> str:
+        return json.dumps(r.as_json(), separators=(",", ":")) if as_json else format_request(r, width)
+
+    if not follow:
+        found, failed = read_gateway_requests(hosts, by_address, deployment, since, None if since else lines,
+                                              options, parallel)  # fmt: skip
+        printer = Printer(threading.Event())
+        for r in found[-lines:] if lines is not None and not since else found:
+            printer.line(show(r))
+        return failed
+    stop = threading.Event()
+    printer = Printer(stop)
+    failures: dict[str, HostFailure] = {}
+
+    def one(host: Host) -> None:
+        transport = transport_for(host, options)
+
+        def on_line(raw: str) -> None:
+            found = _request_of(raw, host.name, by_address, deployment)
+            if found is not None:
+                printer.line(show(found))
+
+        try:
+            code = transport.stream(gateway_journal_argv(deployment, since, lines, follow=True), on_line, stop)
+            if code is not None:
+                failures[host.name] = HostFailure(host.name, "command", f"journalctl ended (exit status {code})")
+        except HostFailure as exc:
+            failures[host.name] = exc
+        finally:
+            transport.close()
+
+    threads = [threading.Thread(target=one, args=(h,), name=f"logs-{h.name}", daemon=True) for h in hosts]
+    for t in threads:
+        t.start()
+    try:
+        while any(t.is_alive() for t in threads) and not stop.is_set():
+            for t in threads:
+                t.join(timeout=0.2)
+    except KeyboardInterrupt:
+        stop.set()
+        for t in threads:
+            t.join(timeout=5)
+        sys.exit(130)
+    return failures
+
+
 @click.command()
-@click.argument("deployment", shell_complete=deployment_names)
+@click.argument("deployment", required=False, shell_complete=deployment_names)
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.option(
+    "--gateway",
+    is_flag=True,
+    help="The gateways' request log instead: one line per request from every gateway host, in time order "
+    "(only DEPLOYMENT's, when given).",
+)
 @click.option("--instance", type=click.IntRange(min=0), help="Only this instance (as status numbers them).")
 @click.option("--since", help="Only lines since T: 30s, 10m, 2h, 1d, or a time such as 2024-05-01T12:00.")
 @click.option(
@@ -254,20 +396,41 @@ def _follow(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | N
     f"{DEFAULT_LINES}, or all since --since); with --follow, of each host, then new lines as they come.",
 )
 @click.option("--follow", "-f", is_flag=True, help="Stream new lines from every replica at once, until Ctrl-C.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line: " + ", ".join(JSON_FIELDS) + "; "
+              "with --gateway, each request.")  # fmt: skip
 @inventory_option
 @state_option
 @ssh_options
 def logs(
-    deployment: str, paths: tuple[Path, ...], instance: int | None, since: str | None, lines: int | None,
-    follow: bool, inventory_path: Path | None, state_path: str | None, parallel: int, accept_new_host_keys: bool,
+    deployment: str | None, paths: tuple[Path, ...], gateway: bool, as_json: bool, instance: int | None,
+    since: str | None, lines: int | None, follow: bool, inventory_path: Path | None, state_path: str | None,
+    parallel: int, accept_new_host_keys: bool,
 ) -> None:  # fmt: skip
-    """Each replica's engine log, lines prefixed by host and instance.
+    """Each replica's engine log, lines prefixed by host and instance; with --gateway, the gateways' request log.
 
     The log is the unit's journal on its host, read over SSH. The state says where each replica runs; PATHS
     (or --state) find the state as for status. Lines of all replicas are merged in time order; --follow
-    streams from all of them at once and stops on Ctrl-C."""
+    streams from all of them at once and stops on Ctrl-C.
+
+    With --gateway: every request each gateway host answered (time, request ID, key name, deployment, replica,
+    status, bytes, queue, connect, first-byte and total times), read from the inventory's gateway hosts. No
+    key, prompt or body is ever in it."""
     since_arg = since_argument(since) if since is not None else None
     count = lines if lines is not None else (None if since_arg else DEFAULT_LINES)
+    if gateway:
+        if instance is not None:
+            raise InputError([Diagnostic(Location("--instance"), "--instance", "--instance goes with an engine's log, "
+                                         "not --gateway", code="conflicting_options")])  # fmt: skip
+        if deployment is not None and (Path(deployment).exists() or deployment.endswith((".yaml", ".yml"))):
+            paths, deployment = (Path(deployment), *paths), None
+        failures = _gateway_logs(deployment, paths, since_arg, count, follow, as_json, inventory_path, parallel,
+                                 ssh_settings(accept_new_host_keys))  # fmt: skip
+        report_failures(failures)
+        sys.exit(1 if failures else 0)
+    if deployment is None:
+        raise InputError([Diagnostic(Location("DEPLOYMENT"), "DEPLOYMENT", "name the deployment whose engine log "
+                                     "to show", hint="or --gateway for the gateways' request log",
+                                     code="missing_argument")])  # fmt: skip
     backend = backend_for(state_path, paths)
     state = read_state(backend)
     record = state.deployments.get(deployment)
@@ -279,12 +442,16 @@ def logs(
     for r in replicas:
         by_host.setdefault(r.host, []).append(r)
     options = ssh_settings(accept_new_host_keys)
+    show = formatter(deployment, as_json, max(len(r.label(0)) for r in replicas))
     if follow:
-        failures = _follow(by_host, hosts, since_arg, count, options)
+        failures = _follow(by_host, hosts, since_arg, count, options, show)
     else:
-        failures = _show(by_host, hosts, since_arg, count, options, parallel)
+        failures = _show(by_host, hosts, since_arg, count, options, parallel, show)
     report_failures(failures)
     sys.exit(1 if failures else 0)
 
 
-__all__ = ["journal_argv", "logs", "parse_entry", "since_argument"]
+__all__ = [
+    "gateway_journal_argv", "journal_argv", "json_line", "logs", "parse_entry", "parse_fields", "read_gateway_requests",
+    "since_argument",
+]  # fmt: skip

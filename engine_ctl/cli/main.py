@@ -37,6 +37,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "engine_ctl.cli.plan_cmd:destroy",
         "Stop and remove the units of every deployment in the state (or --target ones).",
     ),
+    "engine": (
+        "engine_ctl.cli.engine_cmd:engine",
+        "The engines the inventory registers: `list` them with their builds, versions and hosts; `add` a build.",
+    ),
     "facts": (
         "engine_ctl.cli.facts_cmd:facts",
         "Gather facts from HOSTS (default: every host of the inventory): OS, CPU, memory, disks, GPUs, engines, "
@@ -47,7 +51,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Remove the state lock LOCK_ID left by a command that died.",
     ),
     "key": ("engine_ctl.cli.key_cmd:key", "API keys for the gateway: only their SHA-256 is ever written anywhere."),
-    "logs": ("engine_ctl.cli.logs_cmd:logs", "Each replica's engine log, lines prefixed by host and instance."),
+    "logs": (
+        "engine_ctl.cli.logs_cmd:logs",
+        "Each replica's engine log, lines prefixed by host and instance; with --gateway, the gateways' request log.",
+    ),
     "import": (
         "engine_ctl.cli.import_cmd:import_cmd",
         "Rebuild the state from the units on the hosts and the documents (PATHS), touching no host.",
@@ -55,6 +62,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "list": (
         "engine_ctl.cli.status_cmd:list_cmd",
         "Every deployment: NAME STATE READY REVISION HOSTS, from the state and live health.",
+    ),
+    "monitoring": (
+        "engine_ctl.cli.monitoring_cmd:monitoring",
+        "Prometheus: what to scrape on the gateway hosts (the inventory's monitoring block).",
     ),
     "park": (
         "engine_ctl.cli.lifecycle_cmd:park",
@@ -95,6 +106,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stop": (
         "engine_ctl.cli.lifecycle_cmd:stop",
         "Stop a deployment's engines and keep them stopped (apply too) until `start`.",
+    ),
+    "usage": (
+        "engine_ctl.cli.usage_cmd:usage",
+        "Requests, errors, bytes in and out and p50 time to first byte per key name (--by key) or deployment, "
+        "from every gateway host's request log since --since.",
     ),
     "validate": (
         "engine_ctl.cli.validate_cmd:validate",

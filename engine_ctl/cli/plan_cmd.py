@@ -116,11 +116,11 @@ class Request:
         return None
 
 
-def show_plan(plan: Plan, command: str = "apply", stderr: bool = False) -> None:
+def show_plan(plan: Plan, command: str = "apply", stderr: bool = False, verbose: bool = False) -> None:
     """The plan: coloured on a terminal (argv and unit diff lines by their sign), plain otherwise; on stderr
-    under --json (stdout carries the events)."""
+    under --json (stdout carries the events). `verbose`: a new gateway's whole configuration, not its summary."""
     out = console(stderr=stderr)
-    for style, line in render_plan(plan, command):
+    for style, line in render_plan(plan, command, verbose):
         out.print(line, style=RICH_STYLES[style] or None)
 
 
@@ -135,11 +135,12 @@ def show_plan(plan: Plan, command: str = "apply", stderr: bool = False) -> None:
 @click.option("--markdown", is_flag=True, help="The plan as Markdown, for a pull-request comment.")
 @click.option("--detailed-exitcode", is_flag=True, help="Exit 0 no changes, 1 error, 2 changes present.")
 @click.option("--refresh-only", is_flag=True, help="Only record in the state what drifted on the hosts.")
+@click.option("--verbose", "-v", is_flag=True, help="A new gateway's whole HAProxy configuration, not its summary.")
 @replace_option
 def plan(
     paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
     accept_new_host_keys: bool, targets: tuple[str, ...], out_path: Path | None, as_json: bool, markdown: bool,
-    detailed_exitcode: bool, refresh_only: bool, replace: tuple[str, ...],
+    detailed_exitcode: bool, refresh_only: bool, verbose: bool, replace: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Show what apply would change: documents + recorded state + live host facts.
 
@@ -158,7 +159,6 @@ def plan(
         loaded.desired, inventory, state, backend, options, parallel, targets, refresh_only, paths,
         hold_absent=held, replace=replace, checkouts=pinner.checkouts, ahead=ahead,
     )  # fmt: skip
-    result.context.env = current_env()  # `apply PLANFILE` refuses it in another environment
     if out_path is not None and errors:
         console(stderr=True).print(f"error: the plan was not saved to {out_path}: the documents have errors")
     elif out_path is not None:
@@ -169,7 +169,7 @@ def plan(
         saved = str(out_path) if out_path is not None and not errors else None
         sys.stdout.write(plan_markdown(result, full_plan=saved))
     else:
-        show_plan(result)
+        show_plan(result, verbose=verbose)
         if out_path is not None and not errors:
             console().print(f"\nSaved the plan to {out_path}; apply exactly it with: engine-ctl apply {out_path}")
     report_failures(failures)
@@ -382,10 +382,12 @@ def _plan_for(
     hold_absent: str | None = None, replace: tuple[str, ...] = (), checkouts: dict[str, Checkout] | None = None,
     ahead: Ahead | None = None, keep: Kept | None = None,
 ) -> tuple[Plan, dict[str, HostFailure]]:  # fmt: skip
-    return plan_world(
+    result, failures = plan_world(
         desired, inventory, state, backend.location, reopen_string(backend), options, parallel, targets,
         refresh_only, documents, hold_absent, replace, checkouts, ahead, keep,
     )  # fmt: skip
+    result.context.env = current_env()  # the header names it; `apply PLANFILE` refuses it in another environment
+    return result, failures
 
 
 def _refuse_plan(path: Path, message: str, hint: str, code: str) -> InputError:

@@ -129,7 +129,8 @@ def _exit_code(plan: Plan, detailed: bool) -> int:
 @click.option("--json", "as_json", is_flag=True, help="The plan as versioned JSON, as plan --json prints it.")
 @click.option("--markdown", is_flag=True, help="The plan as Markdown, for a pull-request comment.")
 @click.option("--detailed-exitcode", is_flag=True, help="Exit 0 no changes, 1 problems, 2 changes present.")
-def show(planfile: Path, as_json: bool, markdown: bool, detailed_exitcode: bool) -> None:
+@click.option("--verbose", "-v", is_flag=True, help="A new gateway's whole HAProxy configuration, not its summary.")
+def show(planfile: Path, as_json: bool, markdown: bool, detailed_exitcode: bool, verbose: bool) -> None:
     """Show a saved plan without touching hosts or state.
 
     PLANFILE is from `plan --out`: the same plan that `apply PLANFILE` would carry out, as text, --json or
@@ -144,7 +145,7 @@ def show(planfile: Path, as_json: bool, markdown: bool, detailed_exitcode: bool)
     else:
         out = console()
         out.print(_header(plan, planfile))
-        for style, line in render_plan(plan):
+        for style, line in render_plan(plan, verbose=verbose):
             out.print(line, style=RICH_STYLES[style] or None)
     sys.exit(_exit_code(plan, detailed_exitcode))
 

@@ -184,9 +184,14 @@ def list_cmd(
     "--decisions", is_flag=True,
     help="Also the scaler's last decisions (up, down, zero, wake, preempt, hold), each with the figure it acted on.",
 )  # fmt: skip
+@click.option(
+    "--watch", "-w", is_flag=True,
+    help="A live board, redrawn every 2 s: each deployment's state, ready replicas, requests in flight and queued "
+    "at the gateways, requests, time to first byte, the scaler's last decision. Ctrl-C ends it.",
+)  # fmt: skip
 def status(
     name: str | None, paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
-    accept_new_host_keys: bool, as_json: bool, decisions: bool = False,
+    accept_new_host_keys: bool, as_json: bool, decisions: bool = False, watch: bool = False,
 ) -> None:  # fmt: skip
     """A deployment's state and each instance: NAME STATE READY REVISION STARTUP INITIALIZE LAST
     OPERATION, then INSTANCE HOST STATE LIFECYCLE DEVICES LAST ERROR (all deployments without NAME).
@@ -199,6 +204,12 @@ def status(
     """
     if name == "deployment" and paths and not is_path(str(paths[0])):
         name, paths = str(paths[0]), paths[1:]
+    if watch:
+        if as_json:
+            raise InputError([Diagnostic(Location("--watch"), "--watch", "--watch draws a board for a person; "
+                                         "--json is for programs", hint="leave out one of them",
+                                         code="conflicting_options")])  # fmt: skip
+        _watch(name, paths, inventory_path, state_path, parallel, accept_new_host_keys)
     _status(name, paths, inventory_path, state_path, parallel, accept_new_host_keys, as_json, decisions)
 
 
@@ -239,6 +250,51 @@ def _status(
     show_statuses(out, statuses, decisions)
     report_failures(failures)
     sys.exit(1 if failures else 0)
+
+
+def _watch(
+    name: str | None, paths: tuple[Path, ...], inventory_path: Path | None, state_path: str | None, parallel: int,
+    accept_new_host_keys: bool,
+) -> None:  # fmt: skip
+    """status --watch (cli.watch_cmd): each round reads the state, gathers the hosts as status does, and asks each
+    gateway host's stats socket for its figures over a connection kept open for the next rounds."""
+    from engine_ctl.cli.watch_cmd import BackendFigures, backend_figures, watch
+    from engine_ctl.shell.gateway.runtime import GatewayFailure, runtime
+    from engine_ctl.shell.transport import LocalTransport, SSHTransport, transport_for
+
+    name, paths = name_and_paths(name, paths)
+    backend = backend_for(state_path, paths)
+    options = ssh_settings(accept_new_host_keys)
+    first = read_state(backend)
+    if name and name not in first.deployments:
+        raise no_such_deployment(name, first, backend)
+    inventory = resolve_inventory(inventory_path, load_paths(list(paths)) if paths else None)
+    open_to: dict[str, SSHTransport | LocalTransport] = {}
+
+    def figures(failures: dict[str, HostFailure]) -> dict[str, BackendFigures]:
+        texts = []
+        for host in inventory.gateways():
+            try:
+                t = open_to.get(host.name) or open_to.setdefault(host.name, transport_for(host, options))
+                texts.append(runtime(t, ["show stat"])[0])
+            except (HostFailure, GatewayFailure) as exc:
+                open_to.pop(host.name, None)
+                failures.setdefault(host.name, exc if isinstance(exc, HostFailure) else
+                                    HostFailure(host.name, "command", str(exc)))  # fmt: skip
+        return backend_figures(texts)
+
+    def fetch() -> tuple[list[DeploymentStatus], dict[str, BackendFigures], dict[str, HostFailure]]:
+        state = read_state(backend)
+        names = [name] if name else sorted(state.deployments)
+        records = [state.deployments[n] for n in names if n in state.deployments]
+        gateways: list[tuple[str, str]] = []
+        facts, failures = _live(records, inventory_path, paths, options, parallel, None, gateways, backend)
+        statuses = _statuses(state, [r.name for r in records], facts, gateways)
+        statuses = _asleep(statuses, records, inventory_path, paths, options)
+        failed = dict(failures)
+        return statuses, figures(failed) if inventory.gateways() else {}, failed
+
+    watch(fetch)
 
 
 def _asleep(

@@ -208,12 +208,14 @@ class LoadedModel(Loaded):
 
 class ApiKey(Value):
     """An API key as the gateway checks it (kind: ApiKey): its name, its SHA-256 (never the key), its scope
-    (None: every deployment) and its expiry (epoch seconds)."""
+    (None: every deployment), its expiry (epoch seconds) and its rate limit (requests per minute; None: the
+    inventory's gateway.requests_per_minute, else none)."""
 
     name: str
     sha256: str
     deployments: tuple[str, ...] | None = None
     expires: int | None = None
+    requests_per_minute: int | None = None
     file: str = ""
 
 

@@ -18,7 +18,7 @@ from engine_ctl.core.names import UNIT_FORM, parse_unit_name
 from engine_ctl.core.plan.changes import CREATE, DELETE, SURGE, UPDATE, DeploymentChange, Plan, ReplicaChange
 from engine_ctl.core.plan.decisions import internal_key_file
 from engine_ctl.core.plan.status import recorded_verdict, size_text
-from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord, StartupRecord, State
+from engine_ctl.core.record.model import DeploymentRecord, FailedStart, ReplicaRecord, StartupRecord, State
 from engine_ctl.core.record.requests import done_steps, step_done
 from engine_ctl.core.render.units import bind_address, local_address
 from engine_ctl.core.weights import WeightsFetch, human, is_checkout, waiting_reason
@@ -271,6 +271,17 @@ def _set_status(state: State, name: str, host: str, unit: str, status: str, reas
         if r.unit == unit and r.host == host:
             r.status = status  # type: ignore[assignment]
             r.reason = reason
+    if rec is not None and status == "serving":  # the replica serves: its failed start's row goes
+        served = {r.index for r in rec.replicas if r.unit == unit and r.host == host}
+        rec.failed_starts = [f for f in rec.failed_starts if f.index not in served]
+
+
+def _start_failed(state: State, name: str, step: ReplicaChange, error: str) -> None:
+    """A start that failed, its unit removed again: the instance keeps its row, with the error (seed 003)."""
+    rec = _record(state, name)
+    row = FailedStart(index=step.index, slot=step.slot, host=step.host, unit=step.unit, port=step.port,
+                      gpu_indexes=step.gpu_indexes, revision=step.revision, error=error)  # fmt: skip
+    rec.failed_starts = sorted([f for f in rec.failed_starts if f.index != step.index] + [row], key=lambda f: f.index)
 
 
 # --- executing ------------------------------------------------------------------------------------------
@@ -578,6 +589,8 @@ class Executor:
             rec.spec, rec.model, rec.spec_hash, rec.plan = change.spec, change.model, change.spec_hash, change.fit
             rec.chosen = dict(change.chosen)
             rec.moved_from = _still_named_after(rec)
+            limit = change.spec.replicas_max if change.spec else 0  # rows of replicas no longer asked for go
+            rec.failed_starts = [f for f in rec.failed_starts if f.index < limit]
         wanted = change.spec.replicas_min if change.spec else len(rec.replicas)
         target = change.revision if applied else rec.revision
         pending = "; ".join([*([change.pending_reason] if change.pending_reason else []), *change.blocked]) or None
@@ -651,12 +664,14 @@ class Executor:
             self._run(t, remove_argv(step.unit), f"removing the failed {step.unit} on {step.host}")
             self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
             self._record(lambda s: _initialized(s, name, None, time.monotonic() - began, reason), name)
+            self._record(lambda s: _start_failed(s, name, step, reason), name)
             raise StepFailed(reason)
         why = self._not_ready(t, change, step.host, step.port, step.argv)
         if why:  # a decisions replica that does not answer the readiness decision never serves
             self._run(t, remove_argv(step.unit), f"removing the unready {step.unit} on {step.host}")
             self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
             self._record(lambda s: _initialized(s, name, None, time.monotonic() - began, why), name)
+            self._record(lambda s: _start_failed(s, name, step, why), name)
             raise StepFailed(why)
         if measure:
             self._measure(measurement(result.stdout), name, step, time.monotonic() - began)

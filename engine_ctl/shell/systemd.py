@@ -78,11 +78,15 @@ def remove_unit(unit: str, *paths: str, only_if_installed: bool = False) -> str:
     return f"{first}; rm -f {' '.join([path, *paths])}; {daemon_reload()}"
 
 
-def journal_argv(units: Sequence[str], fields: str, since: str | None, lines: int | None, follow: bool) -> list[str]:
+def journal_argv(
+    units: Sequence[str], fields: str, since: str | None, lines: int | None, follow: bool, grep: str | None = None
+) -> list[str]:
     """journalctl for these units, one JSON entry a line (so each line is known to be the unit's, and when), cut to
-    some fields."""
+    some fields; `grep`: only the entries whose MESSAGE matches (a PCRE2 pattern)."""
     argv = ["journalctl", "--no-pager", "--output=json", f"--output-fields={fields}"]
     argv += [f"--unit={u}" for u in units]
+    if grep is not None:
+        argv.append(f"--grep={grep}")
     if since is not None:
         argv.append(f"--since={since}")
     if lines is not None:

@@ -200,9 +200,10 @@ def unit_diff_lines(d: Drift) -> list[tuple[str, str]]:
     return out
 
 
-def render_plan(plan: Plan, command: str = "apply") -> list[tuple[str, str]]:
+def render_plan(plan: Plan, command: str = "apply", verbose: bool = False) -> list[tuple[str, str]]:
     """(style, line) pairs; style is one of '', 'add', 'change', 'destroy', 'warn', 'bold'. `command` is the
-    command that shows it: `destroy` speaks of destroying, never of documents."""
+    command that shows it: `destroy` speaks of destroying, never of documents. `verbose`: a new gateway's whole
+    configuration too (else a summary of it)."""
     out = _render_top(plan)
     if plan.refresh_only:
         out.append(("bold", "Refresh only: apply records what drifted into the state; nothing on the hosts changes."))
@@ -216,7 +217,7 @@ def render_plan(plan: Plan, command: str = "apply") -> list[tuple[str, str]]:
     for c in changed:
         out += _render_change(c, command)
     for g in gateways:
-        out += _gateway_lines(g)
+        out += _gateway_lines(g, verbose)
     for g in plan.gateways:
         out += [("warn", f"Warning: gateway {g.host}: {w}") for w in g.warnings]
     for c in plan.changes:
@@ -260,6 +261,8 @@ def _render_top(plan: Plan) -> list[tuple[str, str]]:
     """What stands above the actions: deployments destroyed for absent documents, refusals, unreachable hosts,
     drift (a hand-edited unit with the diff of its text)."""
     out: list[tuple[str, str]] = []
+    if plan.context.env:  # issue 26: on hosts shared by environments, which one this plan is for
+        out += [("bold", f"Environment: {plan.context.env}"), ("", "")]
     if plan.absent:  # first: with --auto-approve this is an outage nobody asked for by name
         n = len(plan.absent)
         out.append(("destroy", f"This plan destroys {n} deployment{'s' if n != 1 else ''} because "
@@ -360,8 +363,9 @@ def _render_end(plan: Plan, command: str, changed: bool) -> list[tuple[str, str]
     return [*out, ("bold", summary_line(plan))]
 
 
-def _gateway_lines(g: GatewayChange) -> list[tuple[str, str]]:
-    """`+ gateway "edge-01"` with its endpoint, its reasons and a diff of its HAProxy configuration."""
+def _gateway_lines(g: GatewayChange, verbose: bool = False) -> list[tuple[str, str]]:
+    """`+ gateway "edge-01"` with its endpoint, its reasons and a diff of its HAProxy configuration; a new
+    gateway's configuration is a short summary unless `verbose` (--json and --markdown carry it whole)."""
     style = {"+": "add", "-": "destroy", "~": "change"}[g.symbol]
     out: list[tuple[str, str]] = [("", ""), ("bold", f"  # gateway {g.host}: http://{g.endpoint}/v1")]
     out += [("", f"  #   {reason}") for reason in g.reasons]
@@ -370,18 +374,39 @@ def _gateway_lines(g: GatewayChange) -> list[tuple[str, str]]:
         out.append(
             ("", f"      # replicas enter once healthy; old ones drain (up to {g.drain_timeout_s} s) before they stop")
         )
-    for line in g.diff[2:]:
-        kind = {"+": "add", "-": "destroy"}.get(line[:1], "")
-        out.append((kind, f"      {line}"))
+    summary = g.action == ["create"] and not verbose
+    if summary:
+        out += [("add", f"      {line}") for line in gateway_summary(g)]
+    else:
+        out += [({"+": "add", "-": "destroy"}.get(ln[:1], ""), f"      {ln}") for ln in g.diff[2:]]
     if g.maps:
-        keys = len(g.maps.get("keys.map", {}))
-        out.append(("", f"      keys: {keys} (sha256 only; applied over the stats socket, no reload)"))
+        out.append(("", f"      keys:     {_keys_said(g)} (sha256 only; applied over the stats socket, no reload)"))
+    if summary:
+        lines = g.files.get("haproxy.cfg", "").count("\n")
+        out.append(("", f"      # haproxy.cfg ({lines} lines): shown with --verbose; --json and --markdown carry it"))
     out.append((style, "    }"))
     return out
 
 
-def plan_text(plan: Plan, command: str = "apply") -> str:
-    return "\n".join(line for _, line in render_plan(plan, command)) + "\n"
+def _keys_said(g: GatewayChange) -> str:
+    """How many keys, and how many of them have a rate limit."""
+    keys, limited = len(g.maps.get("keys.map", {})), len(g.maps.get("limits.map", {}))
+    return f"{keys}" + (f", {limited} limited in requests a minute" if limited else "")
+
+
+def gateway_summary(g: GatewayChange) -> list[str]:
+    """A new gateway in a few lines: where it listens, what it routes, how long it holds, HAProxy's threads."""
+    routed = sorted(g.maps.get("models.map", {}))
+    return [
+        f"endpoint: http://{g.endpoint}/v1",
+        f"routes:   {', '.join(routed) if routed else '(no deployment yet)'}",
+        f"hold:     up to {g.hold_s} s, at most {g.hold_cap} requests per deployment; then 503",
+        f"threads:  {g.threads}",
+    ]
+
+
+def plan_text(plan: Plan, command: str = "apply", verbose: bool = False) -> str:
+    return "\n".join(line for _, line in render_plan(plan, command, verbose)) + "\n"
 
 
 RICH_STYLES = {"add": "green", "change": "yellow", "destroy": "red", "warn": "yellow", "bold": "bold", "": ""}
@@ -402,6 +427,7 @@ def plan_markdown(plan: Plan, full_plan: str | None = None, limit: int = COMMENT
     pieces += [_Piece("warning", text) for text in _md_warnings(plan)]
     pieces += [_Piece("unit diff", _md_unit_diff(d)) for d in plan.drift if d.diff]
     pieces += [_Piece("deployment", _md_section(c)) for c in plan.changes if c.changed]
+    pieces += [_Piece("gateway", _md_gateway(g)) for g in plan.gateways if g.changed and g.diff]
     if plan.prunes:
         lines = "".join(f"- {_text(p.line)}\n" for p in plan.prunes)
         pieces.append(_Piece("deployment", f"\n**Weights to prune** ({prune_total(plan)}):\n\n{lines}"))
@@ -436,8 +462,10 @@ def _cut(pieces: list[_Piece], foot: str, full_plan: str | None, limit: int) -> 
 
 
 def _cut_note(left_out: list[_Piece], full_plan: str | None, limit: int) -> str:
-    counts = {kind: sum(1 for p in left_out if p.kind == kind) for kind in ("warning", "unit diff", "deployment")}
-    names = {"warning": "warning(s)", "unit diff": "unit diff(s)", "deployment": "deployment section(s)"}
+    kinds = ("warning", "unit diff", "deployment", "gateway")
+    counts = {kind: sum(1 for p in left_out if p.kind == kind) for kind in kinds}
+    names = {"warning": "warning(s)", "unit diff": "unit diff(s)", "deployment": "deployment section(s)",
+             "gateway": "gateway section(s)"}  # fmt: skip
     parts = [f"{n} {names[kind]}" for kind, n in counts.items() if n]
     missing = " and ".join(parts) or "the rest"
     where = (
@@ -453,7 +481,8 @@ def _cut_note(left_out: list[_Piece], full_plan: str | None, limit: int) -> str:
 
 def _md_head(plan: Plan) -> str:
     s = plan.summary()
-    head = f"### engine-ctl plan: {s['add']} to add, {s['change']} to change, {s['destroy']} to destroy\n\n"
+    where = f" ({_code(plan.context.env)})" if plan.context.env else ""
+    head = f"### engine-ctl plan{where}: {s['add']} to add, {s['change']} to change, {s['destroy']} to destroy\n\n"
     if replicas_line(plan):
         head += replicas_line(plan) + "\n\n"
     if plan.refresh_only:
@@ -521,6 +550,14 @@ def _md_unit_diff(d: Drift) -> str:
     """A hand-edited unit: what the edit changed, as a collapsed diff below the warnings."""
     summary = f"Edited by hand: <code>{html.escape(d.host)}</code> <code>{html.escape(d.unit)}</code>"
     return f"<details><summary>{summary}</summary>\n\n" + _fenced("diff", d.diff) + "\n</details>\n\n"
+
+
+def _md_gateway(g: GatewayChange) -> str:
+    """A changed gateway: its summary, and its whole HAProxy configuration (a diff), collapsed."""
+    summary = f"<code>{html.escape(g.symbol)}</code> gateway <b>{html.escape(g.host)}</b>: http://"
+    summary += html.escape(g.endpoint) + "/v1"
+    body = "".join(f"- {_text(line)}\n" for line in [*g.reasons, *gateway_summary(g), f"keys: {_keys_said(g)}"])
+    return f"<details><summary>{summary}</summary>\n\n{body}\n" + _fenced("diff", g.diff) + "\n</details>\n\n"
 
 
 def _md_section(c: DeploymentChange) -> str:

@@ -148,7 +148,7 @@ def decisions_table(s: DeploymentStatus) -> Table:
 
 def units_line(s: DeploymentStatus) -> str:
     """Each instance's unit, by the naming rule: `Units: engine-ctl-chat-<INSTANCE><SLOT>.service`."""
-    now = ", ".join(i.unit for i in s.instances)
+    now = ", ".join(i.unit for i in s.instances if not i.removed)
     return f"Units: {UNIT_PREFIX}{s.name}-<INSTANCE><SLOT>{UNIT_SUFFIX} on each HOST" + (f"; now {now}" if now else "")
 
 

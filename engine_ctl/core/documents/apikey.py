@@ -7,6 +7,7 @@ deployments and an optional expiry. Pure: `engine-ctl key new` makes a key and p
       sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
       deployments: [chat]        # optional: only these deployments (others answer 404, like an unknown model)
       expires: "2027-01-31"      # optional: a date (UTC midnight) or an ISO 8601 time
+      requests_per_minute: 60    # optional: more are answered 429 rate_limit_exceeded, with Retry-After
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ KEY_PREFIX = "ak-"
 KEY_BYTES = 32
 """256 bits of randomness in every key."""
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+RATE_RANGE = (1, 1_000_000)
+"""A key's requests per minute (spec.requests_per_minute, the inventory's gateway.requests_per_minute)."""
 
 
 class _Doc(BaseModel):
@@ -44,6 +47,12 @@ class ApiKeySpec(_Doc):
     expires: str | None = Field(
         None, description="When the key stops working: a date (YYYY-MM-DD, UTC) or an ISO time."
     )
+    requests_per_minute: int | None = Field(
+        None, description=f"At most this many requests a minute with this key, on each gateway host "
+        f"({RATE_RANGE[0]} to {RATE_RANGE[1]}; left out: the inventory's gateway.requests_per_minute, else no "
+        "limit). More are answered 429 `rate_limit_exceeded` with Retry-After: the seconds until one more is let "
+        "through."
+    )  # fmt: skip
 
 
 class ApiKeyDocument(_Doc):
@@ -57,13 +66,18 @@ def key_sha256(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def key_document(name: str, sha256: str, deployments: list[str] | None = None, expires: str | None = None) -> str:
+def key_document(
+    name: str, sha256: str, deployments: list[str] | None = None, expires: str | None = None,
+    requests_per_minute: int | None = None,
+) -> str:  # fmt: skip
     """The `kind: ApiKey` document for a key (its hash only), as YAML to paste into the documents."""
     lines = ["kind: ApiKey", f"metadata: {{name: {name}}}", "spec:", f"  sha256: {sha256}"]
     if deployments:
         lines.append(f"  deployments: [{', '.join(deployments)}]")
     if expires:
         lines.append(f'  expires: "{expires}"')
+    if requests_per_minute is not None:
+        lines.append(f"  requests_per_minute: {requests_per_minute}")
     return "\n".join(lines) + "\n"
 
 
@@ -102,6 +116,20 @@ def api_key_from(doc: SourceDocument) -> tuple[ApiKey | None, list[Diagnostic]]:
         parsed = ApiKeyDocument.model_validate(data)
     except ValidationError as exc:
         return None, diagnostics_from(exc, doc, ApiKeyDocument)
+    name = parsed.metadata.name
+    expires = parse_expiry(parsed.spec.expires) if parsed.spec.expires is not None else None
+    problems = _spec_problems(doc, parsed, expires)
+    rate = parsed.spec.requests_per_minute
+    if problems:
+        return None, problems
+    scope = tuple(parsed.spec.deployments) if parsed.spec.deployments is not None else None
+    key = ApiKey(name=name, sha256=parsed.spec.sha256, deployments=scope, expires=expires, requests_per_minute=rate,
+                 file=doc.file)  # fmt: skip
+    return key, []
+
+
+def _spec_problems(doc: SourceDocument, parsed: ApiKeyDocument, expires: int | None) -> list[Diagnostic]:
+    """What a parsed ApiKey document's own rules refuse, each at its field."""
     problems: list[Diagnostic] = []
     name = parsed.metadata.name
     if not deployment_name_ok(name):
@@ -126,7 +154,6 @@ def api_key_from(doc: SourceDocument) -> tuple[ApiKey | None, list[Diagnostic]]:
             problems.append(
                 Diagnostic(doc.locate(where), f"spec.deployments[{i}]", f"{d!r}: {NAME_MESSAGE}", code="invalid_name")
             )
-    expires = parse_expiry(parsed.spec.expires) if parsed.spec.expires is not None else None
     if parsed.spec.expires is not None and expires is None:
         problems.append(
             Diagnostic(
@@ -136,7 +163,15 @@ def api_key_from(doc: SourceDocument) -> tuple[ApiKey | None, list[Diagnostic]]:
                 code="invalid_expiry",
             )
         )
-    if problems:
-        return None, problems
-    scope = tuple(parsed.spec.deployments) if parsed.spec.deployments is not None else None
-    return ApiKey(name=name, sha256=parsed.spec.sha256, deployments=scope, expires=expires, file=doc.file), []
+    rate = parsed.spec.requests_per_minute
+    if rate is not None and not RATE_RANGE[0] <= rate <= RATE_RANGE[1]:
+        problems.append(
+            Diagnostic(
+                doc.locate(("spec", "requests_per_minute")),
+                "spec.requests_per_minute",
+                f"between {RATE_RANGE[0]} and {RATE_RANGE[1]} requests a minute, not {rate}",
+                hint="leave it out for the inventory's gateway.requests_per_minute (else no limit)",
+                code="out_of_range",
+            )
+        )
+    return problems

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -30,6 +31,8 @@ DEFAULT_GATEWAY_THREADS = 1
 answer, and leaves the other cores to the engines that share the host (bench/gateway.py: two threads on two
 cores took about a sixth more CPU per request)."""
 GATEWAY_THREADS_RANGE = (1, 64)
+KEY_RATE_RANGE = (1, 1_000_000)
+"""Requests a minute per API key (the ApiKey documents' spec.requests_per_minute has the same range)."""
 """All hf: downloads together on a host are capped at 500 GiB (seed 003), unless downloads.cap says otherwise."""
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 EXECUTABLE = re.compile(r"/[A-Za-z0-9/._+:=,@-]*")
@@ -137,6 +140,23 @@ class GatewaySettingsDocument(_Doc):
         None, description=f"HAProxy's threads on each gateway host ({DEFAULT_GATEWAY_THREADS}; "
         f"{GATEWAY_THREADS_RANGE[0]} to {GATEWAY_THREADS_RANGE[1]}): more for a gateway of its own under heavy load."
     )  # fmt: skip
+    requests_per_minute: int | None = Field(
+        None, description=f"At most this many requests a minute per API key, on each gateway host, for every key "
+        f"whose document sets no spec.requests_per_minute ({KEY_RATE_RANGE[0]} to {KEY_RATE_RANGE[1]}; left out: no "
+        "limit). More are answered 429 `rate_limit_exceeded` with Retry-After."
+    )  # fmt: skip
+
+
+class MonitoringDocument(_Doc):
+    """Prometheus metrics on every gateway host, for the monitoring hosts only."""
+
+    port: int = Field(description="The metrics port on every gateway host (e.g. 8405): HAProxy's exporter on "
+                      "/metrics, engine-ctl's series on /metrics/engine-ctl.")  # fmt: skip
+    hosts: list[str] = Field(
+        default_factory=list,
+        description="Who may scrape it besides loopback: inventory host names, IP addresses or networks "
+        "(10.0.0.0/24). The same hosts reach each engine's /metrics through its guard.",
+    )
 
 
 class ScalerLockDocument(_Doc):
@@ -195,9 +215,12 @@ class InventoryDocument(_Doc):
     gateway: GatewaySettingsDocument | None = Field(
         None,
         description="The gateway's settings: how long and how many requests are held (hold_s, hold_cap), "
-        "HAProxy's threads (threads).",
+        "HAProxy's threads (threads), the requests a minute per API key (requests_per_minute).",
     )
     scaling: ScalingSettings | None = Field(None, description="The scaler's timings: decide_every_s, poll_s.")
+    monitoring: MonitoringDocument | None = Field(
+        None, description="Prometheus metrics on the gateway hosts: their port and the hosts that may scrape them."
+    )
     hosts: list[dict[str, object]] = Field(description="The hosts.")
 
 
@@ -245,6 +268,12 @@ class GatewaySettings(BaseModel):
     hold_s: int = DEFAULT_HOLD_S
     hold_cap: int = DEFAULT_HOLD_CAP
     threads: int = DEFAULT_GATEWAY_THREADS
+    requests_per_minute: int | None = None
+    """Per API key, for keys whose document sets none (None: no limit)."""
+    metrics_port: int | None = None
+    """The inventory's monitoring.port: the gateway's metrics port (None: no metrics)."""
+    metrics_allow: tuple[str, ...] = ()
+    """monitoring.hosts as addresses and networks: who may connect to the metrics port besides loopback."""
 
 
 class Inventory(BaseModel):
@@ -454,6 +483,8 @@ def inventory_from(doc: SourceDocument) -> tuple[Inventory, list[Diagnostic]]:
         )
     downloads, wrong = _downloads(doc, parsed.downloads)
     gateway, out_of_range = _gateway_settings(doc, parsed.gateway)
+    gateway, monitoring_problems = _monitoring(doc, parsed.monitoring, gateway, hosts)
+    out_of_range += monitoring_problems
     scaling, lock_problems = _scaling(doc, parsed.scaling)
     inventory = Inventory(file=doc.file, hosts=tuple(hosts), downloads=downloads, gateway=gateway, scaling=scaling)
     return inventory, problems + wrong + out_of_range + lock_problems
@@ -514,6 +545,7 @@ def _gateway_settings(
         ("hold_s", HOLD_S_RANGE, DEFAULT_HOLD_S, " seconds"),
         ("hold_cap", HOLD_CAP_RANGE, DEFAULT_HOLD_CAP, ""),
         ("threads", GATEWAY_THREADS_RANGE, DEFAULT_GATEWAY_THREADS, ""),
+        ("requests_per_minute", KEY_RATE_RANGE, "no limit", " requests a minute"),
     )
     for key, (low, high), default, unit in limits:
         value = getattr(settings, key)
@@ -525,6 +557,54 @@ def _gateway_settings(
     if problems:
         return GatewaySettings(), problems
     return GatewaySettings(**settings.model_dump(exclude_none=True)), []
+
+
+RESERVED_PORTS = {8809: "the scaler's wake port", 22: "SSH"}
+
+
+def _monitoring(
+    doc: SourceDocument, settings: MonitoringDocument | None, gateway: GatewaySettings, hosts: list[Host]
+) -> tuple[GatewaySettings, list[Diagnostic]]:
+    """The monitoring block: a port in range that no gateway host uses already, and each of its hosts an inventory
+    host with an IP address, an IP address or a network (HAProxy compares a connection's source with them)."""
+    if settings is None:
+        return gateway, []
+    problems = []
+
+    def wrong(where: tuple[str | int, ...], message: str, hint: str, code: str) -> None:
+        problems.append(Diagnostic(doc.locate(where), format_path(where), message, hint=hint, code=code))
+
+    port = settings.port
+    taken = {h.gateway_port: f"{h.name}'s gateway_port" for h in hosts if GATEWAY_ROLE in h.roles}
+    taken.update({h.port: f"{h.name}'s SSH port" for h in hosts if GATEWAY_ROLE in h.roles})
+    taken.update(RESERVED_PORTS)
+    if not 1 <= port <= 65535:
+        wrong(("monitoring", "port"), f"between 1 and 65535, not {port}", "e.g. 8405", code="out_of_range")
+    elif port in taken:
+        wrong(("monitoring", "port"), f"{port} is already {taken[port]} on the gateway hosts",
+              "choose a free port, e.g. 8405", code="port_taken")  # fmt: skip
+    by_name = {h.name: h for h in hosts}
+    allow: list[str] = []
+    for i, entry in enumerate(settings.hosts):
+        named = by_name.get(entry)
+        value = named.address if named is not None else entry
+        try:
+            network = ipaddress.ip_network(value, strict=False)
+        except ValueError:
+            if named is not None:
+                wrong(("monitoring", "hosts", i), f"host {entry!r} has the address {value!r}, not an IP address: "
+                      "the gateway compares a scraper's source address with it", "give the host's IP address "
+                      "here instead", code="monitoring_host")  # fmt: skip
+            else:
+                known = ", ".join(sorted(by_name)) or "(none)"
+                wrong(("monitoring", "hosts", i), f"{entry!r} is neither a host of this inventory nor an IP "
+                      "address or network", f"an inventory host ({known}), an address such as 10.0.0.5 or a "
+                      "network such as 10.0.0.0/24", code="monitoring_host")  # fmt: skip
+            continue
+        allow.append(str(network.network_address) if network.num_addresses == 1 else str(network))
+    if problems:
+        return gateway, problems
+    return gateway.model_copy(update={"metrics_port": port, "metrics_allow": tuple(dict.fromkeys(allow))}), []
 
 
 def _port_problems(doc: SourceDocument, i: int, entry: HostEntry) -> list[Diagnostic]:

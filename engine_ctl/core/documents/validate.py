@@ -10,6 +10,10 @@ from engine_ctl.core.documents.rules import field_name, resolve_engine, written
 from engine_ctl.core.model import LoadedDeployment, Model
 from engine_ctl.providers import Provider
 
+MARGIN_RULE = ("on a unified-memory machine such as a GB10 the margin is 8 GiB, or the weights x 0.15 plus 4 GiB "
+               "for checkpoints above 26.7 GiB; on a discrete GPU it is the weights x 0.10")  # fmt: skip
+"""Seed 003's words for the flat form's memory margin (engine_ctl.core.fit.fitting.memory_margin_bytes)."""
+
 FORMAT_VERSION = 1
 
 RESOLUTION = (
@@ -120,7 +124,7 @@ def flat_defaults(loaded: LoadedDeployment, engine: Provider | None) -> list[Def
         out.append(Default("devices", None, why, True))
     if d.gpu_memory_bytes is None:
         why = ("sized from the checkpoint and the GPU: the weights, the KV cache and a margin for the engine's own "
-               "memory")  # fmt: skip
+               f"memory ({MARGIN_RULE})")  # fmt: skip
         out.append(Default("engine_config.memory.request", None, why, True))
     if not written(o, "residency"):
         out.append(Default("residency", d.residency, _parks(d.residency, d.api, engine)))

@@ -21,7 +21,7 @@ from engine_ctl.core.fit.hostfacts import Gpu, HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts, estimate_weights_bytes
 from engine_ctl.core.fit.runspec import FitPlan, MemoryBasis, Placement
 from engine_ctl.core.model import Deployment, Model
-from engine_ctl.core.sizes import GB, gb_down, gb_up
+from engine_ctl.core.sizes import GB, GIB, gb_down, gb_up
 from engine_ctl.providers import Provider
 
 GPU_CHOICES = (1, 2, 4, 8)
@@ -265,6 +265,25 @@ def devices_refusal(d: Deployment) -> str | None:
 # --- the fit ----------------------------------------------------------------------------------------------
 
 
+# --- seed 003's margin: the memory a flat-form engine may use is the weights, the KV cache and this -----------
+UNIFIED_MARGIN_BYTES = 8 * GIB
+UNIFIED_LARGE_BYTES = int(26.7 * GIB)
+"""Above this checkpoint size the unified-memory margin is the weights x 0.15 plus 4 GiB (8 GiB at 26.7 GiB)."""
+
+
+def unified_memory(gpu: Gpu) -> bool:
+    """A GPU that shares the machine's memory: a GB10 (DGX Spark) or Apple silicon."""
+    return gpu.vendor == "apple" or "GB10" in gpu.name.upper()
+
+
+def memory_margin_bytes(weights: int, unified: bool) -> int:
+    """Seed 003: "On a unified-memory machine such as a GB10 the margin is 8 GiB, or the weights x 0.15 plus 4 GiB
+    for checkpoints above 26.7 GiB; on a discrete GPU it is the weights x 0.10." """
+    if not unified:
+        return math.ceil(weights * 0.10)
+    return math.ceil(weights * 0.15) + 4 * GIB if weights > UNIFIED_LARGE_BYTES else UNIFIED_MARGIN_BYTES
+
+
 def fit(
     d: Deployment,
     model: Model,
@@ -272,11 +291,13 @@ def fit(
     hosts: Sequence[HostFacts],
     names: Callable[[str], str] | None = None,
     fleet: Fleet | None = None,
+    flat: bool = False,
 ) -> FitPlan | FitUnknown | str:
     """The plan object for one replica; FitUnknown when it cannot be sized yet (Pending); or why the
     specification cannot be served as asked (Failed). Memory the deployment states itself (flat form:
     resources.ram, resources.gpu or engine_config.memory.request) replaces the estimate. `names` gives a field's
-    name in the deployment's own document form (rules.field_name), for the messages."""
+    name in the deployment's own document form (rules.field_name), for the messages. `flat`: a flat-form document
+    (seed 003) whose GPU memory request engine-ctl fills in: the weights, the KV cache and seed 003's margin."""
     context_field = names("context_length") if names else "spec.context_length"
     refusal = context_refusal(d, model, facts, context_field) or devices_refusal(d)
     if refusal:
@@ -296,7 +317,7 @@ def fit(
     if d.accelerator == "cpu":
         result = _fit_cpu(d, model, facts, shape, usable, provider, weights, basis, fleet or AskEachHost())
     else:
-        result = _fit_gpu(d, model, facts, shape, usable, provider, weights, basis, fleet or AskEachHost())
+        result = _fit_gpu(d, model, facts, shape, usable, provider, weights, basis, fleet or AskEachHost(), flat)
     if not isinstance(result, FitPlan):
         return result
     if d.ram_bytes or d.startup_bytes:  # a declared start-up memory is what its start sets aside
@@ -369,7 +390,7 @@ def _kind(model: Model) -> Literal["chat", "embedding"]:
 
 def _fit_gpu(
     d: Deployment, model: Model, facts: ModelFacts | None, shape: ModelFacts | None, hosts: Sequence[HostFacts],
-    provider: Provider, weights: int, basis: MemoryBasis, fleet: Fleet,
+    provider: Provider, weights: int, basis: MemoryBasis, fleet: Fleet, flat: bool = False,
 ) -> FitPlan | FitUnknown | str:  # fmt: skip
     context = default_context(d, model, facts, provider)
     per_token = _kv_per_token(d, shape, provider)
@@ -384,13 +405,14 @@ def _fit_gpu(
     gpu_options = (fixed,) if fixed else tuple(n for n in GPU_CHOICES if n <= max(len(gpus_there), 1))
     parallel_options = (d.parallel,) if d.parallel else provider.parallel_candidates("gpu")
     heads = shape.head_count if shape else (facts.head_count if facts else None)
+    margin = memory_margin_bytes(weights, any(unified_memory(g) for g in gpus_there)) if flat else None
     chosen: tuple[int, int, int, int] | None = None
     smallest_need: tuple[int, int, int, int] | None = None
     for n in gpu_options:
         if provider.tp_must_divide_heads and heads and n > 1 and heads % n:
             continue
         for p in parallel_options:
-            candidate = _candidate(d, provider, weights, per_token, context, n, p)
+            candidate = _candidate(d, provider, weights, per_token, context, n, p, margin)
             if smallest_need is None or candidate[2] < smallest_need[2]:
                 smallest_need = candidate
             if biggest is None or candidate[2] <= biggest_gpu:
@@ -417,14 +439,18 @@ def _fit_gpu(
 
 
 def _candidate(
-    d: Deployment, provider: Provider, weights: int, per_token: int | None, context: int, n: int, p: int
-) -> tuple[int, int, int, int]:
+    d: Deployment, provider: Provider, weights: int, per_token: int | None, context: int, n: int, p: int,
+    margin: int | None = None,
+) -> tuple[int, int, int, int]:  # fmt: skip
     """(gpus, parallel, bytes each GPU needs, KV cache bytes) for one choice. A stated memory request (split
-    over the GPUs) is what each GPU needs; else the engine's rule from the weights and the KV cache."""
+    over the GPUs) is what each GPU needs; else, with `margin` (the flat form's), the weights, the KV cache and
+    the margin split over the GPUs; else the engine's rule from the weights and the KV cache."""
     if per_token is None:  # the stated request holds the KV cache: what is left after the weights
         assert d.gpu_memory_bytes
         return n, p, math.ceil(d.gpu_memory_bytes / n), max(d.gpu_memory_bytes - weights, 0)
     kv = per_token * provider.cache_tokens(context, p)
     if d.gpu_memory_bytes:
         return n, p, math.ceil(d.gpu_memory_bytes / n), kv
+    if margin is not None:
+        return n, p, math.ceil((weights + kv + margin) / n), kv
     return n, p, provider.gpu_bytes_per_gpu(weights, kv, n, per_token * context), kv

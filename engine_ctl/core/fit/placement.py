@@ -9,7 +9,8 @@ hosts of the order, not at every host of the fleet (5,000 replicas on 1,000 host
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from engine_ctl.core.fit.fitting import FitResult, compatible_gpus, pins
@@ -254,21 +255,23 @@ def place(
     candidates = [h for h in hosts if d.host in (None, h.host)]
     placements: list[Placement] = []
     waiting: dict[str, str] = {}
+    ready: set[str] = set()  # hosts where it would run but for the weights (or what else no_weights says)
     if d.host is not None and not candidates:
         return FitResult(plan=plan, pending_reason=f"Waiting for host {d.host} (not in the inventory or unreachable)")
     for index in range(count):
         best: tuple[HostFacts, list[Gpu]] | None = None
         for h in host_order(candidates, per_host, held, prefer):
-            if no_weights and h.host in no_weights:
-                waiting[h.host] = no_weights[h.host]
-                continue
             gpus, reason = host_verdict(h, plan, provider, held)
+            if no_weights and h.host in no_weights:  # it waits for the weights only where it would run
+                waiting[h.host] = no_weights[h.host] if gpus is not None else reason or "cannot run here"
+                ready |= {h.host} if gpus is not None else set()
+                continue
             if gpus is None:
                 waiting[h.host] = reason or "cannot run here"
             elif best is None:
                 best = (h, gpus)
         if best is None:
-            reason = _furthest(waiting) if waiting else "Waiting for a machine (no host in the inventory)"
+            reason = _furthest(waiting, ready) if waiting else "Waiting for a machine (no host in the inventory)"
             return FitResult(plan=plan, placements=tuple(placements), waiting=waiting, pending_reason=reason)
         h, gpus = best
         waiting.pop(h.host, None)
@@ -394,13 +397,15 @@ def place_one(
     else:
         order = ranking.in_order(per_host or {}, prefer)
     waiting: dict[str, str] = {}
+    ready: set[str] = set()  # hosts where it would run but for the weights (or what else no_weights says)
     taken = ranking.taken
     fallback: tuple[HostFacts, list[Gpu]] | None = None
     for h in order:
-        if no_weights and h.host in no_weights:
-            waiting[h.host] = no_weights[h.host]
-            continue
         gpus, reason = host_verdict(h, plan, provider, taken)
+        if no_weights and h.host in no_weights:  # it waits for the weights only where it would run
+            waiting[h.host] = no_weights[h.host] if gpus is not None else reason or "cannot run here"
+            ready |= {h.host} if gpus is not None else set()
+            continue
         if gpus is None:
             waiting[h.host] = reason or "cannot run here"
             continue
@@ -414,7 +419,7 @@ def place_one(
     if fallback is not None:  # it fits nowhere beside the reservations: it takes an on-demand slot's room
         h, gpus = fallback
         return FitResult(plan=plan, placements=(_placement(plan, h, gpus, taken, index),))
-    reason = _furthest(waiting) if waiting else "Waiting for a machine (no host in the inventory)"
+    reason = _furthest(waiting, ready) if waiting else "Waiting for a machine (no host in the inventory)"
     return FitResult(plan=plan, waiting=waiting, pending_reason=reason)
 
 
@@ -431,9 +436,34 @@ def replica_threads(plan: FitPlan, host: HostFacts) -> int | None:
     return min(2 * plan.cpu_cores, host.cpu.cores) if plan.accelerator == "cpu" else None
 
 
-def _furthest(waiting: dict[str, str]) -> str:
-    """The reason to show for the deployment: the one most hosts share."""
-    counts: dict[str, int] = {}
-    for reason in waiting.values():
-        counts[reason] = counts.get(reason, 0) + 1
-    return max(counts, key=lambda r: counts[r])
+STAGES = (
+    re.compile(r"^Waiting for a machine with a GPU \(this one has none\)"),
+    re.compile(r"^Waiting for a machine with \w+ GPUs \(this one has "),
+    re.compile(r"^Waiting for a machine with GPUs .* runs on "),
+    re.compile(r"^Waiting for a machine with the pinned GPUs "),
+    re.compile(r"^Waiting for a machine with a GPU with at least "),
+    re.compile(r"^Waiting for a machine with \d+ free GPUs? with at least "),
+    re.compile(r"^Waiting for a machine with \d+ free CPU cores? "),
+    re.compile(r"^Waiting for a machine with [\d.]+ GiB of free "),
+    re.compile("^" + re.escape(RESERVED)),
+    re.compile(r"^Waiting for the weights of | is not usable: "),
+)
+"""How far a replica got on a host, in the order host_verdict checks (then the weights, checked once it would run
+there): a host with a GPU too small is further than one with none, one with every GPU busy further still."""
+
+
+def stage(reason: str) -> int:
+    """The reason's place in STAGES (-1: one of no stage, as a host the deployment names that is not there)."""
+    return next((i for i, pattern in enumerate(STAGES) if pattern.search(reason)), -1)
+
+
+def _furthest(waiting: dict[str, str], ready: Set[str] = frozenset()) -> str:
+    """The reason to show for the deployment (seed 000: "the reason is the furthest replica's"): the reason of the
+    host where it got furthest (STAGES; furthest of all a host in `ready`, where it would run but for what it
+    waits for there: the weights, the guard's HAProxy); among equals, the one most hosts share, then the first."""
+    ranks: dict[str, tuple[int, int]] = {}
+    for host, reason in waiting.items():
+        rank = len(STAGES) if host in ready else stage(reason)
+        old = ranks.get(reason, (rank, 0))
+        ranks[reason] = (max(old[0], rank), old[1] + 1)
+    return max(ranks, key=lambda r: ranks[r])

@@ -33,7 +33,7 @@ from engine_ctl.core.plan.planner import make_plan, render_replica
 from engine_ctl.core.plan.status import recorded_verdict
 from engine_ctl.core.plan.world import recorded_placement
 from engine_ctl.core.record.model import ULID, DeploymentRecord, GatewayRecord, ReplicaRecord, State
-from engine_ctl.core.render.gateway import CONFIG_FILE, GATEWAY_UNIT, RenderedGateway
+from engine_ctl.core.render.gateway import CONFIG_FILE, GATEWAY_UNIT, RenderedGateway, created_of
 from engine_ctl.core.render.guard import guarded_by
 
 
@@ -340,17 +340,19 @@ MAX_ON_DEMAND_TRIED = 8
 """On-demand servers whose every running/not-running combination is tried against a gateway's files (2^8 renders)."""
 
 
-Sizing = dict[str, tuple[str | None, int | None, str]]
+Sizing = dict[str, tuple[str | None, int | None, str, int]]
 
 
 def _gateway_inputs(state: State, facts: Mapping[str, HostFacts]) -> tuple[Replicas, Sizing]:
-    """The replicas each deployment's backend has (as the recorded state has them), and its (engine, parallel, api)."""
+    """The replicas each deployment's backend has (as the recorded state has them), and its (engine, parallel, api,
+    created)."""
     after: Replicas = {}
     sizing: Sizing = {}
     for name, rec in sorted(state.deployments.items()):
         after[name] = {(r.host, r.index, r.slot): r for r in recorded_replicas(rec, facts)}
         api = rec.spec.api if rec.spec else "chat"
-        sizing[name] = (rec.plan.engine, rec.plan.parallel, api) if rec.plan else (None, None, api)
+        created = created_of(rec.id)
+        sizing[name] = (rec.plan.engine, rec.plan.parallel, api, created) if rec.plan else (None, None, api, created)
     return after, sizing
 
 

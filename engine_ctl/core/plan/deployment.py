@@ -153,16 +153,17 @@ def keep_chosen(
 
 def fit_step(
     change: DeploymentChange, d: Deployment, model: Model, model_facts: ModelFacts | None, hosts: Hosts,
-    record: DeploymentRecord | None, names: Names | None = None,
+    record: DeploymentRecord | None, names: Names | None = None, flat: bool = False,
 ) -> FitPlan | None:  # fmt: skip
     """One replica's fit, recorded in the change; None when there is none (the change then says Failed, or
-    Pending and why), and nothing more is planned for the deployment."""
+    Pending and why), and nothing more is planned for the deployment. `flat`: a flat-form document (seed 003's
+    memory margin)."""
     gone = weights_gone(model, hosts, record)
     if gone:
         change.failed_reason = gone
         change.warnings.append(f"{d.name} is Failed: {gone}; its running replicas are left as they are")
         return None
-    fitted = fit(d, model, model_facts, hosts.reached, names, hosts)
+    fitted = fit(d, model, model_facts, hosts.reached, names, hosts, flat=flat)
     if isinstance(fitted, str):
         change.failed_reason = fitted
         change.warnings.append(f"{d.name} is Failed: {fitted}; its running replicas are left as they are")
@@ -257,6 +258,10 @@ def weights_gone(model: Model, hosts: Hosts, record: DeploymentRecord | None) ->
             "back, or point the model's path at where they are")  # fmt: skip
 
 
+WRITABLE = "is writable by other users"
+"""The facts' model problem for a model whose directory or file others may write (seed 003 refuses it)."""
+
+
 def unusable_weights(model: Model, hosts: Hosts) -> tuple[str, dict[str, str]] | None:
     """Why a model's files, present on the reached hosts, cannot be used (not a valid file, writable by others):
     the reason naming each file, its hosts and the fault, and each host's own; None when no host has such a file
@@ -273,8 +278,10 @@ def unusable_weights(model: Model, hosts: Hosts) -> tuple[str, dict[str, str]] |
     if not found:
         return None
     said = "; ".join(f"{path} on {', '.join(on)}: {problem}" for (path, problem), on in sorted(found.items()))
-    return (f"the weights of {model.name} are not usable on any reachable host ({said}); replace the file, or point "
-            "the model's path at a valid one"), waiting  # fmt: skip
+    todo = "replace the file, or point the model's path at a valid one"
+    if all(WRITABLE in problem for _, problem in found):  # B41: the files are there; who may write them is the fault
+        todo = "remove the other users' write access, or point the model's path at files only their owner may write"
+    return f"the weights of {model.name} are not usable on any reachable host ({said}); {todo}", waiting
 
 
 # --- leftovers ----------------------------------------------------------------------------------------------
@@ -523,11 +530,15 @@ def shrink(t: Target, live: list[ReplicaRecord]) -> None:
 def host_warnings(t: Target) -> list[str]:
     """Hosts a replica goes to that lack the engine or the model's weights: apply fails there until they have."""
     out = []
-    for host in sorted({r.host for r in t.replicas if r.actions != (Action.DELETE,)}):
+    steps = [r for r in t.replicas if r.actions != (Action.DELETE,)]
+    for host in sorted({r.host for r in steps}):
         hf = t.hosts.facts.get(host)
         if hf is None:
             continue
-        if t.provider.name not in hf.engines:
+        runs = {r.argv[0] for r in steps if r.host == host and r.argv}  # the build each replica's unit runs
+        found = [e.path for e in [*hf.engines.values(), *hf.engine_builds.get(t.provider.name, {}).values()]]
+        built = bool(runs) and runs <= set(found)  # B30: the per-platform build the replica runs is there
+        if not built and t.provider.name not in hf.engines:
             out.append(f"{t.provider.title} is not installed on {host} (engines: in the inventory says where); "
                        "apply fails there until it is")  # fmt: skip
         path = model_path_on_host(t.model, t.hosts.inventory[host])
@@ -671,7 +682,7 @@ def start_deployment(
     change, sized = resolve(d, model, record, names)
     change.deployment_id = deployment_id or ""
     sized = host_decides(sized, model, hosts.reached, hosts)
-    fitted = fit_step(change, sized, model, model_facts, hosts, record, names)
+    fitted = fit_step(change, sized, model, model_facts, hosts, record, names, flat=d.accelerator == "host")
     if fitted is None:
         return change, None
     refused = hosts.engine_refusals(provider, sized.accelerator)

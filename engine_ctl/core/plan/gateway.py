@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine_ctl.core.documents.apikey import SHA256_HEX
+from engine_ctl.core.documents.apikey import RATE_RANGE, SHA256_HEX
 from engine_ctl.core.documents.inventory import DEFAULT_GATEWAY_THREADS, GatewaySettings, Host, Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.model import ApiKey
@@ -30,6 +30,7 @@ from engine_ctl.core.render.gateway import (
     GatewayServer,
     RenderedGateway,
     backend_name,
+    created_of,
     render_gateway,
     server_name,
     wake_addresses_for,
@@ -76,6 +77,10 @@ class GatewayChange(BaseModel):
     """The inventory's gateway.hold_cap: requests held at once per deployment."""
     threads: int = DEFAULT_GATEWAY_THREADS
     """The inventory's gateway.threads: HAProxy's threads."""
+    metrics_port: int | None = None
+    """The inventory's monitoring.port (None: no metrics)."""
+    metrics_allow: list[str] = Field(default_factory=list)
+    """The inventory's monitoring hosts, as addresses and networks."""
     keys: list[ApiKey] = Field(default_factory=list)
     """The ApiKey documents (names, SHA-256, scopes, expiry: never a key) the key maps are rendered from: a saved
     plan's maps are rendered again from them at apply and must match (gateway_tampering)."""
@@ -91,7 +96,7 @@ class GatewayChange(BaseModel):
 
 def deployment_backend(
     name: str, replicas: Iterable[Replica], engine: str | None, parallel: int | None, hosts: Mapping[str, Host],
-    api: str = "chat",
+    api: str = "chat", created: int = 0,
 ) -> GatewayBackend:  # fmt: skip
     provider = PROVIDERS.get(engine or "")
     servers = tuple(
@@ -106,7 +111,7 @@ def deployment_backend(
         if r.host in hosts
     )
     health = provider.health_path if provider else "/health"
-    return GatewayBackend(deployment=name, health_path=health, servers=servers, api=api)
+    return GatewayBackend(deployment=name, health_path=health, servers=servers, api=api, created=created)
 
 
 def recorded_replicas(record: DeploymentRecord, facts: Mapping[str, HostFacts] | None = None) -> list[Replica]:
@@ -139,6 +144,7 @@ def backends_from_state(state: State, hosts: Mapping[str, Host]) -> list[Gateway
             rec.plan.parallel if rec.plan else None,
             hosts,
             rec.spec.api if rec.spec else "chat",
+            created_of(rec.id),
         )
         for name, rec in sorted(state.deployments.items())
         if not deleted(rec)
@@ -165,7 +171,7 @@ def _planned(
     """Per deployment: replicas after the plan, the union with those now, and (engine, parallel)."""
     after: dict[str, Slots] = {}
     union: dict[str, Slots] = {}
-    sizing: dict[str, tuple[str | None, int | None, str]] = {}
+    sizing: dict[str, tuple[str | None, int | None, str, int]] = {}
     changes = {c.name: c for c in plan_changes}
     for name in sorted(set(state.deployments) | set(changes)):
         record = state.deployments.get(name)
@@ -177,7 +183,8 @@ def _planned(
         plan = (change.fit if change is not None and change.fit else None) or (record.plan if record else None)
         spec = (change.spec if change is not None and change.spec else None) or (record.spec if record else None)
         api = spec.api if spec else "chat"  # a decisions deployment's backend answers POST /v1/systemone only
-        sizing[name] = (plan.engine, plan.parallel, api) if plan else (None, None, api)
+        created = created_of(record.id) if record else 0
+        sizing[name] = (plan.engine, plan.parallel, api, created) if plan else (None, None, api, created)
         for rc in change.replicas if change is not None else []:
             new = Replica(index=rc.index, slot=rc.slot, host=rc.host, port=rc.port, on_demand=rc.on_demand,
                           active=rc.active)  # fmt: skip
@@ -204,6 +211,16 @@ def stopped_map(deployments: Mapping[str, DeploymentRecord]) -> dict[str, str]:
     }
 
 
+def _engine(sizing: tuple[str | None, int | None, str, int]) -> tuple[str | None, int | None]:
+    """(engine, parallel) of a deployment's sizing."""
+    return sizing[0], sizing[1]
+
+
+def _route(sizing: tuple[str | None, int | None, str, int]) -> tuple[str, int]:
+    """(api, created) of a deployment's sizing."""
+    return sizing[2], sizing[3]
+
+
 def render_for(
     host: Host, replicas: Mapping[str, Mapping[Any, Replica]], sizing: Mapping[str, Any], keys: Iterable[ApiKey],
     hosts: Mapping[str, Host], settings: GatewaySettings, stopped: Mapping[str, str] | None = None,
@@ -211,12 +228,14 @@ def render_for(
 ) -> RenderedGateway:  # fmt: skip
     """`held`: deployments an operator deleted (not routed; an unscoped key's scope still names them)."""
     backends = [
-        deployment_backend(name, reps.values(), sizing[name][0], sizing[name][1], hosts, sizing[name][2])
+        deployment_backend(name, reps.values(), *_engine(sizing[name]), hosts, *_route(sizing[name]))
         for name, reps in sorted(replicas.items())
     ]
     return render_gateway(host, backends, keys, hold_s=settings.hold_s, hold_cap=settings.hold_cap,
                           threads=settings.threads, stopped=stopped,
-                          wake_addresses=wake_addresses_for(host, hosts.values()), scope_names=held)  # fmt: skip
+                          wake_addresses=wake_addresses_for(host, hosts.values()), scope_names=held,
+                          requests_per_minute=settings.requests_per_minute,
+                          metrics_port=settings.metrics_port, metrics_allow=settings.metrics_allow)  # fmt: skip
 
 
 def config_diff(old: str, new: str) -> list[str]:
@@ -247,6 +266,7 @@ def plan_gateways(
             host=host.name, action=["no-op"], endpoint=final.endpoint, files=final.files, unit_text=final.unit_text,
             maps=final.maps, interim_files=None if interim.files == final.files else interim.files, keys=keys,
             hold_s=inventory.gateway.hold_s, hold_cap=inventory.gateway.hold_cap, threads=inventory.gateway.threads,
+            metrics_port=inventory.gateway.metrics_port, metrics_allow=list(inventory.gateway.metrics_allow),
         )  # fmt: skip
         hf = facts.get(host.name)
         change.warnings += _warnings(host.name, hf)
@@ -354,6 +374,11 @@ def map_differences(name: str, now: Mapping[str, str], wanted: Mapping[str, str]
                 "ApiKey document allows" for k in extra] + [
             f"{where} does not let key {_said(k.split('/')[0])} call {_said(k.partition('/')[2])}" for k in missing
         ]  # fmt: skip
+    if name == "limits.map":  # key name -> requests a minute
+        return [f"{where} limits key {_said(k)} to {_said(now[k])} requests a minute, not what the documents give"
+                for k in extra] + [
+            f"{where} does not limit key {_said(k)} to its {wanted[k]} requests a minute" for k in missing
+        ]  # fmt: skip
     return [f"{where} holds {_said(k)} → {_said(now[k])}, not what the documents give" for k in extra] + [
         f"{where} lacks {_said(k)}" for k in missing
     ]  # fmt: skip
@@ -370,6 +395,8 @@ def gateway_after_apply(host: Host, state: State, hosts: Mapping[str, Host], cha
         hold_cap=change.hold_cap,
         threads=change.threads,
         wake_addresses=wake_addresses_for(host, hosts.values()),
+        metrics_port=change.metrics_port,
+        metrics_allow=change.metrics_allow,
     )
     files = {**rendered.files, **{n: t for n, t in change.files.items() if n in RUNTIME_MAPS}}
     maps = {**rendered.maps, **{n: m for n, m in change.maps.items() if n in RUNTIME_MAPS}}
@@ -415,8 +442,11 @@ def recorded_keys(saved: Iterable[GatewayChange]) -> tuple[list[ApiKey], list[st
                 if g.keys != keys]  # fmt: skip
     for k in keys:
         scope = k.deployments or ()
-        if not (deployment_name_ok(k.name) and SHA256_HEX.fullmatch(k.sha256) and all(map(deployment_name_ok, scope))):
-            problems.append(f"ApiKey {_said(k.name)}: not a key document engine-ctl loads (name, sha256, scope)")
+        rate_ok = k.requests_per_minute is None or RATE_RANGE[0] <= k.requests_per_minute <= RATE_RANGE[1]
+        if not (deployment_name_ok(k.name) and SHA256_HEX.fullmatch(k.sha256) and all(map(deployment_name_ok, scope))
+                and rate_ok):  # fmt: skip
+            problems.append(f"ApiKey {_said(k.name)}: not a key document engine-ctl loads (name, sha256, scope, "
+                            "requests_per_minute)")  # fmt: skip
     return keys, problems
 
 
@@ -437,6 +467,8 @@ def _forged(g: GatewayChange, mine: GatewayChange, idle: set[tuple[str, str]]) -
         problems.append("its unit differs from what engine-ctl renders")
     if (g.hold_s, g.hold_cap, g.threads) != (mine.hold_s, mine.hold_cap, mine.threads):
         problems.append("its hold or thread settings are not the inventory's")
+    if (g.metrics_port, g.metrics_allow) != (mine.metrics_port, mine.metrics_allow):
+        problems.append("its metrics port or monitoring hosts are not the inventory's")
     if (g.endpoint, g.drain_timeout_s) != (mine.endpoint, mine.drain_timeout_s):
         problems.append("its endpoint or drain timeout is not engine-ctl's")
     interim, own = g.interim_files or g.files, mine.interim_files or mine.files

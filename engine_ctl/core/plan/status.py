@@ -9,11 +9,12 @@ from pydantic import BaseModel, Field
 
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.model import DesiredState
+from engine_ctl.core.plan.capabilities import capabilities, plan_extras
 from engine_ctl.core.plan.decisions import decided_facts
 from engine_ctl.core.plan.diff import spec_digest
 from engine_ctl.core.plan.scaler import Decision, scales
 from engine_ctl.core.plan.wake import parked
-from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord
+from engine_ctl.core.record.model import DeploymentRecord, FailedStart, ReplicaRecord
 from engine_ctl.providers import PROVIDERS
 
 DeploymentState = Literal["Pending", "Starting", "Ready", "ScaledToZero", "Failed"]
@@ -37,6 +38,8 @@ class InstanceStatus(BaseModel):
     """Seed 003's LIFECYCLE: active (apply keeps it running), removing (being replaced or removed), stopped."""
     devices: list[str] = Field(default_factory=list)
     """Seed 003's DEVICES: gpu0, gpu1, … (empty on a CPU deployment)."""
+    removed: bool = Field(default=False, exclude=True)
+    """A failed start's row: its unit was removed again (not one of the units running now)."""
 
 
 class Member(BaseModel):
@@ -81,7 +84,8 @@ class DeploymentStatus(BaseModel):
     """`decisions` for a decisions deployment; None (left out of --json) for chat."""
     spec: dict[str, Any] | None = None
     plan: dict[str, Any] | None = None
-    capabilities: list[str] = Field(default_factory=list)
+    capabilities: dict[str, Any] = Field(default_factory=dict)
+    """Seed 000's: what it answers (chat, tools with tools_reason when not, reasoning_switch, engine, parsers, …)."""
     ready_replicas: int = 0
     documents_changed: bool = Field(default=False, exclude_if=lambda v: not v)
     """The documents (when given) ask for another revision than the one applied, which is not served yet."""
@@ -152,9 +156,10 @@ def with_records(i: InstanceStatus, r: ReplicaRecord) -> InstanceStatus:
     return i.model_copy(update={"lifecycle": lifecycle_of(r), "devices": [f"gpu{g}" for g in r.gpu_indexes]})
 
 
-def record_fields(rec: DeploymentRecord) -> dict[str, Any]:
+def record_fields(rec: DeploymentRecord, facts: Mapping[str, HostFacts] | None = None) -> dict[str, Any]:
     """The recorded fields seed 003's status shows, and seed 000's "What the cluster returns" that the record
-    holds (the specification with what was chosen, the plan, its capabilities)."""
+    holds (the specification with what was chosen, the plan with the build its replicas run, the capabilities
+    derived from the model and the engine). `facts`: the hosts' (the AMD builds they have)."""
     startup = startup_status(rec)
     measured = rec.startup if rec.startup is not None and rec.startup.revision == rec.revision else None
     spec = rec.spec.model_dump(mode="json") if rec.spec is not None else None
@@ -164,9 +169,21 @@ def record_fields(rec: DeploymentRecord) -> dict[str, Any]:
         "startup": startup, "initialize_s": measured.initialize_s if measured else None,
         "last_operation": rec.last_operation,
         "api": rec.spec.api if rec.spec is not None and rec.spec.api != "chat" else None,
-        "spec": spec, "plan": rec.plan.model_dump(mode="json") if rec.plan is not None else None,
-        "capabilities": list(rec.plan.capabilities) if rec.plan is not None else [],
+        "spec": spec, **_plan_and_capabilities(rec, facts or {}),
     }  # fmt: skip
+
+
+def _plan_and_capabilities(rec: DeploymentRecord, facts: Mapping[str, HostFacts]) -> dict[str, Any]:
+    engine = PROVIDERS.get(rec.plan.engine) if rec.plan is not None else None
+    if rec.plan is None or engine is None:
+        return {"plan": rec.plan.model_dump(mode="json") if rec.plan else None, "capabilities": {}}
+    plan = rec.plan.model_dump(mode="json") | plan_extras(engine, rec.replicas, facts)
+    plan.pop("capabilities", None)  # the model's word for it: `capabilities` beside the plan is derived
+    if rec.model is None:
+        return {"plan": plan, "capabilities": {}}
+    api = rec.spec.api if rec.spec is not None else "chat"
+    args = rec.spec.engine_args if rec.spec is not None else ()
+    return {"plan": plan, "capabilities": capabilities(rec.model, engine, api, args)}
 
 
 def instance_status(r: ReplicaRecord, facts: HostFacts | None, loading: frozenset[str] = frozenset()) -> InstanceStatus:
@@ -318,30 +335,49 @@ def deployment_status(
     engine = PROVIDERS.get(rec.plan.engine) if rec.plan else None
     loading = engine.loading_statuses if engine else frozenset()
     instances = [with_records(instance_status(r, facts.get(r.host), loading), r) for r in ordered]
-    wanted = rec.spec.replicas_min if rec.spec else len({r.index for r in ordered})
+    failed = failed_rows(rec)
+    wanted = rec.spec.replicas_min if rec.spec else len({r.index for r in ordered} | {f.index for f in failed})
     slots = [Slot(index=r.index, state=i.state, revision=r.revision, idle=idle(r, i))
              for r, i in zip(ordered, instances, strict=True)]  # fmt: skip
+    slots += [Slot(index=f.index, state="failed", revision=f.revision) for f in failed]
     serving, others = per_replica(slots, rec.revision, rec.spec.replicas_max if rec.spec else None)
     # "cannot be served as asked" (the fit failed) stays Failed whatever still runs; apply records it so
     fit_failed = rec.state == "Failed" and rec.last_error is not None and rec.reason == rec.last_error
     failure = rec.last_error or (rec.reason if rec.state == "Failed" else None)
-    found = by_hand(verdict(serving, others, wanted, rec.revision, failure=failure, fit_failed=fit_failed), others)
+    pending = rec.reason if rec.state == "Pending" else None  # what it waits for, as apply recorded it
+    found = by_hand(verdict(serving, others, wanted, rec.revision, failure=failure, pending=pending,
+                            fit_failed=fit_failed), others)  # fmt: skip
     held = held_state(rec, facts)
     status = DeploymentStatus(
         id=rec.id,
         name=rec.name, state=held[0] if held else found.state, reason=held[1] if held else found.reason,
-        ready=len(serving), replicas=max(wanted, len(serving) + len(others)), revision=rec.revision,
-        hosts=sorted({r.host for r in rec.replicas}),
-        instances=instances, served_model_name=rec.name, kind=rec.plan.kind if rec.plan else None,
+        ready=len(serving), replicas=max(wanted, len(serving) + len(others)),
+        revision=rec.revision or max((f.revision for f in failed), default=0),
+        hosts=sorted({r.host for r in rec.replicas} | {f.host for f in failed}),
+        instances=sorted(instances + [failed_instance(f) for f in failed], key=lambda i: (i.index, i.unit)),
+        served_model_name=rec.name, kind=rec.plan.kind if rec.plan else None,
         endpoint=Endpoint(name=rec.name, listen_port=int(gateways[0][1].rsplit(":", 1)[1]),
                           external=gateways[0][1]) if gateways else None,
         gateways=[f"http://{e}" for _, e in gateways],
-        members=members(rec.name, ordered, instances, [facts.get(h) for h, _ in gateways]) if gateways else
-        [Member(run=r.unit, machine=r.host, state=i.state, reason=i.last_error, ready=False)
-         for r, i in zip(ordered, instances, strict=True)],
-        ready_replicas=len(serving), **record_fields(rec),
+        members=(members(rec.name, ordered, instances, [facts.get(h) for h, _ in gateways]) if gateways else
+                 [Member(run=r.unit, machine=r.host, state=i.state, reason=i.last_error, ready=False)
+                  for r, i in zip(ordered, instances, strict=True)])
+        + [Member(run=f.unit, machine=f.host, state="failed", reason=f.error, ready=False) for f in failed],
+        ready_replicas=len(serving), **record_fields(rec, facts),
     )  # fmt: skip
     return held_view(status, held[0], facts, rec) if held else status
+
+
+def failed_rows(rec: DeploymentRecord) -> list[FailedStart]:
+    """The failed starts status shows as rows of their own: those of replicas with no recorded unit now."""
+    recorded = {r.index for r in rec.replicas}
+    return [f for f in rec.failed_starts if f.index not in recorded]
+
+
+def failed_instance(f: FailedStart) -> InstanceStatus:
+    """Seed 003's row of a replica whose start failed: `0  gpu-box  failed  active  gpu0  launch_failed: …`."""
+    return InstanceStatus(index=f.index, host=f.host, unit=f.unit, port=f.port, gpus=f.gpu_indexes, state="failed",
+                          last_error=f.error, devices=[f"gpu{g}" for g in f.gpu_indexes], removed=True)  # fmt: skip
 
 
 def by_hand(found: Verdict, others: Sequence[str]) -> Verdict:

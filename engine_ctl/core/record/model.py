@@ -151,6 +151,20 @@ class ReplicaRecord(Record):
     started by apply; the scaler starts and stops it. Its being active or not is never drift."""
 
 
+class FailedStart(Record):
+    """A replica whose start failed and whose unit apply removed again: its instance row stays in status (seed 003:
+    `0  gpu-box  failed  active  gpu0  launch_failed: …`) until a start of that replica serves."""
+
+    index: ReplicaIndex
+    slot: Literal["a", "b"] = "a"
+    host: HostName
+    unit: UnitFile
+    port: Port
+    gpu_indexes: list[GpuIndex] = Field(default_factory=list)
+    revision: Count
+    error: str
+
+
 def known_fields(model: type[BaseModel]) -> Any:
     """A before-validator: {} (what an empty record was written as) reads as None, and a field this engine-ctl's
     model does not have (one an older or newer engine-ctl wrote) is left out. The spec_hash beside it still says
@@ -274,6 +288,8 @@ class DeploymentRecord(Record):
     """The names this record had before `engine-ctl state mv`: its replicas may still run units named after them
     until a roll replaces them with units of this name."""
     replicas: list[ReplicaRecord] = Field(default_factory=list)
+    failed_starts: list[FailedStart] = Field(default_factory=list)
+    """Replicas whose last start failed (their units removed again): rows status keeps, with their error."""
     startup: StartupRecord | None = None
     """The measured start-up of the recorded revision (None until its first start measured it)."""
     whole_host: bool = False
@@ -317,8 +333,9 @@ class DeploymentRecord(Record):
     def _without_empty_moves(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """moved_from is written only when set, so a state no deployment was moved in reads in older engine-ctl."""
         data: dict[str, Any] = handler(self)
-        if not data.get("moved_from"):
-            data.pop("moved_from", None)
+        for key in ("moved_from", "failed_starts"):  # written only when set: older states read the same
+            if not data.get(key):
+                data.pop(key, None)
         for key in ("id", "operator"):  # written only when set, as moved_from (older states read the same)
             if not data.get(key):
                 data.pop(key, None)

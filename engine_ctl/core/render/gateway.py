@@ -107,8 +107,51 @@ def error_files() -> dict[str, str]:
     return out
 
 
-MAP_FILES = ("keys.map", "expires.map", "scopes.map", "models.map", "stopped.map")
-RUNTIME_MAPS = ("keys.map", "expires.map", "scopes.map", "stopped.map")
+ACCESS_LOG_FIELDS = (
+    ("ts", "%Ts.%ms", False),
+    ("id", "%[var(txn.rid),json(utf8s)]", True),
+    ("gateway", "{host}", True),
+    ("key", "%[var(txn.key),json(utf8s)]", True),
+    ("deployment", "%[var(txn.deployment),json(utf8s)]", True),
+    ("replica", "%s", True),
+    ("server", "%si:%sp", True),
+    ("method", "%HM", True),
+    ("path", "%[var(txn.path),json(utf8s)]", True),
+    ("status", "%ST", False),
+    ("bytes_in", "%U", False),
+    ("bytes_out", "%B", False),
+    ("queue_ms", "%Tw", False),
+    ("connect_ms", "%Tc", False),
+    ("ttfb_ms", "%Tr", False),
+    ("total_ms", "%Ta", False),
+    ("term", "%ts", True),
+    ("retries", "%rc", False),
+)
+"""The gateway's access log, one JSON object a line (HAProxy 2.6 has no JSON log encoding: strings are quoted
+here and escaped by the json converter). ts: the request's arrival, epoch seconds; key: the key's name (keys.map's
+value, never the key or its hash); replica: the server (r<index><slot>) and its address; status, bytes in and out
+(headers included); queue_ms, connect_ms, ttfb_ms (the replica's response headers), total_ms (HAProxy's %Ta, to
+the last byte); -1 for a step never reached. An absent value is "-". Read by engine_ctl.core.accesslog."""
+
+
+def access_log_format(host: str) -> str:
+    """The log-format line for this gateway host (a host's name is letters, digits and . _ -: nothing to escape)."""
+    parts = []
+    for name, value, quoted in ACCESS_LOG_FIELDS:
+        value = value.replace("{host}", host)
+        parts.append(f'"{name}":' + (f'"{value}"' if quoted else value))
+    return "{" + ",".join(parts) + "}"
+
+
+DECISIONS_MAP_FILE = "decisions.map"
+"""The scaler's decisions so far, "<deployment>/<action>" -> count: empty as rendered, filled at run time by the
+scaler on this host over the stats socket (never by apply), exported by the metrics port."""
+DECISION_ACTIONS = ("up", "down", "zero", "wake", "woken", "preempt", "hold", "failed", "reset", "gateway", "lead",
+                    "follow")  # fmt: skip
+"""The scaler's actions (core.plan.scaler.Decision), each a label value of engine_ctl_scaler_decisions_total."""
+
+MAP_FILES = ("keys.map", "expires.map", "scopes.map", "limits.map", "models.map", "stopped.map")
+RUNTIME_MAPS = ("keys.map", "expires.map", "scopes.map", "limits.map", "stopped.map")
 """Maps changed over the stats socket, with no reload (models.map changes only with the backends)."""
 
 
@@ -133,6 +176,9 @@ class GatewayBackend(BaseModel):
     api: str = "chat"
     """decisions: the backend answers POST /v1/systemone only, and its servers' health check is the readiness
     decision (seed 003); chat: everything under /v1 but /v1/systemone."""
+    created: int = 0
+    """When the deployment was created (epoch seconds, from its ID): `created` of its model object in /v1/models
+    (0 until its first apply gives it an ID)."""
 
     @property
     def backend(self) -> str:
@@ -170,6 +216,20 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def created_of(deployment_id: str) -> int:
+    """The creation time (epoch seconds) a deployment's ID records: a ULID's first 10 characters are its
+    milliseconds since the epoch, in Crockford's base 32. 0 for no ID (a state written before IDs)."""
+    if len(deployment_id) != 26 or any(c not in CROCKFORD for c in deployment_id[:10]):
+        return 0
+    ms = 0
+    for c in deployment_id[:10]:
+        ms = ms * 32 + CROCKFORD.index(c)
+    return ms // 1000
+
+
 def backend_name(deployment: str) -> str:
     return BACKEND_PREFIX + deployment
 
@@ -200,20 +260,27 @@ def _with_hash(name: str, values: Mapping[str, object]) -> str:
     return load_template(name).render(**values, content_hash=sha256(body))
 
 
-def key_maps(keys: Iterable[ApiKey], deployments: Iterable[str]) -> dict[str, dict[str, str]]:
-    """keys.map (hash -> key name), expires.map (key name -> epoch) and scopes.map ("<key>/<deployment>" -> 1,
-    for every deployment a key may use; a key with no scope may use all of them)."""
+def key_maps(
+    keys: Iterable[ApiKey], deployments: Iterable[str], requests_per_minute: int | None = None
+) -> dict[str, dict[str, str]]:
+    """keys.map (hash -> key name), expires.map (key name -> epoch), scopes.map ("<key>/<deployment>" -> 1,
+    for every deployment a key may use; a key with no scope may use all of them) and limits.map (key name ->
+    requests a minute: its document's, else `requests_per_minute`, the inventory's; none: no limit)."""
     names = sorted(set(deployments))
     keys_map: dict[str, str] = {}
     expires: dict[str, str] = {}
     scopes: dict[str, str] = {}
+    limits: dict[str, str] = {}
     for k in sorted(keys, key=lambda k: k.name):
         keys_map[k.sha256] = k.name
         if k.expires is not None:
             expires[k.name] = str(k.expires)
         for d in names if k.deployments is None else sorted(set(k.deployments)):
             scopes[f"{k.name}/{d}"] = "1"
-    return {"keys.map": keys_map, "expires.map": expires, "scopes.map": scopes}
+        rate = k.requests_per_minute if k.requests_per_minute is not None else requests_per_minute
+        if rate is not None:
+            limits[k.name] = str(rate)
+    return {"keys.map": keys_map, "expires.map": expires, "scopes.map": scopes, "limits.map": limits}
 
 
 def map_text(entries: Mapping[str, str]) -> str:
@@ -225,6 +292,52 @@ def stopped_answer() -> dict[str, str]:
     `{"code": "deployment_stopped", "message": …}` (no command exits with it; CODES and the README list it)."""
     code = "deployment_stopped"
     return {"stopped_code": code}
+
+
+def _hold_lua(hold_s: int, hold_cap: int, wakes: list[str], ordered: list[GatewayBackend]) -> str:
+    """hold.lua: the hold, the wake, the rate limits per key and the scaler's decision counts."""
+    return _with_hash("hold.lua", {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX,
+                                   "wake_port": WAKE_PORT, "wake_addresses": wakes, "backends": ordered,
+                                   "decisions_map": DECISIONS_MAP_FILE, "actions": DECISION_ACTIONS})  # fmt: skip
+
+
+def metrics_frontend(host: Host, port: int | None, allow: Sequence[str]) -> dict[str, object] | None:
+    """The metrics frontend's settings (None: the inventory sets no monitoring.port)."""
+    if port is None:
+        return None
+    listen = f"{'[::]' if ':' in host.address else '*'}:{port}"
+    return {"listen": listen, "allow": list(allow), "engine_path": "/metrics"}
+
+
+def _haproxy_cfg(
+    host: Host, common: dict[str, object], ordered: list[GatewayBackend], run_dir: str,
+    sizes: tuple[int, int, int], metrics: tuple[int | None, Sequence[str]],
+) -> str:  # fmt: skip
+    """haproxy.cfg: `sizes` are the hold (seconds), the hold's cap and HAProxy's threads; `metrics` the
+    monitoring port and who may reach it."""
+    hold_s, hold_cap, threads = sizes
+    return _with_hash(
+        "haproxy.cfg.j2",
+        {
+            **common,
+            "endpoint": endpoint_of(host),
+            "bufsize": BUFSIZE,
+            "body_limit": BODY_LIMIT,
+            "maxconn": MAXCONN,
+            "admin_socket": f"{run_dir}/admin.sock",
+            "server_state": f"{run_dir}/server-state",
+            "internal_map": f"{run_dir}/{INTERNAL_MAP_FILE}",
+            "hold_s": hold_s,
+            "hold_cap": hold_cap,
+            "threads": threads,
+            "backends": ordered,
+            **decisions_context(ordered, bool(common["internal_key"])),
+            **stopped_answer(),
+            "errors": sorted(ERRORS),
+            "access_log_format": access_log_format(host.name),
+            "metrics": metrics_frontend(host, *metrics),
+        },
+    )
 
 
 def render_gateway(
@@ -242,6 +355,9 @@ def render_gateway(
     wake_address: str = LOOPBACK,
     wake_addresses: Sequence[str] = (),
     scope_names: Iterable[str] = (),
+    requests_per_minute: int | None = None,
+    metrics_port: int | None = None,
+    metrics_allow: Sequence[str] = (),
 ) -> RenderedGateway:
     """Everything one gateway host runs, rendered from templates/ (haproxy.cfg.j2, hold.lua, gateway.service.j2).
     `stopped`: deployment -> ID of those an operator stopped (stopped.map: answered deployment_stopped).
@@ -249,39 +365,20 @@ def render_gateway(
     `wake_addresses`: every place it tries, in order (wake_addresses_for: with PostgreSQL state a scaler runs on
     every gateway host, and the first that listens passes the wake to the one that acts).
     `scope_names`: deployments a key with no scope may also name though none is routed (one an operator deleted:
-    its name answers 404 all the same, and its scopes stay as they were, so the delete changes no key map)."""
+    its name answers 404 all the same, and its scopes stay as they were, so the delete changes no key map);
+    `requests_per_minute`: the inventory's limit for keys whose document sets none (None: no limit);
+    `metrics_port`: the inventory's monitoring.port (None: no metrics frontend); `metrics_allow`: the monitoring
+    hosts' addresses and networks, which may connect to it besides loopback."""
     ordered = sorted(backends, key=lambda b: b.deployment)
     listen = f"{'[::]' if ':' in host.address else '*'}:{host.gateway_port}"
     common = {"host": host.name, "listen": listen, "internal_key": internal_key}
-    config = _with_hash(
-        "haproxy.cfg.j2",
-        {
-            **common,
-            "endpoint": endpoint_of(host),
-            "bufsize": BUFSIZE,
-            "body_limit": BODY_LIMIT,
-            "maxconn": MAXCONN,
-            "admin_socket": f"{run_dir}/admin.sock",
-            "server_state": f"{run_dir}/server-state",
-            "internal_map": f"{run_dir}/{INTERNAL_MAP_FILE}",
-            "hold_s": hold_s,
-            "hold_cap": hold_cap,
-            "threads": threads,
-            "backends": ordered,
-            **decisions_context(ordered, internal_key),
-            **stopped_answer(),
-            "errors": sorted(ERRORS),
-        },
-    )
+    config = _haproxy_cfg(host, common, ordered, run_dir, (hold_s, hold_cap, threads), (metrics_port, metrics_allow))
     wakes = list(wake_addresses) or list(dict.fromkeys([LOOPBACK, wake_address]))
-    lua = _with_hash("hold.lua", {"hold_s": hold_s, "hold_cap": hold_cap, "backend_prefix": BACKEND_PREFIX,
-                                  "wake_port": WAKE_PORT, "wake_addresses": wakes})  # fmt: skip
-    maps = key_maps(keys, [*(b.deployment for b in ordered), *scope_names])
-    maps["models.map"] = {b.deployment: b.backend for b in ordered}
-    maps["stopped.map"] = dict(stopped or {})
+    lua = _hold_lua(hold_s, hold_cap, wakes, ordered)
+    maps = key_maps(keys, [*(b.deployment for b in ordered), *scope_names], requests_per_minute)
+    maps.update({"models.map": {b.deployment: b.backend for b in ordered}, "stopped.map": dict(stopped or {})})
     files = {CONFIG_FILE: config, LUA_FILE: lua, **{name: map_text(maps[name]) for name in MAP_FILES}}
-    files[START_STATE_FILE] = start_state(ordered)
-    files.update(error_files())
+    files.update({START_STATE_FILE: start_state(ordered), DECISIONS_MAP_FILE: "", **error_files()})
     unit = _gateway_unit(common, haproxy, run_dir, internal_key)
     return RenderedGateway(
         host=host.name, listen=listen, endpoint=endpoint_of(host), files=files, unit_text=unit, maps=maps

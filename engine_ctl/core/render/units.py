@@ -108,6 +108,23 @@ def device_allow(run: ReplicaRun) -> list[str]:
     return [f"{n} rw" for n in NVIDIA_NODES] + [f"/dev/nvidia{g.index} rw" for g in run.gpus]
 
 
+CPU_WEIGHT_PER_CORE = 100
+"""systemd's CPUWeight= of one core: its default for a unit, so a replica of N cores weighs N units' share."""
+CPU_WEIGHT_MAX = 10_000
+
+
+def cpu_weight(cores: int) -> int:
+    """A replica's cores are its share when the machine is busy, not a ceiling (seed 000: "its share when the
+    machine is busy, not a ceiling: it uses the machine's idle cores too"): CPUWeight= by cores, never a quota."""
+    return max(1, min(CPU_WEIGHT_MAX, CPU_WEIGHT_PER_CORE * cores))
+
+
+def _cpu_share(run: ReplicaRun) -> dict[str, int]:
+    """The template's CPU lines: the replica's cores, and its CPUWeight= by them."""
+    cores = run.plan.cpu_cores
+    return {"cpu_cores": cores, "cpu_weight": cpu_weight(cores), "cpu_weight_per_core": CPU_WEIGHT_PER_CORE}
+
+
 FAST_POLL_S = 10
 """The health gate's first seconds, when it asks every 50 ms."""
 
@@ -226,6 +243,7 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
         "syscall_deny": deny,
         "lineage": run.lineage,
         "deployment_id": run.deployment_id,
+        **_cpu_share(run),
     }
     name = unit_name(run.deployment, run.index, run.slot)
     values["guard"] = render_guard(name, run, provider, credential_value)

@@ -194,6 +194,7 @@ class Verbs:
                 g, backends_from_state(state, hosts), [], stopped=stopped_map(state.deployments),
                 hold_s=settings.hold_s, hold_cap=settings.hold_cap, threads=settings.threads,
                 wake_addresses=wake_addresses_for(g, hosts.values()),
+                metrics_port=settings.metrics_port, metrics_allow=settings.metrics_allow,
             )  # fmt: skip
             kept = {n: t.run(["cat", f"{GATEWAY_DIR}/{n}"]).stdout for n in KEY_MAPS}
             files = {**rendered.files, **kept}

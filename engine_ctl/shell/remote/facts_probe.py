@@ -945,7 +945,7 @@ def gateway_servers(path: str = GATEWAY_SOCKET) -> dict[str, str]:
     return parse_show_stat(gateway_ask("show stat", path) or "")
 
 
-RUNTIME_MAPS = ("keys.map", "expires.map", "scopes.map", "stopped.map")
+RUNTIME_MAPS = ("keys.map", "expires.map", "scopes.map", "limits.map", "stopped.map")
 """The maps apply changes in a running gateway (engine_ctl.core.render.gateway.RUNTIME_MAPS)."""
 
 

@@ -56,6 +56,8 @@ if TYPE_CHECKING:
 STATE_PATH = "/var/lib/engine-ctl/scaler/state.json"
 INTERNAL_ENV = "/etc/engine-ctl/gateway/internal.env"
 KEEP_DECISIONS = 20
+DECISIONS_MAP = "decisions.map"
+"""The gateway's map of the scaler's decisions so far, "<deployment>/<action>" -> count (render/gateway.py)."""
 UP_FRACTION = 0.75
 LOW_FRACTION = 0.5
 DRAIN_S = 120
@@ -560,8 +562,27 @@ class Scaler:
             if slot is not None:
                 entry.update(slot=slot["index"], host=slot["host"])
             mem["decisions"] = [*(mem.get("decisions") or [])[-(KEEP_DECISIONS - 1) :], entry]
+            counts = mem.setdefault("decision_counts", {})
+            counts[action] = counts.get(action, 0) + 1
+            count = counts[action]
             self.save()
+        self.count_decision(name, action, count)
         self.log("%s: %s%s: %s" % (name, action, "" if slot is None else " slot %d" % slot["index"], reason))
+
+    def count_decision(self, name: str, action: str, count: int) -> None:
+        """Its decisions so far, per deployment and action, in this host's gateway's decisions.map (kept across the
+        scaler's restarts in its state): the gateway's metrics port exports them. `set map` changes an entry at
+        once; a new one is added. A gateway that does not answer misses a count until the next decision."""
+        sock = self.config.get("gateway_socket")
+        if not sock:
+            return
+        key = "%s/%s" % (name, action)
+        try:
+            said = admin(sock, "set map %s %s %d" % (DECISIONS_MAP, key, count), 2)
+            if said.strip():
+                admin(sock, "add map %s %s %d" % (DECISIONS_MAP, key, count), 2)
+        except OSError:
+            pass
 
     # --- hearing the gateway ----------------------------------------------------------------------------------
     def listen(self, port: int) -> None:

@@ -1,0 +1,146 @@
+"""`engine-ctl usage`: requests, errors and bytes per key name or deployment, added up from the gateways' request
+logs (core.accesslog), read from every gateway host's journal as `engine-ctl logs --gateway` reads them.
+
+What is exact and what is not, as the output says: requests, errors and bytes are counted from one log line per
+request, exact for the lines the journal kept (the gateway's unit lifts journald's rate limit; journald still
+rotates old lines away past its SystemMaxUse=, and the metrics port's counters are the exact ones since the
+gateway's last reload). Tokens are not in the gateway's log (it never reads a response body): per deployment
+they come from the engines' own counters (exact, but since each replica started), per key they are not measured."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from engine_ctl.cli.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
+from engine_ctl.cli.context import backend_for, read_state, state_exists, state_option
+from engine_ctl.cli.logs_cmd import _gateway_hosts, read_gateway_requests, since_argument
+from engine_ctl.core.accesslog import counter_sum
+from engine_ctl.core.accesslog import usage as add_up
+from engine_ctl.core.documents.inventory import Inventory
+from engine_ctl.core.documents.loader import load_paths
+from engine_ctl.core.plan.gateway import backends_from_state
+from engine_ctl.providers import PROVIDERS
+from engine_ctl.shell.transport import SSHOptions, python_argv, transport_for
+
+FETCH = r"""
+import json, sys, urllib.request
+port, paths = int(sys.argv[1]), json.load(sys.stdin)
+out = {}
+for path in paths:
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=10) as answer:
+            out[path] = answer.read().decode("utf-8", "replace")
+    except Exception as exc:
+        out[path] = None
+print(json.dumps(out))
+"""
+"""Run on a gateway host: each replica's engine metrics from its own metrics port on loopback."""
+
+
+def engine_tokens(
+    inventory: Inventory, state_path: str | None, paths: tuple[Path, ...], options: SSHOptions
+) -> tuple[dict[str, dict[str, float]], list[str]]:  # fmt: skip
+    """deployment -> {"prompt_tokens", "generated_tokens"} added over its replicas' engine counters (since each
+    started), read through the first gateway's metrics port; and the replicas that could not be read."""
+    backend = backend_for(state_path, paths)
+    port = inventory.gateway.metrics_port
+    if port is None or not inventory.gateways() or not state_exists(backend):
+        return {}, []
+    state = read_state(backend)
+    engines = {n: PROVIDERS.get(r.plan.engine) if r.plan else None for n, r in state.deployments.items()}
+    asked = {f"/metrics/replica/{b.deployment}/{s.name}": b.deployment
+             for b in backends_from_state(state, {h.name: h for h in inventory.hosts}) for s in b.servers}  # fmt: skip
+    if not asked:
+        return {}, []
+    transport = transport_for(inventory.gateways()[0], options)
+    try:
+        result = transport.run(python_argv("-c", FETCH, str(port)), stdin=json.dumps(sorted(asked)), timeout=60)
+    finally:
+        transport.close()
+    texts = json.loads(result.stdout) if result.exit_code == 0 else {}
+    out: dict[str, dict[str, float]] = {}
+    unread = []
+    for path, deployment in sorted(asked.items()):
+        provider, text = engines.get(deployment), texts.get(path)
+        if provider is None or not provider.token_metrics[0] or text is None:
+            unread.append(path.rsplit("/", 2)[-2] + "/" + path.rsplit("/", 1)[-1])
+            continue
+        row = out.setdefault(deployment, {"prompt_tokens": 0.0, "generated_tokens": 0.0})
+        for key, name in zip(("prompt_tokens", "generated_tokens"), provider.token_metrics, strict=True):
+            row[key] += counter_sum(text, name) or 0.0
+    return out, unread
+
+
+NOTE = ("requests, errors (4xx and 5xx) and bytes: exact, counted from the gateways' request logs, for the lines "
+        "their journals kept; p50 TTFB: from the same lines; tokens: not measured per key (the gateway never reads "
+        "a response body)")  # fmt: skip
+TOKENS_NOTE = ("tokens per deployment: exact, the engines' own counters, but since each replica started, not since "
+               "--since (a replica that restarted or stopped takes its count with it)")  # fmt: skip
+
+
+@click.command()
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--since", default="24h", show_default=True, help="From T: 30m, 24h, 7d, or a time such as "
+              "2024-05-01T12:00.")  # fmt: skip
+@click.option("--by", type=click.Choice(["key", "deployment"]), default="key", show_default=True,
+              help="One row per key name or per deployment.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: the rows and what is exact.")
+@inventory_option
+@state_option
+@ssh_options
+def usage(
+    paths: tuple[Path, ...], since: str, by: str, as_json: bool, inventory_path: Path | None, state_path: str | None,
+    parallel: int, accept_new_host_keys: bool,
+) -> None:  # fmt: skip
+    """Requests, errors, bytes in and out and p50 time to first byte per key name (--by key) or deployment, from
+    every gateway host's request log since --since. Requests a gateway refused before it knew a key or a
+    deployment (a wrong key, an unknown model) count under "-". With --by deployment, the prompt and generated
+    tokens too, from each replica's engine counters (through a gateway's metrics port: the inventory's monitoring
+    block), which count since the replica started."""
+    inventory = resolve_inventory(inventory_path, load_paths(list(paths)) if paths else None)
+    hosts, by_address = _gateway_hosts(inventory_path, paths)
+    options = ssh_settings(accept_new_host_keys)
+    lines, failures = read_gateway_requests(hosts, by_address, None, since_argument(since), None, options,
+                                            parallel)  # fmt: skip
+    rows = add_up(lines, by)
+    tokens, unread = engine_tokens(inventory, state_path, paths, options) if by == "deployment" else ({}, [])
+    if as_json:
+        out = {
+            "since": since, "by": by, "gateways": sorted(h.name for h in hosts if h.name not in failures),
+            "exact": ["requests", "errors", "bytes_in", "bytes_out"] + (["prompt_tokens", "generated_tokens"]
+                                                                          if by == "deployment" else []),
+            "estimates": [], "not_measured": ["tokens"] if by == "key" else [],
+            "note": NOTE + ("; " + TOKENS_NOTE if by == "deployment" else ""), "tokens_unread": unread,
+            "rows": [{by: name, "requests": u.requests, "errors": u.errors, "bytes_in": u.bytes_in,
+                      "bytes_out": u.bytes_out, "p50_ttfb_ms": u.p50_ttfb_ms(),
+                      **({k: int(v) for k, v in tokens[name].items()} if name in tokens else {})}
+                     for name, u in rows.items()],
+        }  # fmt: skip
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    else:
+        header = (by.upper(), "REQUESTS", "ERRORS", "BYTES IN", "BYTES OUT", "P50 TTFB") + (
+            ("PROMPT TOKENS", "GENERATED TOKENS") if by == "deployment" else ()
+        )
+        table = [header] + [
+            (name, str(u.requests), str(u.errors), str(u.bytes_in), str(u.bytes_out),
+             "-" if u.p50_ttfb_ms() is None else f"{u.p50_ttfb_ms()} ms",
+             *((str(int(tokens[name]["prompt_tokens"])) if name in tokens else "-",
+                str(int(tokens[name]["generated_tokens"])) if name in tokens else "-") if by == "deployment" else ()))
+            for name, u in rows.items()
+        ]  # fmt: skip
+        widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+        for r in table:
+            sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
+        if not rows:
+            sys.stdout.write(f"(no requests since {since})\n")
+        sys.stdout.write(f"\nSince {since}. {NOTE[0].upper()}{NOTE[1:]}.\n")
+        if by == "deployment":
+            sys.stdout.write(f"{TOKENS_NOTE[0].upper()}{TOKENS_NOTE[1:]}.\n")
+            if unread:
+                sys.stdout.write(f"Tokens not read (no metrics port, or not serving): {', '.join(unread)}.\n")
+    report_failures(failures)
+    sys.exit(1 if failures else 0)
