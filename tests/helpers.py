@@ -61,12 +61,13 @@ def write(tmp: Path, name: str, text: str) -> Path:
     return path
 
 
-LINEAGE_LINE = re.compile(r"^# lineage: .*\n(# content-sha256: )[0-9a-f]{64}$", re.MULTILINE)
+LINEAGE_LINE = re.compile(r"^# lineage: .*\n(?:# id: .*\n)?(# content-sha256: )[0-9a-f]{64}$", re.MULTILINE)
 
 
 def unit_text_without_lineage(text: str) -> str:
-    """A unit's text without its lineage line and content hash: what two plans of a state that was never written
-    share (each plan offers a new lineage, which the units' headers carry)."""
+    """A unit's text without its lineage and ID lines and content hash: what two plans of a state that was never
+    written share (each plan offers a new lineage, which the units' headers carry, and a new deployment's ID is
+    derived from it)."""
     return LINEAGE_LINE.sub(r"\1", text)
 
 
@@ -76,6 +77,7 @@ def plan_without_offered_lineage(doc: dict[str, Any]) -> dict[str, Any]:
     out = json.loads(json.dumps(doc))
     out.pop("state_lineage", None)
     for change in out.get("changes", []):
+        change.pop("deployment_id", None)  # derived from the offered lineage
         for step in change.get("replicas", []):
             if step.get("unit_text"):
                 step["unit_text"] = unit_text_without_lineage(step["unit_text"])

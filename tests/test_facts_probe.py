@@ -322,3 +322,19 @@ def test_a_python_dist_of_the_probes_own_python_is_read_without_starting_another
     )
     engines = json.loads(out.stdout)["engines"]
     assert set(engines) == {"present"} and engines["present"]["version"] == importlib.metadata.version("click")
+
+
+def test_a_gguf_cut_short_in_its_tensor_data_is_not_valid(tmp_path: Path) -> None:
+    """Issue 24 (stateful rule corrupt_weights): a GGUF whose header and metadata read well but whose tensor data
+    was cut short (the first 2 MB of the tiny real model) read as valid weights, so the plan rolled onto it and
+    every apply failed when llama-server could not load it."""
+    from tests.llama import tiny_model
+
+    whole = tiny_model().read_bytes()
+    (tmp_path / "tiny.gguf").write_bytes(whole)
+    meta = probe.model_metadata(str(tmp_path / "tiny.gguf"))
+    assert "error" not in meta and meta["data_bytes"] > 0.9 * len(whole)
+    for cut in (2_000_000, len(whole) - 1):
+        (tmp_path / "cut.gguf").write_bytes(whole[:cut])
+        error = probe.model_metadata(str(tmp_path / "cut.gguf"))["error"]
+        assert error == f"not a valid GGUF file (truncated: its tensors need {len(whole)} bytes, the file has {cut})"

@@ -102,3 +102,28 @@ def test_import_after_a_lost_state_adopts_the_gateway_and_keeps_ids_revisions_an
     assert ip.on_gateway("systemctl show -p MainPID --value engine-ctl-gateway.service").stdout.strip() == pid
     assert ip.active("zero", 0)
     assert ask(ip.client(), "steady") == "steady"
+
+
+def test_import_keeps_the_id_of_a_fleet_with_only_always_on_deployments(ip: ScalerProject) -> None:
+    """Issue 24 (stateful rule lose_state_then_import): with no deployment that scales there is no scaler, and
+    so no scaler's state to carry IDs: import gave every deployment a new ID. Each unit's header carries its
+    deployment's ID, as the plan named it before the first apply."""
+    ip.write("""
+        metadata: {name: always}
+        spec: {model: tiny, accelerator: cpu, cpu_cores: 1, context_length: 512, replicas: {min: 1, max: 1}}
+        """)
+    ip.cli("apply", "--auto-approve", check=True)
+    state_file = ip.path / "engine-ctl.state.json"
+    lost = json.loads(state_file.read_text())
+    ident = lost["deployments"]["always"]["id"]
+    (replica,) = lost["deployments"]["always"]["replicas"]
+    header = ip.fleet.ssh(ip.host_of(replica["host"]), f"head -8 /etc/systemd/system/{replica['unit']}").stdout
+    assert f"# id: {ident}\n" in header, header
+    assert ip.on_gateway(f"test -e /etc/systemd/system/{SCALER_UNIT}", check=False).returncode != 0  # no scaler
+    state_file.unlink()
+    state_file.with_name(state_file.name + ".backup").unlink(missing_ok=True)
+    ip.cli("import", str(ip.docs), "--inventory", str(ip.inventory), check=True)
+    rebuilt = json.loads(state_file.read_text())
+    assert _kept(rebuilt) == _kept(lost)
+    after = ip.cli("plan", "--detailed-exitcode")
+    assert after.returncode == 0 and "No changes." in after.stdout, after.stdout + after.stderr

@@ -266,6 +266,32 @@ def test_key_new_prints_the_key_once_and_a_document_with_its_hash_only() -> None
     assert bad.exit_code == 1 and "lowercase letters" in bad.output
 
 
+def test_the_files_an_apply_killed_mid_install_left_are_engine_ctls_not_a_hand_edit() -> None:
+    """Issue 24 (16, stateful rule corrupt_weights): after an apply was killed between writing a gateway's interim
+    files and recording them, the next plan said "haproxy.cfg edited by hand". Apply records what it installs
+    before it writes it; the plan names such files as an interrupted apply's, and plans to finish it."""
+    inv, facts = world()
+    state, after = applied(make_plan(desired(), State(), inv, facts, SHAPE), facts)
+    rolled = make_plan(desired(1024), state, inv, after, SHAPE)
+    (g,) = rolled.gateways
+    assert g.interim_files is not None
+    from engine_ctl.core.render.gateway import sha256
+
+    interim = {n: sha256(t) for n, t in g.interim_files.items()}
+    left = dict(after)
+    left["edge"] = after["edge"].model_copy(update={"gateway_files": {**(after["edge"].gateway_files or {}),
+                                                                      **interim}})  # fmt: skip
+    record = state.gateways["edge"]
+    state.gateways["edge"] = record.model_copy(update={"installing": {**interim, GATEWAY_UNIT: record.unit_sha256}})
+    plan = make_plan(desired(1024), state, inv, left, SHAPE)
+    details = [d.detail for d in plan.drift if d.unit == GATEWAY_UNIT]
+    assert details and all("interrupted apply" in d for d in details), details
+    assert not any("by hand" in d.detail for d in plan.drift) and plan.gateways[0].action == ["update"]
+    state.gateways["edge"] = record  # nothing recorded as being installed: a person's edit, said so
+    plan = make_plan(desired(1024), state, inv, left, SHAPE)
+    assert any("edited by hand" in d.detail for d in plan.drift)
+
+
 def test_show_of_a_saved_plan_has_the_summary_and_its_configuration_with_verbose(tmp_path: Path) -> None:
     import json
 

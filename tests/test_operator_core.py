@@ -14,18 +14,20 @@ from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.plan.gateway import stopped_map
 from engine_ctl.core.plan.operator import park_refusal, parking_phase, stop_phase
 from engine_ctl.core.plan.planner import make_plan
-from engine_ctl.core.record.model import OperatorAction, State, parse_state
+from engine_ctl.core.record.model import OperatorAction, State, derived_id, parse_state
 from engine_ctl.core.render.gateway import GatewayBackend, render_gateway
 from tests.fleetfacts import h100x8
 from tests.test_plan_core import SHAPE, applied, desired, plan_for, world
 
-ULID = "01M3R7A6YJW402N962HH17A66W"
+LINEAGE = "00000000-0000-4000-8000-0000000000aa"
+ULID = derived_id("deployment", LINEAGE, "chat", "0")
+"""The ID running()'s plan names for `chat` (and its first apply records): its units' headers carry it."""
 
 
 def running(spec: str = "gpus: 1") -> tuple[State, dict[str, HostFacts]]:
     h = h100x8()
-    state, facts = applied(plan_for(spec, State(), h), State(), {h.host: h})
-    state.deployments["chat"].id = ULID
+    state, facts = applied(plan_for(spec, State(lineage=LINEAGE), h), State(), {h.host: h})
+    assert state.deployments["chat"].id == ULID  # the ID the plan named, which its units' headers carry
     return state, facts
 
 

@@ -43,6 +43,7 @@ def applied(plan: Plan, state: State, facts: dict[str, HostFacts]) -> tuple[Stat
     units: dict[str, list[UnitFact]] = {h: list(f.units) for h, f in facts.items()}
     for c in plan.changes:
         rec = new.deployments.setdefault(c.name, DeploymentRecord(name=c.name))
+        rec.id = rec.id or c.deployment_id  # the ID the plan named (its units' headers carry it)
         for r in c.replicas:
             if r.action in (["delete"], ["delete", "create"], ["create", "delete"]):
                 rec.replicas = [x for x in rec.replicas if x.unit != r.old_unit]

@@ -212,7 +212,8 @@ def test_header_records_deployment_revision_and_content_hash() -> None:
     assert lines[1].startswith("# deployment: llamacpp-1gpu  replica: 0  slot: a  revision: 1")
     body = unit.text.replace(unit.content_hash, "")
     assert lines[3] == f"# lineage: {GOLDEN_LINEAGE}"
-    assert lines[4] == f"# content-sha256: {unit.content_hash}"
+    assert re.fullmatch(r"# id: [0-7][0-9A-HJKMNP-TV-Z]{25}", lines[4])  # the deployment's (import keeps it)
+    assert lines[5] == f"# content-sha256: {unit.content_hash}"
     assert hashlib.sha256(body.encode()).hexdigest() == unit.content_hash
     assert unit.sha256 == hashlib.sha256(unit.text.encode()).hexdigest()
 

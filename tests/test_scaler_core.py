@@ -261,3 +261,32 @@ def test_a_deployment_that_scales_without_a_gateway_host_is_warned() -> None:
     assert list(alone) == ["chat"] and "roles: [gateway]" in alone["chat"]
     with_gateway = Inventory(hosts=(Host(name="x", address="a", roles=("gateway",)),))
     assert without_scaler([change], with_gateway) == {}
+
+
+def test_status_of_a_min_zero_deployment_an_operator_holds_says_the_verb_not_scaled_to_zero() -> None:
+    """Issue 24 (stateful rules stop, delete): a stopped or deleted min-0 deployment showed ScaledToZero, the
+    scaler's view, in place of the operator's verb."""
+    from engine_ctl.core.plan.scaler import with_scaler
+    from engine_ctl.core.plan.status import DeploymentStatus, InstanceStatus
+
+    idle = InstanceStatus(index=0, host="h1", unit="engine-ctl-chat-0a.service", port=8001, state="stopped", gpus=[])
+    view = ScalerView(state="ScaledToZero", reason="no request for 1 min: it holds no GPU", wanted=0)
+    for verb in ("stopped", "stopping", "parked", "deleted"):
+        held = DeploymentStatus(name="chat", state=verb, reason=f"{verb} by an operator", ready=0, replicas=1,
+                                revision=3, hosts=["h1"], instances=[idle])  # fmt: skip
+        shown = with_scaler(held, view)
+        assert (shown.state, shown.reason, shown.replicas) == (verb, f"{verb} by an operator", 1), verb
+
+
+def test_ready_never_exceeds_the_replicas_when_the_scaler_wants_fewer_than_serve() -> None:
+    """Issue 24 (stateful rule kill_gateway): a woken min-0 deployment read READY 1/0 after its gateway was killed
+    (the scaler's count went to 0 while the replica still served)."""
+    from engine_ctl.core.plan.scaler import with_scaler
+    from engine_ctl.core.plan.status import DeploymentStatus, InstanceStatus
+
+    up = InstanceStatus(index=0, host="h1", unit="engine-ctl-chat-0b.service", port=8001, state="ready", gpus=[])
+    status = DeploymentStatus(name="chat", state="Ready", ready=1, replicas=1, revision=2, hosts=["h1"],
+                              instances=[up])  # fmt: skip
+    shown = with_scaler(status, ScalerView(state="ScaledToZero", reason="the gateway does not answer", wanted=0))
+    assert (shown.ready, shown.replicas) == (1, 1)
+    assert with_scaler(status, ScalerView(state="Ready", reason="", wanted=2)).replicas == 2

@@ -83,3 +83,30 @@ def test_a_unit_stopped_by_hand_reads_as_drift_not_as_an_older_deployments_scale
     facts = {h: f.model_copy(update={"scaler_state": same}) for h, f in facts.items()}
     (kept,) = _statuses(state, ["chat"], facts, [(host, "198.18.0.1:8800")])
     assert kept.state == "Failed" and kept.replicas == 1  # min 1: the scaler does not act on it, whatever it kept
+
+
+def test_status_and_list_say_when_the_documents_ask_for_a_change_that_is_not_served() -> None:
+    """Issue 24, 16c: the model path changed to weights no apply can use; plan said Pending and apply changed
+    nothing, and `list` still read `ready 2/2` at the old revision, as if the documents were served."""
+    from types import SimpleNamespace
+
+    from engine_ctl.cli.views.output import console
+    from engine_ctl.cli.views.status import list_table
+    from tests.test_plan_core import desired
+
+    state, facts = running("gpus: 1")
+    facts = serving(facts, state)
+    same = SimpleNamespace(desired=desired("gpus: 1"))
+    (s,) = _statuses(state, ["chat"], facts, None, same)  # type: ignore[arg-type]
+    assert (s.state, s.revision, s.documents_changed) == ("Ready", 1, False)
+    assert "documents_changed" not in s.model_dump_json()  # --json carries it only when true
+    changed = SimpleNamespace(desired=desired("gpus: 1, context_length: 8192"))
+    (c,) = _statuses(state, ["chat"], facts, None, changed)  # type: ignore[arg-type]
+    assert (c.state, c.ready, c.revision, c.documents_changed) == ("Ready", 1, 1, True)  # what serves, said so
+    assert c.reason is not None and "the documents changed since revision 1 was applied" in c.reason
+    out = console()
+    with out.capture() as captured:
+        out.print(list_table([c]))
+    assert "1 (documents changed)" in captured.get()
+    (plain,) = _statuses(state, ["chat"], facts)  # no documents given: nothing to compare with
+    assert not plain.documents_changed

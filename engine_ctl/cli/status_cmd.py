@@ -26,12 +26,13 @@ from engine_ctl.cli.views.status import (
     status_json,
 )
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
-from engine_ctl.core.documents.loader import load_paths
+from engine_ctl.core.documents.loader import LoadResult, load_paths
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.plan.decisions import readiness_checks
 from engine_ctl.core.plan.scaler import ScalerView, scaler_views_of, with_scaler
 from engine_ctl.core.plan.status import (
     DeploymentStatus,
+    against_documents,
     deployment_status,
     held_view,
     hosts_not_in,
@@ -65,7 +66,7 @@ def name_and_paths(name: str | None, paths: tuple[Path, ...]) -> tuple[str | Non
 def _live(
     records: list[DeploymentRecord], inventory_path: Path | None, paths: tuple[Path, ...], options: SSHOptions,
     parallel: int, addresses: dict[str, str] | None = None, gateways: list[tuple[str, str]] | None = None,
-    backend: StateBackend | None = None,
+    backend: StateBackend | None = None, loaded: LoadResult | None = None,
 ) -> tuple[dict[str, HostFacts], dict[str, HostFailure]]:  # fmt: skip
     """Facts and health of the hosts the shown deployments run on, and of the gateway hosts (whose (host,
     endpoint) pairs are added to `gateways`); none (and no inventory) when they run nowhere. `addresses`, when
@@ -74,7 +75,7 @@ def _live(
     used = {r.host for d in records for r in d.replicas}
     if not used:
         return {}, {}
-    loaded = load_paths(list(paths)) if paths else None
+    loaded = loaded if loaded is not None or not paths else load_paths(list(paths))
     inventory = resolve_inventory(inventory_path, loaded)
     unknown = hosts_not_in(records, {h.name for h in inventory.hosts})
     if unknown:
@@ -103,11 +104,16 @@ def _statuses(
     names: list[str],
     facts: dict[str, HostFacts],
     gateways: list[tuple[str, str]] | None = None,
+    loaded: LoadResult | None = None,
 ) -> list[DeploymentStatus]:
+    """Each deployment's status from live facts; with the documents, also whether they ask for a change that is
+    not served yet (status.against_documents)."""
     own = [facts[h].model_copy(update={"scaler_state": scaler_entries(facts[h].scaler_state, state.deployments)})
            for h, _ in gateways or [] if h in facts]  # fmt: skip
     views = scaler_views_of(own)
-    return [_one_status(state.deployments[n], facts, gateways or [], views.get(n)) for n in names]
+    desired = loaded.desired if loaded is not None else None
+    return [against_documents(_one_status(state.deployments[n], facts, gateways or [], views.get(n)),
+                              state.deployments[n], desired) for n in names]  # fmt: skip
 
 
 def _one_status(
@@ -141,6 +147,7 @@ def list_cmd(
     names = sorted(state.deployments)
     records = [state.deployments[n] for n in names]
     gateways: list[tuple[str, str]] = []
+    loaded = load_paths(list(paths)) if paths else None
     facts, failures = _live(
         records,
         inventory_path,
@@ -149,8 +156,9 @@ def list_cmd(
         parallel,
         gateways=gateways,
         backend=backend,
+        loaded=loaded,
     )
-    statuses = _statuses(state, names, facts, gateways)
+    statuses = _statuses(state, names, facts, gateways, loaded)
     statuses = _asleep(statuses, records, inventory_path, paths, ssh_settings(accept_new_host_keys))
     if as_json:
         emit_json(list_json(statuses))
@@ -218,10 +226,19 @@ def _status(
     records = [state.deployments[n] for n in names]
     addresses: dict[str, str] = {}
     gateways: list[tuple[str, str]] = []
+    loaded = load_paths(list(paths)) if paths else None
     facts, failures = _live(
-        records, inventory_path, paths, ssh_settings(accept_new_host_keys), parallel, addresses, gateways, backend
+        records,
+        inventory_path,
+        paths,
+        ssh_settings(accept_new_host_keys),
+        parallel,
+        addresses,
+        gateways,
+        backend,
+        loaded,
     )
-    statuses = _statuses(state, names, facts, gateways)
+    statuses = _statuses(state, names, facts, gateways, loaded)
     statuses = _asleep(statuses, records, inventory_path, paths, ssh_settings(accept_new_host_keys))
     if as_json:
         emit_json(status_json(statuses, addresses))

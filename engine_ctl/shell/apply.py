@@ -451,9 +451,19 @@ class Executor:
             raise StepFailed(str(exc)) from exc
 
     def _record(self, fn: Callable[[State], None], what: str) -> None:
-        """Write the state; a backend that fails is reported (apply exits 1), never an internal error."""
+        """Write the state; a backend that fails is reported (apply exits 1), never an internal error. A deployment
+        recorded without an ID gets the one the plan named (its units' headers carry it)."""
+        ids = {c.name: c.deployment_id for c in self.plan.changes if c.deployment_id}
+
+        def with_ids(s: State) -> None:
+            unset = [n for n in ids if n not in s.deployments or not s.deployments[n].id]
+            fn(s)
+            for n in unset:
+                if n in s.deployments:
+                    s.deployments[n].id = ids[n]
+
         try:
-            self.recorder.change(fn)
+            self.recorder.change(with_ids)
         except Exception as exc:  # the backend's own errors: disk full, database gone, permission
             self.result.unrecorded.append(f"{what}: {exc}")
             raise StepFailed(f"the state could not be written ({what}): {exc}") from exc

@@ -85,7 +85,8 @@ def list_table(statuses: list[DeploymentStatus]) -> Table:
         table.add_column(col, no_wrap=True)
     table.add_column("HOSTS", overflow="fold")
     for s in statuses:
-        table.add_row(s.name, s.state.lower(), f"{s.ready}/{s.replicas}", str(s.revision), ", ".join(s.hosts) or "-")
+        revision = f"{s.revision} (documents changed)" if s.documents_changed else str(s.revision)
+        table.add_row(s.name, s.state.lower(), f"{s.ready}/{s.replicas}", revision, ", ".join(s.hosts) or "-")
     return table
 
 
@@ -96,8 +97,9 @@ def deployment_table(s: DeploymentStatus) -> Table:
     for col in ("NAME", "STATE", "READY", "REVISION", "STARTUP", "INITIALIZE"):
         table.add_column(col, no_wrap=True)
     table.add_column("LAST OPERATION", overflow="fold", ratio=1)
+    revision = f"{s.revision} (documents changed)" if s.documents_changed else str(s.revision)
     table.add_row(
-        s.name, s.state.lower(), f"{s.ready}/{s.replicas}", str(s.revision), startup_text(s.startup),
+        s.name, s.state.lower(), f"{s.ready}/{s.replicas}", revision, startup_text(s.startup),
         initialize_text(s.initialize_s), s.last_operation or "-",
     )  # fmt: skip
     return table

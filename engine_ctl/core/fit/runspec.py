@@ -89,6 +89,9 @@ class ReplicaRun(BaseModel):
     lineage: str | None = None
     """The lineage of the state the unit belongs to, written into its header; None renders a unit as engine-ctl
     wrote it before it recorded lineages."""
+    deployment_id: str | None = None
+    """The deployment's stable ID, written into its header (`engine-ctl import` keeps it from there); None renders
+    a unit as engine-ctl wrote it before it recorded IDs there."""
     startup_budget_s: int | None = None
     """The deployment's own start-up budget (the flat form's timeouts.startup); None: the engine's."""
     residency: str = "restart_only"

@@ -1,7 +1,8 @@
 """The header engine-ctl writes at the top of each unit (templates/engine.service.j2), read back from a host.
 
 It names what the unit is without any state: the deployment, replica, slot and revision, the engine, host, port
-and GPUs, the lineage of the state that made it (units from before lineage headers have none), and the sha256 of
+and GPUs, the lineage of the state that made it (units from before lineage headers have none), the deployment's
+ID (none in units from before ID headers), and the sha256 of
 the unit as rendered (with that line's value left empty). `engine-ctl import` rebuilds a state from it, and the
 planner tells another state's units from this one's by its lineage. Pure."""
 
@@ -18,6 +19,7 @@ LINE_LIMIT = 512
 _PAIR = re.compile(r"([a-z][a-z0-9-]*): (\S+)")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _INT = re.compile(r"0|[1-9][0-9]{0,5}")
+_ULID = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
 
 
 class UnitHeader(BaseModel):
@@ -33,6 +35,8 @@ class UnitHeader(BaseModel):
     gpus: tuple[str, ...] = ()
     lineage: str | None = None
     """The lineage of the state that wrote the unit; None in units written before engine-ctl recorded it."""
+    deployment_id: str | None = None
+    """The deployment's ID (a ULID); None in units written before engine-ctl recorded it there."""
     content_sha256: str | None = None
 
 
@@ -70,11 +74,13 @@ def parse_unit_header(lines: list[str]) -> UnitHeader | None:
         return None
     port = _int(pairs.get("port"))
     content = pairs.get("content-sha256")
+    ident = pairs.get("id")
     return UnitHeader(
         deployment=deployment, replica=replica, slot=slot, revision=revision, engine=pairs.get("engine"),
         host=pairs.get("host"), port=port if port is not None and 1 <= port <= 65535 else None,
         gpus=tuple(g for g in pairs.get("gpus", "").split(",") if g), lineage=lineage,
         content_sha256=content if content and _SHA256.fullmatch(content) else None,
+        deployment_id=ident if ident and _ULID.fullmatch(ident) else None,
     )  # fmt: skip
 
 

@@ -224,7 +224,7 @@ def adopt(
     skipped += more
     if not records:
         return Adoption(lineage=chosen, lineage_reason=reason, deployments={}, adopted=[], skipped=skipped)
-    ids = deployment_ids(facts, records)
+    ids = {**deployment_ids(facts, records), **header_ids(list(sources.values()), records)}
     for name, rec in records.items():
         rec.id = ids.get(name, "")
         rec.revision = max(rec.revision, recorded_revision(facts, name, rec.id))
@@ -287,7 +287,7 @@ def _compare(
             notes[(r.host, r.unit)] = f"differs from the documents (its GPUs are not on {r.host} now)"
             continue
         unit = render_replica(loaded.deployment, model, provider, fitted, placement, hosts, r.revision, r.slot,
-                              h.lineage)  # fmt: skip
+                              h.lineage, h.deployment_id)  # fmt: skip
         if unit.sha256 == u.sha256:
             r.argv = list(unit.argv)
         elif h.content_sha256 == unit.content_hash and u.edited:
@@ -311,6 +311,16 @@ def deployment_ids(facts: Mapping[str, HostFacts], names: Iterable[str]) -> dict
             if isinstance(value, str) and ULID.fullmatch(value):
                 seen.setdefault(name, set()).add(value)
     return {n: min(seen[n]) for n in names if len(seen.get(n, ())) == 1}
+
+
+def header_ids(found: list[Found], names: Iterable[str]) -> dict[str, str]:
+    """Each deployment's ID as its units' headers carry it (engine-ctl writes it there): only where they agree on
+    one."""
+    seen: dict[str, set[str]] = {}
+    for _host, _unit, h in found:
+        if h.deployment_id is not None:
+            seen.setdefault(h.deployment, set()).add(h.deployment_id)
+    return {n: next(iter(seen[n])) for n in names if len(seen.get(n, ())) == 1}
 
 
 def recorded_revision(facts: Mapping[str, HostFacts], name: str, deployment_id: str) -> int:
@@ -422,5 +432,6 @@ __all__ = [
     "adopt_gateways",
     "choose_lineage",
     "deployment_ids",
+    "header_ids",
     "recorded_revision",
 ]

@@ -132,6 +132,9 @@ class Slot(BaseModel):
 
 class DeploymentChange(Step):
     name: str
+    deployment_id: str = ""
+    """The deployment's ID: the recorded one, or the one its first apply records (deployment_id_for); its units'
+    headers carry it, so that `import` keeps it."""
     reasons: list[str] = Field(default_factory=list)
     old_revision: int = 0
     revision: int = 0
@@ -185,9 +188,11 @@ class Drift(BaseModel):
     deployment: str | None = None
     kind: Literal[
         "edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged", "weights-changed", "engine-changed",
-        "start-failed",
+        "start-failed", "interrupted",
     ]  # fmt: skip
-    """start-failed: an on-demand slot whose last start failed (systemd's start limit): no start runs until reset."""
+    """start-failed: an on-demand slot whose last start failed (systemd's start limit): no start runs until reset.
+    interrupted: a gateway's files as an apply cut off (a kill) left them mid-install: engine-ctl's own, not a
+    person's edit."""
     detail: str
     diff: list[str] = Field(default_factory=list)
     """A hand-edited unit: the unified diff from the file on the host to engine-ctl's (secret values hidden)."""

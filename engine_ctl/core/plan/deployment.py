@@ -67,6 +67,9 @@ class Target:
     """Replicas of this deployment (below the count) on each host, as placement spreads them."""
     lineage: str | None = None
     """The owning state's lineage, written into each unit's header."""
+    deployment_id: str | None = None
+    """The deployment's ID (recorded, or the one its first apply records: changes.deployment_id_for), in each unit's
+    header."""
     always_pending: bool = False
     """An always-on replica could not be placed (the change is Pending): no on-demand slot is placed."""
     placed: dict[int, Placement] = field(default_factory=dict)
@@ -93,17 +96,17 @@ class Target:
         """The unit at `p`, with `owner` as the lineage in its header (the state's when not given)."""
         lineage = self.lineage if owner is None else owner
         return render_replica(self.d, self.model, self.provider, self.fitted, p, self.hosts.inventory, revision, slot,
-                              lineage)  # fmt: skip
+                              lineage, self.deployment_id)  # fmt: skip
 
     def render_recorded(self, p: Placement, current: ReplicaRecord) -> RenderedUnit:
         """A recorded replica's unit as this state renders it (ownership.as_recorded: a unit written before
-        lineage headers keeps its text)."""
+        lineage or ID headers keeps its text)."""
 
-        def render(owner: str | None) -> RenderedUnit:
+        def render(owner: str | None, ident: str | None) -> RenderedUnit:
             return render_replica(self.d, self.model, self.provider, self.fitted, p, self.hosts.inventory,
-                                  current.revision, current.slot, owner)  # fmt: skip
+                                  current.revision, current.slot, owner, ident)  # fmt: skip
 
-        return as_recorded(render, self.lineage, current.unit_sha256)
+        return as_recorded(render, self.lineage, current.unit_sha256, self.deployment_id)
 
 
 # --- resolve ------------------------------------------------------------------------------------------------
@@ -635,10 +638,11 @@ def strategy_warnings(t: Target) -> None:
 
 def render_replica(
     d: Deployment, model: Model, provider: Provider, fitted: FitPlan, p: Placement,
-    hosts: Mapping[str, Host], revision: int, slot: str, lineage: str | None = None,
+    hosts: Mapping[str, Host], revision: int, slot: str, lineage: str | None = None, deployment_id: str | None = None,
 ) -> RenderedUnit:  # fmt: skip
+    """One replica's unit; `lineage` and `deployment_id` (the owning state's, the deployment's) go in its header."""
     host = hosts[p.host]
-    run = replica_run(d, model, provider, fitted, p, host, revision, slot, lineage, gateway_allow(hosts))
+    run = replica_run(d, model, provider, fitted, p, host, revision, slot, lineage, gateway_allow(hosts), deployment_id)
     return render_unit(run, provider, host)
 
 
@@ -671,10 +675,12 @@ def start_deployment(
     alloc: Allocation,
     names: Names | None = None,
     lineage: str | None = None,
+    deployment_id: str | None = None,
 ) -> tuple[DeploymentChange, Target | None]:
     """resolve → fit → leftovers → place the always-on replicas. `lineage`: the owning state's (unit headers).
     None for the target when there is no fit (the change says Failed or Pending)."""
     change, sized = resolve(d, model, record, names)
+    change.deployment_id = deployment_id or ""
     sized = host_decides(sized, model, hosts.reached, hosts)
     fitted = fit_step(change, sized, model, model_facts, hosts, record, names, flat=d.accelerator == "host")
     if fitted is None:
@@ -689,7 +695,7 @@ def start_deployment(
         return change, None
     t = Target(d=sized, model=model, provider=provider, fitted=fitted, revision=change.revision, hosts=hosts,
                alloc=alloc, no_weights={**refused, **weights_missing(model, hosts)}, change=change,
-               lineage=lineage)  # fmt: skip
+               lineage=lineage, deployment_id=deployment_id)  # fmt: skip
     t.replicas, t.live = leftovers(list(record.replicas) if record else [], hosts, alloc)
     count_on_host(t, t.live)
     if place_replicas(t, t.live, range(t.always)) is not None:

@@ -277,7 +277,7 @@ def plan_gateways(
             change.reasons.append(f"new gateway on {host.name}: http://{final.endpoint}/v1")
             out.append(change)
             continue
-        found = _drift(host.name, record.files_sha256, record.unit_sha256, hf)
+        found = _drift(host.name, record.files_sha256, record.unit_sha256, hf, record.installing)
         found += runtime_drift(host.name, final.maps, hf)
         drift.extend(found)
         # on-demand servers as the recorded configuration had them: whether the scaler runs them is not a change
@@ -310,20 +310,30 @@ def _warnings(host: str, hf: HostFacts | None) -> list[str]:
     return out
 
 
-def _drift(host: str, files: Mapping[str, str], unit_sha: str, hf: HostFacts | None) -> list[dict[str, str]]:
+def _drift(host: str, files: Mapping[str, str], unit_sha: str, hf: HostFacts | None,
+           installing: Mapping[str, str] | None = None) -> list[dict[str, str]]:  # fmt: skip
+    """How a gateway host differs from its record. A file (or the unit) that is what an apply was installing when
+    it was cut off (`installing`) is engine-ctl's own, left by that apply: never an edit by hand."""
     if hf is None:
         return []
     on_host = hf.gateway_files or {}
+    installing = installing or {}
     out = []
     for name, sha in sorted(files.items()):
         if name not in on_host:
             out.append({"host": host, "kind": "missing", "detail": f"gateway file {name} is missing on {host}"})
+        elif on_host[name] != sha and on_host[name] == installing.get(name):
+            out.append({"host": host, "kind": "interrupted", "detail": f"gateway file {name} on {host} is what an "
+                        "interrupted apply was installing: apply finishes it"})  # fmt: skip
         elif on_host[name] != sha:
             out.append({"host": host, "kind": "edited", "detail": f"gateway file {name} edited by hand on {host} "
                         f"(sha256 {on_host[name][:12]}… ≠ {sha[:12]}…)"})  # fmt: skip
     unit = next((u for u in hf.units if u.name == GATEWAY_UNIT), None)
     if unit is None or unit.sha256 is None:
         out.append({"host": host, "kind": "missing", "detail": f"{GATEWAY_UNIT} is missing on {host}"})
+    elif unit.sha256 != unit_sha and unit.sha256 == installing.get(GATEWAY_UNIT):
+        out.append({"host": host, "kind": "interrupted", "detail": f"{GATEWAY_UNIT} on {host} is what an "
+                    "interrupted apply was installing: apply finishes it"})  # fmt: skip
     elif unit.sha256 != unit_sha:
         out.append({"host": host, "kind": "edited", "detail": f"{GATEWAY_UNIT} edited by hand on {host}"})
     elif unit.active_state != "active":

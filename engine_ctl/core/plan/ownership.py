@@ -54,16 +54,22 @@ def hold_foreign(taken: Taken, foreign: Iterable[ForeignUnit], facts: Mapping[st
 
 
 def as_recorded(
-    render: Callable[[str | None], RenderedUnit], lineage: str | None, recorded_sha256: str
-) -> RenderedUnit:
-    """The unit of a recorded replica as this state renders it: with the lineage in its header, or, for a replica
-    recorded with the text engine-ctl wrote before lineage headers, that text (same sha256, so nothing is
-    replaced by the upgrade; the lineage line comes with the next change that rewrites the unit)."""
-    unit = render(lineage)
-    if unit.sha256 == recorded_sha256 or lineage is None:
+    render: Callable[[str | None, str | None], RenderedUnit], lineage: str | None, recorded_sha256: str,
+    deployment_id: str | None = None,
+) -> RenderedUnit:  # fmt: skip
+    """The unit of a recorded replica as this state renders it: with the lineage and the deployment's ID in its
+    header, or, for a replica recorded with the text engine-ctl wrote before ID (or lineage) headers, that text
+    (same sha256, so nothing is replaced by the upgrade; the lines come with the next change that rewrites the
+    unit). `render(lineage, deployment_id)`."""
+    unit = render(lineage, deployment_id)
+    if unit.sha256 == recorded_sha256:
         return unit
-    legacy = render(None)
-    return legacy if legacy.sha256 == recorded_sha256 else unit
+    for owner, ident in ((lineage, None), (None, None)):
+        if (owner, ident) != (lineage, deployment_id):
+            legacy = render(owner, ident)
+            if legacy.sha256 == recorded_sha256:
+                return legacy
+    return unit
 
 
 def _touches(step: ReplicaChange) -> list[tuple[str, str]]:

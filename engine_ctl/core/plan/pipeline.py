@@ -79,7 +79,7 @@ def _from_change(
         if step.actions != DELETE and step.placement is not None:
             placements[step.index] = step.placement
             units[step.index] = render_replica(d, model, provider, fitted, step.placement, hosts, step.revision,
-                                               step.slot, lineage)  # fmt: skip
+                                               step.slot, lineage, change.deployment_id or None)  # fmt: skip
     touched = {step.index for step in change.replicas}
     for r in _kept(record, touched, max(d.replicas_max, d.replicas_min, 1)):  # every slot, on demand too
         hf = facts.get(r.host)
@@ -87,9 +87,9 @@ def _from_change(
         if placement is not None:
             placements[r.index] = placement
             units[r.index] = as_recorded(
-                lambda owner, p=placement, r=r: render_replica(  # type: ignore[misc]
-                    d, model, provider, fitted, p, hosts, r.revision, r.slot, owner
-                ), lineage, r.unit_sha256,
+                lambda owner, ident, p=placement, r=r: render_replica(  # type: ignore[misc]
+                    d, model, provider, fitted, p, hosts, r.revision, r.slot, owner, ident
+                ), lineage, r.unit_sha256, change.deployment_id or None,
             )  # fmt: skip
     result = FitResult(
         plan=fitted, placements=tuple(placements[i] for i in sorted(placements)), waiting=change.waiting,

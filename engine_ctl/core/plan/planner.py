@@ -49,7 +49,7 @@ from engine_ctl.core.plan.scaler import lock_refusals, plan_scaler, scaler_views
 from engine_ctl.core.plan.unitdiff import attach_unit_diffs
 from engine_ctl.core.plan.wake import woken_parks
 from engine_ctl.core.plan.world import Allocation, Hosts
-from engine_ctl.core.record.model import DeploymentRecord, State
+from engine_ctl.core.record.model import DeploymentRecord, State, deployment_id_for
 from engine_ctl.core.render.gateway import GATEWAY_UNIT
 from engine_ctl.core.render.scaler import SCALER_UNIT
 from engine_ctl.core.render.scalerlock import ScalerLock
@@ -116,6 +116,7 @@ def planning_order(desired: DesiredState, state: State, targets: list[str] | Non
 def wanted_change(
     loaded: LoadedDeployment, desired: DesiredState, record: DeploymentRecord | None,
     model_facts: Mapping[str, ModelFacts | None], hosts: Hosts, alloc: Allocation, lineage: str | None = None,
+    serial: int = 0,
 ) -> tuple[DeploymentChange, Target | None]:  # fmt: skip
     """The deployment's first phase (its always-on replicas placed): deployment.start_deployment."""
     d = loaded.deployment
@@ -123,7 +124,9 @@ def wanted_change(
     provider = resolve_engine(d, model)
     assert model is not None and provider is not None  # the documents passed the rules
     names = field_names(loaded)
-    return start_deployment(d, model, provider, model_facts.get(model.name), record, hosts, alloc, names, lineage)
+    ident = deployment_id_for(record, lineage or "", d.name, serial)
+    return start_deployment(d, model, provider, model_facts.get(model.name), record, hosts, alloc, names, lineage,
+                            ident)  # fmt: skip
 
 
 def field_names(loaded: LoadedDeployment) -> Names:
@@ -200,7 +203,8 @@ def make_plan(
         record = state.deployments.get(name)
         if name in wanted:
             seen = forced(record) if record is not None and name in replace else record
-            change, target = wanted_change(wanted[name], desired, seen, model_facts, hosts, alloc, state.lineage)
+            change, target = wanted_change(wanted[name], desired, seen, model_facts, hosts, alloc, state.lineage,
+                                           state.serial)  # fmt: skip
             started.append((name, change, target))
             plan.changes.append(change)
         else:

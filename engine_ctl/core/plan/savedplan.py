@@ -133,16 +133,17 @@ def _replica_problem(
     fitted = change.fit
     assert fitted is not None
 
-    def render(owner: str | None) -> RenderedUnit:
+    def render(owner: str | None, ident: str | None) -> RenderedUnit:
         assert step.placement is not None
         return render_replica(deployment, model, provider, fitted, step.placement, hosts, step.revision, step.slot,
-                              owner)  # fmt: skip
+                              owner, ident)  # fmt: skip
 
-    # The unit carries the lineage of the state the plan was made against; only a repair in place of a unit
-    # written before lineage headers keeps that unit's lineage-less text (see ownership.as_recorded).
-    unit = render(lineage)
+    # The unit carries the lineage of the state the plan was made against and the deployment's ID; only a repair
+    # in place of a unit written before those headers keeps that unit's text (see ownership.as_recorded).
+    ident = change.deployment_id or None
+    unit = render(lineage, ident)
     if step.actions == UPDATE and unit.sha256 != step.unit_sha256:
-        unit = as_recorded(render, lineage, step.unit_sha256 or "")
+        unit = as_recorded(render, lineage, step.unit_sha256 or "", ident)
     if unit.name != step.unit:
         return f"{where}: the unit is named {step.unit!r}; engine-ctl names it {unit.name!r}"
     if list(unit.argv) != step.argv:

@@ -215,12 +215,21 @@ def scaler_views_of(facts: Iterable[Any]) -> dict[str, ScalerView]:
     return out
 
 
+OPERATOR_HELD = ("stopping", "stopped", "parking", "parked", "deleted")
+"""A deployment's phases under an operator's verb (status.HeldState): the scaler's view never replaces them (a
+parked one a request woke shows as it serves: status_cmd drops the verb before it asks)."""
+
+
 def with_scaler(status: Any, view: ScalerView | None) -> Any:
     """A deployment's status as the scaler sees it too: ScaledToZero or Starting (with the scaler's reason) when
     nothing serves, `replicas` wanted now, and its decisions."""
     if view is None:
         return status
-    update: dict[str, Any] = {"decisions": view.decisions, "replicas": view.wanted}
+    if status.state in OPERATOR_HELD:  # an operator's verb holds it: the scaler starts nothing, its phase is the verb's
+        return status.model_copy(update={"decisions": view.decisions})
+    # READY never exceeds REPLICAS: a replica the scaler no longer wants (it is stopping it, or it lost count when
+    # the gateway it reads went away) still serves until it stops
+    update: dict[str, Any] = {"decisions": view.decisions, "replicas": max(view.wanted, status.ready)}
     failed = any(i.state == "failed" for i in status.instances)  # a unit that failed says so, whoever started it
     if status.ready == 0 and view.state in ("ScaledToZero", "Starting") and not failed:
         update.update(state=view.state, reason=view.reason)

@@ -8,8 +8,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.model import DesiredState
 from engine_ctl.core.plan.capabilities import capabilities, plan_extras
 from engine_ctl.core.plan.decisions import decided_facts
+from engine_ctl.core.plan.diff import spec_digest
 from engine_ctl.core.plan.scaler import Decision, scales
 from engine_ctl.core.plan.wake import parked
 from engine_ctl.core.record.model import DeploymentRecord, FailedStart, ReplicaRecord
@@ -85,6 +87,8 @@ class DeploymentStatus(BaseModel):
     capabilities: dict[str, Any] = Field(default_factory=dict)
     """Seed 000's: what it answers (chat, tools with tools_reason when not, reasoning_switch, engine, parsers, …)."""
     ready_replicas: int = 0
+    documents_changed: bool = Field(default=False, exclude_if=lambda v: not v)
+    """The documents (when given) ask for another revision than the one applied, which is not served yet."""
     decisions: list[Decision] = Field(default_factory=list)
     """The scaler's last decisions for this deployment, each with the figure it acted on (oldest first)."""
 
@@ -472,3 +476,20 @@ def hosts_not_in(records: Sequence[DeploymentRecord], known: set[str]) -> list[t
     """(deployment, position in its replicas, host) of each recorded replica on a host the inventory does not have:
     status cannot ask it, and it is not "unreachable" but unknown (an error at the place that names it)."""
     return [(d.name, i, r.host) for d in records for i, r in enumerate(d.replicas) if r.host not in known]
+
+
+# --- status against the documents (issue 24, 16c) -------------------------------------------------------------
+def against_documents(s: DeploymentStatus, rec: DeploymentRecord, desired: DesiredState | None) -> DeploymentStatus:
+    """A deployment's status, given the documents: when they ask for another specification than the applied one
+    (a change not applied yet, or one no apply can make now, such as weights that are not usable), the status
+    says so, and never reads as if the documents were served. Held deployments and records without a
+    specification hash (an import of changed units) are left as they are."""
+    loaded = desired.deployment(rec.name) if desired is not None else None
+    model = desired.model(loaded.deployment.model) if desired is not None and loaded is not None else None
+    if loaded is None or model is None or rec.operator is not None or not rec.spec_hash:
+        return s
+    if spec_digest(loaded.deployment, model) == rec.spec_hash:
+        return s
+    note = (f"the documents changed since revision {rec.revision} was applied, and that change is not served yet "
+            "(`engine-ctl plan` shows it, and why when no apply can make it now)")  # fmt: skip
+    return s.model_copy(update={"documents_changed": True, "reason": f"{s.reason}; {note}" if s.reason else note})

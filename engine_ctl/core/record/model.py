@@ -7,6 +7,7 @@ and a record that breaks them is refused, with its field path, before anything a
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 from typing import Annotated, Any, Literal
@@ -191,6 +192,22 @@ def _ulid(value: str) -> str:
 
 
 RequestId = Annotated[str, AfterValidator(_ulid)]
+CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def derived_id(*parts: str) -> str:
+    """A ULID-form ID derived from `parts` (26 characters of Crockford's base 32, the first at most 7): the same
+    parts give the same ID, so that a plan (pure) can name the ID its apply records."""
+    n = int.from_bytes(hashlib.sha256("\0".join(parts).encode()).digest()[:16], "big")  # 128 bits, as a ULID
+    return "".join(CROCKFORD[(n >> (5 * i)) & 31] for i in reversed(range(26)))
+
+
+def deployment_id_for(record: DeploymentRecord | None, lineage: str, name: str, serial: int) -> str:
+    """A deployment's ID: the recorded one, or, for one not yet given one, the ID its next apply records, derived
+    from the state (lineage and serial) and its name (a deployment made again after a destroy gets another)."""
+    if record is not None and record.id:
+        return record.id
+    return derived_id("deployment", lineage, name, str(serial))
 
 
 class StartupRecord(Record):
@@ -341,6 +358,10 @@ class GatewayRecord(Record):
     files_sha256: dict[str, Sha256] = Field(default_factory=dict)
     unit_sha256: Sha256
     config: str = ""
+    installing: dict[str, Sha256] = Field(default_factory=dict)
+    """The files (and the unit, by its name) an apply is installing, recorded before it writes them and cleared once
+    they are in place: a kill in between leaves engine-ctl's own files there, which the next plan finishes, never
+    an edit by hand."""
 
 
 class HostRecord(Record):

@@ -242,6 +242,7 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
         "mdwe": not provider.jit_compiles and not run.gpus,
         "syscall_deny": deny,
         "lineage": run.lineage,
+        "deployment_id": run.deployment_id,
         **_cpu_share(run),
     }
     name = unit_name(run.deployment, run.index, run.slot)
@@ -268,7 +269,7 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
 
 def replica_run(
     d: Deployment, model: Model, provider: Provider, fitted: FitPlan, p: Placement, host: Host, revision: int = 1,
-    slot: str = "a", lineage: str | None = None, gateways: tuple[str, ...] = (),
+    slot: str = "a", lineage: str | None = None, gateways: tuple[str, ...] = (), deployment_id: str | None = None,
 ) -> ReplicaRun:  # fmt: skip
     """What the replica placed at `p` on `host` runs: everything its provider needs for its argv; `lineage` is the
     owning state's, written into the unit's header; `gateways` are the addresses it accepts requests from (with
@@ -308,6 +309,7 @@ def replica_run(
         chat_template_file=chat_template_path(unit) if jinja else None,
         cache_dir=cache_path(host, d.name),
         lineage=lineage,
+        deployment_id=deployment_id or None,
         residency=residency,
         startup_budget_s=d.startup_timeout_s,
     )

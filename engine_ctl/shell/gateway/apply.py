@@ -75,6 +75,7 @@ class GatewayApply:
             remote.set_internal_key(self._t(g.host), key, following)
             if g.changed:
                 interim = planned_gateway(g, interim=True)
+                self._record_installing(g, interim)
                 done = remote.install(self._t(g.host), interim)
                 self._record_installed(g, interim)
                 self.progress(f"gateway {g.host}: {done} (http://{g.endpoint}/v1)")
@@ -91,6 +92,18 @@ class GatewayApply:
             config=rendered.files[CONFIG_FILE],
         )  # fmt: skip
         self.record(lambda s, h=g.host, r=record: s.gateways.__setitem__(h, r), f"gateway {g.host}")  # type: ignore[misc]
+
+    def _record_installing(self, g: GatewayChange, rendered: RenderedGateway) -> None:
+        """What engine-ctl is about to install on a gateway that has a record, recorded before it is written (a
+        new gateway has none: the next plan creates it whatever a kill left)."""
+        installing = {**rendered.file_sha256, GATEWAY_UNIT: rendered.unit_sha256}
+
+        def mark(s: State, h: str = g.host) -> None:
+            if h in s.gateways and s.gateways[h].installing != installing:
+                s.gateways[h] = s.gateways[h].model_copy(update={"installing": installing})
+
+        if g.host in self.state().gateways:
+            self.record(mark, f"gateway {g.host}")
 
     def _internal_key(self) -> tuple[str, str | None]:
         """The key the gateways already share (and the next one, during a rotation), or a new one (256 bits). It
@@ -152,6 +165,7 @@ class GatewayApply:
         for g in self.live:
             host = self.hosts[g.host]
             rendered = gateway_after_apply(host, self.state(), self.hosts, g)
+            self._record_installing(g, rendered)
             done = remote.install(self._t(g.host), rendered)
             self._record_installed(g, rendered)
             if done != "maps" or g.changed:

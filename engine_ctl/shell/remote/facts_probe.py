@@ -639,15 +639,38 @@ def read_gguf(f: IO[bytes], size: int) -> dict[str, Any]:
         value = r.value(vtype, keep)
         if keep:
             fields[key] = value
+    needed = 0
     for _ in range(n_tensors):
         r.string()
         n_dims = r.take("<I")
-        f.seek(8 * n_dims + 4 + 8, 1)  # dims (u64 each), type (u32), offset (u64)
+        dims = [r.take("<Q") for _ in range(n_dims)] if n_dims <= 8 else None
+        if dims is None:
+            raise ValueError("implausible tensor dimensions (%d)" % n_dims)
+        ggml_type, at = r.take("<I"), r.take("<Q")
+        needed = max(needed, at + tensor_bytes(ggml_type, dims))
     alignment = int(fields.get("general.alignment", 32))
     offset = f.tell()
     offset += (alignment - offset % alignment) % alignment
+    if n_tensors and offset + needed > size:
+        raise ValueError("truncated: its tensors need %d bytes, the file has %d" % (offset + needed, size))
     data = size - offset if n_tensors else 0  # a vocabulary-only file has no data (and no padding after it)
     return {"format": "gguf", "version": version, "fields": fields, "size": size, "data_bytes": max(data, 0)}
+
+
+GGML_TYPES = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 36),
+              10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
+              24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 30: (1, 2)}  # fmt: skip
+"""ggml type -> (elements per block, bytes per block), from ggml's type traits (F32, F16, Q4_0 … Q8_1, the K
+quants, I8 … I64, F64, BF16). A type not listed counts as 0 bytes: only its offset is checked."""
+
+
+def tensor_bytes(ggml_type: int, dims: list[int]) -> int:
+    """The bytes of one tensor's data (0 for a type not in GGML_TYPES)."""
+    block, nbytes = GGML_TYPES.get(ggml_type, (1, 0))
+    n = 1
+    for d in dims:
+        n *= d
+    return (n // block) * nbytes
 
 
 def gguf(path: str) -> dict[str, Any]:
