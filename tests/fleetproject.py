@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.fleet import Fleet, FleetHost
-from tests.llama import tiny_model
+from tests.llama import tiny_model, wrong_shape_model
 
 MODELS_DIR = "/var/lib/engine-ctl/models"
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,12 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def weights(fleet: Fleet) -> None:
-    """The tiny model (and a corrupt copy) in every host's models_dir."""
+    """The tiny model (and a copy the engine refuses at load, corrupt.gguf) in every host's models_dir."""
     for h in fleet.hosts:
         fleet.ssh(
             h,
             f"mkdir -p {MODELS_DIR}/tiny && cp {tiny_model()} {MODELS_DIR}/tiny/tiny.gguf && "
-            f"head -c 2000000 {tiny_model()} > {MODELS_DIR}/tiny/corrupt.gguf",
+            f"cp {wrong_shape_model()} {MODELS_DIR}/tiny/corrupt.gguf",  # whole, refused by the engine at load
         )
 
 

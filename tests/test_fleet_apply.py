@@ -162,7 +162,8 @@ def test_a_replica_that_cannot_start_halts_the_roll_and_the_previous_one_serves(
     assert record["state"] == "Ready" and record["last_error"].startswith("launch_failed:")
     (dep,) = json.loads(project.cli("status", project.name, "--json").stdout)["deployments"]
     assert dep["ready"] == 1 and "last change failed: launch_failed" in dep["reason"]
-    assert dep["state"] == record["state"] and dep["reason"] == record["reason"]
+    assert dep["state"] == record["state"] and dep["reason"].startswith(record["reason"])
+    assert "the documents changed since revision 1 was applied" in dep["reason"]  # issue 24, 16c: not served yet
     h = project.host_of(old)
     units = project.fleet.ssh(h, f"ls /etc/systemd/system/ | grep engine-ctl-{project.name}- || true").stdout.split()
     assert units == [old["unit"]]

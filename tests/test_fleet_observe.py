@@ -24,6 +24,7 @@ import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,8 @@ class ObserveProject(GatewayProject):
         self.inventory.write_text(
             self.inventory.read_text() + f"monitoring:\n  port: {METRICS_PORT}\n  hosts: [{SUBNET}.1]\n"
         )
+        self.since = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S+00:00")
+        """When this module began: the gateway host's journal may hold earlier modules' requests to gw-a and gw-b."""
         self.sent: Counter[str] = Counter()
         """Requests this module sent to each deployment that reached it (what Prometheus must count)."""
 
@@ -168,7 +171,7 @@ def test_usage_per_key_and_deployment(ob: ObserveProject) -> None:
     for _ in range(2):
         assert ob.chat("gw-b", KEY_ALL)[0] == 200
     time.sleep(1)
-    got = ob.cli("usage", "--since", "1h", "--by", "key", "--json", "--inventory", str(ob.inventory))
+    got = ob.cli("usage", "--since", ob.since, "--by", "key", "--json", "--inventory", str(ob.inventory))
     assert got.returncode == 0, got.stdout + got.stderr
     report = json.loads(got.stdout)
     rows = {r["key"]: r for r in report["rows"]}
@@ -176,12 +179,13 @@ def test_usage_per_key_and_deployment(ob: ObserveProject) -> None:
     assert rows["obs-all"]["requests"] == ob.sent["gw-b"] and rows["obs-all"]["errors"] == 0
     assert rows["-"]["errors"] >= 1  # the wrong key: refused before a key was known
     assert report["exact"] == ["requests", "errors", "bytes_in", "bytes_out"] and report["not_measured"] == ["tokens"]
-    table = ob.cli("usage", "--by", "deployment", "--inventory", str(ob.inventory))
+    table = ob.cli("usage", "--by", "deployment", "--since", ob.since, "--inventory", str(ob.inventory))
     assert table.returncode == 0, table.stderr
     assert table.stdout.splitlines()[0].split()[:3] == ["DEPLOYMENT", "REQUESTS", "ERRORS"]
     assert "PROMPT TOKENS" in table.stdout and "since each replica started" in table.stdout
     # tokens per deployment: the engines' own counters (llama-server's), read through the gateway's metrics port
-    per = json.loads(ob.cli("usage", "--by", "deployment", "--json", "--inventory", str(ob.inventory)).stdout)
+    per = json.loads(ob.cli("usage", "--by", "deployment", "--since", ob.since, "--json", "--inventory",
+                            str(ob.inventory)).stdout)  # fmt: skip
     rows = {r["deployment"]: r for r in per["rows"]}
     assert rows["gw-a"]["requests"] == ob.sent["gw-a"] and rows["gw-b"]["requests"] == ob.sent["gw-b"]
     for name in ("gw-a", "gw-b"):  # max_tokens 2 a request: at most 2 generated each

@@ -104,7 +104,7 @@ def test_a_roll_replaces_one_replica_at_a_time_and_a_failure_halts_it(project: P
     assert after[0]["unit"] == first["unit"] and project.health(after[0]) == 200  # surge: the old one serves
     record = project.state()["deployments"][project.name]
     # the engine's own words, not systemd's "Failed to start"
-    assert "error loading model: tensor 'token_embd.weight' data is not within the file bounds" in record["last_error"]
+    assert "error loading model: check_tensor_dims: tensor 'token_embd.weight' has wrong shape" in record["last_error"]
     assert "Failed to start" not in record["last_error"]
     assert record["state"] == "Ready" and "last change failed: launch_failed" in record["reason"]
     (dep,) = json.loads(project.cli("status", project.name, "--json").stdout)["deployments"]
