@@ -116,7 +116,7 @@ def planning_order(desired: DesiredState, state: State, targets: list[str] | Non
 def wanted_change(
     loaded: LoadedDeployment, desired: DesiredState, record: DeploymentRecord | None,
     model_facts: Mapping[str, ModelFacts | None], hosts: Hosts, alloc: Allocation, lineage: str | None = None,
-    serial: int = 0,
+    serial: int = 0, created_at: str = "",
 ) -> tuple[DeploymentChange, Target | None]:  # fmt: skip
     """The deployment's first phase (its always-on replicas placed): deployment.start_deployment."""
     d = loaded.deployment
@@ -124,7 +124,7 @@ def wanted_change(
     provider = resolve_engine(d, model)
     assert model is not None and provider is not None  # the documents passed the rules
     names = field_names(loaded)
-    ident = deployment_id_for(record, lineage or "", d.name, serial)
+    ident = deployment_id_for(record, lineage or "", d.name, serial, created_at)
     return start_deployment(d, model, provider, model_facts.get(model.name), record, hosts, alloc, names, lineage,
                             ident)  # fmt: skip
 
@@ -204,7 +204,7 @@ def make_plan(
         if name in wanted:
             seen = forced(record) if record is not None and name in replace else record
             change, target = wanted_change(wanted[name], desired, seen, model_facts, hosts, alloc, state.lineage,
-                                           state.serial)  # fmt: skip
+                                           state.serial, created_at)  # fmt: skip
             started.append((name, change, target))
             plan.changes.append(change)
         else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -195,19 +196,33 @@ RequestId = Annotated[str, AfterValidator(_ulid)]
 CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
-def derived_id(*parts: str) -> str:
+def derived_id(*parts: str, at: str = "") -> str:
     """A ULID-form ID derived from `parts` (26 characters of Crockford's base 32, the first at most 7): the same
-    parts give the same ID, so that a plan (pure) can name the ID its apply records."""
+    parts give the same ID, so that a plan (pure) can name the ID its apply records. `at` (an ISO time, the
+    plan's created_at) is its time, as a ULID's first 10 characters hold one: what /v1/models says as `created`."""
     n = int.from_bytes(hashlib.sha256("\0".join(parts).encode()).digest()[:16], "big")  # 128 bits, as a ULID
-    return "".join(CROCKFORD[(n >> (5 * i)) & 31] for i in reversed(range(26)))
+    ident = "".join(CROCKFORD[(n >> (5 * i)) & 31] for i in reversed(range(26)))
+    ms = _epoch_ms(at)
+    if not ms:
+        return ident
+    return "".join(CROCKFORD[(ms >> (5 * i)) & 31] for i in reversed(range(10))) + ident[10:]
 
 
-def deployment_id_for(record: DeploymentRecord | None, lineage: str, name: str, serial: int) -> str:
+def _epoch_ms(at: str) -> int:
+    """An ISO time -> milliseconds since the epoch (0 for none, an unreadable one, or past a ULID's 48 bits)."""
+    try:
+        ms = int(datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp() * 1000) if at else 0
+    except ValueError:
+        return 0
+    return ms if 0 < ms < 2**48 else 0
+
+
+def deployment_id_for(record: DeploymentRecord | None, lineage: str, name: str, serial: int, at: str = "") -> str:
     """A deployment's ID: the recorded one, or, for one not yet given one, the ID its next apply records, derived
     from the state (lineage and serial) and its name (a deployment made again after a destroy gets another)."""
     if record is not None and record.id:
         return record.id
-    return derived_id("deployment", lineage, name, str(serial))
+    return derived_id("deployment", lineage, name, str(serial), at=at)
 
 
 class StartupRecord(Record):
