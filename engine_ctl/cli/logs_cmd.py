@@ -258,18 +258,7 @@ def _follow(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | N
         finally:
             transport.close()
 
-    threads = [threading.Thread(target=one, args=(h,), name=f"logs-{h.name}", daemon=True) for h in hosts]
-    for t in threads:
-        t.start()
-    try:
-        while any(t.is_alive() for t in threads) and not stop.is_set():
-            for t in threads:
-                t.join(timeout=0.2)
-    except KeyboardInterrupt:
-        stop.set()
-        for t in threads:
-            t.join(timeout=5)
-        sys.exit(130)
+    _follow_each(hosts, one, stop)
     return failures
 
 
@@ -362,6 +351,13 @@ def _gateway_logs(
         finally:
             transport.close()
 
+    _follow_each(hosts, one, stop)
+    return failures
+
+
+def _follow_each(hosts: list[Host], one: Callable[[Host], None], stop: threading.Event) -> None:
+    """One thread a host, each following its journal, until all end or Ctrl-C (exit 130, the threads told to
+    stop)."""
     threads = [threading.Thread(target=one, args=(h,), name=f"logs-{h.name}", daemon=True) for h in hosts]
     for t in threads:
         t.start()
@@ -374,7 +370,6 @@ def _gateway_logs(
         for t in threads:
             t.join(timeout=5)
         sys.exit(130)
-    return failures
 
 
 @click.command()
