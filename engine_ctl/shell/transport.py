@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import io
 import itertools
+import logging
 import os
 import re
 import shlex
@@ -62,6 +63,10 @@ class CommandResult:
 
 
 _IMPORT_LOCK = threading.Lock()
+# paramiko's transport thread logs a failed handshake (a reset during the banner) with its traceback at ERROR; with no
+# handler, Python's last-resort handler would print that on stderr. The connect error itself reaches the caller, which
+# retries or reports it in one line.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 def _paramiko() -> ModuleType:
