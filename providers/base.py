@@ -239,6 +239,31 @@ class EngineOption:
 
 
 @dataclass(frozen=True)
+class Group:
+    """One replica spread over several machines (`spec.nodes` > 1), on the engine's own distributed runtime:
+    where its members are and the ports that runtime uses. Member 0 is the head (it serves the API; the gateway
+    sees only it); members 1.. are the workers, in rank order."""
+
+    addresses: tuple[str, ...]
+    """Each member's address as the other members reach it, the head first."""
+    ports: tuple[int, ...]
+    """One runtime port per member, from the inventory's port range and checked free: the head's is the
+    rendezvous port (vLLM's --master-port, SGLang's --dist-init-addr port); a llama.cpp worker's is its
+    rpc-server port (the head's is then unused)."""
+    interface: str | None = None
+    """The network interface the collective library uses (NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME), when the
+    inventory names one."""
+
+    @property
+    def nodes(self) -> int:
+        return len(self.addresses)
+
+    @property
+    def head(self) -> str:
+        return self.addresses[0]
+
+
+@dataclass(frozen=True)
 class Provider:
     """An engine: formats, platforms, flags, argv, health, memory rule, defaults."""
 
@@ -421,6 +446,23 @@ class Provider:
     # --- what a replica runs ----------------------------------------------------------------------------
     def argv(self, run: Run) -> list[str]:
         raise NotImplementedError
+
+    # --- a replica bigger than one machine (issue 30) ----------------------------------------------------
+    multi_node: ClassVar[bool] = False
+    """Whether the engine has its own distributed runtime that spreads one replica over several machines."""
+
+    def group_head_argv(self, run: Run, group: Group) -> list[str]:
+        """The head's argv: the single-machine argv plus the runtime's flags (it serves the API)."""
+        raise NotImplementedError(f"{self.name} does not spread a replica over machines")
+
+    def group_worker_argv(self, run: Run, group: Group, rank: int) -> list[str]:
+        """Worker `rank`'s (1..nodes-1) whole argv, executable first (llama.cpp: rpc-server; vLLM: a headless
+        `vllm serve`; SGLang: `python -m sglang.launch_server` with its node rank)."""
+        raise NotImplementedError(f"{self.name} does not spread a replica over machines")
+
+    def group_environment(self, run: Run, group: Group, rank: int) -> dict[str, str]:
+        """Member `rank`'s environment (0 is the head): the single-machine one plus the runtime's."""
+        return self.environment(run)
 
     def environment(self, run: Run) -> dict[str, str]:
         return {}
