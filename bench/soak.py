@@ -43,6 +43,7 @@ def main(argv: list[str]) -> int:
         print(f"\nsteps: {len(machine.sequence) - machine.kinds['reset']} in {took / 60:.1f} min "
               f"(seed {args.seed}, {took / max(1, len(machine.sequence)):.1f} s a step)")  # fmt: skip
         print("operations by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(machine.kinds.items())))
+        print(machine.timing_report())
         print(f"violations: {len(machine.violations)}")
         for v in machine.violations:
             print(v)

@@ -10,9 +10,12 @@ test can see two replicas of one deployment down at once."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import shutil
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -95,6 +98,57 @@ while True:
     print(json.dumps({"t": time.time(), "serving": serving}), flush=True)
     time.sleep(0.4)
 """
+
+
+@dataclass
+class MuxFleet(Fleet):
+    """The fleet, reached over one SSH connection per host kept open between commands (OpenSSH's ControlMaster):
+    the stateful test reads every host after every step, and a handshake costs more than the reading."""
+
+    control_dir: str = ""
+
+    @classmethod
+    def of(cls, fleet: Fleet) -> MuxFleet:
+        control = tempfile.mkdtemp(prefix="ectl-mux-")  # short: a socket path is at most 108 bytes
+        return cls(hosts=fleet.hosts, key=fleet.key, known_hosts=fleet.known_hosts, inventory=fleet.inventory,
+                   control_dir=control)  # fmt: skip
+
+    down: set[str] = field(default_factory=set)
+    """Hosts cut off: no connection is kept to them until they are back."""
+    starting: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def _path(self, host: FleetHost) -> str:
+        return f"{self.control_dir}/{host.name}"
+
+    def ssh_argv(self, host: FleetHost) -> list[str]:
+        """A command's ssh over the host's kept connection, started here if there is none (a command whose
+        connection is gone, or a host cut off, connects on its own as plain ssh does)."""
+        argv = super().ssh_argv(host)
+        with self.starting:
+            self._start(host, argv)
+        return [*argv[:-1], "-o", "ControlMaster=no", "-o", f"ControlPath={self._path(host)}", argv[-1]]
+
+    def _start(self, host: FleetHost, argv: list[str]) -> None:
+        if host.name not in self.down and not os.path.exists(self._path(host)):
+            # the master has no stdio of ours: a caller reading a command's output to its end must not wait for it
+            subprocess.run([*argv[:-1], "-o", "ControlMaster=yes", "-o", f"ControlPath={self._path(host)}",
+                            "-o", "ControlPersist=300", "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3",
+                            "-N", "-f", argv[-1]], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, check=False, timeout=30)  # fmt: skip
+
+    def drop(self, host: FleetHost) -> None:
+        """Close the host's kept connection and keep none (it is being cut off: its sessions would hang)."""
+        self.down.add(host.name)
+        subprocess.run([*super().ssh_argv(host)[:-1], "-o", f"ControlPath={self._path(host)}", "-O", "exit",
+                        host.address], capture_output=True, check=False)  # fmt: skip
+
+    def back(self, host: FleetHost) -> None:
+        self.down.discard(host.name)
+
+    def close(self) -> None:
+        for h in self.hosts:
+            self.drop(h)
+        shutil.rmtree(self.control_dir, ignore_errors=True)
 
 
 @dataclass
@@ -189,6 +243,19 @@ class Poller:
         deadline = time.monotonic() + 20
         while {h for _, h, _ in list(self.samples)} < {h.name for h in hosts} and time.monotonic() < deadline:
             time.sleep(0.2)
+
+    @property
+    def first(self) -> dict[str, list[str]]:
+        """Each host's first sample: what served when the poller began."""
+        first: dict[str, list[str]] = {}
+        for _, host, serving in list(self.samples):
+            first.setdefault(host, serving)
+        return first
+
+    def serving_first(self, dep: str) -> set[int]:
+        """The indexes of `dep`'s replicas that served in the hosts' first samples."""
+        names = [n for serving in self.first.values() for n in serving]
+        return {int(m["index"]) for n in names if (m := UNIT.match(n)) and m["dep"] == dep}
 
     def _read(self, proc: subprocess.Popen[str], host: str) -> None:
         assert proc.stdout is not None

@@ -28,6 +28,7 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -42,8 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from engine_ctl.core.documents.apikey import key_sha256
+from tests.cliforks import CliForks
 from tests.fleet import Fleet, FleetHost
-from tests.fleettruth import Poller, Truth, probe
+from tests.fleettruth import MuxFleet, Poller, Truth, probe
 from tests.llama import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,7 +137,7 @@ class Project:
     documents, and the real CLI run there in a subprocess, as a user runs it."""
 
     def __init__(self, path: Path, fleet: Fleet) -> None:
-        self.path, self.fleet = path, fleet
+        self.path, self.fleet = path, MuxFleet.of(fleet)
         self.hosts = fleet.hosts[:3]
         self.gateway = self.hosts[0]
         self.docs = path / "docs"
@@ -147,6 +149,7 @@ class Project:
             lines.append(f"  - {{name: {h.name}, address: {h.address}{roles}}}")
         lines += [f"gateway: {{hold_s: {HOLD_S}}}", "scaling: {decide_every_s: 20, poll_s: 2}"]
         self.inventory.write_text("\n".join(lines) + "\n")
+        self.forks: CliForks | None = None
 
     @property
     def state_file(self) -> Path:
@@ -176,14 +179,22 @@ class Project:
         return [*argv, "--inventory", str(self.inventory)]
 
     def cli(self, *args: str, timeout: float = 600) -> Run:
-        started = time.monotonic()
-        try:
-            proc = subprocess.run(
-                self.argv(*args), capture_output=True, text=True, timeout=timeout, check=False, cwd=self.docs
-            )
-        except subprocess.TimeoutExpired as e:
-            return Run(124, str(e.stdout or ""), f"timed out after {timeout} s", time.monotonic() - started)
-        return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
+        return self.cli_batch([args], timeout)[0]
+
+    def cli_batch(self, commands: list[tuple[str, ...]], timeout: float = 600) -> list[Run]:
+        """Each command line at once, each in its own process of the real CLI (tests/cliforks.py: forked from an
+        interpreter that has imported it, so that a check's three commands do not pay three imports)."""
+        if self.forks is None:
+            self.forks = CliForks()
+        done = self.forks.run([(self.argv(*args)[3:], self.docs) for args in commands], timeout)
+        return [Run(d.rc, d.out, d.err + (f"timed out after {timeout} s" if d.rc == 124 else ""), d.seconds)
+                for d in done]  # fmt: skip
+
+    def close(self) -> None:
+        if self.forks is not None:
+            self.forks.close()
+            self.forks = None
+        self.fleet.close()
 
     def state(self) -> dict[str, Any]:
         return json.loads(self.state_file.read_text())  # type: ignore[no-any-return]
@@ -303,6 +314,8 @@ class Machine:
         self.since_converged: list[str] = []
         self.violations: list[Violation] = []
         self.kinds: Counter[str] = Counter()
+        self.timings: list[tuple[str, float, float]] = []
+        """Each step's rule, the seconds the rule took and the seconds its check took."""
         self.last_apply_rc: int | None = None
         self.poller_spans: list[str] = []
         self.good_sha = ""
@@ -317,6 +330,8 @@ class Machine:
         self.killed_without_identity = False
         self.hand_edited: set[str] = set()
         """Units the test edited by hand since the last apply that exited 0."""
+        self.truth: Truth | None = None
+        """What the hosts ran at the last check (after the last step): a rule's "before", read once per step."""
 
     # ----- set-up and recovery -------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -328,6 +343,8 @@ class Machine:
         """A clean fleet: every host back, everything destroyed, the starting documents applied."""
         if self.model.cut:
             self._link(self.model.cut, "up")
+            self._reaches(self.p.host(self.model.cut))
+            self.p.fleet.back(self.p.host(self.model.cut))
         if self.p.state_file.exists():
             self.p.state_file.with_name(self.p.state_file.name + ".lock").unlink(missing_ok=True)
             self.p.cli("destroy", "--auto-approve")
@@ -347,6 +364,7 @@ class Machine:
         assert applied.rc == 0, f"the starting documents do not apply: {applied.out}{applied.err}"
         self.since_converged = []
         self.last_apply_rc = 0
+        self.truth = None
 
     def teardown(self) -> None:
         """Every host back, everything of the project destroyed, the gateway and scaler gone."""
@@ -359,6 +377,7 @@ class Machine:
         self.p.fleet.ssh(
             self.p.gateway, "systemctl disable --now engine-ctl-gateway.service engine-ctl-scaler.service", check=False
         )
+        self.p.close()
 
     def _write(self) -> None:
         (self.p.docs / "docs.yaml").write_text(self.model.documents())
@@ -435,8 +454,8 @@ class Machine:
         """apply, as an operator runs it: after an apply killed mid-way, with the request identity it printed
         (`--request-id`, which continues it); where it printed none, a lock it left is cleared as the error says
         (force-unlock ID), then apply again."""
-        before = probe(self.p.fleet, self._reachable())
-        poller = Poller(self.p.fleet, self._reachable())
+        poller = Poller(self.p.fleet, self._reachable()) if self._may_roll() else None
+        watch = self._rolls_to_watch(poller) if poller is not None else {}
         recover = ("--request-id", self.killed_request) if self.killed_request else ()
         run = self.p.cli("apply", "--auto-approve", *recover)
         unlocked = ""
@@ -444,12 +463,14 @@ class Machine:
             self.p.cli("force-unlock", lock[1], "--state", str(self.p.state_file))
             unlocked = f"force-unlock {lock[1][:8]}…, "
             run = self.p.cli("apply", "--auto-approve")
-        poller.stop()
+        if poller is not None:
+            poller.stop()
         self.killed_request, self.killed_without_identity = None, False
         self.last_apply_rc = run.rc
         if run.rc == 0:
             self.hand_edited = set()
-        self._check_rolls(before, poller)
+        if poller is not None:
+            self._check_rolls(watch, poller)
         self.log(f"    apply: exit {run.rc} in {run.seconds:.0f} s: {short(run.out + run.err, 300)}")
         return f"apply({unlocked}{' '.join(recover)}) -> {run.rc}"
 
@@ -508,16 +529,25 @@ class Machine:
             self._set(name, verb=None)
         return f"start({name}, --wait) -> {run.rc}"
 
-    def _settle(self, name: str, within: float = 60) -> None:
-        """A stop or park returns while the engine still goes away: wait for its units to stop."""
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            if not [u for u in probe(self.p.fleet, self.p.hosts).of(name) if u.active != "inactive"]:
-                return
-            time.sleep(2)
+    def _settle(self, name: str, within: float = 50) -> None:
+        """A stop or park returns while the engine still goes away: wait for its units to stop (each host polls
+        systemd every 0.25 s over one SSH session)."""
+        rounds = int(within / 0.25)
+        wait = (
+            f"for i in $(seq {rounds}); do systemctl list-units --plain --no-legend "
+            f"--state=active,activating,deactivating,reloading 'engine-ctl-{name}-[0-9]*.service' | grep -q . "
+            "|| exit 0; sleep 0.25; done; exit 1"
+        )
+        threads = [threading.Thread(target=self.p.fleet.ssh, args=(h, wait), kwargs={"check": False})
+                   for h in self._reachable()]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
     def cut_host(self, rng: random.Random) -> str:
         host = rng.choice([h.name for h in self.p.hosts[1:]])  # never the gateway's: every request goes there
+        self.p.fleet.drop(self.p.host(host))
         self._link(host, "down")
         self.model.cut = host
         return f"cut_host({host})"
@@ -527,12 +557,23 @@ class Machine:
         assert host is not None
         self._link(host, "up")
         self.model.cut = None
-        time.sleep(1)
+        self._reaches(self.p.host(host))
+        self.p.fleet.back(self.p.host(host))
         return f"host_back({host})"
 
+    @staticmethod
+    def _reaches(host: FleetHost, within: float = 10) -> None:
+        """Wait (polling every 0.1 s) until the host's sshd accepts a connection again."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection((host.address, 22), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+
     def _active_units(self) -> list[Any]:
-        truth = probe(self.p.fleet, self.p.hosts)
-        return [u for u in truth.units if u.active == "active"]
+        return [u for u in self._before().units if u.active == "active"]
 
     def unit_stopped_by_hand(self, rng: random.Random) -> str:
         units = self._active_units()
@@ -597,24 +638,42 @@ class Machine:
         self.violations.append(v)
         self.log(str(v) + (f" (then {self.current}, the step that found it)" if self.current else ""))
 
-    def _check_rolls(self, before: Truth, poller: Poller) -> None:
-        """Never two replicas of one deployment down at once during an apply (not while a host is cut off)."""
-        if self.model.cut or before.unreachable:
-            return
-        hosts = {h.name for h in self.p.hosts}
+    def _before(self) -> Truth:
+        """The hosts as the last check read them (nothing but the clock has run since), else read now."""
+        return self.truth if self.truth is not None else probe(self.p.fleet, self.p.hosts)
+
+    def _may_roll(self) -> bool:
+        """Whether an apply could roll a deployment of two or more replicas (none while a host is cut off): the
+        only case where two replicas could be down at once, so the only one worth watching."""
+        return self.model.cut is None and any(
+            not d.zero and d.verb is None and d.replicas >= 2 for d in self.model.deps.values()
+        )
+
+    def _rolls_to_watch(self, poller: Poller) -> dict[str, set[int]]:
+        """Each deployment with two or more replicas serving when the apply began (the poller's first round),
+        with those replicas' indexes."""
+        if len(poller.first) < len(self._reachable()):
+            return {}  # a host did not answer: it may be cut off
+        watch = {}
         for dep in self.model.deps.values():
             if dep.zero or dep.verb is not None:
                 continue
-            indexes = {u.index for u in before.of(dep.name) if u.serving} & set(range(dep.replicas))
-            if len(indexes) < 2:
-                continue
-            spans = poller.down_together(dep.name, indexes, hosts)
-            self.log(f"    rolls watched: {dep.name}'s replicas {sorted(indexes)}, {len(poller.samples)} samples, "
+            indexes = poller.serving_first(dep.name) & set(range(dep.replicas))
+            if len(indexes) >= 2:
+                watch[dep.name] = indexes
+        return watch
+
+    def _check_rolls(self, watch: dict[str, set[int]], poller: Poller) -> None:
+        """Never two replicas of one deployment down at once during an apply."""
+        hosts = {h.name for h in self.p.hosts}
+        for name, indexes in watch.items():
+            spans = poller.down_together(name, indexes, hosts)
+            self.log(f"    rolls watched: {name}'s replicas {sorted(indexes)}, {len(poller.samples)} samples, "
                      f"{len(spans)} span(s) with two down")  # fmt: skip
             for start, end, down in spans:
                 self.violate(
                     "one replica of a deployment rolls at a time",
-                    f"replicas {sorted(down)} of {dep.name} were all down for {end - start:.1f} s during apply",
+                    f"replicas {sorted(down)} of {name} were all down for {end - start:.1f} s during apply",
                     "at most one replica of a deployment down at any moment of a roll",
                 )
 
@@ -626,16 +685,22 @@ class Machine:
                 self.p.state()
             except ValueError as e:
                 self.violate("the state is readable", f"{self.p.state_file}: {e}", "valid JSON")
-        results: dict[str, Run] = {}
         commands = {"plan": ("plan", "--detailed-exitcode", "--json"), "status": ("status", "--json"),
                     "list": ("list", "--json")}  # fmt: skip
-        threads = [threading.Thread(target=lambda k=k, c=c: results.__setitem__(k, self.p.cli(*c)))
-                   for k, c in commands.items()]  # fmt: skip
-        for t in threads:
-            t.start()
+        results: dict[str, Run] = {}
+
+        def cli() -> None:
+            results.update(zip(commands, self.p.cli_batch(list(commands.values())), strict=True))
+
+        batch = threading.Thread(target=cli)
+        batch.start()
+        read = time.monotonic()
         truth = probe(self.p.fleet, self.p.hosts)  # at the same time as plan, status and list read the hosts
-        for t in threads:
-            t.join()
+        read = time.monotonic() - read
+        batch.join()
+        self.truth = truth
+        took = ", ".join(f"{k} {r.seconds:.1f} s" for k, r in results.items())
+        self.log(f"    check: the hosts read in {read:.1f} s; {took}")
         plan = results["plan"]
         for name, run in results.items():
             if "Traceback" in run.err:
@@ -664,7 +729,9 @@ class Machine:
             self.violate("after import, plan is empty", f"plan exit {plan.rc}: {_plan_summary(doc, plan)}",
                              "No changes, exit 0: the fleet was converged before the state was lost")  # fmt: skip
         if plan.rc == 0:
+            asked = time.monotonic()
             self._check_gateway()
+            self.log(f"    check: the gateway answered in {time.monotonic() - asked:.1f} s")
         self._check_status(doc, _json(results["status"].out), _json(results["list"].out))
         self.converged = plan.rc == 0 and not diffs and len(self.violations) == found_before
         if self.converged:
@@ -757,6 +824,18 @@ class Machine:
             self.violate("status agrees with plan", f"{name}: status revision {said['revision']}, plan revision "
                          f"{change.get('old_revision')}", "the same revision")  # fmt: skip
 
+    def timing_report(self) -> str:
+        """Seconds a step took, by rule: the rule itself and the check after it (bench.soak and the CI test print
+        it, to see where a run's time goes)."""
+        by: dict[str, list[tuple[float, float]]] = {}
+        for name, rule, check in self.timings:
+            by.setdefault(name, []).append((rule, check))
+        lines = ["seconds a step, by rule (mean rule + mean check):"]
+        for name, runs in sorted(by.items()):
+            rule, check = (sum(r[i] for r in runs) / len(runs) for i in (0, 1))
+            lines.append(f"  {name:24s} x{len(runs):<3d} {rule:5.1f} + {check:4.1f}")
+        return "\n".join(lines)
+
     # ----- the driver -----------------------------------------------------------------------------------------
     def run(self, steps: int, restrict: set[str] = frozenset()) -> None:  # type: ignore[assignment]
         rng = random.Random(self.seed)
@@ -769,6 +848,7 @@ class Machine:
             self.current = names[pick]
             said = enabled[pick][2](self, rng)
             self.current = ""
+            ruled = time.monotonic()
             self.kinds[names[pick]] += 1
             self.sequence.append(said)
             self.since_converged.append(said)
@@ -776,7 +856,10 @@ class Machine:
                 v.sequence.append(said)
                 v.since_converged.append(said)
             self.check()
-            self.log(f"step {self.step_no:3d} {time.monotonic() - started:5.1f} s  plan exit {self.plan_rc}  {said}")
+            now = time.monotonic()
+            self.timings.append((names[pick], ruled - started, now - ruled))
+            self.log(f"step {self.step_no:3d} {now - started:5.1f} s (rule {ruled - started:.1f}, "
+                     f"check {now - ruled:.1f})  plan exit {self.plan_rc}  {said}")  # fmt: skip
             if len(self.violations) > before:
                 self.kinds["reset"] += 1
                 self.log("  (violation: the fleet is reset to the starting documents, and the run goes on)")
