@@ -183,6 +183,33 @@ def test_after_a_minute_idle_it_stops_and_status_says_scaled_to_zero(sp: ScalerP
     assert "scaledtozero" in table.lower() and "the scaler's decisions" in table and "idle_minutes 1" in table
 
 
+def test_a_gateway_restarted_while_it_sleeps_keeps_its_slot_in_maintenance(sp: ScalerProject) -> None:
+    """Issue 24: a gateway killed and restarted by systemd (a fresh HAProxy, from start.state) took the sleeping
+    slot's server out of maintenance, UP before any check ("UP/READY (leaving forced maintenance)", then "UP 1/3"):
+    the next request went to the stopped engine and got HAProxy's 503 after its retries, 3 s in, while the plan
+    said No changes. After the restart the server is in maintenance (held requests wake it; none is sent here, so
+    nothing wakes it) and HAProxy never put it UP."""
+    assert not sp.active("zero", 0)
+    since = sp.on_gateway("date +%s").stdout.strip()
+    before = sp.on_gateway("systemctl show -p MainPID --value engine-ctl-gateway.service").stdout.strip()
+    decisions = len(sp.decisions("zero"))
+    sp.on_gateway(f"kill -9 {before}")  # HAProxy's master; systemd restarts the unit (Restart=always)
+
+    def restarted() -> bool:
+        pid = sp.on_gateway("systemctl show -p MainPID --value engine-ctl-gateway.service").stdout.strip()
+        return pid not in ("0", before) and "d_zero" in sp.on_gateway(admin("show stat"), check=False).stdout
+
+    sp.wait("the gateway restarted by systemd", restarted, 30)
+    row = next(ln.split(",") for ln in sp.on_gateway(admin("show stat")).stdout.splitlines()
+               if ln.startswith("d_zero,r0a,"))  # fmt: skip
+    log = sp.on_gateway(f"journalctl -u engine-ctl-gateway.service --since @{since} --no-pager").stdout
+    assert "d_zero/r0a is UP" not in log, [ln for ln in log.splitlines() if "d_zero/r0a" in ln]
+    assert row[17] == "MAINT", f"the sleeping slot's server is {row[17]} after the restart"
+    time.sleep(POLL_S + 1)  # the scaler's next look: nothing to start (it records the gateway's absence only)
+    assert not sp.active("zero", 0)
+    assert [d["action"] for d in sp.decisions("zero")[decisions:] if d["action"] != "gateway"] == []
+
+
 def test_killed_mid_decision_the_scaler_restarts_and_carries_on(sp: ScalerProject) -> None:
     assert not sp.active("zero", 0)
     before = len(sp.decisions("zero"))

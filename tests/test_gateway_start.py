@@ -88,7 +88,7 @@ def test_start_state_lists_every_server_down_and_keeps_maintenance() -> None:
     rows = [ln.split() for ln in lines[2:]]
     assert [(r[1], r[3], r[4], r[5], r[6], r[18]) for r in rows] == [
         ("d_chat", "r0a", "10.0.0.1", "0", "0", "9000"),
-        ("d_chat", "r1a", "10.0.0.2", "0", "4", "9001"),
+        ("d_chat", "r1a", "10.0.0.2", "0", "5", "9001"),
     ]
     assert all(len(r) == 25 for r in rows)
 
@@ -154,3 +154,62 @@ def test_a_fresh_gateway_holds_a_request_until_the_only_replica_serves(fresh_gat
     status, answer, took = results[0]
     assert status == 200 and json.loads(answer) == {"replica": "engine"}, (status, answer)
     assert took >= 2.0 and engine.answered_503 == 0, "the request never reached the engine while it loaded"
+
+
+def test_a_fresh_gateway_keeps_a_disabled_server_in_maintenance_and_holds_its_request(tmp_path: Path) -> None:
+    """Issue 24: a sleeping on-demand slot (`disabled`) came out of maintenance when the gateway started (killed and
+    restarted by systemd, or installed anew): HAProxy read start.state's admin state 4 as "set ready at run time",
+    put the server UP before any check ("UP 1/3", logged "UP/READY (leaving forced maintenance)"), and sent the next
+    request to an engine that was not running: HAProxy's 503 after its retries, not a held request. Here nothing
+    listens on the slot's port, as when the slot sleeps: the server must stay in MAINT and the request be held."""
+    port = free_port()  # nothing listens there: the slot sleeps
+    host = Host(name="edge", address="127.0.0.1", gateway_port=free_port(), transport="local")
+    asleep = GatewayServer(name="r0a", address="127.0.0.1", port=port, maxconn=2, disabled=True)
+    rendered = render_gateway(host, [GatewayBackend(deployment="zero", servers=(asleep,))],
+                              [ApiKey(name="k", sha256=key_sha256(KEY))], internal_key=False, hold_s=3,
+                              run_dir=str(tmp_path))  # fmt: skip
+    for name, text in rendered.files.items():
+        (tmp_path / name).write_text(text)
+    shutil.copy(tmp_path / START_STATE_FILE, tmp_path / "server-state")  # as the unit's ExecStartPre does
+    proc = subprocess.Popen([HAPROXY, "-f", str(tmp_path / "haproxy.cfg")], stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{host.gateway_port}"
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(base + "/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.05)
+        status = server_status(tmp_path / "admin.sock", "d_zero", "r0a")
+        assert status == "MAINT", f"the sleeping slot's server is {status!r} at start, not in maintenance"
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "model": "zero"}).encode()
+        request = urllib.request.Request(base + "/v1/chat/completions", data=body,
+                                         headers={"Content-Type": "application/json",
+                                                  "Authorization": f"Bearer {KEY}"})  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as raised:
+            urllib.request.urlopen(request, timeout=30)
+        answer = json.loads(raised.value.read())
+        # held for the whole hold (3 s here), then the gateway's own 503 with Retry-After: never HAProxy's "No server
+        # is available", which is what a request sent to the stopped engine gets after its retries
+        assert raised.value.code == 503 and raised.value.headers.get("Retry-After") == "5", answer
+        assert "No replica of this deployment is serving yet" in answer["error"]["message"], answer
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    assert "leaving forced maintenance" not in err, err
+
+
+def server_status(admin: Path, backend: str, server: str) -> str:
+    """A server's status from HAProxy's `show stat` on its admin socket."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(admin))
+        s.sendall(b"show stat\n")
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    for line in out.decode().splitlines():
+        fields = line.split(",")
+        if fields[:2] == [backend, server]:
+            return fields[17]
+    raise AssertionError(f"{backend}/{server} is not in show stat:\n{out.decode()}")

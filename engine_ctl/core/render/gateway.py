@@ -433,18 +433,24 @@ STATE_COLUMNS = (
     "srv_agent_addr srv_agent_port"
 )
 """HAProxy 2.6's server-state file, version 1 (what `show servers state` prints)."""
+ADMIN_MAINT_FROM_CONFIG = 5
+"""srv_admin_state of a server `disabled` in the configuration and never set ready since: SRV_ADMF_FMAINT (1) |
+SRV_ADMF_CMAINT (4), what `show servers state` prints for it."""
 
 
 def start_state(backends: Iterable[GatewayBackend]) -> str:
     """The server-state file a fresh gateway starts from: every server DOWN (operational state 0, health 0, its
     last check a failed connection), so it enters only once its health check passes (rise 1, every second while
     down) and a request meanwhile is held, never sent to an engine that is not serving. Without it HAProxy starts
-    every server UP until its first check fails. A `disabled` server keeps its maintenance (admin state 4).
-    Proxies and servers are matched by name (no forced ids)."""
+    every server UP until its first check fails. A `disabled` server keeps its maintenance: admin state 5, forced
+    (1) and from the configuration (4), as HAProxy itself dumps one. With 4 alone HAProxy reads "set ready at run
+    time" and takes it out of maintenance at start, UP before any check ("UP 1/3"): a sleeping on-demand slot then
+    got requests, and the client HAProxy's 503 after its retries (issue 24). Proxies and servers are matched by
+    name (no forced ids)."""
     lines = ["1", "# " + STATE_COLUMNS]
     for be_id, b in enumerate(backends, start=1):
         for srv_id, s in enumerate(b.servers, start=1):
-            admin = 4 if s.disabled else 0
+            admin = ADMIN_MAINT_FROM_CONFIG if s.disabled else 0
             lines.append(f"{be_id} {b.backend} {srv_id} {s.name} {s.address} 0 {admin} 1 1 0 8 2 0 6 0 0 0 - "
                          f"{s.port} - 0 0 - - 0")  # fmt: skip
     return "\n".join(lines) + "\n"
