@@ -202,10 +202,17 @@ class Printer:
                 self.stop.set()
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
+    def note(self, host: str, text: str) -> None:
+        """What a host's journalctl said that is not a log line (`No journal files were found.`), on stderr."""
+        with self.lock:
+            sys.stderr.write(f"{host}: journalctl: {_message(text)}\n")
+            sys.stderr.flush()
+
 
 def _show(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | None, lines: int | None,
           options: SSHOptions, parallel: int, show: Formatter) -> dict[str, HostFailure]:  # fmt: skip
     """Each replica's log (its own journalctl, one connection per host), all lines merged in time order."""
+    printer = Printer(threading.Event())
 
     def read(transport: Transport) -> list[tuple[int, str]]:
         out: list[tuple[int, str]] = []
@@ -221,11 +228,10 @@ def _show(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | Non
                 if parsed is not None:
                     out.append((parsed[0], show(parsed)))
             if len(out) == before and result.stderr.strip():  # e.g. "No journal files were found."
-                print(f"{transport.host.name}: journalctl: {_message(result.stderr.strip())}", file=sys.stderr)
+                printer.note(transport.host.name, result.stderr.strip())
         return out
 
     found, failures = fan_out(hosts, read, options=options, parallel=parallel)
-    printer = Printer(threading.Event())
     for _, text in sorted((e for entries in found.values() for e in entries), key=lambda e: e[0]):
         printer.line(text)
     return failures
@@ -247,7 +253,7 @@ def _follow(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | N
             if parsed is not None:
                 printer.line(show(parsed))
             elif raw.strip() and not raw.startswith("{"):
-                print(f"{host.name}: journalctl: {_message(raw)}", file=sys.stderr, flush=True)
+                printer.note(host.name, raw)
 
         try:
             code = transport.stream(journal_argv(list(units), since, lines, follow=True), on_line, stop)
