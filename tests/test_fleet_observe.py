@@ -352,6 +352,10 @@ def test_status_watch_redraws_under_tmux_and_ctrl_c_ends_it(ob: ObserveProject, 
             time.sleep(0.5)
             after = _board_requests(_tmux(socket_name, "capture-pane", "-p", "-t", "board"), "gw-a") or after
         assert after >= before + 2, (before, after)  # the board moved with the requests, redrawn in place
+        screen = _tmux(socket_name, "capture-pane", "-p", "-t", "board")
+        words = next(x for x in screen.splitlines() if x.split()[:1] == ["gw-a"]).split()
+        assert words[6].isdigit() and words[7] == "ms", words  # the median TTFB of the requests the gateway logged
+        assert "the median time to the first byte" in screen
         escaped = _tmux(socket_name, "capture-pane", "-p", "-e", "-t", "board")
         coloured = any(f"\x1b[{c}m" in escaped or f";{c}m" in escaped for c in ("31", "32", "33"))
         assert coloured != no_color, escaped[-600:]

@@ -164,15 +164,22 @@ def test_the_watch_board_adds_the_gateways_figures_up() -> None:
     from engine_ctl.cli.watch_cmd import backend_figures, board
     from engine_ctl.core.plan.status import DeploymentStatus
 
-    figures = backend_figures([STAT, STAT.replace(",30,0,0,30,12", ",10,0,0,10,4")])
+    from engine_ctl.core.accesslog import RequestLine
+
+    # the recent requests the gateways logged: the column is their median TTFB (a mean would read 231 ms), a
+    # request that never reached a replica (-1) does not count, nor one of another deployment
+    recent = [RequestLine(ts=1.0, deployment="chat", ttfb_ms=ms) for ms in (5, 900, 7, -1, 12)]
+    figures = backend_figures([STAT, STAT.replace(",30,0,0,30,12", ",10,0,0,10,4")], recent)
     chat = figures["chat"]
     assert list(figures) == ["chat"] and (chat.in_flight, chat.queued, chat.requests) == (4, 2, 40)
-    assert chat.ttfb() == 10  # (12 x 30 + 4 x 10) / 40
+    assert chat.ttfb() == 7  # the lower middle of 5, 7, 12, 900
+    assert backend_figures([STAT])["chat"].ttfb() is None  # nothing logged lately: no figure, not HAProxy's mean
     status = DeploymentStatus(name="chat", state="Ready", ready=1, replicas=1, revision=1, hosts=["h"], instances=[])
     out = Console(width=150, no_color=True, record=True)
     out.print(board([status], figures, {}, datetime(2026, 1, 1, tzinfo=UTC), 0.4))
     text = out.export_text()
-    assert text.splitlines()[1].split()[:7] == ["chat", "ready", "1/1", "4", "2", "40", "10"]
+    assert text.splitlines()[1].split()[:7] == ["chat", "ready", "1/1", "4", "2", "40", "7"]
+    assert "the median time to the first byte" in text
 
 
 def test_the_scrape_config_reads_each_engine_through_the_first_gateway(tmp_path: Path) -> None:

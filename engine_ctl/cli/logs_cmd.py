@@ -275,7 +275,8 @@ def gateway_journal_argv(deployment: str | None, since: str | None, lines: int |
     return systemd.journal_argv([GATEWAY_UNIT], "MESSAGE", since, lines, follow, grep=grep)
 
 
-def _request_of(raw: str, gateway: str, by_address: dict[str, str], deployment: str | None) -> RequestLine | None:
+def request_of(raw: str, gateway: str, by_address: dict[str, str], deployment: str | None) -> RequestLine | None:
+    """One journal entry of a gateway (journalctl --output=json) -> the request it logs, or None."""
     try:
         entry = json.loads(raw)
     except ValueError:
@@ -300,7 +301,7 @@ def read_gateway_requests(
             said = (result.stderr or result.stdout).strip().splitlines()
             why = said[-1] if said else f"exit status {result.exit_code}"
             raise HostFailure(transport.host.name, "command", f"journalctl for the gateway: {_message(why)}")
-        found = (_request_of(raw, transport.host.name, by_address, deployment) for raw in result.stdout.splitlines())
+        found = (request_of(raw, transport.host.name, by_address, deployment) for raw in result.stdout.splitlines())
         return [r for r in found if r is not None]
 
     found, failures = fan_out(hosts, read, options=options, parallel=parallel)
@@ -344,7 +345,7 @@ def _gateway_logs(
         transport = transport_for(host, options)
 
         def on_line(raw: str) -> None:
-            found = _request_of(raw, host.name, by_address, deployment)
+            found = request_of(raw, host.name, by_address, deployment)
             if found is not None:
                 printer.line(show(found))
 
@@ -454,5 +455,6 @@ def logs(
 
 __all__ = [
     "gateway_journal_argv", "journal_argv", "json_line", "logs", "parse_entry", "parse_fields", "read_gateway_requests",
+    "request_of",
     "since_argument",
 ]  # fmt: skip
