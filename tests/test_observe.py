@@ -30,7 +30,8 @@ HOSTS = (
 LINE = (
     '{"ts":1796390473.625,"id":"req-1","gateway":"edge","key":"alice","deployment":"chat","replica":"r0a",'
     '"server":"10.0.0.3:8080","method":"POST","path":"\\/v1\\/chat\\/completions","status":200,"bytes_in":244,'
-    '"bytes_out":85,"queue_ms":0,"connect_ms":1,"ttfb_ms":8,"total_ms":9,"term":"--","retries":0}'
+    '"bytes_out":85,"queue_ms":0,"connect_ms":1,"ttfb_ms":8,"total_ms":9,"term":"--","retries":0,'
+    '"prompt_tokens":"11","completion_tokens":"4"}'
 )
 
 
@@ -110,6 +111,8 @@ def test_the_access_log_never_holds_a_header_a_query_or_a_body() -> None:
     assert json.loads(access_log_format("edge").replace("%Ts.%ms", "1.5").replace("%ST", "1").replace("%U", "1")
                       .replace("%B", "1").replace("%Tw", "1").replace("%Tc", "1").replace("%Tr", "1")
                       .replace("%Ta", "1").replace("%rc", "1"))["gateway"] == "edge"  # fmt: skip
+    # the tokens are variables set from the answer's `usage` only: the log carries two numbers, never the body
+    assert ("prompt_tokens", "%[var(txn.ptok)]", True) in ACCESS_LOG_FIELDS
 
 
 def test_request_lines_are_parsed_shown_and_added_up() -> None:
@@ -126,9 +129,15 @@ def test_request_lines_are_parsed_shown_and_added_up() -> None:
     )  # fmt: skip
     assert refused is not None and refused.key is None and refused.replica is None
     assert parse_request("Server d_chat/r0a is UP") is None and parse_request('{"ts":1,"id":') is None
-    rows = usage([r, r, refused], by="key")
+    # a stream: HAProxy logs "-" for the token variables it never set
+    streamed = parse_request(LINE.replace('"prompt_tokens":"11","completion_tokens":"4"',
+                                          '"prompt_tokens":"-","completion_tokens":"-"'))  # fmt: skip
+    assert streamed is not None and streamed.prompt_tokens is None and (r.prompt_tokens, r.completion_tokens) == (11, 4)
+    rows = usage([r, r, refused, streamed], by="key")
     assert list(rows) == ["-", "alice"]
-    assert (rows["alice"].requests, rows["alice"].errors, rows["alice"].bytes_out) == (2, 0, 170)
+    assert (rows["alice"].requests, rows["alice"].errors, rows["alice"].bytes_out) == (3, 0, 255)
+    assert (rows["alice"].prompt_tokens, rows["alice"].generated_tokens, rows["alice"].uncounted) == (22, 8, 1)
+    assert rows["-"].uncounted == 0  # refused by the gateway: no answer of an engine to count
     assert rows["-"].errors == 1 and rows["-"].p50_ttfb_ms() is None and rows["alice"].p50_ttfb_ms() == 8
     assert list(usage([r], by="deployment")) == ["chat"]
 
@@ -162,9 +171,8 @@ def test_the_watch_board_adds_the_gateways_figures_up() -> None:
     from rich.console import Console
 
     from engine_ctl.cli.watch_cmd import backend_figures, board
-    from engine_ctl.core.plan.status import DeploymentStatus
-
     from engine_ctl.core.accesslog import RequestLine
+    from engine_ctl.core.plan.status import DeploymentStatus
 
     # the recent requests the gateways logged: the column is their median TTFB (a mean would read 231 ms), a
     # request that never reached a replica (-1) does not count, nor one of another deployment
