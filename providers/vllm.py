@@ -91,6 +91,8 @@ SHORT = {
     "-O": "--optimization-level",  # vLLM's parser rewrites -O<n> to --optimization-level <n> (argparse_utils.py)
     "-cc": "--compilation-config",
     "-dp": "--data-parallel-size",
+    "-n": "--nnodes",
+    "-r": "--node-rank",
 }
 
 

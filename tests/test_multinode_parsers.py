@@ -29,6 +29,7 @@ from engine_ctl.providers.base import Group
 from engine_ctl.providers.sglang import RELEASE as SGLANG_RELEASE
 from engine_ctl.providers.vllm import RELEASE as VLLM_RELEASE
 
+from engine_ctl.core.documents.engine_args import check_engine_args
 from engine_ctl.core.fit.runspec import FitPlan, ReplicaRun
 from engine_ctl.core.model import Model
 from tests.fleetfacts import h100x8
@@ -199,6 +200,23 @@ def test_each_members_environment_names_its_address_and_the_interface(engine: st
             assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == interface
         else:
             assert "NCCL_SOCKET_IFNAME" not in env and "GLOO_SOCKET_IFNAME" not in env
+
+
+@pytest.mark.parametrize(
+    ("engine", "args", "where"),
+    [
+        ("vllm", ["--nnodes", "2"], "spec.nodes"),
+        ("vllm", ["--master-addr", "10.0.0.1"], "spec.nodes"),
+        ("vllm", ["--headless"], "spec.nodes"),
+        ("vllm", ["-n", "2"], "--nnodes, not -n"),
+        ("sglang", ["--dist-init-addr", "10.0.0.1:5000"], "spec.nodes"),
+        ("sglang", ["--node-rank", "1"], "spec.nodes"),
+    ],
+)
+def test_engine_args_cannot_set_the_runtimes_flags(engine: str, args: list[str], where: str) -> None:
+    """The group's flags are the deployment's (spec.nodes): a user's engine_args naming them is refused."""
+    messages = [p.message for p in check_engine_args(args, provider(engine), "spec.engine_args")]
+    assert len(messages) == 1 and where in messages[0], messages
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])

@@ -59,11 +59,16 @@ main() {
   # --no-warn-conflicts: the engine was installed without its own (CUDA) requirements, on purpose
   "$DEST/bin/pip" install --quiet --no-warn-conflicts "torch==$TORCH" "${DEPS[@]}" >&2
   # The cache is complete only once the parser runs: a plain argv must parse.
+  # (the model must be a directory that exists: vLLM takes any other path for a Hugging Face repository id)
+  local model
+  model="$(mktemp -d)"
   case "$ENGINE" in
-    vllm) probe='["vllm", "serve", "/m"]' ;;
-    sglang) probe='["python3", "-m", "sglang.launch_server", "--model-path", "/m"]' ;;
+    vllm) probe="[\"vllm\", \"serve\", \"$model\"]" ;;
+    sglang) probe="[\"python3\", \"-m\", \"sglang.launch_server\", \"--model-path\", \"$model\"]" ;;
   esac
-  verdict="$(cd / && env -u PYTHONPATH VLLM_TARGET_DEVICE=cpu "$DEST/bin/python" "$HERE/engine_parse.py" "$ENGINE" "$probe" | tail -n1)"
+  verdict="$(cd / && env -u PYTHONPATH VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 "$DEST/bin/python" "$HERE/engine_parse.py" \
+    "$ENGINE" "$probe" | tail -n1)"
+  rmdir "$model"
   case "$verdict" in
     '{"ok": true'*) ;;
     *) echo "engine_venv.sh: $ENGINE $VERSION's parser does not run in $DEST: $verdict" >&2; exit 1 ;;
