@@ -134,7 +134,8 @@ class Run:
 
 class Project:
     """A directory of documents, an inventory of three fleet hosts (the first a gateway), a state beside the
-    documents, and the real CLI run there in a subprocess, as a user runs it."""
+    documents, and the real CLI run there in its own process, as a user runs it (forked from an interpreter that has
+    imported it: tests/cliforks.py)."""
 
     def __init__(self, path: Path, fleet: Fleet) -> None:
         self.path, self.fleet = path, MuxFleet.of(fleet)
