@@ -291,7 +291,14 @@ def stopped_answer() -> dict[str, str]:
     """The code of the gateway's answer for a deployment an operator stopped (engine-ctl stop): HTTP 409 with
     `{"code": "deployment_stopped", "message": …}` (no command exits with it; CODES and the README list it)."""
     code = "deployment_stopped"
-    return {"stopped_code": code}
+    return {"stopped_code": code, **engine_error_answer()}
+
+
+def engine_error_answer() -> dict[str, str]:
+    """The code of the gateway's answer when a decision model's engine cannot read the input (longer than its
+    batch or context) or fails it: HTTP 502 with the engine's own message (seed 003)."""
+    code = "engine_error"
+    return {"engine_error_code": code}
 
 
 def _hold_lua(hold_s: int, hold_cap: int, wakes: list[str], ordered: list[GatewayBackend]) -> str:
