@@ -24,7 +24,7 @@ from engine_ctl.core.decisions import READINESS_CHECK_VERSION, readiness_body, r
 from engine_ctl.core.documents.apikey import key_sha256
 from tests.fleet import Fleet
 from tests.fleetproject import MODELS_DIR, Project
-from tests.llama import llama_server_dir
+from tests.llama import LLAMA_VERSION, llama_server_dir
 from tests.tools.make_tiny_decision_model import tiny_decision_model
 
 pytestmark = pytest.mark.fleet
@@ -44,7 +44,9 @@ def _inventory(fleet: Fleet, tmp_path: Path, registered: bool) -> Fleet:
     """The fleet's inventory with the llama.cpp build named per platform, registered as serving decisions."""
     inventory = tmp_path / "inv" / "hosts.yaml"
     inventory.parent.mkdir(exist_ok=True)
-    build = json.dumps({"cpu": str(llama_server_dir() / "bin" / "llama-server"), "decisions": registered})
+    build = json.dumps(
+        {"cpu": str(llama_server_dir() / "bin" / "llama-server"), "decisions": registered, "version": LLAMA_VERSION}
+    )
     text = re.sub(r"  engines: .*\n", f'  engines: {{"llama.cpp": {build}}}\n', Path(fleet.inventory).read_text())
     inventory.write_text(text)
     return dataclasses.replace(fleet, inventory=str(inventory))
