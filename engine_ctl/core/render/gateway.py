@@ -414,9 +414,10 @@ def render_gateway(
                           (internal_allow, internal_port))  # fmt: skip
     wakes = list(wake_addresses) or list(dict.fromkeys([LOOPBACK, wake_address]))
     lua = _hold_lua(hold_s, hold_cap, wakes, ordered)
-    maps = key_maps(keys, [*(b.deployment for b in ordered), *scope_names], requests_per_minute)
-    if internal_allow:  # an internal caller may call every deployment
-        maps["scopes.map"].update({f"{INTERNAL_CALLER}/{b.deployment}": "1" for b in ordered})
+    scoped = [*(b.deployment for b in ordered), *scope_names]
+    maps = key_maps(keys, scoped, requests_per_minute)
+    if internal_allow:  # an internal caller may call every deployment: the scope of a key with none
+        maps["scopes.map"].update({f"{INTERNAL_CALLER}/{d}": "1" for d in sorted(set(scoped))})
     maps.update({"models.map": {b.deployment: b.backend for b in ordered}, "stopped.map": dict(stopped or {})})
     files = {CONFIG_FILE: config, LUA_FILE: lua, **{name: map_text(maps[name]) for name in MAP_FILES}}
     files.update({START_STATE_FILE: start_state(ordered), DECISIONS_MAP_FILE: "", **error_files()})
