@@ -375,9 +375,10 @@ def deployment_status(
 
 
 def failed_rows(rec: DeploymentRecord) -> list[FailedStart]:
-    """The failed starts status shows as rows of their own: those of replicas with no recorded unit now."""
-    recorded = {r.index for r in rec.replicas}
-    return [f for f in rec.failed_starts if f.index not in recorded]
+    """The failed starts status shows as rows of their own: those of replicas with no recorded unit at their
+    revision or a later one (a roll's new replica that failed keeps its row beside the old one put back)."""
+    return [f for f in rec.failed_starts
+            if not any(r.index == f.index and r.revision >= f.revision for r in rec.replicas)]  # fmt: skip
 
 
 def failed_instance(f: FailedStart) -> InstanceStatus:
