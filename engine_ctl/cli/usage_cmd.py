@@ -107,8 +107,8 @@ def _table(by: str, rows: dict[str, Usage], tokens: dict[str, dict[str, float]])
     for name, u in rows.items():
         p50 = u.p50_ttfb_ms()
         line: tuple[str, ...] = (name, str(u.requests), str(u.errors), str(u.bytes_in), str(u.bytes_out),
-                "-" if p50 is None else f"{p50} ms", str(u.prompt_tokens), str(u.generated_tokens),
-                str(u.uncounted))  # fmt: skip
+                                 "-" if p50 is None else f"{p50} ms", str(u.prompt_tokens),
+                                 str(u.generated_tokens), str(u.uncounted))  # fmt: skip
         if engine:
             counted = tokens.get(name)
             line += (
