@@ -227,6 +227,7 @@ VLLM = Vllm(
     loading_statuses=frozenset(),
     default_context_cap=32768,
     serves_decisions=False,
+    release=RELEASE,  # seed 001: "vLLM v0.30.0"
     default_executable="/usr/local/bin/vllm",
     jit_compiles=True,
     tp_must_divide_heads=True,
