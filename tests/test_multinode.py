@@ -116,8 +116,8 @@ def test_a_group_is_placed_on_two_hosts_as_one_replica_with_its_members() -> Non
     assert m.unit_text is not None and "IPAddressAllow=localhost 10.0.0.1 10.0.0.2\n" in m.unit_text
     assert r.unit_text is not None and f"sha256 {m.unit_sha256}" in r.unit_text
     text = plan_text(plan)
-    assert "group of 2 machines: head on c1 (port 8000, serves the API)" in text
-    assert f"member 1 on c2: engine-ctl-chat-0a-w1.service (port {m.port})" in text
+    assert "group of 2 machines: head on c1 (port 8000, 2 cores, serves the API)" in text
+    assert f"member 1 on c2: engine-ctl-chat-0a-w1.service (port {m.port}, 2 cores)" in text
     assert "argv: /opt/llama/bin/rpc-server --host 10.0.0.2" in text
     assert plan.summary() == {"add": 1, "change": 0, "destroy": 0}
 
