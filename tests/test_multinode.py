@@ -59,7 +59,7 @@ def test_an_engine_without_a_distributed_runtime_is_refused_at_file_line_col(mon
 def test_each_engine_refuses_nodes_exactly_when_its_provider_has_no_distributed_runtime() -> None:
     for engine, provider in PROVIDERS.items():
         fmt = "gguf" if "gguf" in provider.formats else "safetensors"
-        model = f"kind: Model\nmetadata: {{name: q}}\nspec: {{format: {fmt}, path: /srv/models/q, context_length: 4096}}\n"
+        model = f"kind: Model\nmetadata: {{name: q}}\nspec: {{format: {fmt}, path: /srv/q, context_length: 4096}}\n"
         _, diags = load(model, f"metadata: {{name: chat}}\nspec: {{model: q, engine: {engine}, nodes: 2}}\n")
         refused = any(d.code == "nodes_unsupported" and "does not spread a replica" in d.message for d in diags)
         assert refused == (not provider.multi_node), (engine, [d.render() for d in diags])
