@@ -115,8 +115,8 @@ GGUF_FILE = EngineOption(
 )
 
 
-RPC_SERVER = "rpc-server"
-"""llama.cpp's RPC worker (tools/rpc), built beside llama-server with -DGGML_RPC=ON."""
+RPC_SERVER = "ggml-rpc-server"
+"""llama.cpp's RPC worker (tools/rpc; named rpc-server before), built beside llama-server with -DGGML_RPC=ON."""
 
 
 def _url_host(address: str) -> str:

@@ -146,7 +146,7 @@ def test_a_group_of_two_serves_through_the_gateway_with_the_layers_on_the_worker
     p = group
     planned = p.cli("plan", "--detailed-exitcode")
     assert planned.returncode == 2, planned.stdout + planned.stderr
-    assert "group of 2 machines: head on " in planned.stdout and "rpc-server --host " in planned.stdout
+    assert "group of 2 machines: head on " in planned.stdout and "ggml-rpc-server --host " in planned.stdout
     p.cli("apply", "--auto-approve", check=True)
     r = p.replica()
     (m,) = r["members"]

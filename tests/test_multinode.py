@@ -111,7 +111,7 @@ def test_a_group_is_placed_on_two_hosts_as_one_replica_with_its_members() -> Non
     assert r.action == ["create"] and r.host == "c1" and len(r.members) == 1
     (m,) = r.members
     assert m.host != r.host and m.unit == "engine-ctl-chat-0a-w1.service"
-    assert m.argv == ["/opt/llama/bin/rpc-server", "--host", "10.0.0.2", "--port", str(m.port), "--threads", "4"]
+    assert m.argv == ["/opt/llama/bin/ggml-rpc-server", "--host", "10.0.0.2", "--port", str(m.port), "--threads", "4"]
     assert r.argv[r.argv.index("--rpc") + 1] == f"10.0.0.2:{m.port}"
     assert r.argv[r.argv.index("--n-gpu-layers") + 1] == "all"
     # the worker accepts only the group's hosts; its unit's sha256 is in the head's (a member's change is the replica's)
@@ -120,7 +120,7 @@ def test_a_group_is_placed_on_two_hosts_as_one_replica_with_its_members() -> Non
     text = plan_text(plan)
     assert "group of 2 machines: head on c1 (port 8000, 2 cores, serves the API)" in text
     assert f"member 1 on c2: engine-ctl-chat-0a-w1.service (port {m.port}, 2 cores)" in text
-    assert "argv: /opt/llama/bin/rpc-server --host 10.0.0.2" in text
+    assert "argv: /opt/llama/bin/ggml-rpc-server --host 10.0.0.2" in text
     assert plan.summary() == {"add": 1, "change": 0, "destroy": 0}
 
 
@@ -260,4 +260,4 @@ def test_the_llamacpp_group_argv_as_its_rpc_readme_describes() -> None:
     (r,) = _plan(State(), inv, facts, "accelerator: cpu, nodes: 3").changes[0].replicas
     workers = ",".join(f"{m.argv[2]}:{m.port}" for m in r.members)
     assert r.argv[r.argv.index("--rpc") + 1] == workers and r.argv.count("--n-gpu-layers") == 1
-    assert [m.argv[:3] for m in r.members] == [["/opt/llama/bin/rpc-server", "--host", f"10.0.0.{i}"] for i in (2, 3)]
+    assert [m.argv[:3] for m in r.members] == [["/opt/llama/bin/ggml-rpc-server", "--host", f"10.0.0.{i}"] for i in (2, 3)]

