@@ -382,7 +382,7 @@ def deployment_status(
         name=rec.name, state=held[0] if held else found.state, reason=held[1] if held else found.reason,
         ready=len(serving), replicas=max(wanted, len(serving) + len(others)),
         revision=rec.revision or max((f.revision for f in failed), default=0),
-        hosts=sorted({r.host for r in rec.replicas} | {f.host for f in failed}),
+        hosts=sorted({h for r in rec.replicas for h in r.hosts} | {f.host for f in failed}),
         instances=sorted(instances + [failed_instance(f) for f in failed], key=lambda i: (i.index, i.unit)),
         served_model_name=rec.name, kind=rec.plan.kind if rec.plan else None,
         endpoint=Endpoint(name=rec.name, listen_port=int(gateways[0][1].rsplit(":", 1)[1]),
