@@ -159,10 +159,8 @@ def _worker_holds_tensors(p: GroupProject, replica: dict) -> None:  # type: igno
 
 def test_a_group_of_two_serves_through_the_gateway_with_the_layers_on_the_worker(group: GroupProject) -> None:
     p = group
-    planned = p.cli("plan", "--detailed-exitcode")
-    assert planned.returncode == 2, planned.stdout + planned.stderr
-    assert "group of 2 machines: head on " in planned.stdout and "ggml-rpc-server --host " in planned.stdout
-    p.cli("apply", "--auto-approve", check=True)
+    applied = p.cli("apply", "--auto-approve", check=True)  # the plan it shows: one replica, with its members
+    assert "group of 2 machines: head on " in applied.stdout and "ggml-rpc-server --host " in applied.stdout
     r = p.replica()
     (m,) = r["members"]
     assert m["host"] != r["host"]
