@@ -39,7 +39,9 @@ def _own(root: Path, fleet_id: int, pid: int, start: str, checkout: str = "/else
 
 
 def _python(root: Path, code: str, fleet_id: int | None = None) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if k != "ENGINE_CTL_FLEET_ID"} | {"ENGINE_CTL_FLEET_ROOT": str(root)}
+    # a run of its own: not this run's fleet id, nor pytest-xdist's worker (whose number offsets the id)
+    dropped = ("ENGINE_CTL_FLEET_ID", "PYTEST_XDIST_WORKER")
+    env = {k: v for k, v in os.environ.items() if k not in dropped} | {"ENGINE_CTL_FLEET_ROOT": str(root)}
     if fleet_id is not None:
         env["ENGINE_CTL_FLEET_ID"] = str(fleet_id)
     argv = [sys.executable, "-c", code]

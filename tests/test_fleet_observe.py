@@ -97,6 +97,22 @@ class ObserveProject(GatewayProject):
             self.sent[model] += 1
         return status, got
 
+    def stream(self, model: str, key: str = KEY_ALL) -> int:
+        """One streamed chat completion through the gateway (read to its end): its status."""
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "model": model, "max_tokens": 2,
+                           "stream": True})  # fmt: skip
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        request = urllib.request.Request(f"{self.base}/chat/completions", body.encode(), headers)
+        try:
+            with urllib.request.urlopen(request, timeout=120) as answer:
+                status, kind = answer.status, answer.headers.get("Content-Type", "")
+                assert b"[DONE]" in answer.read() and kind.startswith("text/event-stream"), kind
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+        if status == 200:
+            self.sent[model] += 1
+        return status
+
 
 @pytest.fixture(scope="module")
 def ob(fleet: Fleet, weights: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObserveProject]:
@@ -178,20 +194,33 @@ def test_usage_per_key_and_deployment(ob: ObserveProject) -> None:
     assert rows["obs-a"]["requests"] == ob.sent["gw-a"]  # every gw-a request of this module used a-only
     assert rows["obs-all"]["requests"] == ob.sent["gw-b"] and rows["obs-all"]["errors"] == 0
     assert rows["-"]["errors"] >= 1  # the wrong key: refused before a key was known
-    assert report["exact"] == ["requests", "errors", "bytes_in", "bytes_out"] and report["not_measured"] == ["tokens"]
+    assert report["exact"] == ["requests", "errors", "bytes_in", "bytes_out", "prompt_tokens", "generated_tokens"]
+    # tokens per key: the engine's own usage counts of each whole JSON answer, which the gateway logged
+    allkey = rows["obs-all"]
+    assert allkey["uncounted"] == 0 and 1 <= allkey["generated_tokens"] <= 2 * ob.sent["gw-b"], allkey
+    assert allkey["prompt_tokens"] >= ob.sent["gw-b"], allkey
+    streamed_before = rows["obs-all"]["uncounted"]
+    assert ob.stream("gw-b", KEY_ALL) == 200
+    time.sleep(1)
+    again = json.loads(ob.cli("usage", "--since", ob.since, "--by", "key", "--json", "--inventory",
+                              str(ob.inventory)).stdout)  # fmt: skip
+    after = {r["key"]: r for r in again["rows"]}["obs-all"]
+    assert after["uncounted"] == streamed_before + 1 and after["generated_tokens"] == allkey["generated_tokens"]
     table = ob.cli("usage", "--by", "deployment", "--since", ob.since, "--inventory", str(ob.inventory))
     assert table.returncode == 0, table.stderr
     assert table.stdout.splitlines()[0].split()[:3] == ["DEPLOYMENT", "REQUESTS", "ERRORS"]
-    assert "PROMPT TOKENS" in table.stdout and "since each replica started" in table.stdout
+    assert "PROMPT TOKENS" in table.stdout and "ENGINE GENERATED" in table.stdout
+    assert "since each replica started" in table.stdout
     # tokens per deployment: the engines' own counters (llama-server's), read through the gateway's metrics port
     per = json.loads(ob.cli("usage", "--by", "deployment", "--since", ob.since, "--json", "--inventory",
                             str(ob.inventory)).stdout)  # fmt: skip
     rows = {r["deployment"]: r for r in per["rows"]}
     assert rows["gw-a"]["requests"] == ob.sent["gw-a"] and rows["gw-b"]["requests"] == ob.sent["gw-b"]
     for name in ("gw-a", "gw-b"):  # max_tokens 2 a request: at most 2 generated each
-        assert 1 <= rows[name]["generated_tokens"] <= 2 * ob.sent[name], rows[name]
-        assert rows[name]["prompt_tokens"] >= ob.sent[name], rows[name]
-    assert "generated_tokens" in per["exact"] and per["tokens_unread"] == []
+        assert 1 <= rows[name]["engine_generated_tokens"] <= 2 * ob.sent[name], rows[name]
+        assert rows[name]["engine_prompt_tokens"] >= ob.sent[name], rows[name]
+        assert rows[name]["generated_tokens"] <= rows[name]["engine_generated_tokens"], rows[name]
+    assert "engine_generated_tokens" in per["exact"] and per["tokens_unread"] == []
 
 
 def _free_port() -> int:
@@ -352,6 +381,10 @@ def test_status_watch_redraws_under_tmux_and_ctrl_c_ends_it(ob: ObserveProject, 
             time.sleep(0.5)
             after = _board_requests(_tmux(socket_name, "capture-pane", "-p", "-t", "board"), "gw-a") or after
         assert after >= before + 2, (before, after)  # the board moved with the requests, redrawn in place
+        screen = _tmux(socket_name, "capture-pane", "-p", "-t", "board")
+        words = next(x for x in screen.splitlines() if x.split()[:1] == ["gw-a"]).split()
+        assert words[6].isdigit() and words[7] == "ms", words  # the median TTFB of the requests the gateway logged
+        assert "the median time to the first byte" in screen
         escaped = _tmux(socket_name, "capture-pane", "-p", "-e", "-t", "board")
         coloured = any(f"\x1b[{c}m" in escaped or f";{c}m" in escaped for c in ("31", "32", "33"))
         assert coloured != no_color, escaped[-600:]

@@ -240,3 +240,14 @@ def test_the_runtime_dependencies_are_exactly_what_the_product_imports() -> None
     assert "gguf" not in declared and "numpy" not in declared
     assert used - declared - postgres == set(), f"imported but not declared: {sorted(used - declared - postgres)}"
     assert declared - used == set(), f"declared but imported by no module of engine-ctl: {sorted(declared - used)}"
+
+
+def test_command_modules_print_only_through_the_views() -> None:
+    """Issue 27: the CLI's command modules write through cli/views (output, status, plan) or a printer object, never
+    the builtin print, so that colour, --json and a closed pipe are handled in one place."""
+    calls = []
+    for path in sorted((ROOT / "engine_ctl" / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+                calls.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert calls == [], calls

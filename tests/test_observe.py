@@ -30,7 +30,8 @@ HOSTS = (
 LINE = (
     '{"ts":1796390473.625,"id":"req-1","gateway":"edge","key":"alice","deployment":"chat","replica":"r0a",'
     '"server":"10.0.0.3:8080","method":"POST","path":"\\/v1\\/chat\\/completions","status":200,"bytes_in":244,'
-    '"bytes_out":85,"queue_ms":0,"connect_ms":1,"ttfb_ms":8,"total_ms":9,"term":"--","retries":0}'
+    '"bytes_out":85,"queue_ms":0,"connect_ms":1,"ttfb_ms":8,"total_ms":9,"term":"--","retries":0,'
+    '"prompt_tokens":"11","completion_tokens":"4"}'
 )
 
 
@@ -110,6 +111,8 @@ def test_the_access_log_never_holds_a_header_a_query_or_a_body() -> None:
     assert json.loads(access_log_format("edge").replace("%Ts.%ms", "1.5").replace("%ST", "1").replace("%U", "1")
                       .replace("%B", "1").replace("%Tw", "1").replace("%Tc", "1").replace("%Tr", "1")
                       .replace("%Ta", "1").replace("%rc", "1"))["gateway"] == "edge"  # fmt: skip
+    # the tokens are variables set from the answer's `usage` only: the log carries two numbers, never the body
+    assert ("prompt_tokens", "%[var(txn.ptok)]", True) in ACCESS_LOG_FIELDS
 
 
 def test_request_lines_are_parsed_shown_and_added_up() -> None:
@@ -126,9 +129,15 @@ def test_request_lines_are_parsed_shown_and_added_up() -> None:
     )  # fmt: skip
     assert refused is not None and refused.key is None and refused.replica is None
     assert parse_request("Server d_chat/r0a is UP") is None and parse_request('{"ts":1,"id":') is None
-    rows = usage([r, r, refused], by="key")
+    # a stream: HAProxy logs "-" for the token variables it never set
+    streamed = parse_request(LINE.replace('"prompt_tokens":"11","completion_tokens":"4"',
+                                          '"prompt_tokens":"-","completion_tokens":"-"'))  # fmt: skip
+    assert streamed is not None and streamed.prompt_tokens is None and (r.prompt_tokens, r.completion_tokens) == (11, 4)
+    rows = usage([r, r, refused, streamed], by="key")
     assert list(rows) == ["-", "alice"]
-    assert (rows["alice"].requests, rows["alice"].errors, rows["alice"].bytes_out) == (2, 0, 170)
+    assert (rows["alice"].requests, rows["alice"].errors, rows["alice"].bytes_out) == (3, 0, 255)
+    assert (rows["alice"].prompt_tokens, rows["alice"].generated_tokens, rows["alice"].uncounted) == (22, 8, 1)
+    assert rows["-"].uncounted == 0  # refused by the gateway: no answer of an engine to count
     assert rows["-"].errors == 1 and rows["-"].p50_ttfb_ms() is None and rows["alice"].p50_ttfb_ms() == 8
     assert list(usage([r], by="deployment")) == ["chat"]
 
@@ -162,17 +171,23 @@ def test_the_watch_board_adds_the_gateways_figures_up() -> None:
     from rich.console import Console
 
     from engine_ctl.cli.watch_cmd import backend_figures, board
+    from engine_ctl.core.accesslog import RequestLine
     from engine_ctl.core.plan.status import DeploymentStatus
 
-    figures = backend_figures([STAT, STAT.replace(",30,0,0,30,12", ",10,0,0,10,4")])
+    # the recent requests the gateways logged: the column is their median TTFB (a mean would read 231 ms), a
+    # request that never reached a replica (-1) does not count, nor one of another deployment
+    recent = [RequestLine(ts=1.0, deployment="chat", ttfb_ms=ms) for ms in (5, 900, 7, -1, 12)]
+    figures = backend_figures([STAT, STAT.replace(",30,0,0,30,12", ",10,0,0,10,4")], recent)
     chat = figures["chat"]
     assert list(figures) == ["chat"] and (chat.in_flight, chat.queued, chat.requests) == (4, 2, 40)
-    assert chat.ttfb() == 10  # (12 x 30 + 4 x 10) / 40
+    assert chat.ttfb() == 7  # the lower middle of 5, 7, 12, 900
+    assert backend_figures([STAT])["chat"].ttfb() is None  # nothing logged lately: no figure, not HAProxy's mean
     status = DeploymentStatus(name="chat", state="Ready", ready=1, replicas=1, revision=1, hosts=["h"], instances=[])
     out = Console(width=150, no_color=True, record=True)
     out.print(board([status], figures, {}, datetime(2026, 1, 1, tzinfo=UTC), 0.4))
     text = out.export_text()
-    assert text.splitlines()[1].split()[:7] == ["chat", "ready", "1/1", "4", "2", "40", "10"]
+    assert text.splitlines()[1].split()[:7] == ["chat", "ready", "1/1", "4", "2", "40", "7"]
+    assert "the median time to the first byte" in text
 
 
 def test_the_scrape_config_reads_each_engine_through_the_first_gateway(tmp_path: Path) -> None:

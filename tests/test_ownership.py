@@ -32,7 +32,7 @@ def unit_fact(name: str, text: str, active: str = "active") -> UnitFact:
     probed = unit_file(text.encode())
     return UnitFact(
         name=name, sha256=probed["sha256"], active_state=active, sub_state="running",
-        header=parse_unit_header(probed["header"]), body_sha256=probed["body_sha256"],
+        header=parse_unit_header(probed["header"]), body_sha256=probed["body_sha256"], text=probed["text"],
     )  # fmt: skip
 
 
@@ -176,6 +176,38 @@ def test_another_states_units_are_owned_elsewhere_never_drift_and_keep_their_por
     assert "Owned elsewhere" in plan_markdown(plan)
     (create,) = plan.changes[0].replicas
     assert create.port not in {r.port for r in a_state.deployments["chat"].replicas}
+
+
+def _search(spec: str):  # type: ignore[no-untyped-def]
+    """State B's documents: one deployment named `search` (not state A's `chat`)."""
+    docs = desired(spec)
+    return docs.model_copy(update={"deployments": tuple(
+        ld.model_copy(update={"deployment": ld.deployment.model_copy(update={"name": "search"})})
+        for ld in docs.deployments
+    )})  # fmt: skip
+
+
+def test_placement_leaves_another_states_cores_and_says_so() -> None:
+    """Issue 26: staging's replica on a shared host keeps its CPU cores; production's plan places around them
+    (or waits, when no other host has room), and lists what it left to that unit."""
+    alone = cpu_host("cpu-01", cores=64)
+    a_state, facts, _ = apply_and_read(CPU, State(lineage="state-a"), alone)
+    a_cores = a_state.deployments["chat"].plan.cpu_cores  # type: ignore[union-attr]
+    assert a_cores >= 2
+    # the same host, now with just the cores A's replica was given plus one
+    tight = facts["cpu-01"].model_copy(update={"cpu": alone.cpu.model_copy(update={"cores": a_cores + 1})})
+    inv, by_name = world(tight)
+    waiting = make_plan(_search(CPU), State(lineage="state-b"), inv, by_name, {"m": SHAPE})
+    (c,) = waiting.changes
+    assert c.replicas == [] and any(f"1 of {a_cores + 1} free here" in p for p in waiting.problems + c.blocked), (
+        waiting.problems, c.blocked)  # fmt: skip
+    (held,) = waiting.owned_elsewhere
+    assert held.cpu_cores == a_cores and f"placement leaves it port {held.port}, {a_cores} CPU cores" in held.line
+    assert held.line in plan_text(waiting)
+    # with a second host, B goes there instead
+    inv, by_name = world(tight, cpu_host("cpu-02", cores=a_cores + 1))
+    moved = make_plan(_search(CPU), State(lineage="state-b"), inv, by_name, {"m": SHAPE})
+    assert [r.host for r in moved.changes[0].replicas] == ["cpu-02"]
 
 
 def test_a_deployment_named_like_another_states_never_touches_its_units() -> None:

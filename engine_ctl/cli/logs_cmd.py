@@ -202,10 +202,17 @@ class Printer:
                 self.stop.set()
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
+    def note(self, host: str, text: str) -> None:
+        """What a host's journalctl said that is not a log line (`No journal files were found.`), on stderr."""
+        with self.lock:
+            sys.stderr.write(f"{host}: journalctl: {_message(text)}\n")
+            sys.stderr.flush()
+
 
 def _show(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | None, lines: int | None,
           options: SSHOptions, parallel: int, show: Formatter) -> dict[str, HostFailure]:  # fmt: skip
     """Each replica's log (its own journalctl, one connection per host), all lines merged in time order."""
+    printer = Printer(threading.Event())
 
     def read(transport: Transport) -> list[tuple[int, str]]:
         out: list[tuple[int, str]] = []
@@ -221,11 +228,10 @@ def _show(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | Non
                 if parsed is not None:
                     out.append((parsed[0], show(parsed)))
             if len(out) == before and result.stderr.strip():  # e.g. "No journal files were found."
-                print(f"{transport.host.name}: journalctl: {_message(result.stderr.strip())}", file=sys.stderr)
+                printer.note(transport.host.name, result.stderr.strip())
         return out
 
     found, failures = fan_out(hosts, read, options=options, parallel=parallel)
-    printer = Printer(threading.Event())
     for _, text in sorted((e for entries in found.values() for e in entries), key=lambda e: e[0]):
         printer.line(text)
     return failures
@@ -247,7 +253,7 @@ def _follow(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | N
             if parsed is not None:
                 printer.line(show(parsed))
             elif raw.strip() and not raw.startswith("{"):
-                print(f"{host.name}: journalctl: {_message(raw)}", file=sys.stderr, flush=True)
+                printer.note(host.name, raw)
 
         try:
             code = transport.stream(journal_argv(list(units), since, lines, follow=True), on_line, stop)
@@ -269,7 +275,8 @@ def gateway_journal_argv(deployment: str | None, since: str | None, lines: int |
     return systemd.journal_argv([GATEWAY_UNIT], "MESSAGE", since, lines, follow, grep=grep)
 
 
-def _request_of(raw: str, gateway: str, by_address: dict[str, str], deployment: str | None) -> RequestLine | None:
+def request_of(raw: str, gateway: str, by_address: dict[str, str], deployment: str | None) -> RequestLine | None:
+    """One journal entry of a gateway (journalctl --output=json) -> the request it logs, or None."""
     try:
         entry = json.loads(raw)
     except ValueError:
@@ -294,7 +301,7 @@ def read_gateway_requests(
             said = (result.stderr or result.stdout).strip().splitlines()
             why = said[-1] if said else f"exit status {result.exit_code}"
             raise HostFailure(transport.host.name, "command", f"journalctl for the gateway: {_message(why)}")
-        found = (_request_of(raw, transport.host.name, by_address, deployment) for raw in result.stdout.splitlines())
+        found = (request_of(raw, transport.host.name, by_address, deployment) for raw in result.stdout.splitlines())
         return [r for r in found if r is not None]
 
     found, failures = fan_out(hosts, read, options=options, parallel=parallel)
@@ -338,7 +345,7 @@ def _gateway_logs(
         transport = transport_for(host, options)
 
         def on_line(raw: str) -> None:
-            found = _request_of(raw, host.name, by_address, deployment)
+            found = request_of(raw, host.name, by_address, deployment)
             if found is not None:
                 printer.line(show(found))
 
@@ -448,5 +455,6 @@ def logs(
 
 __all__ = [
     "gateway_journal_argv", "journal_argv", "json_line", "logs", "parse_entry", "parse_fields", "read_gateway_requests",
+    "request_of",
     "since_argument",
 ]  # fmt: skip

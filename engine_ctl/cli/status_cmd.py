@@ -258,7 +258,8 @@ def _watch(
 ) -> None:  # fmt: skip
     """status --watch (cli.watch_cmd): each round reads the state, gathers the hosts as status does, and asks each
     gateway host's stats socket for its figures over a connection kept open for the next rounds."""
-    from engine_ctl.cli.watch_cmd import BackendFigures, backend_figures, watch
+    from engine_ctl.cli.logs_cmd import gateway_journal_argv, request_of
+    from engine_ctl.cli.watch_cmd import RECENT_LINES, RECENT_SINCE, BackendFigures, backend_figures, watch
     from engine_ctl.shell.gateway.runtime import GatewayFailure, runtime
     from engine_ctl.shell.transport import LocalTransport, SSHTransport, transport_for
 
@@ -272,16 +273,18 @@ def _watch(
     open_to: dict[str, SSHTransport | LocalTransport] = {}
 
     def figures(failures: dict[str, HostFailure]) -> dict[str, BackendFigures]:
-        texts = []
+        texts, recent = [], []
         for host in inventory.gateways():
             try:
                 t = open_to.get(host.name) or open_to.setdefault(host.name, transport_for(host, options))
                 texts.append(runtime(t, ["show stat"])[0])
+                logged = t.run(gateway_journal_argv(None, RECENT_SINCE, RECENT_LINES, follow=False))
+                recent += [r for raw in logged.stdout.splitlines() if (r := request_of(raw, host.name, {}, None))]
             except (HostFailure, GatewayFailure) as exc:
                 open_to.pop(host.name, None)
                 failures.setdefault(host.name, exc if isinstance(exc, HostFailure) else
                                     HostFailure(host.name, "command", str(exc)))  # fmt: skip
-        return backend_figures(texts)
+        return backend_figures(texts, recent)
 
     def fetch() -> tuple[list[DeploymentStatus], dict[str, BackendFigures], dict[str, HostFailure]]:
         state = read_state(backend)

@@ -4,8 +4,10 @@ logs (core.accesslog), read from every gateway host's journal as `engine-ctl log
 What is exact and what is not, as the output says: requests, errors and bytes are counted from one log line per
 request, exact for the lines the journal kept (the gateway's unit lifts journald's rate limit; journald still
 rotates old lines away past its SystemMaxUse=, and the metrics port's counters are the exact ones since the
-gateway's last reload). Tokens are not in the gateway's log (it never reads a response body): per deployment
-they come from the engines' own counters (exact, but since each replica started), per key they are not measured."""
+gateway's last reload). Tokens per key and deployment come from the same lines: the gateway reads a whole JSON
+answer's `usage` counts (the engine's own), exact for those answers; a stream, or an answer bigger than the
+gateway's buffer, is counted as a request without tokens (`uncounted`). Per deployment, the engines' own counters
+are shown too (exact, streams included, but since each replica started)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import click
 from engine_ctl.cli.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
 from engine_ctl.cli.context import backend_for, read_state, state_exists, state_option
 from engine_ctl.cli.logs_cmd import _gateway_hosts, read_gateway_requests, since_argument
-from engine_ctl.core.accesslog import counter_sum
+from engine_ctl.core.accesslog import Usage, counter_sum
 from engine_ctl.core.accesslog import usage as add_up
 from engine_ctl.core.documents.inventory import Inventory
 from engine_ctl.core.documents.loader import load_paths
@@ -76,10 +78,44 @@ def engine_tokens(
 
 
 NOTE = ("requests, errors (4xx and 5xx) and bytes: exact, counted from the gateways' request logs, for the lines "
-        "their journals kept; p50 TTFB: from the same lines; tokens: not measured per key (the gateway never reads "
-        "a response body)")  # fmt: skip
-TOKENS_NOTE = ("tokens per deployment: exact, the engines' own counters, but since each replica started, not since "
-               "--since (a replica that restarted or stopped takes its count with it)")  # fmt: skip
+        "their journals kept; p50 TTFB: from the same lines; tokens: exact for whole JSON answers (the engine's own "
+        "usage counts, which the gateway logs), not measured for streams and answers past the gateway's buffer "
+        "(UNCOUNTED)")  # fmt: skip
+TOKENS_NOTE = ("engine tokens per deployment: exact, the engines' own counters, streams included, but since each "
+               "replica started, not since --since (a replica that restarted or stopped takes its count with "
+               "it)")  # fmt: skip
+
+
+def _row(by: str, name: str, u: Usage, engine: dict[str, float] | None) -> dict[str, object]:
+    """One row of `usage --json`."""
+    row: dict[str, object] = {
+        by: name, "requests": u.requests, "errors": u.errors, "bytes_in": u.bytes_in, "bytes_out": u.bytes_out,
+        "p50_ttfb_ms": u.p50_ttfb_ms(), "prompt_tokens": u.prompt_tokens, "generated_tokens": u.generated_tokens,
+        "uncounted": u.uncounted,
+    }  # fmt: skip
+    if engine is not None:
+        row |= {f"engine_{k}": int(v) for k, v in engine.items()}
+    return row
+
+
+def _table(by: str, rows: dict[str, Usage], tokens: dict[str, dict[str, float]]) -> list[tuple[str, ...]]:
+    """The table `usage` prints: a header, then one line a key or deployment."""
+    engine = by == "deployment"
+    header = (by.upper(), "REQUESTS", "ERRORS", "BYTES IN", "BYTES OUT", "P50 TTFB", "PROMPT TOKENS",
+              "GENERATED TOKENS", "UNCOUNTED") + (("ENGINE PROMPT", "ENGINE GENERATED") if engine else ())  # fmt: skip
+    table: list[tuple[str, ...]] = [header]
+    for name, u in rows.items():
+        p50 = u.p50_ttfb_ms()
+        line = (name, str(u.requests), str(u.errors), str(u.bytes_in), str(u.bytes_out),
+                "-" if p50 is None else f"{p50} ms", str(u.prompt_tokens), str(u.generated_tokens),
+                str(u.uncounted))  # fmt: skip
+        if engine:
+            counted = tokens.get(name)
+            line += (
+                (str(int(counted["prompt_tokens"])), str(int(counted["generated_tokens"]))) if counted else ("-", "-")
+            )
+        table.append(line)
+    return table
 
 
 @click.command()
@@ -96,11 +132,12 @@ def usage(
     paths: tuple[Path, ...], since: str, by: str, as_json: bool, inventory_path: Path | None, state_path: str | None,
     parallel: int, accept_new_host_keys: bool,
 ) -> None:  # fmt: skip
-    """Requests, errors, bytes in and out and p50 time to first byte per key name (--by key) or deployment, from
-    every gateway host's request log since --since. Requests a gateway refused before it knew a key or a
-    deployment (a wrong key, an unknown model) count under "-". With --by deployment, the prompt and generated
-    tokens too, from each replica's engine counters (through a gateway's metrics port: the inventory's monitoring
-    block), which count since the replica started."""
+    """Requests, errors, bytes in and out, p50 time to first byte and tokens per key name (--by key) or
+    deployment, from every gateway host's request log since --since. Tokens are the engine's own `usage` counts
+    of whole JSON answers; streams are counted under UNCOUNTED. Requests a gateway refused before it knew a key
+    or a deployment (a wrong key, an unknown model) count under "-". With --by deployment, each replica's engine
+    counters too (through a gateway's metrics port: the inventory's monitoring block), streams included, which
+    count since the replica started."""
     inventory = resolve_inventory(inventory_path, load_paths(list(paths)) if paths else None)
     hosts, by_address = _gateway_hosts(inventory_path, paths)
     options = ssh_settings(accept_new_host_keys)
@@ -111,28 +148,17 @@ def usage(
     if as_json:
         out = {
             "since": since, "by": by, "gateways": sorted(h.name for h in hosts if h.name not in failures),
-            "exact": ["requests", "errors", "bytes_in", "bytes_out"] + (["prompt_tokens", "generated_tokens"]
-                                                                          if by == "deployment" else []),
-            "estimates": [], "not_measured": ["tokens"] if by == "key" else [],
+            "exact": ["requests", "errors", "bytes_in", "bytes_out", "prompt_tokens", "generated_tokens"]
+                     + (["engine_prompt_tokens", "engine_generated_tokens"] if by == "deployment" else []),
+            "estimates": [], "not_measured": ["tokens of the answers counted in uncounted"],
             "note": NOTE + ("; " + TOKENS_NOTE if by == "deployment" else ""), "tokens_unread": unread,
-            "rows": [{by: name, "requests": u.requests, "errors": u.errors, "bytes_in": u.bytes_in,
-                      "bytes_out": u.bytes_out, "p50_ttfb_ms": u.p50_ttfb_ms(),
-                      **({k: int(v) for k, v in tokens[name].items()} if name in tokens else {})}
+            "rows": [_row(by, name, u, tokens.get(name, {}) if by == "deployment" else None)
                      for name, u in rows.items()],
         }  # fmt: skip
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
     else:
-        header = (by.upper(), "REQUESTS", "ERRORS", "BYTES IN", "BYTES OUT", "P50 TTFB") + (
-            ("PROMPT TOKENS", "GENERATED TOKENS") if by == "deployment" else ()
-        )
-        table = [header] + [
-            (name, str(u.requests), str(u.errors), str(u.bytes_in), str(u.bytes_out),
-             "-" if u.p50_ttfb_ms() is None else f"{u.p50_ttfb_ms()} ms",
-             *((str(int(tokens[name]["prompt_tokens"])) if name in tokens else "-",
-                str(int(tokens[name]["generated_tokens"])) if name in tokens else "-") if by == "deployment" else ()))
-            for name, u in rows.items()
-        ]  # fmt: skip
-        widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+        table = _table(by, rows, tokens)
+        widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
         for r in table:
             sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
         if not rows:

@@ -3,8 +3,9 @@ its state, ready replicas, requests in flight and queued at the gateways, reques
 their time to first byte, and the scaler's last decision. Ctrl-C ends it (exit status 130, the terminal as it was).
 
 The state and the replicas' health come as for `status` (one gather of the hosts each round); the gateway's figures
-from each gateway host's stats socket (`show stat`: per backend, scur in flight, qcur queued, stot requests, rtime
-the average time to the first byte of the last 1024 answers), over one SSH connection per gateway host kept open."""
+from each gateway host, over one SSH connection per gateway host kept open: its stats socket (`show stat`: per
+backend, scur in flight, qcur queued, stot requests) and its access log (the last RECENT_LINES requests of the last
+RECENT_SINCE, for the median time to the first byte: HAProxy's own rtime is a mean)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -22,11 +23,15 @@ from rich.table import Table
 from rich.text import Text
 
 from engine_ctl.cli.views.output import console
+from engine_ctl.core.accesslog import RequestLine
 from engine_ctl.core.plan.status import DeploymentStatus
 from engine_ctl.core.render.gateway import BACKEND_PREFIX
 from engine_ctl.shell.transport import HostFailure
 
 REFRESH_S = 2.0
+RECENT_LINES = 1024
+RECENT_SINCE = "-5min"
+"""The requests the TTFB column is the median of: each gateway's last RECENT_LINES of the last five minutes."""
 STATE_STYLE = {"ready": "green", "serving": "green", "degraded": "yellow", "pending": "yellow", "failed": "red"}
 
 
@@ -37,16 +42,20 @@ class BackendFigures:
     in_flight: int = 0
     queued: int = 0
     requests: int = 0
-    ttfb_ms: list[tuple[int, int]] = field(default_factory=list)
-    """(average ms, requests) per gateway host, for an average weighted by requests."""
+    ttfb_ms: list[int] = field(default_factory=list)
+    """The time to the first byte of each recent request the gateways logged for it (RECENT_LINES)."""
 
     def ttfb(self) -> int | None:
-        total = sum(n for _, n in self.ttfb_ms)
-        return None if total == 0 else round(sum(ms * n for ms, n in self.ttfb_ms) / total)
+        """The median of the recent requests' times to the first byte (the lower middle of an even count)."""
+        if not self.ttfb_ms:
+            return None
+        ordered = sorted(self.ttfb_ms)
+        return ordered[(len(ordered) - 1) // 2]
 
 
-def backend_figures(csv_texts: list[str]) -> dict[str, BackendFigures]:
-    """`show stat` CSV of each gateway -> deployment -> its figures (BACKEND rows of d_<name> proxies). Pure."""
+def backend_figures(csv_texts: list[str], recent: Iterable[RequestLine] = ()) -> dict[str, BackendFigures]:
+    """`show stat` CSV of each gateway -> deployment -> its figures (BACKEND rows of d_<name> proxies), with the
+    times to the first byte of the `recent` requests the gateways logged. Pure."""
     out: dict[str, BackendFigures] = {}
     for text in csv_texts:
         lines = [ln for ln in text.splitlines() if ln.strip()]
@@ -63,8 +72,9 @@ def backend_figures(csv_texts: list[str]) -> dict[str, BackendFigures]:
             f.queued += _int(row.get("qcur"))
             requests = _int(row.get("req_tot")) or _int(row.get("stot"))
             f.requests += requests
-            if requests:
-                f.ttfb_ms.append((_int(row.get("rtime")), min(requests, 1024)))
+    for r in recent:
+        if r.deployment is not None and r.ttfb_ms >= 0:
+            out.setdefault(r.deployment, BackendFigures()).ttfb_ms.append(r.ttfb_ms)
     return out
 
 
@@ -98,8 +108,9 @@ def board(
         table.add_row("(no deployments)", "", "", "", "", "", "", "")
     lines: list[Text | Table] = [table, Text("")]
     stamp = now.strftime("%H:%M:%S")
-    lines.append(Text(f"{stamp} UTC, every {REFRESH_S:g} s (this round took {took_s:.1f} s); TTFB: the gateways' "
-                      "average over the last 1024 answers; Ctrl-C to end", style="dim"))  # fmt: skip
+    lines.append(Text(f"{stamp} UTC, every {REFRESH_S:g} s (this round took {took_s:.1f} s); TTFB: the median "
+                      f"time to the first byte of each gateway's last {RECENT_LINES} requests of the last 5 minutes; "
+                      "Ctrl-C to end", style="dim"))  # fmt: skip
     for host, failure in sorted(failures.items()):
         lines.append(Text(f"{host}: {failure.message}", style="red"))
     return Group(*lines)
@@ -150,4 +161,4 @@ def watch(fetch: Callable[[], Round]) -> None:
         sys.exit(130)
 
 
-__all__ = ["BackendFigures", "backend_figures", "board", "watch"]
+__all__ = ["RECENT_LINES", "RECENT_SINCE", "BackendFigures", "backend_figures", "board", "watch"]

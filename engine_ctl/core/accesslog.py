@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
 NUMBERS = ("status", "bytes_in", "bytes_out", "queue_ms", "connect_ms", "ttfb_ms", "total_ms", "retries")
+TOKENS = ("prompt_tokens", "completion_tokens")
+"""Quoted numbers (HAProxy writes "-" for a variable it has not: a stream, an answer past its buffer)."""
 TEXTS = ("id", "gateway", "key", "deployment", "replica", "server", "method", "path", "term")
 
 
@@ -38,6 +40,9 @@ class RequestLine:
     total_ms: int = -1
     term: str | None = None
     retries: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    """The answer's own `usage` counts (the engine's), for a whole JSON answer; None for a stream."""
 
     def as_json(self) -> dict[str, object]:
         return asdict(self)
@@ -61,6 +66,10 @@ def parse_request(text: str, hosts_by_address: Mapping[str, str] | None = None) 
         value = raw.get(name)
         if isinstance(value, int) and not isinstance(value, bool):
             values[name] = value
+    for name in TOKENS:
+        value = raw.get(name)
+        if isinstance(value, str) and value.isdigit() and len(value) <= 12:
+            values[name] = int(value)
     server = values.get("server")
     if isinstance(server, str) and hosts_by_address:
         address = server.rsplit(":", 1)[0].strip("[]")
@@ -89,7 +98,7 @@ def format_request(r: RequestLine, gateway_width: int = 0) -> str:
 
 @dataclass
 class Usage:
-    """Requests, errors and bytes of one key or deployment, added up from the access log."""
+    """Requests, errors, bytes and tokens of one key or deployment, added up from the access log."""
 
     requests: int = 0
     errors: int = 0
@@ -97,6 +106,11 @@ class Usage:
     bytes_in: int = 0
     bytes_out: int = 0
     ttfb_ms: list[int] = field(default_factory=list)
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    """Added up over the answers that carried the engine's `usage` counts (whole JSON answers)."""
+    uncounted: int = 0
+    """Answers a replica gave (2xx) without counts: streams, and answers bigger than the gateway's buffer."""
 
     def add(self, r: RequestLine) -> None:
         self.requests += 1
@@ -105,6 +119,11 @@ class Usage:
         self.bytes_out += r.bytes_out
         if r.ttfb_ms >= 0:
             self.ttfb_ms.append(r.ttfb_ms)
+        if r.prompt_tokens is not None or r.completion_tokens is not None:
+            self.prompt_tokens += r.prompt_tokens or 0
+            self.generated_tokens += r.completion_tokens or 0
+        elif 200 <= r.status < 300 and r.replica is not None:
+            self.uncounted += 1
 
     def p50_ttfb_ms(self) -> int | None:
         if not self.ttfb_ms:

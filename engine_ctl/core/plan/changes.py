@@ -248,13 +248,25 @@ class ForeignUnit(BaseModel):
     revision: int
     port: int | None = None
     active_state: str | None = None
+    gpus: tuple[str, ...] = ()
+    cpu_cores: int = 0
+    """The CPU cores its unit was given: placement counts them as taken, like its port and GPUs."""
+
+    @property
+    def holds(self) -> str:
+        """What placement leaves to it: `port 8001, 2 CPU cores, GPUs GPU-a,GPU-b`."""
+        held = [f"port {self.port}"] if self.port is not None else []
+        held += [f"{self.cpu_cores} CPU core{'s' if self.cpu_cores != 1 else ''}"] if self.cpu_cores else []
+        held += [f"GPU{'s' if len(self.gpus) != 1 else ''} {','.join(self.gpus)}"] if self.gpus else []
+        return ", ".join(held)
 
     @property
     def line(self) -> str:
         state = f", {self.active_state}" if self.active_state else ""
+        held = f"; placement leaves it {self.holds}" if self.holds else ""
         return (
             f"{self.host} {self.unit}: deployment {self.deployment} revision {self.revision}{state}, "
-            f"owned by the state of lineage {self.lineage}"
+            f"owned by the state of lineage {self.lineage}{held}"
         )
 
 

@@ -1,8 +1,9 @@
 """Units belong to one state: the lineage in each unit's header says which. Pure.
 
 - A unit whose header names another lineage is *owned elsewhere*: the plan lists it apart (never as drift), its
-  port and GPUs count as taken, and no step of this state's plan touches it (a step that would is held back and
-  reported as not reconciled).
+  port, GPUs and CPU cores count as taken (placement works around them, and the plan says what each holds; the
+  memory of one that runs is gone from the host's available memory), and no step of this state's plan touches it
+  (a step that would is held back and reported as not reconciled).
 - A unit without a lineage (written by an engine-ctl from before lineage headers) keeps the behaviour it had: it
   is this state's when this state records it, and left alone otherwise.
 - Upgrading engine-ctl replaces nothing: a replica recorded with the lineage-less text of its unit is compared
@@ -11,12 +12,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 
 from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
 from engine_ctl.core.fit.placement import Taken
 from engine_ctl.core.plan.changes import ForeignUnit, Plan, ReplicaChange
-from engine_ctl.core.render.units import RenderedUnit
+from engine_ctl.core.render.units import CPU_WEIGHT_PER_CORE, RenderedUnit
 
 
 def owner(unit: UnitFact) -> str | None:
@@ -29,6 +31,22 @@ def is_foreign(unit: UnitFact, lineage: str) -> bool:
     return found is not None and found != lineage
 
 
+_CORES_COMMENT = re.compile(r"(?m)^# Its ([0-9]{1,4}) CPU core\(s\) are its share")
+_CPU_WEIGHT = re.compile(r"(?m)^CPUWeight=([0-9]{1,5})\s*$")
+
+
+def unit_cores(text: str | None) -> int:
+    """The CPU cores an engine-ctl unit was given (templates/engine.service.j2 writes them in a comment beside its
+    CPUWeight=, 100 a core); 0 when its text says neither."""
+    if text is None:
+        return 0
+    found = _CORES_COMMENT.search(text)
+    if found is not None:
+        return int(found[1])
+    weight = _CPU_WEIGHT.search(text)
+    return int(weight[1]) // CPU_WEIGHT_PER_CORE if weight is not None else 0
+
+
 def foreign_units(facts: Mapping[str, HostFacts], lineage: str) -> list[ForeignUnit]:
     """Every unit another state owns, host by host (sorted)."""
     out = []
@@ -39,18 +57,16 @@ def foreign_units(facts: Mapping[str, HostFacts], lineage: str) -> list[ForeignU
             h = u.header
             found = ForeignUnit(
                 host=host, unit=u.name, deployment=h.deployment, lineage=str(h.lineage), revision=h.revision,
-                port=h.port, active_state=u.active_state,
+                port=h.port, active_state=u.active_state, gpus=h.gpus, cpu_cores=unit_cores(u.text),
             )  # fmt: skip
             out.append(found)
     return out
 
 
-def hold_foreign(taken: Taken, foreign: Iterable[ForeignUnit], facts: Mapping[str, HostFacts]) -> None:
-    """Another state's replicas keep their ports and GPUs (a stopped one starts again with them)."""
+def hold_foreign(taken: Taken, foreign: Iterable[ForeignUnit]) -> None:
+    """Another state's replicas keep their ports, GPUs and CPU cores (a stopped one starts again with them)."""
     for f in foreign:
-        unit = next((u for u in facts[f.host].units if u.name == f.unit), None)
-        gpus = unit.header.gpus if unit is not None and unit.header is not None else ()
-        taken.hold(f.host, port=f.port, gpus=gpus)
+        taken.hold(f.host, port=f.port, gpus=f.gpus, cores=f.cpu_cores)
 
 
 def as_recorded(
@@ -104,4 +120,6 @@ def hold_back(plan: Plan, foreign: list[ForeignUnit]) -> None:
     plan.drift = [d for d in plan.drift if (d.host, d.unit) not in owned]
 
 
-__all__ = ["ForeignUnit", "as_recorded", "foreign_units", "hold_back", "hold_foreign", "is_foreign", "owner"]
+__all__ = [
+    "ForeignUnit", "as_recorded", "foreign_units", "hold_back", "hold_foreign", "is_foreign", "owner", "unit_cores",
+]  # fmt: skip

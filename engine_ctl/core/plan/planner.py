@@ -197,7 +197,7 @@ def make_plan(
     wanted = {ld.deployment.name: ld for ld in desired.deployments}
     alloc = Allocation(state, hosts.reached, {n: ld.deployment.replicas_min for n, ld in wanted.items()})
     foreign = foreign_units(facts, state.lineage)
-    hold_foreign(alloc.taken, foreign, facts)
+    hold_foreign(alloc.taken, foreign)
     started: list[tuple[str, DeploymentChange, Target | None]] = []
     for name in planning_order(desired, state, targets):  # always-on replicas first, every deployment
         record = state.deployments.get(name)

@@ -126,12 +126,16 @@ ACCESS_LOG_FIELDS = (
     ("total_ms", "%Ta", False),
     ("term", "%ts", True),
     ("retries", "%rc", False),
+    ("prompt_tokens", "%[var(txn.ptok)]", True),
+    ("completion_tokens", "%[var(txn.gtok)]", True),
 )
 """The gateway's access log, one JSON object a line (HAProxy 2.6 has no JSON log encoding: strings are quoted
 here and escaped by the json converter). ts: the request's arrival, epoch seconds; key: the key's name (keys.map's
 value, never the key or its hash); replica: the server (r<index><slot>) and its address; status, bytes in and out
 (headers included); queue_ms, connect_ms, ttfb_ms (the replica's response headers), total_ms (HAProxy's %Ta, to
-the last byte); -1 for a step never reached. An absent value is "-". Read by engine_ctl.core.accesslog."""
+the last byte); -1 for a step never reached; prompt_tokens and completion_tokens, the `usage` of a whole JSON answer
+(a number, quoted; "-" for a stream or an answer past the buffer). An absent value is "-". Read by
+engine_ctl.core.accesslog."""
 
 
 def access_log_format(host: str) -> str:
