@@ -117,8 +117,8 @@ class DeploymentSpec(Doc):
     api: Literal["chat", "decisions"] = Field("chat", description="chat, or decisions (POST /v1/systemone).")
     nodes: int = Field(
         1,
-        description="Machines one replica spans, 1 to 16: a replica group on the engine's own distributed runtime "
-        "(llama.cpp RPC). Each machine gives `gpus` GPUs, or `cpu_cores` cores; the head serves the API, the "
+        description="Machines one replica spans, 1 to 16: a replica group on the engine's own distributed runtime. "
+        "Each machine gives `gpus` GPUs, or `cpu_cores` cores; the head serves the API, the "
         "gateway sees only it. Only engines that spread a replica over machines, always-on replicas.",
     )
 

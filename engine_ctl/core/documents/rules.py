@@ -21,6 +21,7 @@ from engine_ctl.core.model import (
 )
 from engine_ctl.providers import (
     AUTO,
+    PROVIDERS,
     Provider,
     cpu_provider,
     decision_providers,
@@ -151,7 +152,8 @@ def _check_nodes(loaded: LoadedDeployment, engine: Provider) -> Iterator[Diagnos
     if not engine.multi_node:
         yield _err(
             o, "nodes", f"spec.nodes {d.nodes}: {_engine_title(engine)} does not spread a replica over machines",
-            hint="leave nodes out (1), or choose an engine with a distributed runtime (llama.cpp's RPC)",
+            hint="leave nodes out (1), or choose an engine with a distributed runtime: "
+            + ", ".join(p.title for p in PROVIDERS.values() if p.multi_node),
             code="nodes_unsupported",
         )  # fmt: skip
     if d.replicas_min != d.replicas_max:

@@ -66,7 +66,7 @@ class Placement(BaseModel):
     """Cores and host memory this replica takes on its host (what later placements count as taken)."""
     memory_bytes: int = 0
     group_port: int | None = None
-    """A replica group's head: its runtime port (the rendezvous port; unused by llama.cpp), beside `port`."""
+    """A replica group's head: its runtime port (the rendezvous port, where its runtime has one), beside `port`."""
     members: tuple[Member, ...] = ()
     """A replica group's workers (spec.nodes > 1), rank 1 first; empty for a replica on one machine."""
 
