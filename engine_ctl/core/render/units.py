@@ -372,20 +372,10 @@ def render_unit(
     content_hash = hashlib.sha256(body.encode()).hexdigest()
     text = body.replace(HASH_LINE, HASH_LINE.removesuffix("\n") + content_hash + "\n", 1)
     return RenderedUnit(
-        name=name,
-        host=host.name,
-        index=run.index,
-        slot=run.slot,
-        port=run.port,
-        gpus=tuple(g.uuid for g in run.gpus),
-        argv=tuple(argv),
-        environment=environment,
-        text=text,
-        sha256=hashlib.sha256(text.encode()).hexdigest(),
-        content_hash=content_hash,
-        lineage=run.lineage,
-        members=members,
-    )
+        name=name, host=host.name, index=run.index, slot=run.slot, port=run.port, gpus=tuple(g.uuid for g in run.gpus),
+        argv=tuple(argv), environment=environment, text=text, sha256=hashlib.sha256(text.encode()).hexdigest(),
+        content_hash=content_hash, lineage=run.lineage, members=members,
+    )  # fmt: skip
 
 
 def replica_run(
