@@ -260,4 +260,6 @@ def test_the_llamacpp_group_argv_as_its_rpc_readme_describes() -> None:
     (r,) = _plan(State(), inv, facts, "accelerator: cpu, nodes: 3").changes[0].replicas
     workers = ",".join(f"{m.argv[2]}:{m.port}" for m in r.members)
     assert r.argv[r.argv.index("--rpc") + 1] == workers and r.argv.count("--n-gpu-layers") == 1
-    assert [m.argv[:3] for m in r.members] == [["/opt/llama/bin/ggml-rpc-server", "--host", f"10.0.0.{i}"] for i in (2, 3)]
+    assert [m.argv[:3] for m in r.members] == [
+        ["/opt/llama/bin/ggml-rpc-server", "--host", f"10.0.0.{i}"] for i in (2, 3)
+    ]
