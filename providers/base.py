@@ -293,6 +293,9 @@ class Provider:
     decisions_min_version: str | None = None
     """The oldest release that serves decision models (seed 003): a build reporting an older version serves
     them only where the inventory says so (engines.<engine>.decisions: true)."""
+    release: str | None = None
+    """The seed's release engine-ctl runs by default (seed 001: llama.cpp v0.5.0, vLLM v0.30.0): a build reporting
+    another version runs only where the inventory pins that version (engines.<engine>.version)."""
     default_executable: str = ""
     jit_compiles: bool = False
     """JIT compilers need writable+executable memory: MemoryDenyWriteExecute stays off."""

@@ -233,6 +233,7 @@ LLAMACPP = LlamaCpp(
     default_context_cap=8192,
     serves_decisions=True,
     decisions_min_version="0.7.0",
+    release="0.5.0",  # seed 001: "llama.cpp release v0.5.0"
     default_executable="/usr/local/bin/llama-server",
     vision_needs_mmproj=True,
     jit_compiles=False,

@@ -14,6 +14,7 @@ from engine_ctl.providers.base import (
     READS_FILE,
     ROCM_GFX_PAGED,
     EngineOption,
+    Group,
     HttpCall,
     PagedProvider,
     Run,
@@ -50,6 +51,12 @@ SET_BY_DEPLOYMENT = {
     "--tp-size": "spec.gpus (a replica is one machine's GPUs)",
     "--tensor-parallel-size": "spec.gpus (a replica is one machine's GPUs)",
     "--dp-size": "spec.replicas",
+    "--pp-size": "spec.gpus and spec.nodes",
+    "--pipeline-parallel-size": "spec.gpus and spec.nodes",
+    "--nnodes": "spec.nodes",
+    "--node-rank": "spec.nodes (each member's rank)",
+    "--dist-init-addr": "spec.nodes (the head's address and a port from the inventory's range)",
+    "--nccl-init-addr": "spec.nodes (the head's address and a port from the inventory's range)",
     "--mem-fraction-static": "engine_config.memory.request",
     "--enable-metrics": "the deployment",
     "--is-embedding": "the model's capabilities",
@@ -97,6 +104,13 @@ class SgLang(PagedProvider):
     """SGLang: `python -m sglang.launch_server`; a static memory fraction of each GPU for weights and KV."""
 
     def argv(self, run: Run) -> list[str]:
+        return self._launch_argv(run, None, 0)
+
+    def _launch_argv(self, run: Run, group: Group | None, rank: int) -> list[str]:
+        """`python -m sglang.launch_server` for one machine (group None) or member `rank` of a group. A worker
+        (rank > 0) keeps --host and --port: SGLang runs a health server there on non-zero ranks
+        (entrypoints/engine.py, launch_dummy_health_check_server); the chat template is the head's alone (its
+        tokenizer manager reads it)."""
         plan = run.plan
         argv = [
             run.executable, "-m", "sglang.launch_server",
@@ -106,7 +120,9 @@ class SgLang(PagedProvider):
             "--max-running-requests", str(plan.parallel),
             "--mem-fraction-static", f"{self.memory_fraction(run):.2f}",
         ]  # fmt: skip
-        if plan.gpus > 1:
+        if group is not None:
+            argv += sglang_group_flags(plan.gpus, group, rank)
+        elif plan.gpus > 1:
             argv += ["--tp-size", str(plan.gpus)]
         if plan.kind == "embedding":
             argv += ["--is-embedding"]
@@ -116,11 +132,32 @@ class SgLang(PagedProvider):
             argv += [self.parser_flags["reasoning_parser"], run.model.reasoning_parser]
         if run.engine_options.get(CUDA_GRAPHS.key) is False:  # --disable-cuda-graph is deprecated in 0.5.22
             argv += ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
-        argv += chat_template_argv(run, "--chat-template", "--chat-template")
+        if rank == 0:
+            argv += chat_template_argv(run, "--chat-template", "--chat-template")
         argv += ["--enable-metrics", "--host", run.bind_address, "--port", str(run.port)]
         if run.api_key_file:
             argv += self.api_key_argv(run.api_key_file)
         return argv + self.sleep_launch(run)[0] + self.engine_args_argv(run.engine_args)
+
+    # --- a replica over several machines: SGLang's multi-node tensor parallel ------------------------------
+    multi_node: ClassVar[bool] = True
+
+    def group_head_argv(self, run: Run, group: Group) -> list[str]:
+        return self._launch_argv(run, group, 0)
+
+    def group_worker_argv(self, run: Run, group: Group, rank: int) -> list[str]:
+        check_rank(group, rank)
+        return self._launch_argv(run, group, rank)
+
+    def group_environment(self, run: Run, group: Group, rank: int) -> dict[str, str]:
+        # SGLANG_HOST_IP: the address this member gives the others (sglang/srt/utils/network.py,
+        # get_local_ip_auto); the interfaces: SGLang's multi-node deployment page (NCCL_SOCKET_IFNAME and
+        # GLOO_SOCKET_IFNAME when the nodes have several networks).
+        check_rank(group, rank, head=True)
+        env = {**self.environment(run), "SGLANG_HOST_IP": group.addresses[rank]}
+        if group.interface:
+            env |= {"NCCL_SOCKET_IFNAME": group.interface, "GLOO_SOCKET_IFNAME": group.interface}
+        return env
 
     def api_key_argv(self, key_file: str) -> list[str]:
         # SGLang takes its key from --api-key only (in argv, which every local user may read); a YAML file named by
@@ -139,6 +176,28 @@ class SgLang(PagedProvider):
     def version_probe(self) -> dict[str, object]:
         """How the facts probe reads the installed version without starting the engine."""
         return {"kind": "python_dist", "dist": "sglang"}
+
+
+def sglang_group_flags(gpus_per_node: int, group: Group, rank: int) -> list[str]:
+    """The flags of member `rank` of a group, as SGLang's multi-node deployment page gives them
+    (https://docs.sglang.io/references/multi_node_deployment/multi_node.html, "Run 405B (fp16) on Two Nodes": the
+    same command on every node with --tp 16 over two nodes of 8 GPUs, --dist-init-addr of the first node,
+    --nnodes and each node's --node-rank). So tensor parallel spans the group: --tp-size = GPUs per node x nodes
+    (SGLang requires nnodes to divide tp x pp, arg_groups/validation_hook.py); --dist-init-addr is the head's
+    address and the group's rendezvous port (an IPv6 address in brackets)."""
+    head = f"[{group.head}]" if ":" in group.head else group.head
+    return [
+        "--tp-size", str(max(gpus_per_node, 1) * group.nodes),
+        "--nnodes", str(group.nodes), "--node-rank", str(rank), "--dist-init-addr", f"{head}:{group.ports[0]}",
+    ]  # fmt: skip
+
+
+def check_rank(group: Group, rank: int, head: bool = False) -> None:
+    """A worker's rank is 1..nodes-1 (0 too, the head, where `head`); ports are one per member."""
+    if len(group.ports) != group.nodes:
+        raise ValueError(f"a group of {group.nodes} members needs {group.nodes} ports, got {len(group.ports)}")
+    if not (0 if head else 1) <= rank < group.nodes:
+        raise ValueError(f"rank {rank} is not a {'member' if head else 'worker'} of a group of {group.nodes}")
 
 
 SGLANG = SgLang(

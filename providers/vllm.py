@@ -12,6 +12,7 @@ from engine_ctl.providers.base import (
     PAGED_AMD_WITHOUT_BUILD,
     READS_FILE,
     ROCM_GFX_PAGED,
+    Group,
     HttpCall,
     PagedProvider,
     Run,
@@ -49,7 +50,13 @@ SET_BY_DEPLOYMENT = {
     "--max-model-len": "spec.context_length",
     "--max-num-seqs": "spec.parallel",
     "--tensor-parallel-size": "spec.gpus (a replica is one machine's GPUs)",
-    "--pipeline-parallel-size": "spec.gpus (a replica is one machine's GPUs)",
+    "--pipeline-parallel-size": "spec.gpus (a replica is one machine's GPUs) and spec.nodes",
+    "--nnodes": "spec.nodes",
+    "--node-rank": "spec.nodes (each member's rank)",
+    "--master-addr": "spec.nodes (the head's address)",
+    "--master-port": "spec.nodes (a port from the inventory's range)",
+    "--headless": "spec.nodes (the workers)",
+    "--distributed-executor-backend": "spec.nodes",
     "--runner": "the model's capabilities",
     "--convert": "the model's capabilities",
     "--chat-template": "the model's chat_template",
@@ -84,6 +91,8 @@ SHORT = {
     "-O": "--optimization-level",  # vLLM's parser rewrites -O<n> to --optimization-level <n> (argparse_utils.py)
     "-cc": "--compilation-config",
     "-dp": "--data-parallel-size",
+    "-n": "--nnodes",
+    "-r": "--node-rank",
 }
 
 
@@ -93,6 +102,11 @@ class Vllm(PagedProvider):
     between requests; tensor parallel across GPUs."""
 
     def argv(self, run: Run) -> list[str]:
+        return self._serve_argv(run, None, 0)
+
+    def _serve_argv(self, run: Run, group: Group | None, rank: int) -> list[str]:
+        """`vllm serve` for one machine (group None) or for member `rank` of a group: the workers (rank > 0) run
+        headless, so they take no API flags (--host, --port, the chat template's file)."""
         plan = run.plan
         argv = [
             run.executable, "serve", run.model_path,
@@ -101,7 +115,9 @@ class Vllm(PagedProvider):
             "--max-num-seqs", str(plan.parallel),
             "--gpu-memory-utilization", f"{self.memory_fraction(run):.2f}",
         ]  # fmt: skip
-        if plan.gpus > 1:
+        if group is not None:
+            argv += vllm_group_flags(plan.gpus, group, rank)
+        elif plan.gpus > 1:
             argv += ["--tensor-parallel-size", str(plan.gpus)]
         if plan.kind == "embedding":
             argv += ["--runner", "pooling", "--convert", "embed"]
@@ -109,9 +125,31 @@ class Vllm(PagedProvider):
             argv += ["--enable-auto-tool-choice", self.parser_flags["tool_call_parser"], run.model.tool_call_parser]
         if run.model.reasoning_parser:
             argv += [self.parser_flags["reasoning_parser"], run.model.reasoning_parser]
-        argv += chat_template_argv(run, "--chat-template", "--chat-template")
-        argv += ["--host", run.bind_address, "--port", str(run.port)]
+        if rank == 0:
+            argv += chat_template_argv(run, "--chat-template", "--chat-template")
+            argv += ["--host", run.bind_address, "--port", str(run.port)]
         return argv + self.sleep_launch(run)[0] + self.engine_args_argv(run.engine_args)
+
+    # --- a replica over several machines: vLLM's multi-node serving with multiprocessing ----------------
+    multi_node: ClassVar[bool] = True
+
+    def group_head_argv(self, run: Run, group: Group) -> list[str]:
+        return self._serve_argv(run, group, 0)
+
+    def group_worker_argv(self, run: Run, group: Group, rank: int) -> list[str]:
+        check_rank(group, rank)
+        return self._serve_argv(run, group, rank)
+
+    def group_environment(self, run: Run, group: Group, rank: int) -> dict[str, str]:
+        # VLLM_HOST_IP: the address this member's processes give the others (vllm/utils/network_utils.py get_ip;
+        # the head's message queue to the workers binds on it, v1/executor/multiproc_executor.py); without it vLLM
+        # guesses from the default route. The socket interfaces: docs/serving/parallelism_scaling.md ("Optimizing
+        # network communication" and its troubleshooting: GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME).
+        check_rank(group, rank, head=True)
+        env = {**self.environment(run), "VLLM_HOST_IP": group.addresses[rank]}
+        if group.interface:
+            env |= {"NCCL_SOCKET_IFNAME": group.interface, "GLOO_SOCKET_IFNAME": group.interface}
+        return env
 
     # vLLM requires `Authorization: Bearer <VLLM_API_KEY>` on /v1 and leaves /health open (vllm/entrypoints/openai/
     # api_server.py, "if token := args.api_key or envs.VLLM_API_KEY"); one key only from the environment.
@@ -124,6 +162,29 @@ class Vllm(PagedProvider):
     def version_probe(self) -> dict[str, object]:
         """How the facts probe reads the installed version without starting the engine."""
         return {"kind": "python_dist", "dist": "vllm"}
+
+
+def vllm_group_flags(gpus_per_node: int, group: Group, rank: int) -> list[str]:
+    """The flags of member `rank` of a group, as vLLM 0.30.0's docs/serving/parallelism_scaling.md ("Running vLLM
+    with MultiProcessing", https://docs.vllm.ai/en/v0.30.0/serving/parallelism_scaling.html) gives them: every node
+    runs the same `vllm serve` with --nnodes, its --node-rank and the head's --master-addr (the workers add
+    --headless). Sizes per that page's rule for multi-node: tensor parallel = the GPUs of one node (NVLink inside a
+    machine), pipeline parallel = the nodes (only activations cross the network); vLLM requires that --nnodes
+    divide tp x pp (engine/arg_utils.py create_engine_config), which this keeps. --master-port is the group's
+    rendezvous port (vLLM's default, 29501, is not checked free). --distributed-executor-backend mp: vLLM picks mp
+    for nnodes > 1 by itself on CUDA only (config/parallel.py); on ROCm it would refuse the world size."""
+    flags = ["--tensor-parallel-size", str(max(gpus_per_node, 1)), "--pipeline-parallel-size", str(group.nodes)]
+    flags += ["--distributed-executor-backend", "mp", "--nnodes", str(group.nodes), "--node-rank", str(rank)]
+    flags += ["--master-addr", group.head, "--master-port", str(group.ports[0])]
+    return flags + (["--headless"] if rank > 0 else [])
+
+
+def check_rank(group: Group, rank: int, head: bool = False) -> None:
+    """A worker's rank is 1..nodes-1 (0 too, the head, where `head`); ports are one per member."""
+    if len(group.ports) != group.nodes:
+        raise ValueError(f"a group of {group.nodes} members needs {group.nodes} ports, got {len(group.ports)}")
+    if not (0 if head else 1) <= rank < group.nodes:
+        raise ValueError(f"rank {rank} is not a {'member' if head else 'worker'} of a group of {group.nodes}")
 
 
 def _vllm_wake(level: int) -> tuple[HttpCall, ...]:
@@ -166,6 +227,7 @@ VLLM = Vllm(
     loading_statuses=frozenset(),
     default_context_cap=32768,
     serves_decisions=False,
+    release=RELEASE,  # seed 001: "vLLM v0.30.0"
     default_executable="/usr/local/bin/vllm",
     jit_compiles=True,
     tp_must_divide_heads=True,

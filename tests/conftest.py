@@ -11,7 +11,7 @@ import pytest
 from engine_ctl.core.documents.inventory import Inventory, load_inventory
 from tests import fleet as fleet_mod
 from tests.fleetproject import project, weights  # noqa: F401 (fixtures of the fleet tests)
-from tests.llama import llama_server_dir
+from tests.llama import llama_engine
 
 FLEET_SIZE = int(os.environ.get("ENGINE_CTL_FLEET_SIZE", "4"))
 
@@ -19,8 +19,7 @@ FLEET_SIZE = int(os.environ.get("ENGINE_CTL_FLEET_SIZE", "4"))
 @pytest.fixture(scope="session")
 def fleet() -> Iterator[fleet_mod.Fleet]:
     """N real hosts: systemd as PID 1, sshd, own network namespace. No skip: if it cannot boot, tests fail."""
-    llama = str(llama_server_dir() / "bin" / "llama-server")
-    booted = fleet_mod.up(FLEET_SIZE, engines={"llama.cpp": llama})
+    booted = fleet_mod.up(FLEET_SIZE, engines={"llama.cpp": llama_engine()})
     try:
         yield booted
     finally:

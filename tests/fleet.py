@@ -319,7 +319,7 @@ def _take_ownership() -> None:
         _claim(FLEET_ID)
 
 
-def up(n: int, engines: dict[str, str] | None = None) -> Fleet:
+def up(n: int, engines: dict[str, object] | None = None) -> Fleet:
     _take_ownership()
     clear_leftovers()
     BASE.mkdir(parents=True, exist_ok=True)
@@ -386,10 +386,9 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     if argv[0] == "up":
-        from tests.llama import llama_server_dir
+        from tests.llama import llama_engine
 
-        llama = str(llama_server_dir() / "bin" / "llama-server")
-        fleet = up(int(argv[1]) if len(argv) > 1 else 4, engines={"llama.cpp": llama})
+        fleet = up(int(argv[1]) if len(argv) > 1 else 4, engines={"llama.cpp": llama_engine()})
         print(f"fleet {FLEET_ID}: {len(fleet.hosts)} hosts up; inventory: {fleet.inventory}")
         print(f"  take it down with: ENGINE_CTL_FLEET_ID={FLEET_ID} python -m tests.fleet down")
         for h in fleet.hosts:

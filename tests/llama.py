@@ -23,6 +23,16 @@ def llama_server_dir() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+LLAMA_VERSION = "0.6.0-dev"
+"""What the built llama-server's --version says (`version: 0.6.0-dev (build 0, commit unknown)`): not the seed's
+release (0.5.0), so an inventory that runs it pins this version (engines.llama.cpp.version)."""
+
+
+def llama_engine() -> dict[str, str]:
+    """The inventory's engines.llama.cpp entry for the built llama-server: its path, with its version pinned."""
+    return {"path": str(llama_server_dir() / "bin" / "llama-server"), "version": LLAMA_VERSION}
+
+
 @cache
 def llama_rpc_dir() -> Path:
     """The cache directory with an RPC-enabled bin/llama-server and bin/ggml-rpc-server (llama.cpp's RPC backend, built

@@ -260,3 +260,70 @@ def test_engine_add_pins_the_version_only_when_every_build_of_the_engine_reports
         "builds per platform, before adding another"
     )
     assert registration(LLAMA, "/opt/n/x", None, ["tpu"], []) == "--build tpu: one of cuda, rocm, vulkan, metal, cpu"
+
+
+# --- issue 25 point 15: the seed's releases by default (seed 001: llama.cpp v0.5.0, vLLM v0.30.0) ------------------
+
+
+def test_a_build_of_another_version_than_the_seeds_release_runs_only_where_the_inventory_pins_it(
+    tmp_path: Path,
+) -> None:
+    inv = load_inventory(write(tmp_path, "hosts.yaml", """
+        hosts:
+          - {name: plain, address: 198.18.0.11, engines: {llama.cpp: /opt/l/llama-server, vllm: /opt/v/vllm}}
+          - name: pinned
+            address: 198.18.0.12
+            engines: {llama.cpp: {path: /opt/l/llama-server, version: 0.6.0-dev}}
+        """))  # fmt: skip
+    plain, pinned = inv.hosts
+    assert plain.engines == {"llama.cpp": "/opt/l/llama-server", "vllm": "/opt/v/vllm"} and not plain.engine_pins
+    assert pinned.engines == {"llama.cpp": "/opt/l/llama-server"} and not pinned.engine_builds
+    assert pinned.engine_pins == {"llama.cpp": {"version": "0.6.0-dev"}}
+    assert (LLAMA.release, VLLM.release) == ("0.5.0", "0.30.0")
+
+    def facts(name: str, said: str | None, engine: str = "llama.cpp", path: str = "/opt/l/llama-server") -> HostFacts:
+        found = EngineInstall(path=path, version=said, sha256="a" * 64)
+        gpus = (TABLE[0][0],) if engine == "vllm" else ()
+        return HostFacts(host=name, cpu=Cpu(cores=8), memory=Memory(total_bytes=64 << 30, available_bytes=60 << 30),
+                         gpus=gpus, engines={engine: found})  # fmt: skip
+
+    hosts = {"plain": plain, "pinned": pinned}
+    dev = "version: 0.6.0-dev (build 0, commit unknown)"
+    assert engine_refusals(LLAMA, "cpu", [facts("plain", dev), facts("pinned", dev)], hosts) == {
+        "plain": "llama.cpp at /opt/l/llama-server on plain is version 0.6.0-dev, not the release engine-ctl runs by "
+        "default (0.5.0): pin it in the inventory to run it (engines.llama.cpp.version: 0.6.0-dev)"
+    }  # fmt: skip
+    # the seed's release runs unpinned; a pin is the pinned version only, the release included
+    release = "version: 0.5.0 (build 1, commit abc)"
+    assert engine_refusals(LLAMA, "cpu", [facts("plain", release)], hosts) == {}
+    assert "not the pinned 0.6.0-dev" in engine_refusals(LLAMA, "cpu", [facts("pinned", release)], hosts)["pinned"]
+    # vLLM: the same rule, its release 0.30.0 (vllm --version prints the bare version)
+    vllm = {"plain": facts("plain", "0.31.0", "vllm", "/opt/v/vllm")}
+    assert "is version 0.31.0, not the release engine-ctl runs by default (0.30.0)" in engine_refusals(
+        VLLM, "gpu", list(vllm.values()), hosts
+    )["plain"]  # fmt: skip
+    assert engine_refusals(VLLM, "gpu", [facts("plain", "0.30.0", "vllm", "/opt/v/vllm")], hosts) == {}
+
+
+def test_the_plan_names_the_version_of_the_build_it_found(tmp_path: Path) -> None:
+    from engine_ctl.cli.views.plan import _replica_lines
+    from engine_ctl.core.documents.inventory import Inventory
+    from engine_ctl.core.plan.engines import with_engines
+    from engine_ctl.core.plan.planner import make_plan
+    from engine_ctl.core.record.model import State
+    from tests.fleetfacts import cpu_host
+    from tests.test_plan_promise import SHAPE, desired
+
+    build = "/opt/l/llama-server"
+    host = Host(name="h1", address="h1", models_dir="/srv/models", engines={"llama.cpp": build},
+                engine_pins={"llama.cpp": {"version": "0.6.0-dev"}})  # fmt: skip
+    found = EngineInstall(path=build, version="version: 0.6.0-dev (build 0, commit unknown)", sha256="ab" * 32)
+    facts = {"h1": cpu_host("h1").model_copy(update={"engines": {"llama.cpp": found}})}
+    p = with_engines(make_plan(desired("path: m/m.gguf"), State(), Inventory(hosts=(host,)), facts, {"m": SHAPE}),
+                     facts)  # fmt: skip
+    (step,) = p.changes[0].replicas
+    assert f"    engine: version 0.6.0-dev (sha256 {'ab' * 6}…)" in _replica_lines(step)
+    unpinned = Inventory(hosts=(host.model_copy(update={"engine_pins": {}}),))
+    refused = make_plan(desired("path: m/m.gguf"), State(), unpinned, facts, {"m": SHAPE})
+    assert not refused.changes[0].replicas
+    assert "not the release engine-ctl runs by default (0.5.0)" in json.dumps(refused.changes[0].model_dump())

@@ -85,9 +85,7 @@ def test_gpus_fewest_that_hold_the_model_on_the_largest_gpu_host_of_a_mixed_inve
     result = place(d, plan, provider("vllm"), hosts, 1)
     assert result.placements[0].host == "gpu-h100"
     need = math.ceil(plan.min_gpu_memory_bytes / 1e8) / 10
-    assert result.waiting["gpu-a100"] == (
-        f"Waiting for a machine with a GPU with at least {need:g} GB (the largest here has 42.9 GB)"
-    )
+    assert result.waiting["gpu-a100"] == (f"Waiting for a machine with a GPU with at least {need:g} GB")
 
 
 def test_vllm_tensor_parallel_must_divide_the_heads() -> None:
@@ -191,9 +189,7 @@ def test_the_pending_reason_is_the_furthest_replicas_not_the_most_common() -> No
     need = math.ceil(plan.min_gpu_memory_bytes / 1e8) / 10
     hosts = [cpu_host("cpu-01"), cpu_host("cpu-02"), a100x4()]
     result = place(d, plan, LLAMA, hosts, 1)
-    assert result.pending_reason == (
-        f"Waiting for a machine with a GPU with at least {need:g} GB (the largest here has 42.9 GB)"
-    ), result.waiting
+    assert result.pending_reason == (f"Waiting for a machine with a GPU with at least {need:g} GB"), result.waiting
     weights = "Waiting for the weights of m at /srv/models/m.gguf (not found)"
     missing = {"cpu-01": weights, "gpu-h100": weights}
     found = place(d, plan, LLAMA, [*hosts, h100x8()], 1, no_weights=missing)

@@ -317,13 +317,15 @@ def test_a_per_platform_build_in_place_is_never_warned_as_not_installed() -> Non
 
     build = "/opt/llama-cpu/llama-server"
     inv = Inventory(hosts=(Host(name="h1", address="h1", models_dir="/srv/models",
-                                engine_builds={"llama.cpp": {"cpu": build}}),))  # fmt: skip
+                                engine_builds={"llama.cpp": {"cpu": build}},
+                                engine_pins={"llama.cpp": {"version": "0.6.0-dev"}}),))  # fmt: skip
     there = EngineInstall(path=build, version="version: 0.6.0-dev", sha256="ab" * 32)
     facts = cpu_host("h1").model_copy(update={"engine_builds": {"llama.cpp": {"cpu": there}}})
     p = make_plan(desired("path: m/m.gguf"), State(), inv, {"h1": facts}, {"m": SHAPE})
     (change,) = p.changes
     assert change.replicas and change.replicas[0].argv[0] == build
     assert not [w for w in change.warnings if "not installed" in w], change.warnings
-    gone = cpu_host("h1")  # the build is not there: the warning stays
-    p = make_plan(desired("path: m/m.gguf"), State(), inv, {"h1": gone}, {"m": SHAPE})
+    gone = cpu_host("h1")  # the build is not there (nor its pin, which would leave the host out): the warning stays
+    unpinned = Inventory(hosts=(inv.hosts[0].model_copy(update={"engine_pins": {}}),))
+    p = make_plan(desired("path: m/m.gguf"), State(), unpinned, {"h1": gone}, {"m": SHAPE})
     assert any("llama.cpp is not installed on h1" in w for w in p.changes[0].warnings), p.changes[0].warnings

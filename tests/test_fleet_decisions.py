@@ -24,7 +24,7 @@ from engine_ctl.core.decisions import READINESS_CHECK_VERSION, readiness_body, r
 from engine_ctl.core.documents.apikey import key_sha256
 from tests.fleet import Fleet
 from tests.fleetproject import MODELS_DIR, Project
-from tests.llama import llama_server_dir
+from tests.llama import LLAMA_VERSION, llama_server_dir
 from tests.tools.make_tiny_decision_model import tiny_decision_model
 
 pytestmark = pytest.mark.fleet
@@ -44,7 +44,9 @@ def _inventory(fleet: Fleet, tmp_path: Path, registered: bool) -> Fleet:
     """The fleet's inventory with the llama.cpp build named per platform, registered as serving decisions."""
     inventory = tmp_path / "inv" / "hosts.yaml"
     inventory.parent.mkdir(exist_ok=True)
-    build = json.dumps({"cpu": str(llama_server_dir() / "bin" / "llama-server"), "decisions": registered})
+    build = json.dumps(
+        {"cpu": str(llama_server_dir() / "bin" / "llama-server"), "decisions": registered, "version": LLAMA_VERSION}
+    )
     text = re.sub(r"  engines: .*\n", f'  engines: {{"llama.cpp": {build}}}\n', Path(fleet.inventory).read_text())
     inventory.write_text(text)
     return dataclasses.replace(fleet, inventory=str(inventory))
@@ -175,7 +177,8 @@ def test_behind_the_gateway_a_decisions_replica_is_proven_with_the_internal_key_
     tmp_path: Path, fleet: Fleet, decision_weights: None
 ) -> None:
     """With a gateway, replicas require the gateway's internal key: apply's readiness decision, status's and
-    HAProxy's health check send it; POST /v1/systemone reaches the deployment named in `model`."""
+    HAProxy's health check send it; POST /v1/systemone reaches the deployment named in `model`; an input the
+    engine cannot read is 502 engine_error."""
     gateway = fleet.hosts[0]
     registered = _inventory(fleet, tmp_path, registered=True)
     inventory = Path(registered.inventory)
@@ -202,6 +205,14 @@ def test_behind_the_gateway_a_decisions_replica_is_proven_with_the_internal_key_
         assert status == 200 and set(body["answers"]["route"]["probabilities"]) == {"billing", "shipping", "technical"}
         status, body = _post(base + "/chat/completions", {"model": p.name, "messages": []}, KEY)
         assert status == 400 and body["error"]["code"] == "wrong_api", body
+        # an input longer than the engine reads (seed 003: 502 engine_error with llama.cpp's own message, not its
+        # status passed through; this build refuses it for its context, the seed's 0.7.0 for its physical batch)
+        long = readiness_request(p.name)
+        long["state"] = "The ticket says: my card was charged twice. " * 80
+        status, body = _post(base + "/systemone", long, KEY)
+        assert status == 502 and body["code"] == body["error"]["code"] == "engine_error", body
+        assert re.fullmatch(r"request \(\d+ tokens\) exceeds the available context size \(512 tokens\), try "
+                            r"increasing it", body["message"]), body  # fmt: skip
         (dep,) = json.loads(p.cli("status", p.name, "--json", check=True).stdout)["deployments"]
         assert dep["state"] == "Ready" and [m["ready"] for m in dep["members"]] == [True], dep
     finally:

@@ -96,6 +96,22 @@ def test_a_host_whose_build_is_not_the_pinned_version_is_left_out_with_the_reaso
     assert "not the pinned 9.9.9" in out.stdout and "Pending" in out.stdout
 
 
+def test_a_build_that_is_not_the_seeds_release_runs_only_pinned_and_the_plan_names_its_version(
+    built: tuple[Project, Path],
+) -> None:
+    """Issue 25 point 15 (seed 001: llama.cpp v0.5.0 by default): the real llama-server says 0.6.0-dev."""
+    p, inventory = built
+    host = p.fleet.hosts[0].name
+    pinned = p.cli("plan")
+    assert pinned.returncode == 0 and "    engine: version 0.6.0-dev (sha256 " in pinned.stdout, pinned.stdout
+    inventory.write_text(inventory.read_text().replace(", version: 0.6.0-dev", ""))
+    out = p.cli("plan")
+    assert out.returncode == 1, out.stdout + out.stderr
+    refusal = (f"llama.cpp at {BUILD} on {host} is version 0.6.0-dev, not the release engine-ctl runs by default "
+               "(0.5.0): pin it in the inventory to run it (engines.llama.cpp.version: 0.6.0-dev)")  # fmt: skip
+    assert refusal in out.stdout, out.stdout
+
+
 def test_engine_add_asks_the_hosts_records_the_version_and_engine_list_shows_who_has_what(
     tmp_path: Path, fleet: Fleet
 ) -> None:

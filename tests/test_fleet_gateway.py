@@ -13,6 +13,8 @@ import sys
 import textwrap
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -347,6 +349,19 @@ def test_status_shows_the_endpoint(gw: GatewayProject) -> None:
     assert dep["served_model_name"] == "gw-a" and dep["kind"] == "chat"
     assert dep["endpoint"]["external"] == f"{gw.gateway.address}:8800"
     assert [m["ready"] for m in dep["members"]] == [True, True]
+    # seed 000: endpoint.name is deploy-<name>; endpoint.internal serves callers inside the fleet without a key
+    internal = f"{gw.gateway.address}:8801"
+    assert dep["endpoint"]["name"] == "deploy-gw-a" and dep["endpoint"]["internal"] == internal
+    body = json.dumps({"model": "gw-a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    said = gw.fleet.ssh(gw.outsider, f"curl -s -w '\\n%{{http_code}}' http://{internal}/v1/chat/completions "
+                                     f"-H 'Content-Type: application/json' -d '{body}'").stdout  # fmt: skip
+    answer, code = said.rsplit("\n", 1)
+    assert code == "200" and json.loads(answer)["model"] == "gw-a", said  # an inventory host, no key
+    request = urllib.request.Request(f"http://{internal}/v1/chat/completions", data=body.encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    with pytest.raises(OSError) as refused:  # this machine is no inventory host: refused as it connects
+        urllib.request.urlopen(request, timeout=10)
+    assert not isinstance(refused.value, urllib.error.HTTPError), refused.value
 
 
 assert ROOT.exists()

@@ -188,6 +188,16 @@ def test_a_failed_first_start_says_so_in_last_operation(project: Project) -> Non
     project.cli("apply", "--auto-approve", check=True)
     assert "failed_starts" not in record(project), record(project)
     assert rows(project.cli("status", project.name).stdout, "INSTANCE")[1][2] == "ready"
+    # a roll whose new replica fails to start: it keeps its own row beside the one put back
+    project.write("context_length: 512", model_file="corrupt.gguf")
+    rolled = project.cli("apply", "--auto-approve")
+    assert rolled.returncode == 1, rolled.stdout + rolled.stderr
+    shown = project.cli("status", "deployment", project.name).stdout
+    assert rows(shown, "NAME")[1][1:3] == ["ready", "1/1"], shown  # the old replica serves on
+    old, new = (r for r in rows(shown, "INSTANCE")[1:] if r[0] in ("0a", "0b"))
+    assert old[2] == "ready" and new[2:4] == ["failed", "active"] and new[5] == "launch_failed:", shown
+    project.write("context_length: 512")
+    project.cli("apply", "--auto-approve", check=True)
     # seed 000's plan object names the build the replica runs (path and digest) and its port; capabilities derived
     (dep,) = json.loads(project.cli("status", project.name, "--json").stdout)["deployments"]
     binary = llama_server_dir() / "bin" / "llama-server"

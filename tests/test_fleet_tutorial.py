@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.fleet import Fleet
-from tests.llama import tiny_model
+from tests.llama import LLAMA_VERSION, llama_engine, tiny_model
 
 pytestmark = pytest.mark.fleet
 
@@ -53,7 +53,9 @@ def workdir(tmp_path: Path, fleet: Fleet) -> Iterator[Path]:
 
 def _localize(code: str, fleet: Fleet, address: str, llama: str) -> str:
     ssh_opts = f"-i {fleet.key} -o UserKnownHostsFile={fleet.known_hosts} -o StrictHostKeyChecking=yes"
-    code = code.replace(ADDRESS, address).replace(LLAMA, llama)
+    # the reader's build: the test's llama-server is not the seed's release, so its version is pinned (README)
+    pinned = f'{{"path": "{llama}", "version": "{LLAMA_VERSION}"}}'
+    code = code.replace(ADDRESS, address).replace(f"{{llama.cpp: {LLAMA}}}", f"{{llama.cpp: {pinned}}}")
     code = re.sub(r"^(\s*)(ssh|scp) ", rf"\1\2 {ssh_opts} ", code, flags=re.MULTILINE)
     return code.replace(
         "  user: root\n", f"  user: root\n  identity_file: {fleet.key}\n  known_hosts: {fleet.known_hosts}\n"
@@ -62,7 +64,7 @@ def _localize(code: str, fleet: Fleet, address: str, llama: str) -> str:
 
 def test_the_readme_tutorial_serves_a_token_through_the_gateway(fleet: Fleet, workdir: Path) -> None:
     host = fleet.hosts[-1]
-    llama = re.search(r'"llama\.cpp": "([^"]+)"', Path(fleet.inventory).read_text()).group(1)  # type: ignore[union-attr]
+    llama = llama_engine()["path"]
     fleet.ssh(host, "rm -rf /var/lib/engine-ctl/models/tiny-llama")
     (workdir / "deploy").mkdir()
     shutil.copy(tiny_model(), workdir / "deploy" / "tiny-llama-f32.gguf")  # the file the reader has

@@ -86,7 +86,7 @@ def gateway(tmp_path: Path) -> Iterator[dict[str, object]]:
         if states.get(("d_decider", "r0a")) == "UP" and states.get(("d_malformed", "r0a")) == "DOWN":
             break
         time.sleep(0.3)
-    yield {"base": base, "states": states}
+    yield {"base": base, "states": states, "ports": ports}
     proc.terminate()
     proc.wait(timeout=10)
     for e in engines:
@@ -133,3 +133,22 @@ def test_a_decisions_replica_is_up_only_when_it_answers_the_readiness_decision(g
     assert states[("d_malformed", "r0a")] == "DOWN", states
     status, body = call(str(gateway["base"]), "/v1/systemone", readiness_request("malformed"))
     assert status == 503 and body["error"]["code"] == "unavailable"
+
+
+def test_an_input_the_engine_cannot_read_is_502_engine_error_with_its_own_message(gateway: dict) -> None:  # type: ignore[type-arg]
+    """Seed 003: a decision input longer than llama.cpp's batch is refused with 502 engine_error and llama.cpp's
+    message ("increase the physical batch size"), not the engine's status passed through. This build (0.6.0-dev)
+    splits a decision over batches, so what it refuses is the input longer than its context (400
+    exceed_context_size_error); the seed's 0.7.0 refuses the same input with its physical batch (500)."""
+    long = readiness_request("decider")
+    long["state"] = "The ticket says: my card was charged twice. " * 80
+    engine = f"http://127.0.0.1:{gateway['ports']['decider']}"
+    own_status, own = call(engine, "/v1/systemone", long)
+    assert own_status == 400 and "exceeds the available context size (512 tokens)" in own["error"]["message"], own
+    status, body = call(str(gateway["base"]), "/v1/systemone", long)
+    assert status == 502, body
+    assert body["error"]["code"] == body["code"] == "engine_error"
+    assert body["error"]["message"] == body["message"] == own["error"]["message"]
+    # an input the engine reads is answered as before
+    status, body = call(str(gateway["base"]), "/v1/systemone", readiness_request("decider"))
+    assert status == 200 and body["answers"]["route"]["choice"] in {"billing", "shipping", "technical"}, body

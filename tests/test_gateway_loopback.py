@@ -232,3 +232,57 @@ def test_keys_change_at_run_time_without_a_reload(gateway: dict) -> None:  # typ
     assert call(base, "/v1/chat/completions", new_key, chat("chat"))[0] == 200
     assert call(base, "/v1/chat/completions", KEY_ALL, chat("chat"))[0] == 401
     assert [m["id"] for m in call(base, "/v1/models", new_key)[2]["data"]] == ["chat", "embed"]
+
+
+def test_the_internal_endpoint_answers_the_inventorys_hosts_without_a_key_and_refuses_others(tmp_path: Path) -> None:
+    """Seed 000/001: deploy-<name>…:8000/v1 serves runs inside the cluster without a key. Here: the gateway's
+    internal listener, which only the inventory's hosts (127.0.0.3 here) and loopback reach; 127.0.0.2 is not one."""
+    import http.client
+
+    from engine_ctl.core.render.gateway import INTERNAL_CALLER
+
+    replica = Replica("chat-0", free_port())
+    server = GatewayServer(name="r0a", address="127.0.0.1", port=replica.server_address[1], maxconn=2)
+    backends = [GatewayBackend(deployment="chat", servers=(server,))]
+    host = Host(name="edge", address="127.0.0.1", gateway_port=free_port(), transport="local")
+    internal = free_port()
+    keys = [ApiKey(name="all", sha256=key_sha256(KEY_ALL))]
+    rendered = render_gateway(host, backends, keys, internal_key=False, run_dir=str(tmp_path),
+                              internal_allow=["127.0.0.3"], internal_port=internal)  # fmt: skip
+    assert rendered.maps["scopes.map"] == {"all/chat": "1", f"{INTERNAL_CALLER}/chat": "1"}
+    for name, text in rendered.files.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "server-state").write_text("")
+    (tmp_path / "start.state").write_text("")
+    proc = subprocess.Popen([HAPROXY, "-f", str(tmp_path / "haproxy.cfg")], stderr=subprocess.PIPE, text=True)
+
+    def post(source: str, port: int, key: str | None = None) -> tuple[int, dict]:  # type: ignore[type-arg]
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=(source, 0))
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+        conn.request("POST", "/v1/chat/completions", json.dumps(chat("chat")), headers)
+        r = conn.getresponse()
+        return r.status, json.loads(r.read() or b"{}")
+
+    try:
+        deadline = time.monotonic() + 15  # up at its first check
+        while True:
+            try:
+                status, body = post("127.0.0.3", internal)
+            except OSError:
+                status, body = 0, {}
+            if status == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert status == 200 and body["replica"] == "chat-0", body  # an inventory host, no key
+        assert post("127.0.0.1", internal)[0] == 200  # the gateway host itself
+        with pytest.raises(OSError) as refused:  # any other source: the connection is closed, nothing answered
+            post("127.0.0.2", internal)
+        assert not isinstance(refused.value, urllib.error.HTTPError)
+        # the endpoint itself still asks every caller for a key, the inventory's hosts included
+        assert post("127.0.0.3", host.gateway_port)[0] == 401
+        assert post("127.0.0.2", host.gateway_port, KEY_ALL)[0] == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        replica.shutdown()
+        replica.server_close()

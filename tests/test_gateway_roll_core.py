@@ -64,7 +64,7 @@ def test_a_deleted_deployment_is_not_routed() -> None:
     (g,), _ = plan_gateways([DeploymentChange(name="gone", action=["no-op"])], state, INVENTORY, {}, keys)
     assert g.maps["models.map"] == {"chat": "d_chat"} and "d_gone" not in g.files["haproxy.cfg"]
     # the delete leaves the key maps as they were (the gateway answers 404 on models.map alone)
-    assert g.maps["scopes.map"] == {"all/chat": "1", "all/gone": "1"}
+    assert g.maps["scopes.map"] == {"all/chat": "1", "all/gone": "1", "@internal/chat": "1", "@internal/gone": "1"}
     assert [b.deployment for b in backends_from_state(state, {h.name: h for h in INVENTORY.hosts})] == ["chat"]
 
 

@@ -96,12 +96,12 @@ def test_a_recorded_key_the_rules_refuse_is_refused() -> None:
 def test_a_key_that_runs_only_in_memory_is_drift_named_without_its_hash() -> None:
     inv, state, after, _ = reviewed()
     running = {"keys.map": {key_sha256("ak-example"): "k", EVIL: "all"}, "expires.map": {},
-               "scopes.map": {"k/chat": "1", "all/chat": "1"}, "stopped.map": {}}  # fmt: skip
+               "scopes.map": {"k/chat": "1", "all/chat": "1", "@internal/chat": "1"}, "stopped.map": {}}  # fmt: skip
     facts = dict(after)
     facts["edge"] = after["edge"].model_copy(update={"gateway_maps": running})
     clean = dict(after)
     clean["edge"] = after["edge"].model_copy(update={"gateway_maps": {**running, "keys.map": {
-        key_sha256("ak-example"): "k"}, "scopes.map": {"k/chat": "1"}}})  # fmt: skip
+        key_sha256("ak-example"): "k"}, "scopes.map": {"k/chat": "1", "@internal/chat": "1"}}})  # fmt: skip
     assert not make_plan(desired(), state, inv, clean, SHAPE).has_changes
     plan = make_plan(desired(), state, inv, facts, SHAPE)
     assert plan.has_changes and plan.gateways[0].action == ["update"]

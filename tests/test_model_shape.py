@@ -219,7 +219,7 @@ def test_the_quickstart_plan_knows_the_fit_before_the_weights_are_on_the_machine
 
 
 def test_the_quickstart_plan_prints_the_argv_once_the_weights_are_there(tmp_path: Path) -> None:
-    from tests.llama import llama_server_dir, tiny_model
+    from tests.llama import LLAMA_VERSION, llama_server_dir, tiny_model
 
     quickstart = tmp_path / "quickstart"
     shutil.copytree(ROOT / "examples/quickstart", quickstart)
@@ -228,9 +228,8 @@ def test_the_quickstart_plan_prints_the_argv_once_the_weights_are_there(tmp_path
     shutil.copy(tiny_model(), models / "tiny-llama" / "tiny-llama-f32.gguf")
     server = llama_server_dir() / "bin" / "llama-server"
     hosts = (quickstart / "hosts.yaml").read_text()
-    hosts = hosts.replace(
-        "models_dir: /var/lib/engine-ctl/models", f"models_dir: {models}\n  engines: {{llama.cpp: {server}}}"
-    )
+    engines = f"{{llama.cpp: {{path: {server}, version: {LLAMA_VERSION}}}}}"
+    hosts = hosts.replace("models_dir: /var/lib/engine-ctl/models", f"models_dir: {models}\n  engines: {engines}")
     (quickstart / "hosts.yaml").write_text(hosts)
     rc, out = plan_quickstart(quickstart, tmp_path)
     assert rc == 0, out

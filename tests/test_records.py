@@ -405,3 +405,21 @@ def test_a_verb_cut_off_by_ctrl_c_is_recorded_unfinished_and_its_request_id_runs
     assert again.stdout.strip() == "chat is already stopped"
     done = LocalState(state_file).read().request(ULID_A)
     assert done is not None and done.finished is not None and done.exit_code == 0
+
+
+def test_a_rolls_failed_start_keeps_its_row_beside_the_replica_put_back() -> None:
+    """Issue 25: the new replica of a roll that failed to start (revision 2) keeps its own row, LAST ERROR
+    launch_failed: …, beside the old replica (revision 1) that still serves; a start of revision 2 that serves
+    takes its place."""
+    from engine_ctl.core.record.model import FailedStart, ReplicaRecord
+
+    old = ReplicaRecord(index=0, slot="a", host="h1", unit="engine-ctl-x-0a.service", port=8000, revision=1,
+                        status="serving", unit_sha256="a" * 64)  # fmt: skip
+    error = "launch_failed: launch failed: engine launch failed: the engine exited before readiness"
+    failed = FailedStart(index=0, slot="b", host="h2", unit="engine-ctl-x-0b.service", port=8000, revision=2,
+                         error=error)  # fmt: skip
+    rec = DeploymentRecord(name="x", revision=1, replicas=[old], failed_starts=[failed])
+    rows = [(i.unit, i.state, i.last_error) for i in deployment_status(rec, {}).instances]
+    assert ("engine-ctl-x-0b.service", "failed", error) in rows and len(rows) == 2, rows
+    served = rec.model_copy(update={"revision": 2, "replicas": [old.model_copy(update={"revision": 2})]})
+    assert [i.state for i in deployment_status(served, {}).instances if i.state == "failed"] == []

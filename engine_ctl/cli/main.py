@@ -109,8 +109,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "usage": (
         "engine_ctl.cli.usage_cmd:usage",
-        "Requests, errors, bytes in and out and p50 time to first byte per key name (--by key) or deployment, "
-        "from every gateway host's request log since --since.",
+        "Requests, errors, bytes in and out, p50 time to first byte and tokens per key name (--by key) or "
+        "deployment, from every gateway host's request log since --since.",
     ),
     "validate": (
         "engine_ctl.cli.validate_cmd:validate",

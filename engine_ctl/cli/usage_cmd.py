@@ -106,9 +106,9 @@ def _table(by: str, rows: dict[str, Usage], tokens: dict[str, dict[str, float]])
     table: list[tuple[str, ...]] = [header]
     for name, u in rows.items():
         p50 = u.p50_ttfb_ms()
-        line = (name, str(u.requests), str(u.errors), str(u.bytes_in), str(u.bytes_out),
-                "-" if p50 is None else f"{p50} ms", str(u.prompt_tokens), str(u.generated_tokens),
-                str(u.uncounted))  # fmt: skip
+        line: tuple[str, ...] = (name, str(u.requests), str(u.errors), str(u.bytes_in), str(u.bytes_out),
+                                 "-" if p50 is None else f"{p50} ms", str(u.prompt_tokens),
+                                 str(u.generated_tokens), str(u.uncounted))  # fmt: skip
         if engine:
             counted = tokens.get(name)
             line += (

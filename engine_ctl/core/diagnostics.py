@@ -118,6 +118,8 @@ CODES: dict[str, str] = {
     "park_refused": "park refused: the host's free memory cannot hold what sleep level 1 keeps (exit 1)",
     "deployment_held": "a verb on a deployment another verb holds (deleted, or stopped for park) (exit 1)",
     "deployment_stopped": "the gateway's answer (HTTP 409) to a request for a deployment an operator stopped",
+    "engine_error": "the gateway's answer (HTTP 502) when a decision model's engine cannot read the input (longer "
+    "than its batch or context) or fails it, with the engine's own message",
     "operator_failed": "an operator verb failed on a host (unreachable, or its job failed there) (exit 1)",
 }
 """Every diagnostic's stable `code` (the `code` of each detail in `--json` errors) and what it means; the README

@@ -287,9 +287,11 @@ def _set_status(state: State, name: str, host: str, unit: str, status: str, reas
         if r.unit == unit and r.host == host:
             r.status = status  # type: ignore[assignment]
             r.reason = reason
-    if rec is not None and status == "serving":  # the replica serves: its failed start's row goes
-        served = {r.index for r in rec.replicas if r.unit == unit and r.host == host}
-        rec.failed_starts = [f for f in rec.failed_starts if f.index not in served]
+    if rec is not None and status == "serving":  # the replica serves: its failed start's row goes (not a newer
+        # revision's: the old replica a failed roll put back leaves the new one's row)
+        served = {(r.index, r.revision) for r in rec.replicas if r.unit == unit and r.host == host}
+        rec.failed_starts = [f for f in rec.failed_starts
+                             if not any(i == f.index and v >= f.revision for i, v in served)]  # fmt: skip
 
 
 def _start_failed(state: State, name: str, step: ReplicaChange, error: str) -> None:

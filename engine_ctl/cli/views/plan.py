@@ -155,7 +155,7 @@ def _replica_lines(r: ReplicaChange) -> list[str]:
         lines = [f"+ replica {r.index} on {r.host}: {r.unit} (port {r.port}{gpus})", f"    argv: {argv_line(r.argv)}"]
         if r.on_demand:
             lines[0] += ": installed, not started (the scaler starts it)"
-        lines += _guard_lines(r)
+        lines += _engine_lines(r) + _guard_lines(r)
     elif action == ("delete",):
         lines = [f"- replica {r.index} on {r.old_host or r.host}: {r.old_unit or r.unit} ({r.reason})"]
     elif action == ("update",) and r.role:
@@ -171,7 +171,7 @@ def _replica_lines(r: ReplicaChange) -> list[str]:
         if diff:
             lines.append("    argv:")
             lines += [f"      {d}" for d in diff]
-        lines += _guard_lines(r)
+        lines += _engine_lines(r) + _guard_lines(r)
     return lines + _member_lines(r)
 
 
@@ -192,6 +192,14 @@ def _member_lines(r: ReplicaChange) -> list[str]:
             f"      argv: {argv_line(m.argv)}",
         ]
     return lines
+
+
+def _engine_lines(r: ReplicaChange) -> list[str]:
+    """The version of the engine build the replica runs, as the host's build reports it (seed 001's releases)."""
+    if not r.engine_version:
+        return []
+    digest = f" (sha256 {r.engine_sha256[:12]}…)" if r.engine_sha256 else ""
+    return [f"    engine: version {r.engine_version}{digest}"]
 
 
 def _guard_lines(r: ReplicaChange) -> list[str]:

@@ -66,14 +66,19 @@ SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class EngineBuilds(_Doc):
-    """One build of an engine per platform (seed 001, GPU vendors), and optionally what it must be."""
+    """One build of an engine per platform (seed 001, GPU vendors), or one for every platform (path), and
+    optionally what it must be: a build whose version is not the seed's release needs its version pinned."""
 
+    path: str | None = Field(None, description="The one build for every platform (instead of one per platform).")
     cuda: str | None = Field(None, description="The build for NVIDIA GPUs.")
     rocm: str | None = Field(None, description="The build for the AMD GPUs ROCm has kernels for.")
     vulkan: str | None = Field(None, description="The build for other AMD Radeon GPUs.")
     metal: str | None = Field(None, description="The build for Apple silicon.")
     cpu: str | None = Field(None, description="The build for CPUs only.")
-    version: str | None = Field(None, description="Pin: a host whose build reports another version is left out.")
+    version: str | None = Field(
+        None, description="Pin: a host whose build reports another version is left out. Without it, a build that "
+        "reports a version other than the seed's release of its engine (see Inventory, Engine builds) is left out."
+    )  # fmt: skip
     sha256: str | None = Field(None, description="Pin: a host whose build has another sha256 is left out.")
     decisions: bool | None = Field(
         None, description="true: this build serves decision models (api: decisions) whatever version it reports: "
@@ -354,7 +359,7 @@ def _executables(
         if isinstance(value, str):
             out.append((engine, value, (*where, "engines", engine)))
         else:
-            out += [(engine, getattr(value, p), (*where, "engines", engine, p)) for p in BUILD_PLATFORMS]
+            out += [(engine, getattr(value, p), (*where, "engines", engine, p)) for p in ("path", *BUILD_PLATFORMS)]
     return out
 
 
@@ -366,10 +371,18 @@ def _pin_problems(doc: SourceDocument, where: tuple[str | int, ...], settings: H
             out.append(Diagnostic(doc.locate(path), format_path(path), f"{value.sha256!r}: a sha256 is 64 "
                                   "lowercase hexadecimal digits", hint="sha256sum the engine's binary",
                                   code="invalid_sha256"))  # fmt: skip
-        if isinstance(value, EngineBuilds) and not any(getattr(value, p) for p in BUILD_PLATFORMS):
+        platforms = [p for p in BUILD_PLATFORMS if isinstance(value, EngineBuilds) and getattr(value, p)]
+        if isinstance(value, EngineBuilds) and not value.path and not platforms:
             path = (*where, "engines", engine)
             out.append(Diagnostic(doc.locate(path), format_path(path), "no build: name one per platform ("
-                                  + ", ".join(BUILD_PLATFORMS) + ")", code="no_engine_build"))  # fmt: skip
+                                  + ", ".join(BUILD_PLATFORMS) + "), or path: one for every platform",
+                                  code="no_engine_build"))  # fmt: skip
+        if isinstance(value, EngineBuilds) and value.path and platforms:
+            path = (*where, "engines", engine, "path")
+            out.append(Diagnostic(doc.locate(path), format_path(path), "path is the one build for every platform: "
+                                  f"it cannot stand beside builds per platform ({', '.join(platforms)})",
+                                  hint="keep path alone, or name a build for each platform instead",
+                                  code="no_engine_build"))  # fmt: skip
     return out
 
 
@@ -385,7 +398,10 @@ def split_engines(engines: dict[str, object]) -> dict[str, dict[str, object]]:
             plain[name] = value
             continue
         assert isinstance(value, dict)
-        builds[name] = {p: value[p] for p in BUILD_PLATFORMS if value.get(p)}
+        if value.get("path"):
+            plain[name] = value["path"]
+        else:
+            builds[name] = {p: value[p] for p in BUILD_PLATFORMS if value.get(p)}
         pinned = {k: value[k] for k in ("version", "sha256") if value.get(k)}
         if pinned:
             pins[name] = pinned

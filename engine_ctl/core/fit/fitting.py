@@ -17,7 +17,7 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from engine_ctl.core.documents.rules import resolve_engine
-from engine_ctl.core.fit.hostfacts import Gpu, HostFacts
+from engine_ctl.core.fit.hostfacts import Gpu, HostFacts, unified_memory
 from engine_ctl.core.fit.modelfacts import ModelFacts, estimate_weights_bytes
 from engine_ctl.core.fit.runspec import FitPlan, MemoryBasis, Placement
 from engine_ctl.core.model import Deployment, Model
@@ -269,11 +269,6 @@ def devices_refusal(d: Deployment) -> str | None:
 UNIFIED_MARGIN_BYTES = 8 * GIB
 UNIFIED_LARGE_BYTES = int(26.7 * GIB)
 """Above this checkpoint size the unified-memory margin is the weights x 0.15 plus 4 GiB (8 GiB at 26.7 GiB)."""
-
-
-def unified_memory(gpu: Gpu) -> bool:
-    """A GPU that shares the machine's memory: a GB10 (DGX Spark) or Apple silicon."""
-    return gpu.vendor == "apple" or "GB10" in gpu.name.upper()
 
 
 def memory_margin_bytes(weights: int, unified: bool) -> int:

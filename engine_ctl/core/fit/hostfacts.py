@@ -9,7 +9,7 @@ import json
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.fit.unitheader import UnitHeader
@@ -180,6 +180,22 @@ class HostFacts(Fact):
         )
         stable["memory_total"] = self.memory.total_bytes
         return hashlib.sha256(json.dumps(stable, sort_keys=True, default=str).encode()).hexdigest()
+
+    @model_validator(mode="after")
+    def _unified_memory_is_the_hosts(self) -> HostFacts:
+        """A unified-memory GPU (a GB10) shares the machine's memory, and nvidia-smi reports no memory.total for it
+        ([N/A]): its memory is the machine's (seed 003, unified-memory machines), so it can be placed and sized."""
+        if not any(unified_memory(g) and g.memory_total_bytes is None for g in self.gpus):
+            return self
+        gpus = tuple(g.model_copy(update={"memory_total_bytes": self.memory.total_bytes})
+                     if unified_memory(g) and g.memory_total_bytes is None else g for g in self.gpus)  # fmt: skip
+        object.__setattr__(self, "gpus", gpus)
+        return self
+
+
+def unified_memory(gpu: Gpu) -> bool:
+    """A GPU that shares the machine's memory: a GB10 (DGX Spark) or Apple silicon."""
+    return gpu.vendor == "apple" or "GB10" in gpu.name.upper()
 
 
 def _num(text: str) -> float | None:

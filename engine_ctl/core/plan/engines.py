@@ -65,8 +65,10 @@ def engine_refusals(
 
 def pin_refusal(provider: Provider, host: Host, facts: HostFacts, path: str) -> str | None:
     pins = host.engine_pins.get(provider.name) or {}
-    if not pins:
-        return None
+    if not pins.get("version"):
+        why = release_refusal(provider, facts, path)
+        if why or not pins:
+            return why
     found = engine_at(facts, path)
     if found is None:
         return f"the pinned {provider.title} build {path} is not on {facts.host}"
@@ -78,6 +80,18 @@ def pin_refusal(provider: Provider, host: Host, facts: HostFacts, path: str) -> 
         return (f"{provider.title} at {path} on {facts.host} has sha256 {(found.sha256 or 'unknown')[:12]}…, not the "
                 f"pinned {digest[:12]}…")  # fmt: skip
     return None
+
+
+def release_refusal(provider: Provider, facts: HostFacts, path: str) -> str | None:
+    """Seed 001: the engines run the seed's releases (the provider's `release`); a build that reports another
+    version runs only where the inventory pins that version. A build whose version is not known is not refused."""
+    found = engine_at(facts, path)
+    said = shown_version(found.version if found else None)
+    if provider.release is None or said == "unknown" or said.removeprefix("v") == provider.release:
+        return None
+    return (f"{provider.title} at {path} on {facts.host} is version {said}, not the release engine-ctl runs by "
+            f"default ({provider.release}): pin it in the inventory to run it (engines.{provider.name}.version: "
+            f"{said})")  # fmt: skip
 
 
 def engine_drift_detail(record: ReplicaRecord, facts: HostFacts) -> str | None:

@@ -31,6 +31,7 @@ from engine_ctl.core.render.gateway import (
     RenderedGateway,
     backend_name,
     created_of,
+    internal_sources,
     render_gateway,
     server_name,
     wake_addresses_for,
@@ -235,7 +236,8 @@ def render_for(
                           threads=settings.threads, stopped=stopped,
                           wake_addresses=wake_addresses_for(host, hosts.values()), scope_names=held,
                           requests_per_minute=settings.requests_per_minute,
-                          metrics_port=settings.metrics_port, metrics_allow=settings.metrics_allow)  # fmt: skip
+                          metrics_port=settings.metrics_port, metrics_allow=settings.metrics_allow,
+                          internal_allow=internal_sources(hosts.values()))  # fmt: skip
 
 
 def config_diff(old: str, new: str) -> list[str]:
@@ -397,6 +399,7 @@ def gateway_after_apply(host: Host, state: State, hosts: Mapping[str, Host], cha
         wake_addresses=wake_addresses_for(host, hosts.values()),
         metrics_port=change.metrics_port,
         metrics_allow=change.metrics_allow,
+        internal_allow=internal_sources(hosts.values()),
     )
     files = {**rendered.files, **{n: t for n, t in change.files.items() if n in RUNTIME_MAPS}}
     maps = {**rendered.maps, **{n: m for n, m in change.maps.items() if n in RUNTIME_MAPS}}

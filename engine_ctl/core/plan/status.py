@@ -15,6 +15,7 @@ from engine_ctl.core.plan.diff import spec_digest
 from engine_ctl.core.plan.scaler import Decision, scales
 from engine_ctl.core.plan.wake import parked
 from engine_ctl.core.record.model import DeploymentRecord, FailedStart, ReplicaRecord
+from engine_ctl.core.render.gateway import internal_endpoint
 from engine_ctl.providers import PROVIDERS
 
 DeploymentState = Literal["Pending", "Starting", "Ready", "ScaledToZero", "Failed"]
@@ -54,7 +55,11 @@ class Member(BaseModel):
 
 
 class Endpoint(BaseModel):
+    """Seed 000's endpoint: its name (deploy-<name>), the internal address callers inside the fleet use without a
+    key (the inventory's hosts only), and the gateway's port and address for everyone with a key."""
+
     name: str
+    internal: str | None = None
     listen_port: int | None = None
     external: str | None = None
 
@@ -385,8 +390,9 @@ def deployment_status(
         hosts=sorted({h for r in rec.replicas for h in r.hosts} | {f.host for f in failed}),
         instances=sorted(instances + [failed_instance(f) for f in failed], key=lambda i: (i.index, i.unit)),
         served_model_name=rec.name, kind=rec.plan.kind if rec.plan else None,
-        endpoint=Endpoint(name=rec.name, listen_port=int(gateways[0][1].rsplit(":", 1)[1]),
-                          external=gateways[0][1]) if gateways else None,
+        endpoint=Endpoint(name=f"deploy-{rec.name}", internal=internal_endpoint(gateways[0][1]),
+                          listen_port=int(gateways[0][1].rsplit(":", 1)[1]),
+                          external=gateways[0][1]) if gateways else Endpoint(name=f"deploy-{rec.name}"),
         gateways=[f"http://{e}" for _, e in gateways],
         members=(members(rec.name, ordered, instances, [facts.get(h) for h, _ in gateways]) if gateways else
                  [Member(run=r.unit, machine=r.host, state=i.state, reason=i.last_error, ready=False)
@@ -398,9 +404,10 @@ def deployment_status(
 
 
 def failed_rows(rec: DeploymentRecord) -> list[FailedStart]:
-    """The failed starts status shows as rows of their own: those of replicas with no recorded unit now."""
-    recorded = {r.index for r in rec.replicas}
-    return [f for f in rec.failed_starts if f.index not in recorded]
+    """The failed starts status shows as rows of their own: those of replicas with no recorded unit at their
+    revision or a later one (a roll's new replica that failed keeps its row beside the old one put back)."""
+    return [f for f in rec.failed_starts
+            if not any(r.index == f.index and r.revision >= f.revision for r in rec.replicas)]  # fmt: skip
 
 
 def failed_instance(f: FailedStart) -> InstanceStatus:

@@ -72,6 +72,12 @@ HOLD_S = DEFAULT_HOLD_S
 HOLD_CAP = DEFAULT_HOLD_CAP
 """Requests held at once per deployment (the inventory's gateway.hold_cap sets it)."""
 WAKE_PORT = 8809
+INTERNAL_PORT = 8801
+"""The internal endpoint's port on each gateway host (seed 000's deploy-<name>.<namespace>…:8000, where runs on
+the cluster's machines call a deployment without a key): only the inventory's hosts connect. Not 8000: replicas
+take ports from 8000 up on every host, the gateway hosts included."""
+INTERNAL_CALLER = "@internal"
+"""The key name an internal caller's requests carry (the access log, the usage table): no ApiKey is named so."""
 """The scaler hears the Lua on WAKE_PORT (`wake <deployment>` for a held request; see render/scaler.py): on
 127.0.0.1 on its own host, on that host's inventory address from the other gateway hosts (wake_address)."""
 LOOPBACK = "127.0.0.1"
@@ -258,6 +264,25 @@ def endpoint_of(host: Host) -> str:
     return f"{address}:{host.gateway_port}"
 
 
+def internal_endpoint(endpoint: str) -> str:
+    """host:port of a gateway's internal endpoint, from its endpoint (host:port): the same address, INTERNAL_PORT."""
+    return f"{endpoint.rsplit(':', 1)[0]}:{INTERNAL_PORT}"
+
+
+def internal_sources(hosts: Iterable[Host]) -> list[str]:
+    """Who may call the internal endpoint: the inventory's hosts, by their IP addresses (HAProxy compares a
+    connection's source with them; a host the inventory reaches by a DNS name is not among them)."""
+    return list(dict.fromkeys(h.address for h in hosts if is_ip(h.address)))
+
+
+def internal_frontend(host: Host, allow: Sequence[str], port: int = INTERNAL_PORT) -> dict[str, object] | None:
+    """The internal listener's settings (None: no inventory host to allow, as in a gateway rendered alone)."""
+    if not allow:
+        return None
+    listen = f"{'[::]' if ':' in host.address else '*'}:{port}"
+    return {"listen": listen, "port": port, "allow": list(allow), "caller": INTERNAL_CALLER}
+
+
 def _with_hash(name: str, values: Mapping[str, object]) -> str:
     """Render twice: the header records the sha256 of the text rendered without it (as units do)."""
     body = load_template(name).render(**values, content_hash="")
@@ -295,7 +320,14 @@ def stopped_answer() -> dict[str, str]:
     """The code of the gateway's answer for a deployment an operator stopped (engine-ctl stop): HTTP 409 with
     `{"code": "deployment_stopped", "message": …}` (no command exits with it; CODES and the README list it)."""
     code = "deployment_stopped"
-    return {"stopped_code": code}
+    return {"stopped_code": code, **engine_error_answer()}
+
+
+def engine_error_answer() -> dict[str, str]:
+    """The code of the gateway's answer when a decision model's engine cannot read the input (longer than its
+    batch or context) or fails it: HTTP 502 with the engine's own message (seed 003)."""
+    code = "engine_error"
+    return {"engine_error_code": code}
 
 
 def _hold_lua(hold_s: int, hold_cap: int, wakes: list[str], ordered: list[GatewayBackend]) -> str:
@@ -316,6 +348,7 @@ def metrics_frontend(host: Host, port: int | None, allow: Sequence[str]) -> dict
 def _haproxy_cfg(
     host: Host, common: dict[str, object], ordered: list[GatewayBackend], run_dir: str,
     sizes: tuple[int, int, int], metrics: tuple[int | None, Sequence[str]],
+    internal: tuple[Sequence[str], int] = ((), INTERNAL_PORT),
 ) -> str:  # fmt: skip
     """haproxy.cfg: `sizes` are the hold (seconds), the hold's cap and HAProxy's threads; `metrics` the
     monitoring port and who may reach it."""
@@ -340,6 +373,7 @@ def _haproxy_cfg(
             "errors": sorted(ERRORS),
             "access_log_format": access_log_format(host.name),
             "metrics": metrics_frontend(host, *metrics),
+            "internal": internal_frontend(host, *internal),
         },
     )
 
@@ -362,6 +396,8 @@ def render_gateway(
     requests_per_minute: int | None = None,
     metrics_port: int | None = None,
     metrics_allow: Sequence[str] = (),
+    internal_allow: Sequence[str] = (),
+    internal_port: int = INTERNAL_PORT,
 ) -> RenderedGateway:
     """Everything one gateway host runs, rendered from templates/ (haproxy.cfg.j2, hold.lua, gateway.service.j2).
     `stopped`: deployment -> ID of those an operator stopped (stopped.map: answered deployment_stopped).
@@ -372,14 +408,20 @@ def render_gateway(
     its name answers 404 all the same, and its scopes stay as they were, so the delete changes no key map);
     `requests_per_minute`: the inventory's limit for keys whose document sets none (None: no limit);
     `metrics_port`: the inventory's monitoring.port (None: no metrics frontend); `metrics_allow`: the monitoring
-    hosts' addresses and networks, which may connect to it besides loopback."""
+    hosts' addresses and networks, which may connect to it besides loopback; `internal_allow`: the inventory's
+    hosts' addresses (internal_sources), which may call the internal endpoint (`internal_port`) without a key
+    (none: no internal endpoint)."""
     ordered = sorted(backends, key=lambda b: b.deployment)
     listen = f"{'[::]' if ':' in host.address else '*'}:{host.gateway_port}"
     common = {"host": host.name, "listen": listen, "internal_key": internal_key}
-    config = _haproxy_cfg(host, common, ordered, run_dir, (hold_s, hold_cap, threads), (metrics_port, metrics_allow))
+    config = _haproxy_cfg(host, common, ordered, run_dir, (hold_s, hold_cap, threads), (metrics_port, metrics_allow),
+                          (internal_allow, internal_port))  # fmt: skip
     wakes = list(wake_addresses) or list(dict.fromkeys([LOOPBACK, wake_address]))
     lua = _hold_lua(hold_s, hold_cap, wakes, ordered)
-    maps = key_maps(keys, [*(b.deployment for b in ordered), *scope_names], requests_per_minute)
+    scoped = [*(b.deployment for b in ordered), *scope_names]
+    maps = key_maps(keys, scoped, requests_per_minute)
+    if internal_allow:  # an internal caller may call every deployment: the scope of a key with none
+        maps["scopes.map"].update({f"{INTERNAL_CALLER}/{d}": "1" for d in sorted(set(scoped))})
     maps.update({"models.map": {b.deployment: b.backend for b in ordered}, "stopped.map": dict(stopped or {})})
     files = {CONFIG_FILE: config, LUA_FILE: lua, **{name: map_text(maps[name]) for name in MAP_FILES}}
     files.update({START_STATE_FILE: start_state(ordered), DECISIONS_MAP_FILE: "", **error_files()})

@@ -23,6 +23,7 @@ from engine_ctl.core.render.gateway import (
     GATEWAY_DIR,
     RUNTIME_MAPS,
     backend_name,
+    internal_sources,
     map_text,
     render_gateway,
     server_name,
@@ -195,6 +196,7 @@ class Verbs:
                 hold_s=settings.hold_s, hold_cap=settings.hold_cap, threads=settings.threads,
                 wake_addresses=wake_addresses_for(g, hosts.values()),
                 metrics_port=settings.metrics_port, metrics_allow=settings.metrics_allow,
+                internal_allow=internal_sources(hosts.values()),
             )  # fmt: skip
             kept = {n: t.run(["cat", f"{GATEWAY_DIR}/{n}"]).stdout for n in KEY_MAPS}
             files = {**rendered.files, **kept}
