@@ -40,6 +40,15 @@ class FitPlan(BaseModel):
     """The GPUs the deployment pins (gpu0, gpu1, … or UUIDs); empty: any free ones."""
 
 
+def without_empty_group(data: dict[str, Any]) -> dict[str, Any]:
+    """A replica on one machine is written as before groups existed (older plans and states read the same): no
+    `members`, no `group_port`."""
+    if not data.get("members"):
+        data.pop("members", None)
+        data.pop("group_port", None)
+    return data
+
+
 class Member(BaseModel):
     """A worker of a replica group (spec.nodes > 1): the machine it runs on, what it takes there and the port its
     engine's distributed runtime listens on (rank 1.. in order; the head is the Placement itself)."""
@@ -77,12 +86,7 @@ class Placement(BaseModel):
 
     @model_serializer(mode="wrap")
     def _without_group(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """A replica on one machine is written as before groups existed (older plans read the same)."""
-        data: dict[str, Any] = handler(self)
-        if not data.get("members"):
-            data.pop("members", None)
-            data.pop("group_port", None)
-        return data
+        return without_empty_group(handler(self))
 
 
 class ReplicaRun(BaseModel):

@@ -27,7 +27,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from engine_ctl.core.documents.inventory import HOST_NAME
-from engine_ctl.core.fit.runspec import FitPlan
+from engine_ctl.core.fit.runspec import FitPlan, without_empty_group
 from engine_ctl.core.model import Deployment, Model
 from engine_ctl.core.names import (
     MAX_REPLICA_INDEX,
@@ -170,12 +170,7 @@ class ReplicaRecord(Record):
 
     @model_serializer(mode="wrap")
     def _without_group(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """A replica on one machine is written as before groups existed (older states read the same)."""
-        data: dict[str, Any] = handler(self)
-        if not data.get("members"):
-            data.pop("members", None)
-            data.pop("group_port", None)
-        return data
+        return without_empty_group(handler(self))
 
     @property
     def hosts(self) -> tuple[str, ...]:
