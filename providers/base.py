@@ -262,6 +262,13 @@ class Group:
     def head(self) -> str:
         return self.addresses[0]
 
+    def check_rank(self, rank: int, head: bool = False) -> None:
+        """A worker's rank is 1..nodes-1 (0 too, the head, where `head`); ports are one per member."""
+        if len(self.ports) != self.nodes:
+            raise ValueError(f"a group of {self.nodes} members needs {self.nodes} ports, got {len(self.ports)}")
+        if not (0 if head else 1) <= rank < self.nodes:
+            raise ValueError(f"rank {rank} is not a {'member' if head else 'worker'} of a group of {self.nodes}")
+
 
 @dataclass(frozen=True)
 class Provider:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -13,6 +14,7 @@ from engine_ctl.providers.base import (
     READS_FILE,
     ROCM_GFX_LLAMACPP,
     EngineOption,
+    Group,
     Provider,
     Run,
     at_least_2gib,
@@ -113,6 +115,14 @@ GGUF_FILE = EngineOption(
 )
 
 
+RPC_SERVER = "ggml-rpc-server"
+"""llama.cpp's RPC worker (tools/rpc; named rpc-server before), built beside llama-server with -DGGML_RPC=ON."""
+
+
+def _url_host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
+
 @dataclass(frozen=True)
 class LlamaCpp(Provider):
     """llama-server: --ctx-size is the whole cache, split between its --parallel slots."""
@@ -162,6 +172,29 @@ class LlamaCpp(Provider):
         if plan.accelerator == "cpu" and run.threads:
             argv += ["--threads", str(run.threads)]
         return argv + self.engine_args_argv(run.engine_args)
+
+    # --- a replica over several machines: llama.cpp's RPC backend (tools/rpc/README.md) -------------------
+    multi_node: ClassVar[bool] = True
+
+    def group_head_argv(self, run: Run, group: Group) -> list[str]:
+        """llama-server with every worker's rpc-server as a device (`--rpc host:port,…`): the layers go to the
+        group's devices (`--n-gpu-layers all`): the workers' rpc-servers, and the head's own GPUs where it has
+        them (llama.cpp splits them by each device's free memory). On a CPU head its own CPU keeps the token
+        embeddings and runs the server; the layers are the workers'."""
+        argv = self.argv(run)
+        servers = ",".join(f"{_url_host(a)}:{p}" for a, p in zip(group.addresses[1:], group.ports[1:], strict=True))
+        offload = [] if "--n-gpu-layers" in argv else ["--n-gpu-layers", "all"]
+        at = argv.index("--metrics")  # before the deployment's and the user's flags, after the model's
+        return [*argv[:at], *offload, "--rpc", servers, *argv[at:]]
+
+    def group_worker_argv(self, run: Run, group: Group, rank: int) -> list[str]:
+        """rpc-server beside the head's llama-server (the same build: its directory), listening on the member's
+        own address and runtime port only (the unit's IPAddressAllow= admits the group's hosts)."""
+        executable = posixpath.join(posixpath.dirname(run.executable), RPC_SERVER)
+        argv = [executable, "--host", group.addresses[rank], "--port", str(group.ports[rank])]
+        if run.threads:
+            argv += ["--threads", str(run.threads)]
+        return argv
 
     def api_key_argv(self, key_file: str) -> list[str]:
         # llama-server answers /health without the key and refuses everything else (401) without it; its key file

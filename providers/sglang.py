@@ -146,14 +146,14 @@ class SgLang(PagedProvider):
         return self._launch_argv(run, group, 0)
 
     def group_worker_argv(self, run: Run, group: Group, rank: int) -> list[str]:
-        check_rank(group, rank)
+        group.check_rank(rank)
         return self._launch_argv(run, group, rank)
 
     def group_environment(self, run: Run, group: Group, rank: int) -> dict[str, str]:
         # SGLANG_HOST_IP: the address this member gives the others (sglang/srt/utils/network.py,
         # get_local_ip_auto); the interfaces: SGLang's multi-node deployment page (NCCL_SOCKET_IFNAME and
         # GLOO_SOCKET_IFNAME when the nodes have several networks).
-        check_rank(group, rank, head=True)
+        group.check_rank(rank, head=True)
         env = {**self.environment(run), "SGLANG_HOST_IP": group.addresses[rank]}
         if group.interface:
             env |= {"NCCL_SOCKET_IFNAME": group.interface, "GLOO_SOCKET_IFNAME": group.interface}
@@ -190,14 +190,6 @@ def sglang_group_flags(gpus_per_node: int, group: Group, rank: int) -> list[str]
         "--tp-size", str(max(gpus_per_node, 1) * group.nodes),
         "--nnodes", str(group.nodes), "--node-rank", str(rank), "--dist-init-addr", f"{head}:{group.ports[0]}",
     ]  # fmt: skip
-
-
-def check_rank(group: Group, rank: int, head: bool = False) -> None:
-    """A worker's rank is 1..nodes-1 (0 too, the head, where `head`); ports are one per member."""
-    if len(group.ports) != group.nodes:
-        raise ValueError(f"a group of {group.nodes} members needs {group.nodes} ports, got {len(group.ports)}")
-    if not (0 if head else 1) <= rank < group.nodes:
-        raise ValueError(f"rank {rank} is not a {'member' if head else 'worker'} of a group of {group.nodes}")
 
 
 SGLANG = SgLang(

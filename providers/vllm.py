@@ -137,7 +137,7 @@ class Vllm(PagedProvider):
         return self._serve_argv(run, group, 0)
 
     def group_worker_argv(self, run: Run, group: Group, rank: int) -> list[str]:
-        check_rank(group, rank)
+        group.check_rank(rank)
         return self._serve_argv(run, group, rank)
 
     def group_environment(self, run: Run, group: Group, rank: int) -> dict[str, str]:
@@ -145,7 +145,7 @@ class Vllm(PagedProvider):
         # the head's message queue to the workers binds on it, v1/executor/multiproc_executor.py); without it vLLM
         # guesses from the default route. The socket interfaces: docs/serving/parallelism_scaling.md ("Optimizing
         # network communication" and its troubleshooting: GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME).
-        check_rank(group, rank, head=True)
+        group.check_rank(rank, head=True)
         env = {**self.environment(run), "VLLM_HOST_IP": group.addresses[rank]}
         if group.interface:
             env |= {"NCCL_SOCKET_IFNAME": group.interface, "GLOO_SOCKET_IFNAME": group.interface}
@@ -177,14 +177,6 @@ def vllm_group_flags(gpus_per_node: int, group: Group, rank: int) -> list[str]:
     flags += ["--distributed-executor-backend", "mp", "--nnodes", str(group.nodes), "--node-rank", str(rank)]
     flags += ["--master-addr", group.head, "--master-port", str(group.ports[0])]
     return flags + (["--headless"] if rank > 0 else [])
-
-
-def check_rank(group: Group, rank: int, head: bool = False) -> None:
-    """A worker's rank is 1..nodes-1 (0 too, the head, where `head`); ports are one per member."""
-    if len(group.ports) != group.nodes:
-        raise ValueError(f"a group of {group.nodes} members needs {group.nodes} ports, got {len(group.ports)}")
-    if not (0 if head else 1) <= rank < group.nodes:
-        raise ValueError(f"rank {rank} is not a {'member' if head else 'worker'} of a group of {group.nodes}")
 
 
 def _vllm_wake(level: int) -> tuple[HttpCall, ...]:

@@ -34,6 +34,19 @@ def llama_engine() -> dict[str, str]:
 
 
 @cache
+def llama_rpc_dir() -> Path:
+    """The cache directory with an RPC-enabled bin/llama-server and bin/ggml-rpc-server (llama.cpp's RPC backend, built
+    with -DGGML_RPC=ON under its own cache key); builds it once per machine if missing."""
+    env_dir = os.environ.get("ENGINE_CTL_LLAMA_RPC_DIR")
+    if env_dir and (Path(env_dir) / "bin" / "ggml-rpc-server").exists():
+        return Path(env_dir)
+    out = subprocess.run(
+        ["bash", str(ROOT / "tests/tools/build_llama_server.sh"), "--rpc"], capture_output=True, text=True, check=True
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+@cache
 def tiny_model() -> Path:
     """The tiny real GGUF model (made once per machine next to the llama-server cache)."""
     from tests.tools.make_tiny_model import make

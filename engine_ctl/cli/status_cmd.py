@@ -72,7 +72,7 @@ def _live(
     endpoint) pairs are added to `gateways`); none (and no inventory) when they run nowhere. `addresses`, when
     given, is filled with each such host's address from the inventory. A replica recorded on a host the inventory
     does not have is an error at the state's place that names it (never shown as merely unreachable)."""
-    used = {r.host for d in records for r in d.replicas}
+    used = {host for d in records for r in d.replicas for host in r.hosts}  # a replica group's workers' too
     if not used:
         return {}, {}
     loaded = loaded if loaded is not None or not paths else load_paths(list(paths))

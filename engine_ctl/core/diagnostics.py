@@ -39,6 +39,9 @@ CODES: dict[str, str] = {
     "duplicate_name": "two documents define the same deployment, model or host name",
     "unknown_model": "a deployment names a model no Model document defines",
     "out_of_range": "a number outside its allowed range (replicas, parallel, cpu_cores, gpus, priority, …)",
+    "nodes_unsupported": "spec.nodes above 1 where a replica cannot span machines (the engine, on-demand replicas, "
+    "spec.host, a decisions deployment)",
+    "topology_refused": "a flat-form deployment asks to span machines (seed 003: a topology is refused)",
     "conflicting_options": "options that do not go together (logs --json without --gateway, status --watch --json)",
     "missing_argument": "a command run without an argument it needs (logs without a deployment or --gateway)",
     "no_gateway": "the inventory has no gateway host, so no request log to read (logs --gateway, usage)",

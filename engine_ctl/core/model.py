@@ -105,7 +105,7 @@ class Model(Value):
         return "embeddings" in self.capabilities
 
 
-UNSET_UNRECORDED = ("startup_bytes", "startup_timeout_s")
+UNSET_UNRECORDED = ("startup_bytes", "startup_timeout_s", "nodes")
 
 
 class Deployment(Value):
@@ -144,6 +144,13 @@ class Deployment(Value):
     """The flat form's engine_config.memory.startup: memory set aside to start it until a start measures it."""
     startup_timeout_s: int | None = None
     """The flat form's timeouts.startup: the start-up budget in place of the engine's."""
+    nodes: int | None = None
+    """spec.nodes: the machines one replica spans (a replica group, on the engine's own distributed runtime);
+    None is 1 (and is not recorded, so deployments written before it keep their digest)."""
+
+    @property
+    def node_count(self) -> int:
+        return self.nodes or 1
 
     @field_validator("engine")
     @classmethod

@@ -15,12 +15,28 @@ from engine_ctl.core.decisions import DecisionAnswer, comparable_reference
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.startup import parse_measurement, same_engine
 from engine_ctl.core.names import UNIT_FORM, parse_unit_name
-from engine_ctl.core.plan.changes import CREATE, DELETE, SURGE, UPDATE, DeploymentChange, Plan, ReplicaChange
+from engine_ctl.core.plan.changes import (
+    CREATE,
+    DELETE,
+    SURGE,
+    UPDATE,
+    DeploymentChange,
+    MemberStep,
+    Plan,
+    ReplicaChange,
+)
 from engine_ctl.core.plan.decisions import internal_key_file
 from engine_ctl.core.plan.status import recorded_verdict, size_text
-from engine_ctl.core.record.model import DeploymentRecord, FailedStart, ReplicaRecord, StartupRecord, State
+from engine_ctl.core.record.model import (
+    DeploymentRecord,
+    FailedStart,
+    MemberRecord,
+    ReplicaRecord,
+    StartupRecord,
+    State,
+)
 from engine_ctl.core.record.requests import done_steps, step_done
-from engine_ctl.core.render.units import bind_address, local_address
+from engine_ctl.core.render.units import bind_address, local_address, member_name, member_of
 from engine_ctl.core.weights import WeightsFetch, human, is_checkout, waiting_reason
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.decisions import prove_ready
@@ -346,6 +362,8 @@ class Executor:
         self.stop = stop or threading.Event()
         self.observer = observer or (lambda _e: None)
         self._host_locks: dict[str, threading.Lock] = {name: threading.Lock() for name in hosts}
+        self._held = threading.local()
+        """The hosts this thread holds (_on): a replica group's step takes all of them at once."""
         self._transports: dict[str, Transport] = dict(transports or {})
         self._transports_lock = threading.Lock()
         self.result = ApplyResult()
@@ -364,17 +382,24 @@ class Executor:
         missing = [n for n in names if n not in self.hosts]
         if missing:
             raise StepFailed(f"host {missing[0]} is not in the inventory")
+        held: frozenset[str] = getattr(self._held, "names", frozenset())
+        new = sorted(set(names) - held)  # a replica group's step holds all its hosts first (_step): none new
         with ExitStack() as stack:
-            for name in sorted(set(names)):
+            for name in new:
                 stack.enter_context(self._host_locks[name])
-            stack.enter_context(self.fanout.hosts(len(set(names))))  # taken last: no slot held while waiting
-            out = {}
-            for name in set(names):
-                with self._transports_lock:
-                    if name not in self._transports:
-                        self._transports[name] = transport_for(self.hosts[name], self.options)
-                out[name] = self._transports[name]
-            yield out
+            if new:
+                stack.enter_context(self.fanout.hosts(len(new)))  # taken last: no slot held while waiting
+            self._held.names = held | set(new)
+            try:
+                out = {}
+                for name in set(names):
+                    with self._transports_lock:
+                        if name not in self._transports:
+                            self._transports[name] = transport_for(self.hosts[name], self.options)
+                    out[name] = self._transports[name]
+                yield out
+            finally:
+                self._held.names = held
 
     def _event(self, event: str, deployment: str, **fields: object) -> None:
         self.observer(ApplyEvent(event=event, deployment=deployment, timestamp=utc_now(), **fields))  # type: ignore[arg-type]
@@ -617,12 +642,51 @@ class Executor:
         return failure_reason(t.run(failure_argv(unit)).stdout, engine.log_prefix if engine else "")
 
     def _replica_record(self, step: ReplicaChange, status: str, digest: str = "") -> ReplicaRecord:
+        members = [MemberRecord(rank=m.rank, host=m.host, unit=m.unit, port=m.port, gpus=m.gpus,
+                                unit_sha256=m.unit_sha256, argv=m.argv) for m in step.members]  # fmt: skip
+        group_port = step.placement.group_port if step.placement is not None and members else None
         return ReplicaRecord(
             checkpoint_digest=digest, engine_version=step.engine_version, engine_sha256=step.engine_sha256,
             index=step.index, slot=step.slot, host=step.host, unit=step.unit, port=step.port, gpus=step.gpus,
             gpu_indexes=step.gpu_indexes, unit_sha256=step.unit_sha256 or "", revision=step.revision,
-            argv=step.argv, status=status, on_demand=step.on_demand,
+            argv=step.argv, status=status, on_demand=step.on_demand, group_port=group_port, members=members,
         )  # fmt: skip
+
+    # --- a replica group (spec.nodes > 1): its workers start before its head and go with it -----------------
+    def _start_members(self, change: DeploymentChange, step: ReplicaChange, verb: str = "start") -> None:
+        """Write and start (or restart) each worker of the group, in rank order, each gated on its runtime
+        listening; on a failure, the workers started so far are removed again and the step fails."""
+        started: list[MemberStep] = []
+        for m in step.members:
+            assert m.unit_text is not None
+            argv = start_argv(m.unit, True) if verb == "start" else restart_argv(m.unit, True)
+            with self._on(m.host) as t:
+                result = t[m.host].run(argv, stdin=m.unit_text, timeout=self._budget(change))
+                reason = self._reason(t[m.host], change, m.unit) if result.exit_code != 0 else None
+            if reason is not None or result.exit_code != 0:
+                self._remove_members([*started, m])
+                raise StepFailed(f"group member {m.rank} ({m.unit}) on {m.host}: "
+                                 f"{reason or 'its start failed'}")  # fmt: skip
+            started.append(m)
+            self.progress(f"{change.name}: replica {step.index}: group member {m.rank} on {m.host}: {m.unit} "
+                          f"listening on port {m.port}")  # fmt: skip
+
+    def _remove_members(self, members: Sequence[MemberStep]) -> None:
+        """Stop and remove a group's workers (what fails here is said, never raised: the head's fate decides)."""
+        for m in members:
+            try:
+                with self._on(m.host) as t:
+                    result = t[m.host].run(remove_argv(m.unit), timeout=120)
+                if result.exit_code != 0:
+                    self.progress(f"removing group member {m.unit} on {m.host} failed: {result.stderr.strip()}")
+            except (HostFailure, StepFailed, OSError) as exc:
+                self.progress(f"removing group member {m.unit} on {m.host} failed: {exc}")
+
+    def _members_of(self, name: str, host: str, unit: str) -> list[MemberStep]:
+        """The recorded workers of the replica `unit` on `host` (none: a replica on one machine)."""
+        rec = self.recorder.state.deployments.get(name)
+        found = next((r for r in rec.replicas if r.unit == unit and r.host == host), None) if rec else None
+        return [MemberStep(rank=m.rank, host=m.host, unit=m.unit, port=m.port) for m in found.members] if found else []
 
     def _run(self, t: Transport, argv: list[str], what: str, timeout: float = 120) -> None:
         """A command that must succeed; its failure, with its own stderr, halts the deployment."""
@@ -659,10 +723,19 @@ class Executor:
         measure = self._first_start(name, step.revision)
         start = on_demand_argv("start", step.unit, upload=True) if step.on_demand else start_argv(step.unit, True)
         argv = measured_argv(start, step.unit) if measure else start
+        if step.members:  # a replica group: its workers first, then its head
+            try:
+                self._start_members(change, step)
+            except StepFailed as exc:
+                said = str(exc)
+                self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
+                self._record(lambda s: _start_failed(s, name, step, said), name)
+                raise
         result = t.run(argv, stdin=step.unit_text, timeout=self._budget(change))
         _uploaded(result, step)
         if result.exit_code != 0:
             reason = self._reason(t, change, step.unit)
+            self._remove_members(step.members)  # the new group goes whole; an old one serves on
             self._run(t, remove_argv(step.unit), f"removing the failed {step.unit} on {step.host}")
             self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
             self._record(lambda s: _initialized(s, name, None, time.monotonic() - began, reason), name)
@@ -670,6 +743,7 @@ class Executor:
             raise StepFailed(reason)
         why = self._not_ready(t, change, step.host, step.port, step.argv)
         if why:  # a decisions replica that does not answer the readiness decision never serves
+            self._remove_members(step.members)
             self._run(t, remove_argv(step.unit), f"removing the unready {step.unit} on {step.host}")
             self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
             self._record(lambda s: _initialized(s, name, None, time.monotonic() - began, why), name)
@@ -740,8 +814,10 @@ class Executor:
     def _remove_old(self, t: Transport, name: str, host: str, unit: str) -> None:
         if self.gateway is not None:
             self._gateway(self.gateway.drain, name, unit)
+        members = self._members_of(name, host, unit)
         self._record(lambda s: _set_status(s, name, host, unit, "removing"), name)
         self._run(t, remove_argv(unit), f"removing {unit} on {host}")
+        self._remove_members(members)  # a replica group's workers go with its head
         self._record(lambda s: _drop_replica(s, name, host, unit), name)
         self.progress(f"{name}: {unit} on {host} stopped and removed")
         self._event("removed", name, host=host, unit=unit)
@@ -760,9 +836,23 @@ class Executor:
             if parsed is None or parsed.deployment not in names:
                 raise StepFailed(f"refused to act on {unit!r}: not a unit engine-ctl names for {change.name} "
                                  f"({UNIT_FORM})")  # fmt: skip
+        for m in step.members:  # a replica group's workers: named after their head
+            if m.unit != member_name(step.unit, m.rank):
+                raise StepFailed(f"refused to act on {m.unit!r}: not the unit of group member {m.rank} of {step.unit}")
+        for m in step.old_members:
+            if member_of(m.unit) != (step.old_unit or step.unit):
+                raise StepFailed(f"refused to act on {m.unit!r}: not a group member of {step.old_unit or step.unit}")
 
     def _step(self, change: DeploymentChange, step: ReplicaChange) -> None:
         self._check_names(change, step)
+        group = {m.host for m in (*step.members, *step.old_members)}
+        if group:  # a replica group: every machine it (and the group it replaces) runs on, held at once
+            with self._on(step.host, *([step.old_host] if step.old_host else []), *group):
+                self._one_step(change, step)
+            return
+        self._one_step(change, step)
+
+    def _one_step(self, change: DeploymentChange, step: ReplicaChange) -> None:
         name = change.name
         if step.actions == CREATE:
             with self._on(step.host) as t:
@@ -782,6 +872,8 @@ class Executor:
             self._role(change, step)
             return
         name = change.name
+        if step.members:  # a replica group restarts whole: its workers (written again), then its head
+            self._start_members(change, step, verb="restart")
         with self._on(step.host) as t:
             tr = t[step.host]
             assert step.unit_text is not None
@@ -843,6 +935,9 @@ class Executor:
                 self._gateway(self.gateway.drain, name, old_unit)
             self._record(lambda s: _set_status(s, name, old_host, old_unit, "stopped"), name)
             self._run(old_t, stop_argv(old_unit), f"stopping {old_unit} on {old_host}")
+            for m in self._members_of(name, old_host, old_unit):  # the old group's workers hold its ports
+                with self._on(m.host) as mt:
+                    self._run(mt[m.host], stop_argv(m.unit), f"stopping {m.unit} on {m.host}")
             self.progress(f"{name}: {old_unit} on {old_host} stopped (no room for a surge)")
             try:
                 self._start_new(new_t, change, step)
@@ -855,6 +950,9 @@ class Executor:
         """Bring the previous unit back after its replacement failed; its outcome is recorded either way. An
         on-demand one is started, not enabled."""
         argv = on_demand_argv("start", unit) if on_demand else start_argv(unit)
+        for m in self._members_of(change.name, host, unit):  # a group's workers first, then its head
+            with self._on(m.host) as mt:
+                mt[m.host].run(start_argv(m.unit), timeout=self._budget(change))
         restored = t.run(argv, timeout=self._budget(change))
         reason = self._reason(t, change, unit) if restored.exit_code != 0 else None
         if reason is None and (rec := self.recorder.state.deployments.get(change.name)) is not None:

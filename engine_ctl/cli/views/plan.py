@@ -172,6 +172,25 @@ def _replica_lines(r: ReplicaChange) -> list[str]:
             lines.append("    argv:")
             lines += [f"      {d}" for d in diff]
         lines += _engine_lines(r) + _guard_lines(r)
+    return lines + _member_lines(r)
+
+
+def _member_lines(r: ReplicaChange) -> list[str]:
+    """A replica group's members (spec.nodes > 1): the head is the replica's line, each worker its own."""
+    if not r.members and not r.old_members:
+        return []
+    if not r.members or tuple(r.action) == ("delete",):
+        return [f"    - group member {m.rank} on {m.host}: {m.unit} (removed with the head)" for m in r.old_members]
+    placed = r.placement.members if r.placement is not None else ()
+    cores = f", {r.placement.cpu_cores} cores" if r.placement is not None and not r.gpus else ""
+    lines = [f"    group of {len(r.members) + 1} machines: head on {r.host} (port {r.port}{cores}, serves the API)"]
+    for i, m in enumerate(r.members):
+        gpus = f", GPUs {','.join(m.gpus)}" if m.gpus else ""
+        gpus += f", {placed[i].cpu_cores} cores" if i < len(placed) and not m.gpus else ""
+        lines += [
+            f"    member {m.rank} on {m.host}: {m.unit} (port {m.port}{gpus})",
+            f"      argv: {argv_line(m.argv)}",
+        ]
     return lines
 
 

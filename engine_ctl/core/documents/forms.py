@@ -115,6 +115,12 @@ class DeploymentSpec(Doc):
         "prevent_destroy), also when its document is left out. Changing it changes nothing on the hosts.",
     )
     api: Literal["chat", "decisions"] = Field("chat", description="chat, or decisions (POST /v1/systemone).")
+    nodes: int = Field(
+        1,
+        description="Machines one replica spans, 1 to 16: a replica group on the engine's own distributed runtime. "
+        "Each machine gives `gpus` GPUs, or `cpu_cores` cores; the head serves the API, the "
+        "gateway sees only it. Only engines that spread a replica over machines, always-on replicas.",
+    )
 
 
 class DeploymentDocument(Doc):

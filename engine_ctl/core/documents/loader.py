@@ -136,6 +136,7 @@ def _spec_deployment(doc: SourceDocument, parsed: DeploymentDocument) -> LoadedD
         host=spec.host,
         prevent_destroy=spec.prevent_destroy,
         api=spec.api,
+        nodes=spec.nodes if spec.nodes != 1 else None,
     )
     paths: dict[str, tuple[str | int, ...]] = {
         "name": ("metadata", "name"),
@@ -155,6 +156,7 @@ def _spec_deployment(doc: SourceDocument, parsed: DeploymentDocument) -> LoadedD
         "priority": ("spec", "priority"),
         "host": ("spec", "host"),
         "prevent_destroy": ("spec", "prevent_destroy"),
+        "nodes": ("spec", "nodes"),
         **_items("engine_args", ("spec", "engine_args"), len(spec.engine_args)),
     }
     origin = Origin(file=doc.file, form="spec", line=doc.line, column=doc.column, fields=_fields(doc, paths))

@@ -21,6 +21,7 @@ from engine_ctl.core.model import (
 )
 from engine_ctl.providers import (
     AUTO,
+    PROVIDERS,
     Provider,
     cpu_provider,
     decision_providers,
@@ -133,6 +134,43 @@ def check_deployment(
     yield from _check_args(loaded, engine)
     yield from _check_flat(loaded, engine)
     yield from _check_decisions(loaded, engine, model)
+    yield from _check_nodes(loaded, engine)
+
+
+MAX_NODES = 16
+
+
+def _check_nodes(loaded: LoadedDeployment, engine: Provider) -> Iterator[Diagnostic]:
+    """spec.nodes (issue 30): a replica group needs an engine with its own distributed runtime, always-on
+    replicas (the scaler starts one machine's unit, not a group) and a restart residency."""
+    d, o = loaded.deployment, loaded.origin
+    if d.nodes is None:
+        return
+    if not 1 <= d.nodes <= MAX_NODES:
+        yield _err(o, "nodes", f"spec.nodes: between 1 and {MAX_NODES} machines per replica", code="out_of_range")
+        return
+    if not engine.multi_node:
+        yield _err(
+            o, "nodes", f"spec.nodes {d.nodes}: {_engine_title(engine)} does not spread a replica over machines",
+            hint="leave nodes out (1), or choose an engine with a distributed runtime: "
+            + ", ".join(p.title for p in PROVIDERS.values() if p.multi_node),
+            code="nodes_unsupported",
+        )  # fmt: skip
+    if d.replicas_min != d.replicas_max:
+        yield _err(
+            o, "nodes", f"spec.nodes {d.nodes}: a replica group is always on; spec.replicas.min must equal max",
+            hint="scaling replica groups on demand is not supported yet", code="nodes_unsupported",
+        )  # fmt: skip
+    if d.api == "decisions":
+        yield _err(
+            o, "nodes", f"spec.nodes {d.nodes}: a decisions deployment runs on one machine (seed 003)",
+            hint="leave nodes out (1)", code="nodes_unsupported",
+        )  # fmt: skip
+    if d.host is not None:
+        yield _err(
+            o, "nodes", f"spec.nodes {d.nodes}: a replica group spans machines; spec.host names one",
+            hint="leave spec.host out", code="nodes_unsupported",
+        )  # fmt: skip
 
 
 def _check_replicas(loaded: LoadedDeployment) -> Iterator[Diagnostic]:

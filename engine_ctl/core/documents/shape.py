@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from engine_ctl.core.diagnostics import Diagnostic, format_path
+from engine_ctl.core.diagnostics import Diagnostic, Location, format_path
 from engine_ctl.core.documents.yamlsource import SourceDocument
 
 
@@ -87,6 +87,19 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
+TOPOLOGY_FIELDS = ("nodes", "topology")
+"""Fields that would spread a flat-form replica over machines: seed 003 ("runs on one machine: a topology is
+refused"); the spec form's spec.nodes goes beyond it (issue 30)."""
+
+
+def topology_refused(where: Location, field: str) -> Diagnostic:
+    return Diagnostic(
+        where, field, "a topology is refused: a flat-form deployment runs on one machine",
+        hint="write the deployment in the metadata/spec form, whose spec.nodes spreads one replica over machines",
+        code="topology_refused",
+    )  # fmt: skip
+
+
 def diagnostics_from(exc: ValidationError, doc: SourceDocument, model: type[BaseModel]) -> list[Diagnostic]:
     raw = exc.errors(include_url=False)
     cleaned = [(_clean_loc(tuple(e["loc"]), doc.data, e["type"] == "missing"), e) for e in raw]
@@ -109,6 +122,9 @@ def diagnostics_from(exc: ValidationError, doc: SourceDocument, model: type[Base
             allowed = fields_at(model, path[:-1])
             close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]!r}?" if close else f"known fields here: {', '.join(allowed)}"
+            if len(path) == 1 and name in TOPOLOGY_FIELDS and "engine_config" in allowed:  # the flat form
+                out.append(topology_refused(doc.locate(path, key=True), field))
+                continue
             out.append(
                 Diagnostic(
                     doc.locate(path, key=True), field, f"unknown field {name!r}", hint=hint, code="unknown_field"

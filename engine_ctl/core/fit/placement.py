@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from engine_ctl.core.fit.fitting import FitResult, compatible_gpus, pins
 from engine_ctl.core.fit.hostfacts import BUSY_BYTES, Gpu, HostFacts
-from engine_ctl.core.fit.runspec import FitPlan, Placement
+from engine_ctl.core.fit.runspec import FitPlan, Member, Placement
 from engine_ctl.core.model import Deployment
 from engine_ctl.core.sizes import gb_up, gib_down, gib_up
 from engine_ctl.providers import Provider
@@ -69,6 +69,11 @@ class Taken:
     def take(self, p: Placement) -> None:
         self.hold(p.host, port=p.port, gpus=[g.uuid for g in p.gpus], cores=p.cpu_cores, memory=p.memory_bytes,
                   placed=True)  # fmt: skip
+        if p.group_port is not None:
+            self.hold(p.host, port=p.group_port)
+        for m in p.members:
+            self.hold(m.host, port=m.port, gpus=[g.uuid for g in m.gpus], cores=m.cpu_cores, memory=m.memory_bytes,
+                      placed=True)  # fmt: skip
 
     def copy(self) -> Taken:
         return Taken(
@@ -426,6 +431,80 @@ def _placement(plan: FitPlan, h: HostFacts, gpus: list[Gpu], taken: Taken, index
         index=index, host=h.host, gpus=tuple(gpus), port=port, threads=replica_threads(plan, h),
         cpu_cores=plan.cpu_cores, memory_bytes=plan.memory_bytes,
     )  # fmt: skip
+
+
+# --- a replica group: one replica over several machines (spec.nodes > 1) ------------------------------------
+
+
+def member_plan(plan: FitPlan, nodes: int) -> FitPlan:
+    """What each machine of a group of `nodes` gives: `gpus` GPUs (each holding its share of the layers) or the
+    replica's CPU cores, and its share of the host memory (never below seed 000's floor of 2 GiB)."""
+    if nodes <= 1:
+        return plan
+    share = -(-plan.memory_bytes // nodes)
+    gpu_share = -(-plan.min_gpu_memory_bytes // nodes) if plan.min_gpu_memory_bytes else 0
+    return plan.model_copy(update={"memory_bytes": max(share, 2 * 1024**3), "min_gpu_memory_bytes": gpu_share})
+
+
+def shared_labels(a: Mapping[str, str], b: Mapping[str, str]) -> int:
+    """How many labels (a rack, a network group) two hosts share: a group prefers hosts that share most."""
+    return sum(1 for k, v in a.items() if b.get(k) == v)
+
+
+def place_group(
+    nodes: int,
+    head: Placement,
+    plan: FitPlan,
+    provider: Provider,
+    hosts: Sequence[HostFacts],
+    taken: Taken,
+    labels: Mapping[str, Mapping[str, str]],
+    no_weights: Mapping[str, str] | None = None,
+) -> Placement | str:
+    """The head placed at `head`, with nodes - 1 workers on other hosts that fit (each its GPUs, or its cores,
+    and its share of memory) and a runtime port on each machine, free like an engine port. Hosts that share the
+    most labels with the head come first, then the most free room, then inventory order. `taken` is not changed.
+    Returns the group's placement, or why it waits (each host's reason)."""
+    held = taken.copy()
+    held.take(head)
+    by_name = {h.host: h for h in hosts}
+    group_port = free_port(set(by_name[head.host].ports_in_use) | held.ports.get(head.host, set()))
+    held.hold(head.host, port=group_port)
+    mine = labels.get(head.host, {})
+    position = {h.host: i for i, h in enumerate(hosts)}
+    members: list[Member] = []
+    used = {head.host}
+    for rank in range(1, nodes):
+        waiting: dict[str, str] = {}
+
+        def key(h: HostFacts) -> tuple[int, tuple[int, int, int], int]:
+            gpus, cores, memory = free_room(h, held)
+            return -shared_labels(mine, labels.get(h.host, {})), (-gpus, -cores, -memory), position[h.host]
+
+        chosen: tuple[HostFacts, list[Gpu]] | None = None
+        for h in sorted((h for h in hosts if h.host not in used), key=key):
+            if no_weights and h.host in no_weights:
+                waiting[h.host] = no_weights[h.host]
+                continue
+            gpus, reason = host_verdict(h, plan, provider, held)
+            if gpus is None:
+                waiting[h.host] = reason or "cannot run here"
+                continue
+            chosen = (h, gpus)
+            break
+        if chosen is None:
+            why = _furthest(waiting) if waiting else "no other host in the inventory"
+            return (f"Waiting for {nodes} machines for one replica group ({len(used)} found; member {rank}: "
+                    f"{why})")  # fmt: skip
+        h, gpus = chosen
+        port = free_port(set(h.ports_in_use) | held.ports.get(h.host, set()))
+        member = Member(host=h.host, gpus=tuple(gpus), port=port, threads=replica_threads(plan, h),
+                        cpu_cores=plan.cpu_cores, memory_bytes=plan.memory_bytes)  # fmt: skip
+        held.hold(h.host, port=port, gpus=[g.uuid for g in gpus], cores=plan.cpu_cores, memory=plan.memory_bytes,
+                  placed=True)  # fmt: skip
+        used.add(h.host)
+        members.append(member)
+    return head.model_copy(update={"group_port": group_port, "members": tuple(members)})
 
 
 def replica_threads(plan: FitPlan, host: HostFacts) -> int | None:

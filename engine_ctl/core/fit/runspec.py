@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 from engine_ctl.core.fit.hostfacts import Gpu
 from engine_ctl.core.model import Model, OptionValue
@@ -40,6 +40,29 @@ class FitPlan(BaseModel):
     """The GPUs the deployment pins (gpu0, gpu1, … or UUIDs); empty: any free ones."""
 
 
+def without_empty_group(data: dict[str, Any]) -> dict[str, Any]:
+    """A replica on one machine is written as before groups existed (older plans and states read the same): no
+    `members`, no `group_port`."""
+    if not data.get("members"):
+        data.pop("members", None)
+        data.pop("group_port", None)
+    return data
+
+
+class Member(BaseModel):
+    """A worker of a replica group (spec.nodes > 1): the machine it runs on, what it takes there and the port its
+    engine's distributed runtime listens on (rank 1.. in order; the head is the Placement itself)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    host: str
+    gpus: tuple[Gpu, ...] = ()
+    port: int
+    threads: int | None = None
+    cpu_cores: int = 0
+    memory_bytes: int = 0
+
+
 class Placement(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -51,6 +74,19 @@ class Placement(BaseModel):
     cpu_cores: int = 0
     """Cores and host memory this replica takes on its host (what later placements count as taken)."""
     memory_bytes: int = 0
+    group_port: int | None = None
+    """A replica group's head: its runtime port (the rendezvous port, where its runtime has one), beside `port`."""
+    members: tuple[Member, ...] = ()
+    """A replica group's workers (spec.nodes > 1), rank 1 first; empty for a replica on one machine."""
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """Every machine the replica runs on, the head's first."""
+        return (self.host, *(m.host for m in self.members))
+
+    @model_serializer(mode="wrap")
+    def _without_group(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return without_empty_group(handler(self))
 
 
 class ReplicaRun(BaseModel):

@@ -282,7 +282,7 @@ def _compare(
     hosts = {h.name: h for h in inventory.hosts}
     for r in record.replicas:
         _host, u, h = sources[(r.host, r.unit)]
-        placement = recorded_placement(r, facts[r.host], fitted)
+        placement = recorded_placement(r, facts[r.host], fitted, facts)
         if placement is None:
             notes[(r.host, r.unit)] = f"differs from the documents (its GPUs are not on {r.host} now)"
             continue

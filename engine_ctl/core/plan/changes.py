@@ -12,7 +12,7 @@ import hashlib
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
 from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.model import Deployment, Model
@@ -75,6 +75,19 @@ class Step(BaseModel):
         return self.actions in REPLACE
 
 
+class MemberStep(BaseModel):
+    """A worker's unit of a replica group, as the plan writes it on its host."""
+
+    rank: int
+    host: str
+    unit: str
+    port: int
+    gpus: list[str] = Field(default_factory=list)
+    argv: list[str] = Field(default_factory=list)
+    unit_text: str | None = None
+    unit_sha256: str = ""
+
+
 class ReplicaChange(Step):
     index: int
     host: str
@@ -109,6 +122,19 @@ class ReplicaChange(Step):
     role: Literal["always-on", "on-demand"] | None = None
     """An update that only changes the slot's role (min changed): always-on enables and starts the unit (a no-op
     for one already active), on-demand disables it and leaves it running. Nothing is rewritten or restarted."""
+    members: list[MemberStep] = Field(default_factory=list)
+    """A replica group's workers (spec.nodes > 1): started before this unit (the head), removed with it."""
+    old_members: list[MemberStep] = Field(default_factory=list)
+    """The workers of the group this step replaces or deletes: removed with its head."""
+
+    @model_serializer(mode="wrap")
+    def _without_group(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A replica on one machine is written as before groups existed (older plans read the same)."""
+        data: dict[str, Any] = handler(self)
+        for key in ("members", "old_members"):
+            if not data.get(key):
+                data.pop(key, None)
+        return data
 
 
 def _none_if_empty(value: Any) -> Any:

@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from engine_ctl.core.documents.inventory import Host
-from engine_ctl.core.fit.fitting import FitUnknown, fit, host_decides, shape_disagreement
+from engine_ctl.core.fit.fitting import FitResult, FitUnknown, fit, host_decides, shape_disagreement
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts
-from engine_ctl.core.fit.placement import crowds, place_one, reserved_note
+from engine_ctl.core.fit.placement import crowds, member_plan, place_group, place_one, reserved_note
 from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.fit.startup import same_engine
 from engine_ctl.core.model import Deployment, Model
+from engine_ctl.core.names import unit_name
 from engine_ctl.core.plan.changes import (
     CREATE,
     NO_OP,
@@ -29,6 +30,7 @@ from engine_ctl.core.plan.changes import (
     DeploymentChange,
     Drift,
     FieldChange,
+    MemberStep,
     ReplicaChange,
     Strategy,
     replace_actions,
@@ -40,7 +42,15 @@ from engine_ctl.core.plan.ownership import as_recorded
 from engine_ctl.core.plan.world import Allocation, Hosts, recorded_placement
 from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord
 from engine_ctl.core.render.guard import guard_refusals, needs_guard, residency_of
-from engine_ctl.core.render.units import RenderedUnit, gateway_allow, model_path_on_host, render_unit, replica_run
+from engine_ctl.core.render.units import (
+    RenderedUnit,
+    gateway_allow,
+    group_of,
+    model_path_on_host,
+    render_member,
+    render_unit,
+    replica_run,
+)
 from engine_ctl.core.sizes import gib_down, gib_up
 from engine_ctl.providers import Provider
 from engine_ctl.providers.base import at_least_2gib
@@ -78,6 +88,27 @@ class Target:
     exclusive: frozenset[str] = frozenset()
     """GPUs the always-on replicas of every deployment hold (known once they are all placed): an on-demand slot
     never shares them."""
+
+    @property
+    def nodes(self) -> int:
+        return self.d.node_count
+
+    @property
+    def member_fit(self) -> FitPlan:
+        """What each machine of a replica gives (the fit itself for a replica on one machine)."""
+        return member_plan(self.fitted, self.nodes)
+
+    def place(self, **kw: object) -> FitResult:
+        """place_one (its keywords), and for a replica group (spec.nodes > 1) its workers on other hosts."""
+        result = place_one(self.d, self.member_fit, self.provider, self.alloc.ranking, **kw)  # type: ignore[arg-type]
+        if self.nodes == 1 or not result.placements:
+            return result
+        labels = {name: h.labels for name, h in self.hosts.inventory.items()}
+        group = place_group(self.nodes, result.placements[0], self.member_fit, self.provider, self.hosts.reached,
+                            self.alloc.taken, labels, self.no_weights)  # fmt: skip
+        if isinstance(group, str):
+            return FitResult(plan=result.plan, pending_reason=group, waiting=result.waiting)
+        return FitResult(plan=result.plan, placements=(group,), waiting=result.waiting)
 
     @property
     def count(self) -> int:
@@ -363,14 +394,15 @@ def place_replicas(t: Target, live: list[ReplicaRecord], indexes: range) -> int 
 
 def create_replica(t: Target, index: int) -> bool:
     """A new replica where placement puts it; False (the change Pending, and why) when there is no room."""
-    result = place_one(t.d, t.fitted, t.provider, t.alloc.ranking, per_host=t.on_host, no_weights=t.no_weights,
-                       index=index, reserved=None if t.on_demand(index) else t.alloc.reserved)  # fmt: skip
+    result = t.place(per_host=t.on_host, no_weights=t.no_weights, index=index,
+                     reserved=None if t.on_demand(index) else t.alloc.reserved)  # fmt: skip
     if not result.placements:
         t.change.pending_reason, t.change.waiting = result.pending_reason, result.waiting
         return False
     p = result.placements[0]
     t.alloc.take(p)
-    t.on_host[p.host] = t.on_host.get(p.host, 0) + 1
+    for host in p.hosts:
+        t.on_host[host] = t.on_host.get(host, 0) + 1
     t.placed[index] = p
     why = "new replica, on demand: installed, not started" if t.on_demand(index) else "new replica"
     why += reserved_note(result)
@@ -384,9 +416,11 @@ def keep_replica(t: Target, current: ReplicaRecord) -> bool:
     """True when the replica's unit, rendered where it is, is what the host has: kept, or repaired in place
     where it drifted (edited, stopped, crash-looping). False: its content changes (replace_replica)."""
     facts = t.hosts.facts[current.host]
-    same_place = recorded_placement(current, facts, t.fitted)
+    same_place = recorded_placement(current, facts, t.member_fit, t.hosts.facts)
     moving = t.d.host not in (None, current.host)  # spec.host changed: a replacement onto the new host
     if same_place is None or len(same_place.gpus) != t.fitted.gpus or moving or displaced(t, current):
+        return False
+    if len(same_place.members) != t.nodes - 1:  # spec.nodes changed: a new group
         return False
     if spread(t, current):
         return False
@@ -399,6 +433,7 @@ def keep_replica(t: Target, current: ReplicaRecord) -> bool:
     found = replica_drift(t.d.name, seen, t.hosts.unit(current.host, current.unit), facts)
     found += guard_drift(t.d.name, seen, unit_now.text, facts)
     found += checkpoint_drift(t.d.name, current, t.model, t.hosts.inventory.get(current.host), facts)
+    found += group_drift(t, current)
     t.drift.extend(found)
     if found:
         why = "; ".join(f.detail for f in found)
@@ -441,14 +476,17 @@ def replace_replica(t: Target, current: ReplicaRecord, index: int) -> bool:
     p, strategy = placed
     t.alloc.take(p)
     t.placed[index] = p
-    if p.host != current.host:
-        t.on_host[current.host] = t.on_host.get(current.host, 1) - 1
-        t.on_host[p.host] = t.on_host.get(p.host, 0) + 1
+    if p.hosts != current.hosts:
+        for host in current.hosts:
+            t.on_host[host] = t.on_host.get(host, 1) - 1
+        for host in p.hosts:
+            t.on_host[host] = t.on_host.get(host, 0) + 1
     t.strategies.add(strategy)
     why = replace_reason(t, current)
     rc = replica_change(replace_actions(strategy), t.render(p, t.revision, other_slot(current.slot)), t.revision, p,
                         reason=why)  # fmt: skip
     rc.old_unit, rc.old_host, rc.old_slot, rc.old_argv = current.unit, current.host, current.slot, current.argv
+    rc.old_members = member_steps_of(current)
     rc.strategy = strategy
     rc.on_demand = t.on_demand(index)
     rc.active = rc.on_demand and t.hosts.running(current.host, current.unit)
@@ -465,18 +503,16 @@ def roll_placement(t: Target, current: ReplicaRecord, index: int) -> tuple[Place
     moving = t.d.host not in (None, current.host)
     others = {h: n - (1 if h == current.host else 0) for h, n in t.on_host.items()}
     reserved = None if t.on_demand(index) else t.alloc.reserved
-    surge = place_one(t.d, t.fitted, t.provider, t.alloc.ranking, per_host=others, prefer=current.host,
-                      no_weights=t.no_weights, reserved=reserved)  # fmt: skip
+    surge = t.place(per_host=others, prefer=current.host, no_weights=t.no_weights, reserved=reserved)
     if surge.placements and (moving or not crowds(others, surge.placements[0].host, current.host)):
         return surge.placements[0].model_copy(update={"index": index}), "surge"
     t.alloc.release(current)
-    stop_start = place_one(t.d, t.fitted, t.provider, t.alloc.ranking, no_weights=t.no_weights,
-                           within=None if moving else current.host, reserved=reserved)  # fmt: skip
+    stop_start = t.place(no_weights=t.no_weights, within=None if moving else current.host, reserved=reserved)
     if stop_start.placements:
         kept = {} if moving else {"port": current.port}
         return stop_start.placements[0].model_copy(update={"index": index, **kept}), "stop-then-start"
     facts = t.hosts.facts[current.host]
-    t.alloc.take(recorded_placement(current, facts, t.fitted)
+    t.alloc.take(recorded_placement(current, facts, t.member_fit, t.hosts.facts)
                  or Placement(index=index, host=current.host, port=current.port))  # fmt: skip
     if surge.placements:  # no room on its own host after all: the surge, though it crowds
         return surge.placements[0].model_copy(update={"index": index}), "surge"
@@ -489,7 +525,7 @@ def spread(t: Target, current: ReplicaRecord) -> bool:
     room for it (a host full or out of reach when they were placed, room since): it moves there (a surge), and
     the plan says so (Allocation.moves). Placement's rule, fewest replicas of a deployment per host, restored."""
     here = t.on_host.get(current.host, 0)
-    if t.d.host is not None or t.on_demand(current.index) or here < 2:
+    if t.d.host is not None or t.on_demand(current.index) or here < 2 or t.nodes > 1:
         return False
     others = {h: n - (1 if h == current.host else 0) for h, n in t.on_host.items()}
     found = place_one(t.d, t.fitted, t.provider, t.alloc.ranking, per_host=others, no_weights=t.no_weights)
@@ -643,22 +679,65 @@ def render_replica(
     """One replica's unit; `lineage` and `deployment_id` (the owning state's, the deployment's) go in its header."""
     host = hosts[p.host]
     run = replica_run(d, model, provider, fitted, p, host, revision, slot, lineage, gateway_allow(hosts), deployment_id)
-    return render_unit(run, provider, host)
+    group = group_of(p, hosts)
+    if group is None:
+        return render_unit(run, provider, host)
+    head = unit_name(d.name, p.index, slot)
+    members = []
+    for rank, m in enumerate(p.members, start=1):
+        at = Placement(index=p.index, host=m.host, gpus=m.gpus, port=m.port, threads=m.threads, cpu_cores=m.cpu_cores,
+                       memory_bytes=m.memory_bytes)  # fmt: skip
+        own = replica_run(d, model, provider, fitted, at, hosts[m.host], revision, slot, lineage, (), deployment_id)
+        members.append(render_member(own, provider, hosts[m.host], group, rank, head))
+    return render_unit(run, provider, host, group, tuple(members))
 
 
 def replica_change(action: list[Action], unit: RenderedUnit, revision: int, p: Placement, reason: str) -> ReplicaChange:
+    members = [MemberStep(rank=m.rank, host=m.host, unit=m.name, port=m.port, gpus=list(m.gpus), argv=list(m.argv),
+                          unit_text=m.text, unit_sha256=m.sha256) for m in unit.members]  # fmt: skip
     return ReplicaChange(
         index=unit.index, action=action, host=unit.host, unit=unit.name, slot=unit.slot, port=unit.port,
         gpus=list(unit.gpus), gpu_indexes=[g.index for g in p.gpus], revision=revision, argv=list(unit.argv),
-        unit_text=unit.text, unit_sha256=unit.sha256, reason=reason, placement=p,
+        unit_text=unit.text, unit_sha256=unit.sha256, reason=reason, placement=p, members=members,
     )  # fmt: skip
+
+
+def member_steps_of(r: ReplicaRecord) -> list[MemberStep]:
+    """A recorded group's workers, as a step that removes them names them."""
+    return [MemberStep(rank=m.rank, host=m.host, unit=m.unit, port=m.port, gpus=list(m.gpus), argv=list(m.argv),
+                       unit_sha256=m.unit_sha256) for m in r.members]  # fmt: skip
+
+
+def group_drift(t: Target, current: ReplicaRecord) -> list[Drift]:
+    """Drift on any worker of a replica group is drift of the replica: its unit missing, edited, stopped or
+    crash-looping (replica_drift's words, naming the member's unit and host), or its host out of reach."""
+    out: list[Drift] = []
+    for m in current.members:
+        facts = t.hosts.facts.get(m.host)
+        if facts is None:
+            out.append(
+                Drift(
+                    host=m.host,
+                    unit=m.unit,
+                    deployment=t.d.name,
+                    kind="missing",
+                    detail=f"group member {m.rank} ({m.unit}) on {m.host}: {m.host} could not be reached",
+                )
+            )
+            continue  # fmt: skip
+        seen = ReplicaRecord.model_construct(**{**current.model_dump(), "host": m.host, "unit": m.unit,
+                                                "port": m.port, "gpus": m.gpus, "unit_sha256": m.unit_sha256,
+                                                "engine_sha256": "", "members": []})  # fmt: skip
+        for found in replica_drift(t.d.name, seen, t.hosts.unit(m.host, m.unit), facts):
+            out.append(found.model_copy(update={"detail": f"group member {m.rank}: {found.detail}"}))
+    return out
 
 
 def deletion(r: ReplicaRecord, reason: str, cleanup: bool = False) -> ReplicaChange:
     return ReplicaChange(
         index=r.index, action=[Action.DELETE], host=r.host, unit=r.unit, slot=r.slot, port=r.port, gpus=list(r.gpus),
         revision=r.revision, old_unit=r.unit, old_host=r.host, old_slot=r.slot, old_argv=r.argv, reason=reason,
-        cleanup=cleanup, on_demand=r.on_demand,
+        cleanup=cleanup, on_demand=r.on_demand, old_members=member_steps_of(r),
     )  # fmt: skip
 
 

@@ -111,6 +111,7 @@ def unmanaged_units(
     """Units named like engine-ctl's on the hosts that this state does not record (nor another state owns,
     `elsewhere`: (host, unit)): left alone, and said."""
     managed = {r.unit for rec in state.deployments.values() for r in rec.replicas}
+    managed |= {m.unit for rec in state.deployments.values() for r in rec.replicas for m in r.members}
     out = []
     for host, f in sorted(facts.items()):
         for u in f.units:

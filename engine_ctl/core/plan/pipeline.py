@@ -83,7 +83,7 @@ def _from_change(
     touched = {step.index for step in change.replicas}
     for r in _kept(record, touched, max(d.replicas_max, d.replicas_min, 1)):  # every slot, on demand too
         hf = facts.get(r.host)
-        placement = recorded_placement(r, hf, fitted) if hf is not None and r.host in hosts else None
+        placement = recorded_placement(r, hf, fitted, facts) if hf is not None and r.host in hosts else None
         if placement is not None:
             placements[r.index] = placement
             units[r.index] = as_recorded(

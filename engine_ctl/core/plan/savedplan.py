@@ -150,6 +150,9 @@ def _replica_problem(
         return f"{where}: the argv differs from what engine-ctl renders from the plan's inputs"
     if unit.text != step.unit_text or unit.sha256 != step.unit_sha256:
         return f"{where}: the unit file differs from what engine-ctl renders from the plan's inputs"
+    rendered = [(m.name, m.host, list(m.argv), m.text) for m in unit.members]
+    if rendered != [(m.unit, m.host, m.argv, m.unit_text) for m in step.members]:
+        return f"{where}: the group's members differ from what engine-ctl renders from the plan's inputs"
     return None
 
 

@@ -191,9 +191,38 @@ def _plan_and_capabilities(rec: DeploymentRecord, facts: Mapping[str, HostFacts]
     return {"plan": plan, "capabilities": capabilities(rec.model, engine, api, args)}
 
 
-def instance_status(r: ReplicaRecord, facts: HostFacts | None, loading: frozenset[str] = frozenset()) -> InstanceStatus:
+def group_problem(r: ReplicaRecord, facts: Mapping[str, HostFacts]) -> str | None:
+    """Why a replica group (spec.nodes > 1) is out of service because of one of its workers (None: every worker
+    runs), naming the member, its unit and its host."""
+    for m in r.members:
+        found = facts.get(m.host)
+        where = f"group member {m.rank} ({m.unit}) on {m.host}"
+        if found is None:
+            return f"{where}: host unreachable"
+        unit = next((u for u in found.units if u.name == m.unit), None)
+        if unit is None or unit.sha256 is None:
+            return f"{where}: unit file missing on the host"
+        if unit.active_state != "active":
+            status = f" (exit status {unit.exec_main_status})" if unit.exec_main_status else ""
+            return f"{where} is {unit.active_state}/{unit.sub_state}{status}: the group is out of service"
+    return None
+
+
+def instance_status(
+    r: ReplicaRecord, facts: HostFacts | None, loading: frozenset[str] = frozenset(),
+    others: Mapping[str, HostFacts] | None = None,
+) -> InstanceStatus:  # fmt: skip
     """`loading`: what the engine's health check answers while it loads its model (its provider's
-    loading_statuses): such an answer from an active unit is starting, with no error."""
+    loading_statuses): such an answer from an active unit is starting, with no error. `others`: every host's
+    facts, for a replica group's workers (a worker down takes its group out of service)."""
+    found = _instance_status(r, facts, loading)
+    problem = group_problem(r, others or {}) if r.members and found.state != "unknown" else None
+    if problem is None:
+        return found
+    return found.model_copy(update={"state": "failed", "last_error": problem})
+
+
+def _instance_status(r: ReplicaRecord, facts: HostFacts | None, loading: frozenset[str]) -> InstanceStatus:
     base = {"index": r.index, "host": r.host, "unit": r.unit, "port": r.port, "gpus": r.gpu_indexes}
     if facts is None:
         return InstanceStatus(**base, state="unknown", last_error=f"host {r.host} unreachable")
@@ -339,7 +368,7 @@ def deployment_status(
     facts = decided_facts(rec, facts)  # a decisions replica is ready by its decision, not GET /health alone
     engine = PROVIDERS.get(rec.plan.engine) if rec.plan else None
     loading = engine.loading_statuses if engine else frozenset()
-    instances = [with_records(instance_status(r, facts.get(r.host), loading), r) for r in ordered]
+    instances = [with_records(instance_status(r, facts.get(r.host), loading, facts), r) for r in ordered]
     failed = failed_rows(rec)
     wanted = rec.spec.replicas_min if rec.spec else len({r.index for r in ordered} | {f.index for f in failed})
     slots = [Slot(index=r.index, state=i.state, revision=r.revision, idle=idle(r, i))
@@ -358,7 +387,7 @@ def deployment_status(
         name=rec.name, state=held[0] if held else found.state, reason=held[1] if held else found.reason,
         ready=len(serving), replicas=max(wanted, len(serving) + len(others)),
         revision=rec.revision or max((f.revision for f in failed), default=0),
-        hosts=sorted({r.host for r in rec.replicas} | {f.host for f in failed}),
+        hosts=sorted({h for r in rec.replicas for h in r.hosts} | {f.host for f in failed}),
         instances=sorted(instances + [failed_instance(f) for f in failed], key=lambda i: (i.index, i.unit)),
         served_model_name=rec.name, kind=rec.plan.kind if rec.plan else None,
         endpoint=Endpoint(name=f"deploy-{rec.name}", internal=internal_endpoint(gateways[0][1]),

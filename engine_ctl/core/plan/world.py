@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.fit.fitting import largest_cores, largest_gpu_host
 from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
-from engine_ctl.core.fit.placement import HostRanking, Reserved, Taken, crowded, replica_threads
-from engine_ctl.core.fit.runspec import FitPlan, Placement
+from engine_ctl.core.fit.placement import HostRanking, Reserved, Taken, crowded, member_plan, replica_threads
+from engine_ctl.core.fit.runspec import FitPlan, Member, Placement
 from engine_ctl.core.plan.engines import engine_refusals
 from engine_ctl.core.record.model import ReplicaRecord, State
 from engine_ctl.providers import Provider
@@ -120,6 +120,10 @@ class Allocation:
         GPUs are an interrupted stop-then-start, not a displacement)."""
         for d in records:
             share = (d.plan.cpu_cores, d.plan.memory_bytes) if d.plan else (0, 0)
+            nodes = d.spec.node_count if d.spec else 1
+            if d.plan and nodes > 1:  # each machine of a replica group holds its share
+                shared = member_plan(d.plan, nodes)
+                share = (shared.cpu_cores, shared.memory_bytes)
             for r in d.replicas:
                 self.shares[r.unit] = share
                 if shared_slot(r, (always or {}).get(d.name)):
@@ -133,6 +137,11 @@ class Allocation:
                     self.displaced.add(r.unit)
                 self.taken.ours.update(r.gpus)
                 self.taken.hold(r.host, port=r.port, gpus=r.gpus, cores=share[0], memory=share[1])
+                if r.group_port is not None:
+                    self.taken.hold(r.host, port=r.group_port)
+                for m in r.members:  # a replica group's workers hold their machines' room too
+                    self.taken.ours.update(m.gpus)
+                    self.taken.hold(m.host, port=m.port, gpus=m.gpus, cores=share[0], memory=share[1])
         self.ranking = HostRanking(hosts, self.taken)
 
     def take(self, placement: Placement) -> None:
@@ -151,6 +160,10 @@ class Allocation:
             return
         gpus = () if record.unit in self.displaced else record.gpus  # a displaced one's GPUs are another's
         self.taken.free(record.host, port=record.port, gpus=gpus, cores=cores, memory=memory)
+        if record.group_port is not None:
+            self.taken.free(record.host, port=record.group_port)
+        for m in record.members:
+            self.taken.free(m.host, port=m.port, gpus=m.gpus, cores=cores, memory=memory)
 
     def view(self, name: str) -> Allocation:
         """What deployment `name`'s on-demand slots see: every always-on replica and its own on-demand slots (not
@@ -180,12 +193,27 @@ def shared_slot(record: ReplicaRecord, always: int | None) -> bool:
     return record.on_demand if always is None else record.index >= always
 
 
-def recorded_placement(record: ReplicaRecord, facts: HostFacts, plan: FitPlan) -> Placement | None:
-    """The recorded replica's placement, if its host still has the GPUs it names."""
+def recorded_placement(
+    record: ReplicaRecord, facts: HostFacts, plan: FitPlan, others: Mapping[str, HostFacts] | None = None
+) -> Placement | None:
+    """The recorded replica's placement, if its host still has the GPUs it names; a replica group's with its
+    workers, if each was reached (`others`: every host's facts) and still has its GPUs."""
     by_uuid = {g.uuid: g for g in facts.gpus}
     if any(u not in by_uuid for u in record.gpus):
         return None
+    members: list[Member] = []
+    for m in record.members:
+        found = (others or {}).get(m.host)
+        if found is None:
+            return None
+        theirs = {g.uuid: g for g in found.gpus}
+        if any(u not in theirs for u in m.gpus):
+            return None
+        members.append(Member(host=m.host, gpus=tuple(theirs[u] for u in m.gpus), port=m.port,
+                              threads=replica_threads(plan, found), cpu_cores=plan.cpu_cores,
+                              memory_bytes=plan.memory_bytes))  # fmt: skip
     return Placement(
         index=record.index, host=record.host, gpus=tuple(by_uuid[u] for u in record.gpus), port=record.port,
         threads=replica_threads(plan, facts), cpu_cores=plan.cpu_cores, memory_bytes=plan.memory_bytes,
+        group_port=record.group_port if members else None, members=tuple(members),
     )  # fmt: skip

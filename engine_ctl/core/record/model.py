@@ -27,7 +27,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from engine_ctl.core.documents.inventory import HOST_NAME
-from engine_ctl.core.fit.runspec import FitPlan
+from engine_ctl.core.fit.runspec import FitPlan, without_empty_group
 from engine_ctl.core.model import Deployment, Model
 from engine_ctl.core.names import (
     MAX_REPLICA_INDEX,
@@ -128,6 +128,19 @@ class Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class MemberRecord(Record):
+    """A worker of a replica group (spec.nodes > 1): its unit on its own host, the port its engine's distributed
+    runtime listens on, and the unit's sha256 as written (drift of a member is drift of its replica)."""
+
+    rank: int
+    host: HostName
+    unit: str
+    port: Port
+    gpus: list[GpuUuid] = Field(default_factory=list)
+    unit_sha256: Sha256
+    argv: list[str] = Field(default_factory=list)
+
+
 class ReplicaRecord(Record):
     index: ReplicaIndex
     slot: Literal["a", "b"] = "a"
@@ -150,6 +163,18 @@ class ReplicaRecord(Record):
     on_demand: bool = False
     """A slot above the deployment's `min` (all of them with min: 0): its unit is installed, never enabled or
     started by apply; the scaler starts and stops it. Its being active or not is never drift."""
+    group_port: int | None = None
+    """A replica group's head (spec.nodes > 1): its runtime port beside `port`."""
+    members: list[MemberRecord] = Field(default_factory=list)
+    """A replica group's workers, rank 1 first (empty: a replica on one machine)."""
+
+    @model_serializer(mode="wrap")
+    def _without_group(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return without_empty_group(handler(self))
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return (self.host, *(m.host for m in self.members))
 
 
 class FailedStart(Record):

