@@ -70,7 +70,10 @@ for path in sorted(glob.glob("/etc/systemd/system/engine-ctl-*.service")):
                 out["sha256"][model] = "unreadable: " + e.strerror
 for key, unit in (("gateway", "engine-ctl-gateway.service"), ("scaler", "engine-ctl-scaler.service")):
     if os.path.exists("/etc/systemd/system/" + unit):
-        out[key] = show(unit).get("ActiveState")
+        props = show(unit)
+        # killed, and systemd restarts it by itself (Restart=always, RestartSec=2): no apply is needed for that
+        restarting = props.get("ActiveState") == "activating" and props.get("SubState") == "auto-restart"
+        out[key] = "restarting" if restarting else props.get("ActiveState")
 print(json.dumps(out))
 """
 

@@ -232,7 +232,8 @@ def differences(model: Model, truth: Truth, good_sha: str, recorded_hosts: dict[
         found.append("no gateway is installed")
     found += [f"the gateway on {h} is {s}" for h, s in gateways.items() if s != "active"]
     # a deleted deployment needs no scaler (engine-ctl removes it with the last deployment that scales)
-    if any(d.zero and d.verb != "deleted" for d in model.deps.values()) and "active" not in truth.scaler.values():
+    scaling = any(d.zero and d.verb != "deleted" for d in model.deps.values())
+    if scaling and not {"active", "restarting"} & set(truth.scaler.values()):
         found.append(f"the scaler is not running ({truth.scaler})")
     for dep in model.deps.values():
         units = truth.of(dep.name)

@@ -85,15 +85,23 @@ def test_weights_simply_not_there_keep_the_fit_unknown_reason_and_exit_1() -> No
     assert p.problems == [f"chat is Pending: {change.pending_reason}"]
 
 
-def test_a_deployment_an_operator_holds_is_not_a_problem() -> None:
+def test_a_deployment_an_operator_holds_is_a_problem_only_when_its_documents_changed_to_what_cannot_serve() -> None:
+    """Held (stopped) as it was recorded, its weights gone meanwhile: the operator's hold, no reason to exit 1.
+    Held, and its documents changed to a file no host can use (issue 24's soak, seed 7): Pending, exit 1, since
+    its start would roll in what cannot be served."""
     from engine_ctl.core.record.model import OperatorAction
 
     hosts = {"h1": cpu_host("h1")}
     state, hosts = applied(plan(desired("path: m/m.gguf"), State(), hosts, SHAPE), State(), hosts)
     state.deployments["chat"].operator = OperatorAction(verb="stopped", who="ops", when="2026-12-04T10:00:00+00:00")
-    missing = {"h1": hosts["h1"].model_copy(update={"model_problems": {"/srv/models/m/x.gguf": "not a GGUF file"}})}
-    p = plan(desired("path: m/x.gguf"), state, missing, None)
-    assert p.changes[0].operator is not None and p.problems == []
+    gone = {"h1": hosts["h1"].model_copy(update={"model_problems": {"/srv/models/m/m.gguf": "not found"}})}
+    as_recorded = plan(desired("path: m/m.gguf"), state, gone, None)
+    assert as_recorded.changes[0].operator is not None and as_recorded.problems == []
+    bad = {"h1": hosts["h1"].model_copy(update={"model_problems": {"/srv/models/m/x.gguf": "not a GGUF file"}})}
+    p = plan(desired("path: m/x.gguf"), state, bad, None)
+    (change,) = p.changes
+    assert change.operator is not None and change.field_changes and change.pending_reason is not None
+    assert p.problems == [f"chat is Pending: {change.pending_reason}"]
 
 
 # --- point 3: weights bigger than the GPUs, known without the KV shape -------------------------------------------

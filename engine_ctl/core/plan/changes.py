@@ -338,10 +338,12 @@ class Plan(BaseModel):
     def problems(self) -> list[str]:
         """What makes plan and apply exit 1: deployments that cannot be served as asked (Failed) or not now
         (Pending: its documents are not served, and no apply can serve them yet), replicas that could not be
-        checked, hosts that could not be reached. A deployment an operator holds is never Pending here."""
+        checked, hosts that could not be reached. A deployment an operator holds is Pending here only when its
+        documents changed since (what they ask cannot be served, and its start would roll them in)."""
         out = list(self.refused)
         out += [f"{c.name} is Failed: {c.failed_reason}" for c in self.changes if c.failed_reason]
-        out += [f"{c.name} is Pending: {c.pending_reason}" for c in self.changes if c.pending_reason and not c.operator]
+        out += [f"{c.name} is Pending: {c.pending_reason}" for c in self.changes
+                if c.pending_reason and (not c.operator or c.field_changes)]  # fmt: skip
         out += [f"{c.name}: {b}" for c in self.changes for b in c.blocked]
         out += [f"host {h} could not be checked: {why}" for h, why in sorted(self.unreachable.items())]
         return out
