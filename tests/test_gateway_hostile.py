@@ -216,3 +216,26 @@ def test_a_pooled_connection_the_replica_closed_as_the_request_came_is_tried_aga
         answers.append((answer.status, answer.read()))
     closer.close()
     assert [status for status, _ in answers] == [200] * 6, answers
+
+
+def test_the_per_address_limit_counts_requests_without_a_key_and_never_a_keyed_caller(gateway: Gateway) -> None:  # noqa: F811
+    """More than 2,000 requests in 10 s from one address without a valid key get 429 with Retry-After; a keyed
+    caller from the same address (many clients behind one NAT, say) is still served: its key has its own limit."""
+    host, port = str(gateway["base"]).removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    body = json.dumps(chat("chat")).encode()
+    statuses: dict[int, int] = {}
+    for _ in range(2_050):
+        conn.request("POST", "/v1/chat/completions", body, {"Authorization": "Bearer ak-wrong", "Content-Type":
+                     "application/json"})  # fmt: skip
+        answer = conn.getresponse()
+        answer.read()
+        statuses[answer.status] = statuses.get(answer.status, 0) + 1
+        if answer.will_close:
+            conn.close()
+            conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.close()
+    assert statuses.get(401, 0) >= 1_900 and statuses.get(429, 0) >= 1, statuses
+    status, refused = post(str(gateway["base"]), body, auth=["Bearer ak-wrong"])
+    assert status == 429 and refused["error"]["code"] == "rate_limit_exceeded", (status, refused)
+    assert post(str(gateway["base"]), body)[0] == 200  # the same address, with a key: served
