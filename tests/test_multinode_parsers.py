@@ -34,6 +34,8 @@ from engine_ctl.core.fit.runspec import FitPlan, ReplicaRun
 from engine_ctl.core.model import Model
 from tests.fleetfacts import h100x8
 
+pytestmark = pytest.mark.slow  # each engine's parser imports torch and the engine in its own venv: seconds a batch
+
 ROOT = Path(__file__).resolve().parent.parent
 VENV_SCRIPT = ROOT / "tests" / "tools" / "engine_venv.sh"
 HARNESS = ROOT / "tests" / "tools" / "engine_parse.py"
