@@ -16,6 +16,7 @@ from engine_ctl.cli.context import backend_for, lock_timeout_option, no_state_hi
 from engine_ctl.cli.requests import recorded_verb
 from engine_ctl.cli.views.output import emit_json
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location, error_object
+from engine_ctl.core.plan.deploy import waiting_for_digest
 from engine_ctl.core.plan.operator import STOP_WAIT_S
 from engine_ctl.core.record.model import StateError
 from engine_ctl.shell.lifecycle.hosts import OperatorFailure
@@ -160,8 +161,8 @@ def stop_deployment(name: str, inventory_path: Path | None, state_path: str | No
 @start.command("deployment")
 @recorded_verb("start")
 @verb_options
-@click.option("--wait", is_flag=True, help=f"Wait (at most {STOP_WAIT_S}s) for a stop to finish, start, and return "
-              "when the engine answers.")  # fmt: skip
+@click.option("--wait", is_flag=True, help=f"Wait (at most {STOP_WAIT_S}s) for a stop to finish (or, for a deployment "
+              "`deploy` saved, for its checkpoint digest), start, and return when the engine answers.")  # fmt: skip
 def start_deployment(name: str, inventory_path: Path | None, state_path: str | None, parallel: int,
                      accept_new_host_keys: bool, lock_timeout: float, wait: bool) -> None:  # fmt: skip
     """Start deployment NAME again. Right after a stop it is refused (exit 25, still_stopping) unless --wait."""
@@ -187,7 +188,10 @@ def start_deployment(name: str, inventory_path: Path | None, state_path: str | N
 
 
 def waiting_line(verb: str, name: str) -> str:
-    """What `start --wait` waits for: a stop to finish (seed 003's words), or a park, before the wake."""
+    """What `start --wait` waits for: a stop to finish (seed 003's words), a park before the wake, or a saved
+    deployment's checkpoint digest (core.plan.deploy)."""
+    if verb == "digest":
+        return waiting_for_digest(name)
     if verb == "park":
         return f"Waking {name} from its park (waiting at most {STOP_WAIT_S}s for the park to finish first)"
     return f"Waiting for the stop of {name} to finish (at most {STOP_WAIT_S}s)"

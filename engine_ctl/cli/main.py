@@ -33,6 +33,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "engine_ctl.cli.lifecycle_cmd:delete",
         "Delete a deployment's units (never its model files); the state keeps a tombstone.",
     ),
+    "deploy": (
+        "engine_ctl.cli.deploy_cmd:deploy",
+        "`deploy model --file FILE`: save a new revision of the deployment(s) of FILE without starting it, or with "
+        "--activate start it; --revision N deploys only while N is the recorded revision.",
+    ),
     "destroy": (
         "engine_ctl.cli.plan_cmd:destroy",
         "Stop and remove the units of every deployment in the state (or --target ones).",

@@ -96,6 +96,16 @@ def connect_early(explicit: Path | None, options: SSHOptions, parallel: int) -> 
 
 
 @dataclass(frozen=True)
+class Deploying:
+    """`engine-ctl deploy`'s run of a plan (core.plan.deploy): its operation's ID (a ULID, recorded in the
+    operations log), the deployments it saves without starting, and those whose checkpoint it fingerprints."""
+
+    operation: str
+    save_only: frozenset[str] = frozenset()
+    fingerprint: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
 class Request:
     """The request identity of a command that changes something, and the revisions its apply checks."""
 
@@ -263,12 +273,14 @@ def outcome_line(plan: Plan, command: str, code: int, result_text: str) -> str:
 def execute(
     plan: Plan, inventory: Inventory, backend: StateBackend, state: State, options: SSHOptions, command: str,
     events: JsonEvents | None = None, request_id: str | None = None, fanout: int = 32, transports: Kept | None = None,
+    deploy: Deploying | None = None,
 ) -> int:  # fmt: skip
     """Run the plan with the state recorded after every step; Ctrl-C finishes the step in flight. With `events`
     (--json) every step is also one JSON line on stdout, and the people's lines go to stderr. With `request_id`
     the request is recorded first, each completed step under it, and its result at the end. At most `fanout`
-    hosts (--fanout) are worked on at once; `transports` are hosts' connections the plan's gathering left open."""
-    out = console(stderr=events is not None)
+    hosts (--fanout) are worked on at once; `transports` are hosts' connections the plan's gathering left open.
+    `deploy`: `engine-ctl deploy`'s run (its lines on stderr, its operation's ID, what it saves and fingerprints)."""
+    out = console(stderr=events is not None or deploy is not None)
     if events is not None:
         s = plan.summary()
         extra = {"request_id": request_id} if request_id else {}
@@ -303,6 +315,8 @@ def execute(
             executor = Executor(
                 plan, {h.name: h for h in inventory.hosts}, recorder, options, out.print, stop, observer=events,
                 hub=hub, request_id=request_id, fanout=fanout, transports=transports,
+                save_only=deploy.save_only if deploy else frozenset(),
+                fingerprint=deploy.fingerprint if deploy else frozenset(),
             )  # fmt: skip
             busy = "Applying: one replica at a time per deployment, health-gated…"
             live = bars or (out.status(busy) if out.is_terminal else None)
@@ -321,7 +335,7 @@ def execute(
             s.hosts[host] = HostRecord(facts_fingerprint=fp)
         s.operations.append(
             Operation(
-                id=str(uuid.uuid4()),
+                id=deploy.operation if deploy else str(uuid.uuid4()),
                 who=who(),
                 when=now(),
                 command=command,

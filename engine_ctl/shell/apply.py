@@ -36,7 +36,7 @@ from engine_ctl.core.record.model import (
     State,
 )
 from engine_ctl.core.record.requests import done_steps, step_done
-from engine_ctl.core.render.units import bind_address, local_address, member_name, member_of
+from engine_ctl.core.render.units import bind_address, local_address, member_name, member_of, model_path_on_host
 from engine_ctl.core.weights import WeightsFetch, human, is_checkout, waiting_reason
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.decisions import prove_ready
@@ -277,6 +277,12 @@ def carry_startup(rec: DeploymentRecord, change: DeploymentChange) -> None:
         rec.startup = s.model_copy(update={"revision": change.revision})
 
 
+def _saved(state: State, name: str) -> None:
+    """A deployment saved without starting it (`engine-ctl deploy`): Pending until `engine-ctl start`."""
+    rec = _record(state, name)
+    rec.state, rec.reason = "Pending", f"saved, not started: `engine-ctl start deployment {name}` starts it"
+
+
 def _forget(state: State, name: str) -> None:
     state.deployments.pop(name, None)
 
@@ -346,12 +352,18 @@ class Executor:
         request_id: str | None = None,
         fanout: int = 32,
         transports: Mapping[str, Transport] | None = None,
+        save_only: frozenset[str] = frozenset(),
+        fingerprint: frozenset[str] = frozenset(),
     ) -> None:
-        """`request_id`: the request identity this apply records its completed steps under; a step it already
+        """`save_only`: deployments whose new units are written and loaded, never started (`engine-ctl deploy`
+        without --activate: core.plan.deploy). `fingerprint`: deployments whose checkpoint digest is measured on
+        each host before a replica starts there, where no fetch measured it (a first start fingerprints the
+        checkpoint). `request_id`: the request identity this apply records its completed steps under; a step it already
         recorded as done (an earlier run of the same request, cut off) is not run again. `transports`: hosts'
         connections already open (the plan's gathering left them, transport.fan_out), used instead of new ones and
         closed with the others when the run ends."""
         self.plan = plan
+        self.save_only, self.fingerprint = save_only, fingerprint
         self.fanout = FanOut(fanout)
         self.request_id = request_id
         self.done = done_steps(recorder.state, request_id)
@@ -507,6 +519,8 @@ class Executor:
                 return
             for fetch in change.fetches:
                 self._fetch(change, fetch)
+            if name in self.fingerprint:
+                self._fingerprint(change)
             for unit in change.adopt:
                 self._prove_adopted(change, unit)
                 self._record(lambda s, u=unit: _adopt(s, name, u), name)  # type: ignore[misc]
@@ -521,6 +535,8 @@ class Executor:
                 self.result.applied.append(name)
                 return
             self._record(lambda s: self._conclude(s, change, None, applied=True), name)
+            if name in self.save_only:
+                self._record(lambda s: _saved(s, name), name)
             self._report_concluded(change)
         except Interrupted:
             return
@@ -543,7 +559,8 @@ class Executor:
             self.progress(f"{name}: {state} at revision {change.revision}, not complete: {'; '.join(problems)}")
         else:
             self.result.applied.append(name)
-            self.progress(f"{name}: {state.lower()} at revision {change.revision}")
+            said = "saved, not started," if name in self.save_only else state.lower()
+            self.progress(f"{name}: {said} at revision {change.revision}")
 
     def _halted(self, change: DeploymentChange, reason: str) -> None:
         name = change.name
@@ -696,8 +713,10 @@ class Executor:
             raise StepFailed(f"{what} failed (exit status {result.exit_code})" + (f": {said[-1]}" if said else ""))
 
     def _install(self, t: Transport, change: DeploymentChange, step: ReplicaChange) -> None:
-        """An on-demand replica: record (pending), write its unit and load it, record it standby. Not started."""
+        """An on-demand replica: record (pending), write its unit and load it, record it standby. Not started. A
+        replica of a deployment saved without starting it (save_only) is recorded stopped."""
         name = change.name
+        saved = name in self.save_only
         digest = self._digests.get((name, step.host), "")
         self._record(lambda s: _put_replica(s, name, self._replica_record(step, "pending", digest)), name)
         assert step.unit_text is not None
@@ -707,10 +726,11 @@ class Executor:
             said = (result.stderr or result.stdout).strip().splitlines()
             self._record(lambda s: _drop_replica(s, name, step.host, step.unit), name)
             raise StepFailed(f"installing {step.unit} on {step.host} failed" + (f": {said[-1]}" if said else ""))
-        self._record(lambda s: _set_status(s, name, step.host, step.unit, "standby"), name)
+        self._record(lambda s: _set_status(s, name, step.host, step.unit, "stopped" if saved else "standby"), name)
         self._event("installed", name, replica=step.index, host=step.host, unit=step.unit, port=step.port,
                     revision=step.revision)  # fmt: skip
-        self.progress(f"{name}: replica {step.index} on {step.host}: {step.unit} installed, on demand (not started)")
+        how = "saved" if saved else "on demand"
+        self.progress(f"{name}: replica {step.index} on {step.host}: {step.unit} installed, {how} (not started)")
 
     def _start_new(self, t: Transport, change: DeploymentChange, step: ReplicaChange) -> None:
         """Record (pending), upload, start behind the health gate; on failure remove it again and raise. An
@@ -761,6 +781,34 @@ class Executor:
             f"{name}: replica {step.index} on {step.host}: {step.unit} serving on port {step.port} "
             f"(healthy after {time.monotonic() - began:.1f}s)"
         )
+
+    def _fingerprint(self, change: DeploymentChange) -> None:
+        """A first start fingerprints the checkpoint: its digest measured on each host a replica starts on, where
+        no fetch measured it (core.plan.deploy), and recorded with the replica."""
+        from engine_ctl.core.plan.deploy import DIGEST_WAIT_S, fingerprint_script, parse_fingerprint
+
+        name = change.name
+        model = change.model
+        rec = self.recorder.state.deployments.get(name)
+        if model is None:
+            return
+        if rec is not None and rec.model == model:  # the checkpoint seen before: its files are not read again
+            for r in rec.replicas:
+                if r.checkpoint_digest:
+                    self._digests.setdefault((name, r.host), r.checkpoint_digest)
+        for host in sorted({s.host for s in change.replicas if s.unit_text is not None}):
+            if (name, host) in self._digests:
+                continue
+            path = model_path_on_host(model, self.hosts[host])
+            with self._on(host) as t:
+                result = t[host].run(fingerprint_script(path), timeout=DIGEST_WAIT_S)
+            digest = parse_fingerprint(result.stdout) if result.exit_code == 0 else None
+            if digest is None:
+                said = (result.stderr or result.stdout).strip().splitlines()
+                raise StepFailed(f"the checkpoint digest of {name} could not be measured on {host} ({path})"
+                                 + (f": {said[-1]}" if said else ""))  # fmt: skip
+            self._digests[(name, host)] = digest
+            self.progress(f"{name}: checkpoint {path} on {host}: fingerprinted, checkpoint digest {digest[:12]}")
 
     def _first_start(self, name: str, revision: int) -> bool:
         """Whether no start of this revision has been measured yet (the first start measures its peak)."""
@@ -856,7 +904,8 @@ class Executor:
         name = change.name
         if step.actions == CREATE:
             with self._on(step.host) as t:
-                (self._install if step.on_demand else self._start_new)(t[step.host], change, step)
+                saved = name in self.save_only
+                (self._install if step.on_demand or saved else self._start_new)(t[step.host], change, step)
         elif step.actions == DELETE:
             host, unit = step.old_host or step.host, step.old_unit or step.unit
             with self._on(host) as t:
@@ -872,6 +921,10 @@ class Executor:
             self._role(change, step)
             return
         name = change.name
+        if name in self.save_only:  # a saved deployment's unit is written again, not started
+            with self._on(step.host) as t:
+                self._install(t[step.host], change, step)
+            return
         if step.members:  # a replica group restarts whole: its workers (written again), then its head
             self._start_members(change, step, verb="restart")
         with self._on(step.host) as t:
@@ -921,7 +974,7 @@ class Executor:
         old_host, old_unit = step.old_host or step.host, step.old_unit or step.unit
         with self._on(step.host, old_host) as t:
             new_t, old_t = t[step.host], t[old_host]
-            if step.on_demand and old_t.run(is_active(old_unit)).exit_code != 0:
+            if name in self.save_only or (step.on_demand and old_t.run(is_active(old_unit)).exit_code != 0):
                 # an on-demand replica the scaler does not run: its new unit installed, the old one removed
                 self._install(new_t, change, step)
                 self._remove_old(old_t, name, old_host, old_unit)

@@ -11,6 +11,7 @@ from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.model import DesiredState
 from engine_ctl.core.plan.capabilities import capabilities, plan_extras
 from engine_ctl.core.plan.decisions import decided_facts
+from engine_ctl.core.plan.deploy import SAVED, is_saved
 from engine_ctl.core.plan.diff import spec_digest
 from engine_ctl.core.plan.scaler import Decision, scales
 from engine_ctl.core.plan.wake import parked
@@ -471,6 +472,8 @@ def held_view(
         for i in s.instances
     ]  # fmt: skip
     last = f"{verb} succeeded" if phase == done else f"{verb} requested"
+    if rec is not None and is_saved(rec):  # `engine-ctl deploy` saved it, and nothing has started it yet
+        last = SAVED
     members = [m.model_copy(update={"state": i.state, "reason": None, "ready": False})
                for m, i in zip(s.members, instances, strict=False)]  # fmt: skip
     return s.model_copy(update={

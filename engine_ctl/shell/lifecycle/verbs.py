@@ -8,12 +8,13 @@ from __future__ import annotations
 import getpass
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from engine_ctl.core.diagnostics import EXIT_STATUSES, InputError
 from engine_ctl.core.documents.inventory import Host, Inventory
+from engine_ctl.core.plan.deploy import DIGEST_WAIT_S, SAVED, fingerprint_script, is_saved, parse_fingerprint
 from engine_ctl.core.plan.gateway import backends_from_state, stopped_map
 from engine_ctl.core.plan.operator import STOP_WAIT_S, park_refusal, parking_phase, stop_phase
 from engine_ctl.core.plan.wake import parked, woken_at
@@ -31,6 +32,7 @@ from engine_ctl.core.render.gateway import (
     wake_addresses_for,
 )
 from engine_ctl.core.render.scalerlock import ScalerLock, scaler_lock
+from engine_ctl.core.render.units import model_path_on_host
 from engine_ctl.shell.apply import new_id
 from engine_ctl.shell.gateway import runtime as remote
 from engine_ctl.shell.lifecycle.hosts import (
@@ -327,7 +329,11 @@ class Verbs:
             return self._undelete(name)
         if parked(rec) and self.woken(self.backend.read(), rec) is not None:
             return self._start(name, wait, serving=True)  # a request woke it: it serves; the park record is cleared
-        if wait:  # seed 003: --wait says it waits for the stop, however long that is
+        if is_saved(rec) and any(not r.checkpoint_digest for r in rec.replicas):
+            if wait:  # seed 003: a first start fingerprints the checkpoint, and --wait waits for it
+                on_wait("digest")
+            self.fingerprint(name)
+        elif wait:  # seed 003: --wait says it waits for the stop, however long that is
             on_wait("park" if parked(rec) else "stop")
             if not self._wait_phase(rec):
                 raise Refused(f"the {'park' if parked(rec) else 'stop'} of {name} did not finish within "
@@ -339,6 +345,58 @@ class Verbs:
                 code="still_stopping",
             )
         return self._start(name, wait)
+
+    def fingerprint(self, name: str) -> None:
+        """The checkpoint digest of a saved deployment's model, measured on each host of its replicas (at most
+        DIGEST_WAIT_S) and recorded with them (core.plan.deploy)."""
+        with self._locked("start") as state:
+            rec = state.deployments[name]
+            if rec.model is None:
+                return
+            for host in sorted({r.host for r in rec.replicas if not r.checkpoint_digest}):
+                path = model_path_on_host(rec.model, self._host(host))
+                result = self._t(host).run(fingerprint_script(path), timeout=DIGEST_WAIT_S)
+                digest = parse_fingerprint(result.stdout) if result.exit_code == 0 else None
+                if digest is None:
+                    raise OperatorFailure(f"the checkpoint digest of {name} could not be measured on {host} ({path}): "
+                                          f"{said(result)}; nothing was started")  # fmt: skip
+                for r in rec.replicas:
+                    if r.host == host:
+                        r.checkpoint_digest = digest
+                self.progress(f"{name}: checkpoint {path} on {host}: fingerprinted, checkpoint digest {digest[:12]}")
+            self._write(state)
+
+    def hold_saved(self, state: State, names: Sequence[str], operation: str,
+                   held: Mapping[str, OperatorAction | None]) -> State:  # fmt: skip
+        """`engine-ctl deploy` without --activate, once its units are written (under its state lock, given `state`):
+        each deployment held stopped (its operator hold before the deploy kept, else a new one under the deploy's
+        operation), LAST OPERATION `saved, not started`; the gateways answer its requests with deployment_stopped
+        and route nothing to it."""
+        saved = [state.deployments[n] for n in names if n in state.deployments]
+        for rec in saved:
+            rec.operator = held.get(rec.name) or OperatorAction(verb="stopped", when=now(), who=getpass.getuser(),
+                                                                  operation=operation)  # fmt: skip
+            rec.last_operation = SAVED
+            for r in rec.replicas:
+                r.status = "stopped"
+        state = self._write(state)
+        self.publish_stopped(state)
+        for rec in saved:
+            self.servers(state, rec, "maint")
+        state = self._write(state)
+        for rec in saved:
+            self.refresh_scaler(state, rec.name)
+        return state
+
+    def release(self, state: State, names: Sequence[str]) -> State:
+        """`engine-ctl deploy --activate` of a held deployment, once it started (under its state lock): its hold
+        lifted, and the gateways route to it again."""
+        for name in names:
+            if name in state.deployments:
+                state.deployments[name].operator = None
+        state = self._write(state)
+        self.publish_stopped(state)
+        return self._write(state)
 
     def _wait_phase(self, rec: DeploymentRecord) -> bool:
         deadline = time.monotonic() + STOP_WAIT_S
