@@ -44,7 +44,8 @@ def say(line: str = "") -> None:
 
 @click.group("deploy")
 def deploy() -> None:
-    """Save a deployment's revision, and start it with --activate (seed 003's deploy)."""
+    """`deploy model --file FILE`: save a new revision of the deployment(s) of FILE without starting it, or with
+    --activate start it; --revision N deploys only while N is the recorded revision."""
 
 
 @deploy.command("model")
@@ -83,7 +84,7 @@ def _names_in(file: Path, deployments: list[LoadedDeployment]) -> list[str]:
     if not names:
         raise InputError([Diagnostic(Location(str(file)), "", f"{file} holds no deployment document",
                                      hint="pass the file of a Deployment (or a flat document with engine:)",
-                                     code="not_found")])  # fmt: skip
+                                     code="unknown_deployment")])  # fmt: skip
     return names
 
 
@@ -108,7 +109,7 @@ def _deploy(file: Path, activate: bool, revision: int | None, inventory_path: Pa
     options = ssh_settings(accept_new_host_keys)
     paths = (file.parent,)
     if not file.is_file():
-        raise InputError([Diagnostic(Location(str(file)), "", f"{file}: no such file", code="not_found")])
+        raise InputError([Diagnostic(Location(str(file)), "", f"{file}: no such file", code="path_not_found")])
     ahead, early = connect_early(inventory_path, options, parallel)
     pinner = Pinner()
     loaded = load_checked(paths, pin=pinner)

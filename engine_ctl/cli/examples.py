@@ -10,6 +10,11 @@ _CPU_ENGINE = next(p for p in PROVIDERS.values() if p.auto_for_cpu)
 EXAMPLES: dict[str, list[str]] = {
     "apply": ["engine-ctl apply deploy/", "engine-ctl apply plan.json            # exactly the saved, reviewed plan"],
     "delete": ["engine-ctl delete chat"],
+    "deploy": [
+        "engine-ctl deploy model --file deploy/chat.yaml                # saved, not started",
+        "engine-ctl deploy model --file deploy/chat.yaml --activate --wait",
+        "engine-ctl deploy model --file deploy/chat.yaml --revision 1   # only while it is at revision 1",
+    ],
     "destroy": ["engine-ctl destroy deploy/ --target chat"],
     "engine": [
         "engine-ctl engine list --inventory hosts.yaml",
