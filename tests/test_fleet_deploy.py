@@ -6,7 +6,8 @@ beside the model and key documents: deployed without --activate (saved: the crea
 not started, the gateway refuses it as stopped), started with `start deployment dp --wait` (the checkpoint
 fingerprinted first, then a real completion), changed and deployed again with its current --revision (the updated
 block, revision 2), and with a stale --revision (revision_mismatch, exit 26, nothing changed). Then a second
-deployment, `dq`, in its own file, deployed with --activate --wait (the `Deployed dq: ready` block)."""
+deployment, `dq`, in its own file: saved, edited and saved again (revision 2, still held), then deployed with
+--activate --wait (the `Deployed dq: ready` block)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from engine_ctl.core.documents.apikey import key_sha256
+from engine_ctl.core.plan.deploy import SAVED
 from engine_ctl.core.weights import checkpoint_digest
 from tests.fleet import Fleet
 from tests.llama import tiny_model
@@ -199,8 +201,18 @@ def test_deploy_with_a_stale_revision_is_refused_and_changes_nothing(dp: Deployi
     dp.write("dp", 1024)
 
 
-def test_deploy_activate_wait_starts_a_new_deployment_and_says_deployed(dp: Deploying) -> None:
+def test_a_saved_deployment_edited_is_saved_again_then_activate_starts_it(dp: Deploying) -> None:
     dp.write("dq", 512)
+    assert dp.deploy("dq").returncode == 0
+    dp.write("dq", 1024)
+    again = dp.deploy("dq", "--revision", "1")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.splitlines()[0] == "Deployment dq updated (revision 2)", again.stdout
+    record = dp.state()["deployments"]["dq"]
+    assert (record["revision"], record["operator"]["verb"], record["last_operation"]) == (2, "stopped", SAVED)
+    assert [r["status"] for r in record["replicas"]] == ["stopped"]
+    assert dp.on_engine_host(f"systemctl is-active {record['replicas'][0]['unit']}") == "inactive"
+    assert dp.ask("dq")[1]["code"] == "deployment_stopped"
     deployed = dp.deploy("dq", "--activate", "--wait")
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
     lines = deployed.stdout.splitlines()
@@ -208,15 +220,15 @@ def test_deploy_activate_wait_starts_a_new_deployment_and_says_deployed(dp: Depl
         "Waiting for the checkpoint digest of dq to be measured (at most 900s)",
         "Deployed dq: ready",
         "",
-        "  Revision    1",
+        "  Revision    2",
         f"  Hosts       {dp.engine_host.name}",
         "  Ready       1/1",
         lines[6],
-        "  Context     512 tokens",
+        "  Context     1024 tokens",
     ], lines
     assert re.fullmatch(r"  Startup     \d+\.\d (MiB|GiB)", lines[6]), lines
     assert lines[8:] == ["  Operation   initialize succeeded"], lines
     record = dp.state()["deployments"]["dq"]
     assert [r["checkpoint_digest"] for r in record["replicas"]] == [tiny_digest()]
     assert "operator" not in record and dp.ask("dq")[0] == 200
-    assert "dp" in dp.state()["deployments"]  # only the file's deployment was acted on
+    assert dp.state()["deployments"]["dp"]["revision"] == 2  # only the file's deployment was acted on

@@ -393,9 +393,15 @@ class Verbs:
         lifted, and the gateways route to it again."""
         for name in names:
             if name in state.deployments:
-                state.deployments[name].operator = None
+                rec = state.deployments[name]
+                rec.operator = None
+                if rec.last_operation == SAVED and any(r.status == "serving" for r in rec.replicas):
+                    rec.last_operation = "initialize succeeded"  # its first start, health-gated by the apply
         state = self._write(state)
         self.publish_stopped(state)
+        for name in names:
+            if name in state.deployments:
+                self.servers(state, state.deployments[name], "ready")  # the health check routes to each that answers
         return self._write(state)
 
     def _wait_phase(self, rec: DeploymentRecord) -> bool:
