@@ -183,3 +183,12 @@ def test_a_file_without_a_deployment_or_that_is_missing_is_a_clear_error(tmp_pat
     assert not (tmp_path / "engine-ctl.state.json").exists()
     json.dumps(result.stderr)  # plain text, no traceback
     assert "Traceback" not in result.stderr + missing.stderr
+
+
+def test_wait_without_activate_is_refused_before_anything_is_read(tmp_path: Path) -> None:
+    _project(tmp_path)
+    result = run("deploy", "model", "--file", str(tmp_path / "chat.yaml"), "--wait")
+    assert result.exit_code == 1, result.output
+    assert "--wait: error: --wait waits for the start, and deploy starts nothing without --activate" in result.stderr
+    assert "start it later with `engine-ctl start deployment NAME --wait`" in result.stderr
+    assert not (tmp_path / "engine-ctl.state.json").exists()

@@ -70,6 +70,12 @@ def model(file: Path, activate: bool, wait: bool, revision: int | None, inventor
           request_id: str | None) -> None:  # fmt: skip
     """Deploy the deployment(s) of FILE: saved (its units written, not started, held stopped) or, with --activate,
     started. A deployment that already runs is updated (a change restarts its engine)."""
+    if wait and not activate:
+        raise InputError([Diagnostic(
+            Location("--wait"), "", "--wait waits for the start, and deploy starts nothing without --activate",
+            hint="pass --activate --wait, or deploy without --wait and start it later with `engine-ctl start "
+            "deployment NAME --wait`", code="conflicting_options",
+        )])  # fmt: skip
     request = Request(request_identity(request_id))
     announce(request.id)
     command = f"deploy model --file {file}" + (" --activate" if activate else "")
