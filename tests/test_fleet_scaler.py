@@ -230,6 +230,26 @@ def test_killed_mid_decision_the_scaler_restarts_and_carries_on(sp: ScalerProjec
     assert sp.active("zero", 0)
 
 
+def test_a_replica_stopped_by_hand_while_it_serves_holds_the_next_request_and_wakes(sp: ScalerProject) -> None:
+    """Issue 24 (the stateful test, seed 24): a serving replica of a scale-to-zero deployment stopped by hand, and
+    a request at once, before the health check sees it down (every 5 s, 3 failures): the plan says No changes (the
+    scaler's to start), so the request must be held and answered. It got HAProxy's own 503 "No server is
+    available" after 1 s: the hold looked only at the servers' checked state, which still said UP, and the
+    connection refused that followed had nowhere to go but the retries."""
+    assert ask(sp.client(), "zero") == "zero"  # woken, if it slept
+    assert sp.active("zero", 0)
+    before = len(sp.decisions("zero"))
+    rec = next(r for r in sp.state().deployments["zero"].replicas if r.index == 0)
+    sp.fleet.ssh(sp.host_of(rec.host), f"systemctl stop {rec.unit}")
+    started = time.monotonic()
+    assert ask(sp.client(), "zero") == "zero"
+    assert time.monotonic() - started < HOLD_S
+    assert sp.active("zero", 0)
+    woken = [d for d in sp.decisions("zero")[before:] if d["action"] == "up"]
+    assert len(woken) == 1, sp.decisions("zero")[before:]
+    assert sp.cli("plan", "--detailed-exitcode").returncode == 0
+
+
 def test_a_replica_that_cannot_start_gets_503_with_retry_after_at_the_bound(sp: ScalerProject) -> None:
     sp.wait("zero stopped", lambda: not sp.active("zero", 0), 60 + 30)
     host = sp.fleet.hosts[1]

@@ -140,7 +140,7 @@ def test_scale_to_zero_drains_and_puts_it_in_maintenance_on_both_gateways(gp: Tw
     assert log.index(f"slot 0 draining on {both}") < log.rindex(f"slot 0 in maintenance on {both}")
     assert all(gp.server(g).startswith("MAINT") for g in gp.gateways())
     status = json.loads(gp.cli("status", "zero", "--json").stdout)["deployments"][0]
-    assert status["state"] == "ScaledToZero"
+    assert status["state"] == "ScaledToZero", status
 
 
 def test_the_forced_command_on_a_gateway_host_sets_one_engine_ctl_server_and_nothing_else(gp: TwoGateways) -> None:

@@ -42,6 +42,11 @@ ADMIN_SOCKET = f"{RUN_DIR}/admin.sock"
 MASTER_SOCKET = f"{RUN_DIR}/master.sock"
 """HAProxy's master CLI (the unit's -S): it reaches every worker, those a reload left finishing too."""
 SERVER_STATE = f"{RUN_DIR}/server-state"
+HOLD_503 = (
+    '{"error":{"message":"No replica of this deployment is serving yet; retry in 5 s","type":"server_error",'
+    '"param":null,"code":"unavailable"}}'
+)
+"""The answer at the end of a hold (with Retry-After: 5), or to a request held once already."""
 INTERNAL_ENV = f"{GATEWAY_DIR}/internal.env"
 """Where engine-ctl before the key rotation kept the internal key on a gateway host (read, never written)."""
 GATEWAY_KEY = f"{GATEWAY_DIR}/internal.key"
@@ -361,6 +366,8 @@ def _haproxy_cfg(
             "bufsize": BUFSIZE,
             "body_limit": BODY_LIMIT,
             "maxconn": MAXCONN,
+            "run_dir": run_dir,
+            "hold_503": HOLD_503,
             "admin_socket": f"{run_dir}/admin.sock",
             "server_state": f"{run_dir}/server-state",
             "internal_map": f"{run_dir}/{INTERNAL_MAP_FILE}",
