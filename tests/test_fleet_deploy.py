@@ -37,8 +37,8 @@ UNIT = "engine-ctl-dp-0a.service"
 
 
 class Deploying:
-    """Documents in one directory (model and key in one file, each deployment in its own), the inventory (its first
-    host a gateway) and the state beside it, and the real CLI."""
+    """Documents in one directory (model and key in one file, each deployment in its own), the inventory (the
+    fleet's first two hosts, the first a gateway) and the state beside it, and the real CLI."""
 
     def __init__(self, path: Path, fleet: Fleet) -> None:
         self.path, self.fleet = path, fleet
@@ -47,6 +47,10 @@ class Deploying:
         line = f"  - {{name: {self.gateway.name}, address: {self.gateway.address}}}"
         assert line in inventory
         self.inventory = path / "hosts.yaml"
+        others = [f"  - {{name: {h.name}, address: {h.address}}}\n" for h in fleet.hosts[2:]]
+        for other in others:  # the two hosts it uses only: each command gathers facts from fewer hosts
+            assert other in inventory
+            inventory = inventory.replace(other, "")
         self.inventory.write_text(inventory.replace(line, line[:-1] + ", roles: [gateway]}"))
         self.state_file = path / "engine-ctl.state.json"
         self.docs = path / "docs"
