@@ -138,7 +138,7 @@ def _group(name: str, help_text: str) -> click.Group:
 
 
 stop = _group("stop", "Stop a deployment's engines and keep them stopped (apply too) until `start`.")
-start = _group("start", "Start a deployment an operator stopped or parked (or lift its delete).")
+start = _group("start", "Start a deployment an operator stopped or parked, or `deploy` saved (or lift its delete).")
 park = _group(
     "park", "Take a deployment off its GPUs without losing it: asleep where its engine has a sleep mode, else stopped."
 )

@@ -96,7 +96,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "start": (
         "engine_ctl.cli.lifecycle_cmd:start",
-        "Start a deployment an operator stopped or parked (or lift its delete).",
+        "Start a deployment an operator stopped or parked, or `deploy` saved (or lift its delete).",
     ),
     "state": (
         "engine_ctl.cli.state_cmd:state_group",
