@@ -9,6 +9,8 @@ import json
 import subprocess
 from pathlib import Path
 
+from engine_ctl.state import LocalState
+
 from engine_ctl.cli.lifecycle_cmd import waiting_line
 from engine_ctl.core.diagnostics import EXIT_STATUSES
 from engine_ctl.core.plan.deploy import (
@@ -27,7 +29,6 @@ from engine_ctl.core.plan.deploy import (
 )
 from engine_ctl.core.record.model import DeploymentRecord, OperatorAction, State
 from engine_ctl.core.weights import checkpoint_digest
-from engine_ctl.state import LocalState
 from tests.helpers import run
 
 DIGEST = "ab" * 32

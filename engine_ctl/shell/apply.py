@@ -26,6 +26,7 @@ from engine_ctl.core.plan.changes import (
     ReplicaChange,
 )
 from engine_ctl.core.plan.decisions import internal_key_file
+from engine_ctl.core.plan.deploy import DIGEST_WAIT_S, fingerprint_script, parse_fingerprint
 from engine_ctl.core.plan.status import recorded_verdict, size_text
 from engine_ctl.core.record.model import (
     DeploymentRecord,
@@ -785,8 +786,6 @@ class Executor:
     def _fingerprint(self, change: DeploymentChange) -> None:
         """A first start fingerprints the checkpoint: its digest measured on each host a replica starts on, where
         no fetch measured it (core.plan.deploy), and recorded with the replica."""
-        from engine_ctl.core.plan.deploy import DIGEST_WAIT_S, fingerprint_script, parse_fingerprint
-
         name = change.name
         model = change.model
         rec = self.recorder.state.deployments.get(name)
