@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_ctl.core.documents.apikey import key_sha256
+from engine_ctl.core.render.scaler import SCALER_STATE
 from tests.cliforks import CliForks
 from tests.fleet import Fleet, FleetHost
 from tests.fleettruth import MuxFleet, Poller, Truth, probe
@@ -202,6 +203,15 @@ class Project:
 
     def host(self, name: str) -> FleetHost:
         return next(h for h in self.hosts if h.name == name)
+
+    def scaler_said(self, name: str, last: int = 4) -> str:
+        """What the scaler on the gateway host last decided for deployment `name` (its state file), for a report."""
+        out = self.fleet.ssh(self.gateway, f"cat {SCALER_STATE} 2>/dev/null || echo '{{}}'", check=False).stdout
+        try:
+            decisions = json.loads(out).get("deployments", {}).get(name, {}).get("decisions", [])
+        except ValueError:
+            return "the scaler's state is unreadable"
+        return "; ".join(f"{d.get('action')}: {d.get('reason')}" for d in decisions[-last:]) or "no decision"
 
     def ask(self, model: str, timeout: float = HOLD_S + 40) -> tuple[int | None, str]:
         """One chat request through the gateway: its HTTP status and the start of its body."""
@@ -778,9 +788,10 @@ class Machine:
             code, body, took = answers[dep.name]
             want = {None: 200, "stopped": 409, "deleted": 404}[dep.verb]
             if code != want:
+                said = f" (the scaler's last decisions: {self.p.scaler_said(dep.name)})" if code == 503 else ""
                 self.violate(
                     "every deployment the plan says serves answers through the gateway",
-                    f"{dep.name} ({dep.verb or 'serving'}): {code} after {took:.1f} s: {short(body, 200)}",
+                    f"{dep.name} ({dep.verb or 'serving'}): {code} after {took:.1f} s: {short(body, 200)}{said}",
                     f"{want} within the hold ({HOLD_S} s)",
                 )
 
