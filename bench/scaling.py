@@ -24,7 +24,7 @@ import openai
 
 from tests import fleet as fleet_mod
 from tests.fleetproject import MODELS_DIR
-from tests.llama import llama_server_dir, tiny_model
+from tests.llama import llama_engine, tiny_model
 from tests.test_fleet_scaler import ScalerProject, admin
 
 
@@ -69,7 +69,7 @@ def to_zero(p: ScalerProject, host: fleet_mod.FleetHost, unit: str) -> None:
 
 
 def main(rounds: int, clients: int) -> None:
-    fleet = fleet_mod.up(4, engines={"llama.cpp": str(llama_server_dir() / "bin" / "llama-server")})
+    fleet = fleet_mod.up(4, engines={"llama.cpp": llama_engine()})
     try:
         for h in fleet.hosts:
             fleet.ssh(h, f"mkdir -p {MODELS_DIR}/tiny && cp {tiny_model()} {MODELS_DIR}/tiny/tiny.gguf")

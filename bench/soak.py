@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from tests import fleet as fleet_mod
-from tests.llama import llama_server_dir
+from tests.llama import llama_engine
 from tests.statefulfleet import Machine, Project
 
 
@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
     if args.use_running and fleet_mod.STATE.exists():
         fleet = fleet_mod.Fleet.load()
     else:
-        fleet = fleet_mod.up(3, engines={"llama.cpp": str(llama_server_dir() / "bin" / "llama-server")})
+        fleet = fleet_mod.up(3, engines={"llama.cpp": llama_engine()})
     started = time.monotonic()
     project = Project(Path(tempfile.mkdtemp(prefix="engine-ctl-soak-")), fleet)
     machine = Machine(project, args.seed, log=lambda line: print(line, flush=True))

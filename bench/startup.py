@@ -138,7 +138,7 @@ def boot_fleet(n: int) -> fleet_mod.Fleet:
     after the benchmark) when every host of it answers, else a new one (a boot that times out on a busy machine
     is retried)."""
     from tests import fleet as fleet_mod
-    from tests.llama import llama_server_dir
+    from tests.llama import llama_engine
 
     if fleet_mod.STATE.exists():
         fleet = fleet_mod.Fleet.load()
@@ -147,7 +147,7 @@ def boot_fleet(n: int) -> fleet_mod.Fleet:
             fleet.hosts = fleet.hosts[:n]
             fleet.kept = True  # type: ignore[attr-defined]
             return fleet
-    engines = {"llama.cpp": str(llama_server_dir() / "bin" / "llama-server")}
+    engines: dict[str, object] = {"llama.cpp": llama_engine()}
     for attempt in range(2):
         try:
             return fleet_mod.up(n, engines=engines)
