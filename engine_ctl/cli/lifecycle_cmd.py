@@ -19,6 +19,7 @@ from engine_ctl.core.diagnostics import Diagnostic, InputError, Location, error_
 from engine_ctl.core.plan.deploy import waiting_for_digest
 from engine_ctl.core.plan.operator import STOP_WAIT_S
 from engine_ctl.core.record.model import StateError
+from engine_ctl.shell.gateway.runtime import GatewayFailure
 from engine_ctl.shell.lifecycle.hosts import OperatorFailure
 from engine_ctl.shell.lifecycle.verbs import Outcome, Refused, Verbs
 from engine_ctl.shell.transport import HostFailure
@@ -99,6 +100,8 @@ def _run(verbs: Verbs, action: Callable[[], Outcome]) -> Outcome:
         fail(str(exc))
     except HostFailure as exc:
         fail(f"host {exc.host}: {exc.kind}: {exc.message}")
+    except GatewayFailure as exc:
+        fail(f"{exc}; `engine-ctl plan` shows what the gateway lacks, and `engine-ctl apply` puts it right")
     finally:
         verbs.close()
 

@@ -47,11 +47,16 @@ class ServerState:
     in_flight: int
 
 
-def runtime(t: Transport, commands: Sequence[object], socket: str = ADMIN_SOCKET) -> list[str]:
+RESTART_WAIT_S = 30
+"""How long an operator's verb waits for a gateway that systemd is restarting (RestartSec=2) to answer again."""
+
+
+def runtime(t: Transport, commands: Sequence[object], socket: str = ADMIN_SOCKET, wait_s: float = 0) -> list[str]:
     """Send commands to the stats socket (one connection each); a {"map": name, "entries": {...}} item replaces a
-    map's entries atomically (prepare, add, commit). Returns HAProxy's answers."""
-    argv = python_argv("-c", shipped.script("gateway_maps.py"), socket)
-    result = t.run(argv, stdin=json.dumps(list(commands)), timeout=60)
+    map's entries atomically (prepare, add, commit). Returns HAProxy's answers. `wait_s`: first wait at most that
+    long for HAProxy to answer (a gateway restarting), instead of failing at once."""
+    argv = python_argv("-c", shipped.script("gateway_maps.py"), socket, str(wait_s))
+    result = t.run(argv, stdin=json.dumps(list(commands)), timeout=60 + wait_s)
     if result.exit_code != 0:
         said = (result.stderr or result.stdout).strip().splitlines()
         raise GatewayFailure(f"the gateway's stats socket {socket}: " + (said[-1] if said else "no answer"))
@@ -59,10 +64,12 @@ def runtime(t: Transport, commands: Sequence[object], socket: str = ADMIN_SOCKET
     return answers
 
 
-def set_maps(t: Transport, maps: Mapping[str, Mapping[str, str]], socket: str = ADMIN_SOCKET) -> None:
+def set_maps(
+    t: Transport, maps: Mapping[str, Mapping[str, str]], socket: str = ADMIN_SOCKET, wait_s: float = 0
+) -> None:
     """Replace the key maps in the running gateway at once (no reload, no dropped connection)."""
     items = [{"map": name, "entries": dict(maps[name])} for name in RUNTIME_MAPS if name in maps]
-    for answer in runtime(t, items, socket):
+    for answer in runtime(t, items, socket, wait_s):
         if answer.startswith("prepare failed") or "nknown" in answer or "rror" in answer:
             raise GatewayFailure(f"updating the gateway's maps: {answer.strip()}")
 
@@ -82,8 +89,8 @@ def parse_stat(csv_text: str) -> dict[tuple[str, str], ServerState]:
     return out
 
 
-def server_states(t: Transport, socket: str = ADMIN_SOCKET) -> dict[tuple[str, str], ServerState]:
-    return parse_stat(runtime(t, ["show stat"], socket)[0])
+def server_states(t: Transport, socket: str = ADMIN_SOCKET, wait_s: float = 0) -> dict[tuple[str, str], ServerState]:
+    return parse_stat(runtime(t, ["show stat"], socket, wait_s)[0])
 
 
 def wait_for(

@@ -182,7 +182,7 @@ class Verbs:
         text = map_text(entries)
         for g in self._gateways(state):
             t = self._t(g.name)
-            remote.set_maps(t, {"stopped.map": entries})
+            remote.set_maps(t, {"stopped.map": entries}, wait_s=remote.RESTART_WAIT_S)
             t.put(f"{GATEWAY_DIR}/stopped.map", text.encode(), 0o644)
             state.gateways[g.name].files_sha256["stopped.map"] = sha256(text)
 
@@ -271,7 +271,7 @@ class Verbs:
         """Each replica's server on every gateway: `maint` (nothing routed to it) or `ready`."""
         for g in self._gateways(state):
             t = self._t(g.name)
-            known = remote.server_states(t)
+            known = remote.server_states(t, wait_s=remote.RESTART_WAIT_S)
             for r in rec.replicas:
                 where = (backend_name(rec.name), server_name(r.index, r.slot))
                 if where in known:
