@@ -619,7 +619,7 @@ class Machine:
         return "kill_scaler()"
 
     def lose_state_then_import(self, rng: random.Random) -> str:
-        before = self._records()
+        before = self._records(on_hosts=True)
         self.imported_converged = self.converged
         for f in self.p.state_files():
             f.unlink()
@@ -634,11 +634,19 @@ class Machine:
             self.violate("import keeps IDs and revisions", f"after import {after}", f"as before the loss {before}")
         return f"lose_state_then_import() -> {run.rc}"
 
-    def _records(self) -> dict[str, tuple[str, int]]:
+    def _records(self, on_hosts: bool = False) -> dict[str, tuple[str, int]]:
+        """Each deployment's ID and revision in the state. `on_hosts`: the revision the hosts can tell an import,
+        the highest any recorded replica's unit carries (a revision whose roll failed before any unit of it was
+        written, or was removed again, is in the lost state alone: seed 31, step 37); the ID always."""
         if not self.p.state_file.exists():
             return {}
         deps = self.p.state().get("deployments", {})
-        return {n: (d.get("id"), d.get("revision")) for n, d in deps.items() if n in self.model.deps}
+
+        def revision(d: dict[str, Any]) -> int:
+            units = [int(r["revision"]) for r in d.get("replicas", []) if r.get("revision")]
+            return max(units) if on_hosts and units else int(d.get("revision") or 0)
+
+        return {n: (d.get("id"), revision(d)) for n, d in deps.items() if n in self.model.deps}
 
     def _reachable(self) -> list[FleetHost]:
         return [h for h in self.p.hosts if h.name != self.model.cut]
