@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,3 +113,17 @@ def project(tmp_path: Path, fleet: Fleet, weights: None, request: pytest.Fixture
         lock = p.state_file.with_name(p.state_file.name + ".lock")
         lock.unlink(missing_ok=True)
         p.cli("destroy", "--auto-approve")
+
+
+def gateway_chat(address: str, key: str, model: str, timeout: float = 180) -> tuple[int, dict]:  # type: ignore[type-arg]
+    """One chat completion through the gateway at `address` (port 8800): its HTTP status and JSON body."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    req = urllib.request.Request(
+        f"http://{address}:8800/v1/chat/completions", data=body.encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())

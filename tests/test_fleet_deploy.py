@@ -17,8 +17,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from engine_ctl.core.documents.apikey import key_sha256
 from engine_ctl.core.plan.deploy import SAVED
 from engine_ctl.core.weights import checkpoint_digest
 from tests.fleet import Fleet
+from tests.fleetproject import gateway_chat
 from tests.llama import tiny_model
 
 pytestmark = pytest.mark.fleet
@@ -88,16 +87,7 @@ class Deploying:
 
     def ask(self, model: str = "dp") -> tuple[int, dict]:  # type: ignore[type-arg]
         """One chat request through the gateway: its HTTP status and JSON body."""
-        body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
-        req = urllib.request.Request(
-            f"http://{self.gateway.address}:8800/v1/chat/completions", data=body.encode(),
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
-        )  # fmt: skip
-        try:
-            with urllib.request.urlopen(req, timeout=180) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
+        return gateway_chat(self.gateway.address, KEY, model)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ import pytest
 
 from engine_ctl.core.documents.apikey import key_sha256
 from tests.fleet import Fleet, FleetHost
-from tests.fleetproject import MODELS_DIR
+from tests.fleetproject import MODELS_DIR, gateway_chat
 
 pytestmark = pytest.mark.fleet
 KEY = "ak-test-lifecycle-" + "d4" * 24
@@ -87,16 +87,7 @@ class Lifecycle:
 
     def ask(self) -> tuple[int, dict]:  # type: ignore[type-arg]
         """One chat request through the gateway: its HTTP status and JSON body."""
-        body = json.dumps({"model": "lc", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
-        req = urllib.request.Request(
-            f"http://{self.gateway.address}:8800/v1/chat/completions", data=body.encode(),
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
-        )  # fmt: skip
-        try:
-            with urllib.request.urlopen(req, timeout=180) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
+        return gateway_chat(self.gateway.address, KEY, "lc")
 
 
 @pytest.fixture(scope="module")

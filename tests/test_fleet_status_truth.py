@@ -20,8 +20,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +28,7 @@ import pytest
 from engine_ctl.core.documents.apikey import key_sha256
 from engine_ctl.core.render.scaler import SCALER_STATE, SCALER_UNIT
 from tests.fleet import Fleet
+from tests.fleetproject import gateway_chat
 
 pytestmark = pytest.mark.fleet
 KEY = "ak-test-status-truth-" + "e5" * 24
@@ -77,16 +76,7 @@ class Repo:
         return self.on_engine_host(f"systemctl is-active {UNIT}")
 
     def ask(self) -> int:
-        body = json.dumps({"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
-        req = urllib.request.Request(
-            f"http://{self.gateway.address}:8800/v1/chat/completions", data=body.encode(),
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
-        )  # fmt: skip
-        try:
-            with urllib.request.urlopen(req, timeout=180) as r:
-                return int(r.status)
-        except urllib.error.HTTPError as e:
-            return int(e.code)
+        return gateway_chat(self.gateway.address, KEY, NAME)[0]
 
 
 def row(shown: str) -> str:
