@@ -18,6 +18,7 @@ from engine_ctl.core.plan.planner import make_plan
 from engine_ctl.core.plan.status import deployment_status, recorded_verdict
 from engine_ctl.core.record.model import GatewayRecord, ReplicaRecord, State
 from engine_ctl.core.render.gateway import GATEWAY_UNIT
+from engine_ctl.core.render.scaler import SCALER_UNIT
 from tests.fleetfacts import cpu_host, h100x8
 from tests.test_plan_core import SHAPE, applied
 
@@ -235,7 +236,8 @@ def gateway_applied(p: Plan, state: State, facts: dict[str, HostFacts]) -> tuple
         )  # fmt: skip
         facts[g.host] = facts[g.host].model_copy(update={
             "gateway_files": final.file_sha256,
-            "units": (UnitFact(name=GATEWAY_UNIT, sha256=final.unit_sha256, active_state="active"),),
+            "units": (UnitFact(name=GATEWAY_UNIT, sha256=final.unit_sha256, active_state="active"),
+                      *([UnitFact(name=SCALER_UNIT, active_state="active")] if p.scaler else [])),
         })  # fmt: skip
     return state, facts
 
@@ -260,6 +262,29 @@ def test_an_on_demand_server_is_in_maintenance_unless_its_unit_runs_and_the_scal
     assert not server_lines(g2.files["haproxy.cfg"])[1].endswith(" disabled")  # rendered as it runs
     assert g2.action == ["no-op"] and not again.has_changes  # but nothing to apply: the scaler's doing
     assert gateway_tampering(again.gateways, again.changes, state, world(facts["gpu-h100"], gateway=True)[0]) == []
+
+
+def test_a_scaler_that_does_not_run_is_a_change_apply_makes() -> None:
+    """Issue 24's soak (seed 7, step 198): an apply killed before its scaler step left the scaler never started;
+    the plan said No changes while every request to the deployment at zero got 503 after the hold."""
+    _, facts = world(h100x8(), gateway=True)
+    spec = "gpus: 1, replicas: {min: 0, max: 2}"
+    state, facts = gateway_applied(plan(State(), facts, gateway=True, chat=spec), State(), facts)
+    again = plan(state, facts, gateway=True, chat=spec)
+    assert again.scaler is not None and again.scaler.stopped == [] and not again.has_changes
+    for active in (None, "inactive", "failed"):
+        units = tuple(u for u in facts["edge"].units if u.name != SCALER_UNIT)
+        if active is not None:
+            units += (UnitFact(name=SCALER_UNIT, active_state=active),)
+        gone = {**facts, "edge": facts["edge"].model_copy(update={"units": units})}
+        stopped = plan(state, gone, gateway=True, chat=spec)
+        assert stopped.scaler is not None and stopped.scaler.stopped == ["edge"], active
+        assert stopped.has_changes and stopped.summary() == {"add": 0, "change": 0, "destroy": 0}
+    restarting = tuple(u for u in facts["edge"].units if u.name != SCALER_UNIT)
+    restarting += (UnitFact(name=SCALER_UNIT, active_state="activating", sub_state="auto-restart"),)
+    back = plan(state, {**facts, "edge": facts["edge"].model_copy(update={"units": restarting})}, gateway=True,
+                chat=spec)  # fmt: skip
+    assert back.scaler is not None and back.scaler.stopped == [] and not back.has_changes  # systemd brings it back
 
 
 def test_blind_drops_only_the_named_servers_maintenance_flag() -> None:

@@ -140,6 +140,8 @@ def summary_line(plan: Plan) -> str:
     line = f"Plan: {s['add']} to add, {s['change']} to change, {s['destroy']} to destroy."
     replicas = replicas_line(plan)
     line = f"{line} {replicas}" if replicas else line
+    if plan.scaler is not None and plan.scaler.stopped:
+        line += f" The scaler to start on {', '.join(plan.scaler.stopped)}."
     return f"{line} Weights to prune: {prune_total(plan)}." if plan.prunes else line
 
 
@@ -281,6 +283,7 @@ def _scaler_lines(plan: Plan) -> list[tuple[str, str]]:
                 f"{s.lock.port}, role {s.lock.role})"  # fmt: skip
     out = [("", ""), ("bold", f"  # scaler on {where}: {', '.join(s.deployments)}")]
     out += [("", f"    {name}: {line}") for name, line in sorted(s.running.items())]
+    out += [("change", f"    not running on {host}: apply starts it") for host in s.stopped]
     return out
 
 

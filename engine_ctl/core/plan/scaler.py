@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.plan.wake import Woken, parked, wake_steps
 from engine_ctl.core.record.model import DeploymentRecord, State
-from engine_ctl.core.render.scaler import ScalerDeployment, SlotInput, scaler_host, scaler_slot
+from engine_ctl.core.render.scaler import SCALER_UNIT, ScalerDeployment, SlotInput, scaler_host, scaler_slot
 from engine_ctl.core.render.scalerlock import ScalerLock, scaler_lock
 from engine_ctl.providers import PROVIDERS
 
@@ -155,6 +155,10 @@ class ScalerPlan(BaseModel):
     """The deployments it acts on (max above min, or min 0), and those parked (a request wakes them)."""
     running: dict[str, str] = {}
     """Deployment -> "N running of min..max, by the scaler, <time>: <reason>" (from the scaler's state.json)."""
+    stopped: list[str] = []
+    """Hosts it should run on where its unit does not run (never installed, stopped, failed): a change, apply
+    starts it there. Without it a deployment at zero never wakes (issue 24's soak, seed 7, step 198: an apply
+    killed before its scaler step left "No changes" and every request 503 after the hold)."""
 
 
 def scales(spec: Any) -> bool:
@@ -178,9 +182,16 @@ def plan_scaler(
     runs_on = lock.hosts if lock is not None else (host.name,)
     views = scaler_views_of(facts[n] for n in runs_on if n in facts)
     running = {n: running_line(views[n], specs[n].replicas_min, specs[n].replicas_max) for n in names if n in views}
+    stopped = [n for n in runs_on if n in facts and not scaler_runs(facts[n])]
     s = inventory.scaling
     return ScalerPlan(host=host.name, poll_s=s.poll_s, decide_every_s=s.decide_every_s, hold_s=inventory.gateway.hold_s,
-                      deployments=names, running=running, lock=lock)  # fmt: skip
+                      deployments=names, running=running, lock=lock, stopped=stopped)  # fmt: skip
+
+
+def scaler_runs(host_facts: Any) -> bool:
+    """Whether a host's scaler unit runs, or systemd is bringing it back (activating: auto-restart)."""
+    unit = next((u for u in getattr(host_facts, "units", ()) if u.name == SCALER_UNIT), None)
+    return unit is not None and unit.active_state in ("active", "activating", "reloading")
 
 
 def lock_refusals(scaler: ScalerPlan | None, facts: Mapping[str, Any]) -> list[str]:
