@@ -226,7 +226,8 @@ def test_killed_mid_decision_the_scaler_restarts_and_carries_on(sp: ScalerProjec
     assert sp.on_gateway(f"systemctl show -p MainPID --value {SCALER_UNIT}").stdout.strip() != pid
     time.sleep(3 * POLL_S)
     new = sp.decisions("zero")[before:]
-    assert [d["action"] for d in new] == ["up"], new  # one start, carried on; no second start, no stop
+    # one start, carried on; no second start, no stop
+    assert [d["action"] for d in new] == ["up"], [(d["action"], d["reason"]) for d in new]
     assert sp.active("zero", 0)
 
 
