@@ -17,7 +17,7 @@ from engine_ctl.cli.common import (
     ssh_settings,
 )
 from engine_ctl.cli.context import backend_for, lock_operation, lock_timeout_option, locked, read_state, state_option
-from engine_ctl.cli.plan_cmd import Deploying, Request, _plan_for, connect_early, execute, show_plan
+from engine_ctl.cli.plan_cmd import Deploying, Request, connect_early, execute, plan_for, show_plan
 from engine_ctl.cli.requests import announce, request_identity, request_option
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.model import LoadedDeployment
@@ -136,7 +136,7 @@ def _deploy(file: Path, activate: bool, revision: int | None, inventory_path: Pa
         for n in held:  # planned as if not held: deploy saves (or, with --activate, starts) the new revision
             state.deployments[n].operator = None
         kept: Kept = {}
-        result, failures = _plan_for(loaded.desired, inventory, state, backend, options, parallel, tuple(names),
+        result, failures = plan_for(loaded.desired, inventory, state, backend, options, parallel, tuple(names),
                                      checkouts=pinner.checkouts, ahead=ahead, keep=kept)  # fmt: skip
         if result.problems:  # what cannot be deployed, and why (seed 003's deploy shows no plan otherwise)
             show_plan(result, stderr=True)

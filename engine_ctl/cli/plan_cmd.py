@@ -165,7 +165,7 @@ def plan(
     backend = backend_for(state_path, paths)
     state = read_state(backend)
     held = f"{len(errors)} error(s) in the documents (above)" if errors else None
-    result, failures = _plan_for(
+    result, failures = plan_for(
         loaded.desired, inventory, state, backend, options, parallel, targets, refresh_only, paths,
         hold_absent=held, replace=replace, checkouts=pinner.checkouts, ahead=ahead,
     )  # fmt: skip
@@ -390,7 +390,7 @@ def _teardown(plan: Plan, inventory: Inventory, options: SSHOptions, stderr: boo
     return 1 if failed else 0
 
 
-def _plan_for(
+def plan_for(
     desired: DesiredState, inventory: Inventory, state: State, backend: StateBackend, options: SSHOptions,
     parallel: int, targets: tuple[str, ...], refresh_only: bool = False, documents: tuple[Path, ...] = (),
     hold_absent: str | None = None, replace: tuple[str, ...] = (), checkouts: dict[str, Checkout] | None = None,
@@ -511,7 +511,7 @@ def _apply_documents(
         finished = request.check(state, command, backend.location, stderr=events is not None)
         if finished is not None:
             return finished
-        result, failures = _plan_for(
+        result, failures = plan_for(
             loaded.desired, inventory, state, backend, options, parallel, targets, refresh_only, args,
             replace=replace, checkouts=pinner.checkouts, ahead=ahead, keep=kept,
         )  # fmt: skip
@@ -573,7 +573,7 @@ def destroy(
         if finished is not None:
             sys.exit(finished)
         keep = DesiredState()  # nothing is wanted: every (targeted) deployment in the state is deleted
-        result, failures = _plan_for(keep, inventory, state, backend, options, parallel, targets, ahead=ahead,
+        result, failures = plan_for(keep, inventory, state, backend, options, parallel, targets, ahead=ahead,
                                      keep=kept)  # fmt: skip
         result = for_destroy(result)
         events = JsonEvents() if as_json else None
