@@ -26,7 +26,6 @@ from engine_ctl.core.plan.changes import (
     ReplicaChange,
 )
 from engine_ctl.core.plan.decisions import internal_key_file
-from engine_ctl.core.plan.deploy import DIGEST_WAIT_S, fingerprint_script, parse_fingerprint
 from engine_ctl.core.plan.status import recorded_verdict, size_text
 from engine_ctl.core.record.model import (
     DeploymentRecord,
@@ -41,7 +40,7 @@ from engine_ctl.core.render.units import bind_address, local_address, member_nam
 from engine_ctl.core.weights import WeightsFetch, human, is_checkout, waiting_reason
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell.decisions import prove_ready
-from engine_ctl.shell.fetch import FetchFailed, FetchProgress, HubAccess, fetch_weights
+from engine_ctl.shell.fetch import FetchFailed, FetchProgress, HubAccess, fetch_weights, measure_checkpoint
 from engine_ctl.shell.gateway.apply import GatewayApply
 from engine_ctl.shell.gateway.runtime import GatewayFailure
 from engine_ctl.shell.scaler.apply import ScalerApply, ScalerFailure
@@ -800,8 +799,7 @@ class Executor:
                 continue
             path = model_path_on_host(model, self.hosts[host])
             with self._on(host) as t:
-                result = t[host].run(fingerprint_script(path), timeout=DIGEST_WAIT_S)
-            digest = parse_fingerprint(result.stdout) if result.exit_code == 0 else None
+                digest, result = measure_checkpoint(t[host], path)
             if digest is None:
                 said = (result.stderr or result.stdout).strip().splitlines()
                 raise StepFailed(f"the checkpoint digest of {name} could not be measured on {host} ({path})"

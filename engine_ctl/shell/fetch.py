@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from engine_ctl.core.documents.inventory import Downloads, Host
+from engine_ctl.core.plan.deploy import DIGEST_WAIT_S, fingerprint_script, parse_fingerprint
 from engine_ctl.core.weights import WeightsFetch
 from engine_ctl.shell.hub import DEFAULT_ENDPOINT, endpoint_from, token_from
-from engine_ctl.shell.transport import Transport
+from engine_ctl.shell.transport import CommandResult, Transport
 
 PYTHON = "python3"
 BOOTSTRAP = "import sys;n=int(sys.stdin.readline());exec(compile(sys.stdin.read(n),'fetch_weights','exec'))"
@@ -121,3 +122,10 @@ def fetch_weights(
         raise FetchFailed(f"the weights {where} could not be fetched: {outcome.get('reason')}")
     tail = f": {said[-1]}" if said else ""
     raise FetchFailed(f"the weights {where}: the fetch ended with exit status {code}{tail}")
+
+
+def measure_checkpoint(t: Transport, path: str) -> tuple[str | None, CommandResult]:
+    """A first start's fingerprint of the checkpoint at `path` on t's host (core.plan.deploy: its files read once,
+    at most DIGEST_WAIT_S): the digest, or None, with the command's result to say why."""
+    result = t.run(fingerprint_script(path), timeout=DIGEST_WAIT_S)
+    return (parse_fingerprint(result.stdout) if result.exit_code == 0 else None), result

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from engine_ctl.core.diagnostics import EXIT_STATUSES, InputError
 from engine_ctl.core.documents.inventory import Host, Inventory
-from engine_ctl.core.plan.deploy import DIGEST_WAIT_S, SAVED, fingerprint_script, is_saved, parse_fingerprint
+from engine_ctl.core.plan.deploy import SAVED, is_saved
 from engine_ctl.core.plan.gateway import backends_from_state, stopped_map
 from engine_ctl.core.plan.operator import STOP_WAIT_S, park_refusal, parking_phase, stop_phase
 from engine_ctl.core.plan.wake import parked, woken_at
@@ -34,6 +34,7 @@ from engine_ctl.core.render.gateway import (
 from engine_ctl.core.render.scalerlock import ScalerLock, scaler_lock
 from engine_ctl.core.render.units import model_path_on_host
 from engine_ctl.shell.apply import new_id
+from engine_ctl.shell.fetch import measure_checkpoint
 from engine_ctl.shell.gateway import runtime as remote
 from engine_ctl.shell.lifecycle.hosts import (
     OperatorFailure,
@@ -355,8 +356,7 @@ class Verbs:
                 return
             for host in sorted({r.host for r in rec.replicas if not r.checkpoint_digest}):
                 path = model_path_on_host(rec.model, self._host(host))
-                result = self._t(host).run(fingerprint_script(path), timeout=DIGEST_WAIT_S)
-                digest = parse_fingerprint(result.stdout) if result.exit_code == 0 else None
+                digest, result = measure_checkpoint(self._t(host), path)
                 if digest is None:
                     raise OperatorFailure(f"the checkpoint digest of {name} could not be measured on {host} ({path}): "
                                           f"{said(result)}; nothing was started")  # fmt: skip
