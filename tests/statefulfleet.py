@@ -211,7 +211,26 @@ class Project:
             decisions = json.loads(out).get("deployments", {}).get(name, {}).get("decisions", [])
         except ValueError:
             return "the scaler's state is unreadable"
-        return "; ".join(f"{d.get('action')}: {d.get('reason')}" for d in decisions[-last:]) or "no decision"
+        return "; ".join(f"{d.get('at')} {d.get('action')}: {d.get('reason')}" for d in decisions[-last:]) or (
+            "no decision"
+        )
+
+    def journal_since(self, name: str, since: float) -> str:
+        """For a report: what the scaler, the gateway and deployment `name`'s units logged since `since` (epoch s),
+        from every host, so that a late or failed wake shows where its time went."""
+        at = f"@{int(since) - 1}"
+        lines = []
+        units = "-u engine-ctl-scaler.service -u engine-ctl-gateway.service"
+        gw = self.fleet.ssh(self.gateway, f"journalctl --no-pager -o short-precise --since {at} {units} | tail -n 40",
+                            check=False)  # fmt: skip
+        lines.append(f"[{self.gateway.name}] {gw.stdout.strip()}")
+        for host in self.hosts:
+            out = self.fleet.ssh(host, f"journalctl --no-pager -o short-precise --since {at} "
+                                 f"-u 'engine-ctl-{name}-*' | grep -v 'slot \\|srv_\\|update_slots' | tail -n 15",
+                                 check=False)  # fmt: skip
+            if out.stdout.strip():
+                lines.append(f"[{host.name}] {out.stdout.strip()}")
+        return "\n".join(lines)
 
     def ask(self, model: str, timeout: float = HOLD_S + 40) -> tuple[int | None, str]:
         """One chat request through the gateway: its HTTP status and the start of its body."""
@@ -781,6 +800,8 @@ class Machine:
         409 deployment_stopped at once; a deleted one 404 model_not_found."""
         answers: dict[str, tuple[int | None, str, float]] = {}
 
+        asked_at = time.time()
+
         def ask(name: str) -> None:
             started = time.monotonic()
             code, body = self.p.ask(name)
@@ -796,7 +817,12 @@ class Machine:
             code, body, took = answers[dep.name]
             want = {None: 200, "stopped": 409, "deleted": 404}[dep.verb]
             if code != want:
-                said = f" (the scaler's last decisions: {self.p.scaler_said(dep.name)})" if code == 503 else ""
+                said = ""
+                if code == 503:
+                    said = (
+                        f" (asked at {time.strftime('%H:%M:%S', time.gmtime(asked_at))}Z; the scaler's last "
+                        f"decisions: {self.p.scaler_said(dep.name)})\n{self.p.journal_since(dep.name, asked_at)}"
+                    )
                 self.violate(
                     "every deployment the plan says serves answers through the gateway",
                     f"{dep.name} ({dep.verb or 'serving'}): {code} after {took:.1f} s: {short(body, 200)}{said}",

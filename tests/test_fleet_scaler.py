@@ -199,7 +199,13 @@ def test_a_gateway_restarted_while_it_sleeps_keeps_its_slot_in_maintenance(sp: S
         pid = sp.on_gateway("systemctl show -p MainPID --value engine-ctl-gateway.service").stdout.strip()
         return pid not in ("0", before) and "d_zero" in sp.on_gateway(admin("show stat"), check=False).stdout
 
-    sp.wait("the gateway restarted by systemd", restarted, 30)
+    try:
+        sp.wait("the gateway restarted by systemd", restarted, 30)
+    except AssertionError as exc:  # where the time went: the unit's states and what HAProxy and systemd said
+        said = sp.on_gateway(f"systemctl status --no-pager -n 0 engine-ctl-gateway.service; journalctl --no-pager "
+                             f"-o short-precise --since @{since} -u engine-ctl-gateway.service | tail -n 40; "
+                             "ps -eo pid,ppid,stat,etime,args | grep -i [h]aproxy", check=False)  # fmt: skip
+        raise AssertionError(f"{exc}\n{said.stdout}{said.stderr}") from None
     row = next(ln.split(",") for ln in sp.on_gateway(admin("show stat")).stdout.splitlines()
                if ln.startswith("d_zero,r0a,"))  # fmt: skip
     log = sp.on_gateway(f"journalctl -u engine-ctl-gateway.service --since @{since} --no-pager").stdout
