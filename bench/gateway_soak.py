@@ -16,8 +16,10 @@ both replicas UP. During each level a roll thread does, every --roll-every secon
 does to one replica, the two in turn, through the gateway's admin socket: `set server d_bench/rN state drain`,
 wait until its requests in flight (`show stat` scur) are 0, `state maint`, stop the llama-server (SIGTERM),
 start it again on the same port, wait for its /health, `state ready`, and wait until the gateway sees it UP.
-Each level also prints the rolls done, and the load average before and after it (the CPUs are shared by the
-clients, HAProxy and both engines).
+Each level also prints the gateway's retries (`show stat` wretr of the backend: connections it tried again, each a
+request that `retry-on conn-failure empty-response` kept from failing, such as one sent on a pooled connection the
+replica had just closed), the rolls done, and the load average before and after it (the CPUs are shared by the
+clients, HAProxy and both engines). --keep keeps the folder with HAProxy's request log and the replicas' logs.
 
 The target (issue 24): 0 failed requests at every level, also while a roll is under way. Exit status 1 when any
 request failed (or, with --local, a roll failed).
@@ -49,6 +51,7 @@ LOCAL_MODEL = "bench"
 LOCAL_KEY = "ak-soak-" + "0" * 40
 PARALLEL = 8
 """Each local replica's --parallel, and so its gateway server's maxconn (as engine-ctl renders it)."""
+HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 DRAIN_TIMEOUT_S = 120
 """As apply's drain (DRAIN_S): requests still in flight after this are cut by the stop."""
 
@@ -62,6 +65,9 @@ class Level:
     rolls: list[str] = field(default_factory=list)
     roll_seconds: list[float] = field(default_factory=list)
     roll_failures: list[str] = field(default_factory=list)
+    retries: int | None = None
+    """--local: requests the gateway sent again (`show stat` wretr of the backend): each one a request that would
+    have failed without `retry-on` (a pooled connection the replica had just closed)."""
     load_before: tuple[float, float, float] = (0.0, 0.0, 0.0)
     load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
@@ -76,6 +82,7 @@ class Level:
             "p50_ms": round(statistics.median(ordered) * 1000, 1) if ordered else None,
             "p99_ms": round(p99 * 1000, 1) if p99 is not None else None,
             "first_failures": self.failures[:5],
+            "gateway_retries": self.retries,
             "rolls": len(self.rolls),
             "roll_times": self.rolls,
             "roll_s_max": round(max(self.roll_seconds), 1) if self.roll_seconds else None,
@@ -103,6 +110,7 @@ def run_level(base: str, key: str, model: str, clients: int, seconds: float, loc
     began = time.monotonic()
     deadline = began + seconds
     level.load_before = os.getloadavg()
+    retried = local.retries() if local is not None else 0
 
     def loop(stream: bool) -> None:
         client = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=120)  # one pooled client each
@@ -133,6 +141,8 @@ def run_level(base: str, key: str, model: str, clients: int, seconds: float, loc
     if roller is not None:
         roller.join()  # a roll under way ends before the next level
     level.load_after = os.getloadavg()
+    if local is not None:
+        level.retries = local.retries() - retried
     return level
 
 
@@ -239,10 +249,10 @@ class Local:
         # with its allocator settings; its stdout (the request log, the journal in the unit) to a file
         shutil.copyfile(self.folder / START_STATE_FILE, self.folder / "server-state")
         config = str(self.folder / "haproxy.cfg")
-        subprocess.run(["haproxy", "-f", config, "-c", "-q"], check=True)
+        subprocess.run([HAPROXY, "-f", config, "-c", "-q"], check=True)
         log = (self.folder / "haproxy.log").open("ab")
         self.haproxy = subprocess.Popen(
-            ["haproxy", "-Ws", "-f", config, "-p", str(self.folder / "haproxy.pid"), "-S",
+            [HAPROXY, "-Ws", "-f", config, "-p", str(self.folder / "haproxy.pid"), "-S",
              str(self.folder / "master.sock")],
             env={**os.environ, **ALLOCATOR_ENV}, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -266,6 +276,16 @@ class Local:
                 return True
             time.sleep(0.2)
         return False
+
+    def retries(self) -> int:
+        """The backend's retries so far (`show stat`, its BACKEND row's wretr)."""
+        lines = admin(self.sock, "show stat").splitlines()
+        header = lines[0].lstrip("# ").split(",")
+        for line in lines[1:]:
+            row = dict(zip(header, line.split(","), strict=False))
+            if row.get("pxname") == self.backend and row.get("svname") == "BACKEND":
+                return int(row.get("wretr") or 0)
+        return 0
 
     def set_state(self, name: str, state: str) -> None:
         said = admin(self.sock, f"set server {self.backend}/{name} state {state}").strip()
@@ -349,7 +369,8 @@ def print_level(s: dict[str, object], local: bool) -> None:
             f"  failures {s['failures']:>4}  p50 {s['p50_ms']} ms  p99 {s['p99_ms']} ms")  # fmt: skip
     if local:
         loads = [" ".join(f"{x:.2f}" for x in s[k]) for k in ("load_before", "load_after")]  # type: ignore[attr-defined]
-        line += f"  rolls {s['rolls']} (longest {s['roll_s_max']} s)  load {loads[0]} -> {loads[1]}"
+        line += (f"  gateway retries {s['gateway_retries']}  rolls {s['rolls']} (longest {s['roll_s_max']} s)"
+                 f"  load {loads[0]} -> {loads[1]}")  # fmt: skip
     print(line, flush=True)
     for text in [*s["first_failures"], *s["roll_failures"]]:  # type: ignore[misc]
         print(f"      {text}", flush=True)
