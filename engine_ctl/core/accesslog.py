@@ -5,13 +5,17 @@ usage`). Pure."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
-NUMBERS = ("status", "bytes_in", "bytes_out", "queue_ms", "connect_ms", "ttfb_ms", "total_ms", "retries")
+NUMBERS = ("status", "bytes_in", "bytes_out", "queue_ms", "connect_ms", "ttfb_ms", "total_ms")
 TOKENS = ("prompt_tokens", "completion_tokens")
 """Quoted numbers (HAProxy writes "-" for a variable it has not: a stream, an answer past its buffer)."""
+UNQUOTED_REDISPATCH = re.compile(r'"retries":\+(\d{1,6})')
+"""Gateways rendered before the retries were quoted wrote a redispatched request's `"retries":+1`, which is not
+JSON: read as if quoted, so that none of their lines is dropped."""
 TEXTS = ("id", "gateway", "key", "deployment", "replica", "server", "method", "path", "term")
 
 
@@ -40,6 +44,10 @@ class RequestLine:
     total_ms: int = -1
     term: str | None = None
     retries: int = 0
+    """Connection retries to a replica (`retry-on conn-failure empty-response`: a pooled connection the engine
+    closed just as the request was sent on it, among them)."""
+    redispatched: bool = False
+    """The request was sent on to another replica after its first one failed (HAProxy's "+" before %rc)."""
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     """The answer's own `usage` counts (the engine's), for a whole JSON answer; None for a stream."""
@@ -53,7 +61,7 @@ def parse_request(text: str, hosts_by_address: Mapping[str, str] | None = None) 
     if not text.startswith('{"ts":'):
         return None
     try:
-        raw = json.loads(text)
+        raw = json.loads(UNQUOTED_REDISPATCH.sub(r'"retries":"+\1"', text, count=1))
     except ValueError:
         return None
     if not isinstance(raw, dict) or not isinstance(raw.get("ts"), int | float):
@@ -66,6 +74,11 @@ def parse_request(text: str, hosts_by_address: Mapping[str, str] | None = None) 
         value = raw.get(name)
         if isinstance(value, int) and not isinstance(value, bool):
             values[name] = value
+    retries = raw.get("retries")
+    if isinstance(retries, int) and not isinstance(retries, bool):
+        values["retries"] = retries
+    elif isinstance(retries, str) and retries.lstrip("+").isdigit() and len(retries) <= 6:
+        values["retries"], values["redispatched"] = int(retries.lstrip("+")), retries.startswith("+")
     for name in TOKENS:
         value = raw.get(name)
         if isinstance(value, str) and value.isdigit() and len(value) <= 12:

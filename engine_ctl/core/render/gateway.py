@@ -136,7 +136,7 @@ ACCESS_LOG_FIELDS = (
     ("ttfb_ms", "%Tr", False),
     ("total_ms", "%Ta", False),
     ("term", "%ts", True),
-    ("retries", "%rc", False),
+    ("retries", "%rc", True),
     ("prompt_tokens", "%[var(txn.ptok)]", True),
     ("completion_tokens", "%[var(txn.gtok)]", True),
 )
@@ -144,8 +144,9 @@ ACCESS_LOG_FIELDS = (
 here and escaped by the json converter). ts: the request's arrival, epoch seconds; key: the key's name (keys.map's
 value, never the key or its hash); replica: the server (r<index><slot>) and its address; status, bytes in and out
 (headers included); queue_ms, connect_ms, ttfb_ms (the replica's response headers), total_ms (HAProxy's %Ta, to
-the last byte); -1 for a step never reached; prompt_tokens and completion_tokens, the `usage` of a whole JSON answer
-(a number, quoted; "-" for a stream or an answer past the buffer). An absent value is "-". Read by
+the last byte); -1 for a step never reached; retries, the connection retries, quoted since HAProxy writes "+1" when
+it sent the request on to another replica (a redispatch); prompt_tokens and completion_tokens, the `usage` of a
+whole JSON answer (a number, quoted; "-" for a stream or an answer past the buffer). An absent value is "-". Read by
 engine_ctl.core.accesslog."""
 
 
