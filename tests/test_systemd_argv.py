@@ -73,13 +73,19 @@ def _run(argv: list[str], env: dict[str, str], log: Path) -> list[list[str]]:
 
 
 def test_reload_then_reloads_before_it_enables_and_starts(shims: tuple[dict[str, str], Path]) -> None:
+    """A start resets a failed unit first (a gateway that crashed in a loop is in systemd's start limit, where a
+    plain start fails at once); a reload does not."""
     env, log = shims
     calls = _run(systemd.reload_then("start", "engine-ctl-gateway.service", enable=True), env, log)
     assert calls == [
         ["systemctl", "daemon-reload"],
         ["systemctl", "enable", "engine-ctl-gateway.service"],
+        ["systemctl", "reset-failed", "engine-ctl-gateway.service"],
         ["systemctl", "start", "engine-ctl-gateway.service"],
     ]
+    log.write_text("")
+    calls = _run(systemd.reload_then("reload", "engine-ctl-gateway.service"), env, log)
+    assert calls == [["systemctl", "daemon-reload"], ["systemctl", "reload", "engine-ctl-gateway.service"]]
 
 
 def test_a_unit_name_with_shell_characters_stays_one_argument(shims: tuple[dict[str, str], Path]) -> None:

@@ -25,10 +25,18 @@ def daemon_reload() -> str:
 
 
 def reload_then(verb: str, unit: str, *, enable: bool = False) -> list[str]:
-    """Reload systemd, (enable and) then `verb` the unit: `start`, `reload` or `restart`."""
+    """Reload systemd, (enable and) then `verb` the unit: `start`, `reload` or `restart`. A start resets the unit
+    first when it failed: a unit that crashed in a loop (Restart=always) is in systemd's start limit, where a plain
+    start fails at once ("start request repeated too quickly")."""
     q = shlex.quote(unit)
     enabled = f"systemctl enable {q} && " if enable else ""
-    return ["sh", "-c", f"{daemon_reload()} && {enabled}systemctl {verb} {q}"]
+    reset = f"{{ systemctl reset-failed {q} 2>/dev/null; true; }} && " if verb in ("start", "restart") else ""
+    return ["sh", "-c", f"{daemon_reload()} && {enabled}{reset}systemctl {verb} {q}"]
+
+
+def last_words(unit: str, lines: int = 8) -> list[str]:
+    """The unit's last journal lines, its program's own words (for a start or reload that failed)."""
+    return ["journalctl", "--no-pager", "-o", "cat", "-n", str(lines), "-u", unit]
 
 
 def show(properties: Sequence[str], units: Sequence[str]) -> list[str]:

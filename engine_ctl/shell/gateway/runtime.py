@@ -30,7 +30,7 @@ from engine_ctl.core.render.gateway import (
     parse_gateway_key,
 )
 from engine_ctl.shell import shipped
-from engine_ctl.shell.systemd import UNIT_DIR, is_active, reload_then
+from engine_ctl.shell.systemd import UNIT_DIR, is_active, last_words, reload_then
 from engine_ctl.shell.transport import LocalTransport, SSHTransport, python_argv
 
 Transport = SSHTransport | LocalTransport
@@ -151,11 +151,21 @@ def set_state(t: Transport, backend: str, server: str, state: str, socket: str =
         raise GatewayFailure(f"set server {backend}/{server} state {state}: {answer}")
 
 
-def _ok(t: Transport, argv: list[str], what: str, timeout: float = 120) -> str:
+def _ok(t: Transport, argv: list[str], what: str, timeout: float = 120, unit: bool = False) -> str:
+    """Run argv; a failure is a GatewayFailure with its last line and, for the unit's start or reload (`unit`), the
+    unit's last journal lines: HAProxy's own words, or systemd's."""
     result = t.run(argv, timeout=timeout)
     if result.exit_code != 0:
         said = (result.stderr or result.stdout).strip().splitlines()
-        raise GatewayFailure(f"{what} failed (exit status {result.exit_code})" + (f": {said[-1]}" if said else ""))
+        words: list[str] = []
+        if unit:
+            journal = t.run(last_words(GATEWAY_UNIT), timeout=30)
+            words = [ln.strip() for ln in journal.stdout.splitlines() if ln.strip()] if journal.exit_code == 0 else []
+        raise GatewayFailure(
+            f"{what} failed (exit status {result.exit_code})"
+            + (f": {said[-1]}" if said else "")
+            + ("".join(f"\n    {GATEWAY_UNIT}: {ln}" for ln in words[-6:]))
+        )
     return result.stdout
 
 
@@ -264,11 +274,11 @@ def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> 
     active = t.run(is_active(GATEWAY_UNIT)).exit_code == 0
     reload_files = [n for n in rendered.files if n not in RUNTIME_MAPS]
     if not active:
-        _ok(t, reload_then("start", GATEWAY_UNIT, enable=True), "starting the gateway")
+        _ok(t, reload_then("start", GATEWAY_UNIT, enable=True), "starting the gateway", unit=True)
         return "started"
     if unit_changed or any(before.get(n) != s for n, s in rendered.file_sha256.items() if n in reload_files):
         save_server_state(t)
-        _ok(t, reload_then("reload", GATEWAY_UNIT), "reloading the gateway")
+        _ok(t, reload_then("reload", GATEWAY_UNIT), "reloading the gateway", unit=True)
         wait_reloaded(t)
         set_maps(t, rendered.maps)
         return "reloaded"
