@@ -260,8 +260,9 @@ def differences(model: Model, truth: Truth, good_sha: str, recorded_hosts: dict[
     if not gateways:
         found.append("no gateway is installed")
     found += [f"the gateway on {h} is {s}" for h, s in gateways.items() if s != "active"]
-    # a deleted deployment needs no scaler (engine-ctl removes it with the last deployment that scales)
-    scaling = any(d.zero and d.verb != "deleted" for d in model.deps.values())
+    # a deleted or stopped deployment needs no scaler: the gateway answers for it (404, 409), and apply leaves its
+    # replicas as they are until `start` (engine-ctl removes the scaler with the last deployment that scales)
+    scaling = any(d.zero and d.verb in (None, "parked") for d in model.deps.values())
     if scaling and not {"active", "restarting"} & set(truth.scaler.values()):
         found.append(f"the scaler is not running ({truth.scaler})")
     for dep in model.deps.values():

@@ -15,8 +15,9 @@ from engine_ctl.core.plan.changes import DeploymentChange, Plan
 from engine_ctl.core.plan.envelope import gpu_list
 from engine_ctl.core.plan.gateway import blind, gateway_after_apply, gateway_tampering
 from engine_ctl.core.plan.planner import make_plan
+from engine_ctl.core.plan.scaler import scaler_deployments
 from engine_ctl.core.plan.status import deployment_status, recorded_verdict
-from engine_ctl.core.record.model import GatewayRecord, ReplicaRecord, State
+from engine_ctl.core.record.model import GatewayRecord, OperatorAction, ReplicaRecord, State
 from engine_ctl.core.render.gateway import GATEWAY_UNIT
 from engine_ctl.core.render.scaler import SCALER_UNIT
 from tests.fleetfacts import cpu_host, h100x8
@@ -285,6 +286,33 @@ def test_a_scaler_that_does_not_run_is_a_change_apply_makes() -> None:
     back = plan(state, {**facts, "edge": facts["edge"].model_copy(update={"units": restarting})}, gateway=True,
                 chat=spec)  # fmt: skip
     assert back.scaler is not None and back.scaler.stopped == [] and not back.has_changes  # systemd brings it back
+
+
+def test_a_deployment_an_operator_stopped_or_deleted_needs_no_scaler_until_it_is_started() -> None:
+    """Issue 24's soak (seed 7, steps 168-194 and 244): `delete --stop` of every deployment, then `min: 0` in the
+    document of one. apply leaves a held deployment's replicas as they are and configures the scaler from what is
+    recorded (no slot on demand: no scaler), while the plan expected a scaler from the document: "The scaler to
+    start", exit 2, after every apply that exited 0. The plan now expects what apply leaves."""
+    _, facts = world(h100x8(), gateway=True)
+    always = "gpus: 1, replicas: {min: 1, max: 1}"
+    state, facts = gateway_applied(plan(State(), facts, gateway=True, chat=always), State(), facts)
+    assert plan(state, facts, gateway=True, chat=always).scaler is None
+    for verb in ("stopped", "deleted"):
+        held = state.model_copy(deep=True)
+        rec = held.deployments["chat"]
+        held.deployments["chat"] = rec.model_copy(update={"operator": OperatorAction(verb=verb, when="2026-12-04")})
+        zero = plan(held, facts, gateway=True, chat="gpus: 1, replicas: {min: 0, max: 2}")
+        hosts = {h.name: h for h in world(h100x8(), gateway=True)[0].hosts}
+        assert scaler_deployments(held, hosts) == []  # what apply's scaler step gives the scaler: nothing
+        assert zero.scaler is None, (verb, zero.scaler)
+        assert "scaler to start" not in plan_text(zero) and "# scaler on" not in plan_text(zero), plan_text(zero)
+    parked_state = state.model_copy(deep=True)  # parked: the scaler wakes it on a request, whatever the document
+    rec = parked_state.deployments["chat"]
+    parked_state.deployments["chat"] = rec.model_copy(
+        update={"operator": OperatorAction(verb="parked", when="2026-12-04", level=1)}
+    )
+    asleep = plan(parked_state, facts, gateway=True, chat="gpus: 1, replicas: {min: 0, max: 2}")
+    assert asleep.scaler is not None and asleep.scaler.deployments == ["chat"]
 
 
 def test_blind_drops_only_the_named_servers_maintenance_flag() -> None:

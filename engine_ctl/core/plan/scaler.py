@@ -176,7 +176,8 @@ def plan_scaler(
     for name, rec in state.deployments.items():
         specs.setdefault(name, rec.spec)
     asleep = {n for n, rec in state.deployments.items() if parked(rec) and specs.get(n) is not None}
-    names = sorted(n for n, spec in specs.items() if scales(spec) or n in asleep)
+    hosts = {h.name: h for h in inventory.hosts}
+    names = sorted(n for n, spec in specs.items() if n in asleep or (scales(spec) and configured(state, n, hosts)))
     if host is None or not names:
         return None
     runs_on = lock.hosts if lock is not None else (host.name,)
@@ -186,6 +187,18 @@ def plan_scaler(
     s = inventory.scaling
     return ScalerPlan(host=host.name, poll_s=s.poll_s, decide_every_s=s.decide_every_s, hold_s=inventory.gateway.hold_s,
                       deployments=names, running=running, lock=lock, stopped=stopped)  # fmt: skip
+
+
+def configured(state: State, name: str, hosts: Mapping[str, Host]) -> bool:
+    """Whether apply gives the scaler a deployment whose documents scale: always, unless an operator stopped or
+    deleted it. apply leaves such a deployment's replicas as they are (its start rolls the documents in), and the
+    scaler's configuration is made from what is recorded (scaler_deployments): the deployment is there only if a
+    recorded slot is on demand. The plan must expect the same scaler apply leaves running, or none."""
+    rec = state.deployments.get(name)
+    if rec is None or rec.operator is None:
+        return True
+    found = scaler_deployment(rec, hosts)
+    return found is not None and found.acts
 
 
 def scaler_runs(host_facts: Any) -> bool:
