@@ -938,4 +938,5 @@ def _plan_summary(doc: dict[str, Any] | None, run: Run) -> str:
     parts += [f"drift: {short(json.dumps(d), 200)}" for d in doc.get("drift", [])]
     parts += [f"gateway {g['host']} {g['action']} {'; '.join(g.get('reasons', []))}"[:200]
               for g in doc.get("gateways", []) if g.get("action") != ["no-op"]]  # fmt: skip
+    parts += [f"the scaler to start on {h}" for h in ((doc.get("scaler") or {}).get("stopped") or [])]
     return "; ".join(parts) or short(run.err, 300) or f"summary {doc.get('summary')}"
