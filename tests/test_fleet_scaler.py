@@ -122,8 +122,12 @@ class ScalerProject:
 
 
 def admin(command: str) -> str:
+    """Shell text: one command to the gateway's admin socket, its whole answer (read to the end: `show stat` comes
+    in several writes, and one recv() may hold only the frontends' rows)."""
     script = ("import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect('/run/engine-ctl-gateway/admin.sock'); "
-              "s.sendall(sys.argv[1].encode()+b'\\n'); print(s.recv(65536).decode())")  # fmt: skip
+              "s.sendall(sys.argv[1].encode()+b'\\n'); out=b''\n"
+              "while True:\n    c=s.recv(65536)\n    if not c: break\n    out+=c\n"
+              "print(out.decode())")  # fmt: skip
     return f"python3 -c \"{script}\" '{command}'"
 
 
