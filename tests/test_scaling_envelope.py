@@ -6,6 +6,8 @@ is in maintenance unless it runs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from engine_ctl.cli.views.plan import plan_text
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.documents.loader import load_documents
@@ -19,7 +21,8 @@ from engine_ctl.core.plan.scaler import scaler_deployments
 from engine_ctl.core.plan.status import deployment_status, recorded_verdict
 from engine_ctl.core.record.model import GatewayRecord, OperatorAction, ReplicaRecord, State
 from engine_ctl.core.render.gateway import GATEWAY_UNIT
-from engine_ctl.core.render.scaler import SCALER_UNIT
+from engine_ctl.core.render.scaler import SCALER_UNIT, deployments_digest, render_config
+from engine_ctl.shell.remote.facts_probe import scaler_config as probe_scaler_config
 from tests.fleetfacts import cpu_host, h100x8
 from tests.test_plan_core import SHAPE, applied
 
@@ -313,6 +316,32 @@ def test_a_deployment_an_operator_stopped_or_deleted_needs_no_scaler_until_it_is
     )
     asleep = plan(parked_state, facts, gateway=True, chat="gpus: 1, replicas: {min: 0, max: 2}")
     assert asleep.scaler is not None and asleep.scaler.deployments == ["chat"]
+
+
+def test_a_scaler_configured_with_other_deployments_than_recorded_is_a_change(tmp_path: Path) -> None:
+    """Issue 24's soak (seed 7, step 198): `start` of a deleted min-0 deployment, then an apply killed after it
+    installed and routed the replica but before its scaler step. The scaler ran, without the deployment: the plan
+    said No changes and every request 503 after the hold. The host's scaler.json is read (its deployments'
+    digest, by the facts probe) and compared with what the recorded deployments give."""
+    _, facts = world(h100x8(), gateway=True)
+    spec = "gpus: 1, replicas: {min: 0, max: 2}"
+    state, facts = gateway_applied(plan(State(), facts, gateway=True, chat=spec), State(), facts)
+    inv = world(h100x8(), gateway=True)[0]
+    recorded = scaler_deployments(state, {h.name: h for h in inv.hosts})
+    config = tmp_path / "scaler.json"
+    config.write_text(render_config(recorded))  # what apply writes; the probe reads it back
+    digest = probe_scaler_config(str(config))["deployments_sha256"]
+    assert digest == deployments_digest(recorded)
+    same = {**facts, "edge": facts["edge"].model_copy(update={"scaler_config_sha256": digest})}
+    again = plan(state, same, gateway=True, chat=spec)
+    assert again.scaler is not None and again.scaler.stale == [] and not again.has_changes
+    config.write_text(render_config([]))  # the scaler knows nothing of chat
+    other = {**facts, "edge": facts["edge"].model_copy(
+        update={"scaler_config_sha256": probe_scaler_config(str(config))["deployments_sha256"]})}  # fmt: skip
+    stale = plan(state, other, gateway=True, chat=spec)
+    assert stale.scaler is not None and stale.scaler.stale == ["edge"] and stale.has_changes
+    text = plan_text(stale)
+    assert "The scaler's configuration to rewrite on edge." in text and "apply rewrites its configuration" in text
 
 
 def test_blind_drops_only_the_named_servers_maintenance_flag() -> None:

@@ -207,6 +207,9 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         gateway_servers=dict((doc.get("gateway") or {}).get("servers") or {}),
         gateway_maps=(doc.get("gateway") or {}).get("maps"),
         scaler_state=doc["scaler"] if isinstance(doc.get("scaler"), dict) else None,
+        scaler_config_sha256=(doc.get("scaler_config") or {}).get("deployments_sha256")
+        if isinstance(doc.get("scaler_config"), dict)
+        else None,
         psql=doc.get("psql", ""),
         ip_filtering=doc.get("cgroup2"),
         warnings=tuple(warnings),

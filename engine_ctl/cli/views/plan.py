@@ -142,6 +142,8 @@ def summary_line(plan: Plan) -> str:
     line = f"{line} {replicas}" if replicas else line
     if plan.scaler is not None and plan.scaler.stopped:
         line += f" The scaler to start on {', '.join(plan.scaler.stopped)}."
+    if plan.scaler is not None and plan.scaler.stale:
+        line += f" The scaler's configuration to rewrite on {', '.join(plan.scaler.stale)}."
     return f"{line} Weights to prune: {prune_total(plan)}." if plan.prunes else line
 
 
@@ -284,6 +286,8 @@ def _scaler_lines(plan: Plan) -> list[tuple[str, str]]:
     out = [("", ""), ("bold", f"  # scaler on {where}: {', '.join(s.deployments)}")]
     out += [("", f"    {name}: {line}") for name, line in sorted(s.running.items())]
     out += [("change", f"    not running on {host}: apply starts it") for host in s.stopped]
+    out += [("change", f"    on {host} it runs with other deployments than those recorded: apply rewrites its "
+             "configuration and restarts it") for host in s.stale]  # fmt: skip
     return out
 
 

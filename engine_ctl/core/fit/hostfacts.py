@@ -147,6 +147,9 @@ class HostFacts(Fact):
     gateway_maps: dict[str, dict[str, str]] | None = None
     """The running gateway's key maps in memory (map name -> key -> value), None when it does not answer."""
     scaler_state: dict[str, Any] | None = None
+    scaler_config_sha256: str | None = None
+    """sha256 of the deployments in the scaler's scaler.json on this host (render.scaler.deployments_digest); None
+    where there is none or it was not read."""
     psql: str | None = ""
     """psql's path (the scaler's PostgreSQL lock needs it on a gateway host); None: not installed; "": not asked."""
     """The scaler's state.json, on the gateway host that runs it (engine_ctl.core.plan.scaler reads it)."""

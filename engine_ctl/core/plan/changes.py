@@ -330,7 +330,7 @@ class Plan(BaseModel):
         return (
             any(c.changed for c in self.changes)
             or any(g.changed for g in self.gateways)
-            or (self.scaler is not None and bool(self.scaler.stopped) and not self.refresh_only)
+            or (self.scaler is not None and bool(self.scaler.stopped or self.scaler.stale) and not self.refresh_only)
             or (self.refresh_only and bool(self.drift))
             or bool(self.prunes)
         )

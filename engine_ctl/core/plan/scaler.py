@@ -11,7 +11,14 @@ from pydantic import BaseModel, ConfigDict
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.plan.wake import Woken, parked, wake_steps
 from engine_ctl.core.record.model import DeploymentRecord, State
-from engine_ctl.core.render.scaler import SCALER_UNIT, ScalerDeployment, SlotInput, scaler_host, scaler_slot
+from engine_ctl.core.render.scaler import (
+    SCALER_UNIT,
+    ScalerDeployment,
+    SlotInput,
+    deployments_digest,
+    scaler_host,
+    scaler_slot,
+)
 from engine_ctl.core.render.scalerlock import ScalerLock, scaler_lock
 from engine_ctl.providers import PROVIDERS
 
@@ -159,6 +166,11 @@ class ScalerPlan(BaseModel):
     """Hosts it should run on where its unit does not run (never installed, stopped, failed): a change, apply
     starts it there. Without it a deployment at zero never wakes (issue 24's soak, seed 7, step 198: an apply
     killed before its scaler step left "No changes" and every request 503 after the hold)."""
+    stale: list[str] = []
+    """Hosts whose scaler runs with deployments other than the recorded ones give (scaler.json's, by digest): a
+    change, apply rewrites its configuration. Issue 24's soak (seed 7, step 198): `start` of a deleted min-0
+    deployment, then an apply killed before its scaler step: the replica was installed and routed, the scaler
+    knew nothing of it, the plan said No changes, and every request 503 after the hold."""
 
 
 def scales(spec: Any) -> bool:
@@ -184,9 +196,12 @@ def plan_scaler(
     views = scaler_views_of(facts[n] for n in runs_on if n in facts)
     running = {n: running_line(views[n], specs[n].replicas_min, specs[n].replicas_max) for n in names if n in views}
     stopped = [n for n in runs_on if n in facts and not scaler_runs(facts[n])]
+    expected = deployments_digest(scaler_deployments(state, hosts))
+    stale = [n for n in runs_on if n in facts and n not in stopped
+             and getattr(facts[n], "scaler_config_sha256", None) not in (None, expected)]  # fmt: skip
     s = inventory.scaling
     return ScalerPlan(host=host.name, poll_s=s.poll_s, decide_every_s=s.decide_every_s, hold_s=inventory.gateway.hold_s,
-                      deployments=names, running=running, lock=lock, stopped=stopped)  # fmt: skip
+                      deployments=names, running=running, lock=lock, stopped=stopped, stale=stale)  # fmt: skip
 
 
 def configured(state: State, name: str, hosts: Mapping[str, Host]) -> bool:

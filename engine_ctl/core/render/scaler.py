@@ -275,6 +275,13 @@ def with_lock(config: str, lock: ScalerLock, name: str, psql: str) -> str:
     return json.dumps(body, indent=1, sort_keys=True) + "\n"
 
 
+def deployments_digest(deployments: Iterable[ScalerDeployment]) -> str:
+    """sha256 of scaler.json's `deployments` as render_config writes them (the facts probe's scaler_config
+    computes it from the file the same way): a scaler configured from another record differs."""
+    body = [_deployment_json(d) for d in sorted(deployments, key=lambda d: d.name)]
+    return hashlib.sha256(json.dumps(json.loads(json.dumps(body)), sort_keys=True).encode()).hexdigest()
+
+
 def _deployment_json(d: ScalerDeployment) -> dict[str, object]:
     body = d.model_dump(mode="json")
     if body.get("parked") is None:  # only a parked deployment says so: the others' text is as before

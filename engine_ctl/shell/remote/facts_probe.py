@@ -9,6 +9,7 @@ Hosts may run an older Python than engine-ctl: this file keeps to Python 3.7's g
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -1021,6 +1022,24 @@ def scaler_state(path: str = SCALER_STATE) -> Any:
         return None
 
 
+SCALER_CONFIG = "/etc/engine-ctl/scaler/scaler.json"
+
+
+def scaler_config(path: str = SCALER_CONFIG) -> Any:
+    """What the scaler on this host was configured with: the sha256 of its deployments (scaler.json's
+    `deployments`, dumped as engine_ctl.core.render.scaler.deployments_digest dumps them), or None."""
+    text = read(path)
+    if not text or len(text) > 10000000:
+        return None
+    try:
+        deployments = json.loads(text).get("deployments")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(deployments, list):
+        return None
+    return {"deployments_sha256": hashlib.sha256(json.dumps(deployments, sort_keys=True).encode()).hexdigest()}
+
+
 def probe(args: dict[str, Any]) -> dict[str, Any]:
     """Every fact of this host. The tools that take time (engines' --version, GPU tools, haproxy -v) start first
     and run side by side while the files are read."""
@@ -1052,6 +1071,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "decisions": decisions(args.get("decisions", []), args.get("bind") or "127.0.0.1"),
         "gateway": gateway(),
         "scaler": scaler_state(),
+        "scaler_config": scaler_config(),
         "cgroup2": os.path.exists("/sys/fs/cgroup/cgroup.controllers"),
     }
     doc["gpus"] = {key: finish(proc) for key, proc in gpu_started.items()}
