@@ -321,7 +321,12 @@ def test_metrics_for_monitoring_hosts_only_and_a_real_prometheus_counts_every_re
         dashboard = json.loads((ROOT / "examples/monitoring/grafana-dashboard.json").read_text())
         for panel in dashboard["panels"]:
             for target in panel["targets"]:
-                answer = _query(base, target["expr"].replace("$__rate_interval", "1m"))
+                # rate() needs two samples of a series: one that appeared a scrape ago answers at the next scrape
+                deadline = time.monotonic() + 30
+                while not (answer := _query(base, target["expr"].replace("$__rate_interval", "1m"))):
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(1)
                 assert answer, f"{panel['title']}: {target['expr']} answers nothing"
     finally:
         os.killpg(prom.pid, signal.SIGTERM)
