@@ -279,7 +279,7 @@ def deployments_digest(deployments: Iterable[ScalerDeployment]) -> str:
     """sha256 of scaler.json's `deployments` as render_config writes them (the facts probe's scaler_config
     computes it from the file the same way): a scaler configured from another record differs."""
     body = [_deployment_json(d) for d in sorted(deployments, key=lambda d: d.name)]
-    return hashlib.sha256(json.dumps(json.loads(json.dumps(body)), sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def _deployment_json(d: ScalerDeployment) -> dict[str, object]:
