@@ -161,6 +161,25 @@ def test_a_restarted_scaler_keeps_its_decision_times(tmp_path: Path) -> None:
     assert not Path(path + ".new").exists()
 
 
+def test_the_last_stop_to_zero_says_scaled_to_zero_at_once_not_at_the_next_cycle(tmp_path: Path) -> None:
+    """status reads the scaler's state.json: between the stop of the last slot and the next cycle it must not say
+    Ready (status would then show no unit serving beside a scaler that says Ready, and call it Failed)."""
+    config = {"deployments": [dep(min=0)], "gateway_socket": str(tmp_path / "none.sock"), "decide_every_s": 120}
+    path = str(tmp_path / "state.json")
+    s = scaler.Scaler(config, path, lambda _m: None)
+    s.summarise(dep(min=0), obs(running=[0], ready=[0]))
+    assert s.mem("chat")["state"] == "Ready"
+    s.stopped(dep(min=0), slot(0))
+    s.save()
+    view = scaler_views(json.loads(Path(path).read_text()))["chat"]
+    assert view.state == "ScaledToZero" and view.running == [] and view.wanted == 0 and view.ready == 0
+    config = {"deployments": [dep(min=1)], "gateway_socket": "", "decide_every_s": 120}
+    kept = scaler.Scaler(config, str(tmp_path / "b"), lambda _m: None)
+    kept.summarise(dep(min=1), obs(running=[0, 1], ready=[0, 1]))
+    kept.stopped(dep(min=1), slot(1))
+    assert kept.mem("chat")["state"] == "Ready" and kept.mem("chat")["running"] == [0]
+
+
 def test_a_deployment_made_again_under_its_name_keeps_none_of_the_old_ones_decisions(tmp_path: Path) -> None:
     """The scaler's state outlives a deployment (destroy removes the scaler, not its state): one deleted and made
     again under the same name has a new ID, and the old one's decisions and times are not its."""

@@ -510,6 +510,32 @@ def start_state(backends: Iterable[GatewayBackend]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def state_across_reload(dumped: str, start: str) -> str:
+    """The server-state file a reloaded gateway loads: the running worker's `show servers state` (`dumped`) for each
+    server the new configuration keeps at the same address and port, and the DOWN line of `start` (start_state of
+    the new configuration) for every other one. HAProxy 2.6 takes a server's port from the state file over the
+    configuration's (the address too, where it resolves one): a slot named again at another port or host would
+    otherwise go on sending its requests to the old one, where another deployment's replica may listen (issue 24:
+    sb's requests were answered by sa's engine until sa was parked). A server gone from the configuration is
+    dropped; one new or moved enters once its health check passes, as at a fresh start."""
+    addr, port = STATE_COLUMNS.split().index("srv_addr"), STATE_COLUMNS.split().index("srv_port")
+    kept: dict[tuple[str, str], list[str]] = {}
+    for line in dumped.splitlines():
+        fields = line.split()
+        if len(fields) > port and not line.startswith("#"):
+            kept[(fields[1], fields[3])] = fields
+    out = []
+    for line in start.splitlines():
+        fields = line.split()
+        if len(fields) <= port or line.startswith("#"):
+            out.append(line)
+            continue
+        old = kept.get((fields[1], fields[3]))
+        same = old is not None and (old[addr], old[port]) == (fields[addr], fields[port])
+        out.append(" ".join(old) if same and old is not None else line)
+    return "\n".join(out) + "\n"
+
+
 # --- the internal key on engine hosts -----------------------------------------------------------------------------
 def internal_key_path(provider: Provider) -> str | None:
     """Where an engine host keeps this engine's form of the internal key (root-only): the file its unit loads as a

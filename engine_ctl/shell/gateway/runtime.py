@@ -25,9 +25,11 @@ from engine_ctl.core.render.gateway import (
     RUN_DIR_NAME,
     RUNTIME_MAPS,
     SERVER_STATE,
+    START_STATE_FILE,
     RenderedGateway,
     gateway_key_text,
     parse_gateway_key,
+    state_across_reload,
 )
 from engine_ctl.shell import shipped
 from engine_ctl.shell.systemd import UNIT_DIR, is_active, last_words, reload_then
@@ -277,7 +279,7 @@ def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> 
         _ok(t, reload_then("start", GATEWAY_UNIT, enable=True), "starting the gateway", unit=True)
         return "started"
     if unit_changed or any(before.get(n) != s for n, s in rendered.file_sha256.items() if n in reload_files):
-        save_server_state(t)
+        save_server_state(t, rendered.files[START_STATE_FILE])
         _ok(t, reload_then("reload", GATEWAY_UNIT), "reloading the gateway", unit=True)
         wait_reloaded(t)
         set_maps(t, rendered.maps)
@@ -286,11 +288,12 @@ def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> 
     return "maps"
 
 
-def save_server_state(t: Transport) -> None:
+def save_server_state(t: Transport, start: str) -> None:
     """Dump the servers' states where the next worker loads them from (server-state-file), so a reload does not
-    take servers out until their next check."""
+    take servers out until their next check; a server the new configuration (whose start state is `start`) moves
+    to another address or port starts DOWN there instead (state_across_reload)."""
     text = runtime(t, ["show servers state"])[0]
-    t.put(SERVER_STATE, text.encode(), 0o644)
+    t.put(SERVER_STATE, state_across_reload(text, start).encode(), 0o644)
 
 
 def wait_reloaded(t: Transport, timeout: float = 30) -> None:

@@ -999,6 +999,20 @@ class Scaler:
         if code != 0:
             raise RuntimeError("stop %s on %s: %s" % (slot["unit"], slot["host"], out.strip()[-300:]))
         self.log("%s: slot %d stopped" % (dep["name"], slot["index"]))
+        self.stopped(dep, slot)
+
+    def stopped(self, dep: Obj, slot: Obj) -> None:
+        """What the scaler says of a deployment follows its stop at once, not at the next cycle: status read between
+        the two would see no unit serving beside a scaler that still says Ready, and call it Failed."""
+        with self.lock:
+            mem = self.mem(dep["name"])
+            running = [i for i in mem.get("running", []) if i != slot["index"]]
+            mem["running"], mem["wanted"] = running, len(running)
+            mem["ready"] = min(int(mem.get("ready", 0)), len(running))
+            if not running and int(dep["min"]) == 0:
+                mem["state"] = "ScaledToZero"
+                idle = int(dep.get("idle_minutes") or 0)
+                mem["reason"] = mem.get("hold_reason") or "no request for %d min: it holds no GPU" % idle
 
     # --- a parked deployment, woken on a request (engine_ctl.core.plan.wake) -----------------------------------
     def parked_cycle(self, dep: Obj, held: int) -> None:

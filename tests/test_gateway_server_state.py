@@ -1,0 +1,122 @@
+"""A reload keeps each server's state (server-state-file) only where the server stays at its address and port.
+
+HAProxy 2.6 takes a server's port from the state file over its configuration's (the GitLab write-up of the same
+pathology: gitlab-com/gl-infra/reliability#12421). A slot named again at another port (a roll's new `b` slot, a
+deployment placed again) then went on sending its requests to the old port, where another deployment's engine
+answered them; once that one stopped, the gateway marked the server DOWN and clients got 503 (issue 24, soak seed 7
+step 150). Real HAProxy, stand-in replicas that say who they are."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from engine_ctl.core.documents.apikey import key_sha256
+from engine_ctl.core.documents.inventory import Host
+from engine_ctl.core.model import ApiKey
+from engine_ctl.core.render.gateway import (
+    START_STATE_FILE,
+    GatewayBackend,
+    GatewayServer,
+    render_gateway,
+    start_state,
+    state_across_reload,
+)
+from engine_ctl.shell.gateway.runtime import runtime, server_states
+from engine_ctl.shell.transport import LocalTransport
+from tests.test_gateway_loopback import HAPROXY, KEY_ALL, Replica, chat, free_port
+
+
+def _servers(text: str) -> dict[str, list[str]]:
+    return {f[3]: f for f in (ln.split() for ln in text.splitlines()) if len(f) > 18 and not f[0].startswith("#")}
+
+
+def test_a_server_moved_to_another_port_starts_down_there_and_the_others_keep_their_state() -> None:
+    def server(name: str, address: str, port: int) -> GatewayServer:
+        return GatewayServer(name=name, address=address, port=port, maxconn=4)
+
+    old = [GatewayBackend(deployment="sb", servers=(server("r0a", "10.0.0.1", 8000), server("r0b", "10.0.0.2", 8000),
+                                                     server("r1a", "10.0.0.3", 8000)))]  # fmt: skip
+    new = [GatewayBackend(deployment="sb", servers=(server("r0a", "10.0.0.1", 8000), server("r0b", "10.0.0.2", 8001),
+                                                     server("r2a", "10.0.0.4", 8000)))]  # fmt: skip
+    dumped = start_state(old).replace(" 0 0 1 1 0 8 2 0 6 ", " 2 0 1 1 40 15 3 4 6 ")  # every server UP, as dumped
+    kept = _servers(state_across_reload(dumped, start_state(new)))
+    assert sorted(kept) == ["r0a", "r0b", "r2a"]  # r1a is gone from the configuration
+    assert kept["r0a"][5] == "2" and kept["r0a"][18] == "8000"  # same address and port: its UP state carried over
+    assert kept["r0b"][5] == "0" and kept["r0b"][18] == "8001"  # moved: DOWN at the new port until its check passes
+    assert kept["r2a"][5] == "0" and kept["r2a"][4] == "10.0.0.4"
+    assert state_across_reload(dumped, start_state(new)).startswith("1\n# be_id ")
+
+
+def _start(tmp: Path, rendered_files: dict[str, str], state: str) -> subprocess.Popen[bytes]:
+    for name, text in rendered_files.items():
+        (tmp / name).write_text(text)
+    (tmp / "server-state").write_text(state)
+    (tmp / "admin.sock").unlink(missing_ok=True)
+    return subprocess.Popen([HAPROXY, "-f", str(tmp / "haproxy.cfg")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+def _wait_up(t: LocalTransport, tmp: Path, server: str) -> None:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        states = server_states(t, str(tmp / "admin.sock")) if (tmp / "admin.sock").exists() else {}
+        if (s := states.get(("d_sb", server))) is not None and s.status == "UP":
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{server} never came UP")
+
+
+def _answered_by(port: int) -> set[str]:
+    said = set()
+    for _ in range(4):
+        body = json.dumps(chat("sb")).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+                                     headers={"Authorization": f"Bearer {KEY_ALL}"})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=30) as r:
+            said.add(json.loads(r.read())["replica"])
+    return said
+
+
+def test_after_a_reload_the_moved_slot_gets_the_requests_not_the_engine_at_its_old_port(tmp_path: Path) -> None:
+    sa_port, sb_port = free_port(), free_port()
+    sa, sb = Replica("sa's engine", sa_port), Replica("sb's engine", sb_port)
+    host = Host(name="edge", address="127.0.0.1", gateway_port=free_port(), transport="local")
+    keys = [ApiKey(name="all", sha256=key_sha256(KEY_ALL))]
+
+    def rendered(port: int) -> dict[str, str]:
+        r0b = GatewayServer(name="r0b", address="127.0.0.1", port=port, maxconn=4)
+        backend = GatewayBackend(deployment="sb", servers=(r0b,))
+        return dict(render_gateway(host, [backend], keys, internal_key=False, hold_s=3, run_dir=str(tmp_path)).files)
+
+    t = LocalTransport(host)
+    admin = str(tmp_path / "admin.sock")
+    before = rendered(sa_port)  # r0b once pointed where sa's engine listens now
+    proc = _start(tmp_path, before, before[START_STATE_FILE])
+    try:
+        _wait_up(t, tmp_path, "r0b")
+        dumped = runtime(t, ["show servers state"], admin)[0]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    after = rendered(sb_port)
+    try:
+        # HAProxy itself, given the plain dump: the configuration says sb's port, the requests go to sa's engine
+        proc = _start(tmp_path, after, dumped)
+        _wait_up(t, tmp_path, "r0b")
+        assert _answered_by(host.gateway_port) == {"sa's engine"}
+        proc.terminate()
+        proc.wait(timeout=10)
+        # what a reload loads: the moved server at its new port
+        proc = _start(tmp_path, after, state_across_reload(dumped, after[START_STATE_FILE]))
+        _wait_up(t, tmp_path, "r0b")
+        assert _answered_by(host.gateway_port) == {"sb's engine"}
+        assert _servers(runtime(t, ["show servers state"], admin)[0])["r0b"][18] == str(sb_port)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        sa.shutdown(), sb.shutdown()
+        sa.server_close(), sb.server_close()
