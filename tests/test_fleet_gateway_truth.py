@@ -174,6 +174,34 @@ def test_a_key_only_in_the_running_gateway_is_drift_and_apply_removes_it(truth: 
     assert again.returncode == 0, again.stdout + again.stderr
 
 
+def test_a_server_the_running_gateway_sends_elsewhere_is_drift_and_apply_reloads_it(truth: Truth) -> None:
+    """HAProxy keeps a server's address from its state file over its configuration's: the file on disk is right,
+    the process sends the requests elsewhere (to another deployment's engine). Issue 24, soak seed 7 step 150."""
+    state = json.loads((truth.path / "engine-ctl.state.json").read_text())["deployments"]
+    (tb,), tk = state["tb"]["replicas"], state["tk"]["replicas"][0]
+    hosts = {h.name: h.address for h in truth.fleet.hosts}
+    server = f"d_tb/r{tb['index']}{tb['slot']}"
+    truth.stats_socket(f"set server {server} addr {hosts[tk['host']]} port {tk['port']}")
+    assert truth.ask("tb", KEY_ALL)[0] == 200  # answered, by tk's engine: nothing a client could tell
+    plan = truth.cli("plan", "--detailed-exitcode")
+    said = plan.stdout + plan.stderr
+    assert plan.returncode == 2, said
+    assert f"sends {server}'s requests to {hosts[tk['host']]}:{tk['port']}, not to " \
+           f"{hosts[tb['host']]}:{tb['port']}" in said, said  # fmt: skip
+    applied = truth.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    stat = truth.fleet.ssh(truth.gateway, f"echo 'show stat' | python3 -c \"import socket,sys; s=socket.socket("
+                           f"socket.AF_UNIX); s.connect('{SOCKET}'); s.sendall(b'show stat\\n'); "
+                           "sys.stdout.write(s.makefile().read())\"").stdout  # fmt: skip
+    header = stat.splitlines()[0].lstrip("# ").split(",")
+    rows = [dict(zip(header, line.split(","), strict=False)) for line in stat.splitlines()[1:]]
+    (row,) = [r for r in rows if f"{r.get('pxname')}/{r.get('svname')}" == server]
+    assert row["addr"] == f"{hosts[tb['host']]}:{tb['port']}", row
+    assert truth.ask("tb", KEY_ALL)[0] == 200
+    again = truth.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
 def killed_in_the_roll(truth: Truth, needle: str = "no room for a surge", nth: int = 2) -> str:
     """apply, killed with SIGKILL right after its `nth` line that says `needle`; what it printed."""
     proc = subprocess.Popen(truth.argv("apply", "--auto-approve"), stdout=subprocess.PIPE,

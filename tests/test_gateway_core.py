@@ -212,6 +212,25 @@ def test_a_hand_edit_is_drift_and_a_roll_plans_the_interim_servers() -> None:
     assert "server r0b" not in g.files["haproxy.cfg"] or "server r0a" not in g.files["haproxy.cfg"]
 
 
+def test_a_server_the_running_gateway_sends_to_another_port_is_drift_not_no_changes() -> None:
+    """The gateway's file is right, its process is not (HAProxy kept a state file's port across a reload)."""
+    inv, facts = world()
+    state, after = applied(make_plan(desired(), State(), inv, facts, SHAPE), facts)
+    port = state.deployments["chat"].replicas[0].port
+    right = dict(after)
+    right["edge"] = after["edge"].model_copy(update={"gateway_addresses": {"d_chat/r0a": f"10.0.0.5:{port}",
+                                                                           "d_chat/held": ""}})  # fmt: skip
+    assert not make_plan(desired(), state, inv, right, SHAPE).has_changes
+    wrong = dict(after)
+    wrong["edge"] = after["edge"].model_copy(update={"gateway_addresses": {"d_chat/r0a": f"10.0.0.5:{port + 1}"}})
+    plan = make_plan(desired(), state, inv, wrong, SHAPE)
+    assert [d.detail for d in plan.drift] == [
+        f"the gateway on edge sends d_chat/r0a's requests to 10.0.0.5:{port + 1}, not to 10.0.0.5:{port} as its "
+        "configuration says: apply reloads it"
+    ]
+    assert plan.gateways[0].action == ["update"] and plan.has_changes
+
+
 def test_a_gateway_host_leaving_the_inventory_is_removed() -> None:
     inv, facts = world()
     state, after = applied(make_plan(desired(), State(), inv, facts, SHAPE), facts)

@@ -21,6 +21,7 @@ from engine_ctl.core.render.gateway import (
     START_STATE_FILE,
     GatewayBackend,
     GatewayServer,
+    misrouted,
     render_gateway,
     start_state,
     state_across_reload,
@@ -108,6 +109,9 @@ def test_after_a_reload_the_moved_slot_gets_the_requests_not_the_engine_at_its_o
         proc = _start(tmp_path, after, dumped)
         _wait_up(t, tmp_path, "r0b")
         assert _answered_by(host.gateway_port) == {"sa's engine"}
+        live = {f"{b}/{n}": st.address for (b, n), st in server_states(t, admin).items()}
+        wrong = misrouted(after["haproxy.cfg"], live)  # what plan reports as drift, and apply reloads for
+        assert wrong["d_sb/r0b"] == (f"127.0.0.1:{sa_port}", f"127.0.0.1:{sb_port}"), wrong
         proc.terminate()
         proc.wait(timeout=10)
         # what a reload loads: the moved server at its new port
@@ -115,6 +119,8 @@ def test_after_a_reload_the_moved_slot_gets_the_requests_not_the_engine_at_its_o
         _wait_up(t, tmp_path, "r0b")
         assert _answered_by(host.gateway_port) == {"sb's engine"}
         assert _servers(runtime(t, ["show servers state"], admin)[0])["r0b"][18] == str(sb_port)
+        live = {f"{b}/{n}": st.address for (b, n), st in server_states(t, admin).items()}
+        assert live["d_sb/r0b"] == f"127.0.0.1:{sb_port}" and misrouted(after["haproxy.cfg"], live) == {}
     finally:
         proc.terminate()
         proc.wait(timeout=10)

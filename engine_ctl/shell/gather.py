@@ -205,6 +205,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         haproxy_version=doc.get("haproxy"),
         gateway_files=(doc.get("gateway") or {}).get("files") if doc.get("gateway") else None,
         gateway_servers=dict((doc.get("gateway") or {}).get("servers") or {}),
+        gateway_addresses=dict((doc.get("gateway") or {}).get("addresses") or {}),
         gateway_maps=(doc.get("gateway") or {}).get("maps"),
         scaler_state=doc["scaler"] if isinstance(doc.get("scaler"), dict) else None,
         scaler_config_sha256=(doc.get("scaler_config") or {}).get("deployments_sha256")

@@ -144,6 +144,8 @@ class HostFacts(Fact):
     """engine-ctl's gateway files on the host (name -> sha256), None where there are none."""
     gateway_servers: dict[str, str] = Field(default_factory=dict)
     """backend/server -> its state as the host's gateway sees it (UP, DOWN, DRAIN, MAINT, ...)."""
+    gateway_addresses: dict[str, str] = Field(default_factory=dict)
+    """backend/server -> address:port the host's gateway sends its requests to now (`show stat`'s addr)."""
     gateway_maps: dict[str, dict[str, str]] | None = None
     """The running gateway's key maps in memory (map name -> key -> value), None when it does not answer."""
     scaler_state: dict[str, Any] | None = None

@@ -214,11 +214,12 @@ class Drift(BaseModel):
     deployment: str | None = None
     kind: Literal[
         "edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged", "weights-changed", "engine-changed",
-        "start-failed", "interrupted",
+        "start-failed", "interrupted", "misrouted",
     ]  # fmt: skip
     """start-failed: an on-demand slot whose last start failed (systemd's start limit): no start runs until reset.
     interrupted: a gateway's files as an apply cut off (a kill) left them mid-install: engine-ctl's own, not a
-    person's edit."""
+    person's edit. misrouted: the running gateway sends a server's requests elsewhere than its configuration says
+    (an address HAProxy kept from its state file): a reload puts it right."""
     detail: str
     diff: list[str] = Field(default_factory=list)
     """A hand-edited unit: the unified diff from the file on the host to engine-ctl's (secret values hidden)."""

@@ -32,6 +32,7 @@ from engine_ctl.core.render.gateway import (
     backend_name,
     created_of,
     internal_sources,
+    misrouted,
     render_gateway,
     server_name,
     wake_addresses_for,
@@ -281,6 +282,7 @@ def plan_gateways(
             continue
         found = _drift(host.name, record.files_sha256, record.unit_sha256, hf, record.installing)
         found += runtime_drift(host.name, final.maps, hf)
+        found += address_drift(host.name, record.config, hf)
         drift.extend(found)
         # on-demand servers as the recorded configuration had them: whether the scaler runs them is not a change
         was = render_for(host, as_recorded(after, record.config), sizing, keys, hosts, inventory.gateway, stopped,
@@ -355,6 +357,17 @@ def runtime_drift(host: str, wanted: Mapping[str, Mapping[str, str]], hf: HostFa
             details = map_differences(name, now, wanted.get(name) or {}, host)
             out += [{"host": host, "kind": "edited", "detail": d} for d in details]
     return out
+
+
+def address_drift(host: str, config: str, hf: HostFacts | None) -> list[dict[str, str]]:
+    """Where the running gateway sends a server's requests elsewhere than its configuration says (an address
+    HAProxy kept from its state file across a reload): drift that apply removes with a reload."""
+    running = hf.gateway_addresses if hf is not None else {}
+    return [
+        {"host": host, "kind": "misrouted", "detail": f"the gateway on {host} sends {server}'s requests to {live}, "
+         f"not to {wanted} as its configuration says: apply reloads it"}
+        for server, (live, wanted) in sorted(misrouted(config, running).items())
+    ]  # fmt: skip
 
 
 def _said(text: str) -> str:

@@ -536,6 +536,35 @@ def state_across_reload(dumped: str, start: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def server_addresses(config: str) -> dict[str, str]:
+    """ "backend/server" -> "address:port" of each server line of a haproxy.cfg that names one (not a unix socket)."""
+    out, backend = {}, ""
+    for line in config.splitlines():
+        words = line.split()
+        if words[:1] == ["backend"] and len(words) > 1:
+            backend = words[1]
+        elif words[:1] == ["server"] and len(words) > 2 and ":" in words[2] and not words[2].startswith("unix@"):
+            out[f"{backend}/{words[1]}"] = words[2]
+    return out
+
+
+def misrouted(config: str, running: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """ "backend/server" -> (where the running gateway sends its requests, where `config` says) for each server whose
+    live address is not its configuration's: HAProxy keeps a state file's address over the configuration's, so a
+    file can be right while the process is not. `running`: `show stat`'s addr column."""
+    out = {}
+    for server, wanted in server_addresses(config).items():
+        live = running.get(server)
+        if live and _endpoint(live) != _endpoint(wanted):
+            out[server] = (live, wanted)
+    return out
+
+
+def _endpoint(address: str) -> tuple[str, str]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), port
+
+
 # --- the internal key on engine hosts -----------------------------------------------------------------------------
 def internal_key_path(provider: Provider) -> str | None:
     """Where an engine host keeps this engine's form of the internal key (root-only): the file its unit loads as a

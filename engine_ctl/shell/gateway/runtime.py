@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from engine_ctl.core.render.gateway import (
     ADMIN_SOCKET,
+    CONFIG_FILE,
     GATEWAY_DIR,
     GATEWAY_KEY,
     GATEWAY_UNIT,
@@ -28,6 +29,7 @@ from engine_ctl.core.render.gateway import (
     START_STATE_FILE,
     RenderedGateway,
     gateway_key_text,
+    misrouted,
     parse_gateway_key,
     state_across_reload,
 )
@@ -47,6 +49,8 @@ class ServerState:
     status: str
     """HAProxy's: UP, DOWN, DRAIN, MAINT, "UP 1/3" (going down), "DOWN 1/2" (going up), no check."""
     in_flight: int
+    address: str = ""
+    """Where it sends requests now (`show stat`'s addr): the configuration's, unless a state file kept another."""
 
 
 RESTART_WAIT_S = 30
@@ -87,7 +91,9 @@ def parse_stat(csv_text: str) -> dict[tuple[str, str], ServerState]:
         row = dict(zip(header, line.split(","), strict=False))
         if row.get("svname") in ("FRONTEND", "BACKEND", None):
             continue
-        out[(row["pxname"], row["svname"])] = ServerState(row.get("status", ""), int(row.get("scur") or 0))
+        out[(row["pxname"], row["svname"])] = ServerState(
+            row.get("status", ""), int(row.get("scur") or 0), row.get("addr", "")
+        )
     return out
 
 
@@ -278,7 +284,8 @@ def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> 
     if not active:
         _ok(t, reload_then("start", GATEWAY_UNIT, enable=True), "starting the gateway", unit=True)
         return "started"
-    if unit_changed or any(before.get(n) != s for n, s in rendered.file_sha256.items() if n in reload_files):
+    changed = unit_changed or any(before.get(n) != s for n, s in rendered.file_sha256.items() if n in reload_files)
+    if changed or misrouted(rendered.files[CONFIG_FILE], live_addresses(t)):
         save_server_state(t, rendered.files[START_STATE_FILE])
         _ok(t, reload_then("reload", GATEWAY_UNIT), "reloading the gateway", unit=True)
         wait_reloaded(t)
@@ -286,6 +293,14 @@ def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> 
         return "reloaded"
     set_maps(t, rendered.maps)
     return "maps"
+
+
+def live_addresses(t: Transport, socket: str = ADMIN_SOCKET) -> dict[str, str]:
+    """ "backend/server" -> where the running gateway sends its requests ({} when it does not answer)."""
+    try:
+        return {f"{b}/{s}": state.address for (b, s), state in server_states(t, socket).items()}
+    except GatewayFailure:
+        return {}
 
 
 def save_server_state(t: Transport, start: str) -> None:

@@ -921,15 +921,16 @@ GATEWAY_DIR = "/etc/engine-ctl/gateway"
 GATEWAY_SOCKET = "/run/engine-ctl-gateway/admin.sock"
 
 
-def parse_show_stat(data: str) -> dict[str, str]:
-    """HAProxy's `show stat` CSV -> {"backend/server": status} (frontends and backends' own rows left out)."""
+def parse_show_stat(data: str, column: str = "status") -> dict[str, str]:
+    """HAProxy's `show stat` CSV -> {"backend/server": its `column`} (frontends and backends' own rows left out):
+    its state (status), or where it sends requests now (addr)."""
     lines = data.splitlines()
     header = lines[0].lstrip("# ").split(",") if lines else []
     servers = {}
     for line in lines[1:]:
         row = dict(zip(header, line.split(",")))  # noqa: B905 (the probe keeps to Python 3.7: no strict=)
         if row.get("svname") not in (None, "FRONTEND", "BACKEND") and "pxname" in row:
-            servers[row["pxname"] + "/" + row["svname"]] = row.get("status", "")
+            servers[row["pxname"] + "/" + row["svname"]] = row.get(column, "")
     return servers
 
 
@@ -939,11 +940,6 @@ def gateway_ask(command: str, path: str = GATEWAY_SOCKET) -> str | None:
         return haproxy_ask(path, command, 3)
     except OSError:
         return None
-
-
-def gateway_servers(path: str = GATEWAY_SOCKET) -> dict[str, str]:
-    """Each server's state as HAProxy sees it, over its runtime socket; {} when it does not answer."""
-    return parse_show_stat(gateway_ask("show stat", path) or "")
 
 
 RUNTIME_MAPS = ("keys.map", "expires.map", "scopes.map", "limits.map", "stopped.map")
@@ -989,7 +985,9 @@ def gateway(directory: str = GATEWAY_DIR) -> dict[str, Any] | None:
                     files[entry] = hashlib.sha256(f.read()).hexdigest()
     except OSError:
         return None
-    return {"files": files, "servers": gateway_servers(), "maps": gateway_maps()}
+    stat = gateway_ask("show stat") or ""
+    return {"files": files, "servers": parse_show_stat(stat), "addresses": parse_show_stat(stat, "addr"),
+            "maps": gateway_maps()}  # fmt: skip
 
 
 # The probe ------------------------------------------------------------------------------------------------------
