@@ -474,6 +474,13 @@ class Provider:
         """Member `rank`'s environment (0 is the head): the single-machine one plus the runtime's."""
         return self.environment(run)
 
+    def worker_executables(self, executable: str) -> dict[str, dict[str, object]]:
+        """The binaries a group's workers run, other than the engine's own `executable` (llama.cpp: the
+        rpc-server beside llama-server), each with how the facts probe reads its version ({}: it has no version
+        flag; only its sha256 is read). The facts report each one's sha256, so that a worker's binary changed under
+        a running group is drift of the replica, as the head's is (drift.replica_drift)."""
+        return {}
+
     def environment(self, run: Run) -> dict[str, str]:
         return {}
 

@@ -119,6 +119,11 @@ RPC_SERVER = "ggml-rpc-server"
 """llama.cpp's RPC worker (tools/rpc; named rpc-server before), built beside llama-server with -DGGML_RPC=ON."""
 
 
+def rpc_server_beside(executable: str) -> str:
+    """The rpc-server of the build whose llama-server is `executable` (the same build: its directory)."""
+    return posixpath.join(posixpath.dirname(executable), RPC_SERVER)
+
+
 def _url_host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
@@ -190,11 +195,14 @@ class LlamaCpp(Provider):
     def group_worker_argv(self, run: Run, group: Group, rank: int) -> list[str]:
         """rpc-server beside the head's llama-server (the same build: its directory), listening on the member's
         own address and runtime port only (the unit's IPAddressAllow= admits the group's hosts)."""
-        executable = posixpath.join(posixpath.dirname(run.executable), RPC_SERVER)
-        argv = [executable, "--host", group.addresses[rank], "--port", str(group.ports[rank])]
+        argv = [rpc_server_beside(run.executable), "--host", group.addresses[rank], "--port", str(group.ports[rank])]
         if run.threads:
             argv += ["--threads", str(run.threads)]
         return argv
+
+    def worker_executables(self, executable: str) -> dict[str, dict[str, object]]:
+        # ggml-rpc-server has no version flag: `--version` is "error: unknown argument" (build 11434): sha256 only
+        return {rpc_server_beside(executable): {}}
 
     def api_key_argv(self, key_file: str) -> list[str]:
         # llama-server answers /health without the key and refuses everything else (401) without it; its key file

@@ -21,7 +21,7 @@ from engine_ctl.core.record.model import ReplicaRecord
 from engine_ctl.shell.gather import gather_one
 from engine_ctl.shell.transport import LocalTransport
 from tests.helpers import write
-from tests.llama import llama_server_dir
+from tests.llama import llama_rpc_dir, llama_server_dir
 
 RECORDINGS = Path(__file__).parent / "recordings"
 LLAMA, VLLM, SGLANG = PROVIDERS["llama.cpp"], PROVIDERS["vllm"], PROVIDERS["sglang"]
@@ -177,6 +177,27 @@ def test_the_facts_report_each_builds_version_and_binary_sha256(tmp_path: Path) 
     assert found["cuda"].sha256 == hashlib.sha256(copy.read_bytes()).hexdigest() != found["cpu"].sha256
     assert "0.6.0-dev" in (found["cpu"].version or "") and "0.6.0-dev" in (found["cuda"].version or "")
     assert os.access(copy, os.X_OK)
+
+
+def test_the_facts_report_the_sha256_of_the_rpc_server_a_group_worker_runs_beside_each_build() -> None:
+    """The real probe, on this machine, with the real RPC build (llama.cpp's -DGGML_RPC=ON): ggml-rpc-server
+    beside each llama-server the inventory names is hashed (never started: it has no version flag), so that a
+    worker's binary changed under a replica group is drift (tests/test_multinode.py)."""
+    from engine_ctl.core.plan.engines import engine_at
+    from engine_ctl.shell.gather import worker_binaries
+
+    rpc = llama_rpc_dir() / "bin"
+    host = Host(name="here", address="127.0.0.1", transport="local",
+                engine_builds={"llama.cpp": {"cpu": str(rpc / "llama-server")}})  # fmt: skip
+    server = str(rpc / "ggml-rpc-server")
+    assert worker_binaries(host) == {server: {"candidates": [server], "probe": {}}}
+    assert worker_binaries(Host(name="x", address="x")) == {
+        "/usr/local/bin/ggml-rpc-server": {"candidates": ["/usr/local/bin/ggml-rpc-server"], "probe": {}}
+    }
+    facts = gather_one(LocalTransport(host))
+    found = engine_at(facts, server)
+    assert found is not None and found.path == server and found.version is None
+    assert found.sha256 == hashlib.sha256((rpc / "ggml-rpc-server").read_bytes()).hexdigest()
 
 
 def test_a_mac_with_apple_silicon_runs_the_metal_build_the_inventory_names() -> None:

@@ -4,12 +4,15 @@ it as one replica with its members, and drift and status that name a member. No 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from engine_ctl.providers import LLAMACPP, PROVIDERS
 
 from engine_ctl.cli.views.plan import plan_text
 from engine_ctl.core.documents.inventory import Host, Inventory
-from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
+from engine_ctl.core.fit.hostfacts import EngineInstall, HostFacts, UnitFact
+from engine_ctl.core.plan.engines import with_engines
 from engine_ctl.core.plan.planner import Plan, make_plan
 from engine_ctl.core.plan.savedplan import decode_plan, tampering
 from engine_ctl.core.plan.status import deployment_status
@@ -165,7 +168,8 @@ def _applied(plan: Plan, facts: dict[str, HostFacts]) -> tuple[State, dict[str, 
         for r in c.replicas:
             assert r.placement is not None
             members = [MemberRecord(rank=m.rank, host=m.host, unit=m.unit, port=m.port, unit_sha256=m.unit_sha256,
-                                    argv=m.argv) for m in r.members]  # fmt: skip
+                                    argv=m.argv, engine_version=m.engine_version, engine_sha256=m.engine_sha256)
+                       for m in r.members]  # fmt: skip
             rec.replicas.append(ReplicaRecord(
                 index=r.index, slot=r.slot, host=r.host, unit=r.unit, port=r.port, unit_sha256=r.unit_sha256 or "",
                 revision=r.revision, argv=r.argv, status="serving", group_port=r.placement.group_port,
@@ -236,6 +240,64 @@ def test_destroying_a_group_removes_its_members_with_the_head() -> None:
     (rc,) = plan.changes[0].replicas
     assert rc.action == ["delete"] and [m.unit for m in rc.old_members] == ["engine-ctl-chat-0a-w1.service"]
     assert "- group member 1 on c2: engine-ctl-chat-0a-w1.service (removed with the head)" in plan_text(plan)
+
+
+RPC = "/opt/llama/bin/ggml-rpc-server"
+
+
+def _rpc_server(facts: dict[str, HostFacts], sha: str) -> dict[str, HostFacts]:
+    """Each host with the worker's binary beside its llama-server, as the facts probe reports it (ggml-rpc-server
+    has no version flag: its sha256 only)."""
+    found = {RPC: EngineInstall(path=RPC, sha256=sha)}
+    return {h: f.model_copy(update={"worker_engines": found}) for h, f in facts.items()}
+
+
+def test_the_plan_and_the_record_carry_the_binary_each_worker_runs() -> None:
+    inv, facts = _world(cpu_host("c1"), cpu_host("c2"))
+    facts = _rpc_server(facts, "1" * 64)
+    plan = with_engines(_plan(State(), inv, facts), facts)
+    (m,) = plan.changes[0].replicas[0].members
+    assert m.argv[0] == RPC and m.engine_sha256 == "1" * 64 and m.engine_version is None
+    state, _ = _applied(plan, facts)
+    (recorded,) = state.deployments["chat"].replicas[0].members
+    assert recorded.engine_sha256 == "1" * 64
+    assert State.model_validate_json(state.model_dump_json()) == state
+
+
+def test_a_workers_binary_changed_under_the_group_is_drift_of_the_replica_which_restarts_whole() -> None:
+    inv, facts = _world(cpu_host("c1"), cpu_host("c2"))
+    facts = _rpc_server(facts, "1" * 64)
+    state, facts = _applied(with_engines(_plan(State(), inv, facts), facts), facts)
+    assert not _plan(state, inv, facts).has_changes  # the same binary: no drift
+    (r,) = state.deployments["chat"].replicas
+    (m,) = r.members
+    changed = {**facts, m.host: _rpc_server({m.host: facts[m.host]}, "2" * 64)[m.host]}
+    again = with_engines(_plan(state, inv, changed), changed)
+    (drift,) = again.drift
+    assert (drift.kind, drift.host, drift.unit, drift.deployment) == ("engine-changed", m.host, m.unit, "chat")
+    assert drift.detail == (
+        f"the engine at {RPC} on {m.host} (worker 1 of chat replica 0) changed: version unknown (sha256 111111111111…) "
+        "→ unknown (sha256 222222222222…); the group restarts onto it"
+    )
+    (rc,) = again.changes[0].replicas  # the group restarts in place: its workers (written again), then its head
+    assert rc.action == ["update"] and rc.unit == r.unit and [x.unit for x in rc.members] == [m.unit]
+    assert rc.members[0].engine_sha256 == "2" * 64 and drift.detail in rc.reason
+    assert "the group restarts onto it" in plan_text(again)
+    repaired, facts = _applied(again, changed)
+    assert not _plan(repaired, inv, facts).has_changes
+
+
+def test_a_worker_recorded_before_members_recorded_their_binary_is_not_checked() -> None:
+    inv, facts = _world(cpu_host("c1"), cpu_host("c2"))
+    facts = _rpc_server(facts, "1" * 64)
+    state, facts = _applied(with_engines(_plan(State(), inv, facts), facts), facts)
+    doc = json.loads(state.model_dump_json())
+    (member,) = doc["deployments"]["chat"]["replicas"][0]["members"]
+    del member["engine_sha256"], member["engine_version"]  # a state an older engine-ctl wrote
+    old = State.model_validate(doc)
+    assert old.deployments["chat"].replicas[0].members[0].engine_sha256 == ""
+    changed = _rpc_server(facts, "2" * 64)
+    assert not _plan(old, inv, changed).has_changes
 
 
 # --- a saved plan and the provider ------------------------------------------------------------------------------

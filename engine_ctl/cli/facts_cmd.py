@@ -81,6 +81,8 @@ def host_table(f: HostFacts) -> Table:
         for platform, e in sorted(builds.items()):
             said = f"{e.path} ({e.version or 'version unknown'}) sha256 {(e.sha256 or '-')[:12]}"
             table.add_row(f"engine {name} {platform}", said)
+    for path, e in sorted(f.worker_engines.items()):  # what a replica group's worker runs beside a build
+        table.add_row("group worker", f"{path} ({e.version or 'version unknown'}) sha256 {(e.sha256 or '-')[:12]}")
     if not f.engines and not f.engine_builds:
         table.add_row("engines", "none found")
     for u in f.units:

@@ -660,7 +660,8 @@ class Executor:
 
     def _replica_record(self, step: ReplicaChange, status: str, digest: str = "") -> ReplicaRecord:
         members = [MemberRecord(rank=m.rank, host=m.host, unit=m.unit, port=m.port, gpus=m.gpus,
-                                unit_sha256=m.unit_sha256, argv=m.argv) for m in step.members]  # fmt: skip
+                                unit_sha256=m.unit_sha256, argv=m.argv, engine_version=m.engine_version,
+                                engine_sha256=m.engine_sha256) for m in step.members]  # fmt: skip
         group_port = step.placement.group_port if step.placement is not None and members else None
         return ReplicaRecord(
             checkpoint_digest=digest, engine_version=step.engine_version, engine_sha256=step.engine_sha256,

@@ -72,7 +72,22 @@ def probe_args(
             name: {"candidates": p.executable_candidates(host.engines.get(name)), "probe": p.version_probe()}
             for name, p in PROVIDERS.items()
         },
+        "workers": worker_binaries(host),
     }
+
+
+def worker_binaries(host: Host) -> dict[str, dict[str, Any]]:
+    """path -> how to read it, for each binary a replica group's worker may run on this host beside an engine
+    executable it may run (engines.build_for's choice: the builds the inventory names, else its one executable,
+    else the provider's default), as the provider names them (llama.cpp: ggml-rpc-server beside llama-server)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, p in PROVIDERS.items():
+        builds = host.engine_builds.get(name)
+        executables = set(builds.values()) if builds else {host.engines.get(name) or p.default_executable}
+        for executable in sorted(e for e in executables if e):
+            for path, probe in p.worker_executables(executable).items():
+                out[path] = {"candidates": [path], "probe": probe}
+    return out
 
 
 def _checkout(raw: dict[str, Any]) -> CheckoutFact:
@@ -194,6 +209,10 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         disks=disks,
         gpus=tuple(gpus),
         engine_builds=_builds(doc.get("engine_builds") or {}),
+        worker_engines={
+            str(k): EngineInstall(path=v["path"], version=v.get("version"), sha256=v.get("sha256"))
+            for k, v in (doc.get("workers") or {}).items()
+        },
         engines={
             k: EngineInstall(path=v["path"], version=v.get("version"), sha256=v.get("sha256"))
             for k, v in (doc.get("engines") or {}).items()
@@ -236,7 +255,7 @@ def gather_one(
         doc = json.loads(result.stdout)
     except json.JSONDecodeError as exc:
         raise HostFailure(host.name, "command", f"facts probe printed no JSON: {exc}") from None
-    cache.remember({**(doc.get("engines") or {}), **(doc.get("engine_builds") or {})})
+    cache.remember({**(doc.get("engines") or {}), **(doc.get("engine_builds") or {}), **(doc.get("workers") or {})})
     return facts_from_probe(host.name, doc)
 
 

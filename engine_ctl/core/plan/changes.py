@@ -86,6 +86,9 @@ class MemberStep(BaseModel):
     argv: list[str] = Field(default_factory=list)
     unit_text: str | None = None
     unit_sha256: str = ""
+    engine_version: str | None = None
+    engine_sha256: str = ""
+    """The binary the worker runs (argv[0]) as the facts found it on its host: recorded per member when applied."""
 
 
 class ReplicaChange(Step):

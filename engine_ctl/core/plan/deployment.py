@@ -38,6 +38,7 @@ from engine_ctl.core.plan.changes import (
 from engine_ctl.core.plan.decisions import decisions_refusals
 from engine_ctl.core.plan.diff import Names, changed_fields, spec_digest
 from engine_ctl.core.plan.drift import checkpoint_drift, guard_drift, replica_drift
+from engine_ctl.core.plan.engines import member_engine_drift_detail
 from engine_ctl.core.plan.ownership import as_recorded
 from engine_ctl.core.plan.world import Allocation, Hosts, recorded_placement
 from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord
@@ -710,7 +711,8 @@ def member_steps_of(r: ReplicaRecord) -> list[MemberStep]:
 
 def group_drift(t: Target, current: ReplicaRecord) -> list[Drift]:
     """Drift on any worker of a replica group is drift of the replica: its unit missing, edited, stopped or
-    crash-looping (replica_drift's words, naming the member's unit and host), or its host out of reach."""
+    crash-looping (replica_drift's words, naming the member's unit and host), the binary it runs changed under it
+    (engine-changed: the group restarts onto it), or its host out of reach."""
     out: list[Drift] = []
     for m in current.members:
         facts = t.hosts.facts.get(m.host)
@@ -730,6 +732,9 @@ def group_drift(t: Target, current: ReplicaRecord) -> list[Drift]:
                                                 "engine_sha256": "", "members": []})  # fmt: skip
         for found in replica_drift(t.d.name, seen, t.hosts.unit(m.host, m.unit), facts):
             out.append(found.model_copy(update={"detail": f"group member {m.rank}: {found.detail}"}))
+        engine = member_engine_drift_detail(t.d.name, current, m, facts)
+        if engine:
+            out.append(Drift(host=m.host, unit=m.unit, deployment=t.d.name, kind="engine-changed", detail=engine))
     return out
 
 

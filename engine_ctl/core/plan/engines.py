@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from engine_ctl.core.decisions import shown_version
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.hostfacts import EngineInstall, HostFacts
-from engine_ctl.core.record.model import ReplicaRecord
+from engine_ctl.core.record.model import MemberRecord, ReplicaRecord
 from engine_ctl.providers import Provider
 
 if TYPE_CHECKING:
@@ -34,8 +34,10 @@ def build_for(provider: Provider, host: Host, platform: str | None) -> str | Non
 
 
 def engine_at(facts: HostFacts, path: str) -> EngineInstall | None:
-    """What the facts found at an executable path (a build, or the engine found on its own)."""
-    found = [*facts.engines.values(), *(b for builds in facts.engine_builds.values() for b in builds.values())]
+    """What the facts found at an executable path (a build, the engine found on its own, or a binary a group's
+    worker runs beside a build)."""
+    found = [*facts.engines.values(), *(b for builds in facts.engine_builds.values() for b in builds.values()),
+             *facts.worker_engines.values()]  # fmt: skip
     return next((e for e in found if e.path == path), None)
 
 
@@ -106,6 +108,20 @@ def engine_drift_detail(record: ReplicaRecord, facts: HostFacts) -> str | None:
             "the replica restarts onto it")  # fmt: skip
 
 
+def member_engine_drift_detail(name: str, record: ReplicaRecord, member: MemberRecord, facts: HostFacts) -> str | None:
+    """Why the binary a group's worker runs is not the one it was applied with (None: the same one, or a member
+    recorded before members recorded it): drift of the whole replica, which restarts onto it."""
+    if not member.engine_sha256 or not member.argv:
+        return None
+    now = engine_at(facts, member.argv[0])
+    if now is None or now.sha256 is None or now.sha256 == member.engine_sha256:
+        return None
+    return (f"the engine at {member.argv[0]} on {member.host} (worker {member.rank} of {name} replica "
+            f"{record.index}) changed: version {member.engine_version or 'unknown'} (sha256 "
+            f"{member.engine_sha256[:12]}…) → {now.version or 'unknown'} (sha256 {now.sha256[:12]}…); the group "
+            "restarts onto it")  # fmt: skip
+
+
 def recorded_version(said: str | None) -> str | None:
     """What a replica records of its engine's --version output: the version itself, else its first line."""
     if not said or not said.strip():
@@ -115,7 +131,8 @@ def recorded_version(said: str | None) -> str | None:
 
 
 def with_engines(plan: Plan, facts: Mapping[str, HostFacts]) -> Plan:
-    """Each replica the plan starts or restarts, with the version and sha256 of the build it runs (argv[0])."""
+    """Each replica the plan starts or restarts, with the version and sha256 of the build it runs (argv[0]), and
+    each of its group's workers with those of the binary it runs."""
     for change in plan.changes:
         for step in change.replicas:
             if step.action == ["delete"] or not step.argv or step.host not in facts:
@@ -125,4 +142,8 @@ def with_engines(plan: Plan, facts: Mapping[str, HostFacts]) -> Plan:
                 # B38: the version itself, not the whole multi-line --version output
                 version = recorded_version(found.version)
                 step.engine_version, step.engine_sha256 = version, found.sha256 or ""
+            for m in step.members:  # a group's workers: the binary each runs on its own host
+                worker = engine_at(facts[m.host], m.argv[0]) if m.argv and m.host in facts else None
+                if worker is not None:
+                    m.engine_version, m.engine_sha256 = recorded_version(worker.version), worker.sha256 or ""
     return plan

@@ -139,6 +139,10 @@ class MemberRecord(Record):
     gpus: list[GpuUuid] = Field(default_factory=list)
     unit_sha256: Sha256
     argv: list[str] = Field(default_factory=list)
+    engine_version: str | None = None
+    engine_sha256: Sha256 = ""
+    """The binary the worker was applied with (argv[0]'s sha256; empty in a state written before members recorded
+    it: not checked): a change under it is drift of the replica."""
 
 
 class ReplicaRecord(Record):

@@ -1043,6 +1043,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
     and run side by side while the files are read."""
     started = engines(args.get("engines", {}), args.get("known_versions", {}))
     builds = engines(args.get("builds", {}), args.get("known_versions", {}))  # "engine\tplatform" -> one path
+    workers = engines(args.get("workers", {}), args.get("known_versions", {}))  # a group worker's binary, by path
     uname = os.uname()
     gpu_started = {key: start(argv) for key, argv in gpu_commands(system=uname.sysname).items()}
     haproxy = shutil.which("haproxy")
@@ -1075,6 +1076,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
     doc["gpus"] = {key: finish(proc) for key, proc in gpu_started.items()}
     doc["engines"] = with_sha256(engine_versions(started), args.get("known_versions", {}))
     doc["engine_builds"] = with_sha256(engine_versions(builds), args.get("known_versions", {}))
+    doc["workers"] = with_sha256(engine_versions(workers), args.get("known_versions", {}))
     doc["haproxy"] = parse_haproxy_version(finish(haproxy_started)["out"]) if haproxy_started else None
     return doc
 
