@@ -218,3 +218,43 @@ def test_a_killed_worker_is_named_by_status_and_apply_restarts_the_group(group: 
     assert p.ask() == NAME
     again = p.cli("plan", "--detailed-exitcode")
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_a_workers_binary_changed_under_the_group_is_drift_and_apply_restarts_the_group(group: GroupProject) -> None:
+    """Another ggml-rpc-server at the worker's recorded path, installed as package managers do (a new file renamed
+    over it): the plan names the member, apply restarts the group onto it, and the worker runs the new file."""
+    p = group
+    r = p.replica()
+    (m,) = r["members"]
+    server = m["argv"][0]
+
+    def sha() -> str:
+        return p.ssh(m["host"], f"sha256sum {server}").split()[0]
+
+    first = sha()
+    assert m["engine_sha256"] == first  # recorded by apply, per member
+    p.ssh(m["host"], f"cp -p {server} {server}.orig")
+    try:
+        p.ssh(m["host"], f"cp -p {server} {server}.new && printf '\\0' >> {server}.new && mv {server}.new {server}")
+        second = sha()
+        assert second != first
+        planned = p.cli("plan", "--detailed-exitcode", "--json")
+        assert planned.returncode == 2, planned.stdout + planned.stderr
+        (drift,) = [d for d in json.loads(planned.stdout)["drift"] if d["kind"] == "engine-changed"]
+        assert (drift["host"], drift["unit"]) == (m["host"], m["unit"])
+        assert drift["detail"].startswith(
+            f"the engine at {server} on {m['host']} (worker 1 of {NAME} replica {r['index']}) changed: "
+        ) and drift["detail"].endswith(f"(sha256 {second[:12]}…); the group restarts onto it"), drift
+        head_pid = p.ssh(r["host"], f"systemctl show -p MainPID --value {r['unit']}").strip()
+        out = p.cli("apply", "--auto-approve", check=True).stdout
+        assert out.index(f"group member 1 on {m['host']}") < out.index(f"{r['unit']} repaired"), out  # workers first
+        assert p.ssh(r["host"], f"systemctl show -p MainPID --value {r['unit']}").strip() != head_pid  # then the head
+        after = p.replica()
+        assert after["unit"] == r["unit"] and after["members"][0]["engine_sha256"] == second  # restarted in place
+        pid = p.ssh(m["host"], f"systemctl show -p MainPID --value {m['unit']}").strip()
+        assert p.ssh(m["host"], f"readlink /proc/{pid}/exe").strip() == server  # the new file, not the deleted one
+        assert p.ask() == NAME
+        again = p.cli("plan", "--detailed-exitcode")
+        assert again.returncode == 0, again.stdout + again.stderr
+    finally:
+        p.ssh(m["host"], f"mv {server}.orig {server}")
