@@ -241,11 +241,21 @@ class Project:
         )  # fmt: skip
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
-                return int(r.status), r.read(200).decode(errors="replace")
+                return int(r.status), r.read(8192).decode(errors="replace")
         except urllib.error.HTTPError as e:
             return e.code, e.read(300).decode(errors="replace")
         except OSError as e:
             return None, f"{type(e).__name__}: {e}"
+
+
+def answered_by(body: str) -> str | None:
+    """The `model` an engine's chat completion names: llama-server's --alias, which engine-ctl sets to the
+    deployment's name (None: not such an answer)."""
+    try:
+        said = json.loads(body)
+    except ValueError:
+        return None
+    return said.get("model") if isinstance(said, dict) else None
 
 
 def short(text: str, n: int = 600) -> str:
@@ -817,6 +827,13 @@ class Machine:
         for dep in asked:
             code, body, took = answers[dep.name]
             want = {None: 200, "stopped": 409, "deleted": 404}[dep.verb]
+            if code == want == 200 and answered_by(body) != dep.name:
+                # llama-server names itself by its --alias (the deployment's name), whatever the request said
+                self.violate(
+                    "each deployment's requests reach its own engine",
+                    f"{dep.name}: answered by the engine of {answered_by(body)!r}: {short(body, 200)}",
+                    f"{dep.name}'s own engine (its --alias)",
+                )
             if code != want:
                 said = ""
                 if code == 503:

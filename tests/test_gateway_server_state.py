@@ -52,6 +52,19 @@ def test_a_server_moved_to_another_port_starts_down_there_and_the_others_keep_th
     assert state_across_reload(dumped, start_state(new)).startswith("1\n# be_id ")
 
 
+def test_a_host_name_is_compared_by_its_port_only_and_a_unix_socket_not_at_all() -> None:
+    """HAProxy shows the address it resolved a host name to: never drift by itself (else plan never says No
+    changes for an inventory of names); a port or an IP address that differs is."""
+    config = ("backend d_x\n    server r0a gpu1.internal:8000 maxconn 2\n    server r1a 10.0.0.5:8001 maxconn 2\n"
+              "    server held unix@/run/engine-ctl-gateway/held-x.sock backup no-check\n")  # fmt: skip
+    assert misrouted(config, {"d_x/r0a": "10.1.1.1:8000", "d_x/r1a": "10.0.0.5:8001", "d_x/held": "unix@x"}) == {}
+    assert misrouted(config, {"d_x/r0a": "10.1.1.1:8002", "d_x/r1a": "10.0.0.6:8001"}) == {
+        "d_x/r0a": ("10.1.1.1:8002", "gpu1.internal:8000"),
+        "d_x/r1a": ("10.0.0.6:8001", "10.0.0.5:8001"),
+    }
+    assert misrouted(config, {}) == {}  # a gateway that does not answer: nothing to compare
+
+
 def _start(tmp: Path, rendered_files: dict[str, str], state: str) -> subprocess.Popen[bytes]:
     for name, text in rendered_files.items():
         (tmp / name).write_text(text)

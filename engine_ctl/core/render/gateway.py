@@ -555,14 +555,25 @@ def misrouted(config: str, running: Mapping[str, str]) -> dict[str, tuple[str, s
     out = {}
     for server, wanted in server_addresses(config).items():
         live = running.get(server)
-        if live and _endpoint(live) != _endpoint(wanted):
+        if live and not _same_endpoint(live, wanted):
             out[server] = (live, wanted)
     return out
 
 
-def _endpoint(address: str) -> tuple[str, str]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), port
+def _same_endpoint(live: str, configured: str) -> bool:
+    """A configured host name is compared by its port alone (HAProxy shows the address it resolved)."""
+    live_host, _, live_port = live.rpartition(":")
+    host, _, port = configured.rpartition(":")
+    if live_port != port:
+        return False
+    try:
+        wanted = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return True
+    try:
+        return ipaddress.ip_address(live_host.strip("[]")) == wanted
+    except ValueError:
+        return False
 
 
 # --- the internal key on engine hosts -----------------------------------------------------------------------------
