@@ -474,6 +474,17 @@ class Provider:
         """Member `rank`'s environment (0 is the head): the single-machine one plus the runtime's."""
         return self.environment(run)
 
+    def layer_machines(self, nodes: int, accelerator: str) -> int:
+        """How many machines of a group of `nodes` hold the model's layers and their KV cache (the fit spreads
+        them over these machines' GPUs, or their host memory): every machine, unless the runtime says otherwise."""
+        return nodes
+
+    def tensor_parallel_size(self, gpus: int, nodes: int) -> int:
+        """The tensor-parallel size of a replica of `nodes` machines of `gpus` GPUs each (where
+        tp_must_divide_heads, the model's attention heads must divide by it): the GPUs of one machine; the
+        machines are pipeline stages."""
+        return gpus
+
     def worker_executables(self, executable: str) -> dict[str, dict[str, object]]:
         """The binaries a group's workers run, other than the engine's own `executable` (llama.cpp: the
         rpc-server beside llama-server), each with how the facts probe reads its version ({}: it has no version

@@ -200,6 +200,12 @@ class LlamaCpp(Provider):
             argv += ["--threads", str(run.threads)]
         return argv
 
+    def layer_machines(self, nodes: int, accelerator: str) -> int:
+        """On GPUs the layers go to every member's GPUs (the head's own and the workers' rpc-servers'). On CPUs
+        the head's CPU is no offload device: it keeps the token embeddings and serves, and the layers (with their
+        KV cache) are split over the nodes - 1 workers' rpc-servers (group_head_argv)."""
+        return nodes - 1 if accelerator == "cpu" and nodes > 1 else nodes
+
     def worker_executables(self, executable: str) -> dict[str, dict[str, object]]:
         # ggml-rpc-server has no version flag: `--version` is "error: unknown argument" (build 11434): sha256 only
         return {rpc_server_beside(executable): {}}

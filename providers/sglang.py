@@ -142,6 +142,10 @@ class SgLang(PagedProvider):
     # --- a replica over several machines: SGLang's multi-node tensor parallel ------------------------------
     multi_node: ClassVar[bool] = True
 
+    def tensor_parallel_size(self, gpus: int, nodes: int) -> int:
+        """Tensor parallel spans the group (sglang_group_flags: --tp-size = GPUs per node x nodes)."""
+        return gpus * nodes
+
     def group_head_argv(self, run: Run, group: Group) -> list[str]:
         return self._launch_argv(run, group, 0)
 

@@ -116,6 +116,14 @@ def memory_value(fit: FitPlan) -> str:
     return f"{human_bytes(fit.memory_bytes)} ({MEMORY_BASIS.get(basis, basis)})"
 
 
+def host_memory_value(c: DeploymentChange) -> str:
+    """memory_value of the change's fit; for a replica group, what each of its machines sets aside (the fit
+    sizes each machine: fitting's docstring)."""
+    assert c.fit is not None
+    nodes = c.spec.node_count if c.spec is not None else 1
+    return memory_value(c.fit) + (f", on each of its {nodes} machines" if nodes > 1 else "")
+
+
 def replica_counts(plan: Plan) -> dict[str, int]:
     """Replicas this plan starts, replaces, repairs and removes, by REPLICA_VERBS (zero counts left out)."""
     counts: dict[str, int] = {}
@@ -188,6 +196,8 @@ def _member_lines(r: ReplicaChange) -> list[str]:
     placed = r.placement.members if r.placement is not None else ()
     cores = f", {r.placement.cpu_cores} cores" if r.placement is not None and not r.gpus else ""
     lines = [f"    group of {len(r.members) + 1} machines: head on {r.host} (port {r.port}{cores}, serves the API)"]
+    if r.placement is not None:  # the fit sized each machine: each takes its share, not the whole replica's
+        lines.append(f"    each machine sets aside {human_bytes(r.placement.memory_bytes)} of host memory")
     for i, m in enumerate(r.members):
         gpus = f", GPUs {','.join(m.gpus)}" if m.gpus else ""
         gpus += f", {placed[i].cpu_cores} cores" if i < len(placed) and not m.gpus else ""
@@ -335,7 +345,7 @@ def _render_change(c: DeploymentChange, command: str) -> list[tuple[str, str]]:
     if c.action == ["create"] and c.fit:
         for key in ("engine", "accelerator", "gpus", "cpu_cores", "context_length", "parallel"):
             out.append(("add", f"      + {key:<15} = {fit_value(c, key)}{_chosen(c, key)}"))
-        out.append(("add", f"      + {'host memory':<15} = {memory_value(c.fit)}"))
+        out.append(("add", f"      + {'host memory':<15} = {host_memory_value(c)}"))
     for step in c.replicas:
         out += [(_line_style(line, style), f"      {line}") for line in _replica_lines(step)]
     out += [("", f"      {line}") for line in fetch_lines(c)]
@@ -629,7 +639,7 @@ def _fit_table(c: DeploymentChange) -> str:
         note = fit_note(c.fit, key)
         said = f" ({_text(note)})" if note else ""
         rows.append(f"| {key} | {_code(_value(key, getattr(c.fit, key)), cell=True)}{said}{chosen} |\n")
-    rows.append(f"| host memory | {_text(memory_value(c.fit))} |\n")
+    rows.append(f"| host memory | {_text(host_memory_value(c))} |\n")
     return "".join(rows) + "\n"
 
 

@@ -3,6 +3,27 @@
 The rules are seed 000's ("Memory per replica", defaults of gpus, cpu_cores, context_length and parallel)
 and seed 001's ("GPUs per replica", "GPU vendors"). Engine-specific arithmetic is asked of the provider.
 
+A replica group (spec.nodes: N > 1, issue 30) is one replica whose layers (and their KV cache) are spread by the
+engine's own runtime over the machines that hold layers (provider.layer_machines): vLLM and SGLang over all N
+(tensor parallel inside a machine, pipeline parallel across machines for vLLM; tensor parallel over the group for
+SGLang), llama.cpp on GPUs over the head's GPUs and every worker's rpc-server, llama.cpp on CPUs over the N - 1
+workers' rpc-servers only (the head's CPU is no offload device: it keeps the token embeddings and serves the API).
+
+- GPUs: `gpus` is each machine's count (1, 2, 4 or 8, the fewest that hold it, as for one machine), and the
+  per-GPU need is the engine's own rule (provider.gpu_bytes_per_gpu) over all the group's GPUs, gpus x the
+  machines holding layers. That rule's fixed part (CUDA context, compute buffer, the engine's 1 GiB and its
+  memory fraction) is a per-GPU cost, so it is counted whole on every GPU, never divided.
+- Host memory: seed 000's "Memory per replica" rule (provider.host_memory_bytes) is applied per machine, to
+  that machine's share of the weights (and, on CPUs, of the memory estimate): a machine runs its own engine
+  process, so each keeps the rule's fixed part (llama.cpp's + 2 GiB and + 1 GiB, vLLM's + 8 GiB and + 2 GiB per
+  GPU beyond the first of that machine) and seed 000's floor of 2 GiB. The head takes the same share as a
+  worker (placement gives every member one plan): more than a CPU head needs, never less.
+- The flat form's margin (seed 003) would be split like the weights; the flat form refuses nodes anyway.
+
+FitPlan then says what each machine takes (gpus, cpu_cores, memory_bytes; min_gpu_memory_bytes for each GPU)
+and what the replica holds in all (weights_bytes, kv_cache_bytes). A replica on one machine (N = 1) is sized
+exactly as before groups existed.
+
 One unit throughout: every comparison is in bytes. GB figures exist only in messages (and in the seed's
 min_gpu_memory_gb field, for people), formatted so that a need and a size never read as equal when one
 does not fit the other.
@@ -339,14 +360,23 @@ def weights_refusal(
     biggest_gpu = (min(sizes) if d.devices else max(sizes)) if sizes else 0
     fixed = d.gpus or (len(d.devices) if d.devices else None)
     options = (fixed,) if fixed else tuple(n for n in GPU_CHOICES if n <= max(len(sizes), 1))
-    needs = [(provider.gpu_bytes_per_gpu(weights, 0, n, 0), n) for n in options]
+    spread = provider.layer_machines(d.node_count, "gpu")
+    needs = [(provider.gpu_bytes_per_gpu(weights, 0, n * spread, 0), n) for n in options]
     if any(need <= biggest_gpu for need, _ in needs):
         return None
     need, n = min(needs)
     return (
-        f"does not fit: the weights of {model.name} alone ({gb_up(weights)}) need at least {gb_up(need)} on each of "
-        f"{n} GPU{'s' if n > 1 else ''} (the largest GPU it may use has {gb_down(biggest_gpu)})"
+        f"does not fit: the weights of {model.name} alone ({gb_up(weights)}) need {each_gpu(need, n, d.node_count)} "
+        f"(the largest GPU it may use has {gb_down(biggest_gpu)})"
     )
+
+
+def each_gpu(need: int, gpus: int, nodes: int) -> str:
+    """'at least 81 GB on each of 2 GPUs' (seed 000's words for one machine); for a replica group, what each of
+    its machines must have: '2 machines with 2 GPUs of at least 81 GB each'."""
+    if nodes <= 1:
+        return f"at least {gb_up(need)} on each of {gpus} GPU{'s' if gpus > 1 else ''}"
+    return f"{nodes} machines with {gpus} GPU{'s' if gpus > 1 else ''} of at least {gb_up(need)} each"
 
 
 def _kv_per_token(d: Deployment, shape: ModelFacts | None, provider: Provider) -> int | None:
@@ -367,14 +397,16 @@ def _fit_cpu(
         kv = max((d.ram_bytes or 0) - weights, 0)
     else:
         kv = per_token * provider.cache_tokens(context, parallel)
-    estimate = weights + kv + provider.compute_bytes(weights, 0)
+    spread = provider.layer_machines(d.node_count, "cpu")  # each machine's share (the module's docstring)
+    weights_share, kv_share = -(-weights // spread), -(-kv // spread)
+    estimate = weights_share + kv_share + provider.compute_bytes(weights, 0)
     most = fleet.largest_cores(hosts)
     cores = d.cpu_cores or cpu_cores_by_size(model.parameters or (facts.parameters if facts else None), most)
     threads = min(2 * cores, most) if most else 2 * cores
     return FitPlan(
         engine=provider.name, gpu_vendor="any", accelerator="cpu", kind=_kind(model), gpus=0, min_gpu_memory_gb=0,
         memory_basis=basis, cpu_cores=cores, threads=threads,
-        memory_bytes=provider.host_memory_bytes(weights, estimate, 0, "cpu"), context_length=context,
+        memory_bytes=provider.host_memory_bytes(weights_share, estimate, 0, "cpu"), context_length=context,
         parallel=parallel, weights_bytes=weights, kv_cache_bytes=kv, capabilities=model.capabilities,
     )  # fmt: skip
 
@@ -401,13 +433,16 @@ def _fit_gpu(
     parallel_options = (d.parallel,) if d.parallel else provider.parallel_candidates("gpu")
     heads = shape.head_count if shape else (facts.head_count if facts else None)
     margin = memory_margin_bytes(weights, any(unified_memory(g) for g in gpus_there)) if flat else None
+    nodes = d.node_count
+    spread = provider.layer_machines(nodes, "gpu")  # the machines whose GPUs hold the layers (the module's docstring)
     chosen: tuple[int, int, int, int] | None = None
     smallest_need: tuple[int, int, int, int] | None = None
     for n in gpu_options:
-        if provider.tp_must_divide_heads and heads and n > 1 and heads % n:
+        tp = provider.tensor_parallel_size(n, nodes)
+        if provider.tp_must_divide_heads and heads and tp > 1 and heads % tp:
             continue
         for p in parallel_options:
-            candidate = _candidate(d, provider, weights, per_token, context, n, p, margin)
+            candidate = _candidate(d, provider, weights, per_token, context, n, p, margin, spread)
             if smallest_need is None or candidate[2] < smallest_need[2]:
                 smallest_need = candidate
             if biggest is None or candidate[2] <= biggest_gpu:
@@ -417,35 +452,44 @@ def _fit_gpu(
             break
     if chosen is None:
         if smallest_need is None:
+            if nodes > 1:
+                tps = ", ".join(str(provider.tensor_parallel_size(n, nodes)) for n in gpu_options)
+                return (
+                    f"does not fit: no count of 1, 2, 4 or 8 GPUs on each of {nodes} machines gives a tensor "
+                    f"parallel size ({tps}) that divides the {heads} attention heads of {model.name}"
+                )
             return f"does not fit: no count of 1, 2, 4 or 8 GPUs divides the {heads} attention heads of {model.name}"
         return (
-            f"does not fit: {model.name} needs at least {gb_up(smallest_need[2])} on each of {smallest_need[0]} "
-            f"GPU{'s' if smallest_need[0] > 1 else ''} (the largest GPU it may use has {gb_down(biggest_gpu)})"
+            f"does not fit: {model.name} needs {each_gpu(smallest_need[2], smallest_need[0], nodes)} "
+            f"(the largest GPU it may use has {gb_down(biggest_gpu)})"
         )
     n, p, per_gpu, kv = chosen
-    estimate = weights + kv + provider.compute_bytes(weights, n)
+    weights_share = -(-weights // spread)  # each machine's share of the layers (the module's docstring)
+    estimate = weights_share + -(-kv // spread) + provider.compute_bytes(weights, n)
     return FitPlan(
         engine=provider.name, gpu_vendor=d.gpu_vendor, accelerator="gpu", kind=_kind(model), gpus=n,
         min_gpu_memory_gb=math.ceil(per_gpu / GB), min_gpu_memory_bytes=per_gpu, memory_basis=basis,
         cpu_cores=d.cpu_cores or 4 * n, threads=None,
-        memory_bytes=provider.host_memory_bytes(weights, estimate, n, "gpu"), context_length=context,
+        memory_bytes=provider.host_memory_bytes(weights_share, estimate, n, "gpu"), context_length=context,
         parallel=p, weights_bytes=weights, kv_cache_bytes=kv, capabilities=model.capabilities, devices=d.devices,
     )  # fmt: skip
 
 
 def _candidate(
     d: Deployment, provider: Provider, weights: int, per_token: int | None, context: int, n: int, p: int,
-    margin: int | None = None,
+    margin: int | None = None, spread: int = 1,
 ) -> tuple[int, int, int, int]:  # fmt: skip
-    """(gpus, parallel, bytes each GPU needs, KV cache bytes) for one choice. A stated memory request (split
-    over the GPUs) is what each GPU needs; else, with `margin` (the flat form's), the weights, the KV cache and
-    the margin split over the GPUs; else the engine's rule from the weights and the KV cache."""
+    """(gpus, parallel, bytes each GPU needs, KV cache bytes) for one choice of `n` GPUs on each of the `spread`
+    machines that hold the layers (1: a replica on one machine). A stated memory request (split over the GPUs)
+    is what each GPU needs; else, with `margin` (the flat form's), the weights, the KV cache and the margin split
+    over the GPUs; else the engine's rule from the weights and the KV cache over all the GPUs."""
+    total = n * spread
     if per_token is None:  # the stated request holds the KV cache: what is left after the weights
         assert d.gpu_memory_bytes
-        return n, p, math.ceil(d.gpu_memory_bytes / n), max(d.gpu_memory_bytes - weights, 0)
+        return n, p, math.ceil(d.gpu_memory_bytes / total), max(d.gpu_memory_bytes - weights, 0)
     kv = per_token * provider.cache_tokens(context, p)
     if d.gpu_memory_bytes:
-        return n, p, math.ceil(d.gpu_memory_bytes / n), kv
+        return n, p, math.ceil(d.gpu_memory_bytes / total), kv
     if margin is not None:
-        return n, p, math.ceil((weights + kv + margin) / n), kv
-    return n, p, provider.gpu_bytes_per_gpu(weights, kv, n, per_token * context), kv
+        return n, p, math.ceil((weights + kv + margin) / total), kv
+    return n, p, provider.gpu_bytes_per_gpu(weights, kv, total, per_token * context), kv

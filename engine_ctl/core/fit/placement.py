@@ -436,14 +436,16 @@ def _placement(plan: FitPlan, h: HostFacts, gpus: list[Gpu], taken: Taken, index
 # --- a replica group: one replica over several machines (spec.nodes > 1) ------------------------------------
 
 
-def member_plan(plan: FitPlan, nodes: int) -> FitPlan:
-    """What each machine of a group of `nodes` gives: `gpus` GPUs (each holding its share of the layers) or the
-    replica's CPU cores, and its share of the host memory (never below seed 000's floor of 2 GiB)."""
-    if nodes <= 1:
-        return plan
-    share = -(-plan.memory_bytes // nodes)
-    gpu_share = -(-plan.min_gpu_memory_bytes // nodes) if plan.min_gpu_memory_bytes else 0
-    return plan.model_copy(update={"memory_bytes": max(share, 2 * 1024**3), "min_gpu_memory_bytes": gpu_share})
+ONE_MACHINE = "Waiting for a machine with "
+
+
+def group_reason(reason: str, nodes: int) -> str:
+    """Why a replica group's head has no machine, as what each of its `nodes` machines needs: "Waiting for 2
+    machines for one replica group, each with 41.5 GiB of free memory (29.0 GiB free here)". Another reason (the
+    weights, a host it names) is left as it is."""
+    if nodes <= 1 or not reason.startswith(ONE_MACHINE):
+        return reason
+    return f"Waiting for {nodes} machines for one replica group, each with {reason.removeprefix(ONE_MACHINE)}"
 
 
 def shared_labels(a: Mapping[str, str], b: Mapping[str, str]) -> int:

@@ -13,7 +13,9 @@ MemoryBasis = Literal["estimate", "arch", "catalog", "weights"]
 
 
 class FitPlan(BaseModel):
-    """Seed 000's `plan` object: what each replica runs and takes."""
+    """Seed 000's `plan` object: what each replica runs and takes. For a replica group (spec.nodes > 1) gpus,
+    cpu_cores, threads and memory_bytes are what each of its machines takes, min_gpu_memory_bytes what each of
+    its GPUs must have, weights_bytes and kv_cache_bytes the whole replica's (fitting's docstring)."""
 
     model_config = ConfigDict(frozen=True)
 

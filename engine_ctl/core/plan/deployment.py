@@ -15,7 +15,7 @@ from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.fitting import FitResult, FitUnknown, fit, host_decides, shape_disagreement
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts
-from engine_ctl.core.fit.placement import crowds, member_plan, place_group, place_one, reserved_note
+from engine_ctl.core.fit.placement import crowds, group_reason, place_group, place_one, reserved_note
 from engine_ctl.core.fit.runspec import FitPlan, Placement
 from engine_ctl.core.fit.startup import same_engine
 from engine_ctl.core.model import Deployment, Model
@@ -94,18 +94,17 @@ class Target:
     def nodes(self) -> int:
         return self.d.node_count
 
-    @property
-    def member_fit(self) -> FitPlan:
-        """What each machine of a replica gives (the fit itself for a replica on one machine)."""
-        return member_plan(self.fitted, self.nodes)
-
     def place(self, **kw: object) -> FitResult:
-        """place_one (its keywords), and for a replica group (spec.nodes > 1) its workers on other hosts."""
-        result = place_one(self.d, self.member_fit, self.provider, self.alloc.ranking, **kw)  # type: ignore[arg-type]
-        if self.nodes == 1 or not result.placements:
+        """place_one (its keywords), and for a replica group (spec.nodes > 1) its workers on other hosts. The fit
+        sized each machine of a group (fitting's docstring): the head and every worker take what it says."""
+        result = place_one(self.d, self.fitted, self.provider, self.alloc.ranking, **kw)  # type: ignore[arg-type]
+        if self.nodes == 1:
             return result
+        if not result.placements:  # no head: what each machine of the group needs
+            why = group_reason(result.pending_reason, self.nodes) if result.pending_reason else None
+            return result.model_copy(update={"pending_reason": why})
         labels = {name: h.labels for name, h in self.hosts.inventory.items()}
-        group = place_group(self.nodes, result.placements[0], self.member_fit, self.provider, self.hosts.reached,
+        group = place_group(self.nodes, result.placements[0], self.fitted, self.provider, self.hosts.reached,
                             self.alloc.taken, labels, self.no_weights)  # fmt: skip
         if isinstance(group, str):
             return FitResult(plan=result.plan, pending_reason=group, waiting=result.waiting)
@@ -227,9 +226,11 @@ def with_measured_startup(
 ) -> tuple[FitPlan, Literal["measured", "default"]]:
     """The fit with the start-up peak its revision's first start measured set aside instead of the estimate
     (host RAM, never below seed 000's floor of 2 GiB; and each GPU's peak), and where the figures came from. A new
-    revision that changes only the instance count (same_engine) keeps the measurement."""
+    revision that changes only the instance count (same_engine) keeps the measurement. A replica group keeps the
+    fit: its start is measured on its head only, which need not hold a worker's share (a CPU llama.cpp head holds
+    no layers), and every member takes the one figure."""
     startup = record.startup if record is not None else None
-    if record is None or startup is None or startup.host_peak_bytes is None:
+    if record is None or startup is None or startup.host_peak_bytes is None or (d is not None and d.node_count > 1):
         return fitted, "default"
     kept = startup.revision == record.revision and same_engine(record.spec, record.model, d, model)
     if startup.revision != revision and not kept:
@@ -417,7 +418,7 @@ def keep_replica(t: Target, current: ReplicaRecord) -> bool:
     """True when the replica's unit, rendered where it is, is what the host has: kept, or repaired in place
     where it drifted (edited, stopped, crash-looping). False: its content changes (replace_replica)."""
     facts = t.hosts.facts[current.host]
-    same_place = recorded_placement(current, facts, t.member_fit, t.hosts.facts)
+    same_place = recorded_placement(current, facts, t.fitted, t.hosts.facts)
     moving = t.d.host not in (None, current.host)  # spec.host changed: a replacement onto the new host
     if same_place is None or len(same_place.gpus) != t.fitted.gpus or moving or displaced(t, current):
         return False
@@ -513,7 +514,7 @@ def roll_placement(t: Target, current: ReplicaRecord, index: int) -> tuple[Place
         kept = {} if moving else {"port": current.port}
         return stop_start.placements[0].model_copy(update={"index": index, **kept}), "stop-then-start"
     facts = t.hosts.facts[current.host]
-    t.alloc.take(recorded_placement(current, facts, t.member_fit, t.hosts.facts)
+    t.alloc.take(recorded_placement(current, facts, t.fitted, t.hosts.facts)
                  or Placement(index=index, host=current.host, port=current.port))  # fmt: skip
     if surge.placements:  # no room on its own host after all: the surge, though it crowds
         return surge.placements[0].model_copy(update={"index": index}), "surge"

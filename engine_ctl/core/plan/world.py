@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.fit.fitting import largest_cores, largest_gpu_host
 from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
-from engine_ctl.core.fit.placement import HostRanking, Reserved, Taken, crowded, member_plan, replica_threads
+from engine_ctl.core.fit.placement import HostRanking, Reserved, Taken, crowded, replica_threads
 from engine_ctl.core.fit.runspec import FitPlan, Member, Placement
 from engine_ctl.core.plan.engines import engine_refusals
 from engine_ctl.core.record.model import ReplicaRecord, State
@@ -119,11 +119,7 @@ class Allocation:
         """GPU UUID -> the deployment whose always-on replica holds it (two slots of one deployment on the same
         GPUs are an interrupted stop-then-start, not a displacement)."""
         for d in records:
-            share = (d.plan.cpu_cores, d.plan.memory_bytes) if d.plan else (0, 0)
-            nodes = d.spec.node_count if d.spec else 1
-            if d.plan and nodes > 1:  # each machine of a replica group holds its share
-                shared = member_plan(d.plan, nodes)
-                share = (shared.cpu_cores, shared.memory_bytes)
+            share = (d.plan.cpu_cores, d.plan.memory_bytes) if d.plan else (0, 0)  # a group's: each machine's
             for r in d.replicas:
                 self.shares[r.unit] = share
                 if shared_slot(r, (always or {}).get(d.name)):
