@@ -79,7 +79,7 @@ def probe_args(
 def worker_binaries(host: Host) -> dict[str, dict[str, Any]]:
     """path -> how to read it, for each binary a replica group's worker may run on this host beside an engine
     executable it may run (engines.build_for's choice: the builds the inventory names, else its one executable,
-    else the provider's default), as the provider names them (llama.cpp: ggml-rpc-server beside llama-server)."""
+    else the provider's default), as the provider names them (provider.worker_executables)."""
     out: dict[str, dict[str, Any]] = {}
     for name, p in PROVIDERS.items():
         builds = host.engine_builds.get(name)

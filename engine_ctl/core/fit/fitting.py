@@ -4,10 +4,9 @@ The rules are seed 000's ("Memory per replica", defaults of gpus, cpu_cores, con
 and seed 001's ("GPUs per replica", "GPU vendors"). Engine-specific arithmetic is asked of the provider.
 
 A replica group (spec.nodes: N > 1, issue 30) is one replica whose layers (and their KV cache) are spread by the
-engine's own runtime over the machines that hold layers (provider.layer_machines): vLLM and SGLang over all N
-(tensor parallel inside a machine, pipeline parallel across machines for vLLM; tensor parallel over the group for
-SGLang), llama.cpp on GPUs over the head's GPUs and every worker's rpc-server, llama.cpp on CPUs over the N - 1
-workers' rpc-servers only (the head's CPU is no offload device: it keeps the token embeddings and serves the API).
+engine's own runtime over the machines that hold layers: how many is the provider's (provider.layer_machines:
+every machine, or the workers alone where the head's CPU is no offload device), and so is the tensor-parallel
+size the attention heads must divide by (provider.tensor_parallel_size: one machine's GPUs, or the whole group's).
 
 - GPUs: `gpus` is each machine's count (1, 2, 4 or 8, the fewest that hold it, as for one machine), and the
   per-GPU need is the engine's own rule (provider.gpu_bytes_per_gpu) over all the group's GPUs, gpus x the
@@ -15,9 +14,9 @@ workers' rpc-servers only (the head's CPU is no offload device: it keeps the tok
   memory fraction) is a per-GPU cost, so it is counted whole on every GPU, never divided.
 - Host memory: seed 000's "Memory per replica" rule (provider.host_memory_bytes) is applied per machine, to
   that machine's share of the weights (and, on CPUs, of the memory estimate): a machine runs its own engine
-  process, so each keeps the rule's fixed part (llama.cpp's + 2 GiB and + 1 GiB, vLLM's + 8 GiB and + 2 GiB per
-  GPU beyond the first of that machine) and seed 000's floor of 2 GiB. The head takes the same share as a
-  worker (placement gives every member one plan): more than a CPU head needs, never less.
+  process, so each keeps the rule's fixed part (each engine's, for that machine's GPUs) and seed 000's floor of
+  2 GiB. The head takes the same share as a worker (placement gives every member one plan): more than a CPU
+  head needs, never less.
 - The flat form's margin (seed 003) would be split like the weights; the flat form refuses nodes anyway.
 
 FitPlan then says what each machine takes (gpus, cpu_cores, memory_bytes; min_gpu_memory_bytes for each GPU)

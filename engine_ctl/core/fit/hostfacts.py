@@ -136,7 +136,7 @@ class HostFacts(Fact):
     engine_builds: dict[str, dict[str, EngineInstall]] = Field(default_factory=dict)
     """engine -> platform (cuda, rocm, vulkan, metal, cpu) -> the build the inventory names there, as found."""
     worker_engines: dict[str, EngineInstall] = Field(default_factory=dict)
-    """path -> a binary a replica group's worker runs beside an engine build (llama.cpp's ggml-rpc-server), as
+    """path -> a binary a replica group's worker runs beside an engine build (provider.worker_executables), as
     found: its sha256 (and version, where it has a version flag)."""
     units: tuple[UnitFact, ...] = ()
     ports_in_use: tuple[int, ...] = ()

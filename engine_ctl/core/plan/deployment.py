@@ -227,7 +227,7 @@ def with_measured_startup(
     """The fit with the start-up peak its revision's first start measured set aside instead of the estimate
     (host RAM, never below seed 000's floor of 2 GiB; and each GPU's peak), and where the figures came from. A new
     revision that changes only the instance count (same_engine) keeps the measurement. A replica group keeps the
-    fit: its start is measured on its head only, which need not hold a worker's share (a CPU llama.cpp head holds
+    fit: its start is measured on its head only, which need not hold a worker's share (a CPU head holds
     no layers), and every member takes the one figure."""
     startup = record.startup if record is not None else None
     if record is None or startup is None or startup.host_peak_bytes is None or (d is not None and d.node_count > 1):
