@@ -57,6 +57,10 @@ def _show(adoption: Adoption, location: str) -> None:
             f"{a.status})" + (f": {a.note}" if a.note else ""),
             style="green",
         )
+        for m in a.members:  # a replica group's workers, each on its own host
+            on = f", GPUs {','.join(m.gpus)}" if m.gpus else ""
+            line = f"      group member {m.rank} on {m.host}: {m.unit} (port {m.port}{on}, {m.status})"
+            out.print(line + (f": {m.note}" if m.note else ""), style="yellow" if m.status == "missing" else "green")
     for g in adoption.adopted_gateways:
         out.print(f"  + gateway on {g.host}: http://{g.endpoint}/v1" + (f": {g.note}" if g.note else ""), style="green")
     for name in sorted(set(adoption.deployments) - set(adoption.ids)):

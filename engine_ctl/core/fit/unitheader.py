@@ -2,9 +2,10 @@
 
 It names what the unit is without any state: the deployment, replica, slot and revision, the engine, host, port
 and GPUs, the lineage of the state that made it (units from before lineage headers have none), the deployment's
-ID (none in units from before ID headers), and the sha256 of
-the unit as rendered (with that line's value left empty). `engine-ctl import` rebuilds a state from it, and the
-planner tells another state's units from this one's by its lineage. Pure."""
+ID (none in units from before ID headers), and the sha256 of the unit as rendered (with that line's value left
+empty). A replica group's head (spec.nodes > 1) adds its runtime port (group-port) and a line per worker: its
+unit, host, port and sha256. `engine-ctl import` rebuilds a state from it, and the planner tells another state's
+units from this one's by its lineage. Pure."""
 
 from __future__ import annotations
 
@@ -20,6 +21,20 @@ _PAIR = re.compile(r"([a-z][a-z0-9-]*): (\S+)")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _INT = re.compile(r"0|[1-9][0-9]{0,5}")
 _ULID = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
+_MEMBER = re.compile(r"group member ([1-9][0-9]?): (\S+) on (\S+) port ([0-9]{1,5}) sha256 ([0-9a-f]{64})")
+"""templates/engine.service.j2: a head's line for each worker of its group."""
+
+
+class HeaderMember(BaseModel):
+    """A worker of a replica group as its head's header names it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rank: int
+    unit: str
+    host: str
+    port: int
+    sha256: str
 
 
 class UnitHeader(BaseModel):
@@ -38,6 +53,24 @@ class UnitHeader(BaseModel):
     deployment_id: str | None = None
     """The deployment's ID (a ULID); None in units written before engine-ctl recorded it there."""
     content_sha256: str | None = None
+    group_port: int | None = None
+    """A replica group's head: its runtime port beside `port` (ReplicaRecord.group_port)."""
+    members: tuple[HeaderMember, ...] = ()
+    """A replica group's head: its workers, as far as the lines read go (HEADER_LINES: the probe sends the first
+    ones only; the unit's text has them all)."""
+
+
+def header_members(lines: list[str]) -> tuple[HeaderMember, ...]:
+    """The worker lines of a head's header among a unit's leading comment lines, rank order."""
+    found: dict[int, HeaderMember] = {}
+    for line in lines[1:]:
+        if not line.startswith("# "):
+            break
+        m = _MEMBER.fullmatch(line[2:LINE_LIMIT].rstrip())
+        if m and 1 <= int(m[4]) <= 65535:
+            found.setdefault(int(m[1]), HeaderMember(rank=int(m[1]), unit=m[2], host=m[3], port=int(m[4]),
+                                                     sha256=m[5]))  # fmt: skip
+    return tuple(found[r] for r in sorted(found))
 
 
 def _pairs(lines: list[str]) -> tuple[dict[str, str], str | None]:
@@ -72,7 +105,7 @@ def parse_unit_header(lines: list[str]) -> UnitHeader | None:
     deployment, slot = pairs.get("deployment"), pairs.get("slot")
     if deployment is None or slot not in ("a", "b") or replica is None or revision is None:
         return None
-    port = _int(pairs.get("port"))
+    port, group_port = _int(pairs.get("port")), _int(pairs.get("group-port"))
     content = pairs.get("content-sha256")
     ident = pairs.get("id")
     return UnitHeader(
@@ -81,7 +114,9 @@ def parse_unit_header(lines: list[str]) -> UnitHeader | None:
         gpus=tuple(g for g in pairs.get("gpus", "").split(",") if g), lineage=lineage,
         content_sha256=content if content and _SHA256.fullmatch(content) else None,
         deployment_id=ident if ident and _ULID.fullmatch(ident) else None,
+        group_port=group_port if group_port is not None and 1 <= group_port <= 65535 else None,
+        members=header_members(lines),
     )  # fmt: skip
 
 
-__all__ = ["HEADER_LINES", "UnitHeader", "parse_unit_header"]
+__all__ = ["HEADER_LINES", "HeaderMember", "UnitHeader", "header_members", "parse_unit_header"]

@@ -10,6 +10,14 @@ engine-ctl wrote it). Each adopted unit is rendered again from the documents at 
   the drift and repairs it;
 - anything else (the documents changed since): recorded as it runs, with no specification hash, so the next
   plan gives the deployment a new revision and replaces it, one replica at a time.
+
+A replica group (spec.nodes > 1) is adopted whole: each worker's unit (its head's name and -w<rank>,
+engine_ctl.core.render.units.member_name) is read from its own host and header, checked against the rendering like
+its head's, and recorded as a member of its head's replica, rank order; the head's header gives its runtime port
+(group-port). A worker whose head runs nowhere is left, with why; a worker its head's header names and no host runs
+is recorded from that line, so the next plan shows the member missing and repairs the group (group_drift). What
+import cannot know of a member is the build it was applied with (engine_version, engine_sha256: the host has only
+the binary there now), as for a head: recorded empty, so not checked until an apply starts the member again.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from engine_ctl.core.documents.rules import resolve_engine
 from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
 from engine_ctl.core.fit.modelfacts import ModelFacts
 from engine_ctl.core.fit.runspec import FitPlan
-from engine_ctl.core.fit.unitheader import UnitHeader
+from engine_ctl.core.fit.unitheader import HEADER_LINES, HeaderMember, UnitHeader, header_members, parse_unit_header
 from engine_ctl.core.model import ApiKey, DesiredState
 from engine_ctl.core.names import parse_unit_name
 from engine_ctl.core.plan.diff import spec_digest
@@ -32,13 +40,26 @@ from engine_ctl.core.plan.gateway import Replica, recorded_replicas, render_for,
 from engine_ctl.core.plan.planner import make_plan, render_replica
 from engine_ctl.core.plan.status import recorded_verdict
 from engine_ctl.core.plan.world import recorded_placement
-from engine_ctl.core.record.model import ULID, DeploymentRecord, GatewayRecord, ReplicaRecord, State
+from engine_ctl.core.record.model import ULID, DeploymentRecord, GatewayRecord, MemberRecord, ReplicaRecord, State
 from engine_ctl.core.render.gateway import CONFIG_FILE, GATEWAY_UNIT, RenderedGateway, created_of
 from engine_ctl.core.render.guard import guarded_by
+from engine_ctl.core.render.units import RenderedMember, parse_member_name
 
 
 class AdoptionError(Exception):
     """Nothing can be imported as asked; the message says why and what to pass."""
+
+
+class AdoptedMember(BaseModel):
+    """A worker of an adopted replica group: found on its host, or missing (named by its head's header only)."""
+
+    rank: int
+    host: str
+    unit: str
+    port: int
+    gpus: list[str]
+    status: str
+    note: str = ""
 
 
 class AdoptedReplica(BaseModel):
@@ -54,6 +75,8 @@ class AdoptedReplica(BaseModel):
     lineage: str | None
     note: str = ""
     """How it compares with the documents, when it is not what they render."""
+    members: list[AdoptedMember] = []
+    """A replica group's workers, rank 1 first (empty: a replica on one machine)."""
 
 
 class SkippedUnit(BaseModel):
@@ -83,10 +106,14 @@ class Adoption(BaseModel):
 
 
 Found = tuple[str, UnitFact, UnitHeader]
+Worker = tuple[str, UnitFact, UnitHeader, str, int]
+"""A group worker's unit: its host, unit, header, its head's unit name and its rank."""
+MISSING = "missing"
 
 
-def _header_problem(unit: UnitFact, wanted: set[str]) -> str | None:
-    parsed = parse_unit_name(unit.name)
+def _header_problem(unit: UnitFact, wanted: set[str], head: str | None = None) -> str | None:
+    """Why the unit (a worker's: `head`, its head's unit name) cannot be adopted; None: it can."""
+    parsed = parse_unit_name(head or unit.name)
     h = unit.header
     if parsed is None:
         return "not a name engine-ctl gives its units"
@@ -102,23 +129,29 @@ def _header_problem(unit: UnitFact, wanted: set[str]) -> str | None:
 
 
 def _candidates(desired: DesiredState, inventory: Inventory, facts: Mapping[str, HostFacts]) -> tuple[
-    list[Found], list[SkippedUnit]
+    list[Found], list[Worker], list[SkippedUnit]
 ]:  # fmt: skip
-    """Units of the documents' deployments with a usable header, host by host in inventory order."""
+    """Units of the documents' deployments with a usable header, host by host in inventory order: replicas (a
+    group's head among them) and group workers."""
     wanted = {ld.deployment.name for ld in desired.deployments}
     found: list[Found] = []
+    workers: list[Worker] = []
     skipped: list[SkippedUnit] = []
     for host in (h.name for h in inventory.hosts if h.name in facts):
         for u in sorted(facts[host].units, key=lambda u: u.name):
             if guarded_by(u.name) is not None:  # a replica's guard goes with it (apply writes it from its unit)
                 continue
-            why = _header_problem(u, wanted)
+            member = parse_member_name(u.name)
+            why = _header_problem(u, wanted, member[0] if member else None)
             if why is not None or u.header is None:
                 deployment = u.header.deployment if u.header else None
                 skipped.append(SkippedUnit(host=host, unit=u.name, deployment=deployment, why=why or ""))
                 continue
-            found.append((host, u, u.header))
-    return found, skipped
+            if member is not None:
+                workers.append((host, u, u.header, *member))
+            else:
+                found.append((host, u, u.header))
+    return found, workers, skipped
 
 
 def choose_lineage(found: list[Found], state: State, explicit: str | None) -> tuple[str, str]:
@@ -209,6 +242,83 @@ def _records(
     return records, skipped, sources
 
 
+def _head_members(u: UnitFact, h: UnitHeader) -> tuple[HeaderMember, ...]:
+    """The workers a head's header names: from its whole text where the facts carry it (the probe sends only the
+    first HEADER_LINES lines of a unit)."""
+    return header_members(u.text.splitlines()) if u.text else h.members
+
+
+def _chosen_workers(
+    heads: Mapping[str, ReplicaRecord], workers: list[Worker], lineage: str
+) -> tuple[dict[str, dict[int, Worker]], list[SkippedUnit]]:
+    """The workers of the adopted heads, by head and rank; the others left, with why (never a worker alone)."""
+    chosen: dict[str, dict[int, Worker]] = {}
+    skipped: list[SkippedUnit] = []
+    for w in workers:
+        host, u, h, head, rank = w
+        r, mine = heads.get(head), chosen.setdefault(head, {})
+        if h.lineage is not None and h.lineage != lineage:
+            why = f"owned by another state (lineage {h.lineage})"
+        elif r is None:
+            why = f"group member {rank} of {head}, which runs on no host: a group is adopted whole, not a worker alone"
+        elif h.revision != r.revision:
+            why = f"group member {rank} of {head} at revision {h.revision}, its head at {r.revision}: not one group"
+        elif rank in mine:
+            why = f"group member {rank} of {head} is adopted on {mine[rank][0]}"
+        else:
+            mine[rank] = w
+            continue
+        skipped.append(SkippedUnit(host=host, unit=u.name, deployment=h.deployment, why=why))
+    return chosen, skipped
+
+
+def _members(
+    records: Mapping[str, DeploymentRecord], workers: list[Worker], sources: Mapping[tuple[str, str], Found],
+    lineage: str,
+) -> tuple[list[SkippedUnit], dict[tuple[str, str], Worker]]:  # fmt: skip
+    """Each adopted head's workers as the members of its replica, rank order, with its group port: those found on
+    their hosts, and those its header names that no host runs (recorded from that line: the next plan shows them
+    missing and repairs the group). The workers left, with why; the adopted ones by (host, unit)."""
+    heads = {r.unit: r for rec in records.values() for r in rec.replicas}
+    chosen, skipped = _chosen_workers(heads, workers, lineage)
+    adopted: dict[tuple[str, str], Worker] = {}
+    for r in heads.values():
+        _host, u, h = sources[(r.host, r.unit)]
+        listed = {m.rank: m for m in _head_members(u, h) if parse_member_name(m.unit) == (r.unit, m.rank)}
+        found = chosen.get(r.unit, {})
+        members: list[MemberRecord] = []
+        for rank in sorted(set(found) | set(listed)):
+            w = found.get(rank)
+            try:
+                if w is not None:
+                    members.append(MemberRecord(rank=rank, host=w[0], unit=w[1].name, port=w[2].port or 0,
+                                                gpus=list(w[2].gpus), unit_sha256=w[1].sha256 or ""))  # fmt: skip
+                    adopted[(w[0], w[1].name)] = w
+                else:
+                    m = listed[rank]
+                    members.append(MemberRecord(rank=rank, host=m.host, unit=m.unit, port=m.port, unit_sha256=m.sha256))
+            except ValidationError as exc:
+                if w is not None:
+                    why = f"its header is not valid: {exc.errors()[0]['msg']}"
+                    skipped.append(SkippedUnit(host=w[0], unit=w[1].name, deployment=w[2].deployment, why=why))
+        r.members, r.group_port = members, h.group_port if members else None
+    return skipped, adopted
+
+
+def _adopted_members(
+    r: ReplicaRecord, workers: Mapping[tuple[str, str], Worker], notes: Mapping[tuple[str, str], str]
+) -> list[AdoptedMember]:
+    out = []
+    for m in r.members:
+        w = workers.get((m.host, m.unit))
+        note = notes.get((m.host, m.unit), "")
+        if w is None:
+            note = note or "no host runs it: recorded as its head's header names it; the next plan repairs the group"
+        out.append(AdoptedMember(rank=m.rank, host=m.host, unit=m.unit, port=m.port, gpus=list(m.gpus),
+                                 status=_status(w[1]) if w else MISSING, note=note))  # fmt: skip
+    return out
+
+
 def adopt(
     desired: DesiredState,
     inventory: Inventory,
@@ -218,10 +328,12 @@ def adopt(
     lineage: str | None = None,
 ) -> Adoption:
     """The records of every deployment of the documents that runs on the hosts, as the state would have them."""
-    found, skipped = _candidates(desired, inventory, facts)
-    chosen, reason = choose_lineage(found, state, lineage)
+    found, workers, skipped = _candidates(desired, inventory, facts)
+    heads = found or [(host, u, h) for host, u, h, _head, _rank in workers]  # only workers: theirs
+    chosen, reason = choose_lineage(heads, state, lineage)
     records, more, sources = _records(desired, found, facts, chosen)
-    skipped += more
+    left, members = _members(records, workers, sources, chosen)
+    skipped += more + left
     if not records:
         return Adoption(lineage=chosen, lineage_reason=reason, deployments={}, adopted=[], skipped=skipped)
     ids = {**deployment_ids(facts, records), **header_ids(list(sources.values()), records)}
@@ -234,7 +346,7 @@ def adopt(
     for change in plan.changes:
         record = records[change.name]
         record.plan, record.chosen = change.fit, dict(change.chosen)
-        notes = _compare(desired, inventory, facts, change.fit, record, sources, change.pending_reason
+        notes = _compare(desired, inventory, facts, change.fit, record, sources, members, change.pending_reason
                          or change.failed_reason)  # fmt: skip
         if any(n.startswith("differs") or n.startswith("not compared") for n in notes.values()):
             record.spec_hash = ""  # the next plan gives it a new revision and replaces what differs
@@ -256,6 +368,7 @@ def adopt(
                     status=r.status,
                     lineage=h.lineage,
                     note=notes.get((r.host, r.unit), ""),
+                    members=_adopted_members(r, members, notes),
                 )
             )
     gateways, seen = adopt_gateways(State(lineage=chosen, deployments=records), inventory, facts, desired.api_keys)
@@ -265,10 +378,12 @@ def adopt(
 
 def _compare(
     desired: DesiredState, inventory: Inventory, facts: Mapping[str, HostFacts], fit: FitPlan | None,
-    record: DeploymentRecord, sources: dict[tuple[str, str], Found], why_not: str | None,
+    record: DeploymentRecord, sources: dict[tuple[str, str], Found], workers: Mapping[tuple[str, str], Worker],
+    why_not: str | None,
 ) -> dict[tuple[str, str], str]:  # fmt: skip
-    """Each adopted replica against what the documents render at its revision (with the lineage its header has):
-    a note for each that is not the same file; the argv and, for an edited unit, the sha256 engine-ctl wrote."""
+    """Each adopted replica (and each worker of a group) against what the documents render at its revision (with
+    the lineage its header has): a note for each that is not the same file; the argv and, for an edited unit, the
+    sha256 engine-ctl wrote."""
     notes: dict[tuple[str, str], str] = {}
     if fit is None:
         for r in record.replicas:
@@ -296,6 +411,34 @@ def _compare(
         else:
             notes[(r.host, r.unit)] = (
                 f"differs from what the documents render at revision {r.revision}: the next plan replaces it"
+            )
+        notes |= _compare_members(r, unit.members, workers)
+    return notes
+
+
+def _content_hash(rendered: RenderedMember) -> str | None:
+    header = parse_unit_header(rendered.text.splitlines()[:HEADER_LINES])
+    return header.content_sha256 if header else None
+
+
+def _compare_members(
+    r: ReplicaRecord, rendered: tuple[RenderedMember, ...], workers: Mapping[tuple[str, str], Worker]
+) -> dict[tuple[str, str], str]:
+    """Each worker of an adopted group against its rendering beside its head's, as _compare does a replica; a
+    missing one (recorded from its head's header) takes the rendered argv when its head names that very file."""
+    notes: dict[tuple[str, str], str] = {}
+    by_rank = {m.rank: m for m in rendered}
+    for m in r.members:
+        mine, w = by_rank.get(m.rank), workers.get((m.host, m.unit))
+        on_host = w[1].sha256 if w is not None else m.unit_sha256
+        if mine is not None and (mine.name, mine.host) == (m.unit, m.host) and mine.sha256 == on_host:
+            m.argv = list(mine.argv)
+        elif mine is not None and w is not None and w[1].edited and w[2].content_sha256 == _content_hash(mine):
+            m.argv, m.unit_sha256 = list(mine.argv), mine.sha256
+            notes[(m.host, m.unit)] = "edited by hand since engine-ctl wrote it: the next plan repairs it"
+        else:
+            notes[(m.host, m.unit)] = (
+                f"differs from what the documents render at revision {r.revision}: the next plan replaces the group"
             )
     return notes
 
@@ -424,6 +567,7 @@ def adopt_gateways(state: State, inventory: Inventory, facts: Mapping[str, HostF
 
 __all__ = [
     "AdoptedGateway",
+    "AdoptedMember",
     "AdoptedReplica",
     "Adoption",
     "AdoptionError",

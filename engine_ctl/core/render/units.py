@@ -235,10 +235,17 @@ def member_name(unit: str, rank: int) -> str:
     return unit.removesuffix(UNIT_SUFFIX) + f"-w{rank}{UNIT_SUFFIX}"
 
 
+def parse_member_name(name: str) -> tuple[str, int] | None:
+    """A worker's unit name read back (member_name's inverse): its head's unit and its rank (None: not a
+    worker's name)."""
+    m = MEMBER_SUFFIX.search(name)
+    return (name[: m.start()] + UNIT_SUFFIX, int(m["rank"])) if m and name.startswith(UNIT_PREFIX) else None
+
+
 def member_of(name: str) -> str | None:
     """The head's unit a worker's unit name belongs to (None: not a worker's name)."""
-    m = MEMBER_SUFFIX.search(name)
-    return name[: m.start()] + UNIT_SUFFIX if m and name.startswith(UNIT_PREFIX) else None
+    parsed = parse_member_name(name)
+    return parsed[0] if parsed else None
 
 
 def group_of(p: Placement, hosts: Mapping[str, Host]) -> Group | None:
@@ -363,6 +370,7 @@ def render_unit(
         "deployment_id": run.deployment_id,
         "members": [{"rank": m.rank, "name": m.name, "host": m.host, "port": m.port, "sha256": m.sha256}
                     for m in members],
+        "group_port": group.ports[0] if group is not None else None,
         **_cpu_share(run),
     }  # fmt: skip
     name = unit_name(run.deployment, run.index, run.slot)
