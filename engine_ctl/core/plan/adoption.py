@@ -308,6 +308,7 @@ def _members(
 def _adopted_members(
     r: ReplicaRecord, workers: Mapping[tuple[str, str], Worker], notes: Mapping[tuple[str, str], str]
 ) -> list[AdoptedMember]:
+    """An adopted group's members as import shows them: each found one's state, a missing one said so."""
     out = []
     for m in r.members:
         w = workers.get((m.host, m.unit))
