@@ -3,7 +3,8 @@ replica group, llama-server (built with llama.cpp's RPC backend, -DGGML_RPC=ON) 
 worker (tools/rpc/README.md of llama.cpp), behind the real HAProxy gateway, asked with the official `openai` package
 (max_retries=0: a failure is a failure).
 
-One project for the module (applies are the slow part): serve, roll under load, kill the worker and repair."""
+One project for the module (applies are the slow part): serve, roll under load, kill the worker and repair, lose
+the state and import it."""
 
 from __future__ import annotations
 
@@ -258,3 +259,40 @@ def test_a_workers_binary_changed_under_the_group_is_drift_and_apply_restarts_th
         assert again.returncode == 0, again.stdout + again.stderr
     finally:
         p.ssh(m["host"], f"mv {server}.orig {server}")
+
+
+def _record(state: dict) -> dict:  # type: ignore[type-arg]
+    """What import must give back of the group: the deployment's ID, revision and specification hash, its replica
+    (unit, host, ports, argv, sha256) and each member as apply recorded it, but the build each was applied with
+    (engine_version, engine_sha256: no host says it; the adoption's docstring)."""
+    d = state["deployments"][NAME]
+    (r,) = d["replicas"]
+    unknown = ("engine_version", "engine_sha256")
+    keys = ("index", "slot", "host", "unit", "port", "group_port", "unit_sha256", "revision", "argv", "status")
+    return {
+        "deployment": (d.get("id"), d["revision"], d["spec_hash"]),
+        "replica": {k: r.get(k) for k in keys},
+        "members": [{k: v for k, v in m.items() if k not in unknown} for m in r["members"]],
+    }
+
+
+def test_import_after_a_lost_state_adopts_the_group_whole_and_the_plan_is_empty(group: GroupProject) -> None:
+    """The head's unit and the worker's on its own host adopt as one replica with its member: the next plan is
+    empty, with the ID and revision kept, and the group still serves through the gateway."""
+    p = group
+    p.cli("apply", "--auto-approve", check=True)  # what the tests before left (a binary put back under a worker)
+    before = p.cli("plan", "--detailed-exitcode")
+    assert before.returncode == 0, before.stdout + before.stderr
+    state_file = p.path / "engine-ctl.state.json"
+    lost = json.loads(state_file.read_text())
+    (m,) = lost["deployments"][NAME]["replicas"][0]["members"]
+    state_file.unlink()
+    state_file.with_name(state_file.name + ".backup").unlink(missing_ok=True)
+    imported = p.cli("import", str(p.docs), "--inventory", str(p.inventory), check=True)
+    assert f"group member 1 on {m['host']}: {m['unit']} (port {m['port']}, serving)" in imported.stdout, imported.stdout
+    assert "Left as they are" not in imported.stdout, imported.stdout  # the worker's unit (nor the gateway's)
+    rebuilt = json.loads(state_file.read_text())
+    assert rebuilt["lineage"] == lost["lineage"] and _record(rebuilt) == _record(lost)
+    after = p.cli("plan", "--detailed-exitcode")
+    assert after.returncode == 0 and "No changes." in after.stdout, after.stdout + after.stderr
+    assert p.ask() == NAME

@@ -141,6 +141,8 @@ def _candidates(desired: DesiredState, inventory: Inventory, facts: Mapping[str,
         for u in sorted(facts[host].units, key=lambda u: u.name):
             if guarded_by(u.name) is not None:  # a replica's guard goes with it (apply writes it from its unit)
                 continue
+            if u.name == GATEWAY_UNIT:  # adopt_gateways reads it, with the gateway's files
+                continue
             member = parse_member_name(u.name)
             why = _header_problem(u, wanted, member[0] if member else None)
             if why is not None or u.header is None:
