@@ -461,6 +461,12 @@ class Provider:
     multi_node: ClassVar[bool] = False
     """Whether the engine has its own distributed runtime that spreads one replica over several machines."""
 
+    worker_listens: ClassVar[bool] = True
+    """Whether a group worker's runtime listens on the member port engine-ctl gives it (llama.cpp's rpc-server;
+    SGLang's health server on non-zero ranks): its unit is then started only once that port listens. False where
+    a worker listens on no port named in advance and dials the head instead (vLLM's --headless workers): its unit
+    is started once its process runs, and the head's health gate, which waits for every worker, decides."""
+
     def group_head_argv(self, run: Run, group: Group) -> list[str]:
         """The head's argv: the single-machine argv plus the runtime's flags (it serves the API)."""
         raise NotImplementedError(f"{self.name} does not spread a replica over machines")

@@ -325,3 +325,19 @@ def test_the_llamacpp_group_argv_as_its_rpc_readme_describes() -> None:
     assert [m.argv[:3] for m in r.members] == [
         ["/opt/llama/bin/ggml-rpc-server", "--host", f"10.0.0.{i}"] for i in (2, 3)
     ]
+
+
+def test_a_worker_is_gated_on_its_port_only_where_its_runtime_listens_there() -> None:
+    """llama.cpp's rpc-server listens on its member port (its unit waits for it); vLLM's --headless worker listens
+    on no port named in advance (docs/serving/parallelism_scaling.md: it dials the head's --master-port), so its
+    unit has no such gate: a gate there would wait out the whole start-up budget and fail every vLLM group."""
+    from tests.test_group_fit import _vllm_plan, h100x2
+
+    inv, facts = _world(cpu_host("c1"), cpu_host("c2"))
+    (llama,) = _plan(State(), inv, facts).changes[0].replicas[0].members
+    assert llama.unit_text is not None and f"sport = :{llama.port}" in llama.unit_text
+    assert "ExecStartPost=+/bin/sh" in llama.unit_text
+    (vllm,) = _vllm_plan("gpus: 2, nodes: 2", h100x2("g1", 1), h100x2("g2", 2)).changes[0].replicas[0].members
+    assert vllm.unit_text is not None and "--headless" in vllm.argv and "--port" not in vllm.argv
+    assert "ss -Hltn" not in vllm.unit_text and "ExecStartPost=+/bin/sh" not in vllm.unit_text
+    assert "ExecStartPost=+systemctl reset-failed %n\n" in vllm.unit_text
