@@ -327,17 +327,24 @@ def test_the_llamacpp_group_argv_as_its_rpc_readme_describes() -> None:
     ]
 
 
-def test_a_worker_is_gated_on_its_port_only_where_its_runtime_listens_there() -> None:
-    """llama.cpp's rpc-server listens on its member port (its unit waits for it); vLLM's --headless worker listens
-    on no port named in advance (docs/serving/parallelism_scaling.md: it dials the head's --master-port), so its
-    unit has no such gate: a gate there would wait out the whole start-up budget and fail every vLLM group."""
-    from tests.test_group_fit import _vllm_plan, h100x2
+def test_a_worker_is_gated_on_its_port_only_where_its_runtime_listens_before_its_head_runs() -> None:
+    """apply starts the workers, then the head. llama.cpp's rpc-server listens on its member port at once (its unit
+    waits for it). vLLM's --headless worker listens on no port named in advance (docs/serving/parallelism_scaling.md:
+    it dials the head's --master-port); SGLang 0.5.22's worker of a non-zero rank serves its health check only once
+    its schedulers joined the head (srt/entrypoints/engine.py: wait_for_ready, then
+    launch_dummy_health_check_server). A port gate there would wait out the whole start-up budget for a head that
+    is started only after it, and fail every such group."""
+    from tests.test_group_fit import LLAMA_405B_INT4, MODEL_ST, h100x2
+    from tests.test_group_fit import _plan as _fit_plan
 
     inv, facts = _world(cpu_host("c1"), cpu_host("c2"))
     (llama,) = _plan(State(), inv, facts).changes[0].replicas[0].members
     assert llama.unit_text is not None and f"sport = :{llama.port}" in llama.unit_text
     assert "ExecStartPost=+/bin/sh" in llama.unit_text
-    (vllm,) = _vllm_plan("gpus: 2, nodes: 2", h100x2("g1", 1), h100x2("g2", 2)).changes[0].replicas[0].members
-    assert vllm.unit_text is not None and "--headless" in vllm.argv and "--port" not in vllm.argv
-    assert "ss -Hltn" not in vllm.unit_text and "ExecStartPost=+/bin/sh" not in vllm.unit_text
-    assert "ExecStartPost=+systemctl reset-failed %n\n" in vllm.unit_text
+    for engine in ("vllm", "sglang"):
+        plan = _fit_plan(MODEL_ST, f"engine: {engine}, context_length: 8192, gpus: 2, nodes: 2", LLAMA_405B_INT4,
+                         h100x2("g1", 1), h100x2("g2", 2), engines={engine: "/opt/e/bin/e"})  # fmt: skip
+        (worker,) = plan.changes[0].replicas[0].members
+        assert worker.unit_text is not None and "--node-rank" in worker.argv, engine
+        assert "ss -Hltn" not in worker.unit_text and "ExecStartPost=+/bin/sh" not in worker.unit_text, engine
+        assert "ExecStartPost=+systemctl reset-failed %n\n" in worker.unit_text

@@ -293,7 +293,9 @@ def render_member(
         "restart_sec": RESTART_SEC,
         "exits_dir": EXITS_DIR,
         "exec_start": exec_line(argv),
-        "exec_listening": exec_line(listening_argv(group.ports[rank], budget)) if provider.worker_listens else None,
+        "exec_listening": (
+            exec_line(listening_argv(group.ports[rank], budget)) if provider.worker_listens_before_head else None
+        ),
         "startup_budget": budget,
         "ip_allow": sorted({*group.addresses, *([run.bind_address] if is_ip(run.bind_address) else [])}),
         "environment": [env_assignment(k, v) for k, v in sorted(environment.items())],
