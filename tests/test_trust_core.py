@@ -249,6 +249,20 @@ def test_a_connection_cut_during_authentication_is_the_network_not_the_key() -> 
     assert _cut_off(client, paramiko.AuthenticationException("Authentication failed."))  # the transport is gone
 
 
+def test_a_transport_gone_before_authentication_is_tried_again() -> None:
+    """paramiko's auth_* raise SSHException("No existing session") when the transport is no longer up: the CI
+    run of test_two_applies_at_once… SIGSTOPped an apply mid-handshake and, resumed, it named two reachable
+    hosts unreachable. Nothing ran there: a new connection is safe. A refused key or host key never is."""
+    import paramiko
+
+    from engine_ctl.shell.transport import _transient
+
+    assert _transient(paramiko.SSHException("No existing session"))
+    assert _transient(paramiko.SSHException("Error reading SSH protocol banner[Errno 104] Connection reset by peer"))
+    assert not _transient(paramiko.SSHException("Incompatible ssh peer (no acceptable kex algorithm)"))
+    assert not _transient(paramiko.AuthenticationException("Authentication failed."))
+
+
 # --- one bad document never blocks the others' plan -----------------------------------------------------------
 def test_one_bad_document_never_blocks_the_others_plan_and_nothing_is_destroyed_for_it(tmp_path: Path) -> None:
     """The real CLI in a subprocess, on this machine (transport: local)."""

@@ -537,11 +537,13 @@ class _Transient(Exception):
 
 
 def _transient(exc: BaseException) -> bool:
-    """A reset, a refusal or an aborted connection, or the SSH banner never read (a reset mid-handshake);
-    not a DNS failure, an unreachable network, or anything about keys."""
+    """A reset, a refusal or an aborted connection, the SSH banner never read (a reset mid-handshake), or a
+    transport that was gone before authentication began (paramiko's "No existing session": the server hung up, or
+    this process was suspended past the handshake's timeouts, as with Ctrl-Z then fg); nothing ran on the host in
+    any of these. Not a DNS failure, an unreachable network, or anything about keys."""
     if isinstance(exc, ConnectionResetError | ConnectionRefusedError | ConnectionAbortedError | EOFError):
         return True
-    return "Error reading SSH protocol banner" in str(exc)
+    return "Error reading SSH protocol banner" in str(exc) or str(exc) == "No existing session"
 
 
 def _cut_off(client: paramiko.SSHClient, exc: paramiko.AuthenticationException) -> bool:
