@@ -461,6 +461,14 @@ class Provider:
     multi_node: ClassVar[bool] = False
     """Whether the engine has its own distributed runtime that spreads one replica over several machines."""
 
+    worker_listens_before_head: ClassVar[bool] = True
+    """Whether a group worker's runtime listens on the member port engine-ctl gives it on its own, before its head
+    starts (llama.cpp's rpc-server does at once): apply starts the workers first, so a worker's unit is gated on
+    that port only then. False where a worker first joins its head's rendezvous: a vLLM --headless worker listens
+    on no port named in advance; an SGLang worker of a non-zero rank serves its health check only once its
+    schedulers are ready, which takes the head. Such a unit is started once its process runs, and the head's
+    health gate, which waits for every worker, decides."""
+
     def group_head_argv(self, run: Run, group: Group) -> list[str]:
         """The head's argv: the single-machine argv plus the runtime's flags (it serves the API)."""
         raise NotImplementedError(f"{self.name} does not spread a replica over machines")

@@ -141,6 +141,9 @@ class SgLang(PagedProvider):
 
     # --- a replica over several machines: SGLang's multi-node tensor parallel ------------------------------
     multi_node: ClassVar[bool] = True
+    # A worker (node rank > 0) starts its health server only after its schedulers are ready, and they join the
+    # head's --dist-init-addr first (srt/entrypoints/engine.py: wait_for_ready, then launch_dummy_health_check_server).
+    worker_listens_before_head: ClassVar[bool] = False
 
     def tensor_parallel_size(self, gpus: int, nodes: int) -> int:
         """Tensor parallel spans the group (sglang_group_flags: --tp-size = GPUs per node x nodes)."""

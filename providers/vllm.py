@@ -132,6 +132,9 @@ class Vllm(PagedProvider):
 
     # --- a replica over several machines: vLLM's multi-node serving with multiprocessing ----------------
     multi_node: ClassVar[bool] = True
+    # A --headless worker opens no port engine-ctl names: it dials the head's --master-port (torch.distributed's
+    # TCPStore client) and its engine processes take ports the OS gives them (ZeroMQ, NCCL).
+    worker_listens_before_head: ClassVar[bool] = False
 
     def group_head_argv(self, run: Run, group: Group) -> list[str]:
         return self._serve_argv(run, group, 0)

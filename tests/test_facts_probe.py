@@ -338,3 +338,31 @@ def test_a_gguf_cut_short_in_its_tensor_data_is_not_valid(tmp_path: Path) -> Non
         (tmp_path / "cut.gguf").write_bytes(whole[:cut])
         error = probe.model_metadata(str(tmp_path / "cut.gguf"))["error"]
         assert error == f"not a valid GGUF file (truncated: its tensors need {len(whole)} bytes, the file has {cut})"
+
+
+def test_an_engine_in_a_virtual_environment_of_the_probes_own_python_is_found(tmp_path: Path) -> None:
+    """An engine pip-installed into a virtual environment made from the host's python3 (its bin/python links to
+    that very binary): its version is read from the environment's own site-packages, not the probe's, which do
+    not have it. The probe took such a venv's python for its own and reported the engine missing."""
+    import venv
+
+    root = tmp_path / "engine-venv"
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(root)
+    python = root / "bin" / "python3"
+    assert os.path.realpath(python) == os.path.realpath(sys.executable)  # the same binary, another environment
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    dist = Path(site) / "fake_engine-1.2.3.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-engine\nVersion: 1.2.3\n\n")
+    script = root / "bin" / "fake-engine"
+    script.write_text(f"#!{python}\nprint('serving')\n")
+    script.chmod(0o755)
+    assert not probe.is_own_python(str(python)) and probe.is_own_python(sys.executable)
+    spec = {"fake": {"candidates": [str(script)], "probe": {"kind": "python_dist", "dist": "fake-engine"}}}
+    args = {"models_dir": "/nonexistent", "cache_dir": "/tmp", "engines": spec}
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", "-", json.dumps(args)], input=gather.probe_source(), capture_output=True, text=True
+    )
+    engines = json.loads(out.stdout)["engines"]
+    assert engines["fake"]["version"] == "1.2.3" and engines["fake"]["path"] == str(script)

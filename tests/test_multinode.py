@@ -5,12 +5,16 @@ it as one replica with its members, and drift and status that name a member. No 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from engine_ctl.providers import LLAMACPP, PROVIDERS
 
 from engine_ctl.cli.views.plan import plan_text
-from engine_ctl.core.documents.inventory import Host, Inventory
+from engine_ctl.core.diagnostics import InputError
+from engine_ctl.core.documents.inventory import Host, Inventory, load_inventory
+from engine_ctl.core.documents.loader import load_documents
+from engine_ctl.core.documents.yamlsource import parse_text
 from engine_ctl.core.fit.hostfacts import EngineInstall, HostFacts, UnitFact
 from engine_ctl.core.plan.engines import with_engines
 from engine_ctl.core.plan.planner import Plan, make_plan
@@ -18,7 +22,7 @@ from engine_ctl.core.plan.savedplan import decode_plan, tampering
 from engine_ctl.core.plan.status import deployment_status
 from engine_ctl.core.record.model import DeploymentRecord, MemberRecord, ReplicaRecord, State
 from tests.fleetfacts import cpu_host
-from tests.helpers import deployment, load, messages
+from tests.helpers import deployment, load, messages, write
 from tests.test_plan_core import SHAPE, desired
 
 LLAMA = "/opt/llama/bin/llama-server"
@@ -325,3 +329,64 @@ def test_the_llamacpp_group_argv_as_its_rpc_readme_describes() -> None:
     assert [m.argv[:3] for m in r.members] == [
         ["/opt/llama/bin/ggml-rpc-server", "--host", f"10.0.0.{i}"] for i in (2, 3)
     ]
+
+
+def test_a_worker_is_gated_on_its_port_only_where_its_runtime_listens_before_its_head_runs() -> None:
+    """apply starts the workers, then the head. llama.cpp's rpc-server listens on its member port at once (its unit
+    waits for it). vLLM's --headless worker listens on no port named in advance (docs/serving/parallelism_scaling.md:
+    it dials the head's --master-port); SGLang 0.5.22's worker of a non-zero rank serves its health check only once
+    its schedulers joined the head (srt/entrypoints/engine.py: wait_for_ready, then
+    launch_dummy_health_check_server). A port gate there would wait out the whole start-up budget for a head that
+    is started only after it, and fail every such group."""
+    from tests.test_group_fit import LLAMA_405B_INT4, MODEL_ST, h100x2
+    from tests.test_group_fit import _plan as _fit_plan
+
+    inv, facts = _world(cpu_host("c1"), cpu_host("c2"))
+    (llama,) = _plan(State(), inv, facts).changes[0].replicas[0].members
+    assert llama.unit_text is not None and f"sport = :{llama.port}" in llama.unit_text
+    assert "ExecStartPost=+/bin/sh" in llama.unit_text
+    for engine in ("vllm", "sglang"):
+        plan = _fit_plan(MODEL_ST, f"engine: {engine}, context_length: 8192, gpus: 2, nodes: 2", LLAMA_405B_INT4,
+                         h100x2("g1", 1), h100x2("g2", 2), engines={engine: "/opt/e/bin/e"})  # fmt: skip
+        (worker,) = plan.changes[0].replicas[0].members
+        assert worker.unit_text is not None and "--node-rank" in worker.argv, engine
+        assert "ss -Hltn" not in worker.unit_text and "ExecStartPost=+/bin/sh" not in worker.unit_text, engine
+        assert "ExecStartPost=+systemctl reset-failed %n\n" in worker.unit_text
+
+
+def test_each_members_collective_interface_is_its_own_hosts_network_interface(tmp_path: Path) -> None:
+    """hosts.yaml's network_interface gives each member NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME (vLLM's
+    parallelism_scaling.md and SGLang's multi-node page: where the machines have several networks); left out, the
+    libraries choose and neither is set. A name that is no interface name is refused at file:line:col."""
+    from tests.test_group_fit import LLAMA_405B_INT4, MODEL_ST, h100x2
+
+    path = write(tmp_path, "hosts.yaml", """
+        defaults: {models_dir: /srv/models, engines: {vllm: /opt/e/bin/vllm}}
+        hosts:
+          - {name: g1, address: 10.0.0.1, network_interface: eth1}
+          - {name: g2, address: 10.0.0.2, network_interface: ens5}
+        """)  # fmt: skip
+    inv = load_inventory(path)
+    docs, _ = parse_text(MODEL_ST + "---\nmetadata: {name: big}\nspec: {model: m, engine: vllm, gpus: 2, nodes: 2, "
+                         "context_length: 8192}\n", "d.yaml")  # fmt: skip
+    facts = {h.host: h for h in (h100x2("g1", 1), h100x2("g2", 2))}
+    for named in (True, False):
+        hosts = inv if named else Inventory(hosts=tuple(h.model_copy(update={"network_interface": None})
+                                                        for h in inv.hosts))  # fmt: skip
+        plan = make_plan(load_documents(docs).desired, State(), hosts, facts, {"m": LLAMA_405B_INT4})
+        (r,) = plan.changes[0].replicas
+        (m,) = r.members
+        assert r.unit_text is not None and m.unit_text is not None
+        head_if = {"g1": "eth1", "g2": "ens5"}[r.host]
+        worker_if = {"g1": "eth1", "g2": "ens5"}[m.host]
+        for text, name in ((r.unit_text, head_if), (m.unit_text, worker_if)):
+            for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+                assert (f'Environment="{var}={name}"\n' in text) == named, (var, name, named)
+            assert ("SOCKET_IFNAME" in text) == named
+    bad = write(tmp_path, "bad.yaml", "hosts:\n  - {name: g1, network_interface: 'eth0; rm -rf /'}\n")
+    with pytest.raises(InputError) as err:
+        load_inventory(bad)
+    (d,) = err.value.diagnostics
+    assert (d.location.line, d.field, d.code) == (2, "hosts[0].network_interface", "invalid_interface")
+    assert d.render().startswith("bad.yaml:2:") or ":2:" in d.render()
+    assert "is not a network interface's name" in d.message and d.hint is not None and "eth1" in d.hint

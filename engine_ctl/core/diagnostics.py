@@ -78,6 +78,7 @@ CODES: dict[str, str] = {
     "flag_not_allowed": "a flag not on the engine's allow-list",
     # the inventory
     "not_absolute_path": "an inventory path (models_dir, cache_dir) that is not absolute",
+    "invalid_interface": "an inventory network_interface that is not a network interface's name",
     "invalid_executable": "an engine executable path systemd cannot run as given",
     "invalid_key_hash": "an ApiKey's sha256 that is not 64 lowercase hexadecimal digits",
     "invalid_expiry": "an ApiKey's expires that is not a date or a date and time",

@@ -673,7 +673,8 @@ class Executor:
     # --- a replica group (spec.nodes > 1): its workers start before its head and go with it -----------------
     def _start_members(self, change: DeploymentChange, step: ReplicaChange, verb: str = "start") -> None:
         """Write and start (or restart) each worker of the group, in rank order, each gated on its runtime
-        listening; on a failure, the workers started so far are removed again and the step fails."""
+        listening where it listens before its head runs (provider.worker_listens_before_head); on a failure, the
+        workers started so far are removed again and the step fails."""
         started: list[MemberStep] = []
         for m in step.members:
             assert m.unit_text is not None
@@ -686,8 +687,10 @@ class Executor:
                 raise StepFailed(f"group member {m.rank} ({m.unit}) on {m.host}: "
                                  f"{reason or 'its start failed'}")  # fmt: skip
             started.append(m)
-            self.progress(f"{change.name}: replica {step.index}: group member {m.rank} on {m.host}: {m.unit} "
-                          f"listening on port {m.port}")  # fmt: skip
+            engine = PROVIDERS.get(change.fit.engine) if change.fit else None
+            gated = engine is None or engine.worker_listens_before_head
+            state = f"listening on port {m.port}" if gated else "started"
+            self.progress(f"{change.name}: replica {step.index}: group member {m.rank} on {m.host}: {m.unit} {state}")
 
     def _remove_members(self, members: Sequence[MemberStep]) -> None:
         """Stop and remove a group's workers (what fails here is said, never raised: the head's fate decides)."""

@@ -16,6 +16,8 @@ from engine_ctl.core.sizes import parse_size
 from engine_ctl.providers import NON_ENGINE_EXECUTABLES, PROVIDERS, canonical_engine, engine_keys, seal
 
 DEFAULT_MODELS_DIR = "/var/lib/engine-ctl/models"
+INTERFACE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+"""A Linux network interface's name (IFNAMSIZ is 16 with the NUL): what NCCL_SOCKET_IFNAME may safely name."""
 DEFAULT_CACHE_DIR = "/var/cache/engine-ctl"
 GATEWAY_ROLE = "gateway"
 DEFAULT_GATEWAY_PORT = 8800
@@ -106,6 +108,11 @@ class HostSettings(_Doc):
         None, description=f"The gateway's port on a gateway host ({DEFAULT_GATEWAY_PORT})."
     )
     models_dir: str | None = Field(None, description=f"Where model weights live on the host ({DEFAULT_MODELS_DIR}).")
+    network_interface: str | None = Field(
+        None, description="The network interface a replica group's members talk over (spec.nodes > 1), e.g. eth1, "
+        "where the host has several: the collective libraries' NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME. Left out: "
+        "the libraries choose."
+    )  # fmt: skip
     cache_dir: str | None = Field(None, description=f"The engine cache directory ({DEFAULT_CACHE_DIR}).")
     engines: dict[EngineKey, str | EngineBuilds] | None = Field(
         None, description="Engine name -> its executable on the host, or one build per platform (cuda, rocm, vulkan, "
@@ -246,6 +253,8 @@ class Host(BaseModel):
     gateway_port: int = DEFAULT_GATEWAY_PORT
     models_dir: str = DEFAULT_MODELS_DIR
     cache_dir: str = DEFAULT_CACHE_DIR
+    network_interface: str | None = None
+    """The interface a replica group's members talk over on this host (None: the collective libraries choose)."""
     engines: dict[str, str] = {}
     """Engine -> the one executable for every platform."""
     engine_builds: dict[str, dict[str, str]] = {}
@@ -328,8 +337,15 @@ def _expand(path: str | None, base: Path | None) -> str | None:
 
 
 def _path_problems(doc: SourceDocument, where: tuple[str | int, ...], settings: HostSettings) -> list[Diagnostic]:
-    """Paths a unit or an argv is built from: absolute, and executables in the characters ExecStart takes."""
+    """Paths a unit or an argv is built from: absolute, and executables in the characters ExecStart takes; the
+    network interface a unit's environment names."""
     out: list[Diagnostic] = []
+    interface = settings.network_interface
+    if interface is not None and not INTERFACE_NAME.fullmatch(interface):
+        path = (*where, "network_interface")
+        out.append(Diagnostic(doc.locate(path), format_path(path), f"{interface!r} is not a network interface's name",
+                              hint="name it as `ip link` shows it, e.g. eth1 or ens5 (1 to 15 letters, digits, _ . -)",
+                              code="invalid_interface"))  # fmt: skip
     for key in ("models_dir", "cache_dir"):
         value = getattr(settings, key)
         if value is not None and not value.startswith("/"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import posixpath
 import re
@@ -250,12 +251,13 @@ def member_of(name: str) -> str | None:
 
 def group_of(p: Placement, hosts: Mapping[str, Host]) -> Group | None:
     """The replica group placed at `p` (None: a replica on one machine): each member's inventory address, its
-    runtime port (the head's group_port first)."""
+    runtime port (the head's group_port first), and the head host's network interface (render_member gives each
+    worker its own host's)."""
     if not p.members:
         return None
     addresses = (hosts[p.host].address, *(hosts[m.host].address for m in p.members))
     ports = (p.group_port or p.port, *(m.port for m in p.members))
-    return Group(addresses=addresses, ports=ports)
+    return Group(addresses=addresses, ports=ports, interface=hosts[p.host].network_interface)
 
 
 def listening_argv(port: int, budget_s: int) -> list[str]:
@@ -276,6 +278,7 @@ def render_member(
 ) -> RenderedMember:
     """Worker `rank` of a replica group: its runtime's argv (the provider's), the same hardening as a replica,
     reachable only from the group's hosts (IPAddressAllow=), gated on its runtime port listening."""
+    group = dataclasses.replace(group, interface=host.network_interface)  # the interface is each host's own
     argv = provider.group_worker_argv(run, group, rank)
     cache = run.cache_dir or cache_path(host, run.deployment)
     cache_directory, cache_rw = _cache_directives(cache)
@@ -300,7 +303,9 @@ def render_member(
         "restart_sec": RESTART_SEC,
         "exits_dir": EXITS_DIR,
         "exec_start": exec_line(argv),
-        "exec_listening": exec_line(listening_argv(group.ports[rank], budget)),
+        "exec_listening": (
+            exec_line(listening_argv(group.ports[rank], budget)) if provider.worker_listens_before_head else None
+        ),
         "startup_budget": budget,
         "ip_allow": sorted({*group.addresses, *([run.bind_address] if is_ip(run.bind_address) else [])}),
         "environment": [env_assignment(k, v) for k, v in sorted(environment.items())],

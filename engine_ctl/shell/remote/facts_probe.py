@@ -470,12 +470,22 @@ def dist_version(name: str, dirs: Iterable[str]) -> str | None:
     return None
 
 
+def venv_root(interpreter: str) -> str | None:
+    """The virtual environment an interpreter's path belongs to, found as site.py finds it: a pyvenv.cfg in the
+    path's directory or the one above, before symlinks are followed (a venv's python is a link to its base's)."""
+    exe_dir = os.path.dirname(os.path.abspath(interpreter))
+    return next((d for d in (exe_dir, os.path.dirname(exe_dir)) if os.path.isfile(os.path.join(d, "pyvenv.cfg"))), None)
+
+
 def is_own_python(interpreter: str) -> bool:
-    """Whether `interpreter` is the Python running this probe (the host's python3, where pip-installed engines live)."""
+    """Whether `interpreter` is the Python running this probe (the host's python3, where pip-installed engines
+    live): the same binary in the same environment. A virtual environment's python (an engine pip-installed into
+    /opt/engine/bin) links to the host's python3 but finds its own packages: it is not this one."""
     try:
-        return os.path.realpath(interpreter) == os.path.realpath(sys.executable)
+        same = os.path.realpath(interpreter) == os.path.realpath(sys.executable)
     except OSError:
         return False
+    return same and venv_root(interpreter) == venv_root(sys.executable)
 
 
 def own_site_dirs() -> list[str]:
@@ -485,8 +495,7 @@ def own_site_dirs() -> list[str]:
     include-system-site-packages = true (and then no user site, as site.py decides)."""
     import site
 
-    exe_dir = os.path.dirname(sys.executable)  # a venv is found as site.venv finds it (under -S it never ran)
-    venv = next((d for d in (exe_dir, os.path.dirname(exe_dir)) if os.path.isfile(os.path.join(d, "pyvenv.cfg"))), None)
+    venv = venv_root(sys.executable)  # a venv is found as site.venv finds it (under -S it never ran)
     if venv is None:
         user = site.getusersitepackages()
         return [*([user] if isinstance(user, str) else []), *site.getsitepackages()]
