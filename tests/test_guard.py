@@ -177,7 +177,7 @@ def test_the_plan_shows_the_guard_and_a_guard_beside_its_replica_is_not_unmanage
     assert [d.unit for d in unmanaged_units(state, {"h": facts})] == ["engine-ctl-other-0a-guard.service"]
     # `engine-ctl import` neither adopts a guard nor lists it as skipped: it goes with its replica
     inventory = Inventory(hosts=(Host(name="h", address=ENGINE_HOST),))
-    _found, skipped = _candidates(desired_with("model: qwen3-8b", "parked"), inventory, {"h": facts})
+    _found, _workers, skipped = _candidates(desired_with("model: qwen3-8b", "parked"), inventory, {"h": facts})
     assert [s.unit for s in skipped] == [unit.name]  # (that fact has no header: skipped, and said)
 
 
