@@ -98,28 +98,28 @@ def release_refusal(provider: Provider, facts: HostFacts, path: str) -> str | No
 
 def engine_drift_detail(record: ReplicaRecord, facts: HostFacts) -> str | None:
     """Why the engine under a recorded replica is not the one it was applied with (None: the same one)."""
-    if not record.engine_sha256 or not record.argv:
-        return None
-    now = engine_at(facts, record.argv[0])
-    if now is None or now.sha256 is None or now.sha256 == record.engine_sha256:
-        return None
-    return (f"the engine at {record.argv[0]} on {record.host} changed: version {record.engine_version or 'unknown'} "
-            f"(sha256 {record.engine_sha256[:12]}…) → {now.version or 'unknown'} (sha256 {now.sha256[:12]}…); "
-            "the replica restarts onto it")  # fmt: skip
+    return _changed(record.argv, record.engine_sha256, record.engine_version, f"on {record.host}", facts,
+                    "the replica restarts onto it")  # fmt: skip
 
 
 def member_engine_drift_detail(name: str, record: ReplicaRecord, member: MemberRecord, facts: HostFacts) -> str | None:
     """Why the binary a group's worker runs is not the one it was applied with (None: the same one, or a member
     recorded before members recorded it): drift of the whole replica, which restarts onto it."""
-    if not member.engine_sha256 or not member.argv:
+    where = f"on {member.host} (worker {member.rank} of {name} replica {record.index})"
+    then = "the group restarts onto it"
+    return _changed(member.argv, member.engine_sha256, member.engine_version, where, facts, then)
+
+
+def _changed(argv: list[str], sha: str, version: str | None, where: str, facts: HostFacts, then: str) -> str | None:
+    """'the engine at PATH WHERE changed: version … → …; THEN' when the build at argv[0] is not the recorded one
+    (None: the same, or nothing recorded to compare)."""
+    if not sha or not argv:
         return None
-    now = engine_at(facts, member.argv[0])
-    if now is None or now.sha256 is None or now.sha256 == member.engine_sha256:
+    now = engine_at(facts, argv[0])
+    if now is None or now.sha256 is None or now.sha256 == sha:
         return None
-    return (f"the engine at {member.argv[0]} on {member.host} (worker {member.rank} of {name} replica "
-            f"{record.index}) changed: version {member.engine_version or 'unknown'} (sha256 "
-            f"{member.engine_sha256[:12]}…) → {now.version or 'unknown'} (sha256 {now.sha256[:12]}…); the group "
-            "restarts onto it")  # fmt: skip
+    return (f"the engine at {argv[0]} {where} changed: version {version or 'unknown'} (sha256 {sha[:12]}…) → "
+            f"{now.version or 'unknown'} (sha256 {now.sha256[:12]}…); {then}")  # fmt: skip
 
 
 def recorded_version(said: str | None) -> str | None:
