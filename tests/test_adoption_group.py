@@ -75,6 +75,20 @@ def test_the_heads_header_names_its_group_port_and_its_workers() -> None:
     assert header_members(["# Managed by engine-ctl", "# group member 1: x on h port 99999 sha256 " + "0" * 64]) == ()
 
 
+def test_the_probe_reads_a_whole_head_header_at_the_most_nodes_a_document_may_ask() -> None:
+    """nodes: 16 (validate's bound): 15 worker lines, then the content-sha256 line, all within what the probe
+    sends; with 8 lines a head of 4 or more lost its content hash, and a hand edit read as a unit that differs."""
+    from engine_ctl.shell.remote.facts_probe import unit_file
+
+    _, _, plan = _group(nodes=16)
+    (r,) = plan.changes[0].replicas
+    assert r.unit_text is not None
+    sent = unit_file(r.unit_text.encode())["header"]
+    header = parse_unit_header(sent)
+    assert header is not None and len(header.members) == 15
+    assert any(line.startswith("# content-sha256: ") for line in sent), sent
+
+
 def test_a_group_adopts_as_one_replica_with_its_members_and_the_next_plan_is_empty() -> None:
     state, facts, _ = _group()
     adoption = _adopt(facts)

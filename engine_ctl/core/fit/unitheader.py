@@ -14,8 +14,10 @@ import re
 from pydantic import BaseModel, ConfigDict
 
 MARK = "# Managed by engine-ctl"
-HEADER_LINES = 8
-"""The probe sends at most this many leading comment lines of each unit."""
+HEADER_LINES = 24
+"""The probe sends at most this many leading comment lines of each unit: enough for a group head's whole header
+at the most nodes a document may ask (16: seven lines of its own and one per worker), its content-sha256 line
+included, so a hand edit of any head reads as an edit (repaired in place), never as a unit that differs."""
 LINE_LIMIT = 512
 _PAIR = re.compile(r"([a-z][a-z0-9-]*): (\S+)")
 _SHA256 = re.compile(r"[0-9a-f]{64}")

@@ -195,7 +195,7 @@ def systemd_version() -> str | None:
     return parse_systemctl_version(run(["systemctl", "--version"])["out"])
 
 
-HEADER_LINES = 8
+HEADER_LINES = 24
 
 
 def unit_file(data: bytes) -> dict[str, Any]:
