@@ -135,7 +135,7 @@ def test_request_log_has_every_request_and_never_the_key(ob: ObserveProject) -> 
     assert status == 401 and "x-request-id" in headers  # the gateway's own answers carry one too
     time.sleep(1)
 
-    shown = ob.cli("logs", "--gateway", "--json", "--inventory", str(ob.inventory), "--since", "10m")
+    shown = ob.cli("logs", "--gateway", "--json", "--inventory", str(ob.inventory), "--since", ob.since)
     assert shown.returncode == 0, shown.stdout + shown.stderr
     lines = [json.loads(x) for x in shown.stdout.splitlines()]
     by_id = {x["id"]: x for x in lines}
@@ -151,7 +151,7 @@ def test_request_log_has_every_request_and_never_the_key(ob: ObserveProject) -> 
     assert refused and refused[-1]["key"] is None and refused[-1]["deployment"] is None
     assert [x["ts"] for x in lines] == sorted(x["ts"] for x in lines)  # merged in time order
 
-    only_b = ob.cli("logs", "--gateway", "gw-b", "--inventory", str(ob.inventory), "--since", "10m")
+    only_b = ob.cli("logs", "--gateway", "gw-b", "--inventory", str(ob.inventory), "--since", ob.since)
     assert only_b.returncode == 0, only_b.stdout + only_b.stderr
     assert only_b.stdout and all(" 200 gw-b " in x for x in only_b.stdout.splitlines()), only_b.stdout
     assert made in only_b.stdout and "obs-given-1" not in only_b.stdout
