@@ -79,6 +79,10 @@ def test_a_retried_and_redispatched_request_is_logged_as_json_with_its_retries(t
                                          headers={"Authorization": f"Bearer {KEY_ALL}"})  # fmt: skip
             with urllib.request.urlopen(req, timeout=30) as r:
                 assert r.status == 200 and json.loads(r.read())["replica"] == "chat-1"
+        # HAProxy writes a request's line when its stream ends, a moment after the client has the whole answer
+        deadline = time.monotonic() + 10
+        while _logged(tmp_path) < 6 and time.monotonic() < deadline:
+            time.sleep(0.1)
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -95,6 +99,10 @@ def test_a_retried_and_redispatched_request_is_logged_as_json_with_its_retries(t
     moved = [p for p in parsed if p is not None and p.redispatched]
     assert moved and all(p.retries >= 1 and p.replica == "r1a" for p in moved), parsed
     assert all(p.retries == 0 for p in parsed if p is not None and not p.redispatched), parsed
+
+
+def _logged(tmp_path: Path) -> int:
+    return sum(1 for ln in (tmp_path / "stdout.log").read_text().splitlines() if ln.startswith('{"ts":'))
 
 
 def test_a_line_of_a_gateway_rendered_before_the_quoting_is_still_read() -> None:
