@@ -34,6 +34,7 @@ from engine_ctl.core.render.gateway import (
     internal_sources,
     misrouted,
     render_gateway,
+    server_lines,
     server_name,
     wake_addresses_for,
 )
@@ -516,14 +517,7 @@ def as_recorded(after: Mapping[str, Mapping[Any, Replica]], config: str) -> dict
 
 def servers_in(config: str) -> list[tuple[str, str, bool]]:
     """(backend, server, disabled) of each server line of a haproxy.cfg."""
-    out, backend = [], ""
-    for line in config.splitlines():
-        words = line.split()
-        if words[:1] == ["backend"] and len(words) > 1:
-            backend = words[1]
-        elif words[:1] == ["server"] and len(words) > 1:
-            out.append((backend, words[1], words[-1] == "disabled"))
-    return out
+    return [(backend, server, disabled) for backend, server, _, disabled in server_lines(config)]
 
 
 def blind(text: str, servers: set[tuple[str, str]]) -> str:

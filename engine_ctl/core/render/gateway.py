@@ -536,16 +536,25 @@ def state_across_reload(dumped: str, start: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def server_addresses(config: str) -> dict[str, str]:
-    """ "backend/server" -> "address:port" of each server line of a haproxy.cfg that names one (not a unix socket)."""
-    out, backend = {}, ""
+def server_lines(config: str) -> list[tuple[str, str, str, bool]]:
+    """(backend, server, address, disabled) of each server line of a haproxy.cfg (address "" where it has none)."""
+    out, backend = [], ""
     for line in config.splitlines():
         words = line.split()
         if words[:1] == ["backend"] and len(words) > 1:
             backend = words[1]
-        elif words[:1] == ["server"] and len(words) > 2 and ":" in words[2] and not words[2].startswith("unix@"):
-            out[f"{backend}/{words[1]}"] = words[2]
+        elif words[:1] == ["server"] and len(words) > 1:
+            out.append((backend, words[1], words[2] if len(words) > 2 else "", words[-1] == "disabled"))
     return out
+
+
+def server_addresses(config: str) -> dict[str, str]:
+    """ "backend/server" -> "address:port" of each server line of a haproxy.cfg that names one (not a unix socket)."""
+    return {
+        f"{backend}/{server}": address
+        for backend, server, address, _ in server_lines(config)
+        if ":" in address and not address.startswith("unix@")
+    }
 
 
 def misrouted(config: str, running: Mapping[str, str]) -> dict[str, tuple[str, str]]:

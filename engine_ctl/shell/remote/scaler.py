@@ -518,6 +518,12 @@ class PgLock:
 # The scaler ---------------------------------------------------------------------------------------------------
 
 
+def scaled_to_zero(mem: Obj, idle_minutes: int) -> None:
+    """What the scaler says of a min-0 deployment with no replica running (its hold's reason, if one is held)."""
+    mem["state"] = "ScaledToZero"
+    mem["reason"] = mem.get("hold_reason") or "no request for %d min: it holds no GPU" % idle_minutes
+
+
 class Scaler:
     def __init__(self, config: Obj, state_path: str, log: Callable[[str], None]) -> None:
         self.config, self.state_path, self.log = config, state_path, log
@@ -865,8 +871,7 @@ class Scaler:
         mem["running"], mem["ready"] = obs["running"], len(obs["ready"])
         mem["wanted"] = len(obs["running"])
         if not obs["running"] and int(dep["min"]) == 0:
-            mem["state"] = "ScaledToZero"
-            mem["reason"] = mem.get("hold_reason") or "no request for %d min: it holds no GPU" % (obs["idle_s"] // 60)
+            scaled_to_zero(mem, int(obs["idle_s"] // 60))
         elif not obs["ready"]:
             mem["state"] = "Starting"
             mem["reason"] = "replica %s is loading" % busy.get("slot", "?")
@@ -1010,9 +1015,7 @@ class Scaler:
             mem["running"], mem["wanted"] = running, len(running)
             mem["ready"] = min(int(mem.get("ready", 0)), len(running))
             if not running and int(dep["min"]) == 0:
-                mem["state"] = "ScaledToZero"
-                idle = int(dep.get("idle_minutes") or 0)
-                mem["reason"] = mem.get("hold_reason") or "no request for %d min: it holds no GPU" % idle
+                scaled_to_zero(mem, int(dep.get("idle_minutes") or 0))
 
     # --- a parked deployment, woken on a request (engine_ctl.core.plan.wake) -----------------------------------
     def parked_cycle(self, dep: Obj, held: int) -> None:
