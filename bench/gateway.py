@@ -5,13 +5,20 @@ model, and the real HAProxy with the configuration engine-ctl renders in front o
   straight to the replica, alternating (target: p50 <= 1 ms);
 - throughput at 8 concurrent clients through the gateway against direct (target: >= 0.95x).
 
-Run:  .venv/bin/python -m bench.gateway [REQUESTS] [--rounds 16] [--seconds 2] [--variants]
+Run:  .venv/bin/python -m bench.gateway [REQUESTS] [--rounds 16] [--seconds 2] [--variants] [--cores-apart]
 
 Throughput is measured in rounds: each round measures direct and the gateway back to back, in an order that turns
 around every round, and the ratio reported is the median of the rounds' ratios (the machine is shared and its load
 drifts). --variants adds gateways with one suspect of overhead taken out each (body buffering, the large buffers,
-the hold's rules, the per-server maxconn, the request log), side by side in the same rounds. The rendered
+the hold's rules, the per-server maxconn, the request log, the
+retry of a request whose pooled connection closed), side by side in the same rounds. The rendered
 gateway has its request log and metrics port on, as engine-ctl renders them with a monitoring block.
+
+By default the engine, HAProxy and the clients share every CPU: on a saturated machine the gateway's CPU is taken
+from the engine's, so the ratio is about 1 - HAProxy's share of a request's CPU. --cores-apart pins the engine to
+the first CPU and HAProxy and the clients to the others (in every measurement, direct ones included), as on an
+engine host whose engine has cores the gateway does not use: the ratio is then what the gateway's path itself
+costs the engine's throughput.
 """
 
 from __future__ import annotations
@@ -26,12 +33,13 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from engine_ctl.core.documents.apikey import key_sha256
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.model import ApiKey
-from engine_ctl.core.render.gateway import ALLOCATOR_ENV, GatewayBackend, GatewayServer, render_gateway
+from engine_ctl.core.render.gateway import ALLOCATOR_ENV, DEPTH_PRECHECK, GatewayBackend, GatewayServer, render_gateway
 from tests.llama import llama_server_dir, tiny_model
 
 KEY = "ak-bench-" + "0" * 40
@@ -93,8 +101,10 @@ def variants(config: str) -> dict[str, str]:
     (wait-for-body, and so the route on the body's model: the model map is skipped for a fixed backend), the
     large buffers (tune.bufsize 256 KiB, HAProxy's default 16 KiB instead), the hold's rules (Lua runs only with no
     server up, but its ACLs are evaluated on every request), the per-server maxconn (HAProxy's own queue), HAProxy's
-    threads (one per CPU, HAProxy's default, against the one engine-ctl renders) and, as the floor, a plain proxy
-    with no rule at all."""
+    threads (one per CPU, HAProxy's default, against the one engine-ctl renders), the request log, the L7 retry
+    (`retry-on ... empty-response`: HAProxy copies the whole request buffer, bufsize bytes, before it sends a
+    request it may send again), the regex that spares most requests the Lua depth scan (taken out: the scan runs
+    on every request with a body, as before) and, as the floor, a plain proxy with no rule at all."""
     lines = config.splitlines(keepends=True)
 
     def without(*needles: str) -> str:
@@ -110,6 +120,10 @@ def variants(config: str) -> dict[str, str]:
         "no server maxconn": config.replace(" maxconn 8", ""),
         f"nbthread {os.cpu_count()}": config.replace("    nbthread 1\n", f"    nbthread {os.cpu_count()}\n"),
         "no request log": without("log-format", "log stdout format raw"),
+        "no L7 retry": config.replace("retry-on conn-failure empty-response", "retry-on conn-failure"),
+        "Lua depth scan always": config.replace(
+            f"lua.depth if {{ req.body -m reg {DEPTH_PRECHECK} }}", "lua.depth if { req.body_size gt 0 }"
+        ),
         "plain proxy": plain_proxy(config),
     }
 
@@ -129,6 +143,19 @@ def plain_proxy(config: str) -> str:
             "    default_backend d_bench\n"
             f"backend d_bench\n    balance leastconn\n    option httpchk GET /health\n"
             f"    default-server check inter 5s\n    {server}\n")  # fmt: skip
+
+
+ENGINE_CPUS: set[int] | None = None
+"""--cores-apart: the CPU the engine runs on (the others run HAProxy and the clients); None: all share every CPU."""
+
+
+def pinned(cpus: set[int] | None) -> Callable[[], None] | None:
+    """A preexec_fn that pins the child (and so every thread it starts) to `cpus`."""
+    return None if cpus is None else lambda: os.sched_setaffinity(0, cpus)
+
+
+def other_cpus() -> set[int] | None:
+    return None if ENGINE_CPUS is None else set(range(os.cpu_count() or 2)) - ENGINE_CPUS
 
 
 def start_gateways(tmp: str, replica: int, chosen: list[str]) -> tuple[dict[str, int], list[subprocess.Popen[bytes]]]:
@@ -151,8 +178,9 @@ def start_gateways(tmp: str, replica: int, chosen: list[str]) -> tuple[dict[str,
         # the environment the gateway's unit gives HAProxy (its allocator settings); its stdout, where the request
         # log goes (the journal, in the unit), to a file: one write per request, as to journald's pipe
         log = (folder / "stdout.log").open("wb")
-        procs.append(subprocess.Popen(["haproxy", "-f", f"{folder}/haproxy.cfg"], env={**os.environ, **ALLOCATOR_ENV},
-                                      stdout=log, stderr=subprocess.DEVNULL))  # fmt: skip
+        env = {**os.environ, **ALLOCATOR_ENV}
+        procs.append(subprocess.Popen(["haproxy", "-f", f"{folder}/haproxy.cfg"], env=env, stdout=log,
+                                      stderr=subprocess.DEVNULL, preexec_fn=pinned(other_cpus())))  # fmt: skip
         ports[name] = port
     return ports, procs
 
@@ -253,11 +281,16 @@ def main(requests: int, rounds: int, seconds: float, all_variants: bool) -> None
     engine = subprocess.Popen(
         [str(llama), "--model", str(tiny_model()), "--alias", "bench", "--ctx-size", "2048", "--parallel", "8",
          "--host", "127.0.0.1", "--port", str(replica), "--threads", "1", "--no-webui"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=pinned(ENGINE_CPUS),
     )  # fmt: skip
+    if (clients := other_cpus()) is not None:
+        os.sched_setaffinity(0, clients)  # this process: the clients (its threads inherit it)
     chosen = list(variants("")) if all_variants else ["rendered"]
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs",
           flush=True)  # fmt: skip
+    if ENGINE_CPUS is not None:
+        print(f"cores apart: the engine on CPU {sorted(ENGINE_CPUS)}, HAProxy and the clients on CPU "
+              f"{sorted(other_cpus() or ())}", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         ports, procs = start_gateways(tmp, replica, chosen)
         try:
@@ -289,5 +322,9 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=2, help="seconds per throughput measurement (2)")
     parser.add_argument("--variants", action="store_true",
                         help="also measure the configuration without each suspect of overhead")  # fmt: skip
+    parser.add_argument("--cores-apart", action="store_true",
+                        help="the engine on the first CPU, HAProxy and the clients on the others")  # fmt: skip
     args = parser.parse_args()
+    if args.cores_apart:
+        ENGINE_CPUS = {0}
     main(args.requests, args.rounds, args.seconds, args.variants)

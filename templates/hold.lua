@@ -86,7 +86,7 @@ end, 0)
 -- may recurse once a level (llama-server's crashes with SIGSEGV past about 100,000 levels). The scan jumps from one
 -- bracket or quote to the next (string.find), so a request costs one pass over its body's brackets, and stops at
 -- the first level past the bound; brackets inside strings do not count.
-local MAX_DEPTH = 64
+local MAX_DEPTH = {{ json_depth_limit }}
 local find, byte = string.find, string.byte
 local function too_deep(body)
     local depth, pos = 0, 1

@@ -54,6 +54,11 @@ def test_json_nested_deeper_than_64_levels_is_refused_in_the_openai_shape(gatewa
     assert set(body["error"]) == {"message", "type", "param", "code"}
     assert post(base, nested(64))[0] == 400, "65 levels in all: one too many"
     assert post(base, nested(63))[0] == 200, "64 levels in all are served"
+    # more opening brackets than the limit, none deep: the regex lets the Lua scan it, and it is served
+    shallow = b'{"model":"chat","messages":[{"role":"user","content":"hi"}],"logit_bias":{},"stop":[' + b",".join(
+        [b"[]"] * 200) + b"]}"  # fmt: skip
+    status, body = post(base, shallow)
+    assert status != 400 or body["error"]["code"] != "json_too_deep", body
     # brackets inside strings are text, not nesting (and an escaped quote does not end the string)
     text = json.dumps({"model": "chat", "messages": [{"role": "user", "content": '\\"' + "[{" * 5000}]})
     assert post(base, text.encode())[0] == 200
