@@ -112,6 +112,22 @@ def test_a_group_adopts_as_one_replica_with_its_members_and_the_next_plan_is_emp
     assert not again.has_changes and again.drift == [], plan_text(again)
 
 
+def test_the_scalers_unit_is_engine_ctls_own_and_never_left_as_a_foreign_unit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A gateway host that ran a scaler for an earlier document keeps its unit; import neither adopts it as a
+    replica nor lists it under "Left as they are" as "not a name engine-ctl gives its units" (the plan, too,
+    counts it as engine-ctl's own). Seen on the fleet, where an earlier module's scaler was still there."""
+    _, facts, _ = _group()
+    c1 = facts["c1"]
+    scaler = UnitFact(name="engine-ctl-scaler.service", active_state="active", sub_state="running")
+    with_scaler = {**facts, "c1": c1.model_copy(update={"units": (*c1.units, scaler)})}
+    adoption = _adopt(with_scaler)
+    assert adoption.skipped == [] and len(adoption.adopted) == 1
+    _show(adoption, "engine-ctl.state.json")
+    assert "Left as they are" not in capsys.readouterr().out
+
+
 def test_a_group_of_three_adopts_every_worker_in_rank_order() -> None:
     """Its head's header has more lines than the probe sends (HEADER_LINES): the workers come from the text."""
     state, facts, _ = _group(nodes=3)

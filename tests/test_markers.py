@@ -62,3 +62,13 @@ def test_marked_fleet_tests_are_deselected_by_not_fleet_and_nothing_boots(pytest
     )
     assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
     result.stdout.fnmatch_lines(["*2 deselected*"])
+
+
+def test_the_fleet_tiers_longest_first_order_names_modules_that_exist() -> None:
+    from pathlib import Path
+
+    from tests.conftest import FLEET_MODULE_SECONDS
+
+    here = Path(__file__).parent
+    assert [m for m in FLEET_MODULE_SECONDS if not (here / f"{m}.py").is_file()] == []
+    assert list(FLEET_MODULE_SECONDS.values()) == sorted(FLEET_MODULE_SECONDS.values(), reverse=True)
