@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,7 +59,13 @@ FLEET_MODULE_SECONDS = {
 
 def pytest_configure(config: pytest.Config) -> None:
     """pytest-xdist would sort modules by their number of tests: keep the order the collection hook gives them
-    (xdist's --no-loadscope-reorder)."""
+    (xdist's --no-loadscope-reorder).
+
+    And Ctrl-C reaches the commands the tests start as it reaches a user's: a shell without job control starts a
+    background command (`.ci/run &`, nohup) with SIGINT ignored, every process it starts inherits that, and
+    Python then installs no KeyboardInterrupt handler; the tests that send SIGINT would wait for nothing."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
 
