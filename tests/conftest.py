@@ -39,11 +39,14 @@ FLEET_FIXTURES = frozenset({"fleet", "fleet_inventory", "project", "weights"})
 # the run took 1,257 s. The fleet tier starts the longest module first (longest processing time first), so that
 # the three workers end together; a module not listed runs after these, in collection order. Refresh it from a
 # run's durations when modules grow: an old figure costs only balance, never a test (test_markers.py checks that
-# each name is a module).
+# each name is a module). The order is the table's: longest first, except test_fleet_trust, which starts after
+# test_fleet_hostile as it always had. Run first on the same fleet, it left one host taking about 100 s to open an
+# SSH channel minutes later (a command that took 30 s alone took 128 s, and once failed "Timeout opening channel");
+# not found yet, so not hidden either: the closing note of 5 December 2026 says so.
 # fmt: off
 FLEET_MODULE_SECONDS = {
-    "test_fleet_stateful": 252, "test_fleet_scaler": 245, "test_fleet_trust": 239, "test_fleet_apply": 236,
-    "test_fleet_gateway": 209, "test_fleet_hostile": 167, "test_fleet_scaler_gateways": 146,
+    "test_fleet_stateful": 252, "test_fleet_scaler": 245, "test_fleet_apply": 236,
+    "test_fleet_gateway": 209, "test_fleet_hostile": 167, "test_fleet_trust": 239, "test_fleet_scaler_gateways": 146,
     "test_fleet_lifecycle": 126, "test_fleet_gateway_truth": 117, "test_fleet_scaler_failed_slot": 114,
     "test_fleet_scaler_load": 106, "test_fleet_multinode": 90, "test_fleet_scaler_lock": 72, "test_fleet_import": 67,
     "test_fleet_records": 66, "test_fleet_ownership": 65, "test_fleet_multinode_engines": 61,
@@ -70,8 +73,11 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.loadscopereorder = False
 
 
-def module_seconds(item: pytest.Item) -> int:
-    return FLEET_MODULE_SECONDS.get(item.path.stem, 0)
+FLEET_MODULE_ORDER = {name: i for i, name in enumerate(FLEET_MODULE_SECONDS)}
+
+
+def module_rank(item: pytest.Item) -> int:
+    return FLEET_MODULE_ORDER.get(item.path.stem, len(FLEET_MODULE_ORDER))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -89,4 +95,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             f"{len(unmarked)} test(s) use the fleet without the `fleet` marker; add `pytestmark = pytest.mark.fleet`"
             f" (or @pytest.mark.fleet):\n  {listing}"
         )
-    items.sort(key=lambda item: -module_seconds(item))  # stable: each module's tests keep their order
+    items.sort(key=module_rank)  # stable: each module's tests keep their order
