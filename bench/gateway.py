@@ -10,9 +10,9 @@ Run:  .venv/bin/python -m bench.gateway [REQUESTS] [--rounds 16] [--seconds 2] [
 Throughput is measured in rounds: each round measures direct and the gateway back to back, in an order that turns
 around every round, and the ratio reported is the median of the rounds' ratios (the machine is shared and its load
 drifts). --variants adds gateways with one suspect of overhead taken out each (body buffering, the large buffers,
-the hold's rules, the per-server maxconn, the request log, the
-retry of a request whose pooled connection closed), side by side in the same rounds. The rendered
-gateway has its request log and metrics port on, as engine-ctl renders them with a monitoring block.
+the hold's rules, the per-server maxconn, the request log, the retry of a request whose pooled connection closed),
+side by side in the same rounds. The rendered gateway has its request log and metrics port on, as engine-ctl
+renders them with a monitoring block.
 
 By default the engine, HAProxy and the clients share every CPU: on a saturated machine the gateway's CPU is taken
 from the engine's, so the ratio is about 1 - HAProxy's share of a request's CPU. --cores-apart pins the engine to
