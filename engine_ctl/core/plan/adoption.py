@@ -43,7 +43,7 @@ from engine_ctl.core.plan.world import recorded_placement
 from engine_ctl.core.record.model import ULID, DeploymentRecord, GatewayRecord, MemberRecord, ReplicaRecord, State
 from engine_ctl.core.render.gateway import CONFIG_FILE, GATEWAY_UNIT, RenderedGateway, created_of
 from engine_ctl.core.render.guard import guarded_by
-from engine_ctl.core.render.scaler import SCALER_UNIT
+from engine_ctl.core.render.scaler import GATEWAY_HOST_UNITS
 from engine_ctl.core.render.units import RenderedMember, parse_member_name
 
 
@@ -142,10 +142,8 @@ def _candidates(desired: DesiredState, inventory: Inventory, facts: Mapping[str,
         for u in sorted(facts[host].units, key=lambda u: u.name):
             if guarded_by(u.name) is not None:  # a replica's guard goes with it (apply writes it from its unit)
                 continue
-            if u.name == GATEWAY_UNIT:  # adopt_gateways reads it, with the gateway's files
-                continue
-            if u.name == SCALER_UNIT:  # engine-ctl's own (as the plan has it): apply makes it from the documents
-                continue  # that scale, and deployment_ids reads the IDs its state carries
+            if u.name in GATEWAY_HOST_UNITS:  # engine-ctl's own, not replicas: adopt_gateways reads the gateway's
+                continue  # with its files; apply makes the scaler's, and deployment_ids reads its state's IDs
             member = parse_member_name(u.name)
             why = _header_problem(u, wanted, member[0] if member else None)
             if why is not None or u.header is None:

@@ -51,7 +51,7 @@ from engine_ctl.core.plan.wake import woken_parks
 from engine_ctl.core.plan.world import Allocation, Hosts
 from engine_ctl.core.record.model import DeploymentRecord, State, deployment_id_for
 from engine_ctl.core.render.gateway import GATEWAY_UNIT
-from engine_ctl.core.render.scaler import SCALER_UNIT
+from engine_ctl.core.render.scaler import GATEWAY_HOST_UNITS
 from engine_ctl.core.render.scalerlock import ScalerLock
 
 
@@ -100,7 +100,7 @@ def with_gateways(
         if change.name in alone:
             change.warnings.append(alone[change.name])
     plan.drift += [Drift(host=d["host"], unit=GATEWAY_UNIT, kind=d["kind"], detail=d["detail"]) for d in found]
-    return {(host, unit) for host in facts for unit in (GATEWAY_UNIT, SCALER_UNIT)}
+    return {(host, unit) for host in facts for unit in GATEWAY_HOST_UNITS}
 
 
 def planning_order(desired: DesiredState, state: State, targets: list[str] | None) -> list[str]:

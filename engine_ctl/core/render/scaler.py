@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.render.gateway import (
     ADMIN_SOCKET,
+    GATEWAY_UNIT,
     HOLD_S,
     LOOPBACK,
     WAKE_PORT,
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     pass
 
 SCALER_UNIT = "engine-ctl-scaler.service"
+GATEWAY_HOST_UNITS = (GATEWAY_UNIT, SCALER_UNIT)
+"""The units a gateway host runs beside its replicas: engine-ctl's own, never a replica and never unmanaged."""
 SCALER_DIR = "/etc/engine-ctl/scaler"
 SCALER_CONFIG = f"{SCALER_DIR}/scaler.json"
 SCALER_PROGRAM = f"{SCALER_DIR}/scaler.py"

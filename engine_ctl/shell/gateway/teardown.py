@@ -17,7 +17,14 @@ from engine_ctl.core.render.gateway import (
     RUN_DIR,
     replica_key_files,
 )
-from engine_ctl.core.render.scaler import COMMAND_PATH, KEY_COMMENT, SCALER_DIR, SCALER_STATE, SCALER_UNIT
+from engine_ctl.core.render.scaler import (
+    COMMAND_PATH,
+    GATEWAY_HOST_UNITS,
+    KEY_COMMENT,
+    SCALER_DIR,
+    SCALER_STATE,
+    SCALER_UNIT,
+)
 from engine_ctl.core.render.scalerlock import PASSWORD_FILE
 from engine_ctl.shell.systemd import UNIT_DIR, daemon_reload, disable_now
 from engine_ctl.shell.transport import HostFailure, SSHOptions, transport_for
@@ -33,7 +40,7 @@ def teardown_script(gateway: bool, shared: bool) -> str:
         # finds its private folder with no link to it and fails (RUNTIME_DIRECTORY: File exists)
         paths = [GATEWAY_DIR, GATEWAY_DIR + ".new", RUN_DIR, PRIVATE_RUN_DIR, SCALER_DIR, PASSWORD_FILE, SCALER_STATE]
         steps += [
-            disable_now(GATEWAY_UNIT, SCALER_UNIT),
+            disable_now(*GATEWAY_HOST_UNITS),
             f"rm -f {UNIT_DIR}/{GATEWAY_UNIT} {UNIT_DIR}/{SCALER_UNIT}",
             "rm -rf " + " ".join(shlex.quote(p) for p in paths),
         ]
