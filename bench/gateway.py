@@ -10,9 +10,9 @@ Run:  .venv/bin/python -m bench.gateway [REQUESTS] [--rounds 16] [--seconds 2] [
 Throughput is measured in rounds: each round measures direct and the gateway back to back, in an order that turns
 around every round, and the ratio reported is the median of the rounds' ratios (the machine is shared and its load
 drifts). --variants adds gateways with one suspect of overhead taken out each (body buffering, the large buffers,
-the hold's rules, the per-server maxconn, the request log, the retry of a request whose pooled connection closed),
-side by side in the same rounds. The rendered gateway has its request log and metrics port on, as engine-ctl
-renders them with a monitoring block.
+the hold's rules, the per-server maxconn, the request log), and one with the L7 retry engine-ctl rendered before
+(--variant NAME picks some), side by side in the same rounds. The rendered gateway has its request log and
+metrics port on, as engine-ctl renders them with a monitoring block.
 
 By default the engine, HAProxy and the clients share every CPU: on a saturated machine the gateway's CPU is taken
 from the engine's, so the ratio is about 1 - HAProxy's share of a request's CPU. --cores-apart pins the engine to
@@ -98,19 +98,22 @@ def throughput(port: int, key: bool, clients: int = 8, seconds: float = 5) -> fl
 
 def variants(config: str) -> dict[str, str]:
     """The rendered configuration, and the same with one suspect of overhead taken out: the body's buffering
-    (wait-for-body, and so the route on the body's model: the model map is skipped for a fixed backend), the
-    large buffers (tune.bufsize 256 KiB, HAProxy's default 16 KiB instead), the hold's rules (Lua runs only with no
-    server up, but its ACLs are evaluated on every request), the per-server maxconn (HAProxy's own queue), HAProxy's
-    threads (one per CPU, HAProxy's default, against the one engine-ctl renders), the request log, the L7 retry
+    (wait-for-body, and so the route on the body's model: the model map is skipped for a fixed backend), the large
+    buffers (tune.bufsize 256 KiB, HAProxy's default 16 KiB instead), the hold's rules (Lua runs only with no server
+    up, but its ACLs are evaluated on every request), the per-server maxconn (HAProxy's own queue), HAProxy's
+    threads (one per CPU, HAProxy's default, against the one engine-ctl renders), the request log, the regex that
+    spares most requests the Lua depth scan (taken out: the scan runs on every request with a body, as before) and,
+    as the floor, a plain proxy with no rule at all. One variant adds what engine-ctl rendered before: the L7 retry
     (`retry-on ... empty-response`: HAProxy copies the whole request buffer, bufsize bytes, before it sends a
-    request it may send again), the regex that spares most requests the Lua depth scan (taken out: the scan runs
-    on every request with a body, as before) and, as the floor, a plain proxy with no rule at all."""
+    request it may send again)."""
     lines = config.splitlines(keepends=True)
 
     def without(*needles: str) -> str:
         return "".join(ln for ln in lines if not any(n in ln for n in needles))
 
-    no_body = without("wait-for-body", "req.body", "json_query", "must provide a model", "models.map", "scopes.map")
+    no_body = without(
+        "wait-for-body", "req.body", "json_query", "must provide a model", "models.map", "scopes.map", "ectl_stream"
+    )
     no_body = no_body.replace("use_backend %[var(txn.backend)]", "use_backend d_bench")
     return {
         "rendered": config,
@@ -120,7 +123,7 @@ def variants(config: str) -> dict[str, str]:
         "no server maxconn": config.replace(" maxconn 8", ""),
         f"nbthread {os.cpu_count()}": config.replace("    nbthread 1\n", f"    nbthread {os.cpu_count()}\n"),
         "no request log": without("log-format", "log stdout format raw"),
-        "no L7 retry": config.replace("retry-on conn-failure empty-response", "retry-on conn-failure"),
+        "L7 retry (before)": config.replace("retry-on conn-failure\n", "retry-on conn-failure empty-response\n"),
         "Lua depth scan always": config.replace(
             f"lua.depth if {{ req.body -m reg {DEPTH_PRECHECK} }}", "lua.depth if { req.body_size gt 0 }"
         ),
@@ -246,6 +249,7 @@ class Meter:
         print(f"  CPU per request: engine {engine_us:.0f} us (direct)", flush=True)
         for name, cpu in self.gateway_cpu.items():
             us = cpu / self.requests[name] * 1e6
+            print(f"  CPU per request: engine {self.engine_cpu[name] / self.requests[name] * 1e6:.0f} us ({name})")
             print(f"  CPU per request: HAProxy ({name}) {us:.0f} us, {us / (us + engine_us):.1%} of the CPU a request "
                   f"takes through it: the most it can take from throughput on a shared host", flush=True)  # fmt: skip
 
@@ -275,7 +279,7 @@ def rounds_of(replica: int, ports: dict[str, int], rounds: int, seconds: float, 
     return ratios
 
 
-def main(requests: int, rounds: int, seconds: float, all_variants: bool) -> None:
+def main(requests: int, rounds: int, seconds: float, all_variants: bool, only: list[str] | None = None) -> None:
     replica = free_port()
     llama = llama_server_dir() / "bin" / "llama-server"
     engine = subprocess.Popen(
@@ -285,7 +289,7 @@ def main(requests: int, rounds: int, seconds: float, all_variants: bool) -> None
     )  # fmt: skip
     if (clients := other_cpus()) is not None:
         os.sched_setaffinity(0, clients)  # this process: the clients (its threads inherit it)
-    chosen = list(variants("")) if all_variants else ["rendered"]
+    chosen = list(variants("")) if all_variants else ["rendered", *(only or [])]
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs",
           flush=True)  # fmt: skip
     if ENGINE_CPUS is not None:
@@ -324,7 +328,9 @@ if __name__ == "__main__":
                         help="also measure the configuration without each suspect of overhead")  # fmt: skip
     parser.add_argument("--cores-apart", action="store_true",
                         help="the engine on the first CPU, HAProxy and the clients on the others")  # fmt: skip
+    parser.add_argument("--variant", action="append", choices=[v for v in variants("") if v != "rendered"],
+                        help="measure this variant beside the rendered one (repeatable)")  # fmt: skip
     args = parser.parse_args()
     if args.cores_apart:
         ENGINE_CPUS = {0}
-    main(args.requests, args.rounds, args.seconds, args.variants)
+    main(args.requests, args.rounds, args.seconds, args.variants, args.variant)

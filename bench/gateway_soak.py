@@ -17,8 +17,8 @@ does to one replica, the two in turn, through the gateway's admin socket: `set s
 wait until its requests in flight (`show stat` scur) are 0, `state maint`, stop the llama-server (SIGTERM),
 start it again on the same port, wait for its /health, `state ready`, and wait until the gateway sees it UP.
 Each level also prints the gateway's retries (`show stat` wretr of the backend: connections it tried again, each a
-request that `retry-on conn-failure empty-response` kept from failing, such as one sent on a pooled connection the
-replica had just closed), the rolls done, and the load average before and after it (the CPUs are shared by the
+request whose connection a replica refused, sent on to another; a request a replica took is never sent again), the
+rolls done, and the load average before and after it (the CPUs are shared by the
 clients, HAProxy and both engines). --keep keeps the folder with HAProxy's request log and the replicas' logs.
 
 The target (issue 24): 0 failed requests at every level, also while a roll is under way. Exit status 1 when any
@@ -66,8 +66,8 @@ class Level:
     roll_seconds: list[float] = field(default_factory=list)
     roll_failures: list[str] = field(default_factory=list)
     retries: int | None = None
-    """--local: requests the gateway sent again (`show stat` wretr of the backend): each one a request that would
-    have failed without `retry-on` (a pooled connection the replica had just closed)."""
+    """--local: connections the gateway tried again (`show stat` wretr of the backend): each one a request whose
+    connection a replica refused (`retry-on conn-failure`), sent on to another."""
     load_before: tuple[float, float, float] = (0.0, 0.0, 0.0)
     load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
 

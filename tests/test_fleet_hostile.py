@@ -118,8 +118,8 @@ def test_a_replica_that_crashes_again_and_again_comes_back_and_the_crash_shows(h
 
 
 def test_a_soak_of_16_clients_fails_no_request(hg: GatewayProject) -> None:
-    """The keep-alive race: llama-server closes a pooled connection right after a streamed answer, as HAProxy
-    sends the next request on it; the gateway tries such a request again (retry-on empty-response)."""
+    """The keep-alive race: llama-server closes a connection right after a streamed answer; the gateway never
+    pools a stream's connection, so no request is sent on one it is closing (half the clients stream)."""
     argv = [sys.executable, "-m", "bench.gateway_soak", "--base", hg.base, "--key", KEY_ALL, "--model", "gw-a",
             "--clients", "16", "--seconds", "20", "--json"]  # fmt: skip
     run = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)

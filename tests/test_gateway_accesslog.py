@@ -1,7 +1,8 @@
 """The gateway's access log, read back from the real HAProxy: a request the gateway retried and sent on to another
-replica (`retry-on conn-failure empty-response`, `option redispatch 1`) is logged as valid JSON, with its retries
-and the redispatch. HAProxy writes %rc as "+1" for a redispatch: unquoted, that line was not JSON, and `engine-ctl
-logs --gateway` and `usage` dropped it (3,740 of 3,819 retried requests in a 30-minute bench.gateway_soak)."""
+replica (its connection to the first was refused: `retries`, `retry-on conn-failure`, `option redispatch 1`) is
+logged as valid JSON, with its retries and the redispatch. HAProxy writes %rc as "+1" for a redispatch: unquoted,
+that line was not JSON, and `engine-ctl logs --gateway` and `usage` dropped it (3,740 of 3,819 retried requests in
+a 30-minute bench.gateway_soak). And a request a replica took is never sent to a second one."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -18,14 +20,14 @@ from engine_ctl.core.documents.apikey import key_sha256
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.model import ApiKey
 from engine_ctl.core.render.gateway import GatewayBackend, GatewayServer, render_gateway
-from engine_ctl.shell.gateway.runtime import server_states
+from engine_ctl.shell.gateway.runtime import ServerState, server_states
 from engine_ctl.shell.transport import LocalTransport
 from tests.test_gateway_loopback import HAPROXY, KEY_ALL, Replica, chat, free_port
 
 
-def hang_up_on_posts(port: int) -> socket.socket:
+def hang_up_on_posts(port: int, posts: list[int]) -> socket.socket:
     """A replica that passes its health checks (GET answers 200) and closes every POST's connection without a
-    word: what llama-server does to a pooled connection it closes just as the gateway sends on it."""
+    word, as an engine that crashes on a request does; it counts the POSTs it was sent in `posts`."""
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
@@ -41,17 +43,30 @@ def hang_up_on_posts(port: int) -> socket.socket:
                 head = conn.recv(65536)
                 if head.startswith(b"GET "):
                     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+                elif head:
+                    posts.append(1)
 
     threading.Thread(target=serve, daemon=True).start()
     return listener
 
 
-def test_a_retried_and_redispatched_request_is_logged_as_json_with_its_retries(tmp_path: Path) -> None:
-    mute_port, good_port = free_port(), free_port()
-    mute = hang_up_on_posts(mute_port)
-    good = Replica("chat-1", good_port)
+class CountingReplica(Replica):
+    """A stand-in replica that counts the POSTs it answers (its health checks are GETs)."""
+
+    def __init__(self, name: str, port: int) -> None:
+        self.answered = 0
+        super().__init__(name, port)
+
+    def finish_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
+        first = request.recv(4, socket.MSG_PEEK)
+        self.answered += first.startswith(b"POST")
+        super().finish_request(request, client_address)
+
+
+def start_gateway(tmp_path: Path, first_port: int, good_port: int) -> tuple[subprocess.Popen[bytes], Host]:
+    """The real HAProxy with the rendered configuration, in front of two replicas, once both are UP."""
     servers = (
-        GatewayServer(name="r0a", address="127.0.0.1", port=mute_port, maxconn=4),
+        GatewayServer(name="r0a", address="127.0.0.1", port=first_port, maxconn=4),
         GatewayServer(name="r1a", address="127.0.0.1", port=good_port, maxconn=4),
     )
     host = Host(name="edge", address="127.0.0.1", gateway_port=free_port(), transport="local")
@@ -63,22 +78,43 @@ def test_a_retried_and_redispatched_request_is_logged_as_json_with_its_retries(t
     (tmp_path / "server-state").write_text("")
     log = (tmp_path / "stdout.log").open("wb")
     proc = subprocess.Popen([HAPROXY, "-f", str(tmp_path / "haproxy.cfg")], stdout=log, stderr=subprocess.DEVNULL)
+    log.close()
+    t = LocalTransport(host)
+    deadline = time.monotonic() + 15
+    states: dict[tuple[str, str], ServerState] = {}
+    while time.monotonic() < deadline:  # both servers pass their first check
+        states = server_states(t, str(tmp_path / "admin.sock")) if (tmp_path / "admin.sock").exists() else {}
+        if all(states.get(("d_chat", s.name)) and states[("d_chat", s.name)].status == "UP" for s in servers):
+            return proc, host
+        time.sleep(0.2)
+    proc.terminate()
+    proc.wait(timeout=10)
+    raise AssertionError(f"the servers never came UP: {states}")
+
+
+def post(host: Host) -> tuple[int, dict[str, object]]:
+    req = urllib.request.Request(f"http://127.0.0.1:{host.gateway_port}/v1/chat/completions",
+                                 data=json.dumps(chat("chat")).encode(),
+                                 headers={"Authorization": f"Bearer {KEY_ALL}"})  # fmt: skip
     try:
-        t = LocalTransport(host)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:  # both servers pass their first check
-            states = server_states(t, str(tmp_path / "admin.sock")) if (tmp_path / "admin.sock").exists() else {}
-            if all(states.get(("d_chat", s.name)) and states[("d_chat", s.name)].status == "UP" for s in servers):
-                break
-            time.sleep(0.2)
-        else:
-            raise AssertionError(f"the servers never came UP: {states}")
-        base = f"http://127.0.0.1:{host.gateway_port}"
-        for _ in range(6):  # leastconn, one at a time: some go to the mute replica first
-            req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(chat("chat")).encode(),
-                                         headers={"Authorization": f"Bearer {KEY_ALL}"})  # fmt: skip
-            with urllib.request.urlopen(req, timeout=30) as r:
-                assert r.status == 200 and json.loads(r.read())["replica"] == "chat-1"
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_a_retried_and_redispatched_request_is_logged_as_json_with_its_retries(tmp_path: Path) -> None:
+    """r0a stops listening once both replicas are UP (an engine stopped since its last check): the request sent
+    to it is refused, tried again and sent on to r1a; HAProxy marks r0a down at that error."""
+    gone_port, good_port = free_port(), free_port()
+    gone, good = Replica("chat-0", gone_port), Replica("chat-1", good_port)
+    proc, host = start_gateway(tmp_path, gone_port, good_port)
+    try:
+        gone.shutdown()
+        gone.server_close()  # refused from now on
+        for _ in range(6):  # leastconn, one at a time: the first or the second goes to r0a
+            status, body = post(host)
+            assert status == 200 and body["replica"] == "chat-1", (status, body)
         # HAProxy writes a request's line when its stream ends, a moment after the client has the whole answer
         deadline = time.monotonic() + 10
         while _logged(tmp_path) < 6 and time.monotonic() < deadline:
@@ -86,8 +122,6 @@ def test_a_retried_and_redispatched_request_is_logged_as_json_with_its_retries(t
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-        log.close()
-        mute.close()
         good.shutdown()
         good.server_close()
     lines = [ln for ln in (tmp_path / "stdout.log").read_text().splitlines() if ln.startswith('{"ts":')]
@@ -99,6 +133,31 @@ def test_a_retried_and_redispatched_request_is_logged_as_json_with_its_retries(t
     moved = [p for p in parsed if p is not None and p.redispatched]
     assert moved and all(p.retries >= 1 and p.replica == "r1a" for p in moved), parsed
     assert all(p.retries == 0 for p in parsed if p is not None and not p.redispatched), parsed
+
+
+def test_a_request_a_replica_took_is_never_sent_to_a_second_one(tmp_path: Path) -> None:
+    """r0a takes every POST and closes its connection unanswered, as an engine a request crashed: that request is
+    answered 502 and never sent on to r1a (a request that crashed one engine must not crash the next: no L7
+    retry). Each request reaches exactly one replica."""
+    mute_port, good_port = free_port(), free_port()
+    posts: list[int] = []
+    mute = hang_up_on_posts(mute_port, posts)
+    good = CountingReplica("chat-1", good_port)
+    proc, host = start_gateway(tmp_path, mute_port, good_port)
+    try:
+        answers = [post(host) for _ in range(6)]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        mute.close()
+        good.shutdown()
+        good.server_close()
+    failed = [body for status, body in answers if status == 502]
+    served = [body for status, body in answers if status == 200]
+    assert failed, answers  # leastconn, one at a time: some went to the mute replica
+    assert all(b["error"]["code"] == "bad_gateway" for b in failed), failed  # type: ignore[index]
+    assert len(failed) + len(served) == 6 and all(b["replica"] == "chat-1" for b in served), answers
+    assert len(posts) == len(failed) and good.answered == len(served), (len(posts), good.answered, answers)
 
 
 def _logged(tmp_path: Path) -> int:

@@ -165,24 +165,27 @@ def test_the_configuration_bounds_slow_clients(gateway: Gateway) -> None:  # noq
     assert "timeout http-request 10s" in cfg and "sc_conn_cur(0) gt 200" in cfg
 
 
-def test_a_pooled_connection_the_replica_closed_as_the_request_came_is_tried_again(gateway: Gateway) -> None:  # noqa: F811
-    """The keep-alive race (issue 24 point 12), made certain: a replica that answers the first request of each
-    connection (keep-alive) and closes the connection, unanswered, when the next request arrives on it, as
-    llama-server does right after a stream. HAProxy reuses its pooled connection for the client's second request;
-    the gateway tries it again on a new connection (retry-on empty-response) instead of answering 502."""
+def test_a_streams_connection_is_never_sent_another_request(gateway: Gateway) -> None:  # noqa: F811
+    """The keep-alive race (issue 24 point 12), made certain: a replica that keeps its connections alive, except
+    that it closes one as soon as a stream on it ends, unannounced (Keep-Alive in its headers), as llama-server
+    does. A request HAProxy sent next on that pooled connection would get no answer, and the gateway sends no
+    request a second time (no L7 retry): a stream goes to the replica with `Connection: close`, so its connection
+    is never pooled. Streams and plain requests in turn on one client connection are all answered; the client's
+    connection stays open throughout, and no request came after a stream on a replica connection."""
     gateway["replicas"]["chat"].shutdown()  # type: ignore[index]
     gateway["replicas"]["chat"].server_close()  # type: ignore[index]
     closer = socket.socket()
     closer.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     closer.bind(("127.0.0.1", int(gateway["ports"]["chat"])))  # type: ignore[index]
     closer.listen(50)
+    seen: list[list[bool]] = []  # per replica connection: whether each request on it was a stream
 
-    def read_request(conn: socket.socket) -> bytes:
-        data = b""
+    def read_request(conn: socket.socket, pending: bytes) -> tuple[bytes, bytes, bytes]:
+        data = pending
         while b"\r\n\r\n" not in data:
             chunk = conn.recv(65536)
             if not chunk:
-                return b""
+                return b"", b"", b""
             data += chunk
         head, _, rest = data.partition(b"\r\n\r\n")
         length = next(
@@ -190,16 +193,32 @@ def test_a_pooled_connection_the_replica_closed_as_the_request_came_is_tried_aga
         )
         while len(rest) < length:
             rest += conn.recv(65536)
-        return head
+        return head, rest[:length], rest[length:]
 
-    def once_per_connection(conn: socket.socket) -> None:
-        if read_request(conn):
-            body = b'{"replica":"chat-0"}'
-            conn.sendall(
-                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
-            )
-            read_request(conn)  # the next request on this connection: closed unanswered
-        conn.close()
+    def like_llama_server(conn: socket.socket) -> None:
+        requests: list[bool] = []
+        seen.append(requests)
+        pending = b""
+        with conn:
+            while True:
+                head, body, pending = read_request(conn, pending)
+                if not head:
+                    return
+                if head.startswith(b"GET"):
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nKeep-Alive: timeout=5, max=100\r\n\r\nok")
+                    continue
+                stream = json.loads(body).get("stream") is True
+                requests.append(stream)
+                if not stream:
+                    answer = b'{"replica":"chat-0"}'
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nKeep-Alive: timeout=5, "
+                                 b"max=100\r\nContent-Length: %d\r\n\r\n" % len(answer) + answer)  # fmt: skip
+                    continue
+                event = b'data: {"replica":"chat-0"}\n\ndata: [DONE]\n\n'
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nKeep-Alive: timeout=5, "
+                             b"max=100\r\nTransfer-Encoding: chunked\r\n\r\n"
+                             + b"%x\r\n" % len(event) + event + b"\r\n0\r\n\r\n")  # fmt: skip
+                return  # the stream ended: closed at once
 
     def serve() -> None:
         while True:
@@ -207,20 +226,25 @@ def test_a_pooled_connection_the_replica_closed_as_the_request_came_is_tried_aga
                 conn, _ = closer.accept()
             except OSError:
                 return
-            threading.Thread(target=once_per_connection, args=(conn,), daemon=True).start()
+            threading.Thread(target=like_llama_server, args=(conn,), daemon=True).start()
 
     threading.Thread(target=serve, daemon=True).start()
     host, port = str(gateway["base"]).removeprefix("http://").split(":")
     client = http.client.HTTPConnection(host, int(port), timeout=30)  # one client connection, kept alive
-    answers = []
-    for _ in range(6):
-        body = json.dumps(chat("chat")).encode()
+    answers, client_sockets = [], set()
+    for i in range(8):
+        body = json.dumps({**chat("chat"), "stream": i % 2 == 0}).encode()
         client.request("POST", "/v1/chat/completions", body=body,
                        headers={"Authorization": f"Bearer {KEY_ALL}", "Content-Type": "application/json"})  # fmt: skip
         answer = client.getresponse()
         answers.append((answer.status, answer.read()))
+        client_sockets.add(id(client.sock))
     closer.close()
-    assert [status for status, _ in answers] == [200] * 6, answers
+    assert [status for status, _ in answers] == [200] * 8, answers
+    assert all(b"chat-0" in body for _, body in answers), answers
+    assert len(client_sockets) == 1 and client.sock is not None  # the client's connection was never closed
+    assert sum(r.count(True) for r in seen) == 4, seen
+    assert all(True not in r[:-1] for r in seen), seen  # no request ever came after a stream on its connection
 
 
 def test_the_per_address_limit_counts_requests_without_a_key_and_never_a_keyed_caller(gateway: Gateway) -> None:  # noqa: F811

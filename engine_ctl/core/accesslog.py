@@ -44,8 +44,8 @@ class RequestLine:
     total_ms: int = -1
     term: str | None = None
     retries: int = 0
-    """Connection retries to a replica (`retry-on conn-failure empty-response`: a pooled connection the engine
-    closed just as the request was sent on it, among them)."""
+    """Connection retries to a replica (`retry-on conn-failure`: its connection was refused, an engine stopped
+    since its last check); a request a replica took is never sent again."""
     redispatched: bool = False
     """The request was sent on to another replica after its first one failed (HAProxy's "+" before %rc)."""
     prompt_tokens: int | None = None

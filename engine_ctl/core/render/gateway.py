@@ -77,6 +77,17 @@ DEPTH_PRECHECK = rf"^(?:[^{{[]*+[{{[]){{{JSON_DEPTH_LIMIT + 1}}}"
 brackets, which this regex counts (PCRE2, JIT-compiled; possessive, so linear in the body). Most requests have far
 fewer and skip the Lua call, about a tenth of HAProxy's CPU per request (bench/gateway.py); the rest are scanned
 as before, brackets inside strings not counted."""
+STREAM_AMBIGUOUS = (
+    r'^(?:[^"]++|"(?:[^"\\]++|\\[^u])*+"|"(?:[^"\\]++|\\.)*+"(?!\s*:))*+"(?:[^"\\]++|\\.)*+"\s*+:'
+    r'|"stream"[\s\S]*"stream"'
+)
+"""A request body whose `stream` an engine's JSON parser may read otherwise than HAProxy's json_query, which the
+gateway then treats as a stream (its replica connection is not pooled): a key written with a \\u escape (HAProxy
+compares keys as written, an engine decodes them first: `"\\u0073tream"` is `stream`), or "stream" twice (HAProxy
+reads the first, llama-server's parser keeps the last). A false match costs only a new connection. Linear in the
+body, whatever it holds: the first part reads it from its start, a string at a time (possessive: never back), and
+stops at the first key with an escape (a string with one that a colon follows); the second finds the first
+"stream" and then looks for a last one, once."""
 MAXCONN = 1000
 """Connections at once per gateway: each may hold two buffers, so about 512 MiB at the most."""
 HOLD_S = DEFAULT_HOLD_S
@@ -376,6 +387,7 @@ def _haproxy_cfg(
             "body_limit": BODY_LIMIT,
             "json_depth_limit": JSON_DEPTH_LIMIT,
             "depth_precheck": DEPTH_PRECHECK,
+            "stream_ambiguous": STREAM_AMBIGUOUS,
             "maxconn": MAXCONN,
             "run_dir": run_dir,
             "hold_503": HOLD_503,
