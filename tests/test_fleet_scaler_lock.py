@@ -236,6 +236,12 @@ def test_the_leaders_network_dies_it_stops_acting_and_the_server_frees_its_lock_
         assert took < 25, took
     finally:
         subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+    # the link back up, the first SSH connection may still fail (exit 255: one CI run); the test reads the leader's
+    # state over SSH, so it waits for it first (what it checks is the scaler's, not the link's)
+    back = time.monotonic()
+    lp.wait("the leader's host answers SSH again", lambda: lp.fleet.ssh(leader, "true", check=False).returncode == 0,
+            60)  # fmt: skip
+    print(f"the leader's host answered SSH {time.monotonic() - back:.1f} s after its link came back")
     # the cut-off leader found its session dead on its own (no answer within 5 s) and stopped acting
     lp.wait("the old leader watches", lambda: lp.scaler_state_of(leader).get("lock", {}).get("holder") == other.name
             and not lp.scaler_state_of(leader)["lock"]["leader"], 30)  # fmt: skip
