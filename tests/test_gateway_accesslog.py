@@ -11,8 +11,6 @@ import socket
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from engine_ctl.core.accesslog import parse_request
@@ -22,7 +20,7 @@ from engine_ctl.core.model import ApiKey
 from engine_ctl.core.render.gateway import GatewayBackend, GatewayServer, render_gateway
 from engine_ctl.shell.gateway.runtime import ServerState, server_states
 from engine_ctl.shell.transport import LocalTransport
-from tests.test_gateway_loopback import HAPROXY, KEY_ALL, Replica, chat, free_port
+from tests.test_gateway_loopback import HAPROXY, KEY_ALL, Replica, call, chat, free_port
 
 
 def hang_up_on_posts(port: int, posts: list[int]) -> socket.socket:
@@ -93,14 +91,8 @@ def start_gateway(tmp_path: Path, first_port: int, good_port: int) -> tuple[subp
 
 
 def post(host: Host) -> tuple[int, dict[str, object]]:
-    req = urllib.request.Request(f"http://127.0.0.1:{host.gateway_port}/v1/chat/completions",
-                                 data=json.dumps(chat("chat")).encode(),
-                                 headers={"Authorization": f"Bearer {KEY_ALL}"})  # fmt: skip
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    status, _, body = call(f"http://127.0.0.1:{host.gateway_port}", "/v1/chat/completions", KEY_ALL, chat("chat"))
+    return status, body
 
 
 def test_a_retried_and_redispatched_request_is_logged_as_json_with_its_retries(tmp_path: Path) -> None:
