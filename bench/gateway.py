@@ -39,7 +39,14 @@ from pathlib import Path
 from engine_ctl.core.documents.apikey import key_sha256
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.model import ApiKey
-from engine_ctl.core.render.gateway import ALLOCATOR_ENV, DEPTH_PRECHECK, GatewayBackend, GatewayServer, render_gateway
+from engine_ctl.core.render.gateway import (
+    ALLOCATOR_ENV,
+    DEPTH_PRECHECK,
+    STREAM_SET,
+    GatewayBackend,
+    GatewayServer,
+    render_gateway,
+)
 from tests.llama import llama_server_dir, tiny_model
 
 KEY = "ak-bench-" + "0" * 40
@@ -124,11 +131,32 @@ def variants(config: str) -> dict[str, str]:
         f"nbthread {os.cpu_count()}": config.replace("    nbthread 1\n", f"    nbthread {os.cpu_count()}\n"),
         "no request log": without("log-format", "log stdout format raw"),
         "L7 retry (before)": config.replace("retry-on conn-failure\n", "retry-on conn-failure empty-response\n"),
+        "per request, as before": per_request_as_before(config),
         "Lua depth scan always": config.replace(
             f"lua.depth if {{ req.body -m reg {DEPTH_PRECHECK} }}", "lua.depth if { req.body_size gt 0 }"
         ),
         "plain proxy": plain_proxy(config),
     }
+
+
+def per_request_as_before(config: str) -> str:
+    """What engine-ctl rendered before 5 December 2026 (afternoon): the key's sha256 taken on every request (not
+    once a connection), HAProxy's JSON reader deciding whether a request is a stream (not a regex), the usage
+    counts read with two passes each (without 'int'), and the key, the ID and the deployment escaped in the log."""
+    lines = []
+    for ln in config.splitlines(keepends=True):
+        if "acl ectl_key_hashed" in ln or "set-var(sess.key_sha256)" in ln:
+            continue
+        ln = ln.replace("var(sess.key_sha256),map(keys.map) if ectl_bearer ectl_key_hashed",
+                        "req.fhdr(authorization),word(2,' '),sha2(256),hex,lower,map(keys.map) if ectl_bearer "
+                        "ectl_bearer_form")  # fmt: skip
+        ln = ln.replace(f"req.body -m reg '{STREAM_SET}'", "req.body,json_query('$.stream') -m bool")
+        ln = ln.replace("_tokens','int')", "_tokens')")
+        if ln.lstrip().startswith("log-format"):
+            for field in ("rid", "key", "deployment"):
+                ln = ln.replace(f"%[var(txn.{field})]", f"%[var(txn.{field}),json(utf8s)]")
+        lines.append(ln)
+    return "".join(lines)
 
 
 def plain_proxy(config: str) -> str:

@@ -6,6 +6,7 @@ they are; the fleet tests (test_fleet_gateway.py) do the same against the real l
 
 from __future__ import annotations
 
+import http.client
 import json
 import shutil
 import socket
@@ -232,6 +233,57 @@ def test_keys_change_at_run_time_without_a_reload(gateway: dict) -> None:  # typ
     assert call(base, "/v1/chat/completions", new_key, chat("chat"))[0] == 200
     assert call(base, "/v1/chat/completions", KEY_ALL, chat("chat"))[0] == 401
     assert [m["id"] for m in call(base, "/v1/models", new_key)[2]["data"]] == ["chat", "embed"]
+
+
+class KeptConnection:
+    """One keep-alive connection to the gateway, every request on it with exactly the Authorization headers given
+    (the gateway checks a key once a connection while its header stays the same: these show it never serves a
+    request under a key other than its own)."""
+
+    def __init__(self, base: str) -> None:
+        host, port = base.removeprefix("http://").split(":")
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        self.sock: object = None
+
+    def get(self, path: str, *auth: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+        self.conn.putrequest("GET", path, skip_accept_encoding=True)
+        for value in auth:
+            self.conn.putheader("Authorization", value)
+        self.conn.endheaders()
+        answer = self.conn.getresponse()
+        body = json.loads(answer.read() or b"{}")
+        assert answer.getheader("connection") != "close"
+        assert self.sock is None or self.conn.sock is self.sock, "the request went on a new connection"
+        self.sock = self.conn.sock
+        return answer.status, body
+
+    def models(self, *auth: str) -> list[str] | int:
+        status, body = self.get("/v1/models", *auth)
+        return [m["id"] for m in body["data"]] if status == 200 else status
+
+
+def test_a_connection_is_served_under_each_requests_own_key(gateway: dict) -> None:  # type: ignore[type-arg]
+    kept = KeptConnection(str(gateway["base"]))
+    assert kept.models(f"Bearer {KEY_ALL}") == ["chat", "embed"]
+    assert kept.models(f"Bearer {KEY_ALL}") == ["chat", "embed"]  # the same header: the hash taken before
+    assert kept.models(f"Bearer {KEY_CHAT}") == ["chat"]  # another key on the same connection: its own scope
+    assert kept.models(f"Bearer {KEY_ALL}") == ["chat", "embed"]
+    status, body = kept.get("/v1/models", f"Bearer {KEY_OLD}")  # expired, after a valid key
+    assert status == 401 and "expired" in body["error"]["message"]
+    for refused in ([f"Bearer {KEY_ALL}", f"Bearer {KEY_ALL}"], [f"Bearer {KEY_ALL} junk"], ["Bearer ak-wrong"], []):
+        assert kept.models(f"Bearer {KEY_ALL}") == ["chat", "embed"]  # the last header that passed is this one
+        assert kept.models(*refused) == 401, refused
+    assert kept.models(f"Bearer {KEY_ALL}") == ["chat", "embed"]
+
+
+def test_a_key_taken_out_at_run_time_is_refused_on_a_connection_already_open(gateway: dict) -> None:  # type: ignore[type-arg]
+    kept = KeptConnection(str(gateway["base"]))
+    assert kept.models(f"Bearer {KEY_ALL}") == ["chat", "embed"]
+    maps = {name: dict(entries) for name, entries in gateway["rendered"].maps.items()}  # type: ignore[attr-defined]
+    maps["keys.map"] = {h: n for h, n in maps["keys.map"].items() if n != "all"}
+    set_maps(gateway["transport"], maps, str(gateway["dir"] / "admin.sock"))  # type: ignore[arg-type,operator]
+    assert kept.models(f"Bearer {KEY_ALL}") == 401
+    assert kept.models(f"Bearer {KEY_CHAT}") == ["chat"]
 
 
 def test_the_internal_endpoint_answers_the_inventorys_hosts_without_a_key_and_refuses_others(tmp_path: Path) -> None:

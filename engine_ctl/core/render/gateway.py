@@ -77,17 +77,21 @@ DEPTH_PRECHECK = rf"^(?:[^{{[]*+[{{[]){{{JSON_DEPTH_LIMIT + 1}}}"
 brackets, which this regex counts (PCRE2, JIT-compiled; possessive, so linear in the body). Most requests have far
 fewer and skip the Lua call, about a tenth of HAProxy's CPU per request (bench/gateway.py); the rest are scanned
 as before, brackets inside strings not counted."""
-STREAM_AMBIGUOUS = (
-    r'^(?:[^"]++|"(?:[^"\\]++|\\[^u])*+"|"(?:[^"\\]++|\\.)*+"(?!\s*:))*+"(?:[^"\\]++|\\.)*+"\s*+:'
-    r'|"stream"[\s\S]*"stream"'
-)
-"""A request body whose `stream` an engine's JSON parser may read otherwise than HAProxy's json_query, which the
-gateway then treats as a stream (its replica connection is not pooled): a key written with a \\u escape (HAProxy
-compares keys as written, an engine decodes them first: `"\\u0073tream"` is `stream`), or "stream" twice (HAProxy
-reads the first, llama-server's parser keeps the last). A false match costs only a new connection. Linear in the
-body, whatever it holds: the first part reads it from its start, a string at a time (possessive: never back), and
-stops at the first key with an escape (a string with one that a colon follows); the second finds the first
-"stream" and then looks for a last one, once."""
+STREAM_SET = r'"stream"\s*+:\s*+(?!false)'
+"""A request body that may ask for a stream: a `"stream"` key whose value is anything but `false`, wherever it is
+(nested too). Read as raw bytes, not parsed: inside a JSON string every quote is escaped, so a key named stream
+(written without escapes) with a true value always shows as `"stream"`, a colon and `true`, spaces between. It
+counts more bodies as streams than an engine does (a nested key, a value an engine refuses); a false match costs
+only a new connection to the replica. A regex (PCRE2, JIT-compiled) and not HAProxy's json_query: the JSON reader
+takes about 15 instructions a byte of the body and reads all of it when `stream` is absent, as in most requests
+(bench/gateway.py)."""
+STREAM_AMBIGUOUS = r'^(?:[^"]++|"(?:[^"\\]++|\\[^u])*+"|"(?:[^"\\]++|\\.)*+"(?!\s*:))*+"(?:[^"\\]++|\\.)*+"\s*+:'
+"""A request body whose `stream` an engine's JSON parser may read otherwise than STREAM_SET does, which the
+gateway then treats as a stream too: one with a key written with a \\u escape (STREAM_SET reads keys as written, an
+engine decodes them first: `"\\u0073tream"` is `stream`). A key given twice needs nothing more: STREAM_SET finds
+either that is not false, and an engine keeping either reads false when both are. A false match costs only a new
+connection. Linear in the body, whatever it holds: it reads the body from its start, a string at a time
+(possessive: never back), and stops at the first key with a \\u escape (a string with one that a colon follows)."""
 MAXCONN = 1000
 """Connections at once per gateway: each may hold two buffers, so about 512 MiB at the most."""
 HOLD_S = DEFAULT_HOLD_S
@@ -138,10 +142,10 @@ def error_files() -> dict[str, str]:
 
 ACCESS_LOG_FIELDS = (
     ("ts", "%Ts.%ms", False),
-    ("id", "%[var(txn.rid),json(utf8s)]", True),
+    ("id", "%[var(txn.rid)]", True),
     ("gateway", "{host}", True),
-    ("key", "%[var(txn.key),json(utf8s)]", True),
-    ("deployment", "%[var(txn.deployment),json(utf8s)]", True),
+    ("key", "%[var(txn.key)]", True),
+    ("deployment", "%[var(txn.deployment)]", True),
     ("replica", "%s", True),
     ("server", "%si:%sp", True),
     ("method", "%HM", True),
@@ -158,14 +162,15 @@ ACCESS_LOG_FIELDS = (
     ("prompt_tokens", "%[var(txn.ptok)]", True),
     ("completion_tokens", "%[var(txn.gtok)]", True),
 )
-"""The gateway's access log, one JSON object a line (HAProxy 2.6 has no JSON log encoding: strings are quoted
-here and escaped by the json converter). ts: the request's arrival, epoch seconds; key: the key's name (keys.map's
-value, never the key or its hash); replica: the server (r<index><slot>) and its address; status, bytes in and out
-(headers included); queue_ms, connect_ms, ttfb_ms (the replica's response headers), total_ms (HAProxy's %Ta, to
-the last byte); -1 for a step never reached; retries, the connection retries, quoted since HAProxy writes "+1" when
-it sent the request on to another replica (a redispatch); prompt_tokens and completion_tokens, the `usage` of a
-whole JSON answer (a number, quoted; "-" for a stream or an answer past the buffer). An absent value is "-". Read by
-engine_ctl.core.accesslog."""
+"""The gateway's access log, one JSON object a line (HAProxy 2.6 has no JSON log encoding: strings are quoted here, and
+the path, the only value a client writes as it likes, is escaped by the json converter; the ID, the key's name and
+the deployment are checked against a pattern with nothing to escape before they are set). ts: the request's arrival,
+epoch seconds; key: the key's name (keys.map's value, never the key or its hash); replica: the server
+(r<index><slot>) and its address; status, bytes in and out (headers included); queue_ms, connect_ms, ttfb_ms (the
+replica's response headers), total_ms (HAProxy's %Ta, to the last byte); -1 for a step never reached; retries, the
+connection retries, quoted since HAProxy writes "+1" when it sent the request on to another replica (a redispatch);
+prompt_tokens and completion_tokens, the `usage` of a whole JSON answer (a number, quoted; "-" for a stream or an
+answer past the buffer). An absent value is "-". Read by engine_ctl.core.accesslog."""
 
 
 def access_log_format(host: str) -> str:
@@ -387,6 +392,7 @@ def _haproxy_cfg(
             "body_limit": BODY_LIMIT,
             "json_depth_limit": JSON_DEPTH_LIMIT,
             "depth_precheck": DEPTH_PRECHECK,
+            "stream_set": STREAM_SET,
             "stream_ambiguous": STREAM_AMBIGUOUS,
             "maxconn": MAXCONN,
             "run_dir": run_dir,
