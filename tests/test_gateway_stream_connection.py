@@ -3,10 +3,10 @@
 The gateway does not send a request a second time (no L7 retry), so a request must never go out on a connection
 the replica is about to close. llama-server closes a connection as soon as a stream on it ends, unannounced: the
 rendered configuration sends every stream to its replica with `Connection: close`. Which requests are streams is
-decided by HAProxy's json_query, which reads a body otherwise than llama-server's parser in two ways (a key
-written with a \\u escape; a key twice: HAProxy the first, llama-server the last); such bodies count as streams
-(STREAM_AMBIGUOUS). Checked here against the real HAProxy with the rendered rule, and against the real
-llama-server for the premises (what it reads as a stream, and that it closes the connection after one).
+decided on the body's bytes, not parsed (STREAM_SET: a "stream" key not false, nested ones included), and a body
+with a key written with a \\u escape, which an engine decodes, counts as a stream too (STREAM_AMBIGUOUS). Checked
+here against the real HAProxy with the rendered rule, and against the real llama-server for the premises (what it
+reads as a stream, and that it closes the connection after one).
 """
 
 from __future__ import annotations
@@ -123,9 +123,13 @@ def test_no_body_llama_server_streams_has_its_connection_pooled(judge: http.clie
         (b'{"model":"chat","stream":false,"stream":true}', "close"),
         (b'{"model":"chat","\\u0073tream":true}', "close"),
         (b'{"model":"chat","str\\u0065am" : true}', "close"),
+        (b'{"model":"chat","stream" :\n true}', "close"),
+        (b'{"model":"chat","metadata":{"stream":true}}', "close"),  # nested: more than an engine streams, harmless
         # what most requests are: their replica connection is pooled
         (b'{"model":"chat","messages":[{"role":"user","content":"hi"}]}', "pool"),
         (b'{"model":"chat","messages":[{"role":"user","content":"hi"}],"stream":false}', "pool"),
+        (b'{"model":"chat","stream":false,"stream" : false}', "pool"),
+        (b'{"model":"chat","messages":[{"role":"user","content":"\\"stream\\": true"}]}', "pool"),
         (b'{"model":"chat","messages":[{"role":"user","content":"caf\\u00e9 \\"x\\": stream"}]}', "pool"),
         (b'{"model":"chat","messages":[{"role":"user","content":"\\\\u0073tream"}],"stream":false}', "pool"),
     ],
