@@ -259,27 +259,37 @@ class Meter:
         self.requests: dict[str, float] = {}
         self.engine_cpu: dict[str, float] = {}
         self.gateway_cpu: dict[str, float] = {}
+        self.client_cpu: dict[str, float] = {}
 
     def slice(self, name: str, port: int, seconds: float) -> float:
         pid = self.gateways.get(name)
-        e0, g0 = cpu_seconds(self.engine), cpu_seconds(pid) if pid else 0.0
+        e0, g0, c0 = cpu_seconds(self.engine), cpu_seconds(pid) if pid else 0.0, time.process_time()
         rate = throughput(port, pid is not None, seconds=seconds)
         self.requests[name] = self.requests.get(name, 0) + rate * seconds
+        self.client_cpu[name] = self.client_cpu.get(name, 0) + time.process_time() - c0
         self.engine_cpu[name] = self.engine_cpu.get(name, 0) + cpu_seconds(self.engine) - e0
         if pid:
             self.gateway_cpu[name] = self.gateway_cpu.get(name, 0) + cpu_seconds(pid) - g0
         return rate
 
     def report(self) -> None:
-        """CPU per request: what the load cannot blur. On a host shared with the engine (as here) the gateway can
-        cost at most its share of the CPU both use; on a gateway host of its own, none of the engine's."""
-        engine_us = self.engine_cpu["direct"] / self.requests["direct"] * 1e6
-        print(f"  CPU per request: engine {engine_us:.0f} us (direct)", flush=True)
-        for name, cpu in self.gateway_cpu.items():
-            us = cpu / self.requests[name] * 1e6
-            print(f"  CPU per request: engine {self.engine_cpu[name] / self.requests[name] * 1e6:.0f} us ({name})")
-            print(f"  CPU per request: HAProxy ({name}) {us:.0f} us, {us / (us + engine_us):.1%} of the CPU a request "
-                  f"takes through it: the most it can take from throughput on a shared host", flush=True)  # fmt: skip
+        """CPU per request: what the load cannot blur (the engine's and HAProxy's from /proc, the clients' from this
+        process's CPU time). On cores the engine, HAProxy and the clients saturate, as here, the throughput ratio is
+        about the CPU a request takes direct over what it takes through the gateway, which is printed too; on a
+        gateway host of its own, HAProxy takes none of the engine's."""
+
+        def per_request(cpu: dict[str, float], name: str) -> float:
+            return cpu[name] / self.requests[name] * 1e6
+
+        engine_us, client_us = per_request(self.engine_cpu, "direct"), per_request(self.client_cpu, "direct")
+        print(f"  CPU per request: engine {engine_us:.0f} us, clients {client_us:.0f} us (direct)", flush=True)
+        for name in self.gateway_cpu:
+            us, through = per_request(self.gateway_cpu, name), per_request(self.engine_cpu, name)
+            clients = per_request(self.client_cpu, name)
+            print(f"  CPU per request: engine {through:.0f} us, clients {clients:.0f} us, HAProxy {us:.0f} us "
+                  f"({name}): HAProxy {us / (us + engine_us):.1%} of the engine's and its own")  # fmt: skip
+            print(f"  the ratio this CPU gives on saturated shared cores ({name}): "
+                  f"{(engine_us + client_us) / (through + clients + us):.3f}", flush=True)  # fmt: skip
 
 
 def rounds_of(replica: int, ports: dict[str, int], rounds: int, seconds: float, meter: Meter) -> dict[str, list[float]]:
