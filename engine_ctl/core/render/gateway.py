@@ -83,8 +83,8 @@ STREAM_SET = r'"stream"\s*+:\s*+(?!false)'
 (written without escapes) with a true value always shows as `"stream"`, a colon and `true`, spaces between. It
 counts more bodies as streams than an engine does (a nested key, a value an engine refuses); a false match costs
 only a new connection to the replica. A regex (PCRE2, JIT-compiled) and not HAProxy's json_query: the JSON reader
-takes about 15 instructions a byte of the body and reads all of it when `stream` is absent, as in most requests
-(bench/gateway.py)."""
+takes tens of instructions a byte of the body and reads all of it when `stream` is absent, as in most requests
+(docs/benchmarks.md)."""
 STREAM_AMBIGUOUS = r'^(?:[^"]++|"(?:[^"\\]++|\\[^u])*+"|"(?:[^"\\]++|\\.)*+"(?!\s*:))*+"(?:[^"\\]++|\\.)*+"\s*+:'
 """A request body whose `stream` an engine's JSON parser may read otherwise than STREAM_SET does, which the
 gateway then treats as a stream too: one with a key written with a \\u escape (STREAM_SET reads keys as written, an
