@@ -272,6 +272,28 @@ def test_kill_9_of_an_engine_and_requests_keep_succeeding(gw: GatewayProject) ->
     assert answers == ["gw-a"] * 12
 
 
+def test_a_replica_repaired_under_load_is_drained_first_and_fails_no_request(gw: GatewayProject) -> None:
+    """A replica whose unit was edited by hand (or found down, as after the kill above) is restarted by apply's
+    repair: it leaves the gateway first (drained: those in flight finish) and enters again once healthy, so no
+    request meets the restart. The replica serves when apply begins, as a killed one systemd brought back does."""
+    deadline = time.monotonic() + 120
+    while gw.cli("plan", "--detailed-exitcode").returncode != 0:  # the killed engine back, and served again
+        assert time.monotonic() < deadline, "the killed replica did not come back"
+        gw.cli("apply", "--auto-approve", check=True)
+    for replica in gw.replicas("gw-a"):
+        gw.fleet.ssh(gw.host(replica["host"]), f"echo '# edited by hand' >> /etc/systemd/system/{replica['unit']}")
+    planned = gw.cli("plan", "--detailed-exitcode")
+    assert planned.returncode == 2 and planned.stdout.count("rewritten and restarted") == 2, planned.stdout
+    with Load(gw, "gw-a") as load:
+        applied = gw.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert load.ok > 4 and not load.failed, f"{len(load.failed)} failed of {load.ok + len(load.failed)}: " + (
+        "; ".join(load.failed[:3])
+    )
+    assert applied.stdout.count("repaired") == 2 and "is behind the gateway" in applied.stdout, applied.stdout
+    assert gw.cli("plan", "--detailed-exitcode").returncode == 0
+
+
 def test_a_key_rotated_under_load_fails_no_request(gw: GatewayProject) -> None:
     both = {"all": (KEY_ALL, None), "rotated": (KEY_NEW, None), "a-only": (KEY_A, ["gw-a"])}
     with Load(gw, "gw-a") as load:

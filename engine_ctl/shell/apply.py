@@ -926,6 +926,12 @@ class Executor:
             with self._on(step.host) as t:
                 self._install(t[step.host], change, step)
             return
+        with self._on(step.host) as t:  # an on-demand replica the scaler does not run is not behind the gateway
+            behind = self.gateway is not None and not (
+                step.on_demand and t[step.host].run(is_active(step.unit)).exit_code != 0
+            )
+        if behind and self.gateway is not None:  # no request reaches it while it restarts; those in flight end
+            self._gateway(self.gateway.drain, name, step.unit)
         if step.members:  # a replica group restarts whole: its workers (written again), then its head
             self._start_members(change, step, verb="restart")
         with self._on(step.host) as t:
@@ -942,6 +948,8 @@ class Executor:
             digest = self._digests.get((name, step.host), "")
             status = "standby" if step.on_demand and tr.run(is_active(step.unit)).exit_code != 0 else "serving"
             self._record(lambda s: _put_replica(s, name, self._replica_record(step, status, digest)), name)
+            if status == "serving" and self.gateway is not None:  # back behind the gateway once it sees it healthy
+                self._gateway(self.gateway.enter, name, step.unit)
             self.progress(f"{name}: replica {step.index} on {step.host}: {step.unit} repaired ({step.reason})")
             self._event("healthy", name, replica=step.index, host=step.host, unit=step.unit, port=step.port,
                         revision=step.revision)  # fmt: skip
