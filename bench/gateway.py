@@ -7,9 +7,13 @@ model, and the real HAProxy with the configuration engine-ctl renders in front o
 
 Run:  .venv/bin/python -m bench.gateway [REQUESTS] [--rounds 16] [--seconds 2] [--variants] [--cores-apart]
 
-Throughput is measured in rounds: each round measures direct and the gateway back to back, in an order that turns
-around every round, and the ratio reported is the median of the rounds' ratios (the machine is shared and its load
-drifts). --variants adds gateways with one suspect of overhead taken out each (body buffering, the large buffers,
+Throughput is measured in rounds: each round measures direct, a control (the engine called directly again, by
+other clients) and the gateway back to back, in an order that moves every round so that each is measured in each
+place equally often, and the ratio reported is the median of the rounds' ratios (the machine is shared and its load
+drifts). The control's own ratio to direct is printed too: what a path with no gateway gets, the noise of the
+measurement. Each path's 8 clients keep their connections from round to round.
+
+--variants adds gateways with one suspect of overhead taken out each (body buffering, the large buffers,
 the hold's rules, the per-server maxconn, the request log), and one with the L7 retry engine-ctl rendered before
 (--variant NAME picks some), side by side in the same rounds. The rendered gateway has its request log and
 metrics port on, as engine-ctl renders them with a monitoring block.
@@ -84,15 +88,22 @@ def one(conn: http.client.HTTPConnection, key: bool) -> float:
     return time.perf_counter() - began
 
 
-def throughput(port: int, key: bool, clients: int = 8, seconds: float = 5) -> float:
-    """Requests per second that `clients` keep-alive connections complete in `seconds`."""
+CONNECTIONS: dict[str, list[http.client.HTTPConnection]] = {}
+"""Each path's clients' keep-alive connections, kept from slice to slice as a steady client keeps them (a slice
+that opened its own would measure connection set-up twice through the gateway: the client's and HAProxy's)."""
+
+
+def throughput(port: int, key: bool, clients: int = 8, seconds: float = 5, path: str = "") -> float:
+    """Requests per second that `clients` keep-alive connections (those of `path`, kept across calls) complete in
+    `seconds`."""
+    conns = CONNECTIONS.setdefault(path or str(port), [])
+    conns += [http.client.HTTPConnection("127.0.0.1", port, timeout=60) for _ in range(clients - len(conns))]
     done = [0] * clients
     stop = time.monotonic() + seconds
 
     def loop(i: int) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         while time.monotonic() < stop:
-            one(conn, key)
+            one(conns[i], key)
             done[i] += 1
 
     threads = [threading.Thread(target=loop, args=(i,)) for i in range(clients)]
@@ -264,7 +275,7 @@ class Meter:
     def slice(self, name: str, port: int, seconds: float) -> float:
         pid = self.gateways.get(name)
         e0, g0, c0 = cpu_seconds(self.engine), cpu_seconds(pid) if pid else 0.0, time.process_time()
-        rate = throughput(port, pid is not None, seconds=seconds)
+        rate = throughput(port, pid is not None, seconds=seconds, path=name)
         self.requests[name] = self.requests.get(name, 0) + rate * seconds
         self.client_cpu[name] = self.client_cpu.get(name, 0) + time.process_time() - c0
         self.engine_cpu[name] = self.engine_cpu.get(name, 0) + cpu_seconds(self.engine) - e0
@@ -283,6 +294,9 @@ class Meter:
 
         engine_us, client_us = per_request(self.engine_cpu, "direct"), per_request(self.client_cpu, "direct")
         print(f"  CPU per request: engine {engine_us:.0f} us, clients {client_us:.0f} us (direct)", flush=True)
+        if CONTROL in self.requests:
+            print(f"  CPU per request: engine {per_request(self.engine_cpu, CONTROL):.0f} us, clients "
+                  f"{per_request(self.client_cpu, CONTROL):.0f} us ({CONTROL})", flush=True)  # fmt: skip
         for name in self.gateway_cpu:
             us, through = per_request(self.gateway_cpu, name), per_request(self.engine_cpu, name)
             clients = per_request(self.client_cpu, name)
@@ -292,22 +306,39 @@ class Meter:
                   f"{(engine_us + client_us) / (through + clients + us):.3f}", flush=True)  # fmt: skip
 
 
+CONTROL = "direct, again"
+"""The control: the engine called directly by a second set of clients, measured as a gateway is (its own slice in
+every round, its ratio to direct): the ratio a path with no gateway gets, which is the measurement's own noise."""
+
+
+def order_of(paths: list[str], r: int) -> list[str]:
+    """Round r's order: rotated by one each round and turned around every len(paths) rounds, so that over 2 x
+    len(paths) rounds each path is measured in each position equally often, and with up to three paths after each
+    other path equally often (a slice runs faster or slower by its place: with three paths, the one always in the
+    middle came out lower in every run)."""
+    n = len(paths)
+    rotated = paths[r % n :] + paths[: r % n]
+    return rotated[::-1] if (r // n) % 2 else rotated
+
+
 def rounds_of(replica: int, ports: dict[str, int], rounds: int, seconds: float, meter: Meter) -> dict[str, list[float]]:
-    """Each round measures direct and every gateway back to back, the order turned around every round (the
-    machine's load drifts); a gateway's ratio in a round is against the direct figure of the same round."""
-    ratios: dict[str, list[float]] = {name: [] for name in ports}
-    rates: dict[str, list[float]] = {"direct": [], **{name: [] for name in ports}}
-    order = ["direct", *ports]
+    """Each round measures direct, the control and every gateway back to back, in an order that moves every round
+    (order_of: the machine's load drifts); a path's ratio in a round is against the direct figure of the same
+    round."""
+    paths = {CONTROL: replica, **ports}
+    ratios: dict[str, list[float]] = {name: [] for name in paths}
+    rates: dict[str, list[float]] = {"direct": [], **{name: [] for name in paths}}
+    order = ["direct", *paths]
     for r in range(rounds):
-        this = order if r % 2 == 0 else order[::-1]
-        got = {n: meter.slice(n, replica if n == "direct" else ports[n], seconds) for n in this}
+        this = order_of(order, r)
+        got = {n: meter.slice(n, replica if n == "direct" else paths[n], seconds) for n in this}
         for n, v in got.items():
             rates[n].append(v)
-        for n in ports:
+        for n in paths:
             ratios[n].append(got[n] / got["direct"])
         print(f"  round {r + 1}/{rounds} ({' -> '.join(this)}): "
               + ", ".join(f"{n} {v:.1f}/s" for n, v in got.items()), flush=True)  # fmt: skip
-    for n in ["direct", *ports]:
+    for n in order:
         line = f"  {n:<18} median {statistics.median(rates[n]):6.1f} req/s"
         if n != "direct":
             line += f", ratio to direct: median {statistics.median(ratios[n]):.3f} (rounds: " + ", ".join(
@@ -341,12 +372,15 @@ def main(requests: int, rounds: int, seconds: float, all_variants: bool, only: l
                 wait(port, "/health")
             time.sleep(6)  # the gateway's first check marks the replica up
             overhead(replica, ports["rendered"], requests)
-            for port in (replica, *ports.values()):  # warm every path (the first seconds run slower)
-                throughput(port, port != replica, seconds=1)
+            for name, port in {"direct": replica, CONTROL: replica, **ports}.items():  # warm every path
+                throughput(port, name in ports, seconds=1, path=name)  # (the first seconds run slower)
             print(f"throughput at 8 clients, {rounds} rounds of {seconds:g} s each:", flush=True)
             meter = Meter(engine.pid, {name: p.pid for name, p in zip(ports, procs, strict=True)})
             ratios = rounds_of(replica, ports, rounds, seconds, meter)
             ratio = statistics.median(ratios["rendered"])
+            control = statistics.median(ratios[CONTROL])
+            print(f"the control's ratio (direct again / direct, median of {rounds} rounds): {control:.3f}: "
+                  f"the measurement's own noise", flush=True)  # fmt: skip
             print(f"throughput ratio gateway/direct at 8 clients (median of {rounds} rounds): {ratio:.3f}"
                   f"  (target >= 0.95: {'ok' if ratio >= 0.95 else 'MISSED'})", flush=True)  # fmt: skip
         finally:

@@ -6,11 +6,13 @@ rendered gateway twice under another name)."""
 from __future__ import annotations
 
 import subprocess
+from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
 
-from bench.gateway import KEY, variants
+from bench.gateway import KEY, order_of, variants
 from engine_ctl.core.documents.apikey import key_sha256
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.model import ApiKey
@@ -38,3 +40,17 @@ def test_each_variant_is_a_configuration_haproxy_accepts(tmp_path: Path, name: s
     check = subprocess.run([HAPROXY, "-c", "-q", "-f", str(tmp_path / "variant.cfg")], capture_output=True,
                            text=True, cwd=tmp_path, check=False)  # fmt: skip
     assert check.returncode == 0, (name, check.stdout + check.stderr)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_the_rounds_put_each_path_in_each_place_equally_often(n: int) -> None:
+    """The bench's order over 2n rounds: each path in each place twice; with up to three paths each path also
+    follows each other one equally often (the control and the gateway see the same neighbours)."""
+    paths = [f"p{i}" for i in range(n)]
+    orders = [order_of(paths, r) for r in range(2 * n)]
+    assert all(sorted(o) == paths for o in orders)
+    places = Counter((p, i) for o in orders for i, p in enumerate(o))
+    assert set(places.values()) == {2} and len(places) == n * n
+    follows = Counter(pair for o in orders for pair in pairwise(o))
+    if n <= 3:
+        assert len(follows) == n * (n - 1) and len(set(follows.values())) == 1
