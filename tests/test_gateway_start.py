@@ -32,6 +32,7 @@ from engine_ctl.core.render.gateway import (
     render_gateway,
     start_state,
 )
+from engine_ctl.shell.gateway.runtime import SETUP_FAILURE
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 KEY = "ak-start-" + "5" * 40
@@ -213,3 +214,18 @@ def server_status(admin: Path, backend: str, server: str) -> str:
         if fields[:2] == [backend, server]:
             return fields[17]
     raise AssertionError(f"{backend}/{server} is not in show stat:\n{out.decode()}")
+
+
+def test_only_systemd_s_own_set_up_failures_are_waited_for() -> None:
+    """The unit's journal lines as systemd 252 (Debian 12) writes them when a start fails: its own exit statuses
+    (200-243, systemd's `exit-status.h`) mean it never ran HAProxy, and it starts the unit again itself
+    (Restart=always); HAProxy's own failure (1) or a signal is reported at once."""
+    waited = ["engine-ctl-gateway.service: Main process exited, code=exited, status=219/CGROUP",
+              "engine-ctl-gateway.service: Control process exited, code=exited, status=200/CHDIR",
+              "engine-ctl-gateway.service: Main process exited, code=exited, status=243/CREDENTIALS"]  # fmt: skip
+    reported = ["engine-ctl-gateway.service: Main process exited, code=exited, status=1/FAILURE",
+                "engine-ctl-gateway.service: Main process exited, code=killed, status=9/KILL",
+                "engine-ctl-gateway.service: Main process exited, code=exited, status=244/UNKNOWN",
+                "engine-ctl-gateway.service: Main process exited, code=exited, status=20/n/a"]  # fmt: skip
+    assert all(SETUP_FAILURE.search(line) for line in waited)
+    assert not any(SETUP_FAILURE.search(line) for line in reported)

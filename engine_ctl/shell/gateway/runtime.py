@@ -282,7 +282,7 @@ def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> 
     active = t.run(is_active(GATEWAY_UNIT)).exit_code == 0
     reload_files = [n for n in rendered.files if n not in RUNTIME_MAPS]
     if not active:
-        _ok(t, reload_then("start", GATEWAY_UNIT, enable=True), "starting the gateway", unit=True)
+        start(t)
         return "started"
     changed = unit_changed or any(before.get(n) != s for n, s in rendered.file_sha256.items() if n in reload_files)
     if changed or misrouted(rendered.files[CONFIG_FILE], live_addresses(t)):
@@ -293,6 +293,28 @@ def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> 
         return "reloaded"
     set_maps(t, rendered.maps)
     return "maps"
+
+
+SETUP_FAILURE = re.compile(r"status=2(?:[0-3][0-9]|4[0-3])/[A-Z_]+")
+"""systemd's own exit statuses (200-243: EXIT_CGROUP, EXIT_NAMESPACE, ...): it failed to set the process up, before
+HAProxy ran; HAProxy's own failures exit 1 (its configuration was checked with `haproxy -c` before)."""
+
+
+def start(t: Transport, wait_s: float = 15) -> None:
+    """Start the gateway's unit. When the start failed in systemd's own set-up of the process (seen once on a fleet
+    host: 219/CGROUP, as a stopped gateway's cgroup was still being removed), systemd starts it again by itself
+    (Restart=always, RestartSec=2): that start is waited for (`wait_s`) before the failure is reported."""
+    try:
+        _ok(t, reload_then("start", GATEWAY_UNIT, enable=True), "starting the gateway", unit=True)
+    except GatewayFailure as exc:
+        if not SETUP_FAILURE.search(str(exc)):
+            raise
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            time.sleep(1)
+            if t.run(is_active(GATEWAY_UNIT)).exit_code == 0:
+                return
+        raise
 
 
 def live_addresses(t: Transport, socket: str = ADMIN_SOCKET) -> dict[str, str]:
