@@ -11,7 +11,7 @@ Throughput is measured in rounds: each round measures direct, a control (the eng
 other clients) and the gateway back to back, in an order that moves every round so that each is measured in each
 place equally often, and the ratio reported is the median of the rounds' ratios (the machine is shared and its load
 drifts). The control's own ratio to direct is printed too: what a path with no gateway gets, the noise of the
-measurement. Each path's 8 clients keep their connections from round to round.
+measurement.
 
 --variants adds gateways with one suspect of overhead taken out each (body buffering, the large buffers,
 the hold's rules, the per-server maxconn, the request log), and one with the L7 retry engine-ctl rendered before
@@ -88,22 +88,17 @@ def one(conn: http.client.HTTPConnection, key: bool) -> float:
     return time.perf_counter() - began
 
 
-CONNECTIONS: dict[str, list[http.client.HTTPConnection]] = {}
-"""Each path's clients' keep-alive connections, kept from slice to slice as a steady client keeps them (a slice
-that opened its own would measure connection set-up twice through the gateway: the client's and HAProxy's)."""
-
-
-def throughput(port: int, key: bool, clients: int = 8, seconds: float = 5, path: str = "") -> float:
-    """Requests per second that `clients` keep-alive connections (those of `path`, kept across calls) complete in
-    `seconds`."""
-    conns = CONNECTIONS.setdefault(path or str(port), [])
-    conns += [http.client.HTTPConnection("127.0.0.1", port, timeout=60) for _ in range(clients - len(conns))]
+def throughput(port: int, key: bool, clients: int = 8, seconds: float = 5) -> float:
+    """Requests per second that `clients` keep-alive connections, opened for this call, complete in `seconds` (a
+    connection kept from one call to the next would sit idle through the other paths' slices, past llama-server's
+    5 s keep-alive, and be closed under the client)."""
     done = [0] * clients
     stop = time.monotonic() + seconds
 
     def loop(i: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         while time.monotonic() < stop:
-            one(conns[i], key)
+            one(conn, key)
             done[i] += 1
 
     threads = [threading.Thread(target=loop, args=(i,)) for i in range(clients)]
@@ -275,7 +270,7 @@ class Meter:
     def slice(self, name: str, port: int, seconds: float) -> float:
         pid = self.gateways.get(name)
         e0, g0, c0 = cpu_seconds(self.engine), cpu_seconds(pid) if pid else 0.0, time.process_time()
-        rate = throughput(port, pid is not None, seconds=seconds, path=name)
+        rate = throughput(port, pid is not None, seconds=seconds)
         self.requests[name] = self.requests.get(name, 0) + rate * seconds
         self.client_cpu[name] = self.client_cpu.get(name, 0) + time.process_time() - c0
         self.engine_cpu[name] = self.engine_cpu.get(name, 0) + cpu_seconds(self.engine) - e0
@@ -372,8 +367,8 @@ def main(requests: int, rounds: int, seconds: float, all_variants: bool, only: l
                 wait(port, "/health")
             time.sleep(6)  # the gateway's first check marks the replica up
             overhead(replica, ports["rendered"], requests)
-            for name, port in {"direct": replica, CONTROL: replica, **ports}.items():  # warm every path
-                throughput(port, name in ports, seconds=1, path=name)  # (the first seconds run slower)
+            for port in (replica, *ports.values()):  # warm every path (the first seconds run slower)
+                throughput(port, port != replica, seconds=1)
             print(f"throughput at 8 clients, {rounds} rounds of {seconds:g} s each:", flush=True)
             meter = Meter(engine.pid, {name: p.pid for name, p in zip(ports, procs, strict=True)})
             ratios = rounds_of(replica, ports, rounds, seconds, meter)
