@@ -302,8 +302,9 @@ HAProxy ran; HAProxy's own failures exit 1 (its configuration was checked with `
 
 def start(t: Transport, wait_s: float = 15) -> None:
     """Start the gateway's unit. When the start failed in systemd's own set-up of the process (seen once on a fleet
-    host: 219/CGROUP, as a stopped gateway's cgroup was still being removed), systemd starts it again by itself
-    (Restart=always, RestartSec=2): that start is waited for (`wait_s`) before the failure is reported."""
+    host, cause not established: 219/CGROUP, just after systemd moved the run directory an earlier gateway left
+    into /run/private), systemd starts it again by itself (Restart=always, RestartSec=2): that start is waited
+    for (`wait_s`) before the failure is reported."""
     try:
         _ok(t, reload_then("start", GATEWAY_UNIT, enable=True), "starting the gateway", unit=True)
     except GatewayFailure as exc:
