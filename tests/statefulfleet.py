@@ -863,8 +863,8 @@ class Machine:
                     self.violate("status and list show every deployment", f"{name}: status {row is not None}, "
                                  f"list {lrow is not None}", "both show it")  # fmt: skip
                 continue
-            said = {k: row.get(k) for k in ("state", "ready", "replicas", "revision")}
-            lsaid = {k: lrow.get(k) for k in ("state", "ready", "replicas", "revision")}
+            said = {k: row.get(k) for k in VERDICT_KEYS}
+            lsaid = {k: lrow.get(k) for k in VERDICT_KEYS}
             if said != lsaid and not self._agree_when_read_again(name):
                 self.violate("list agrees with status", f"{name}: list {lsaid}, status {said}", "the same verdict")
             if (row.get("ready") or 0) > (row.get("replicas") or 0):
@@ -879,13 +879,12 @@ class Machine:
         slot the scaler ran was stopped by hand). Both use one code path (status_cmd._statuses), so a disagreement
         that is a defect shows every time: both are read again, at once, up to `tries` times, and it counts only
         if they never agree."""
-        keys = ("state", "ready", "replicas", "revision")
         for attempt in range(1, tries + 1):
             time.sleep(1)
             status, listed = (_json(r.out) for r in self.p.cli_batch([("status", "--json"), ("list", "--json")]))
             rows = {d["name"]: d for d in (status or {}).get("deployments", [])}
             lrows = {d["name"]: d for d in (listed or {}).get("deployments", [])}
-            if name in rows and name in lrows and all(rows[name].get(k) == lrows[name].get(k) for k in keys):
+            if name in rows and name in lrows and all(rows[name].get(k) == lrows[name].get(k) for k in VERDICT_KEYS):
                 self.log(f"    {name}: list and status agree when read again ({attempt}): the scaler moved between")
                 return True
         return False
@@ -953,6 +952,10 @@ class Machine:
                     self.violate("destroy then apply of the starting documents succeeds", short(str(e), 900),
                                  "apply exit 0")  # fmt: skip
                     return
+
+
+VERDICT_KEYS = ("state", "ready", "replicas", "revision")
+"""What status and list must say alike of a deployment."""
 
 
 def _json(text: str) -> dict[str, Any] | None:

@@ -926,12 +926,11 @@ class Executor:
             with self._on(step.host) as t:
                 self._install(t[step.host], change, step)
             return
-        with self._on(step.host) as t:  # an on-demand replica the scaler does not run is not behind the gateway
-            behind = self.gateway is not None and not (
-                step.on_demand and t[step.host].run(is_active(step.unit)).exit_code != 0
-            )
-        if behind and self.gateway is not None:  # no request reaches it while it restarts; those in flight end
-            self._gateway(self.gateway.drain, name, step.unit)
+        if self.gateway is not None:  # no request reaches it while it restarts; those in flight end first
+            with self._on(step.host) as t:  # an on-demand replica the scaler does not run is not behind it
+                idle = step.on_demand and t[step.host].run(is_active(step.unit)).exit_code != 0
+            if not idle:
+                self._gateway(self.gateway.drain, name, step.unit)
         if step.members:  # a replica group restarts whole: its workers (written again), then its head
             self._start_members(change, step, verb="restart")
         with self._on(step.host) as t:

@@ -282,7 +282,7 @@ def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> 
     active = t.run(is_active(GATEWAY_UNIT)).exit_code == 0
     reload_files = [n for n in rendered.files if n not in RUNTIME_MAPS]
     if not active:
-        start(t)
+        start_gateway(t)
         return "started"
     changed = unit_changed or any(before.get(n) != s for n, s in rendered.file_sha256.items() if n in reload_files)
     if changed or misrouted(rendered.files[CONFIG_FILE], live_addresses(t)):
@@ -300,7 +300,7 @@ SETUP_FAILURE = re.compile(r"status=2(?:[0-3][0-9]|4[0-3])/[A-Z_]+")
 HAProxy ran; HAProxy's own failures exit 1 (its configuration was checked with `haproxy -c` before)."""
 
 
-def start(t: Transport, wait_s: float = 15) -> None:
+def start_gateway(t: Transport, wait_s: float = 15) -> None:
     """Start the gateway's unit. When the start failed in systemd's own set-up of the process (seen once on a fleet
     host, cause not established: 219/CGROUP, just after systemd moved the run directory an earlier gateway left
     into /run/private), systemd starts it again by itself (Restart=always, RestartSec=2): that start is waited
