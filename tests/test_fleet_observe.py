@@ -10,6 +10,7 @@ one apply (the slow part) serves every test here."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -401,3 +402,49 @@ def test_status_watch_redraws_under_tmux_and_ctrl_c_ends_it(ob: ObserveProject, 
         assert "EXIT=130" in screen and "Traceback" not in screen, screen
     finally:
         subprocess.run(["tmux", "-L", socket_name, "kill-server"], capture_output=True, timeout=30)
+
+
+def _journal_lines(ob: ObserveProject, unit: str, pattern: str) -> int:
+    """How many of `unit`'s lines in the gateway host's journal contain `pattern`."""
+    got = ob.fleet.ssh(ob.gateway, f"journalctl --no-pager -q -o cat -u {unit} | grep -c -F -- '{pattern}' || true")
+    return int(got.stdout.strip() or 0)
+
+
+def test_a_burst_past_journalds_default_rate_limit_keeps_every_request_line(ob: ObserveProject) -> None:
+    """journald keeps a service's lines up to a burst in 30 s (RateLimitBurst=, 10000 by default, times a factor of
+    the free disk space) and drops the rest. Here the gateway host's journald is given a burst of 1000 (as an
+    operator may), so that a burst past it is quick to send. First the limit is found on the host itself: a unit
+    with no rate-limit setting of its own writes far more lines than it, and the journal keeps the burst only. Then
+    more requests than that go through the gateway within one interval (answered by HAProxy itself: a path outside
+    /v1, with a valid key; last in the module, since they are all in the logs the other tests read), and the
+    journal has a line for every one. A gateway unit with `LogRateLimitIntervalSec=0` (which systemd does not pass
+    on to journald) kept the burst only."""
+    token = f"{os.getpid()}-{int(time.time())}"
+    dropin = "/etc/systemd/journald.conf.d/engine-ctl-test-ratelimit.conf"
+    ob.fleet.ssh(ob.gateway, f"mkdir -p {os.path.dirname(dropin)} && printf '[Journal]\\nRateLimitBurst=1000\\n' "
+                             f"> {dropin} && systemctl restart systemd-journald")  # fmt: skip
+    try:
+        calibration, written = f"ectl-ratelimit-{token}.service", 30_000
+        ob.fleet.ssh(ob.gateway, f"systemd-run --unit={calibration} --wait -q -p StandardOutput=journal "
+                                 f"sh -c 'seq -f ratelimit-{token}-%.0f 1 {written}; sleep 2'")  # fmt: skip
+        time.sleep(2)
+        burst = _journal_lines(ob, calibration, f"ratelimit-{token}-")
+        assert 1000 <= burst < written, burst  # the limit is in force on this host: journald dropped lines
+
+        sent = burst + 3000
+        host, port = ob.base.split("//")[1].split("/")[0].split(":")
+        began = time.monotonic()
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        for i in range(sent):
+            connection.request("GET", "/burst", headers={"Authorization": f"Bearer {KEY_ALL}",
+                                                         "X-Request-Id": f"burst-{token}-{i}"})  # fmt: skip
+            answer = connection.getresponse()
+            answer.read()
+            assert answer.status == 404, answer.status
+        took = time.monotonic() - began
+        assert took < 25, f"{sent} requests took {took:.0f} s: not one burst within journald's 30 s interval"
+        time.sleep(3)
+        kept = _journal_lines(ob, "engine-ctl-gateway.service", f'"id":"burst-{token}-')
+        assert kept == sent, f"the journal kept {kept} of {sent} request lines (the host's burst: {burst})"
+    finally:
+        ob.fleet.ssh(ob.gateway, f"rm -f {dropin} && systemctl restart systemd-journald", check=False)
