@@ -6,6 +6,7 @@ model, and the real HAProxy with the configuration engine-ctl renders in front o
 - throughput at 8 concurrent clients through the gateway against direct (target: >= 0.95x).
 
 Run:  .venv/bin/python -m bench.gateway [REQUESTS] [--rounds 16] [--seconds 2] [--variants] [--cores-apart]
+      .venv/bin/python -m bench.gateway [REQUESTS] --paired [--rounds 16] [--seconds 2] [--warm 2] [--variant NAME]
 
 Throughput is measured in rounds: each round measures direct, a control (the engine called directly again, by
 other clients) and the gateway back to back, in an order that moves every round so that each is measured in each
@@ -23,6 +24,12 @@ from the engine's, so the ratio is about 1 - HAProxy's share of a request's CPU.
 the first CPU and HAProxy and the clients to the others (in every measurement, direct ones included), as on an
 engine host whose engine has cores the gateway does not use: the ratio is then what the gateway's path itself
 costs the engine's throughput.
+
+--paired measures the same shared cores with the machine's drift taken out: an engine on each core, and beside it on
+the same core its own gateway and, in a process of their own, its clients. Each slice runs two paths at once, one on
+each core: the gateway on core 0 beside direct on core 1, then the other way round; the ratio of the two slices
+(paired_ratio) cancels each core's speed, and the machine's drift, which slows both paths of a slice alike. A
+control is measured the same way: direct beside direct. The first --warm rounds (2) are not counted.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import math
+import multiprocessing
 import os
 import socket
 import statistics
@@ -38,6 +47,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing.queues import Queue
 from pathlib import Path
 
 from engine_ctl.core.documents.apikey import key_sha256
@@ -195,8 +205,23 @@ def other_cpus() -> set[int] | None:
     return None if ENGINE_CPUS is None else set(range(os.cpu_count() or 2)) - ENGINE_CPUS
 
 
-def start_gateways(tmp: str, replica: int, chosen: list[str]) -> tuple[dict[str, int], list[subprocess.Popen[bytes]]]:
-    """One HAProxy per variant of the rendered configuration, each in its own directory and port."""
+def start_engine(cpus: set[int] | None) -> tuple[int, subprocess.Popen[bytes]]:
+    """The real llama-server with the tiny model (1 thread, 8 slots) on a free port, pinned to `cpus` if given."""
+    port = free_port()
+    llama = llama_server_dir() / "bin" / "llama-server"
+    engine = subprocess.Popen(
+        [str(llama), "--model", str(tiny_model()), "--alias", "bench", "--ctx-size", "2048", "--parallel", "8",
+         "--host", "127.0.0.1", "--port", str(port), "--threads", "1", "--no-webui"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=pinned(cpus),
+    )  # fmt: skip
+    return port, engine
+
+
+def start_gateways(
+    tmp: str, replica: int, chosen: list[str], cpus: set[int] | None
+) -> tuple[dict[str, int], list[subprocess.Popen[bytes]]]:
+    """One HAProxy per variant of the rendered configuration, each in its own directory and port, pinned to `cpus`
+    if given."""
     ports: dict[str, int] = {}
     procs = []
     for i, name in enumerate(chosen):
@@ -217,7 +242,7 @@ def start_gateways(tmp: str, replica: int, chosen: list[str]) -> tuple[dict[str,
         log = (folder / "stdout.log").open("wb")
         env = {**os.environ, **ALLOCATOR_ENV}
         procs.append(subprocess.Popen(["haproxy", "-f", f"{folder}/haproxy.cfg"], env=env, stdout=log,
-                                      stderr=subprocess.DEVNULL, preexec_fn=pinned(other_cpus())))  # fmt: skip
+                                      stderr=subprocess.DEVNULL, preexec_fn=pinned(cpus)))  # fmt: skip
         ports[name] = port
     return ports, procs
 
@@ -344,13 +369,7 @@ def rounds_of(replica: int, ports: dict[str, int], rounds: int, seconds: float, 
 
 
 def main(requests: int, rounds: int, seconds: float, all_variants: bool, only: list[str] | None = None) -> None:
-    replica = free_port()
-    llama = llama_server_dir() / "bin" / "llama-server"
-    engine = subprocess.Popen(
-        [str(llama), "--model", str(tiny_model()), "--alias", "bench", "--ctx-size", "2048", "--parallel", "8",
-         "--host", "127.0.0.1", "--port", str(replica), "--threads", "1", "--no-webui"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=pinned(ENGINE_CPUS),
-    )  # fmt: skip
+    replica, engine = start_engine(ENGINE_CPUS)
     if (clients := other_cpus()) is not None:
         os.sched_setaffinity(0, clients)  # this process: the clients (its threads inherit it)
     chosen = list(variants("")) if all_variants else ["rendered", *(only or [])]
@@ -360,7 +379,7 @@ def main(requests: int, rounds: int, seconds: float, all_variants: bool, only: l
         print(f"cores apart: the engine on CPU {sorted(ENGINE_CPUS)}, HAProxy and the clients on CPU "
               f"{sorted(other_cpus() or ())}", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        ports, procs = start_gateways(tmp, replica, chosen)
+        ports, procs = start_gateways(tmp, replica, chosen, other_cpus())
         try:
             wait(replica, "/health")
             for port in ports.values():
@@ -386,6 +405,147 @@ def main(requests: int, rounds: int, seconds: float, all_variants: bool, only: l
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
+def paired_ratio(first: tuple[float, float], second: tuple[float, float]) -> float:
+    """x's throughput over y's from two slices run side by side: `first` is (x on core 0, y on core 1), `second`
+    (y on core 0, x on core 1). The machine's drift hits both paths of a slice alike and cancels in each slice's
+    quotient; each core's own speed is in one quotient above and one below, and cancels in their product:
+    sqrt((x0 / y1) * (x1 / y0))."""
+    (x0, y1), (y0, x1) = first, second
+    return math.sqrt((x0 / y1) * (x1 / y0))
+
+
+def _clients_on(core: int, port: int, key: bool, seconds: float, out: Queue[float]) -> None:
+    os.sched_setaffinity(0, {core})
+    out.put(throughput(port, key, seconds=seconds))
+
+
+def side_by_side(ports: tuple[int, int], keys: tuple[bool, bool], seconds: float) -> tuple[float, float]:
+    """Two paths measured at once: the clients of ports[i] in a process of their own on core i."""
+    context = multiprocessing.get_context("fork")
+    queues: list[Queue[float]] = [context.Queue(), context.Queue()]
+    workers = [context.Process(target=_clients_on, args=(i, ports[i], keys[i], seconds, queues[i])) for i in (0, 1)]
+    for w in workers:
+        w.start()
+    rates = (queues[0].get(), queues[1].get())
+    for w in workers:
+        w.join()
+    return rates
+
+
+class PairedMeter:
+    """CPU seconds per request of the engines (through a gateway, and direct) and of each gateway, over the slices of
+    the counted rounds."""
+
+    def __init__(self, engines: tuple[int, int], gateways: dict[tuple[str, int], int]) -> None:
+        self.engines, self.gateways = engines, gateways
+        self.cpu: dict[str, float] = {}
+        self.requests: dict[str, float] = {}
+
+    def add(self, name: str, cpu: float, requests: float) -> None:
+        self.cpu[name] = self.cpu.get(name, 0.0) + cpu
+        self.requests[name] = self.requests.get(name, 0.0) + requests
+
+    def slice(
+        self, paths: tuple[str, str], ports: tuple[int, int], seconds: float, counted: bool
+    ) -> tuple[float, float]:
+        """paths[i] is "direct" or a gateway's name, on core i."""
+        pids = [self.gateways.get((paths[i], i)) for i in (0, 1)]
+        before = [cpu_seconds(e) for e in self.engines], [cpu_seconds(p) if p else 0.0 for p in pids]
+        rates = side_by_side(ports, (paths[0] != "direct", paths[1] != "direct"), seconds)
+        after = [cpu_seconds(e) for e in self.engines], [cpu_seconds(p) if p else 0.0 for p in pids]
+        if counted:
+            for i in (0, 1):
+                n = rates[i] * seconds
+                engine = "engine, direct" if paths[i] == "direct" else f"engine, through {paths[i]}"
+                self.add(engine, after[0][i] - before[0][i], n)
+                if pids[i]:
+                    self.add(f"HAProxy, {paths[i]}", after[1][i] - before[1][i], n)
+        return rates
+
+    def report(self) -> None:
+        for name in self.cpu:
+            print(f"  CPU per request: {name} {self.cpu[name] / self.requests[name] * 1e6:.0f} us", flush=True)
+
+
+def paired_rounds(
+    engines: tuple[int, int],
+    ports: dict[tuple[str, int], int],
+    names: list[str],
+    rounds: int,
+    warm: int,
+    seconds: float,
+    meter: PairedMeter,
+) -> dict[str, list[float]]:
+    """Each round measures, for the control and each gateway, two slices side by side (the path on core 0 and
+    direct on core 1, then the other way round), in an order that moves every round; the control is direct beside
+    direct, measured the same way: what the method gives two paths that differ in nothing. The first `warm`
+    rounds are not counted."""
+    ratios: dict[str, list[float]] = {name: [] for name in [CONTROL, *names]}
+    for r in range(warm + rounds):
+        counted = r >= warm
+        got = {}
+        for name in order_of([CONTROL, *names], r):
+            path = "direct" if name == CONTROL else name
+
+            def port(p: str, core: int) -> int:
+                return engines[core] if p == "direct" else ports[(p, core)]
+
+            first = meter.slice((path, "direct"), (port(path, 0), port("direct", 1)), seconds, counted)
+            second = meter.slice(("direct", path), (port("direct", 0), port(path, 1)), seconds, counted)
+            got[name] = paired_ratio(first, second)
+            if counted:
+                ratios[name].append(got[name])
+        print(f"  round {r + 1}/{warm + rounds}{'' if counted else ' (warm-up, not counted)'}: "
+              + ", ".join(f"{n} {v:.3f}" for n, v in got.items()), flush=True)  # fmt: skip
+    for name, values in ratios.items():
+        print(f"  {name:<18} ratio to direct: median {statistics.median(values):.3f}, mean "
+              f"{statistics.mean(values):.3f}, sd {statistics.stdev(values):.3f}", flush=True)  # fmt: skip
+    meter.report()
+    return ratios
+
+
+def main_paired(requests: int, rounds: int, warm: int, seconds: float, only: list[str] | None = None) -> None:
+    """--paired: two engines, one on each core; a gateway in front of each, on the same core; each slice measures
+    two paths at once, each on its own core with its own engine, clients and (for a gateway) HAProxy."""
+    chosen = ["rendered", *(only or [])]
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs",
+          flush=True)  # fmt: skip
+    print("paired: on each core an engine, its clients and its gateway; two paths measured at once, swapped",
+          flush=True)  # fmt: skip
+    started = [start_engine({0}), start_engine({1})]
+    engines = (started[0][0], started[1][0])
+    procs = [e for _, e in started]
+    with tempfile.TemporaryDirectory() as tmp:
+        ports: dict[tuple[str, int], int] = {}
+        pids: dict[tuple[str, int], int] = {}
+        try:
+            for core in (0, 1):
+                Path(tmp, str(core)).mkdir()
+                by_name, gateways = start_gateways(str(Path(tmp, str(core))), engines[core], chosen, {core})
+                procs += gateways
+                for (name, port), proc in zip(by_name.items(), gateways, strict=True):
+                    ports[(name, core)], pids[(name, core)] = port, proc.pid
+            for port in (*engines, *ports.values()):
+                wait(port, "/health")
+            time.sleep(6)  # the gateways' first check marks their replica up
+            overhead(engines[0], ports[("rendered", 0)], requests)
+            print(f"throughput at 8 clients a path, {warm} + {rounds} rounds of 2 x {len(chosen) + 1} slices of "
+                  f"{seconds:g} s:", flush=True)  # fmt: skip
+            meter = PairedMeter((started[0][1].pid, started[1][1].pid), pids)
+            ratios = paired_rounds(engines, ports, chosen, rounds, warm, seconds, meter)
+            ratio = statistics.median(ratios["rendered"])
+            print(f"the control's ratio (direct beside direct, median of {rounds} rounds): "
+                  f"{statistics.median(ratios[CONTROL]):.3f}: the method's own noise", flush=True)  # fmt: skip
+            print(f"throughput ratio gateway/direct at 8 clients, paired (median of {rounds} rounds): {ratio:.3f}"
+                  f"  (target >= 0.95: {'ok' if ratio >= 0.95 else 'MISSED'})", flush=True)  # fmt: skip
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.wait(10)
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="The gateway's overhead and throughput against direct calls.")
     parser.add_argument("requests", nargs="?", type=int, default=300, help="request pairs for the overhead (300)")
@@ -397,7 +557,13 @@ if __name__ == "__main__":
                         help="the engine on the first CPU, HAProxy and the clients on the others")  # fmt: skip
     parser.add_argument("--variant", action="append", choices=[v for v in variants("") if v != "rendered"],
                         help="measure this variant beside the rendered one (repeatable)")  # fmt: skip
+    parser.add_argument("--paired", action="store_true",
+                        help="an engine, clients and gateway on each core; two paths at once")  # fmt: skip
+    parser.add_argument("--warm", type=int, default=2, help="--paired: rounds run first and not counted (2)")
     args = parser.parse_args()
+    if args.paired:
+        main_paired(args.requests, args.rounds, args.warm, args.seconds, args.variant)
+        raise SystemExit(0)
     if args.cores_apart:
         ENGINE_CPUS = {0}
     main(args.requests, args.rounds, args.seconds, args.variants, args.variant)

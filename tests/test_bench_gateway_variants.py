@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gateway import KEY, order_of, variants
+from bench.gateway import KEY, order_of, paired_ratio, variants
 from engine_ctl.core.documents.apikey import key_sha256
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.model import ApiKey
@@ -54,3 +54,22 @@ def test_the_rounds_put_each_path_in_each_place_equally_often(n: int) -> None:
     follows = Counter(pair for o in orders for pair in pairwise(o))
     if n <= 3:
         assert len(follows) == n * (n - 1) and len(set(follows.values())) == 1
+
+
+@pytest.mark.parametrize("cores", [(1.0, 1.0), (1.0, 0.8), (0.7, 1.3)])
+@pytest.mark.parametrize("drift", [(1.0, 1.0), (1.0, 0.6), (1.4, 0.9)])
+def test_the_paired_ratio_cancels_each_cores_speed_and_the_drift_of_the_machine(
+    cores: tuple[float, float], drift: tuple[float, float]
+) -> None:
+    """--paired: a path's rate is its efficiency x its core's speed x the machine's speed in that slice; the ratio
+    of the two slices (x on core 0 beside y on core 1, then swapped) is x's efficiency over y's, whatever the cores
+    and the drift between the slices. Without the swap (the first slice alone) the cores' difference would stay."""
+    x, y = 0.95, 1.0
+    first = (x * cores[0] * drift[0], y * cores[1] * drift[0])
+    second = (y * cores[0] * drift[1], x * cores[1] * drift[1])
+    assert paired_ratio(first, second) == pytest.approx(x / y)
+    # the control: two paths that differ in nothing
+    control = paired_ratio((cores[0] * drift[0], cores[1] * drift[0]), (cores[0] * drift[1], cores[1] * drift[1]))
+    assert control == pytest.approx(1.0)
+    if cores[0] != cores[1]:
+        assert first[0] / first[1] != pytest.approx(x / y)
