@@ -40,6 +40,7 @@ import json
 import math
 import multiprocessing
 import os
+import queue
 import socket
 import statistics
 import subprocess
@@ -426,7 +427,10 @@ def side_by_side(ports: tuple[int, int], keys: tuple[bool, bool], seconds: float
     workers = [context.Process(target=_clients_on, args=(i, ports[i], keys[i], seconds, queues[i])) for i in (0, 1)]
     for w in workers:
         w.start()
-    rates = (queues[0].get(), queues[1].get())
+    try:
+        rates = (queues[0].get(timeout=seconds + 60), queues[1].get(timeout=seconds + 60))
+    except queue.Empty:
+        raise SystemExit(f"a path's clients gave no figure within {seconds + 60:g} s") from None
     for w in workers:
         w.join()
     return rates
@@ -481,15 +485,15 @@ def paired_rounds(
     direct, measured the same way: what the method gives two paths that differ in nothing. The first `warm`
     rounds are not counted."""
     ratios: dict[str, list[float]] = {name: [] for name in [CONTROL, *names]}
+
+    def port(path: str, core: int) -> int:
+        return engines[core] if path == "direct" else ports[(path, core)]
+
     for r in range(warm + rounds):
         counted = r >= warm
         got = {}
         for name in order_of([CONTROL, *names], r):
             path = "direct" if name == CONTROL else name
-
-            def port(p: str, core: int) -> int:
-                return engines[core] if p == "direct" else ports[(p, core)]
-
             first = meter.slice((path, "direct"), (port(path, 0), port("direct", 1)), seconds, counted)
             second = meter.slice(("direct", path), (port("direct", 0), port(path, 1)), seconds, counted)
             got[name] = paired_ratio(first, second)
@@ -507,6 +511,8 @@ def paired_rounds(
 def main_paired(requests: int, rounds: int, warm: int, seconds: float, only: list[str] | None = None) -> None:
     """--paired: two engines, one on each core; a gateway in front of each, on the same core; each slice measures
     two paths at once, each on its own core with its own engine, clients and (for a gateway) HAProxy."""
+    if (os.cpu_count() or 1) < 2:
+        raise SystemExit("--paired needs two CPUs (it uses CPU 0 and CPU 1)")
     chosen = ["rendered", *(only or [])]
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs",
           flush=True)  # fmt: skip
