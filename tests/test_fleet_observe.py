@@ -448,3 +448,38 @@ def test_a_burst_past_journalds_default_rate_limit_keeps_every_request_line(ob: 
         assert kept == sent, f"the journal kept {kept} of {sent} request lines (the host's burst: {burst})"
     finally:
         ob.fleet.ssh(ob.gateway, f"rm -f {dropin} && systemctl restart systemd-journald", check=False)
+
+
+def _dropped(ob: ObserveProject) -> int:
+    got = ob.cli("usage", "--since", ob.since, "--json", "--inventory", str(ob.inventory))
+    assert got.returncode == 0, got.stdout + got.stderr
+    value = json.loads(got.stdout)["dropped_lines"][ob.gateway.name]
+    assert isinstance(value, int), value
+    return value
+
+
+def test_lines_the_gateway_could_not_write_are_counted_by_usage(ob: ObserveProject) -> None:
+    """HAProxy's stdout does not block: a request line that journald has not read in time, once the pipe is full, is
+    dropped and counted (DroppedLogs). With journald stopped (SIGSTOP) during a burst of requests, the journal keeps
+    some of their lines and `engine-ctl usage` reports the others as lines not logged: together, every request."""
+    before = _dropped(ob)
+    token = f"{os.getpid()}-{int(time.time())}"
+    sent = 60_000
+    host, port = ob.base.split("//")[1].split("/")[0].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    ob.fleet.ssh(ob.gateway, "kill -STOP $(pidof systemd-journald)")
+    try:
+        for i in range(sent):
+            connection.request("GET", "/dropped", headers={"Authorization": f"Bearer {KEY_ALL}",
+                                                           "X-Request-Id": f"dropped-{token}-{i}"})  # fmt: skip
+            answer = connection.getresponse()
+            answer.read()
+            assert answer.status == 404, answer.status
+    finally:
+        ob.fleet.ssh(ob.gateway, "kill -CONT $(pidof systemd-journald)", check=False)
+    time.sleep(3)
+    kept = _journal_lines(ob, "engine-ctl-gateway.service", f'"id":"dropped-{token}-')
+    dropped = _dropped(ob) - before
+    assert dropped > 0 and kept + dropped == sent, (kept, dropped, sent)
+    table = ob.cli("usage", "--since", ob.since, "--inventory", str(ob.inventory))
+    assert f"Lines not logged ({ob.gateway.name} {before + dropped})" in table.stdout, table.stdout

@@ -4,10 +4,11 @@ logs (core.accesslog), read from every gateway host's journal as `engine-ctl log
 What is exact and what is not, as the output says: requests, errors and bytes are counted from one log line per
 request, exact for the lines the journal kept (the gateway's unit lifts journald's rate limit; journald still
 rotates old lines away past its SystemMaxUse=, and the metrics port's counters are the exact ones since the
-gateway's last reload). Tokens per key and deployment come from the same lines: the gateway reads a whole JSON
-answer's `usage` counts (the engine's own), exact for those answers; a stream, or an answer bigger than the
-gateway's buffer, is counted as a request without tokens (`uncounted`). Per deployment, the engines' own counters
-are shown too (exact, streams included, but since each replica started)."""
+gateway's last reload). The lines HAProxy could not write (journald behind, the pipe full) are counted by HAProxy
+and reported per gateway as lines not logged. Tokens per key and deployment come from the same lines: the gateway
+reads a whole JSON answer's `usage` counts (the engine's own), exact for those answers; a stream, or an answer
+bigger than the gateway's buffer, is counted as a request without tokens (`uncounted`). Per deployment, the engines'
+own counters are shown too (exact, streams included, but since each replica started)."""
 
 from __future__ import annotations
 
@@ -22,11 +23,12 @@ from engine_ctl.cli.context import backend_for, read_state, state_exists, state_
 from engine_ctl.cli.logs_cmd import _gateway_hosts, read_gateway_requests, since_argument
 from engine_ctl.core.accesslog import Usage, counter_sum
 from engine_ctl.core.accesslog import usage as add_up
-from engine_ctl.core.documents.inventory import Inventory
+from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.documents.loader import load_paths
 from engine_ctl.core.plan.gateway import backends_from_state
+from engine_ctl.core.render.gateway import ADMIN_SOCKET
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.shell.transport import SSHOptions, python_argv, transport_for
+from engine_ctl.shell.transport import SSHOptions, Transport, fan_out, python_argv, transport_for
 
 FETCH = r"""
 import json, sys, urllib.request
@@ -77,10 +79,49 @@ def engine_tokens(
     return out, unread
 
 
+DROPPED = r"""
+import socket, sys
+answer = b""
+try:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(sys.argv[1])
+        s.sendall(b"show info\n")
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+except OSError:
+    pass
+found = [x.split(":", 1)[1].strip() for x in answer.decode("utf-8", "replace").splitlines()
+         if x.startswith("DroppedLogs:")]
+print(found[0] if found else "-")
+"""
+"""Run on a gateway host: HAProxy's DroppedLogs (`show info`), the log lines it could not write since its worker
+started, from the admin socket; "-" when the gateway does not answer."""
+
+
+def dropped_lines(hosts: list[Host], options: SSHOptions, parallel: int) -> dict[str, int | None]:
+    """Each gateway host's request lines HAProxy could not write to the journal since the gateway last started or
+    reloaded (its stdout is not blocking: a line journald has not read in time when the pipe is full is dropped);
+    None where it could not be read."""
+
+    def read(transport: Transport) -> int | None:
+        result = transport.run(python_argv("-c", DROPPED, ADMIN_SOCKET), timeout=30)
+        said = result.stdout.strip()
+        return int(said) if result.exit_code == 0 and said.isdigit() else None
+
+    found, _ = fan_out(hosts, read, options=options, parallel=parallel)
+    return {h.name: found.get(h.name) for h in hosts}
+
+
 NOTE = ("requests, errors (4xx and 5xx) and bytes: exact, counted from the gateways' request logs, for the lines "
         "their journals kept; p50 TTFB: from the same lines; tokens: exact for whole JSON answers (the engine's own "
         "usage counts, which the gateway logs), not measured for streams and answers past the gateway's buffer "
         "(UNCOUNTED)")  # fmt: skip
+DROPPED_NOTE = ("request lines a gateway could not write to its journal since it last started or reloaded (journald "
+                "did not read them in time): those requests are in no count above")  # fmt: skip
 TOKENS_NOTE = ("engine tokens per deployment: exact, the engines' own counters, streams included, but since each "
                "replica started, not since --since (a replica that restarted or stopped takes its count with "
                "it)")  # fmt: skip
@@ -145,6 +186,7 @@ def usage(
                                             parallel)  # fmt: skip
     rows = add_up(lines, by)
     tokens, unread = engine_tokens(inventory, state_path, paths, options) if by == "deployment" else ({}, [])
+    dropped = dropped_lines([h for h in hosts if h.name not in failures], options, parallel)
     if as_json:
         out = {
             "since": since, "by": by, "gateways": sorted(h.name for h in hosts if h.name not in failures),
@@ -152,6 +194,7 @@ def usage(
                      + (["engine_prompt_tokens", "engine_generated_tokens"] if by == "deployment" else []),
             "estimates": [], "not_measured": ["tokens of the answers counted in uncounted"],
             "note": NOTE + ("; " + TOKENS_NOTE if by == "deployment" else ""), "tokens_unread": unread,
+            "dropped_lines": dropped, "dropped_lines_note": DROPPED_NOTE,
             "rows": [_row(by, name, u, tokens.get(name, {}) if by == "deployment" else None)
                      for name, u in rows.items()],
         }  # fmt: skip
@@ -164,6 +207,10 @@ def usage(
         if not rows:
             sys.stdout.write(f"(no requests since {since})\n")
         sys.stdout.write(f"\nSince {since}. {NOTE[0].upper()}{NOTE[1:]}.\n")
+        lost = {name: n for name, n in dropped.items() if n != 0}
+        if lost:
+            said = ", ".join(f"{name} {'not read' if n is None else n}" for name, n in sorted(lost.items()))
+            sys.stdout.write(f"Lines not logged ({said}): {DROPPED_NOTE}.\n")
         if by == "deployment":
             sys.stdout.write(f"{TOKENS_NOTE[0].upper()}{TOKENS_NOTE[1:]}.\n")
             if unread:
