@@ -410,6 +410,20 @@ def _journal_lines(ob: ObserveProject, unit: str, pattern: str) -> int:
     return int(got.stdout.strip() or 0)
 
 
+def _requests_the_gateway_answers(ob: ObserveProject, ids: str, n: int) -> None:
+    """n requests on one keep-alive connection, with IDs ids-0 to ids-(n-1), that HAProxy answers itself (404: a
+    path outside /v1, with a valid key): as fast as a client sends them, each a line of the request log."""
+    host, port = ob.base.split("//")[1].split("/")[0].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    headers = {"Authorization": f"Bearer {KEY_ALL}"}
+    for i in range(n):
+        connection.request("GET", "/not-v1", headers={**headers, "X-Request-Id": f"{ids}-{i}"})
+        answer = connection.getresponse()
+        answer.read()
+        assert answer.status == 404, answer.status
+    connection.close()
+
+
 def test_a_burst_past_journalds_default_rate_limit_keeps_every_request_line(ob: ObserveProject) -> None:
     """journald keeps a service's lines up to a burst in 30 s (RateLimitBurst=, 10000 by default, times a factor of
     the free disk space) and drops the rest. Here the gateway host's journald is given a burst of 1000 (as an
@@ -432,15 +446,8 @@ def test_a_burst_past_journalds_default_rate_limit_keeps_every_request_line(ob: 
         assert 1000 <= burst < written, burst  # the limit is in force on this host: journald dropped lines
 
         sent = burst + 3000
-        host, port = ob.base.split("//")[1].split("/")[0].split(":")
         began = time.monotonic()
-        connection = http.client.HTTPConnection(host, int(port), timeout=30)
-        for i in range(sent):
-            connection.request("GET", "/burst", headers={"Authorization": f"Bearer {KEY_ALL}",
-                                                         "X-Request-Id": f"burst-{token}-{i}"})  # fmt: skip
-            answer = connection.getresponse()
-            answer.read()
-            assert answer.status == 404, answer.status
+        _requests_the_gateway_answers(ob, f"burst-{token}", sent)
         took = time.monotonic() - began
         assert took < 25, f"{sent} requests took {took:.0f} s: not one burst within journald's 30 s interval"
         time.sleep(3)
@@ -465,16 +472,9 @@ def test_lines_the_gateway_could_not_write_are_counted_by_usage(ob: ObserveProje
     before = _dropped(ob)
     token = f"{os.getpid()}-{int(time.time())}"
     sent = 60_000
-    host, port = ob.base.split("//")[1].split("/")[0].split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=30)
     ob.fleet.ssh(ob.gateway, "kill -STOP $(pidof systemd-journald)")
     try:
-        for i in range(sent):
-            connection.request("GET", "/dropped", headers={"Authorization": f"Bearer {KEY_ALL}",
-                                                           "X-Request-Id": f"dropped-{token}-{i}"})  # fmt: skip
-            answer = connection.getresponse()
-            answer.read()
-            assert answer.status == 404, answer.status
+        _requests_the_gateway_answers(ob, f"dropped-{token}", sent)
     finally:
         ob.fleet.ssh(ob.gateway, "kill -CONT $(pidof systemd-journald)", check=False)
     time.sleep(3)
