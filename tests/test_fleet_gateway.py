@@ -389,13 +389,17 @@ def test_status_shows_the_endpoint(gw: GatewayProject) -> None:
 def test_a_gateway_start_systemd_fails_to_set_up_is_waited_for(gw: GatewayProject) -> None:
     """systemd's own set-up of HAProxy's process can fail once (219/CGROUP was seen on a fleet host, a stopped
     gateway's cgroup still being removed), and systemd starts the gateway again by itself (Restart=always). apply
-    waits for that start instead of failing. Here the set-up fails (200/CHDIR) until a directory appears 4 s
-    later; a failure of HAProxy's own is still reported at once (the configuration test above)."""
+    waits for that start instead of failing. Here the set-up fails (200/CHDIR) until a directory appears, which a
+    watcher makes once systemd has recorded the failed start (not after a fixed delay: on a loaded machine apply may
+    reach the start later than any delay); a failure of HAProxy's own is still reported at once (the configuration
+    test above)."""
     unit, later = "engine-ctl-gateway.service", "/var/lib/ectl-late"
     dropin = f"/etc/systemd/system/{unit}.d"
-    gw.fleet.ssh(gw.gateway, f"systemctl stop {unit} && rm -rf {later} && mkdir -p {dropin} && "
-                             f"printf '[Service]\\nWorkingDirectory={later}\\n' > {dropin}/late.conf && "
-                             f"systemctl daemon-reload && systemd-run --on-active=4 /bin/mkdir -p {later}")  # fmt: skip
+    failed = f"systemctl show -p Result --value {unit} | grep -qvx success"
+    gw.fleet.ssh(gw.gateway, f"systemctl stop {unit} && systemctl reset-failed {unit}; rm -rf {later} && "
+                             f"mkdir -p {dropin} && printf '[Service]\\nWorkingDirectory={later}\\n' > "
+                             f"{dropin}/late.conf && systemctl daemon-reload && systemd-run --unit=ectl-late-$$ sh -c "
+                             f"'timeout 99 sh -c \"until {failed}; do sleep .2; done\"; mkdir -p {later}'")  # fmt: skip
     try:
         applied = gw.cli("apply", "--auto-approve")
         journal = gw.fleet.ssh(gw.gateway, f"journalctl -u {unit} --no-pager -o cat -n 200").stdout
