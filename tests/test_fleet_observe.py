@@ -10,9 +10,11 @@ one apply (the slow part) serves every test here."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -457,6 +459,24 @@ def test_a_burst_past_journalds_default_rate_limit_keeps_every_request_line(ob: 
         ob.fleet.ssh(ob.gateway, f"rm -f {dropin} && systemctl restart systemd-journald", check=False)
 
 
+@contextlib.contextmanager
+def _journald_stopped(ob: ObserveProject) -> Iterator[None]:
+    """The gateway host's journald stopped (SIGSTOP) for the block, by one SSH session opened before and kept: while
+    journald is stopped a new login to the host hangs (sshd, PAM and logind write to the journal), so the SIGCONT is
+    sent by the same session, when the block ends, its connection drops, or after 5 minutes at most."""
+    script = ("pid=$(pidof systemd-journald); trap 'kill -CONT $pid' EXIT HUP TERM INT; kill -STOP $pid; "
+              "echo stopped; read -t 300 line; kill -CONT $pid; echo continued")  # fmt: skip
+    session = subprocess.Popen([*ob.fleet.ssh_argv(ob.gateway), f"bash -c {shlex.quote(script)}"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert session.stdout is not None and session.stdin is not None
+    try:
+        assert session.stdout.readline().strip() == "stopped"
+        yield
+    finally:
+        said, _ = session.communicate("go\n", timeout=60)
+    assert "continued" in said, said
+
+
 def _dropped(ob: ObserveProject) -> int:
     got = ob.cli("usage", "--since", ob.since, "--json", "--inventory", str(ob.inventory))
     assert got.returncode == 0, got.stdout + got.stderr
@@ -472,11 +492,8 @@ def test_lines_the_gateway_could_not_write_are_counted_by_usage(ob: ObserveProje
     before = _dropped(ob)
     token = f"{os.getpid()}-{int(time.time())}"
     sent = 60_000
-    ob.fleet.ssh(ob.gateway, "kill -STOP $(pidof systemd-journald)")
-    try:
+    with _journald_stopped(ob):
         _requests_the_gateway_answers(ob, f"dropped-{token}", sent)
-    finally:
-        ob.fleet.ssh(ob.gateway, "kill -CONT $(pidof systemd-journald)", check=False)
     time.sleep(3)
     kept = _journal_lines(ob, "engine-ctl-gateway.service", f'"id":"dropped-{token}-')
     dropped = _dropped(ob) - before

@@ -17,7 +17,7 @@ import pytest
 
 from engine_ctl.shell import shipped
 
-SHIPPED = ("facts_probe.py", "scaler.py", "scaler_command.py", "gateway_maps.py")
+SHIPPED = ("facts_probe.py", "scaler.py", "scaler_command.py", "gateway_maps.py", "gateway_dropped.py")
 REMOTE = Path(shipped.__file__).parent / "remote"
 
 
@@ -38,7 +38,12 @@ def admin_socket(tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
             with conn:
                 command = conn.recv(65536).decode().strip()
                 heard.append(command)
-                answer = "New version created: 7\n" if command.startswith("prepare map") else f"ok {command}\n"
+                if command == "show info":  # HAProxy 2.6's answer, cut (`show info` on a gateway of the fleet)
+                    answer = "Name: HAProxy\nVersion: 2.6.12-1+deb12u4\nDroppedLogs: 3215\nBusyPolling: 0\n"
+                elif command.startswith("prepare map"):
+                    answer = "New version created: 7\n"
+                else:
+                    answer = f"ok {command}\n"
                 conn.sendall(answer.encode())
 
     threading.Thread(target=serve, daemon=True).start()
@@ -66,10 +71,24 @@ def test_each_shipped_script_is_self_contained_with_the_one_client(name: str, tm
     assert ran.stdout.split() == ["shipped", "False"]
 
 
-def test_no_shipped_script_opens_an_admin_socket_itself() -> None:
-    for path in REMOTE.glob("*.py"):
+def test_no_module_opens_an_admin_socket_but_the_one_client() -> None:
+    package = REMOTE.parents[1]
+    for path in package.rglob("*.py"):
         if path.name != "haproxy_admin.py":
-            assert "AF_UNIX" not in path.read_text(), f"{path.name} writes its own admin-socket client"
+            assert "AF_UNIX" not in path.read_text(), f"{path} writes its own admin-socket client"
+
+
+def test_the_shipped_dropped_lines_reader_says_haproxys_count_or_a_dash(
+    admin_socket: tuple[str, list[str]], tmp_path: Path
+) -> None:
+    path, heard = admin_socket
+    code = shipped.script("gateway_dropped.py")
+    ran = subprocess.run([sys.executable, "-I", "-c", code, path], capture_output=True, text=True, cwd=tmp_path,
+                         timeout=30)  # fmt: skip
+    assert (ran.returncode, ran.stdout, heard) == (0, "3215\n", ["show info"]), ran.stderr
+    silent = subprocess.run([sys.executable, "-I", "-c", code, str(tmp_path / "none.sock")], capture_output=True,
+                            text=True, cwd=tmp_path, timeout=30)  # fmt: skip
+    assert (silent.returncode, silent.stdout) == (0, "-\n"), silent.stderr
 
 
 def test_the_shipped_map_changer_prepares_adds_and_commits_over_a_real_socket(

@@ -289,6 +289,19 @@ def request_of(raw: str, gateway: str, by_address: dict[str, str], deployment: s
     return found if found.gateway else replace(found, gateway=gateway)
 
 
+def journal_requests(
+    transport: Transport, by_address: dict[str, str], deployment: str | None, since: str | None, lines: int | None
+) -> list[RequestLine]:  # fmt: skip
+    """One gateway host's request lines, from its journal (one journalctl); a HostFailure when it cannot be read."""
+    result = transport.run(gateway_journal_argv(deployment, since, lines, follow=False))
+    if result.exit_code not in (0, 1) or (result.exit_code == 1 and result.stdout.strip()):
+        said = (result.stderr or result.stdout).strip().splitlines()
+        why = said[-1] if said else f"exit status {result.exit_code}"
+        raise HostFailure(transport.host.name, "command", f"journalctl for the gateway: {_message(why)}")
+    found = (request_of(raw, transport.host.name, by_address, deployment) for raw in result.stdout.splitlines())
+    return [r for r in found if r is not None]
+
+
 def read_gateway_requests(
     hosts: list[Host], by_address: dict[str, str], deployment: str | None, since: str | None, lines: int | None,
     options: SSHOptions, parallel: int,
@@ -296,16 +309,15 @@ def read_gateway_requests(
     """Every gateway host's request lines (one journalctl each, at once), merged in time order."""
 
     def read(transport: Transport) -> list[RequestLine]:
-        result = transport.run(gateway_journal_argv(deployment, since, lines, follow=False))
-        if result.exit_code not in (0, 1) or (result.exit_code == 1 and result.stdout.strip()):
-            said = (result.stderr or result.stdout).strip().splitlines()
-            why = said[-1] if said else f"exit status {result.exit_code}"
-            raise HostFailure(transport.host.name, "command", f"journalctl for the gateway: {_message(why)}")
-        found = (request_of(raw, transport.host.name, by_address, deployment) for raw in result.stdout.splitlines())
-        return [r for r in found if r is not None]
+        return journal_requests(transport, by_address, deployment, since, lines)
 
     found, failures = fan_out(hosts, read, options=options, parallel=parallel)
-    return sorted((r for rs in found.values() for r in rs), key=lambda r: r.ts), failures
+    return merged(found), failures
+
+
+def merged(by_host: dict[str, list[RequestLine]]) -> list[RequestLine]:
+    """The hosts' request lines in one list, in time order."""
+    return sorted((r for rs in by_host.values() for r in rs), key=lambda r: r.ts)
 
 
 def _gateway_hosts(inventory_path: Path | None, paths: tuple[Path, ...]) -> tuple[list[Host], dict[str, str]]:
@@ -454,7 +466,6 @@ def logs(
 
 
 __all__ = [
-    "gateway_journal_argv", "journal_argv", "json_line", "logs", "parse_entry", "parse_fields", "read_gateway_requests",
-    "request_of",
-    "since_argument",
+    "gateway_journal_argv", "journal_argv", "journal_requests", "json_line", "logs", "merged", "parse_entry",
+    "parse_fields", "read_gateway_requests", "request_of", "since_argument",
 ]  # fmt: skip

@@ -20,15 +20,16 @@ import click
 
 from engine_ctl.cli.common import inventory_option, report_failures, resolve_inventory, ssh_options, ssh_settings
 from engine_ctl.cli.context import backend_for, read_state, state_exists, state_option
-from engine_ctl.cli.logs_cmd import _gateway_hosts, read_gateway_requests, since_argument
-from engine_ctl.core.accesslog import Usage, counter_sum
+from engine_ctl.cli.logs_cmd import _gateway_hosts, journal_requests, merged, since_argument
+from engine_ctl.core.accesslog import RequestLine, Usage, counter_sum
 from engine_ctl.core.accesslog import usage as add_up
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.documents.loader import load_paths
 from engine_ctl.core.plan.gateway import backends_from_state
 from engine_ctl.core.render.gateway import ADMIN_SOCKET
 from engine_ctl.providers import PROVIDERS
-from engine_ctl.shell.transport import SSHOptions, Transport, fan_out, python_argv, transport_for
+from engine_ctl.shell import shipped
+from engine_ctl.shell.transport import HostFailure, SSHOptions, Transport, fan_out, python_argv, transport_for
 
 FETCH = r"""
 import json, sys, urllib.request
@@ -79,41 +80,23 @@ def engine_tokens(
     return out, unread
 
 
-DROPPED = r"""
-import socket, sys
-answer = b""
-try:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(10)
-        s.connect(sys.argv[1])
-        s.sendall(b"show info\n")
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            answer += chunk
-except OSError:
-    pass
-found = [x.split(":", 1)[1].strip() for x in answer.decode("utf-8", "replace").splitlines()
-         if x.startswith("DroppedLogs:")]
-print(found[0] if found else "-")
-"""
-"""Run on a gateway host: HAProxy's DroppedLogs (`show info`), the log lines it could not write since its worker
-started, from the admin socket; "-" when the gateway does not answer."""
+def requests_and_dropped(
+    hosts: list[Host], by_address: dict[str, str], since: str | None, options: SSHOptions, parallel: int
+) -> tuple[list[RequestLine], dict[str, int | None], dict[str, HostFailure]]:  # fmt: skip
+    """Every gateway host's request lines since `since` (merged in time order) and, on the same connection, the
+    lines HAProxy could not write to the journal since the gateway last started or reloaded (its stdout is not
+    blocking: a line journald has not read in time when the pipe is full is dropped; None where it could not be
+    read); and the hosts that could not be read."""
 
+    def read(transport: Transport) -> tuple[list[RequestLine], int | None]:
+        lines = journal_requests(transport, by_address, None, since, None)
+        said = transport.run(python_argv("-c", shipped.script("gateway_dropped.py"), ADMIN_SOCKET), timeout=30)
+        count = said.stdout.strip()
+        return lines, int(count) if said.exit_code == 0 and count.isdigit() else None
 
-def dropped_lines(hosts: list[Host], options: SSHOptions, parallel: int) -> dict[str, int | None]:
-    """Each gateway host's request lines HAProxy could not write to the journal since the gateway last started or
-    reloaded (its stdout is not blocking: a line journald has not read in time when the pipe is full is dropped);
-    None where it could not be read."""
-
-    def read(transport: Transport) -> int | None:
-        result = transport.run(python_argv("-c", DROPPED, ADMIN_SOCKET), timeout=30)
-        said = result.stdout.strip()
-        return int(said) if result.exit_code == 0 and said.isdigit() else None
-
-    found, _ = fan_out(hosts, read, options=options, parallel=parallel)
-    return {h.name: found.get(h.name) for h in hosts}
+    found, failures = fan_out(hosts, read, options=options, parallel=parallel)
+    lines = merged({name: got[0] for name, got in found.items()})
+    return lines, {h.name: found[h.name][1] for h in hosts if h.name in found}, failures
 
 
 NOTE = ("requests, errors (4xx and 5xx) and bytes: exact, counted from the gateways' request logs, for the lines "
@@ -182,11 +165,9 @@ def usage(
     inventory = resolve_inventory(inventory_path, load_paths(list(paths)) if paths else None)
     hosts, by_address = _gateway_hosts(inventory_path, paths)
     options = ssh_settings(accept_new_host_keys)
-    lines, failures = read_gateway_requests(hosts, by_address, None, since_argument(since), None, options,
-                                            parallel)  # fmt: skip
+    lines, dropped, failures = requests_and_dropped(hosts, by_address, since_argument(since), options, parallel)
     rows = add_up(lines, by)
     tokens, unread = engine_tokens(inventory, state_path, paths, options) if by == "deployment" else ({}, [])
-    dropped = dropped_lines([h for h in hosts if h.name not in failures], options, parallel)
     if as_json:
         out = {
             "since": since, "by": by, "gateways": sorted(h.name for h in hosts if h.name not in failures),
