@@ -202,6 +202,72 @@ def test_a_server_the_running_gateway_sends_elsewhere_is_drift_and_apply_reloads
     assert again.returncode == 0, again.stdout + again.stderr
 
 
+def test_drop_ins_and_a_disabled_unit_are_drift_and_apply_sets_them_right(truth: Truth) -> None:
+    """What changes a unit outside its file: a `systemctl edit` drop-in on a replica (an environment variable its
+    engine would run with), `systemctl set-property --runtime` on the gateway, and `systemctl disable` of an
+    always-on replica (down after the next boot). Each is drift: plan exits 2 naming it, apply removes the
+    drop-ins (the replica and the gateway restarted on what their units say) and enables the unit without
+    restarting it, and the next plan is empty. Before, plan said "No changes" for all three."""
+    state = json.loads((truth.path / "engine-ctl.state.json").read_text())["deployments"]
+    (tb,), tk = state["tb"]["replicas"], state["tk"]["replicas"][0]
+    hosts = {h.name: h for h in truth.fleet.hosts}
+    tb_host, tk_host = hosts[tb["host"]], hosts[tk["host"]]
+    edit = f"/etc/systemd/system/{tb['unit']}.d/override.conf"
+    truth.fleet.ssh(tb_host, f"mkdir -p {os.path.dirname(edit)} && printf '[Service]\\nEnvironment=ECTL_DROP_IN=1\\n' "
+                             f"> {edit} && systemctl daemon-reload && systemctl restart {tb['unit']}")  # fmt: skip
+    tb_pid = truth.fleet.ssh(tb_host, f"systemctl show -p MainPID --value {tb['unit']}").stdout.strip()
+    assert "ECTL_DROP_IN=1" in truth.fleet.ssh(tb_host, f"tr '\\0' '\\n' < /proc/{tb_pid}/environ").stdout
+    truth.fleet.ssh(truth.gateway, "systemctl set-property --runtime engine-ctl-gateway.service CPUWeight=7")
+    truth.fleet.ssh(tk_host, f"systemctl disable {tk['unit']}")
+    tk_pid = truth.fleet.ssh(tk_host, f"systemctl show -p MainPID --value {tk['unit']}").stdout.strip()
+
+    plan = truth.cli("plan", "--detailed-exitcode")
+    said = plan.stdout + plan.stderr
+    assert plan.returncode == 2, said
+    assert f"drop-in files change {tb['unit']} on {tb_host.name} ({edit})" in said, said
+    assert f"drop-in files change engine-ctl-gateway.service on {truth.gateway.name} (/run/systemd/system.control/" \
+           "engine-ctl-gateway.service.d/50-CPUWeight.conf)" in said, said  # fmt: skip
+    assert f"{tk['unit']} is disabled on {tk_host.name}, not enabled" in said, said
+
+    applied = truth.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    shown = "systemctl show -p DropInPaths --value"
+    assert truth.fleet.ssh(tb_host, f"{shown} {tb['unit']}").stdout.strip() == ""
+    assert truth.fleet.ssh(truth.gateway, f"{shown} engine-ctl-gateway.service").stdout.strip() == ""
+    assert truth.fleet.ssh(truth.gateway, "systemctl show -p CPUWeight --value engine-ctl-gateway.service"
+                           ).stdout.strip() in ("[not set]", "100")  # fmt: skip
+    new_pid = truth.fleet.ssh(tb_host, f"systemctl show -p MainPID --value {tb['unit']}").stdout.strip()
+    assert new_pid != tb_pid
+    assert "ECTL_DROP_IN" not in truth.fleet.ssh(tb_host, f"tr '\\0' '\\n' < /proc/{new_pid}/environ").stdout
+    assert truth.fleet.ssh(tk_host, f"systemctl is-enabled {tk['unit']}").stdout.strip() == "enabled"
+    assert truth.fleet.ssh(tk_host, f"systemctl show -p MainPID --value {tk['unit']}").stdout.strip() == tk_pid
+    assert truth.ask("tb", KEY_ALL)[0] == 200 and truth.ask("tk", KEY_ALL)[0] == 200
+    again = truth.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_an_always_on_replica_set_aside_over_the_admin_socket_is_drift_and_apply_puts_it_back(truth: Truth) -> None:
+    """`disable server` (MAINT) and `set server ... state drain` on the admin socket: the files are right, no new
+    request reaches the replica, and HAProxy keeps it so across a reload (its server-state file). Before, plan
+    said "No changes" while every request for tb was held and then answered 503."""
+    state = json.loads((truth.path / "engine-ctl.state.json").read_text())["deployments"]
+    (tb,), tk = state["tb"]["replicas"], state["tk"]["replicas"][0]
+    tb_server, tk_server = f"d_tb/r{tb['index']}{tb['slot']}", f"d_tk/r{tk['index']}{tk['slot']}"
+    truth.stats_socket(f"disable server {tb_server}", f"set server {tk_server} state drain")
+    plan = truth.cli("plan", "--detailed-exitcode")
+    said = plan.stdout + plan.stderr
+    assert plan.returncode == 2, said
+    assert f"the gateway on {truth.gateway.name} holds {tb_server} in MAINT (an admin command)" in said, said
+    assert f"the gateway on {truth.gateway.name} holds {tk_server} in DRAIN (an admin command)" in said, said
+    applied = truth.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert f"{tb_server} back in rotation (it was MAINT)" in applied.stdout + applied.stderr
+    status, _, took = truth.ask("tb", KEY_ALL)
+    assert status == 200 and took < 30, (status, took)
+    again = truth.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
 def killed_in_the_roll(truth: Truth, needle: str = "no room for a surge", nth: int = 2) -> str:
     """apply, killed with SIGKILL right after its `nth` line that says `needle`; what it printed."""
     proc = subprocess.Popen(truth.argv("apply", "--auto-approve"), stdout=subprocess.PIPE,

@@ -231,6 +231,31 @@ def test_a_server_the_running_gateway_sends_to_another_port_is_drift_not_no_chan
     assert plan.gateways[0].action == ["update"] and plan.has_changes
 
 
+def test_an_always_on_replica_an_admin_command_set_aside_is_drift_not_no_changes() -> None:
+    """`disable server`, `set server ... state maint|drain` over the admin socket: the files are right, no request
+    reaches the replica (and HAProxy keeps it so across reloads). An on-demand slot in MAINT is the scaler's."""
+    inv, facts = world()
+    state, after = applied(make_plan(desired(), State(), inv, facts, SHAPE), facts)
+    for status in ("MAINT", "DRAIN", "MAINT (resolution)"):
+        aside = dict(after)
+        aside["edge"] = after["edge"].model_copy(update={"gateway_servers": {"d_chat/r0a": status}})
+        plan = make_plan(desired(), state, inv, aside, SHAPE)
+        word = status.split()[0]
+        assert [(d.kind, d.detail) for d in plan.drift] == [("set-aside", f"the gateway on edge holds d_chat/r0a in "
+                                                             f"{word} (an admin command): no request reaches it; apply "
+                                                             "puts it back")]  # fmt: skip
+        assert plan.gateways[0].action == ["update"] and plan.has_changes
+    for status in ("UP", "DOWN", "no check"):
+        fine = dict(after)
+        fine["edge"] = after["edge"].model_copy(update={"gateway_servers": {"d_chat/r0a": status}})
+        assert not make_plan(desired(), state, inv, fine, SHAPE).has_changes, status
+    asleep = state.model_copy(deep=True)
+    asleep.deployments["chat"].replicas[0].on_demand = True
+    parked = dict(after)
+    parked["edge"] = after["edge"].model_copy(update={"gateway_servers": {"d_chat/r0a": "MAINT"}})
+    assert not [d for d in make_plan(desired(), asleep, inv, parked, SHAPE).drift if d.kind == "set-aside"]
+
+
 def test_a_gateway_host_leaving_the_inventory_is_removed() -> None:
     inv, facts = world()
     state, after = applied(make_plan(desired(), State(), inv, facts, SHAPE), facts)

@@ -29,6 +29,7 @@ from engine_ctl.core.fit.unitheader import parse_unit_header
 from engine_ctl.core.names import UNIT_PREFIX
 from engine_ctl.core.plan.unitdiff import hide_secrets_in
 from engine_ctl.core.render.units import bind_address, local_address
+from engine_ctl.core.unitsetup import own_drop_ins
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell import shipped
 from engine_ctl.shell.transport import (
@@ -162,6 +163,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
             main_pid=_int(u.get("MainPID")),
             exec_main_status=_int(u.get("ExecMainStatus")),
             unit_file_state=u.get("UnitFileState") or None,
+            drop_ins=own_drop_ins(u["Id"], str(u.get("DropInPaths") or "").split()),
             text=hide_secrets_in(u["text"]) if isinstance(u.get("text"), str) else None,  # never a token kept
             header=parse_unit_header([str(x) for x in u.get("header") or []]),
             body_sha256=u.get("body_sha256"),

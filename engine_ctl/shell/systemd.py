@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from engine_ctl.core.fit.startup import measure_script, sampler
 from engine_ctl.core.render.guard import GUARD_LINE, guard_name
+from engine_ctl.core.unitsetup import DROP_IN_ROOTS, drop_in_dirs
 
 UNIT_DIR = "/etc/systemd/system"
 
@@ -49,7 +50,7 @@ def start_unit_argv(unit: str, wait: bool) -> list[str]:
     q = shlex.quote(unit)
     block = "" if wait else "--no-block "
     return ["sh", "-c", f"systemctl reset-failed {q} 2>/dev/null; systemctl enable --no-reload {q} && "
-            f"systemctl start {block}{q}"]  # fmt: skip
+            f"{{ {_reload_unless_loaded(q)}; }} && systemctl start {block}{q}"]  # fmt: skip
 
 
 def disable_now(*units: str) -> str:
@@ -75,15 +76,39 @@ def prune_checkout(path: str, unit_dir: str = UNIT_DIR) -> list[str]:
 
 
 def remove_unit(unit: str, *paths: str, only_if_installed: bool = False) -> str:
-    """Shell text: disable and stop a unit, delete its file (and `paths`), reload systemd. With
-    `only_if_installed`, nothing at all happens on a host without the unit file (exit 0)."""
+    """Shell text: disable and stop a unit, delete its file (and `paths`) and its own drop-in directories, reload
+    systemd. With `only_if_installed`, nothing at all happens on a host without the unit file (exit 0)."""
     q, path = shlex.quote(unit), shlex.quote(f"{UNIT_DIR}/{unit}")
     first = (
         f"[ -f {path} ] || exit 0; systemctl disable --now {q}"
         if only_if_installed
         else (f"systemctl disable --now {q} 2>/dev/null")
     )
-    return f"{first}; rm -f {' '.join([path, *paths])}; {daemon_reload()}"
+    own = " ".join(shlex.quote(f"{root}/{unit}.d") for root in DROP_IN_ROOTS)
+    return f"{first}; rm -f {' '.join([path, *paths])}; rm -rf {own}; {daemon_reload()}"
+
+
+DROPPED = "engine-ctl: drop-ins removed"
+"""What drop_ins_removal prints when it removed any."""
+
+
+def drop_ins_removal(*units: str) -> str:
+    """Shell text: remove the drop-in directories that change these engine-ctl units (engine_ctl.core.unitsetup:
+    `systemctl edit`, `set-property`, a hand-written `<unit>.d`); if there was any, print DROPPED and reload systemd
+    (a guard's drop-in leaves its replica's unit with nothing to reload for)."""
+    paths = sorted({f"{root}/{d}" for unit in units for root in DROP_IN_ROOTS for d in drop_in_dirs(unit)})
+    listed = " ".join(shlex.quote(p) for p in paths)
+    return (f"_ectl_dropped=; for d in {listed}; do [ -e \"$d\" ] && rm -rf \"$d\" && _ectl_dropped=1; done; "
+            f"[ -z \"$_ectl_dropped\" ] || {{ echo {shlex.quote(DROPPED)}; {daemon_reload()}; }}; ")  # fmt: skip
+
+
+def unit_setup_argv(unit: str) -> list[str]:
+    """What the unit says is what runs: the drop-ins that change it removed (drop_ins_removal: DROPPED printed if
+    there were any) and, once its file is installed, enabled (it starts at boot; with systemd's reload, only when it
+    was not, so that systemd's own UnitFileState says so)."""
+    q, path = shlex.quote(unit), shlex.quote(f"{UNIT_DIR}/{unit}")
+    enable = f'[ ! -f {path} ] || [ "$(systemctl is-enabled {q})" = enabled ] || systemctl enable --quiet {q}'
+    return ["sh", "-c", drop_ins_removal(unit) + enable]
 
 
 def journal_argv(
@@ -113,12 +138,14 @@ UPLOAD_FAILED = 90
 
 
 def _upload(unit: str) -> str:
-    """Shell text: write the unit file from stdin atomically (a temporary file renamed over it, mode 0644)."""
+    """Shell text: write the unit file from stdin atomically (a temporary file renamed over it, mode 0644), and
+    its guard's; remove the drop-ins that change either (what the unit says is what runs)."""
     path = shlex.quote(f"{UNIT_DIR}/{unit}")
     tmp = shlex.quote(f"{UNIT_DIR}/{unit}.engine-ctl-tmp")
     why = shlex.quote(f"writing {UNIT_DIR}/{unit} failed")
     return (f"umask 022; cat > {tmp} && chmod 644 {tmp} && mv -f {tmp} {path} || "
-            f"{{ rm -f {tmp}; echo {why} >&2; exit {UPLOAD_FAILED}; }}; " + guard_upload(unit))  # fmt: skip
+            f"{{ rm -f {tmp}; echo {why} >&2; exit {UPLOAD_FAILED}; }}; " + guard_upload(unit)
+            + drop_ins_removal(unit, guard_name(unit)))  # fmt: skip
 
 
 def guard_upload(unit: str, unit_dir: str = UNIT_DIR) -> str:
@@ -137,20 +164,22 @@ def guard_upload(unit: str, unit_dir: str = UNIT_DIR) -> str:
     )
 
 
-def _reload_unless_loaded(q: str) -> str:
+def _reload_unless_loaded(q: str, enabled: bool = True) -> str:
     """Shell text: `systemctl daemon-reload` (0.3-1 s, every unit re-read) only where it is needed. systemd loads
     a unit file it has not loaded before when it is first asked for it (here, by `systemctl show`), so a new
     replica's unit needs no reload; a unit already loaded whose file changed (a repair) says
-    NeedDaemonReload=yes, and an old systemd that cached the name as not found says LoadState=not-found."""
-    state = f"$(systemctl show -p LoadState,NeedDaemonReload {q} | sort | tr '\\n' ' ')"
-    return f"[ \"{state}\" = 'LoadState=loaded NeedDaemonReload=no ' ] || systemctl daemon-reload"
+    NeedDaemonReload=yes, an old systemd that cached the name as not found says LoadState=not-found, and one
+    enabled or disabled just now with --no-reload still has its old UnitFileState (which the plan reads)."""
+    state = f"$(systemctl show -p LoadState,NeedDaemonReload,UnitFileState {q} | sort | tr '\\n' ' ')"
+    want = "enabled" if enabled else "disabled"
+    return f"[ \"{state}\" = 'LoadState=loaded NeedDaemonReload=no UnitFileState={want} ' ] || systemctl daemon-reload"
 
 
 def _enable_and(verb: str, unit: str, upload: bool, enable: bool = True) -> list[str]:
     q = shlex.quote(unit)
     then = f"{{ systemctl reset-failed {q} 2>/dev/null; systemctl {verb} {q}; }}"
     first = f"systemctl enable --no-reload {q}" if enable else f"systemctl disable --no-reload {q} 2>/dev/null; true"
-    load = f"{first} && {{ {_reload_unless_loaded(q)}; }} && {then}"
+    load = f"{first} && {{ {_reload_unless_loaded(q, enable)}; }} && {then}"
     return ["sh", "-c", (_upload(unit) if upload else "") + load]
 
 

@@ -152,6 +152,8 @@ def summary_line(plan: Plan) -> str:
         line += f" The scaler to start on {', '.join(plan.scaler.stopped)}."
     if plan.scaler is not None and plan.scaler.stale:
         line += f" The scaler's configuration to rewrite on {', '.join(plan.scaler.stale)}."
+    if plan.scaler is not None and plan.scaler.unit_drift:
+        line += f" The scaler's unit to set right on {', '.join(sorted(plan.scaler.unit_drift))}."
     return f"{line} Weights to prune: {prune_total(plan)}." if plan.prunes else line
 
 
@@ -298,6 +300,7 @@ def _scaler_lines(plan: Plan) -> list[tuple[str, str]]:
     out += [("change", f"    not running on {host}: apply starts it") for host in s.stopped]
     out += [("change", f"    on {host} it runs with other deployments than those recorded: apply rewrites its "
              "configuration and restarts it") for host in s.stale]  # fmt: skip
+    out += [("change", f"    {detail}") for _, detail in sorted(s.unit_drift.items())]
     return out
 
 

@@ -72,6 +72,8 @@ class UnitFact(Fact):
     unit_file_state: str | None = None
     """systemd's UnitFileState: `enabled` (apply enables an always-on replica), `disabled` (an on-demand one: installed,
     never enabled), None from an older probe."""
+    drop_ins: tuple[str, ...] = ()
+    """The drop-in files under /etc or /run that change this engine-ctl unit (engine_ctl.core.dropins): drift."""
     text: str | None = None
     """The unit file's text (up to UNIT_TEXT_LIMIT bytes), so a hand edit is shown as a diff; values that look
     secret are hidden in it (engine_ctl.core.plan.unitdiff.hide_secrets). sha256 is the file's own."""

@@ -217,9 +217,13 @@ class Drift(BaseModel):
     deployment: str | None = None
     kind: Literal[
         "edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged", "weights-changed", "engine-changed",
-        "start-failed", "interrupted", "misrouted",
+        "start-failed", "interrupted", "misrouted", "drop-in", "disabled", "set-aside",
     ]  # fmt: skip
-    """start-failed: an on-demand slot whose last start failed (systemd's start limit): no start runs until reset.
+    """drop-in: drop-in files (`systemctl edit`, `set-property`) change an engine-ctl unit: apply removes them.
+    disabled: a unit engine-ctl enables is not enabled (it would not start at boot): apply enables it.
+    set-aside: a gateway keeps an always-on replica out of rotation (MAINT or DRAIN, by an admin command): apply
+    puts it back.
+    start-failed: an on-demand slot whose last start failed (systemd's start limit): no start runs until reset.
     interrupted: a gateway's files as an apply cut off (a kill) left them mid-install: engine-ctl's own, not a
     person's edit. misrouted: the running gateway sends a server's requests elsewhere than its configuration says
     (an address HAProxy kept from its state file): a reload puts it right."""
@@ -334,7 +338,11 @@ class Plan(BaseModel):
         return (
             any(c.changed for c in self.changes)
             or any(g.changed for g in self.gateways)
-            or (self.scaler is not None and bool(self.scaler.stopped or self.scaler.stale) and not self.refresh_only)
+            or (
+                self.scaler is not None
+                and bool(self.scaler.stopped or self.scaler.stale or self.scaler.unit_drift)
+                and not self.refresh_only
+            )
             or (self.refresh_only and bool(self.drift))
             or bool(self.prunes)
         )

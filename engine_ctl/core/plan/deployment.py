@@ -440,6 +440,8 @@ def keep_replica(t: Target, current: ReplicaRecord) -> bool:
     if found:
         why = "; ".join(f.detail for f in found)
         rc = replica_change(list(UPDATE), unit_now, current.revision, same_place, reason=why)
+        if all(f.kind == "disabled" for f in found):  # enabled (and started unless it runs): nothing restarts
+            rc.role = "always-on"
     elif current.on_demand != on_demand:
         rc = role_change(t, unit_now, current, same_place)
     else:

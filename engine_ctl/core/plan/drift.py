@@ -13,6 +13,7 @@ from engine_ctl.core.plan.changes import Drift
 from engine_ctl.core.plan.engines import engine_drift_detail
 from engine_ctl.core.record.model import ReplicaRecord, State
 from engine_ctl.core.render.guard import guard_name, guard_text, guarded_by
+from engine_ctl.core.unitsetup import drop_ins_detail, not_enabled_detail
 from engine_ctl.core.weights import checkout_dir
 
 
@@ -31,6 +32,11 @@ def replica_drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host:
     if fact.sha256 != record.unit_sha256:
         detail = f"unit file edited by hand (sha256 {fact.sha256[:12]}… ≠ {record.unit_sha256[:12]}…)"
         out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="edited", detail=detail))
+    if fact.drop_ins:
+        out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="drop-in",
+                         detail=drop_ins_detail(record.unit, record.host, fact.drop_ins)))  # fmt: skip
+    if not record.on_demand and fact.unit_file_state not in (None, "enabled"):
+        out.append(not_enabled(record.host, record.unit, fact.unit_file_state, name))
     if record.on_demand and fact.active_state == "failed":
         out.append(_cannot_start(name, record, fact))
     if fact.active_state != "active" and not record.on_demand:
@@ -75,11 +81,21 @@ def guard_drift(name: str, record: ReplicaRecord, unit_text: str, host: HostFact
     if fact.sha256 != hashlib.sha256(expected.encode()).hexdigest():
         return [Drift(host=record.host, unit=guard, deployment=name, kind="edited",
                       detail=f"the guard's unit file {guard} was edited by hand")]  # fmt: skip
+    if fact.drop_ins:
+        return [Drift(host=record.host, unit=guard, deployment=name, kind="drop-in",
+                      detail=drop_ins_detail(guard, record.host, fact.drop_ins))]  # fmt: skip
     replica = units.get(record.unit)
     if replica is not None and replica.active_state == "active" and fact.active_state != "active":
         detail = f"{guard} is {fact.active_state}/{fact.sub_state} beside its running replica"
         return [Drift(host=record.host, unit=guard, deployment=name, kind="stopped", detail=detail)]
     return []
+
+
+def not_enabled(host: str, unit: str, unit_file_state: str | None, deployment: str | None = None) -> Drift:
+    """A unit engine-ctl enables (an always-on replica, a gateway, the scaler) that is not: it does not start at
+    the next boot (`systemctl disable`, or enabled for this boot only: enabled-runtime). Apply enables it."""
+    return Drift(host=host, unit=unit, deployment=deployment, kind="disabled",
+                 detail=not_enabled_detail(host, unit, unit_file_state))  # fmt: skip
 
 
 def _cannot_start(name: str, record: ReplicaRecord, fact: UnitFact) -> Drift:

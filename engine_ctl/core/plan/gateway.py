@@ -38,6 +38,7 @@ from engine_ctl.core.render.gateway import (
     server_name,
     wake_addresses_for,
 )
+from engine_ctl.core.unitsetup import drop_ins_detail, not_enabled_detail
 from engine_ctl.providers import PROVIDERS
 
 
@@ -152,6 +153,39 @@ def backends_from_state(state: State, hosts: Mapping[str, Host]) -> list[Gateway
         for name, rec in sorted(state.deployments.items())
         if not deleted(rec)
     ]
+
+
+def always_on_servers(state: State) -> list[tuple[str, str]]:
+    """(backend, server) of every always-on replica that serves, of a deployment no operator holds: after an apply,
+    each takes requests in every gateway. An on-demand slot's server is the scaler's to set (MAINT while it
+    sleeps), and a held deployment's replicas are the operator's."""
+    out = []
+    for name, rec in sorted(state.deployments.items()):
+        if rec.operator is not None:
+            continue
+        for r in rec.replicas:
+            if not r.on_demand and r.status == "serving":
+                out.append((backend_name(name), server_name(r.index, r.slot)))
+    return out
+
+
+SET_ASIDE = ("MAINT", "DRAIN")
+"""A server's `show stat` status set aside by an admin command (`disable server`, `set server ... state maint` or
+`drain`): no new request reaches it."""
+
+
+def set_aside_drift(host: str, state: State, hf: HostFacts | None) -> list[dict[str, str]]:
+    """Where the running gateway keeps an always-on replica out of rotation (set over its admin socket; HAProxy
+    keeps it across reloads, from its server-state file): drift, which apply puts back (state ready)."""
+    seen = hf.gateway_servers if hf is not None else {}
+    out = []
+    for backend, server in always_on_servers(state):
+        status = seen.get(f"{backend}/{server}", "")
+        if status.startswith(SET_ASIDE):
+            detail = (f"the gateway on {host} holds {backend}/{server} in {status.split()[0]} (an admin command): "
+                      "no request reaches it; apply puts it back")  # fmt: skip
+            out.append({"host": host, "kind": "set-aside", "detail": detail})
+    return out
 
 
 def deleted(record: DeploymentRecord | None) -> bool:
@@ -284,6 +318,7 @@ def plan_gateways(
         found = _drift(host.name, record.files_sha256, record.unit_sha256, hf, record.installing)
         found += runtime_drift(host.name, final.maps, hf)
         found += address_drift(host.name, record.config, hf)
+        found += set_aside_drift(host.name, state, hf)
         drift.extend(found)
         # on-demand servers as the recorded configuration had them: whether the scaler runs them is not a change
         was = render_for(host, as_recorded(after, record.config), sizing, keys, hosts, inventory.gateway, stopped,
@@ -343,6 +378,11 @@ def _drift(host: str, files: Mapping[str, str], unit_sha: str, hf: HostFacts | N
         out.append({"host": host, "kind": "edited", "detail": f"{GATEWAY_UNIT} edited by hand on {host}"})
     elif unit.active_state != "active":
         out.append({"host": host, "kind": "stopped", "detail": f"{GATEWAY_UNIT} is {unit.active_state} on {host}"})
+    if unit is not None and unit.drop_ins:
+        out.append({"host": host, "kind": "drop-in", "detail": drop_ins_detail(GATEWAY_UNIT, host, unit.drop_ins)})
+    if unit is not None and unit.sha256 is not None and unit.unit_file_state not in (None, "enabled"):
+        out.append({"host": host, "kind": "disabled",
+                    "detail": not_enabled_detail(host, GATEWAY_UNIT, unit.unit_file_state)})  # fmt: skip
     return out
 
 

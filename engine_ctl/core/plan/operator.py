@@ -37,8 +37,9 @@ SLEEP_CONTROLS_WARNING = (
     "(each replica's guard passes on only /v1/, the health check and the metrics; the gateway forwards only /v1/)"
 )
 
-HELD_DRIFT = frozenset({"stopped"})
-"""Drift that is the operator's doing on a held deployment (its units stopped): never drift, never repaired."""
+HELD_DRIFT = frozenset({"stopped", "disabled"})
+"""Drift that is the operator's doing on a held deployment (its units stopped and disabled): never drift, never
+repaired."""
 
 
 def note(action: OperatorAction, name: str) -> str:

@@ -20,6 +20,7 @@ from engine_ctl.core.render.scaler import (
     scaler_slot,
 )
 from engine_ctl.core.render.scalerlock import ScalerLock, scaler_lock
+from engine_ctl.core.unitsetup import drop_ins_detail, not_enabled_detail
 from engine_ctl.providers import PROVIDERS
 
 
@@ -167,6 +168,8 @@ class ScalerPlan(BaseModel):
     starts it there. Without it a deployment at zero never wakes (issue 24's soak, seed 7, step 198: an apply
     killed before its scaler step left "No changes" and every request 503 after the hold)."""
     stale: list[str] = []
+    unit_drift: dict[str, str] = {}
+    """Host -> how its running scaler's unit differs from what apply leaves (drop-ins, not enabled): a change."""
     """Hosts whose scaler runs with deployments other than the recorded ones give (scaler.json's, by digest): a
     change, apply rewrites its configuration. Issue 24's soak (seed 7, step 198): `start` of a deleted min-0
     deployment, then an apply killed before its scaler step: the replica was installed and routed, the scaler
@@ -199,9 +202,27 @@ def plan_scaler(
     expected = deployments_digest(scaler_deployments(state, hosts))
     stale = [n for n in runs_on if n in facts and n not in stopped
              and getattr(facts[n], "scaler_config_sha256", None) not in (None, expected)]  # fmt: skip
+    unit_drift = {
+        n: d for n in runs_on if n in facts and n not in stopped for d in [scaler_unit_drift(n, facts[n])] if d
+    }
     s = inventory.scaling
     return ScalerPlan(host=host.name, poll_s=s.poll_s, decide_every_s=s.decide_every_s, hold_s=inventory.gateway.hold_s,
-                      deployments=names, running=running, lock=lock, stopped=stopped, stale=stale)  # fmt: skip
+                      deployments=names, running=running, lock=lock, stopped=stopped, stale=stale,
+                      unit_drift=unit_drift)  # fmt: skip
+
+
+def scaler_unit_drift(host: str, host_facts: Any) -> str | None:
+    """How a host's running scaler unit differs from what apply leaves: drop-ins change it, or it is not enabled
+    (it would not start at boot). Apply removes the drop-ins (and restarts it) and enables it."""
+    unit = next((u for u in getattr(host_facts, "units", ()) if u.name == SCALER_UNIT), None)
+    if unit is None:
+        return None
+    said = []
+    if unit.drop_ins:
+        said.append(drop_ins_detail(SCALER_UNIT, host, unit.drop_ins))
+    if unit.sha256 is not None and unit.unit_file_state not in (None, "enabled"):
+        said.append(not_enabled_detail(host, SCALER_UNIT, unit.unit_file_state))
+    return "; ".join(said) or None
 
 
 def configured(state: State, name: str, hosts: Mapping[str, Host]) -> bool:

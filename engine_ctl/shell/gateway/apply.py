@@ -11,7 +11,13 @@ from collections.abc import Callable, Mapping
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.names import parse_unit_name
 from engine_ctl.core.plan.changes import Plan
-from engine_ctl.core.plan.gateway import GatewayChange, gateway_after_apply, planned_gateway
+from engine_ctl.core.plan.gateway import (
+    SET_ASIDE,
+    GatewayChange,
+    always_on_servers,
+    gateway_after_apply,
+    planned_gateway,
+)
 from engine_ctl.core.record.model import GatewayRecord, State
 from engine_ctl.core.render.gateway import (
     CONFIG_FILE,
@@ -168,5 +174,17 @@ class GatewayApply:
             self._record_installing(g, rendered)
             done = remote.install(self._t(g.host), rendered)
             self._record_installed(g, rendered)
+            self._back_in_rotation(g.host)
             if done != "maps" or g.changed:
                 self.progress(f"gateway {g.host}: serving http://{g.endpoint}/v1 ({done})")
+
+    def _back_in_rotation(self, host: str) -> None:
+        """Every always-on replica that serves taken back into the gateway's rotation where an admin command set it
+        aside (MAINT, DRAIN: set_aside_drift), and so out of the server-state file the next reload reads."""
+        t = self._t(host)
+        states = remote.server_states(t)
+        for backend, server in always_on_servers(self.state()):
+            seen = states.get((backend, server))
+            if seen is not None and seen.status.startswith(SET_ASIDE):
+                remote.set_state(t, backend, server, "ready")
+                self.progress(f"gateway {host}: {backend}/{server} back in rotation (it was {seen.status.split()[0]})")

@@ -34,7 +34,7 @@ from engine_ctl.core.render.gateway import (
     state_across_reload,
 )
 from engine_ctl.shell import shipped
-from engine_ctl.shell.systemd import UNIT_DIR, is_active, last_words, reload_then
+from engine_ctl.shell.systemd import DROPPED, UNIT_DIR, is_active, last_words, reload_then, unit_setup_argv
 from engine_ctl.shell.transport import LocalTransport, SSHTransport, python_argv
 
 Transport = SSHTransport | LocalTransport
@@ -279,11 +279,19 @@ def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> 
     unit_changed = before.get(GATEWAY_UNIT) != rendered.unit_sha256
     if unit_changed:
         t.put(f"{UNIT_DIR}/{GATEWAY_UNIT}", rendered.unit_text.encode(), 0o644)
+    # what the unit says is what runs: drop-ins that change it removed (then a restart: a reload keeps the
+    # process's environment and command line), and enabled, so that it starts at boot
+    dropped = DROPPED in _ok(t, unit_setup_argv(GATEWAY_UNIT), "enabling the gateway's unit")
     active = t.run(is_active(GATEWAY_UNIT)).exit_code == 0
     reload_files = [n for n in rendered.files if n not in RUNTIME_MAPS]
     if not active:
         start_gateway(t)
         return "started"
+    if dropped:
+        save_server_state(t, rendered.files[START_STATE_FILE])
+        _ok(t, reload_then("restart", GATEWAY_UNIT), "restarting the gateway", unit=True)
+        set_maps(t, rendered.maps, wait_s=15)
+        return "restarted"
     changed = unit_changed or any(before.get(n) != s for n, s in rendered.file_sha256.items() if n in reload_files)
     if changed or misrouted(rendered.files[CONFIG_FILE], live_addresses(t)):
         save_server_state(t, rendered.files[START_STATE_FILE])

@@ -157,7 +157,9 @@ def disk(path: str) -> dict[str, Any]:
 
 UNIT_DIR = "/etc/systemd/system"
 UNIT_TEXT_LIMIT = 256 * 1024  # engine_ctl.core.fit.hostfacts.UNIT_TEXT_LIMIT: a unit's text past it is not sent
-UNIT_PROPERTIES = ("Id", "ActiveState", "SubState", "NRestarts", "MainPID", "ExecMainStatus", "Result", "UnitFileState")
+UNIT_PROPERTIES = (
+    "Id", "ActiveState", "SubState", "NRestarts", "MainPID", "ExecMainStatus", "Result", "UnitFileState", "DropInPaths",
+)  # fmt: skip
 SYSTEMD_LIBRARY = "libsystemd-shared-"
 
 

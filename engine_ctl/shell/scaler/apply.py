@@ -33,7 +33,7 @@ from engine_ctl.core.render.scaler import (
 from engine_ctl.core.render.scalerlock import PASSWORD_FILE
 from engine_ctl.shell import shipped
 from engine_ctl.shell.scaler.lock import LockFailure, prepare_lock
-from engine_ctl.shell.systemd import UNIT_DIR, reload_then, remove_unit
+from engine_ctl.shell.systemd import DROPPED, UNIT_DIR, drop_ins_removal, reload_then, remove_unit
 from engine_ctl.shell.transport import LocalTransport, SSHOptions, SSHTransport, transport_for
 
 Transport = SSHTransport | LocalTransport
@@ -215,12 +215,13 @@ class ScalerApply:
         files = {SCALER_PROGRAM: program, SCALER_CONFIG: rendered.config, SCALER_KNOWN_HOSTS: known,
                  f"{UNIT_DIR}/{SCALER_UNIT}": rendered.unit_text}  # fmt: skip
         listed = " ".join(shlex.quote(f) for f in files)
-        before = t.run(["sh", "-c", f"sha256sum {listed} 2>/dev/null"]).stdout
+        # drop-ins that change the unit are removed (then a restart): what the unit says is what runs
+        before = t.run(["sh", "-c", drop_ins_removal(SCALER_UNIT) + f"sha256sum {listed} 2>/dev/null"]).stdout
         old = {ln.split()[1]: ln.split()[0] for ln in before.splitlines() if len(ln.split()) == 2}
         changed = [f for f, text in files.items() if old.get(f) != sha256(text)]
         for path in changed:
             t.put(path, files[path].encode(), 0o644)
-        verb = "restart" if changed else "start"
+        verb = "restart" if changed or DROPPED in before else "start"
         _ok(t, reload_then(verb, SCALER_UNIT, enable=True), f"starting the scaler on {host.name}")
         names = ", ".join(d.name for d in deployments)
         self.progress(f"scaler {host.name}: {'updated' if changed else 'running'}, scaling {names}")

@@ -1,0 +1,65 @@
+"""What changes an engine-ctl unit outside its file: whether it is enabled, and its drop-ins. Pure.
+
+A unit engine-ctl enables (an always-on replica, a gateway, the scaler) that is not enabled (`systemctl disable`,
+or `enabled-runtime`: for this boot only) would not start at the next boot: drift, which apply enables.
+
+Drop-ins: the files that change a unit without touching its file (`systemctl edit`, `systemctl set-property`,
+a hand-written `<unit>.d/*.conf`).
+
+systemd reads a unit's drop-ins from `<root>/<unit>.d/` and from the directories named for each of its dash-prefixes
+(`engine-ctl-.service.d` for every `engine-ctl-*.service`), under each unit root, and from `service.d/` (every
+service on the host). Those under the roots a person or `systemctl` writes (/etc and /run) in a directory named for
+an engine-ctl unit change what engine-ctl rendered: they are drift, and apply removes them. The type-wide
+`service.d/` (distributions and containers put theirs there) and prefix directories outside engine-ctl's names
+serve other units too: engine-ctl neither reports nor removes them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from engine_ctl.core.names import UNIT_PREFIX
+
+DROP_IN_ROOTS = (
+    "/etc/systemd/system",
+    "/etc/systemd/system.control",
+    "/run/systemd/system",
+    "/run/systemd/system.control",
+)
+"""Where `systemctl edit` (/etc), `systemctl edit --runtime` (/run) and `systemctl set-property [--runtime]`
+(system.control) write a unit's drop-ins."""
+
+
+def drop_in_dirs(unit: str) -> tuple[str, ...]:
+    """The drop-in directories systemd reads for `unit` that are named for engine-ctl's units: its dash-prefixes
+    from `engine-ctl-` on (`engine-ctl-.service.d`, `engine-ctl-chat-.service.d`, ...), then its own."""
+    stem, dot, suffix = unit.rpartition(".")
+    if not dot or not unit.startswith(UNIT_PREFIX):
+        return ()
+    out = []
+    at = len(UNIT_PREFIX) - 1
+    while at != -1:
+        out.append(f"{stem[: at + 1]}.{suffix}.d")
+        at = stem.find("-", at + 1)
+    out.append(f"{unit}.d")
+    return tuple(out)
+
+
+def own_drop_ins(unit: str, paths: Iterable[str]) -> tuple[str, ...]:
+    """Of systemd's DropInPaths for `unit`, the ones that are drift: under a root of DROP_IN_ROOTS, in a directory
+    of drop_in_dirs(unit)."""
+    dirs = {f"{root}/{d}" for root in DROP_IN_ROOTS for d in drop_in_dirs(unit)}
+    return tuple(sorted(p for p in paths if p.rpartition("/")[0] in dirs))
+
+
+def not_enabled_detail(host: str, unit: str, unit_file_state: str | None) -> str:
+    """The drift's words for a unit engine-ctl enables that is not enabled."""
+    return f"{unit} is {unit_file_state} on {host}, not enabled: it would not start at boot; apply enables it"
+
+
+def drop_ins_detail(unit: str, host: str, paths: Iterable[str]) -> str:
+    """The drift's words: which drop-ins change the unit, and what apply does."""
+    listed = ", ".join(paths)
+    return f"drop-in files change {unit} on {host} ({listed}): apply removes them"
+
+
+__all__ = ["DROP_IN_ROOTS", "drop_in_dirs", "drop_ins_detail", "not_enabled_detail", "own_drop_ins"]

@@ -1,0 +1,110 @@
+"""What changes an engine-ctl unit outside its file (engine_ctl.core.unitsetup): drop-ins (`systemctl edit`,
+`systemctl set-property`) and a unit engine-ctl enables that is not enabled. Each is drift the plan shows and apply
+sets right; the fleet test is tests/test_fleet_gateway_truth.py::test_drop_ins_and_a_disabled_unit_are_drift_...
+Here: the pure rules, the planner on synthetic facts, and the removal's shell text run by a real sh on a copy of
+the drop-in roots."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from engine_ctl.core.fit.hostfacts import UnitFact
+from engine_ctl.core.plan.gateway import _drift as gateway_drift
+from engine_ctl.core.plan.planner import make_plan
+from engine_ctl.core.plan.scaler import scaler_unit_drift
+from engine_ctl.core.record.model import State
+from engine_ctl.core.render.gateway import GATEWAY_UNIT
+from engine_ctl.core.render.scaler import SCALER_UNIT
+from engine_ctl.core.unitsetup import DROP_IN_ROOTS, drop_in_dirs, own_drop_ins
+from engine_ctl.shell.systemd import DROPPED, drop_ins_removal
+from tests.fleetfacts import h100x8
+from tests.test_plan_core import SHAPE, applied, desired, plan_for, world
+
+UNIT = "engine-ctl-chat-0a.service"
+
+
+def test_the_drop_in_directories_of_a_unit_are_its_own_and_its_engine_ctl_prefixes() -> None:
+    assert drop_in_dirs(UNIT) == ("engine-ctl-.service.d", "engine-ctl-chat-.service.d", "engine-ctl-chat-0a.service.d")
+    assert drop_in_dirs(GATEWAY_UNIT) == ("engine-ctl-.service.d", "engine-ctl-gateway.service.d")
+    assert drop_in_dirs("sshd.service") == ()
+
+
+def test_only_drop_ins_written_for_engine_ctl_units_under_etc_and_run_are_drift() -> None:
+    paths = [
+        f"/etc/systemd/system/{UNIT}.d/override.conf",  # systemctl edit
+        f"/run/systemd/system.control/{UNIT}.d/50-CPUWeight.conf",  # systemctl set-property --runtime
+        "/etc/systemd/system/engine-ctl-.service.d/all.conf",  # every engine-ctl unit
+        "/run/systemd/system/service.d/zzz-lxc-service.conf",  # every service (a container's)
+        "/etc/systemd/system/engine-.service.d/other.conf",  # a prefix outside engine-ctl's names
+        f"/usr/lib/systemd/system/{UNIT}.d/vendor.conf",  # no person writes there
+    ]
+    assert own_drop_ins(UNIT, paths) == tuple(sorted(paths[:3]))
+
+
+def test_a_replicas_drop_in_is_drift_and_an_always_on_one_not_enabled_is_too() -> None:
+    h = h100x8()
+    state, facts = applied(plan_for("gpus: 1", State(), h), State(), {h.host: h})
+    (unit,) = facts[h.host].units
+    for change, kind in (({"drop_ins": (f"/etc/systemd/system/{unit.name}.d/override.conf",)}, "drop-in"),
+                         ({"unit_file_state": "disabled"}, "disabled"),
+                         ({"unit_file_state": "enabled-runtime"}, "disabled")):  # fmt: skip
+        now = facts[h.host].model_copy(update={"units": (unit.model_copy(update=change),)})
+        plan = make_plan(desired("gpus: 1"), state, world(now)[0], {h.host: now}, {"m": SHAPE})
+        assert [d.kind for d in plan.drift] == [kind], plan.drift
+        assert plan.has_changes
+        (rc,) = plan.changes[0].replicas
+        # a unit that is only not enabled is enabled (started only if it does not run): nothing restarts
+        assert rc.role == ("always-on" if kind == "disabled" else None)
+    enabled = facts[h.host].model_copy(update={"units": (unit.model_copy(update={"unit_file_state": "enabled"}),)})
+    plan = make_plan(desired("gpus: 1"), state, world(enabled)[0], {h.host: enabled}, {"m": SHAPE})
+    assert not plan.drift and not plan.has_changes
+
+
+def test_an_on_demand_replica_is_disabled_by_design() -> None:
+    h = h100x8()
+    spec = "gpus: 1, replicas: {min: 0, max: 1}"
+    state, facts = applied(plan_for(spec, State(), h), State(), {h.host: h})
+    (unit,) = facts[h.host].units
+    now = facts[h.host].model_copy(update={"units": (unit.model_copy(update={"unit_file_state": "disabled"}),)})
+    plan = make_plan(desired(spec), state, world(now)[0], {h.host: now}, {"m": SHAPE})
+    assert not [d for d in plan.drift if d.kind == "disabled"]
+
+
+def test_the_gateways_and_the_scalers_units_with_drop_ins_or_not_enabled_are_drift() -> None:
+    unit = UnitFact(name=GATEWAY_UNIT, sha256="a" * 64, active_state="active", unit_file_state="enabled")
+    h = h100x8()
+    clean = h.model_copy(update={"units": (unit,)})
+    assert gateway_drift("g1", {}, "a" * 64, clean) == []
+    edited = unit.model_copy(update={"drop_ins": ("/etc/systemd/system/engine-ctl-gateway.service.d/x.conf",),
+                                     "unit_file_state": "disabled"})  # fmt: skip
+    found = gateway_drift("g1", {}, "a" * 64, h.model_copy(update={"units": (edited,)}))
+    assert [d["kind"] for d in found] == ["drop-in", "disabled"]
+    assert "engine-ctl-gateway.service.d/x.conf" in found[0]["detail"] and "apply enables it" in found[1]["detail"]
+
+    scaler = UnitFact(name=SCALER_UNIT, sha256="b" * 64, active_state="active", unit_file_state="enabled")
+    assert scaler_unit_drift("g1", h.model_copy(update={"units": (scaler,)})) is None
+    off = scaler.model_copy(update={"unit_file_state": "disabled"})
+    said = scaler_unit_drift("g1", h.model_copy(update={"units": (off,)}))
+    assert said is not None and said.startswith(f"{SCALER_UNIT} is disabled on g1")
+
+
+def test_the_removal_deletes_what_the_plan_reports_and_nothing_else(tmp_path: Path) -> None:
+    """The shell text, run by a real sh with the roots moved under tmp_path (the text names absolute paths)."""
+    script = drop_ins_removal(UNIT).replace("systemctl daemon-reload", "echo reloaded")
+    for root in DROP_IN_ROOTS:
+        script = script.replace(root + "/", f"{tmp_path}{root}/")
+    mine = [tmp_path / "etc/systemd/system" / f"{UNIT}.d" / "override.conf",
+            tmp_path / "run/systemd/system.control" / f"{UNIT}.d" / "50-CPUWeight.conf",
+            tmp_path / "etc/systemd/system/engine-ctl-.service.d/all.conf"]  # fmt: skip
+    others = [tmp_path / "etc/systemd/system/engine-ctl-other-0a.service.d/keep.conf",
+              tmp_path / "run/systemd/system/service.d/zzz.conf",
+              tmp_path / "etc/systemd/system/engine-.service.d/keep.conf"]  # fmt: skip
+    for path in mine + others:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("[Service]\n")
+    ran = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
+    assert ran.returncode == 0 and ran.stdout.splitlines() == [DROPPED, "reloaded"], ran
+    assert not any(p.parent.exists() for p in mine) and all(p.exists() for p in others)
+    again = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
+    assert again.returncode == 0 and again.stdout == ""  # nothing there: nothing said, no reload
