@@ -95,6 +95,8 @@ def test_a_unit_name_with_shell_characters_stays_one_argument(shims: tuple[dict[
     assert calls == [
         ["systemctl", "reset-failed", odd],
         ["systemctl", "enable", "--no-reload", odd],
+        ["systemctl", "show", "-p", "LoadState,NeedDaemonReload,UnitFileState", odd],
+        ["systemctl", "daemon-reload"],  # the shim's show prints nothing: the reload runs
         ["systemctl", "start", "--no-block", odd],
     ]
     assert not Path("/tmp/pwned-by-unit-name.service").exists()
