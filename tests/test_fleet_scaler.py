@@ -28,7 +28,7 @@ from engine_ctl.core.documents.apikey import key_sha256
 from engine_ctl.core.documents.inventory import load_inventory
 from engine_ctl.core.plan.scaler import scaler_deployments
 from engine_ctl.core.record.model import State
-from engine_ctl.core.render.scaler import SCALER_KEY, SCALER_STATE, SCALER_UNIT
+from engine_ctl.core.render.scaler import SCALER_CONFIG, SCALER_KEY, SCALER_STATE, SCALER_UNIT
 from tests.fleet import Fleet, FleetHost
 
 KEY = "ak-test-scaler-" + "d4" * 24
@@ -304,3 +304,35 @@ def test_the_credential_cannot_run_an_arbitrary_command(sp: ScalerProject) -> No
     private = sp.on_gateway(f"sed -n 2p {SCALER_KEY}").stdout.strip()
     assert private and private not in (sp.path / "engine-ctl.state.json").read_text()
     assert private not in sp.cli("plan").stdout
+
+
+def test_the_scalers_settings_file_and_unit_are_what_plan_checks(sp: ScalerProject) -> None:
+    """The scaler runs what apply wrote, or plan says it does not: the inventory's `scaling.poll_s` changed alone,
+    its scaler.json deleted (the scaler restarts again and again: `activating`, which counts as running), a
+    drop-in on its unit. Each is a change (exit 2) that apply sets right, and the next plan is empty. Before,
+    plan said "No changes" for all three. Last in the module: it rewrites the scaler."""
+
+    def changed(needle: str) -> None:
+        planned = sp.cli("plan", "--detailed-exitcode")
+        said = planned.stdout + planned.stderr
+        assert planned.returncode == 2 and needle in said, said
+        sp.cli("apply", "--auto-approve", check=True)
+        again = sp.cli("plan", "--detailed-exitcode")
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert sp.on_gateway(f"systemctl is-active {SCALER_UNIT}").stdout.strip() == "active"
+
+    other = "it runs with another configuration (deployments, settings)"
+    before = sp.inventory.read_text()
+    sp.inventory.write_text(before.replace(f"poll_s: {POLL_S}}}", f"poll_s: {POLL_S + 1}}}"))
+    try:
+        changed(other)
+        said = sp.on_gateway(f"cat {SCALER_CONFIG}").stdout
+        assert json.loads(said)["poll_s"] == POLL_S + 1
+    finally:
+        sp.inventory.write_text(before)
+    changed(other)
+    sp.on_gateway(f"rm {SCALER_CONFIG}")
+    changed(other)
+    sp.on_gateway(f"systemctl set-property --runtime {SCALER_UNIT} CPUWeight=9")
+    changed(f"drop-in files change {SCALER_UNIT} on {sp.gateway.name}")
+    assert sp.on_gateway(f"systemctl show -p DropInPaths --value {SCALER_UNIT}").stdout.strip() == ""

@@ -344,6 +344,38 @@ def test_a_scaler_configured_with_other_deployments_than_recorded_is_a_change(tm
     assert "The scaler's configuration to rewrite on edge." in text and "apply rewrites its configuration" in text
 
 
+def test_a_scaler_json_with_other_settings_unreadable_or_gone_is_a_change(tmp_path: Path) -> None:
+    """The scaler's whole configuration, not only its deployments: the inventory's scaling.poll_s changed alone,
+    a scaler.json edited into something that is not its JSON, or deleted beside its running unit (the scaler then
+    restarts again and again, `activating`, which counts as running). Each file is what the probe reads back."""
+    _, facts = world(h100x8(), gateway=True)
+    spec = "gpus: 1, replicas: {min: 0, max: 2}"
+    state, facts = gateway_applied(plan(State(), facts, gateway=True, chat=spec), State(), facts)
+    inv = world(h100x8(), gateway=True)[0]
+    recorded = scaler_deployments(state, {h.name: h for h in inv.hosts})
+    config = tmp_path / "scaler.json"
+    scaler = UnitFact(name=SCALER_UNIT, sha256="c" * 64, active_state="activating")
+
+    def planned(text: str | None) -> Plan:
+        if text is None:
+            config.unlink(missing_ok=True)
+        else:
+            config.write_text(text)
+        read = probe_scaler_config(str(config)) or {}
+        edge = facts["edge"].model_copy(update={
+            "scaler_config_sha256": read.get("deployments_sha256"), "scaler_settings": read.get("settings"),
+            "scaler_config_unreadable": bool(read.get("unreadable")),
+            "units": (*[u for u in facts["edge"].units if u.name != SCALER_UNIT], scaler),
+        })  # fmt: skip
+        return plan(state, {**facts, "edge": edge}, gateway=True, chat=spec)
+
+    assert not planned(render_config(recorded)).has_changes  # as apply writes it (the inventory's defaults)
+    for text in (render_config(recorded, poll_s=7), render_config(recorded, hold_s=5), "{not json", "[]", None):
+        p = planned(text)
+        assert p.scaler is not None and p.scaler.stale == ["edge"] and p.has_changes, text
+        assert "apply rewrites its configuration and restarts it" in plan_text(p)
+
+
 def test_blind_drops_only_the_named_servers_maintenance_flag() -> None:
     text = "backend d_a\n    server r1a 1.2.3.4:8001 maxconn 1 disabled\n"
     text += "backend d_b\n    server r1a 1:2 maxconn 1 disabled"

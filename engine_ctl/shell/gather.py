@@ -149,6 +149,7 @@ def writable_problem(path: str) -> str:
 def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
     """Pure: the probe's JSON -> HostFacts."""
     gpus, warnings = _gpus(doc.get("gpus") or {})
+    scaler_config = doc["scaler_config"] if isinstance(doc.get("scaler_config"), dict) else {}
     disks = {
         key: Disk(path=d["path"], total_bytes=d.get("total"), free_bytes=d.get("free"), exists=bool(d.get("exists")))
         for key, d in (doc.get("disks") or {}).items()
@@ -229,9 +230,9 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         gateway_addresses=dict((doc.get("gateway") or {}).get("addresses") or {}),
         gateway_maps=(doc.get("gateway") or {}).get("maps"),
         scaler_state=doc["scaler"] if isinstance(doc.get("scaler"), dict) else None,
-        scaler_config_sha256=(doc.get("scaler_config") or {}).get("deployments_sha256")
-        if isinstance(doc.get("scaler_config"), dict)
-        else None,
+        scaler_config_sha256=scaler_config.get("deployments_sha256"),
+        scaler_settings=scaler_config.get("settings") if isinstance(scaler_config.get("settings"), dict) else None,
+        scaler_config_unreadable=bool(scaler_config.get("unreadable")),
         psql=doc.get("psql", ""),
         ip_filtering=doc.get("cgroup2"),
         warnings=tuple(warnings),

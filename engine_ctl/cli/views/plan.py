@@ -298,8 +298,9 @@ def _scaler_lines(plan: Plan) -> list[tuple[str, str]]:
     out = [("", ""), ("bold", f"  # scaler on {where}: {', '.join(s.deployments)}")]
     out += [("", f"    {name}: {line}") for name, line in sorted(s.running.items())]
     out += [("change", f"    not running on {host}: apply starts it") for host in s.stopped]
-    out += [("change", f"    on {host} it runs with other deployments than those recorded: apply rewrites its "
-             "configuration and restarts it") for host in s.stale]  # fmt: skip
+    out += [("change", f"    on {host} it runs with another configuration (deployments, settings) than the documents "
+             "and the recorded deployments give: apply rewrites its configuration and restarts it")
+            for host in s.stale]  # fmt: skip
     out += [("change", f"    {detail}") for _, detail in sorted(s.unit_drift.items())]
     return out
 

@@ -157,6 +157,10 @@ class HostFacts(Fact):
     scaler_config_sha256: str | None = None
     """sha256 of the deployments in the scaler's scaler.json on this host (render.scaler.deployments_digest); None
     where there is none or it was not read."""
+    scaler_settings: dict[str, Any] | None = None
+    """scaler.json's poll_s, decide_every_s and hold_s on this host; None where there is none."""
+    scaler_config_unreadable: bool = False
+    """The host has a scaler.json that is not the scaler's JSON (edited, cut short): its scaler cannot run."""
     psql: str | None = ""
     """psql's path (the scaler's PostgreSQL lock needs it on a gateway host); None: not installed; "": not asked."""
     """The scaler's state.json, on the gateway host that runs it (engine_ctl.core.plan.scaler reads it)."""

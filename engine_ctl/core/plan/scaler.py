@@ -200,15 +200,31 @@ def plan_scaler(
     running = {n: running_line(views[n], specs[n].replicas_min, specs[n].replicas_max) for n in names if n in views}
     stopped = [n for n in runs_on if n in facts and not scaler_runs(facts[n])]
     expected = deployments_digest(scaler_deployments(state, hosts))
-    stale = [n for n in runs_on if n in facts and n not in stopped
-             and getattr(facts[n], "scaler_config_sha256", None) not in (None, expected)]  # fmt: skip
+    s = inventory.scaling
+    settings = {"poll_s": s.poll_s, "decide_every_s": s.decide_every_s, "hold_s": inventory.gateway.hold_s}
+    stale = [n for n in runs_on if n in facts and n not in stopped and config_stale(facts[n], expected, settings)]
     unit_drift = {
         n: d for n in runs_on if n in facts and n not in stopped for d in [scaler_unit_drift(n, facts[n])] if d
     }
-    s = inventory.scaling
     return ScalerPlan(host=host.name, poll_s=s.poll_s, decide_every_s=s.decide_every_s, hold_s=inventory.gateway.hold_s,
                       deployments=names, running=running, lock=lock, stopped=stopped, stale=stale,
                       unit_drift=unit_drift)  # fmt: skip
+
+
+def config_stale(host_facts: Any, deployments_sha256: str, settings: Mapping[str, int]) -> bool:
+    """Whether the scaler.json of a host whose scaler runs is not what apply writes: other deployments than the
+    recorded ones give (by digest), other settings than the inventory's (poll_s, decide_every_s, hold_s), a file
+    that is not its JSON, or none at all beside its unit (the scaler then restarts again and again)."""
+    if getattr(host_facts, "scaler_config_unreadable", False):
+        return True
+    found = getattr(host_facts, "scaler_config_sha256", None)
+    if found is None:
+        unit = next((u for u in getattr(host_facts, "units", ()) if u.name == SCALER_UNIT), None)
+        return unit is not None and unit.sha256 is not None
+    if found != deployments_sha256:
+        return True
+    now = getattr(host_facts, "scaler_settings", None)
+    return now is not None and any(now.get(key) != value for key, value in settings.items())
 
 
 def scaler_unit_drift(host: str, host_facts: Any) -> str | None:

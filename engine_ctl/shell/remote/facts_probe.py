@@ -1034,19 +1034,27 @@ def scaler_state(path: str = SCALER_STATE) -> Any:
 SCALER_CONFIG = "/etc/engine-ctl/scaler/scaler.json"
 
 
+SCALER_SETTINGS = ("poll_s", "decide_every_s", "hold_s")  # engine_ctl.core.render.scaler.render_config's keys
+
+
 def scaler_config(path: str = SCALER_CONFIG) -> Any:
     """What the scaler on this host was configured with: the sha256 of its deployments (scaler.json's
-    `deployments`, dumped as engine_ctl.core.render.scaler.deployments_digest dumps them), or None."""
+    `deployments`, dumped as engine_ctl.core.render.scaler.deployments_digest dumps them) and its settings
+    (SCALER_SETTINGS); {"unreadable": True} for a file that is not such JSON; None where there is no file."""
     text = read(path)
-    if not text or len(text) > 10000000:
+    if text is None:
         return None
     try:
-        deployments = json.loads(text).get("deployments")
-    except (ValueError, AttributeError):
-        return None
-    if not isinstance(deployments, list):
-        return None
-    return {"deployments_sha256": hashlib.sha256(json.dumps(deployments, sort_keys=True).encode()).hexdigest()}
+        body = json.loads(text) if len(text) <= 10000000 else None
+    except ValueError:
+        body = None
+    deployments = body.get("deployments") if isinstance(body, dict) else None
+    if not isinstance(body, dict) or not isinstance(deployments, list):
+        return {"unreadable": True}
+    return {
+        "deployments_sha256": hashlib.sha256(json.dumps(deployments, sort_keys=True).encode()).hexdigest(),
+        "settings": {key: body.get(key) for key in SCALER_SETTINGS},
+    }
 
 
 def probe(args: dict[str, Any]) -> dict[str, Any]:
