@@ -160,6 +160,16 @@ def test_an_engine_changed_under_a_replica_is_named_with_its_path_versions_and_d
         "the engine at /opt/l/llama-server on h changed: version version: 1 (sha256 111111111111…) → version: 2 "
         "(sha256 222222222222…); the replica restarts onto it"
     )
+    # vLLM's console script, SGLang's python3: the same bytes whatever release the environment holds
+    vllm = record.model_copy(update={"argv": ["/opt/v/bin/vllm", "serve"], "engine_version": "0.30.0"})
+    upgraded = _facts("h", cpu=EngineInstall(path="/opt/v/bin/vllm", version="0.31.0", sha256="1" * 64))
+    assert engine_drift_detail(vllm, upgraded) == (
+        "the engine at /opt/v/bin/vllm on h changed: version 0.30.0 (sha256 111111111111…) → 0.31.0 "
+        "(sha256 111111111111…); the replica restarts onto it"
+    )
+    for said in (None, "0.30.0", "load_backend: cut short"):  # not read this time, the same, no version in it
+        now = _facts("h", cpu=EngineInstall(path="/opt/v/bin/vllm", version=said, sha256="1" * 64))
+        assert engine_drift_detail(vllm, now) is None, said
 
 
 def test_the_facts_report_each_builds_version_and_binary_sha256(tmp_path: Path) -> None:

@@ -366,3 +366,42 @@ def test_an_engine_in_a_virtual_environment_of_the_probes_own_python_is_found(tm
     )
     engines = json.loads(out.stdout)["engines"]
     assert engines["fake"]["version"] == "1.2.3" and engines["fake"]["path"] == str(script)
+
+
+def test_an_engine_upgraded_in_its_environment_is_read_again_though_its_launcher_did_not_change(
+    tmp_path: Path,
+) -> None:
+    """vLLM's `bin/vllm` (pip's console script) has the same bytes whatever release the environment holds, so the
+    version cache keyed on the launcher's stat alone kept the old version after a `pip install` of another one. The
+    environment's site-packages (whose NAME-VERSION.dist-info pip renames) is part of the key now. A real venv;
+    the dist-info as pip writes it (METADATA's Version)."""
+    env = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=120)
+    python = env / "bin" / "python3"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               capture_output=True, text=True, check=True, timeout=60).stdout.strip())  # fmt: skip
+    launcher = env / "bin" / "vllm"
+    launcher.write_text(f"#!{python}\nprint('vllm')\n")
+    launcher.chmod(0o755)
+
+    def install(version: str) -> None:
+        for old in site.glob("vllm-*.dist-info"):
+            shutil.rmtree(old)
+        dist = site / f"vllm-{version}.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n\n")
+
+    spec = {"vllm": {"candidates": [str(launcher)], "probe": {"kind": "python_dist", "dist": "vllm"}}}
+
+    def read(known: dict[str, object]) -> dict[str, object]:
+        return probe.engine_versions(probe.engines(spec, known))["vllm"]
+
+    install("0.30.0")
+    first = read({})
+    assert first["version"] == "0.30.0"
+    known = {str(launcher): {"stat": first["stat"], "version": "0.30.0"}}
+    assert read(known)["version"] == "0.30.0"  # unchanged: the cached version, no interpreter started
+    before = launcher.stat()
+    install("0.31.0")
+    assert launcher.stat().st_mtime_ns == before.st_mtime_ns and launcher.stat().st_ino == before.st_ino
+    assert read(known)["version"] == "0.31.0"

@@ -392,9 +392,11 @@ def test_a_gateway_start_systemd_fails_to_set_up_is_waited_for(gw: GatewayProjec
     waits for that start instead of failing. Here the set-up fails (200/CHDIR) until a directory appears, which a
     watcher makes once systemd has recorded the failed start (not after a fixed delay: on a loaded machine apply may
     reach the start later than any delay); a failure of HAProxy's own is still reported at once (the configuration
-    test above)."""
+    test above). The set-up's failure comes from a drop-in named for the prefix `engine-`: apply removes the
+    drop-ins of engine-ctl's own names (the unit's, `engine-ctl-`), and leaves this one, which could serve other
+    units."""
     unit, later = "engine-ctl-gateway.service", "/var/lib/ectl-late"
-    dropin = f"/etc/systemd/system/{unit}.d"
+    dropin = "/etc/systemd/system/engine-.service.d"
     failed = f"systemctl show -p Result --value {unit} | grep -qvx success"
     gw.fleet.ssh(gw.gateway, f"systemctl stop {unit} && systemctl reset-failed {unit}; rm -rf {later} && "
                              f"mkdir -p {dropin} && printf '[Service]\\nWorkingDirectory={later}\\n' > "

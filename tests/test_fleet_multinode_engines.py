@@ -287,6 +287,23 @@ def test_a_group_starts_its_worker_then_its_head_with_the_runtimes_argv_and_envi
     again = g.cli(docs, "plan", "--detailed-exitcode")
     assert again.returncode == 0, again.stdout + again.stderr
 
+    # another release pip-installed into the head's environment: the launcher's bytes stay the same (vLLM's console
+    # script, SGLang's python3), the dist-info's version does not; the plan names it, and no longer once put back
+    venv, _, version = ENGINES[engine]
+    newer = version.rsplit(".", 1)[0] + "." + str(int(version.rsplit(".", 1)[1]) + 1)
+    dist = f"$({venv}/bin/python3 -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))')/{engine}"
+    bump = (f"mv {dist}-{version}.dist-info {dist}-{newer}.dist-info && "
+            f"sed -i 's/^Version: .*/Version: {newer}/' {dist}-{newer}.dist-info/METADATA")  # fmt: skip
+    g.ssh(head, bump)
+    upgraded = g.cli(docs, "plan", "--detailed-exitcode")
+    said = upgraded.stdout + upgraded.stderr
+    assert upgraded.returncode == 2, said
+    assert f"the engine at {r['argv'][0]} on {head.name} changed: version {version} " in said, said
+    assert f"→ {newer} " in said, said
+    g.ssh(head, bump.replace(newer, "NEWER").replace(version, newer).replace("NEWER", version))
+    back = g.cli(docs, "plan", "--detailed-exitcode")
+    assert back.returncode == 0, back.stdout + back.stderr
+
     g.cli(docs, "destroy", "--auto-approve", check=True)
     for host, unit in ((head, r["unit"]), (worker, m["unit"])):
         assert g.ssh(host, f"test -e /etc/systemd/system/{unit} && echo present || echo gone").strip() == "gone"

@@ -21,7 +21,7 @@ from engine_ctl.core.plan.scaler import scaler_deployments
 from engine_ctl.core.plan.status import deployment_status, recorded_verdict
 from engine_ctl.core.record.model import GatewayRecord, OperatorAction, ReplicaRecord, State
 from engine_ctl.core.render.gateway import GATEWAY_UNIT
-from engine_ctl.core.render.scaler import SCALER_UNIT, deployments_digest, render_config
+from engine_ctl.core.render.scaler import SCALER_UNIT, ScalerDeployment, deployments_digest, render_config
 from engine_ctl.shell.remote.facts_probe import scaler_config as probe_scaler_config
 from tests.fleetfacts import cpu_host, h100x8
 from tests.test_plan_core import SHAPE, applied
@@ -318,16 +318,23 @@ def test_a_deployment_an_operator_stopped_or_deleted_needs_no_scaler_until_it_is
     assert asleep.scaler is not None and asleep.scaler.deployments == ["chat"]
 
 
+SCALED = "gpus: 1, replicas: {min: 0, max: 2}"
+
+
+def scaled_to_zero() -> tuple[str, State, dict[str, HostFacts], list[ScalerDeployment]]:
+    """A min-0 deployment behind a gateway, applied: its spec, the state, the facts, and what the scaler is given."""
+    _, facts = world(h100x8(), gateway=True)
+    state, facts = gateway_applied(plan(State(), facts, gateway=True, chat=SCALED), State(), facts)
+    inv = world(h100x8(), gateway=True)[0]
+    return SCALED, state, facts, scaler_deployments(state, {h.name: h for h in inv.hosts})
+
+
 def test_a_scaler_configured_with_other_deployments_than_recorded_is_a_change(tmp_path: Path) -> None:
     """Issue 24's soak (seed 7, step 198): `start` of a deleted min-0 deployment, then an apply killed after it
     installed and routed the replica but before its scaler step. The scaler ran, without the deployment: the plan
     said No changes and every request 503 after the hold. The host's scaler.json is read (its deployments'
     digest, by the facts probe) and compared with what the recorded deployments give."""
-    _, facts = world(h100x8(), gateway=True)
-    spec = "gpus: 1, replicas: {min: 0, max: 2}"
-    state, facts = gateway_applied(plan(State(), facts, gateway=True, chat=spec), State(), facts)
-    inv = world(h100x8(), gateway=True)[0]
-    recorded = scaler_deployments(state, {h.name: h for h in inv.hosts})
+    spec, state, facts, recorded = scaled_to_zero()
     config = tmp_path / "scaler.json"
     config.write_text(render_config(recorded))  # what apply writes; the probe reads it back
     digest = probe_scaler_config(str(config))["deployments_sha256"]
@@ -348,11 +355,7 @@ def test_a_scaler_json_with_other_settings_unreadable_or_gone_is_a_change(tmp_pa
     """The scaler's whole configuration, not only its deployments: the inventory's scaling.poll_s changed alone,
     a scaler.json edited into something that is not its JSON, or deleted beside its running unit (the scaler then
     restarts again and again, `activating`, which counts as running). Each file is what the probe reads back."""
-    _, facts = world(h100x8(), gateway=True)
-    spec = "gpus: 1, replicas: {min: 0, max: 2}"
-    state, facts = gateway_applied(plan(State(), facts, gateway=True, chat=spec), State(), facts)
-    inv = world(h100x8(), gateway=True)[0]
-    recorded = scaler_deployments(state, {h.name: h for h in inv.hosts})
+    spec, state, facts, recorded = scaled_to_zero()
     config = tmp_path / "scaler.json"
     scaler = UnitFact(name=SCALER_UNIT, sha256="c" * 64, active_state="activating")
 

@@ -112,14 +112,21 @@ def member_engine_drift_detail(name: str, record: ReplicaRecord, member: MemberR
 
 def _changed(argv: list[str], sha: str, version: str | None, where: str, facts: HostFacts, then: str) -> str | None:
     """'the engine at PATH WHERE changed: version … → …; THEN' when the build at argv[0] is not the recorded one
-    (None: the same, or nothing recorded to compare)."""
+    (None: the same, or nothing recorded to compare): another binary (its sha256), or another version where the
+    binary is a launcher whose bytes do not change (a Python engine's console script or interpreter: a `pip
+    install` of another release into the same environment)."""
     if not sha or not argv:
         return None
     now = engine_at(facts, argv[0])
-    if now is None or now.sha256 is None or now.sha256 == sha:
+    if now is None:
+        return None
+    other_binary = now.sha256 is not None and now.sha256 != sha
+    was, said = shown_version(version), shown_version(now.version)  # x.y[.z] or "unknown": never a partial output
+    other_version = "unknown" not in (was, said) and was.removeprefix("v") != said.removeprefix("v")
+    if not (other_binary or other_version):
         return None
     return (f"the engine at {argv[0]} {where} changed: version {version or 'unknown'} (sha256 {sha[:12]}…) → "
-            f"{now.version or 'unknown'} (sha256 {now.sha256[:12]}…); {then}")  # fmt: skip
+            f"{now.version or 'unknown'} (sha256 {(now.sha256 or 'unknown')[:12]}…); {then}")  # fmt: skip
 
 
 def recorded_version(said: str | None) -> str | None:

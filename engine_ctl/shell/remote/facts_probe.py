@@ -412,6 +412,25 @@ def file_stat(path: str) -> list[int]:
     return [st.st_mtime_ns, st.st_size, st.st_ctime_ns, st.st_ino]
 
 
+def environment_stat(path: str) -> list[int]:
+    """The mtimes of the site-packages of the environment an engine's launcher is in (`<env>/bin/<script>`,
+    `<env>/bin/python3` -> `<env>/lib/python*/site-packages` or `dist-packages`): a `pip install` of another
+    release into it renames the NAME-VERSION.dist-info there, while the launcher's own bytes, which file_stat
+    sees, stay the same."""
+    import glob
+
+    env = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    out = []
+    sites = glob.glob(os.path.join(env, "lib", "python*", "site-packages"))
+    sites += glob.glob(os.path.join(env, "lib", "python*", "dist-packages"))  # Debian's, under /usr/local
+    for site in sorted(sites):
+        try:
+            out.append(os.stat(site).st_mtime_ns)
+        except OSError:
+            continue
+    return out
+
+
 def known_entry(known: dict[str, Any], path: str, stat: list[int]) -> dict[str, Any] | None:
     """What engine-ctl last read of this binary (gather.VersionCache: path -> {stat, version, sha256}), when it is
     still the same file."""
@@ -427,12 +446,14 @@ def engines(spec: dict[str, Any], known: dict[str, Any]) -> dict[str, tuple[str,
         path = find_executable(entry.get("candidates", []))
         if path is None:
             continue
+        probe = entry.get("probe") or {}
         stat = file_stat(path)
+        if probe.get("kind") == "python_dist":
+            stat += environment_stat(path)
         seen = known_entry(known, path, stat)
         if seen is not None:
             started[name] = (path, seen.get("version"), "known", stat)
             continue
-        probe = entry.get("probe") or {}
         if probe.get("kind") == "python_dist" and is_own_python(script_interpreter(path)):
             version = dist_version(probe.get("dist", name), own_site_dirs())  # no second Python to start
             if version is not None:
