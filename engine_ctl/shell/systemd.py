@@ -105,10 +105,11 @@ def drop_ins_removal(*units: str) -> str:
 def unit_setup_argv(unit: str) -> list[str]:
     """What the unit says is what runs: the drop-ins that change it removed (drop_ins_removal: DROPPED printed if
     there were any) and, once its file is installed, enabled (it starts at boot; with systemd's reload, only when it
-    was not, so that systemd's own UnitFileState says so)."""
+    was not, so that systemd's own UnitFileState says so). Its exit status is whether the unit runs (is_active),
+    asked in the same exec."""
     q, path = shlex.quote(unit), shlex.quote(f"{UNIT_DIR}/{unit}")
     enable = f'[ ! -f {path} ] || [ "$(systemctl is-enabled {q})" = enabled ] || systemctl enable --quiet {q}'
-    return ["sh", "-c", drop_ins_removal(unit) + enable]
+    return ["sh", "-c", drop_ins_removal(unit) + enable + f"; systemctl is-active --quiet {q}"]
 
 
 def journal_argv(

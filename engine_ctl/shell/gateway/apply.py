@@ -174,13 +174,15 @@ class GatewayApply:
             self._record_installing(g, rendered)
             done = remote.install(self._t(g.host), rendered)
             self._record_installed(g, rendered)
-            self._back_in_rotation(g.host)
+            if any(d.kind == "set-aside" and d.host == g.host for d in self.plan.drift):
+                self._back_in_rotation(g.host)
             if done != "maps" or g.changed:
                 self.progress(f"gateway {g.host}: serving http://{g.endpoint}/v1 ({done})")
 
     def _back_in_rotation(self, host: str) -> None:
         """Every always-on replica that serves taken back into the gateway's rotation where an admin command set it
-        aside (MAINT, DRAIN: set_aside_drift), and so out of the server-state file the next reload reads."""
+        aside (MAINT, DRAIN: set_aside_drift), and so out of the server-state file the next reload reads. Only on a
+        host where the plan found one: no `show stat` round trip on every apply."""
         t = self._t(host)
         states = remote.server_states(t)
         for backend, server in always_on_servers(self.state()):

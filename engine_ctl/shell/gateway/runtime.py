@@ -281,8 +281,8 @@ def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> 
         t.put(f"{UNIT_DIR}/{GATEWAY_UNIT}", rendered.unit_text.encode(), 0o644)
     # what the unit says is what runs: drop-ins that change it removed (then a restart: a reload keeps the
     # process's environment and command line), and enabled, so that it starts at boot
-    dropped = DROPPED in _ok(t, unit_setup_argv(GATEWAY_UNIT), "enabling the gateway's unit")
-    active = t.run(is_active(GATEWAY_UNIT)).exit_code == 0
+    setup = t.run(unit_setup_argv(GATEWAY_UNIT))  # one exec: set up, then whether it runs
+    dropped, active = DROPPED in setup.stdout, setup.exit_code == 0
     reload_files = [n for n in rendered.files if n not in RUNTIME_MAPS]
     if not active:
         start_gateway(t)
