@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -34,6 +33,7 @@ from engine_ctl.core.render.scaler import SCALER_STATE, SCALER_UNIT
 from engine_ctl.core.render.scalerlock import PASSWORD_FILE, advisory_key
 from engine_ctl.shell.remote.scaler import key_parts
 from tests.fleet import SUBNET, Fleet, FleetHost
+from tests.ports import free_port
 from tests.test_fleet_scaler import HOLD_S, ask
 from tests.test_fleet_scaler_gateways import TwoGateways, zero_on
 
@@ -66,12 +66,6 @@ class Cluster:
 
     def log(self) -> str:
         return (self.data / "server.log").read_text(errors="replace")
-
-
-def free_port(address: str) -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return int(s.getsockname()[1])
 
 
 def as_postgres(*argv: str) -> None:

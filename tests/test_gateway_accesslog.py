@@ -20,7 +20,8 @@ from engine_ctl.core.model import ApiKey
 from engine_ctl.core.render.gateway import GatewayBackend, GatewayServer, render_gateway
 from engine_ctl.shell.gateway.runtime import ServerState, server_states
 from engine_ctl.shell.transport import LocalTransport
-from tests.test_gateway_loopback import HAPROXY, KEY_ALL, Replica, call, chat, free_port
+from tests.ports import free_port
+from tests.test_gateway_loopback import HAPROXY, KEY_ALL, Replica, call, chat
 
 
 def hang_up_on_posts(port: int, posts: list[int]) -> socket.socket:

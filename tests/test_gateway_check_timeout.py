@@ -19,7 +19,8 @@ from engine_ctl.core.model import ApiKey
 from engine_ctl.core.render.gateway import GatewayBackend, GatewayServer, render_gateway
 from engine_ctl.shell.gateway.runtime import runtime
 from engine_ctl.shell.transport import LocalTransport
-from tests.test_gateway_loopback import HAPROXY, KEY_ALL, free_port
+from tests.ports import free_port
+from tests.test_gateway_loopback import HAPROXY, KEY_ALL
 
 
 def silent_replica(port: int) -> socket.socket:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -25,16 +24,11 @@ from engine_ctl.core.render.gateway import GatewayBackend, GatewayServer, render
 from engine_ctl.shell.gateway.runtime import server_states
 from engine_ctl.shell.transport import LocalTransport
 from tests.llama import llama_server_dir, tiny_model
+from tests.ports import free_port
 from tests.tools.make_tiny_decision_model import tiny_decision_model
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 KEY = "ak-all-" + "1" * 40
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _engine(model: Path, alias: str, port: int) -> subprocess.Popen[bytes]:

@@ -27,7 +27,8 @@ from engine_ctl.shell.gateway.runtime import (
     wait_drained,
 )
 from engine_ctl.shell.transport import LocalTransport
-from tests.test_gateway_loopback import HAPROXY, KEY_ALL, free_port
+from tests.ports import free_port
+from tests.test_gateway_loopback import HAPROXY, KEY_ALL
 
 SLOW_S = 8.0
 

@@ -31,7 +31,8 @@ from engine_ctl.core.render.gateway import (
 )
 from engine_ctl.shell.gateway.runtime import internal_key_commands, runtime
 from engine_ctl.shell.transport import LocalTransport
-from tests.test_gateway_loopback import Replica, free_port
+from tests.ports import free_port
+from tests.test_gateway_loopback import Replica
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 CLIENT = "ak-client-" + "6" * 40

@@ -9,7 +9,6 @@ from __future__ import annotations
 import http.client
 import json
 import shutil
-import socket
 import socketserver
 import subprocess
 import threading
@@ -27,17 +26,12 @@ from engine_ctl.core.model import ApiKey
 from engine_ctl.core.render.gateway import BODY_LIMIT, GatewayBackend, GatewayServer, render_gateway
 from engine_ctl.shell.gateway.runtime import server_states, set_maps, set_state
 from engine_ctl.shell.transport import LocalTransport
+from tests.ports import free_port
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 KEY_ALL, KEY_CHAT, KEY_OLD = "ak-all-" + "1" * 40, "ak-chat-" + "2" * 40, "ak-old-" + "3" * 40
 CREATED = {"chat": 1764806400, "embed": 1764810000}
 """Each deployment's creation time (what its ID records): `created` in /v1/models."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Replica(socketserver.ThreadingMixIn, socketserver.TCPServer):

@@ -28,7 +28,8 @@ from engine_ctl.core.render.gateway import (
 )
 from engine_ctl.shell.gateway.runtime import runtime, server_states
 from engine_ctl.shell.transport import LocalTransport
-from tests.test_gateway_loopback import HAPROXY, KEY_ALL, Replica, chat, free_port
+from tests.ports import free_port
+from tests.test_gateway_loopback import HAPROXY, KEY_ALL, Replica, chat
 
 
 def _servers(text: str) -> dict[str, list[str]]:

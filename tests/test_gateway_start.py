@@ -33,16 +33,11 @@ from engine_ctl.core.render.gateway import (
     start_state,
 )
 from engine_ctl.shell.gateway.runtime import SETUP_FAILURE
+from tests.ports import free_port
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 KEY = "ak-start-" + "5" * 40
 LOADING = json.dumps({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}).encode()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class LoadingEngine(ThreadingHTTPServer):

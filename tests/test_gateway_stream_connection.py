@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.render.gateway import GatewayBackend, GatewayServer, render_gateway
 from tests.llama import llama_server_dir, tiny_model
-from tests.test_gateway_loopback import HAPROXY, free_port
+from tests.ports import free_port
+from tests.test_gateway_loopback import HAPROXY
 
 
 def rendered_stream_rules() -> list[str]:

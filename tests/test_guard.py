@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import socket
 import subprocess
 import time
 import urllib.error
@@ -38,6 +37,7 @@ from engine_ctl.shell.remote import scaler_command
 from engine_ctl.shell.systemd import guard_upload, remove_argv
 from tests.fleetfacts import cpu_host, h100x8
 from tests.helpers import load, messages
+from tests.ports import free_port
 from tests.test_render import MODELS, SHAPES
 from tests.vllm_double import VllmDouble
 
@@ -203,12 +203,6 @@ def test_a_guard_missing_edited_or_stopped_beside_its_running_replica_is_drift_t
 
 
 # --- the guard itself: real HAProxy in front of the test double of vLLM -----------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
