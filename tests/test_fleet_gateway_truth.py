@@ -268,6 +268,56 @@ def test_an_always_on_replica_set_aside_over_the_admin_socket_is_drift_and_apply
     assert again.returncode == 0, again.stdout + again.stderr
 
 
+def test_an_internal_key_a_replica_or_the_gateway_lacks_is_drift_and_apply_gives_it_back(truth: Truth) -> None:
+    """The gateway -> replica key, wrong in the three places engine-ctl never looked: tb's engine restarted on
+    another key and its host's file put back (every request for tb is refused now), tk's host's key file replaced
+    with no restart (tk serves now, and would refuse every request after its next start), and the running
+    gateway's key map set over the admin socket (every request is refused now). Before, plan said "No changes"
+    for all three. Now plan exits 2 naming each (a fingerprint of the key, never the key), apply restarts tb and
+    tk's replicas and gives the gateway its key back without restarting it, and the next plan is empty."""
+    state = json.loads((truth.path / "engine-ctl.state.json").read_text())["deployments"]
+    (tb,), tks = state["tb"]["replicas"], state["tk"]["replicas"]
+    hosts = {h.name: h for h in truth.fleet.hosts}
+    tb_host, tk_host = hosts[tb["host"]], hosts[tks[0]["host"]]
+    key_file = "/etc/engine-ctl/replica-key"
+    key = truth.fleet.ssh(tb_host, f"head -n1 {key_file}").stdout.strip()
+    assert len(key) == 64
+    other = "0123456789abcdef" * 4
+    truth.fleet.ssh(tb_host, f"cp -p {key_file} /root/replica-key.saved && printf '%s\\n' {other} > {key_file} && "
+                             f"systemctl restart {tb['unit']} && cp -p /root/replica-key.saved {key_file}")  # fmt: skip
+    truth.fleet.ssh(tk_host, f"printf '%s\\n' {other} > {key_file}")
+    deadline = time.monotonic() + 60
+    while truth.ask("tk", KEY_ALL)[0] != 200 and time.monotonic() < deadline:  # tk serves: its engine has the key
+        time.sleep(1)
+    assert truth.ask("tk", KEY_ALL)[0] == 200
+    pids = {u: truth.fleet.ssh(tk_host, f"systemctl show -p MainPID --value {u}").stdout.strip()
+            for u in (r["unit"] for r in tks)}  # fmt: skip
+    gateway_pid = truth.fleet.ssh(truth.gateway, "systemctl show -p MainPID --value engine-ctl-gateway.service")
+    truth.stats_socket(f"set map /run/engine-ctl-gateway/internal.map gateway {other}")
+    assert truth.ask("tk", KEY_ALL)[0] != 200  # the hole is real: the gateway sends a key no replica takes
+
+    plan = truth.cli("plan", "--detailed-exitcode")
+    said = plan.stdout + plan.stderr
+    assert plan.returncode == 2, said
+    assert f"the internal key on gateway {truth.gateway.name}: the running gateway's key map holds another key" \
+           in said, said  # fmt: skip
+    assert "internal key: it refuses the key its host holds (HTTP 401 to GET /v1/models)" in said, said
+    assert f"internal key: {key_file} holds another key" in said, said
+    assert key not in said and other not in said, "fingerprints only"
+
+    applied = truth.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert key not in applied.stdout + applied.stderr
+    assert truth.fleet.ssh(tk_host, f"head -n1 {key_file}").stdout.strip() == key
+    for unit, pid in pids.items():
+        assert truth.fleet.ssh(tk_host, f"systemctl show -p MainPID --value {unit}").stdout.strip() != pid, unit
+    assert truth.fleet.ssh(truth.gateway, "systemctl show -p MainPID --value engine-ctl-gateway.service"
+                           ).stdout == gateway_pid.stdout  # fmt: skip
+    assert truth.ask("tb", KEY_ALL)[0] == 200 and truth.ask("tk", KEY_ALL)[0] == 200
+    again = truth.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
 def killed_in_the_roll(truth: Truth, needle: str = "no room for a surge", nth: int = 2) -> str:
     """apply, killed with SIGKILL right after its `nth` line that says `needle`; what it printed."""
     proc = subprocess.Popen(truth.argv("apply", "--auto-approve"), stdout=subprocess.PIPE,

@@ -108,3 +108,27 @@ def test_the_key_changes_at_run_time_and_a_reload_reads_the_file(gateway: dict) 
     os.kill(int(gateway["master"]), signal.SIGUSR2)  # type: ignore[call-overload]  # a reload, as systemctl reload
     time.sleep(1.5)
     assert sent_key(base) == NEW, "a reload reads the key from the run directory again"
+
+
+def test_the_probe_and_apply_read_the_running_gateways_key_where_it_is(gateway: dict) -> None:  # type: ignore[type-arg]
+    """What plan compares (fingerprints of the key file, the run directory's copy and the running map) and what apply
+    falls back to when the key file is gone (the key the running gateway sends), read from the real HAProxy."""
+    from engine_ctl.core.internalkey import key_fingerprint
+    from engine_ctl.shell.gateway.runtime import read_running_key
+    from engine_ctl.shell.remote.facts_probe import gateway_key
+
+    base, folder = str(gateway["base"]), Path(gateway["dir"])  # type: ignore[arg-type]
+    assert sent_key(base) == OLD
+    socket, key_file = str(folder / "admin.sock"), folder / "internal.key"
+    key_file.write_text(gateway_key_text(OLD))
+    old, new = key_fingerprint(OLD), key_fingerprint(NEW)
+    assert gateway_key(socket, [str(key_file)], str(folder)) == {"file": old, "copy": old, "running": old}
+    assert read_running_key(gateway["transport"], socket) == OLD  # type: ignore[arg-type]
+    runtime(gateway["transport"], internal_key_commands(str(folder / INTERNAL_MAP_FILE), NEW, None), socket)  # type: ignore[arg-type]
+    assert sent_key(base) == NEW
+    assert gateway_key(socket, [str(key_file)], str(folder)) == {"file": old, "copy": old, "running": new}
+    assert read_running_key(gateway["transport"], socket) == NEW  # type: ignore[arg-type]
+    key_file.unlink()
+    assert gateway_key(socket, [str(key_file)], str(folder))["file"] is None
+    assert gateway_key(str(folder / "nothing.sock"), [str(key_file)], str(folder)) == {"file": None, "copy": old}
+    assert read_running_key(gateway["transport"], str(folder / "nothing.sock")) is None  # type: ignore[arg-type]

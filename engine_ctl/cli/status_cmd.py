@@ -28,6 +28,7 @@ from engine_ctl.cli.views.status import (
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.loader import LoadResult, load_paths
 from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.internalkey import key_checks
 from engine_ctl.core.plan.decisions import readiness_checks
 from engine_ctl.core.plan.scaler import ScalerView, scaler_views_of, with_scaler
 from engine_ctl.core.plan.status import (
@@ -96,7 +97,8 @@ def _live(
     for d in records:  # a decisions deployment's replicas are asked the readiness decision too
         for host, asked in readiness_checks(d).items():
             decisions.setdefault(host, []).extend(asked)
-    return gather(hosts, options, parallel, health=checks, decisions=decisions)
+    keys = key_checks(records)  # a replica behind a gateway is asked with the internal key too: it may refuse it
+    return gather(hosts, options, parallel, health=checks, decisions=decisions, key_checks=keys)
 
 
 def _statuses(

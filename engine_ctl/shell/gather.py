@@ -26,6 +26,7 @@ from engine_ctl.core.fit.hostfacts import (
 )
 from engine_ctl.core.fit.modelfacts import ModelFacts, facts_from_gguf_fields, facts_from_hf_config
 from engine_ctl.core.fit.unitheader import parse_unit_header
+from engine_ctl.core.internalkey import key_files
 from engine_ctl.core.names import UNIT_PREFIX
 from engine_ctl.core.plan.unitdiff import hide_secrets_in
 from engine_ctl.core.render.units import bind_address, local_address
@@ -53,9 +54,12 @@ def probe_args(
     health: Sequence[tuple[int, str]] = (),
     known_versions: Mapping[str, Any] | None = None,
     decisions: Sequence[Mapping[str, Any]] = (),
+    key_checks: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     return {
         "decisions": [dict(d) for d in decisions],
+        "key_checks": [dict(c) for c in key_checks],
+        "key_files": key_files(),
         "known_versions": dict(known_versions or {}),
         "model_paths": list(model_paths),
         "health": [{"port": port, "path": path} for port, path in health],
@@ -229,6 +233,11 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         gateway_servers=dict((doc.get("gateway") or {}).get("servers") or {}),
         gateway_addresses=dict((doc.get("gateway") or {}).get("addresses") or {}),
         gateway_maps=(doc.get("gateway") or {}).get("maps"),
+        gateway_key=(doc.get("gateway") or {}).get("internal_key"),
+        replica_keys={
+            str(k): None if v is None else tuple(str(x) for x in v) for k, v in (doc.get("replica_keys") or {}).items()
+        },
+        key_checks={str(k): str(v) for k, v in (doc.get("key_checks") or {}).items()},
         scaler_state=doc["scaler"] if isinstance(doc.get("scaler"), dict) else None,
         scaler_config_sha256=scaler_config.get("deployments_sha256"),
         scaler_settings=scaler_config.get("settings") if isinstance(scaler_config.get("settings"), dict) else None,
@@ -244,10 +253,11 @@ def gather_one(
     model_paths: Sequence[str] = (),
     health: Sequence[tuple[int, str]] = (),
     decisions: Sequence[Mapping[str, Any]] = (),
+    key_checks: Sequence[Mapping[str, Any]] = (),
 ) -> HostFacts:
     host = transport.host
     cache = VersionCache.for_host(host.name)
-    args = probe_args(host, model_paths, health, cache.known, decisions)
+    args = probe_args(host, model_paths, health, cache.known, decisions, key_checks)
     argv = python_argv("-I", "-S", "-", json.dumps(args, separators=(",", ":")))
     result = transport.run(argv, stdin=probe_source())
     if result.exit_code != 0:
@@ -307,6 +317,7 @@ def gather(
     ahead: Ahead | None = None,
     decisions: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     keep: Kept | None = None,
+    key_checks: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> tuple[dict[str, HostFacts], dict[str, HostFailure]]:
     """Facts of every host in parallel (and the metadata of the model files asked for, per host, in the same
     round trip), over the connections `ahead` began (transport.connect_ahead) or new ones, left open in `keep`
@@ -316,7 +327,11 @@ def gather(
     return fan_out(
         hosts,
         lambda t: gather_one(
-            t, paths.get(t.host.name, ()), checks.get(t.host.name, ()), (decisions or {}).get(t.host.name, ())
+            t,
+            paths.get(t.host.name, ()),
+            checks.get(t.host.name, ()),
+            (decisions or {}).get(t.host.name, ()),
+            (key_checks or {}).get(t.host.name, ()),
         ),
         options=options,
         parallel=parallel,

@@ -9,6 +9,7 @@ from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts
+from engine_ctl.core.internalkey import key_checks
 from engine_ctl.core.model import DesiredState, Model
 from engine_ctl.core.names import unknown_targets
 from engine_ctl.core.plan.changes import Plan, PlanContext
@@ -90,7 +91,15 @@ def plan_world(
     if refused:
         raise InputError(refused)
     paths = model_paths(desired, inventory)
-    facts, failures = gather(list(inventory.hosts), options, parallel, paths, ahead=ahead, keep=keep)
+    facts, failures = gather(
+        list(inventory.hosts),
+        options,
+        parallel,
+        paths,
+        ahead=ahead,
+        keep=keep,
+        key_checks=key_checks(state.deployments.values()),
+    )
     mfacts, _notes = model_facts_by_name(desired, inventory, facts)
     plan = make_plan(
         desired, state, inventory, facts, mfacts,

@@ -153,6 +153,16 @@ class HostFacts(Fact):
     """backend/server -> address:port the host's gateway sends its requests to now (`show stat`'s addr)."""
     gateway_maps: dict[str, dict[str, str]] | None = None
     """The running gateway's key maps in memory (map name -> key -> value), None when it does not answer."""
+    gateway_key: dict[str, str | None] | None = None
+    """The internal key on a gateway host, as fingerprints (core.internalkey.key_fingerprint; never the key): "file"
+    (its key file), "copy" (its run directory's copy) and "running" (the running gateway's map). A place with None
+    has no key; a place left out was not read (not running, not readable). None where there is no gateway."""
+    replica_keys: dict[str, tuple[str, ...] | None] = Field(default_factory=dict)
+    """path -> the fingerprints of the keys in each engine form of the internal key on this host (None: no such
+    file); a path left out was not read."""
+    key_checks: dict[str, str] = Field(default_factory=dict)
+    """port -> the HTTP status a replica behind a gateway answers GET core.internalkey.KEY_CHECK_PATH sent with the
+    key its host holds, or 'down: why' (for the ports asked for)."""
     scaler_state: dict[str, Any] | None = None
     scaler_config_sha256: str | None = None
     """sha256 of the deployments in the scaler's scaler.json on this host (render.scaler.deployments_digest); None

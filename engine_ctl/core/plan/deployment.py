@@ -37,7 +37,7 @@ from engine_ctl.core.plan.changes import (
 )  # fmt: skip
 from engine_ctl.core.plan.decisions import decisions_refusals
 from engine_ctl.core.plan.diff import Names, changed_fields, spec_digest
-from engine_ctl.core.plan.drift import checkpoint_drift, guard_drift, replica_drift
+from engine_ctl.core.plan.drift import checkpoint_drift, guard_drift, replica_drift, replica_key_drift
 from engine_ctl.core.plan.engines import member_engine_drift_detail
 from engine_ctl.core.plan.ownership import as_recorded
 from engine_ctl.core.plan.world import Allocation, Hosts, recorded_placement
@@ -436,6 +436,7 @@ def keep_replica(t: Target, current: ReplicaRecord) -> bool:
     found += guard_drift(t.d.name, seen, unit_now.text, facts)
     found += checkpoint_drift(t.d.name, current, t.model, t.hosts.inventory.get(current.host), facts)
     found += group_drift(t, current)
+    found += replica_key_drift(t.d.name, t.provider, current, facts, t.hosts.key_sent)
     t.drift.extend(found)
     if found:
         why = "; ".join(f.detail for f in found)

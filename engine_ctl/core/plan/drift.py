@@ -7,14 +7,17 @@ from collections.abc import Mapping
 
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.hostfacts import BUSY_BYTES, HostFacts, UnitFact
+from engine_ctl.core.internalkey import KEY_CHECK_PATH, REFUSED, key_forms
 from engine_ctl.core.model import Model
 from engine_ctl.core.names import UNIT_PREFIX
 from engine_ctl.core.plan.changes import Drift
+from engine_ctl.core.plan.decisions import internal_key_file
 from engine_ctl.core.plan.engines import engine_drift_detail
 from engine_ctl.core.record.model import ReplicaRecord, State
 from engine_ctl.core.render.guard import guard_name, guard_text, guarded_by
 from engine_ctl.core.unitsetup import drop_ins_detail, not_enabled_detail
 from engine_ctl.core.weights import checkout_dir
+from engine_ctl.providers import Provider
 
 
 def replica_drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host: HostFacts) -> list[Drift]:
@@ -46,6 +49,31 @@ def replica_drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host:
             out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="gpu-held",
                              detail=f"GPU {g.index} ({g.uuid}) is held by another process"))  # fmt: skip
     return out
+
+
+def replica_key_drift(
+    name: str, provider: Provider, record: ReplicaRecord, hf: HostFacts | None, sent: str | None
+) -> list[Drift]:
+    """Where a replica behind a gateway refuses the key its host holds, or its host holds another key than the
+    gateways send (its engine loads that one at its next start): apply writes the key and restarts it."""
+    key_file = internal_key_file(record.argv)
+    if hf is None or key_file is None:
+        return []
+    said = []
+    answer = hf.key_checks.get(str(record.port))
+    if answer in REFUSED:
+        said.append(f"it refuses the key its host holds (HTTP {answer} to GET {KEY_CHECK_PATH})")
+    if sent is not None:
+        for path in key_forms(provider):
+            if path not in hf.replica_keys:  # not read (the probe's user may not read it): no verdict
+                continue
+            held = hf.replica_keys[path]
+            if held is None or sent not in held:
+                said.append(f"{path} is missing" if held is None else f"{path} holds another key")
+    if not said:
+        return []
+    detail = f"internal key: {'; '.join(said)}; apply writes the key and restarts it, drained first"
+    return [Drift(host=record.host, unit=record.unit, deployment=name, kind="internal-key", detail=detail)]
 
 
 def checkpoint_drift(name: str, record: ReplicaRecord, model: Model | None, entry: Host | None,

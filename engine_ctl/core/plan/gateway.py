@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from engine_ctl.core.documents.apikey import RATE_RANGE, SHA256_HEX
 from engine_ctl.core.documents.inventory import DEFAULT_GATEWAY_THREADS, GatewaySettings, Host, Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.internalkey import gateway_key_drift, key_sent
 from engine_ctl.core.model import ApiKey
 from engine_ctl.core.names import deployment_name_ok
 from engine_ctl.core.record.model import DeploymentRecord, State
@@ -297,6 +298,7 @@ def plan_gateways(
     held = sorted(n for n, rec in state.deployments.items() if deleted(rec) and n not in after)
     out: list[GatewayChange] = []
     drift: list[dict[str, str]] = []
+    sent = key_sent(inventory.gateways(), facts)
     for host in inventory.gateways():
         final = render_for(host, after, sizing, keys, hosts, inventory.gateway, stopped, held)
         interim = render_for(host, union, sizing, keys, hosts, inventory.gateway, stopped, held)
@@ -319,6 +321,7 @@ def plan_gateways(
         found += runtime_drift(host.name, final.maps, hf)
         found += address_drift(host.name, record.config, hf)
         found += set_aside_drift(host.name, state, hf)
+        found += gateway_key_drift(host.name, hf, sent)
         drift.extend(found)
         # on-demand servers as the recorded configuration had them: whether the scaler runs them is not a change
         was = render_for(host, as_recorded(after, record.config), sizing, keys, hosts, inventory.gateway, stopped,

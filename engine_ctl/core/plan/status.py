@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.internalkey import KEY_CHECK_PATH, REFUSED
 from engine_ctl.core.model import DesiredState
 from engine_ctl.core.plan.capabilities import capabilities, plan_extras
 from engine_ctl.core.plan.decisions import decided_facts
@@ -238,7 +239,12 @@ def _instance_status(r: ReplicaRecord, facts: HostFacts | None, loading: frozens
         error = f"restarted {restarts} time(s), last: {status}"
     if unit.last_crash:  # the unit's own record of its crashes (NRestarts starts again once it serves)
         error = f"crashed {len(unit.exits)} time(s), last {unit.last_crash}"
-    if unit.active_state == "active" and health == "200":
+    refused = facts.key_checks.get(str(r.port))
+    if unit.active_state == "active" and health == "200" and refused in REFUSED:  # no request of a gateway gets in
+        state = "failed"
+        error = (f"it refuses the internal key the gateways send (HTTP {refused} to GET {KEY_CHECK_PATH} with its "
+                 "host's key): engine-ctl apply restarts it")  # fmt: skip
+    elif unit.active_state == "active" and health == "200":
         state = "ready"
     elif unit.active_state in ("activating", "reloading") or (unit.active_state == "active" and health in loading):
         state = "starting"

@@ -10,6 +10,7 @@ from engine_ctl.core.fit.fitting import largest_cores, largest_gpu_host
 from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
 from engine_ctl.core.fit.placement import HostRanking, Reserved, Taken, crowded, replica_threads
 from engine_ctl.core.fit.runspec import FitPlan, Member, Placement
+from engine_ctl.core.internalkey import key_sent
 from engine_ctl.core.plan.engines import engine_refusals
 from engine_ctl.core.record.model import ReplicaRecord, State
 from engine_ctl.providers import Provider
@@ -26,6 +27,8 @@ class Hosts:
     units: dict[str, dict[str, UnitFact]] = field(default_factory=dict)
     lacking_weights: list[HostFacts] = field(default_factory=list)
     """The hosts whose facts report a model file that is missing or not valid."""
+    key_sent: str | None = None
+    """The fingerprint of the internal key the gateways send (core.internalkey.key_sent); None: none yet."""
     _largest: dict[tuple[str, ...], HostFacts | None] = field(default_factory=dict)
     _cores: dict[tuple[str, ...], int] = field(default_factory=dict)
     _refused: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
@@ -40,6 +43,7 @@ class Hosts:
             reached=reached,
             units={name: {u.name: u for u in f.units} for name, f in facts.items()},
             lacking_weights=[h for h in reached if h.model_problems],
+            key_sent=key_sent(inventory.gateways(), facts),
         )
 
     def unit(self, host: str, name: str) -> UnitFact | None:

@@ -112,12 +112,18 @@ class GatewayApply:
             self.record(mark, f"gateway {g.host}")
 
     def _internal_key(self) -> tuple[str, str | None]:
-        """The key the gateways already share (and the next one, during a rotation), or a new one (256 bits). It
-        never leaves the hosts and this process: not in a plan, the state or a log."""
+        """The key the gateways already share (and the next one, during a rotation): the first gateway's key file's,
+        else (a key file deleted by hand) the key the first running gateway sends, else a new one (256 bits), as
+        core.internalkey.key_sent fingerprints it for the plan. It never leaves the hosts and this process: not in
+        a plan, the state or a log."""
         for g in self.live:
             found, following = remote.read_internal_key(self._t(g.host))
             if found:
                 return found, following
+        for g in self.live:
+            running = remote.read_running_key(self._t(g.host))
+            if running:
+                return running, None
         return secrets.token_hex(32), None
 
     def _remove(self, g: GatewayChange) -> None:

@@ -4,6 +4,7 @@ dropping a connection, change its key maps and its servers' states over the stat
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import shlex
 import time
@@ -212,6 +213,15 @@ def read_internal_key(t: Transport) -> tuple[str | None, str | None]:
     files = " ".join(shlex.quote(p) for p in (GATEWAY_KEY, INTERNAL_ENV, REPLICA_KEY))
     result = t.run(["sh", "-c", f"for f in {files}; do [ -r $f ] && {{ cat $f; exit 0; }}; done; true"])
     return parse_gateway_key(result.stdout)
+
+
+def read_running_key(t: Transport, socket: str = ADMIN_SOCKET) -> str | None:
+    """The internal key a running gateway sends (its key map in memory), or None (not running, no key)."""
+    try:
+        answer = runtime(t, [f"show map {posixpath.dirname(socket)}/{INTERNAL_MAP_FILE}"], socket)[0]
+    except GatewayFailure:
+        return None
+    return parse_gateway_key("\n".join(line.split(" ", 1)[-1] for line in answer.splitlines()))[0]
 
 
 def internal_key_commands(map_name: str, key: str, following: str | None) -> list[str]:

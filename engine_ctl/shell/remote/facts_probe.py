@@ -857,8 +857,11 @@ HEALTH_TIMEOUT = 3.0
 HEAD_LIMIT = 65536
 
 
-def http_request(port: int, path: str, address: str = "127.0.0.1") -> bytes:
-    return ("GET %s HTTP/1.0\r\nHost: %s:%d\r\nConnection: close\r\n\r\n" % (path, address, port)).encode("ascii")
+def http_request(port: int, path: str, address: str = "127.0.0.1", key: str | None = None) -> bytes:
+    auth = "Authorization: Bearer %s\r\n" % key if key else ""
+    return ("GET %s HTTP/1.0\r\nHost: %s:%d\r\n%sConnection: close\r\n\r\n" % (path, address, port, auth)).encode(
+        "ascii"
+    )
 
 
 def parse_status_line(head: bytes) -> str:
@@ -870,7 +873,9 @@ def parse_status_line(head: bytes) -> str:
     return "down: not an HTTP response: %r" % line[:80]
 
 
-def http_status(port: int, path: str, timeout: float = HEALTH_TIMEOUT, address: str = "127.0.0.1") -> str:
+def http_status(
+    port: int, path: str, timeout: float = HEALTH_TIMEOUT, address: str = "127.0.0.1", key: str | None = None
+) -> str:
     """GET http://ADDRESS:PORT/PATH over a plain socket (urllib costs ~30 ms of imports): the HTTP status, or
     `down: why` (`[Errno 111] Connection refused`, `timed out`). Engines bind the host's inventory address."""
     import socket
@@ -878,7 +883,7 @@ def http_status(port: int, path: str, timeout: float = HEALTH_TIMEOUT, address: 
     head = b""
     try:
         with socket.create_connection((address, port), timeout=timeout) as s:
-            s.sendall(http_request(port, path, address))
+            s.sendall(http_request(port, path, address, key))
             while b"\r\n" not in head and len(head) < HEAD_LIMIT:
                 chunk = s.recv(4096)
                 if not chunk:
@@ -892,6 +897,80 @@ def http_status(port: int, path: str, timeout: float = HEALTH_TIMEOUT, address: 
 def health(checks: list[dict[str, Any]], address: str = "127.0.0.1") -> dict[str, str]:
     """GET each engine's health endpoint at the address engines bind: port -> the HTTP status, or why not."""
     return {str(c["port"]): http_status(int(c["port"]), str(c["path"]), address=address) for c in checks}
+
+
+# The internal key (engine_ctl.core.internalkey): fingerprints, never the key -----------------------------------
+
+FINGERPRINT_CONTEXT = b"engine-ctl internal key fingerprint\0"
+
+
+def key_fingerprint(key: str) -> str:
+    """engine_ctl.core.internalkey.key_fingerprint (the probe imports nothing of engine-ctl's)."""
+    return hashlib.sha256(FINGERPRINT_CONTEXT + key.encode()).hexdigest()[:16]
+
+
+def is_key(word: str) -> bool:
+    return len(word) == 64 and all(c in "0123456789abcdef" for c in word)
+
+
+def keys_in(text: str) -> list[str]:
+    """The keys in one of the internal key's forms (a key a line, `VLLM_API_KEY=<key>`, `api-key: <key>`), in
+    order: 64 lowercase hex digits each; anything else in the file is no key."""
+    found = []
+    for line in text.splitlines():
+        for word in line.replace("=", " ").replace(":", " ").replace('"', " ").replace("'", " ").split():
+            if is_key(word):
+                found.append(word)
+    return found
+
+
+def sent_key(text: str) -> str | None:
+    """The key a gateway sends, from its key map (`gateway <key>`, `next <key>`) or the older forms
+    (engine_ctl.core.render.gateway.parse_gateway_key)."""
+    for line in text.splitlines():
+        name, _, value = line.strip().replace("=", " ", 1).partition(" ")
+        value = value.strip() if value else name
+        if is_key(value) and name != "next":
+            return value
+    return None
+
+
+def read_secret(path: str) -> str | None:
+    """A root-only file's text; None where there is none; raises PermissionError where this user may not read it."""
+    try:
+        with open(path) as f:
+            return f.read(65536)
+    except FileNotFoundError:
+        return None
+
+
+def replica_keys(paths: Iterable[str]) -> dict[str, list[str] | None]:
+    """path -> the fingerprints of the keys in each form of the internal key on this host (None: no such file); a
+    file this user may not read is left out."""
+    out: dict[str, list[str] | None] = {}
+    for path in paths:
+        try:
+            text = read_secret(path)
+        except OSError:
+            continue
+        out[path] = None if text is None else [key_fingerprint(k) for k in keys_in(text)]
+    return out
+
+
+def key_checks(checks: list[dict[str, Any]], address: str = "127.0.0.1") -> dict[str, str]:
+    """port -> what a replica behind a gateway answers an authenticated GET sent with the key its host holds (the
+    first key of its key file): 200 when it accepts it, 401 when not; nothing for a port whose key is not read."""
+    out = {}
+    for check in checks:
+        try:
+            text = read_secret(str(check["key_file"]))
+        except OSError:
+            continue
+        key = (text or "").split()
+        out[str(check["port"])] = http_status(
+            int(check["port"]), str(check["path"]), address=address, key=key[0] if key else None
+        )
+    return out
 
 
 DECISION_TIMEOUT = 30.0
@@ -1004,6 +1083,40 @@ def gateway_maps(path: str = GATEWAY_SOCKET) -> dict[str, dict[str, str]] | None
     return out
 
 
+GATEWAY_KEY_FILES = (GATEWAY_DIR + "/internal.key", GATEWAY_DIR + "/internal.env", "/etc/engine-ctl/replica-key")
+"""Where a gateway host keeps the internal key, newest form first (engine_ctl.shell.gateway.runtime.read_internal_key
+reads them in this order)."""
+GATEWAY_RUN_DIR = "/run/engine-ctl-gateway"
+
+
+def gateway_key(
+    path: str = GATEWAY_SOCKET, files: Iterable[str] = GATEWAY_KEY_FILES, run_dir: str = GATEWAY_RUN_DIR
+) -> dict[str, str | None]:
+    """The internal key on this gateway host as fingerprints: "file" (its key file), "copy" (the run directory's
+    copy a reload reads) and "running" (the running gateway's map); None: no key there; left out: not read."""
+    out: dict[str, str | None] = {}
+    try:
+        texts = [read_secret(p) for p in files]
+        text = next((x for x in texts if x is not None), None)
+        sent = sent_key(text) if text is not None else None
+        out["file"] = key_fingerprint(sent) if sent else None
+    except OSError:
+        pass
+    internal_map = run_dir + "/internal.map"
+    if os.path.isdir(run_dir):
+        try:
+            text = read_secret(internal_map)
+            sent = sent_key(text) if text is not None else None
+            out["copy"] = key_fingerprint(sent) if sent else None
+        except OSError:
+            pass
+    answer = gateway_ask("show map " + internal_map, path)
+    entries = parse_show_map(answer) if answer is not None else None
+    if entries is not None:
+        out["running"] = key_fingerprint(entries["gateway"]) if is_key(entries.get("gateway", "")) else None
+    return out
+
+
 def gateway(directory: str = GATEWAY_DIR) -> dict[str, Any] | None:
     """engine-ctl's gateway on this host: its files' sha256 and each server's state; None where there is none."""
     import hashlib
@@ -1019,7 +1132,7 @@ def gateway(directory: str = GATEWAY_DIR) -> dict[str, Any] | None:
         return None
     stat = gateway_ask("show stat") or ""
     return {"files": files, "servers": parse_show_stat(stat), "addresses": parse_show_stat(stat, "addr"),
-            "maps": gateway_maps()}  # fmt: skip
+            "maps": gateway_maps(), "internal_key": gateway_key()}  # fmt: skip
 
 
 # The probe ------------------------------------------------------------------------------------------------------
@@ -1108,6 +1221,8 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "models": {p: model_entry(p) for p in args.get("model_paths", [])},
         "health": health(args.get("health", []), args.get("bind") or "127.0.0.1"),
         "decisions": decisions(args.get("decisions", []), args.get("bind") or "127.0.0.1"),
+        "key_checks": key_checks(args.get("key_checks", []), args.get("bind") or "127.0.0.1"),
+        "replica_keys": replica_keys(args.get("key_files", [])),
         "gateway": gateway(),
         "scaler": scaler_state(),
         "scaler_config": scaler_config(),
