@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from engine_ctl.cli.views.plan import replicas_line
 from engine_ctl.core.fit.hostfacts import UnitFact
 from engine_ctl.core.plan.gateway import _drift as gateway_drift
 from engine_ctl.core.plan.planner import make_plan
@@ -56,6 +57,7 @@ def test_a_replicas_drop_in_is_drift_and_an_always_on_one_not_enabled_is_too() -
         (rc,) = plan.changes[0].replicas
         # a unit that is only not enabled is enabled (started only if it does not run): nothing restarts
         assert rc.role == ("always-on" if kind == "disabled" else None)
+        assert replicas_line(plan) == "Replicas: 1 to repair.", "enabled again is a repair, not a start"
     enabled = facts[h.host].model_copy(update={"units": (unit.model_copy(update={"unit_file_state": "enabled"}),)})
     plan = make_plan(desired("gpus: 1"), state, world(enabled)[0], {h.host: enabled}, {"m": SHAPE})
     assert not plan.drift and not plan.has_changes

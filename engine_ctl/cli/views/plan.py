@@ -127,11 +127,13 @@ def host_memory_value(c: DeploymentChange) -> str:
 def replica_counts(plan: Plan) -> dict[str, int]:
     """Replicas this plan starts, replaces, repairs and removes, by REPLICA_VERBS (zero counts left out)."""
     counts: dict[str, int] = {}
+    disabled = {(d.host, d.unit) for d in plan.drift if d.kind == "disabled"}  # enabled again: a repair, no start
     for c in plan.changes:
         for r in c.replicas if c.changed else ():
             if r.role == "on-demand":  # min fell: it only stops being started at boot
                 continue
-            verb = "to start" if r.role == "always-on" else REPLICA_VERBS[tuple(r.action)]  # min rose: started
+            rose = r.role == "always-on" and (r.host, r.unit) not in disabled  # min rose: started
+            verb = "to start" if rose else REPLICA_VERBS[tuple(r.action)]
             verb = "to install" if r.on_demand and r.actions == CREATE else verb
             counts[verb] = counts.get(verb, 0) + 1
     return {verb: counts[verb] for verb in REPLICA_VERBS.values() if verb in counts}
