@@ -318,6 +318,23 @@ def test_an_internal_key_a_replica_or_the_gateway_lacks_is_drift_and_apply_gives
     assert again.returncode == 0, again.stdout + again.stderr
 
 
+def test_a_gateway_without_its_admin_socket_is_drift_and_apply_restarts_it(truth: Truth) -> None:
+    """The socket file removed (by hand, or a cleaner of /run): the gateway serves on, but nothing can check its keys
+    in memory or drain a replica through it. Before, plan said "No changes" and the next roll failed on it."""
+    truth.fleet.ssh(truth.gateway, f"rm -f {SOCKET}")
+    assert truth.ask("tb", KEY_ALL)[0] == 200
+    plan = truth.cli("plan", "--detailed-exitcode")
+    said = plan.stdout + plan.stderr
+    assert plan.returncode == 2, said
+    assert f"the gateway on {truth.gateway.name} runs but does not answer on its admin socket ({SOCKET})" in said, said
+    applied = truth.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert truth.fleet.ssh(truth.gateway, f"test -S {SOCKET}", check=False).returncode == 0
+    assert truth.ask("tb", KEY_ALL)[0] == 200
+    again = truth.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
 def killed_in_the_roll(truth: Truth, needle: str = "no room for a surge", nth: int = 2) -> str:
     """apply, killed with SIGKILL right after its `nth` line that says `needle`; what it printed."""
     proc = subprocess.Popen(truth.argv("apply", "--auto-approve"), stdout=subprocess.PIPE,

@@ -240,6 +240,7 @@ def gateway_applied(p: Plan, state: State, facts: dict[str, HostFacts]) -> tuple
         )  # fmt: skip
         facts[g.host] = facts[g.host].model_copy(update={
             "gateway_files": final.file_sha256,
+            "gateway_maps": {},  # it answers on its admin socket
             "units": (UnitFact(name=GATEWAY_UNIT, sha256=final.unit_sha256, active_state="active"),
                       *([UnitFact(name=SCALER_UNIT, active_state="active")] if p.scaler else [])),
         })  # fmt: skip

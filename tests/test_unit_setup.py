@@ -76,12 +76,20 @@ def test_an_on_demand_replica_is_disabled_by_design() -> None:
 def test_the_gateways_and_the_scalers_units_with_drop_ins_or_not_enabled_are_drift() -> None:
     unit = UnitFact(name=GATEWAY_UNIT, sha256="a" * 64, active_state="active", unit_file_state="enabled")
     h = h100x8()
-    clean = h.model_copy(update={"units": (unit,)})
+    clean = h.model_copy(update={"units": (unit,), "gateway_maps": {}})  # it answers on its admin socket
     assert gateway_drift("g1", {}, "a" * 64, clean) == []
     edited = unit.model_copy(update={"drop_ins": ("/etc/systemd/system/engine-ctl-gateway.service.d/x.conf",),
                                      "unit_file_state": "disabled"})  # fmt: skip
-    found = gateway_drift("g1", {}, "a" * 64, h.model_copy(update={"units": (edited,)}))
+    found = gateway_drift("g1", {}, "a" * 64, h.model_copy(update={"units": (edited,), "gateway_maps": {}}))
     assert [d["kind"] for d in found] == ["drop-in", "disabled"]
+    (deaf,) = gateway_drift("g1", {}, "a" * 64, h.model_copy(update={"units": (unit,), "gateway_maps": None}))
+    assert deaf == {"host": "g1", "kind": "unanswered", "detail": "the gateway on g1 runs but does not answer on its "
+                    "admin socket (/run/engine-ctl-gateway/admin.sock): its keys in memory cannot be checked, and no "
+                    "roll can drain a replica through it; apply restarts it"}  # fmt: skip
+    stopped = unit.model_copy(update={"active_state": "inactive"})
+    assert [d["kind"] for d in gateway_drift("g1", {}, "a" * 64, h.model_copy(update={"units": (stopped,)}))] == [
+        "stopped"
+    ], "a gateway that does not run is stopped, not deaf"
     assert "engine-ctl-gateway.service.d/x.conf" in found[0]["detail"] and "apply enables it" in found[1]["detail"]
 
     scaler = UnitFact(name=SCALER_UNIT, sha256="b" * 64, active_state="active", unit_file_state="enabled")

@@ -102,14 +102,21 @@ def drop_ins_removal(*units: str) -> str:
             f"[ -z \"$_ectl_dropped\" ] || {{ echo {shlex.quote(DROPPED)}; {daemon_reload()}; }}; ")  # fmt: skip
 
 
-def unit_setup_argv(unit: str) -> list[str]:
+NO_SOCKET = "engine-ctl: no socket"
+"""What unit_setup_argv prints when the unit runs without the socket it was asked about."""
+
+
+def unit_setup_argv(unit: str, socket: str | None = None) -> list[str]:
     """What the unit says is what runs: the drop-ins that change it removed (drop_ins_removal: DROPPED printed if
     there were any) and, once its file is installed, enabled (it starts at boot; with systemd's reload, only when it
     was not, so that systemd's own UnitFileState says so). Its exit status is whether the unit runs (is_active),
-    asked in the same exec."""
+    asked in the same exec; where it runs, NO_SOCKET is printed if `socket` (its admin socket) is not there."""
     q, path = shlex.quote(unit), shlex.quote(f"{UNIT_DIR}/{unit}")
     enable = f'[ ! -f {path} ] || [ "$(systemctl is-enabled {q})" = enabled ] || systemctl enable --quiet {q}'
-    return ["sh", "-c", drop_ins_removal(unit) + enable + f"; systemctl is-active --quiet {q}"]
+    running = f"systemctl is-active --quiet {q}"
+    if socket is not None:
+        running = f"if {running}; then [ -S {shlex.quote(socket)} ] || echo '{NO_SOCKET}'; else exit 3; fi"
+    return ["sh", "-c", drop_ins_removal(unit) + enable + "; " + running]
 
 
 def journal_argv(

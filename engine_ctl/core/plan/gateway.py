@@ -21,6 +21,7 @@ from engine_ctl.core.model import ApiKey
 from engine_ctl.core.names import deployment_name_ok
 from engine_ctl.core.record.model import DeploymentRecord, State
 from engine_ctl.core.render.gateway import (
+    ADMIN_SOCKET,
     CONFIG_FILE,
     DRAIN_TIMEOUT_S,
     GATEWAY_UNIT,
@@ -381,6 +382,10 @@ def _drift(host: str, files: Mapping[str, str], unit_sha: str, hf: HostFacts | N
         out.append({"host": host, "kind": "edited", "detail": f"{GATEWAY_UNIT} edited by hand on {host}"})
     elif unit.active_state != "active":
         out.append({"host": host, "kind": "stopped", "detail": f"{GATEWAY_UNIT} is {unit.active_state} on {host}"})
+    elif hf.gateway_maps is None:
+        out.append({"host": host, "kind": "unanswered", "detail": f"the gateway on {host} runs but does not answer "
+                    f"on its admin socket ({ADMIN_SOCKET}): its keys in memory cannot be checked, and no roll can "
+                    "drain a replica through it; apply restarts it"})  # fmt: skip
     if unit is not None and unit.drop_ins:
         out.append({"host": host, "kind": "drop-in", "detail": drop_ins_detail(GATEWAY_UNIT, host, unit.drop_ins)})
     if unit is not None and unit.sha256 is not None and unit.unit_file_state not in (None, "enabled"):

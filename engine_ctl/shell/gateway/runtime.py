@@ -35,7 +35,7 @@ from engine_ctl.core.render.gateway import (
     state_across_reload,
 )
 from engine_ctl.shell import shipped
-from engine_ctl.shell.systemd import DROPPED, UNIT_DIR, is_active, last_words, reload_then, unit_setup_argv
+from engine_ctl.shell.systemd import DROPPED, NO_SOCKET, UNIT_DIR, is_active, last_words, reload_then, unit_setup_argv
 from engine_ctl.shell.transport import LocalTransport, SSHTransport, python_argv
 
 Transport = SSHTransport | LocalTransport
@@ -246,8 +246,8 @@ def set_internal_key(t: Transport, key: str, following: str | None, socket: str 
     text, name = gateway_key_text(key, following), f"{RUN_DIR}/{INTERNAL_MAP_FILE}"
     t.run(["sh", "-c", RUN_DIR_LINK])
     write_secrets(t, {GATEWAY_KEY: text, name: text}, owned=[name])
-    if t.run(is_active(GATEWAY_UNIT)).exit_code != 0:
-        return
+    if t.run(["sh", "-c", f"{shlex.join(is_active(GATEWAY_UNIT))} && [ -S {shlex.quote(socket)} ]"]).exit_code != 0:
+        return  # not running, or with no admin socket (install restarts it): it reads the file when it starts
     answer = runtime(t, internal_key_commands(name, key, following), socket)[0].strip()
     if "nknown map" in answer:  # a gateway of an older engine-ctl (its key in its environment): its reload follows
         return
@@ -291,13 +291,13 @@ def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> 
         t.put(f"{UNIT_DIR}/{GATEWAY_UNIT}", rendered.unit_text.encode(), 0o644)
     # what the unit says is what runs: drop-ins that change it removed (then a restart: a reload keeps the
     # process's environment and command line), and enabled, so that it starts at boot
-    setup = t.run(unit_setup_argv(GATEWAY_UNIT))  # one exec: set up, then whether it runs
+    setup = t.run(unit_setup_argv(GATEWAY_UNIT, ADMIN_SOCKET))  # one exec: set up, then whether it runs
     dropped, active = DROPPED in setup.stdout, setup.exit_code == 0
     reload_files = [n for n in rendered.files if n not in RUNTIME_MAPS]
     if not active:
         start_gateway(t)
         return "started"
-    if dropped:
+    if dropped or NO_SOCKET in setup.stdout:  # a running gateway with no admin socket: only a restart makes one
         save_server_state(t, rendered.files[START_STATE_FILE])
         _ok(t, reload_then("restart", GATEWAY_UNIT), "restarting the gateway", unit=True)
         set_maps(t, rendered.maps, wait_s=15)
