@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 
 import pytest
 
@@ -121,4 +122,33 @@ def test_a_checkpoint_changed_on_its_host_is_a_change_apply_fetches_it_again_and
     assert after["unit"] == served["unit"] and after["checkpoint_digest"] == served["checkpoint_digest"]
     assert p.main_pid(after) != before and p.chat(after)["model"] == p.name  # restarted on the repaired weights
     again = p.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0 and NO_CHANGES in again.stdout, again.stdout + again.stderr
+
+
+def test_weights_written_at_a_path_after_the_replica_started_are_drift_and_apply_restarts_it(project: Project) -> None:
+    """A `path:` model has no digest: the file replaced in place (a new quantisation copied over the old one) leaves
+    the engine serving what it loaded at its start. Before, plan said "No changes"; now the write after the start
+    is drift (the file's mtime against systemd's start of the replica's main process), apply restarts the replica,
+    and the next plan is empty. A file only read (the probe, the engine) moves nothing."""
+    for h in project.fleet.hosts:
+        project.fleet.ssh(h, f"cp -p {MODELS_DIR}/tiny/tiny.gguf {MODELS_DIR}/tiny/written.gguf")
+    project.write("context_length: 512", model_file="written.gguf")
+    project.cli("apply", "--auto-approve", check=True)
+    assert project.cli("plan", "--detailed-exitcode").returncode == 0
+    (served,) = project.replicas()
+    host, before = project.host_of(served), project.main_pid(served)
+    time.sleep(1.5)  # past the second of slack either side of the replica's start
+    path = f"{MODELS_DIR}/tiny/written.gguf"
+    project.fleet.ssh(host, f"cp {MODELS_DIR}/tiny/tiny.gguf {path}.new && mv {path}.new {path}")
+    planned = project.cli("plan", "--detailed-exitcode")
+    said = planned.stdout + planned.stderr
+    assert planned.returncode == 2, said
+    assert f"the weights at {path} were written after the replica started (written " in said, said
+    assert "it serves what it loaded; apply restarts it on them" in said and NO_CHANGES not in said
+    applied = project.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    (after,) = project.replicas()
+    assert after["unit"] == served["unit"] and project.main_pid(after) != before
+    assert project.health(after) == 200
+    again = project.cli("plan", "--detailed-exitcode")
     assert again.returncode == 0 and NO_CHANGES in again.stdout, again.stdout + again.stderr

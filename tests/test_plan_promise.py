@@ -9,6 +9,7 @@ deployment that no apply can serve now: Failed, or Pending.
 - A CPU replica whose weights alone exceed what any host has is Pending with the seed's reason, never placed on
   the biggest host as a whole_host first start (point 10).
 - A changed checkpoint digest is a change: the replica is repaired (fetched again, restarted), exit 2 (point 4).
+- Weights written at a `path:` model's path after its replica started are a change too: it is restarted on them.
 """
 
 from __future__ import annotations
@@ -212,3 +213,52 @@ def test_the_probe_says_a_gguf_header_of_random_bytes_is_not_a_valid_gguf_file(t
     (tmp_path / "random.gguf").write_bytes(b"GGUF" + random.Random(24).randbytes(65536))
     said = facts_probe.model_metadata(str(tmp_path / "random.gguf"))
     assert said == {"error": "not a valid GGUF file (unknown GGUF version 3059489832)"}, said
+
+
+def test_weights_written_after_the_replica_started_are_a_repair_and_exit_2() -> None:
+    d = desired("path: m/m.gguf")
+    hosts = {"h1": cpu_host("h1")}
+    state, hosts = applied(plan(d, State(), hosts, SHAPE), State(), hosts)
+    (unit,) = hosts["h1"].units
+    path = "/srv/models/m/m.gguf"
+
+    def at(written: float | None, started: float | None, active: str = "active") -> Plan:
+        now = unit.model_copy(update={"started_at": started, "active_state": active})
+        mtimes = {path: written} if written is not None else {}
+        found = {"h1": hosts["h1"].model_copy(update={"units": (now,), "model_mtimes": mtimes})}
+        return plan(d, state, found, SHAPE)
+
+    for quiet in (at(900.0, 1000.0), at(1000.9, 1000.0), at(None, 1000.0), at(2000.0, None)):
+        assert not quiet.has_changes and not quiet.drift, plan_text(quiet)
+    p = at(1_796_500_000.0, 1_796_400_000.0)
+    (drift,) = p.drift
+    assert (drift.kind, drift.unit) == ("weights-changed", unit.name)
+    assert drift.detail == (f"the weights at {path} were written after the replica started (written 2026-12-05 "
+                            "19:46:40 UTC, started 2026-12-04 16:00:00 UTC): it serves what it loaded; apply "
+                            "restarts it on them")  # fmt: skip
+    (change,) = p.changes
+    (repair,) = change.replicas
+    assert repair.action == ["update"] and p.has_changes and not p.problems
+    stopped = at(1_796_500_000.0, 1_796_400_000.0, active="inactive")
+    assert "weights-changed" not in [x.kind for x in stopped.drift], "a stopped replica loads them when it starts"
+
+
+def test_the_probe_reports_when_weights_were_written_never_a_time_ahead_of_its_clock(tmp_path: Path) -> None:
+    import os
+    import time
+
+    from engine_ctl.shell.remote.facts_probe import newest_mtime
+
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF")
+    os.utime(f, (1000, 1000))
+    assert newest_mtime(str(f)) == 1000.0
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    for name, at in (("a.safetensors", 2000), ("config.json", 3000), (".engine-ctl-checkpoint.json", 9000)):
+        (d / name).write_text("x")
+        os.utime(d / name, (at, at))
+    assert newest_mtime(str(d)) == 3000.0, "the newest weight file; engine-ctl's marker is none"
+    os.utime(f, (time.time() + 3600, time.time() + 3600))
+    assert newest_mtime(str(f)) is None, "a file server's clock ahead of this host's"
+    assert newest_mtime(str(tmp_path / "absent")) is None

@@ -173,6 +173,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
             header=parse_unit_header([str(x) for x in u.get("header") or []]),
             body_sha256=u.get("body_sha256"),
             exits=tuple(str(x) for x in u.get("exits") or []),
+            started_at=u.get("started_at") if isinstance(u.get("started_at"), (int, float)) else None,
         )
         for u in doc.get("units") or []
     )
@@ -182,6 +183,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
     models: dict[str, ModelFacts] = {}
     problems: dict[str, str] = {}
     checkpoints: dict[str, str] = {}
+    mtimes: dict[str, float] = {}
     for path, entry in (doc.get("models") or {}).items():
         found = facts_from_model_probe(entry)
         if entry.get("writable"):
@@ -190,6 +192,8 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
             models[path] = found
         else:
             problems[path] = "not found" if entry.get("missing") else str(entry.get("error"))
+        if isinstance(entry.get("mtime"), (int, float)):
+            mtimes[path] = float(entry["mtime"])
         measured = entry.get("checkpoint") or {}
         if measured.get("digest"):
             checkpoints[str(measured["dir"])] = str(measured["digest"])
@@ -198,6 +202,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         models=models,
         model_problems=problems,
         checkpoints=checkpoints,
+        model_mtimes=mtimes,
         health={str(k): str(v) for k, v in (doc.get("health") or {}).items()},
         decisions={
             str(k): {"status": str(v.get("status")), "body": str(v.get("body", ""))}

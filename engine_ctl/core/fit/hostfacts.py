@@ -79,6 +79,9 @@ class UnitFact(Fact):
     secret are hidden in it (engine_ctl.core.plan.unitdiff.hide_secrets). sha256 is the file's own."""
     header: UnitHeader | None = None
     """What the unit's engine-ctl header says (deployment, revision, lineage, …); None without one."""
+    started_at: float | None = None
+    """When its main process started (Unix time, from systemd's ExecMainStartTimestampMonotonic); None: never, or
+    an older probe."""
     exits: tuple[str, ...] = ()
     """Its last exits other than a stop, oldest first, as its unit records them: `epoch result code status`
     (`1733312345 signal killed SEGV`: a crash by SIGSEGV). Kept until the host reboots."""
@@ -179,6 +182,9 @@ class HostFacts(Fact):
     models: dict[str, ModelFacts] = Field(default_factory=dict)
     """Model metadata read on the host, by path (for the paths asked for)."""
     model_problems: dict[str, str] = Field(default_factory=dict)
+    model_mtimes: dict[str, float] = Field(default_factory=dict)
+    """path -> when the weights there were last written (Unix time; the newest file of a directory), for the paths
+    asked for: weights written after a replica started are not the weights it serves."""
     checkpoints: dict[str, str] = Field(default_factory=dict)
     """An hf: checkout's directory -> its checkpoint digest, measured on the host (for the paths asked for)."""
     health: dict[str, str] = Field(default_factory=dict)
@@ -199,7 +205,7 @@ class HostFacts(Fact):
             exclude={
                 "gpus": {"__all__": {"memory_used_bytes"}},
                 # the text: its sha256 is there; unit_file_state: only import reads it, no plan depends on it
-                "units": {"__all__": {"main_pid", "n_restarts", "text", "unit_file_state", "exits"}},
+                "units": {"__all__": {"main_pid", "n_restarts", "text", "unit_file_state", "exits", "started_at"}},
             },
         )
         stable["memory_total"] = self.memory.total_bytes

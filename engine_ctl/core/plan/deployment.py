@@ -37,7 +37,13 @@ from engine_ctl.core.plan.changes import (
 )  # fmt: skip
 from engine_ctl.core.plan.decisions import decisions_refusals
 from engine_ctl.core.plan.diff import Names, changed_fields, spec_digest
-from engine_ctl.core.plan.drift import checkpoint_drift, guard_drift, replica_drift, replica_key_drift
+from engine_ctl.core.plan.drift import (
+    checkpoint_drift,
+    guard_drift,
+    replica_drift,
+    replica_key_drift,
+    weights_written_drift,
+)
 from engine_ctl.core.plan.engines import member_engine_drift_detail
 from engine_ctl.core.plan.ownership import as_recorded
 from engine_ctl.core.plan.world import Allocation, Hosts, recorded_placement
@@ -434,7 +440,10 @@ def keep_replica(t: Target, current: ReplicaRecord) -> bool:
     seen = current.model_copy(update={"on_demand": True}) if on_demand else current  # its activity: not drift
     found = replica_drift(t.d.name, seen, t.hosts.unit(current.host, current.unit), facts)
     found += guard_drift(t.d.name, seen, unit_now.text, facts)
-    found += checkpoint_drift(t.d.name, current, t.model, t.hosts.inventory.get(current.host), facts)
+    entry = t.hosts.inventory.get(current.host)
+    weights = checkpoint_drift(t.d.name, current, t.model, entry, facts)
+    unit = t.hosts.unit(current.host, current.unit)
+    found += weights or weights_written_drift(t.d.name, current, t.model, entry, facts, unit)
     found += group_drift(t, current)
     found += replica_key_drift(t.d.name, t.provider, current, facts, t.hosts.key_sent)
     t.drift.extend(found)

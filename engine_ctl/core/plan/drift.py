@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from datetime import UTC, datetime
 
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.hostfacts import BUSY_BYTES, HostFacts, UnitFact
@@ -15,6 +16,7 @@ from engine_ctl.core.plan.decisions import internal_key_file
 from engine_ctl.core.plan.engines import engine_drift_detail
 from engine_ctl.core.record.model import ReplicaRecord, State
 from engine_ctl.core.render.guard import guard_name, guard_text, guarded_by
+from engine_ctl.core.render.units import model_path_on_host
 from engine_ctl.core.unitsetup import drop_ins_detail, not_enabled_detail
 from engine_ctl.core.weights import checkout_dir
 from engine_ctl.providers import Provider
@@ -91,6 +93,30 @@ def checkpoint_drift(name: str, record: ReplicaRecord, model: Model | None, entr
     detail = (f"the checkpoint digest of {hf.repo}@{hf.commit[:12]} at {dest} changed: recorded "
               f"{record.checkpoint_digest[:12]}, measured {now[:12]}")  # fmt: skip
     return [Drift(host=record.host, unit=record.unit, deployment=name, kind="weights-changed", detail=detail)]
+
+
+def weights_written_drift(name: str, record: ReplicaRecord, model: Model | None, entry: Host | None,
+                          host: HostFacts | None, fact: UnitFact | None) -> list[Drift]:  # fmt: skip
+    """Weights written at the model's path after the replica's engine started (a file replaced in place, a
+    checkpoint updated): the engine serves what it loaded, not what the path holds now. Apply restarts it. A file
+    time ahead of its host's clock is not reported by the probe (a file server's skew, not a change)."""
+    if model is None or entry is None or host is None or fact is None or fact.active_state != "active":
+        return []
+    path = model_path_on_host(model, entry)
+    written, started = host.model_mtimes.get(path), fact.started_at
+    if written is None or started is None or written <= started + WRITTEN_SLACK_S:
+        return []
+    detail = (f"the weights at {path} were written after the replica started (written {_utc(written)}, started "
+              f"{_utc(started)}): it serves what it loaded; apply restarts it on them")  # fmt: skip
+    return [Drift(host=record.host, unit=record.unit, deployment=name, kind="weights-changed", detail=detail)]
+
+
+WRITTEN_SLACK_S = 1.0
+"""The start time is systemd's monotonic stamp made wall-clock time by the probe: a second either way is noise."""
+
+
+def _utc(at: float) -> str:
+    return datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def guard_drift(name: str, record: ReplicaRecord, unit_text: str, host: HostFacts) -> list[Drift]:

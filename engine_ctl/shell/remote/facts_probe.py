@@ -10,12 +10,14 @@ Hosts may run an older Python than engine-ctl: this file keeps to Python 3.7's g
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
 import struct
 import subprocess
 import sys
+import time
 
 from engine_ctl.shell.remote.haproxy_admin import haproxy_ask  # shipped: this line becomes haproxy_admin.py
 
@@ -159,6 +161,7 @@ UNIT_DIR = "/etc/systemd/system"
 UNIT_TEXT_LIMIT = 256 * 1024  # engine_ctl.core.fit.hostfacts.UNIT_TEXT_LIMIT: a unit's text past it is not sent
 UNIT_PROPERTIES = (
     "Id", "ActiveState", "SubState", "NRestarts", "MainPID", "ExecMainStatus", "Result", "UnitFileState", "DropInPaths",
+    "ExecMainStartTimestampMonotonic",
 )  # fmt: skip
 SYSTEMD_LIBRARY = "libsystemd-shared-"
 
@@ -269,8 +272,12 @@ def units(prefix: str, unit_dir: str = UNIT_DIR) -> list[dict[str, Any]]:
         return []
     shown = parse_systemctl_show(run(systemctl_show_argv(files))["out"])
     out: list[dict[str, Any]] = [dict(fields, **files.get(fields["Id"], {})) for fields in shown]
+    wall_at_zero = time.time() - time.monotonic()  # systemd's monotonic timestamps are CLOCK_MONOTONIC's
     for u in out:
         u["exits"] = exits(u["Id"])
+        started = u.get("ExecMainStartTimestampMonotonic", "")
+        if started.isdigit() and int(started) > 0:
+            u["started_at"] = round(wall_at_zero + int(started) / 1e6, 3)
     seen = {u["Id"] for u in out}
     return out + [dict(files[n], Id=n) for n in files if n not in seen]
 
@@ -838,9 +845,28 @@ def writable_by_others(path: str) -> str | None:
     return None
 
 
+def newest_mtime(path: str, limit: int = 5000) -> float | None:
+    """When the weights at `path` were last written: the file's mtime, or the newest of a checkpoint directory's
+    files (its top level, dot-files left out); None for a time ahead of this host's clock (a file server's skewed
+    clock, never a change seen after a start)."""
+    try:
+        if os.path.isdir(path):
+            entries = itertools.islice(os.scandir(path), limit)  # a dot-file (engine-ctl's marker) is no weight
+            times = [e.stat().st_mtime for e in entries if e.is_file() and not e.name.startswith(".")]
+            newest = max(times) if times else None
+        else:
+            newest = os.stat(path).st_mtime
+    except OSError:
+        return None
+    return round(newest, 3) if newest is not None and newest <= time.time() else None
+
+
 def model_entry(path: str) -> dict[str, Any]:
-    """model_metadata, with the checkpoint digest of a fetched hf: checkout and a path others may write."""
+    """model_metadata, with the checkpoint digest of a fetched hf: checkout, a path others may write and when the
+    weights were last written."""
     out = model_metadata(path)
+    if not out.get("missing"):
+        out["mtime"] = newest_mtime(path)
     found = checkpoint_digest(path) if not out.get("missing") else None
     if found is not None:
         out["checkpoint"] = found
