@@ -152,3 +152,24 @@ def test_weights_written_at_a_path_after_the_replica_started_are_drift_and_apply
     assert project.health(after) == 200
     again = project.cli("plan", "--detailed-exitcode")
     assert again.returncode == 0 and NO_CHANGES in again.stdout, again.stdout + again.stderr
+
+
+def test_an_engine_stopped_by_sigstop_is_drift_and_apply_restarts_it(project: Project) -> None:
+    """The unit stays active and its port open while the engine answers nothing. Before, plan said "No changes"."""
+    project.write("context_length: 512")
+    project.cli("apply", "--auto-approve", check=True)
+    (served,) = project.replicas()
+    host, before = project.host_of(served), project.main_pid(served)
+    project.fleet.ssh(host, f"kill -STOP {before}")
+    planned = project.cli("plan", "--detailed-exitcode")
+    said = planned.stdout + planned.stderr
+    assert planned.returncode == 2, said
+    assert f"{served['unit']} runs on {host.name} but its engine (PID {before}) is stopped by a signal" in said, said
+    status = project.cli("status")
+    assert "stopped by a signal (SIGSTOP)" in status.stdout + status.stderr, status.stdout + status.stderr
+    applied = project.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    (after,) = project.replicas()
+    assert project.main_pid(after) != before and project.health(after) == 200
+    again = project.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0 and NO_CHANGES in again.stdout, again.stdout + again.stderr

@@ -262,3 +262,46 @@ def test_the_probe_reports_when_weights_were_written_never_a_time_ahead_of_its_c
     os.utime(f, (time.time() + 3600, time.time() + 3600))
     assert newest_mtime(str(f)) is None, "a file server's clock ahead of this host's"
     assert newest_mtime(str(tmp_path / "absent")) is None
+
+
+def test_an_engine_stopped_by_a_signal_is_drift_and_status_says_it_serves_nothing() -> None:
+    """SIGSTOP leaves the unit active and its health check unanswered: not "No changes", not "starting"."""
+    from engine_ctl.core.plan.status import deployment_status
+
+    d = desired("path: m/m.gguf")
+    hosts = {"h1": cpu_host("h1")}
+    state, hosts = applied(plan(d, State(), hosts, SHAPE), State(), hosts)
+    (unit,) = hosts["h1"].units
+    for letter in ("S", "R", "D", None):
+        running = {"h1": hosts["h1"].model_copy(update={"units": (unit.model_copy(update={"process_state": letter}),)})}
+        assert not plan(d, state, running, SHAPE).has_changes, letter
+    stopped = unit.model_copy(update={"process_state": "T", "main_pid": 4242})
+    found = {"h1": hosts["h1"].model_copy(update={"units": (stopped,), "health": {}})}
+    p = plan(d, state, found, SHAPE)
+    (drift,) = p.drift
+    assert (drift.kind, drift.detail) == ("stopped", f"{unit.name} runs on h1 but its engine (PID 4242) is stopped by "
+                                          "a signal (SIGSTOP): it answers nothing; apply restarts it")  # fmt: skip
+    assert p.changes[0].replicas[0].action == ["update"] and p.has_changes
+    (instance,) = deployment_status(state.deployments["chat"], found).instances
+    assert instance.state == "failed" and "stopped by a signal (SIGSTOP)" in (instance.last_error or "")
+
+
+def test_the_probe_reads_a_processs_state_letter() -> None:
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from engine_ctl.shell.remote.facts_probe import process_state
+
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        time.sleep(0.2)
+        assert process_state(str(child.pid)) == "S"
+        os.kill(child.pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        assert process_state(str(child.pid)) == "T"
+    finally:
+        child.kill()
+        child.wait()
+    assert process_state("0") is None and process_state("") is None and process_state("999999999") is None

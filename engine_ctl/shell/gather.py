@@ -174,6 +174,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
             body_sha256=u.get("body_sha256"),
             exits=tuple(str(x) for x in u.get("exits") or []),
             started_at=u.get("started_at") if isinstance(u.get("started_at"), (int, float)) else None,
+            process_state=str(u["process_state"]) if u.get("process_state") else None,
         )
         for u in doc.get("units") or []
     )

@@ -79,6 +79,9 @@ class UnitFact(Fact):
     secret are hidden in it (engine_ctl.core.plan.unitdiff.hide_secrets). sha256 is the file's own."""
     header: UnitHeader | None = None
     """What the unit's engine-ctl header says (deployment, revision, lineage, …); None without one."""
+    process_state: str | None = None
+    """The state letter of its main process in /proc/PID/stat (R, S, D; T: stopped by a signal); None: no process,
+    or an older probe."""
     started_at: float | None = None
     """When its main process started (Unix time, from systemd's ExecMainStartTimestampMonotonic); None: never, or
     an older probe."""
@@ -205,7 +208,17 @@ class HostFacts(Fact):
             exclude={
                 "gpus": {"__all__": {"memory_used_bytes"}},
                 # the text: its sha256 is there; unit_file_state: only import reads it, no plan depends on it
-                "units": {"__all__": {"main_pid", "n_restarts", "text", "unit_file_state", "exits", "started_at"}},
+                "units": {
+                    "__all__": {
+                        "main_pid",
+                        "n_restarts",
+                        "text",
+                        "unit_file_state",
+                        "exits",
+                        "started_at",
+                        "process_state",
+                    }
+                },
             },
         )
         stable["memory_total"] = self.memory.total_bytes

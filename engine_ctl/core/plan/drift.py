@@ -44,6 +44,10 @@ def replica_drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host:
         out.append(not_enabled(record.host, record.unit, fact.unit_file_state, name))
     if record.on_demand and fact.active_state == "failed":
         out.append(_cannot_start(name, record, fact))
+    if fact.active_state == "active" and fact.process_state in STOPPED_BY_SIGNAL:
+        out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="stopped",
+                         detail=f"{record.unit} runs on {record.host} but its engine (PID {fact.main_pid}) is stopped "
+                         "by a signal (SIGSTOP): it answers nothing; apply restarts it"))  # fmt: skip
     if fact.active_state != "active" and not record.on_demand:
         out.append(_not_running(name, record, fact))
         held = [g for g in host.gpus if g.uuid in record.gpus and (g.memory_used_bytes or 0) > BUSY_BYTES]
@@ -93,6 +97,10 @@ def checkpoint_drift(name: str, record: ReplicaRecord, model: Model | None, entr
     detail = (f"the checkpoint digest of {hf.repo}@{hf.commit[:12]} at {dest} changed: recorded "
               f"{record.checkpoint_digest[:12]}, measured {now[:12]}")  # fmt: skip
     return [Drift(host=record.host, unit=record.unit, deployment=name, kind="weights-changed", detail=detail)]
+
+
+STOPPED_BY_SIGNAL = ("T", "t")
+"""/proc/PID/stat's states of a process stopped by a signal (SIGSTOP, SIGTSTP) or by a tracer."""
 
 
 def weights_written_drift(name: str, record: ReplicaRecord, model: Model | None, entry: Host | None,

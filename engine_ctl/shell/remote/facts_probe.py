@@ -264,6 +264,16 @@ def exits(unit: str, limit: int = 20) -> list[str]:
     return [line for line in text.splitlines() if line.strip()][-limit:]
 
 
+def process_state(pid: str) -> str | None:
+    """The state letter /proc/PID/stat gives a unit's main process (R, S, D, T: stopped by a signal, ...), None
+    without one; the field after the command's name, which is in parentheses and may hold spaces."""
+    if not pid.isdigit() or pid == "0":
+        return None
+    text = read("/proc/%s/stat" % pid) or ""
+    rest = text.rpartition(")")[2].split()
+    return rest[0] if rest else None
+
+
 def units(prefix: str, unit_dir: str = UNIT_DIR) -> list[dict[str, Any]]:
     """engine-ctl's units: systemd's view of each (UNIT_PROPERTIES) and what its file says (unit_file); a file
     systemd does not report is listed with its file's facts alone."""
@@ -275,6 +285,7 @@ def units(prefix: str, unit_dir: str = UNIT_DIR) -> list[dict[str, Any]]:
     wall_at_zero = time.time() - time.monotonic()  # systemd's monotonic timestamps are CLOCK_MONOTONIC's
     for u in out:
         u["exits"] = exits(u["Id"])
+        u["process_state"] = process_state(u.get("MainPID", ""))
         started = u.get("ExecMainStartTimestampMonotonic", "")
         if started.isdigit() and int(started) > 0:
             u["started_at"] = round(wall_at_zero + int(started) / 1e6, 3)
