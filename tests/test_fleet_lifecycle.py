@@ -176,6 +176,29 @@ def test_plan_and_apply_keep_it_stopped_and_say_so(lc: Lifecycle) -> None:
     assert re.search(r"^lc\s+stopped\s+0/1", status.stdout, re.MULTILINE), status.stdout
 
 
+def test_a_hand_edit_of_a_stopped_units_file_is_written_back_and_nothing_starts(lc: Lifecycle) -> None:
+    """`engine-ctl start` starts the units as they are: an edit made while it is stopped would run then. Before,
+    plan listed the edit beside "No changes" and apply left it; now apply writes engine-ctl's file back, and the
+    unit stays stopped and disabled."""
+    path = f"/etc/systemd/system/{UNIT}"
+    written = lc.on_engine_host(f"sha256sum {path}").split()[0]
+    lc.on_engine_host(f"sed -i 's/^\\[Service\\]$/[Service]\\nEnvironment=ECTL_HELD_EDIT=1/' {path} && "
+                      "systemctl daemon-reload")  # fmt: skip
+    assert "ECTL_HELD_EDIT=1" in lc.on_engine_host(f"cat {path}")
+    plan = lc.cli("plan", "--detailed-exitcode")
+    said = plan.stdout + plan.stderr
+    assert plan.returncode == 2, said
+    assert "unit file edited by hand" in said and "written again, kept stopped" in said, said
+    assert "Held: lc was stopped by an operator" in said and "Replicas: 1 to repair." in said, said
+    applied = lc.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert lc.on_engine_host(f"sha256sum {path}").split()[0] == written
+    assert lc.unit_state() == "inactive" and lc.on_engine_host(f"systemctl is-enabled {UNIT}") == "disabled"
+    assert lc.state()["deployments"]["lc"]["operator"]["verb"] == "stopped"
+    again = lc.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
 def test_start_wait_starts_it_and_returns_when_it_answers(lc: Lifecycle) -> None:
     """Right after the gateway was killed (systemd restarts it within seconds): the start waits for its stats
     socket to answer again (issue 24's soak, seed 31: it ended in "this is a bug in engine-ctl" with the

@@ -62,6 +62,31 @@ def test_a_stopped_deployment_is_held_by_the_plan_and_its_stopped_units_are_not_
     assert json.loads(plan.model_dump_json())["changes"][0]["operator"] == c.operator
 
 
+def test_a_stopped_deployments_unit_file_edited_or_gone_is_written_again_and_kept_stopped() -> None:
+    """`engine-ctl start` starts the units as they are: a hand edit made while it was stopped would run. Before,
+    plan listed the edit and said "No changes"; now apply writes the file back and starts nothing."""
+    state, facts = running()
+    stopped = with_units(facts, "inactive")
+    (unit,) = stopped["gpu-h100"].units
+    for change, said in (({"sha256": "0" * 64}, "unit file edited by hand"),
+                         ({"drop_ins": (f"/etc/systemd/system/{unit.name}.d/x.conf",)}, "drop-in files change"),
+                         ({"sha256": None}, "is missing on gpu-h100")):  # fmt: skip
+        now = {"gpu-h100": stopped["gpu-h100"].model_copy(update={"units": (unit.model_copy(update=change),)})}
+        plan = make_plan(desired("gpus: 1"), held(state, "stopped"), world(*now.values())[0], now, {"m": SHAPE})
+        (c,) = plan.changes
+        (step,) = c.replicas
+        assert step.role == "held" and step.action == ["update"] and plan.has_changes, said
+        assert said in step.reason and step.reason.endswith("; written again, kept stopped"), step.reason
+        assert "not enabled" not in step.reason and "inactive" not in step.reason, "its stop is the operator's"
+        assert c.operator and "stopped by an operator" in c.operator
+        assert "Replicas: 1 to repair." in plan_text(plan)
+    parked = {
+        "gpu-h100": stopped["gpu-h100"].model_copy(update={"units": (unit.model_copy(update={"sha256": "0" * 64}),)})
+    }
+    plan = make_plan(desired("gpus: 1"), held(state, "parked"), world(*parked.values())[0], parked, {"m": SHAPE})
+    assert plan.changes[0].replicas == [], "a parked one's unit is the park's: left as it is"
+
+
 def test_a_document_change_while_stopped_is_shown_and_not_applied() -> None:
     state, facts = running("gpus: 1, context_length: 4096")
     plan = make_plan(desired("gpus: 1, context_length: 8192"), held(state, "stopped"), world(*facts.values())[0],

@@ -918,6 +918,9 @@ class Executor:
 
     def _repair(self, change: DeploymentChange, step: ReplicaChange) -> None:
         """Rewrite and restart a drifted replica (an on-demand one only if it runs), or change its role only."""
+        if step.role == "held":
+            self._rewrite_held(change, step)
+            return
         if step.role is not None:
             self._role(change, step)
             return
@@ -952,6 +955,19 @@ class Executor:
             self.progress(f"{name}: replica {step.index} on {step.host}: {step.unit} repaired ({step.reason})")
             self._event("healthy", name, replica=step.index, host=step.host, unit=step.unit, port=step.port,
                         revision=step.revision)  # fmt: skip
+
+    def _rewrite_held(self, change: DeploymentChange, step: ReplicaChange) -> None:
+        """A stopped deployment's replica whose unit file drifted: written again (its drop-ins removed), kept
+        disabled and stopped. Its record does not change (the file is the recorded one again)."""
+        with self._on(step.host) as t:
+            assert step.unit_text is not None
+            result = t[step.host].run(install_argv(step.unit), stdin=step.unit_text)
+            _uploaded(result, step)
+            if result.exit_code != 0:
+                said = (result.stderr or result.stdout).strip().splitlines()
+                raise StepFailed(f"writing {step.unit} on {step.host} failed" + (f": {said[-1]}" if said else ""))
+        self.progress(f"{change.name}: replica {step.index} on {step.host}: {step.unit} written again, kept stopped "
+                      f"({step.reason})")  # fmt: skip
 
     def _role(self, change: DeploymentChange, step: ReplicaChange) -> None:
         """`min` moved past the replica: always on (enable; start unless it runs: a no-op then) or on demand

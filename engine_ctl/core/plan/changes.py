@@ -122,9 +122,11 @@ class ReplicaChange(Step):
     replacement is rolled only if the unit is active when apply comes to it (the scaler started it)."""
     active: bool = False
     """An on-demand unit that the facts found active (the scaler runs it): its gateway server stays enabled."""
-    role: Literal["always-on", "on-demand"] | None = None
+    role: Literal["always-on", "on-demand", "held"] | None = None
     """An update that only changes the slot's role (min changed): always-on enables and starts the unit (a no-op
-    for one already active), on-demand disables it and leaves it running. Nothing is rewritten or restarted."""
+    for one already active), on-demand disables it and leaves it running. Nothing is rewritten or restarted.
+    held: a replica of a deployment an operator stopped whose unit file drifted (edited, missing, drop-ins): its
+    file is written again and it stays disabled and stopped (`engine-ctl start` then starts what engine-ctl wrote)."""
     members: list[MemberStep] = Field(default_factory=list)
     """A replica group's workers (spec.nodes > 1): started before this unit (the head), removed with it."""
     old_members: list[MemberStep] = Field(default_factory=list)

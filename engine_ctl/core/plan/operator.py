@@ -17,9 +17,9 @@ after `start`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
-from engine_ctl.core.plan.changes import NO_OP, DeploymentChange, Drift
+from engine_ctl.core.plan.changes import NO_OP, UPDATE, DeploymentChange, Drift
 from engine_ctl.core.plan.gateway import stopped_map
 from engine_ctl.core.plan.wake import woken_note
 from engine_ctl.core.record.model import DeploymentRecord, OperatorAction, State
@@ -53,18 +53,35 @@ def note(action: OperatorAction, name: str) -> str:
             f"`engine-ctl start deployment {name}`")  # fmt: skip
 
 
-def hold(change: DeploymentChange, record: DeploymentRecord, woken_at: str | None = None) -> DeploymentChange:
-    """The plan of a deployment an operator holds: nothing on its hosts changes, and the plan says why; changes of
-    its document are still listed (they roll in after start). `woken_at`: a parked one a request woke then
-    (core.plan.wake): it serves, and apply leaves it serving."""
+FILE_DRIFT = frozenset({"edited", "missing", "drop-in"})
+"""Drift of a unit's file that a held (stopped) deployment's repair writes back without starting anything."""
+
+
+def hold(
+    change: DeploymentChange, record: DeploymentRecord, woken_at: str | None = None,
+    rewrite: Mapping[tuple[str, str], str] | None = None,
+) -> DeploymentChange:  # fmt: skip
+    """The plan of a deployment an operator holds: nothing on its hosts runs or stops, and the plan says why;
+    changes of its document are still listed (they roll in after start). `woken_at`: a parked one a request woke
+    then (core.plan.wake): it serves, and apply leaves it serving. `rewrite`: (host, unit) -> how the unit's file
+    drifted (FILE_DRIFT); a stopped deployment's are written again and kept stopped (role `held`), so that
+    `engine-ctl start` starts what engine-ctl wrote, never a hand edit."""
     assert record.operator is not None
     why = note(record.operator, record.name)
     if woken_at is not None:
         why = f"{why}; {woken_note(woken_at, record.name)}"
     said = [*change.blocked, *([f"Failed: {change.failed_reason}"] if change.failed_reason else [])]
+    repairs = []
+    if record.operator.verb == "stopped" and woken_at is None:
+        for step in change.replicas:
+            drifted = (rewrite or {}).get((step.host, step.unit))
+            if step.actions == UPDATE and step.role is None and drifted is not None:
+                repairs.append(step.model_copy(update={"role": "held", "reason": f"{drifted}; written again, kept "
+                                                       "stopped"}))  # fmt: skip
     held = change.model_copy(
-        update={"action": list(NO_OP), "replicas": [], "fetches": [], "adopt": [], "operator": why, "reasons": [],
-                "blocked": [], "failed_reason": None, "warnings": [*change.warnings, *said]}  # nothing for apply to do
+        update={"action": list(UPDATE if repairs else NO_OP), "replicas": repairs, "fetches": [], "adopt": [],
+                "operator": why, "reasons": [], "blocked": [], "failed_reason": None,
+                "warnings": [*change.warnings, *said]}  # nothing else for apply to do
     )  # fmt: skip
     if change.field_changes:
         fields = ", ".join(f.path for f in change.field_changes)
