@@ -220,7 +220,8 @@ def test_start_wait_starts_it_and_returns_when_it_answers(lc: Lifecycle) -> None
     status, body = lc.ask()
     assert status == 200 and body["model"] == "lc", body
     assert "operator" not in lc.state()["deployments"]["lc"]
-    assert lc.cli("plan", "--detailed-exitcode").returncode == 0
+    plan = lc.cli("plan", "--detailed-exitcode")
+    assert plan.returncode == 0, plan.stdout + plan.stderr
 
 
 def test_park_and_wake_of_a_llamacpp_deployment_is_a_restart(lc: Lifecycle) -> None:

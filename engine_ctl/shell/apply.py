@@ -528,6 +528,10 @@ class Executor:
                 self._event("recorded", name, unit=unit, state="serving")
             for step in self._ordered(change):
                 self._guarded(change, step)
+            if change.replicas and all(step.role == "held" for step in change.replicas):
+                self.result.applied.append(name)  # its files written back; its record (held, stopped) stays
+                self.progress(f"{name}: its unit files written again; kept stopped")
+                return
             if change.actions == DELETE:
                 self._record(lambda s: _forget(s, name), name)
                 self.progress(f"{name}: destroyed")
