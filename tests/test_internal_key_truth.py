@@ -139,7 +139,9 @@ def test_a_replica_host_without_the_key_is_drift_and_apply_restarts_the_replica(
     plan = make_plan(desired(), state, inv, after, SHAPE)
     (drift,) = plan.drift
     assert (drift.kind, drift.host, drift.unit) == ("internal-key", "cpu-1", replica.unit)
-    assert drift.detail == f"internal key: {said}; apply writes the key and restarts it, drained first"
+    assert (
+        drift.detail == f"internal key: {said}; apply writes the key; a running replica restarts on it, drained first"
+    )
     (change,) = plan.changes
     (step,) = change.replicas
     assert step.action == ["update"] and step.role is None, "a restart: the engine loads its key when it starts"
@@ -207,3 +209,23 @@ def test_status_says_a_replica_that_refuses_the_key_serves_nothing() -> None:
     assert instance.state == "failed" and status.state != "Ready", status
     assert instance.last_error == ("it refuses the internal key the gateways send (HTTP 401 to GET /v1/models with its "
                                    "host's key): engine-ctl apply restarts it")  # fmt: skip
+
+
+def test_a_stopped_deployments_host_without_the_key_gets_it_written_and_nothing_starts() -> None:
+    """Held by an operator, its replica would refuse every request after `engine-ctl start`: the key files are
+    written (apply's gateway step writes them on every host of a change) and the replica kept stopped."""
+    from engine_ctl.core.record.model import OperatorAction
+
+    inv, state, after, _ = served()
+    state.deployments["chat"].operator = OperatorAction(verb="stopped", when="2026-12-05T00:00:00+00:00")
+    (unit,) = after["cpu-1"].units
+    after["cpu-1"] = after["cpu-1"].model_copy(update={
+        "units": (unit.model_copy(update={"active_state": "inactive", "unit_file_state": "disabled"}),),
+        "replica_keys": {REPLICA_KEY: (ELSE,)}, "key_checks": {},
+    })  # fmt: skip
+    plan = make_plan(desired(), state, inv, after, SHAPE)
+    assert [d.kind for d in plan.drift] == ["internal-key"]
+    (step,) = plan.changes[0].replicas
+    said = "holds another key; apply writes the key; a running replica restarts on it, drained first"
+    assert step.role == "held" and step.reason.endswith(f"{said}; written again, kept stopped"), step.reason
+    assert plan.has_changes

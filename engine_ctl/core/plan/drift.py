@@ -78,7 +78,7 @@ def replica_key_drift(
                 said.append(f"{path} is missing" if held is None else f"{path} holds another key")
     if not said:
         return []
-    detail = f"internal key: {'; '.join(said)}; apply writes the key and restarts it, drained first"
+    detail = f"internal key: {'; '.join(said)}; apply writes the key; a running replica restarts on it, drained first"
     return [Drift(host=record.host, unit=record.unit, deployment=name, kind="internal-key", detail=detail)]
 
 

@@ -53,8 +53,9 @@ def note(action: OperatorAction, name: str) -> str:
             f"`engine-ctl start deployment {name}`")  # fmt: skip
 
 
-FILE_DRIFT = frozenset({"edited", "missing", "drop-in"})
-"""Drift of a unit's file that a held (stopped) deployment's repair writes back without starting anything."""
+FILE_DRIFT = frozenset({"edited", "missing", "drop-in", "internal-key"})
+"""Drift of files that a held (stopped) deployment's repair writes back without starting anything: its unit's (and
+drop-ins), and the internal key's on its host (apply's gateway step writes them on every host of a change)."""
 
 
 def hold(
