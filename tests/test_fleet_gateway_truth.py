@@ -302,7 +302,7 @@ def test_an_internal_key_a_replica_or_the_gateway_lacks_is_drift_and_apply_gives
     assert f"the internal key on gateway {truth.gateway.name}: the running gateway's key map holds another key" \
            in said, said  # fmt: skip
     assert "internal key: it refuses the key its host holds (HTTP 401 to GET /v1/models)" in said, said
-    assert f"internal key: {key_file} holds another key" in said, said
+    assert f"; {key_file} holds another key; apply writes the key" in said, said
     assert key not in said and other not in said, "fingerprints only"
 
     applied = truth.cli("apply", "--auto-approve")

@@ -297,8 +297,10 @@ def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> 
     if not active:
         start_gateway(t)
         return "started"
-    if dropped or NO_SOCKET in setup.stdout:  # a running gateway with no admin socket: only a restart makes one
-        save_server_state(t, rendered.files[START_STATE_FILE])
+    deaf = NO_SOCKET in setup.stdout  # a running gateway with no admin socket: only a restart makes one
+    if dropped or deaf:
+        if not deaf:  # (a deaf one has no states to save: it starts from the start state)
+            save_server_state(t, rendered.files[START_STATE_FILE])
         _ok(t, reload_then("restart", GATEWAY_UNIT), "restarting the gateway", unit=True)
         set_maps(t, rendered.maps, wait_s=15)
         return "restarted"
