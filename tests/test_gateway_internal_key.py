@@ -113,7 +113,7 @@ def test_the_key_changes_at_run_time_and_a_reload_reads_the_file(gateway: dict) 
 def test_the_probe_and_apply_read_the_running_gateways_key_where_it_is(gateway: dict) -> None:  # type: ignore[type-arg]
     """What plan compares (fingerprints of the key file, the run directory's copy and the running map) and what apply
     falls back to when the key file is gone (the key the running gateway sends), read from the real HAProxy."""
-    from engine_ctl.core.internalkey import key_fingerprint
+    from engine_ctl.core.plan.internalkey import key_fingerprint
     from engine_ctl.shell.gateway.runtime import read_running_key
     from engine_ctl.shell.remote.facts_probe import gateway_key
 

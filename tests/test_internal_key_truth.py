@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine_ctl.cli.views.plan import plan_text
-from engine_ctl.core.internalkey import KEY_CHECK_PATH, key_checks, key_files, key_fingerprint
+from engine_ctl.core.plan.internalkey import KEY_CHECK_PATH, key_checks, key_files, key_fingerprint
 from engine_ctl.core.plan.planner import make_plan
 from engine_ctl.core.plan.status import deployment_status
 from engine_ctl.core.record.model import State

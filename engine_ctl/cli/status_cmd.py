@@ -28,8 +28,8 @@ from engine_ctl.cli.views.status import (
 from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.loader import LoadResult, load_paths
 from engine_ctl.core.fit.hostfacts import HostFacts
-from engine_ctl.core.internalkey import key_checks
 from engine_ctl.core.plan.decisions import readiness_checks
+from engine_ctl.core.plan.internalkey import key_checks
 from engine_ctl.core.plan.scaler import ScalerView, scaler_views_of, with_scaler
 from engine_ctl.core.plan.status import (
     DeploymentStatus,

@@ -25,7 +25,7 @@ from engine_ctl.core.plan.changes import (
     Plan,
     ReplicaChange,
 )
-from engine_ctl.core.plan.decisions import internal_key_file
+from engine_ctl.core.plan.internalkey import internal_key_file
 from engine_ctl.core.plan.status import recorded_verdict, size_text
 from engine_ctl.core.record.model import (
     DeploymentRecord,

@@ -26,8 +26,8 @@ from engine_ctl.core.fit.hostfacts import (
 )
 from engine_ctl.core.fit.modelfacts import ModelFacts, facts_from_gguf_fields, facts_from_hf_config
 from engine_ctl.core.fit.unitheader import parse_unit_header
-from engine_ctl.core.internalkey import key_files
 from engine_ctl.core.names import UNIT_PREFIX
+from engine_ctl.core.plan.internalkey import key_files
 from engine_ctl.core.plan.unitdiff import hide_secrets_in
 from engine_ctl.core.render.units import bind_address, local_address
 from engine_ctl.core.unitsetup import own_drop_ins

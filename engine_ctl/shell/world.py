@@ -9,12 +9,12 @@ from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.inventory import Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.fit.modelfacts import ModelFacts
-from engine_ctl.core.internalkey import key_checks
 from engine_ctl.core.model import DesiredState, Model
 from engine_ctl.core.names import unknown_targets
 from engine_ctl.core.plan.changes import Plan, PlanContext
 from engine_ctl.core.plan.engines import with_engines
 from engine_ctl.core.plan.fetching import plan_fetches
+from engine_ctl.core.plan.internalkey import key_checks
 from engine_ctl.core.plan.planner import make_plan
 from engine_ctl.core.record.model import State
 from engine_ctl.core.render.scalerlock import scaler_lock

@@ -5,16 +5,15 @@ naming it is refused with host_capability_missing:decisions. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from engine_ctl.core.decisions import READINESS_PATH, check_answer, meets_floor, readiness_body, shown_version
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.plan.engines import build_for, engine_at, host_platform
+from engine_ctl.core.plan.internalkey import internal_key_file
 from engine_ctl.core.record.model import DeploymentRecord
-from engine_ctl.core.render.gateway import REPLICA_KEY
-from engine_ctl.core.render.units import CREDENTIALS_DIR
-from engine_ctl.providers import PROVIDERS, Provider
+from engine_ctl.providers import Provider
 
 HOST_CAPABILITY_MISSING = "host_capability_missing:decisions"
 
@@ -46,14 +45,6 @@ def decisions_refusals(
         if why:
             out[facts.host] = why
     return out
-
-
-def internal_key_file(argv: Sequence[str] | None) -> str | None:
-    """Where the host keeps the internal key a replica requires (it runs behind a gateway: its argv names the key
-    credential systemd gives it), for the readiness decision to send; None when it requires none."""
-    credentials = tuple(f"/{p.internal_key_credential}" for p in PROVIDERS.values() if p.internal_key_credential)
-    needs = any(a.startswith(CREDENTIALS_DIR + "/") and a.endswith(credentials) for a in argv or ())
-    return REPLICA_KEY if needs else None  # one key a line, the one the gateways send first (render.gateway)
 
 
 def readiness_checks(rec: DeploymentRecord) -> dict[str, list[dict[str, object]]]:

@@ -8,12 +8,11 @@ from datetime import UTC, datetime
 
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.hostfacts import BUSY_BYTES, HostFacts, UnitFact
-from engine_ctl.core.internalkey import KEY_CHECK_PATH, REFUSED, key_forms
 from engine_ctl.core.model import Model
 from engine_ctl.core.names import UNIT_PREFIX
 from engine_ctl.core.plan.changes import Drift
-from engine_ctl.core.plan.decisions import internal_key_file
 from engine_ctl.core.plan.engines import engine_drift_detail
+from engine_ctl.core.plan.internalkey import KEY_CHECK_PATH, REFUSED, internal_key_file, key_forms
 from engine_ctl.core.record.model import ReplicaRecord, State
 from engine_ctl.core.render.guard import guard_name, guard_text, guarded_by
 from engine_ctl.core.render.units import model_path_on_host

@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from engine_ctl.core.documents.apikey import RATE_RANGE, SHA256_HEX
 from engine_ctl.core.documents.inventory import DEFAULT_GATEWAY_THREADS, GatewaySettings, Host, Inventory
 from engine_ctl.core.fit.hostfacts import HostFacts
-from engine_ctl.core.internalkey import gateway_key_drift, key_sent
 from engine_ctl.core.model import ApiKey
 from engine_ctl.core.names import deployment_name_ok
+from engine_ctl.core.plan.internalkey import gateway_key_drift, key_sent
 from engine_ctl.core.record.model import DeploymentRecord, State
 from engine_ctl.core.render.gateway import (
     ADMIN_SOCKET,

@@ -58,6 +58,16 @@ FILE_DRIFT = frozenset({"edited", "missing", "drop-in", "internal-key"})
 drop-ins), and the internal key's on its host (apply's gateway step writes them on every host of a change)."""
 
 
+def file_drift(drift: Iterable[Drift]) -> dict[tuple[str, str], str]:
+    """(host, unit) -> how its files drifted (FILE_DRIFT), for hold's repairs of a stopped deployment."""
+    out: dict[tuple[str, str], str] = {}
+    for d in drift:
+        if d.kind in FILE_DRIFT:
+            key = (d.host, d.unit)
+            out[key] = f"{out[key]}; {d.detail}" if key in out else d.detail
+    return out
+
+
 def hold(
     change: DeploymentChange, record: DeploymentRecord, woken_at: str | None = None,
     rewrite: Mapping[tuple[str, str], str] | None = None,

@@ -41,7 +41,7 @@ from engine_ctl.core.plan.diff import Names
 from engine_ctl.core.plan.drift import unmanaged_units
 from engine_ctl.core.plan.envelope import envelopes
 from engine_ctl.core.plan.gateway import plan_gateways
-from engine_ctl.core.plan.operator import FILE_DRIFT, hold, without_held_drift
+from engine_ctl.core.plan.operator import file_drift, hold, without_held_drift
 from engine_ctl.core.plan.ownership import foreign_units, hold_back, hold_foreign
 from engine_ctl.core.plan.prune import prunes
 from engine_ctl.core.plan.replace import forced, mark_replaced
@@ -214,12 +214,7 @@ def make_plan(
             plan.changes.append(held_back(record, hold_absent) if hold_absent else removed(record, hosts))
     plan.drift += finish_all(started, state, wanted, alloc, replace)
     woken = woken_parks(state.deployments, scaler_views_of(facts.values()))
-    rewrite: dict[tuple[str, str], str] = {}
-    for d in plan.drift:
-        if d.kind in FILE_DRIFT:
-            key = (d.host, d.unit)
-            rewrite[key] = f"{rewrite[key]}; {d.detail}" if key in rewrite else d.detail
-    plan.changes = [held_by_operator(c, state, wanted, woken, rewrite) for c in plan.changes]
+    plan.changes = [held_by_operator(c, state, wanted, woken, file_drift(plan.drift)) for c in plan.changes]
     hold_back(plan, foreign)
     gateway_units = with_gateways(plan, desired, state, inventory, facts, scaler_lock)
     plan.drift.extend(unmanaged_units(state, facts, {(f.host, f.unit) for f in foreign} | gateway_units))

@@ -8,12 +8,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from engine_ctl.core.fit.hostfacts import HostFacts
-from engine_ctl.core.internalkey import KEY_CHECK_PATH, REFUSED
 from engine_ctl.core.model import DesiredState
 from engine_ctl.core.plan.capabilities import capabilities, plan_extras
 from engine_ctl.core.plan.decisions import decided_facts
 from engine_ctl.core.plan.deploy import SAVED, is_saved
 from engine_ctl.core.plan.diff import spec_digest
+from engine_ctl.core.plan.internalkey import KEY_CHECK_PATH, REFUSED
 from engine_ctl.core.plan.scaler import Decision, scales
 from engine_ctl.core.plan.wake import parked
 from engine_ctl.core.record.model import DeploymentRecord, FailedStart, ReplicaRecord

@@ -10,8 +10,8 @@ from engine_ctl.core.fit.fitting import largest_cores, largest_gpu_host
 from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
 from engine_ctl.core.fit.placement import HostRanking, Reserved, Taken, crowded, replica_threads
 from engine_ctl.core.fit.runspec import FitPlan, Member, Placement
-from engine_ctl.core.internalkey import key_sent
 from engine_ctl.core.plan.engines import engine_refusals
+from engine_ctl.core.plan.internalkey import key_sent
 from engine_ctl.core.record.model import ReplicaRecord, State
 from engine_ctl.providers import Provider
 

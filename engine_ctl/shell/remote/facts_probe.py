@@ -936,13 +936,13 @@ def health(checks: list[dict[str, Any]], address: str = "127.0.0.1") -> dict[str
     return {str(c["port"]): http_status(int(c["port"]), str(c["path"]), address=address) for c in checks}
 
 
-# The internal key (engine_ctl.core.internalkey): fingerprints, never the key -----------------------------------
+# The internal key (engine_ctl.core.plan.internalkey): fingerprints, never the key -----------------------------------
 
 FINGERPRINT_CONTEXT = b"engine-ctl internal key fingerprint\0"
 
 
 def key_fingerprint(key: str) -> str:
-    """engine_ctl.core.internalkey.key_fingerprint (the probe imports nothing of engine-ctl's)."""
+    """engine_ctl.core.plan.internalkey.key_fingerprint (the probe imports nothing of engine-ctl's)."""
     return hashlib.sha256(FINGERPRINT_CONTEXT + key.encode()).hexdigest()[:16]
 
 
@@ -951,7 +951,7 @@ def is_key(word: str) -> bool:
 
 
 def keys_in(text: str) -> list[str]:
-    """The keys in one of the internal key's forms (a key a line, `VLLM_API_KEY=<key>`, `api-key: <key>`), in
+    """The keys in one of the internal key's forms (a key a line, `NAME=<key>`, `name: <key>`), in
     order: 64 lowercase hex digits each; anything else in the file is no key."""
     found = []
     for line in text.splitlines():

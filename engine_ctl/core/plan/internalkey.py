@@ -17,21 +17,29 @@ drained first; a gateway that holds another one gets it back over its runtime so
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.hostfacts import HostFacts
-from engine_ctl.core.plan.decisions import internal_key_file
 from engine_ctl.core.record.model import DeploymentRecord
 from engine_ctl.core.render.gateway import REPLICA_KEY, internal_key_path
+from engine_ctl.core.render.units import CREDENTIALS_DIR
 from engine_ctl.providers import PROVIDERS, Provider
 
 FINGERPRINT_CONTEXT = b"engine-ctl internal key fingerprint\0"
 FINGERPRINT_DIGITS = 16
 KEY_CHECK_PATH = "/v1/models"
-"""A GET every engine answers only with its key (llama-server, vLLM and SGLang all guard /v1/models; /health is open
-to all of them): 200 with the key the replica accepts, 401 with another."""
+"""A GET every engine answers only with its key (each provider's engine guards /v1/models; /health is open on every
+one): 200 with the key the replica accepts, 401 with another."""
 REFUSED = ("401", "403")
+
+
+def internal_key_file(argv: Sequence[str] | None) -> str | None:
+    """Where the host keeps the internal key a replica requires (it runs behind a gateway: its argv names the key
+    credential systemd gives it), for a request to send it; None when it requires none."""
+    credentials = tuple(f"/{p.internal_key_credential}" for p in PROVIDERS.values() if p.internal_key_credential)
+    needs = any(a.startswith(CREDENTIALS_DIR + "/") and a.endswith(credentials) for a in argv or ())
+    return REPLICA_KEY if needs else None  # one key a line, the one the gateways send first (render.gateway)
 
 
 def key_fingerprint(key: str) -> str:
