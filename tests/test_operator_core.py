@@ -80,11 +80,16 @@ def test_a_stopped_deployments_unit_file_edited_or_gone_is_written_again_and_kep
         assert "not enabled" not in step.reason and "inactive" not in step.reason, "its stop is the operator's"
         assert c.operator and "stopped by an operator" in c.operator
         assert "Replicas: 1 to repair." in plan_text(plan)
-    parked = {
-        "gpu-h100": stopped["gpu-h100"].model_copy(update={"units": (unit.model_copy(update={"sha256": "0" * 64}),)})
-    }
-    plan = make_plan(desired("gpus: 1"), held(state, "parked"), world(*parked.values())[0], parked, {"m": SHAPE})
-    assert plan.changes[0].replicas == [], "a parked one's unit is the park's: left as it is"
+    edited = unit.model_copy(update={"sha256": "0" * 64})
+    parked = {"gpu-h100": stopped["gpu-h100"].model_copy(update={"units": (edited,)})}
+    at_zero = make_plan(desired("gpus: 1"), held(state, "parked"), world(*parked.values())[0], parked, {"m": SHAPE})
+    assert [s.role for s in at_zero.changes[0].replicas] == ["held"], "a park at level 0 stops its units as a stop"
+    asleep = held(state, "parked")
+    asleep.deployments["chat"].operator.level = 1  # type: ignore[union-attr]
+    awake = {"gpu-h100": facts["gpu-h100"].model_copy(update={"units": (edited.model_copy(update={
+        "active_state": "active"}),)})}  # fmt: skip
+    plan = make_plan(desired("gpus: 1"), asleep, world(*awake.values())[0], awake, {"m": SHAPE})
+    assert plan.changes[0].replicas == [], "a park asleep runs its engine: its unit is the park's, left as it is"
 
 
 def test_a_document_change_while_stopped_is_shown_and_not_applied() -> None:

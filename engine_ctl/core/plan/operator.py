@@ -83,7 +83,8 @@ def hold(
         why = f"{why}; {woken_note(woken_at, record.name)}"
     said = [*change.blocked, *([f"Failed: {change.failed_reason}"] if change.failed_reason else [])]
     repairs = []
-    if record.operator.verb == "stopped" and woken_at is None:
+    stopped = record.operator.verb == "stopped" or (record.operator.verb == "parked" and record.operator.level == 0)
+    if stopped and woken_at is None:  # (a park at level 0 stops and disables its units as a stop does)
         for step in change.replicas:
             drifted = (rewrite or {}).get((step.host, step.unit))
             if step.actions == UPDATE and step.role is None and drifted is not None:
