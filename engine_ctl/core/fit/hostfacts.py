@@ -93,6 +93,11 @@ class UnitFact(Fact):
     nobody edited the unit since engine-ctl wrote it."""
 
     @property
+    def stopped_by_signal(self) -> bool:
+        """Active, its main process stopped by a signal (SIGSTOP, SIGTSTP) or a tracer: it answers nothing."""
+        return self.active_state == "active" and self.process_state in ("T", "t")
+
+    @property
     def last_crash(self) -> str | None:
         """The last exit other than a stop, in words: `killed by signal SEGV at 2026-12-04 10:40:05 UTC`."""
         if not self.exits:

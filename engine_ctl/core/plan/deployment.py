@@ -438,11 +438,11 @@ def keep_replica(t: Target, current: ReplicaRecord) -> bool:
     t.placed[current.index] = same_place
     on_demand = t.on_demand(current.index)
     seen = current.model_copy(update={"on_demand": True}) if on_demand else current  # its activity: not drift
-    found = replica_drift(t.d.name, seen, t.hosts.unit(current.host, current.unit), facts)
+    unit = t.hosts.unit(current.host, current.unit)
+    found = replica_drift(t.d.name, seen, unit, facts)
     found += guard_drift(t.d.name, seen, unit_now.text, facts)
     entry = t.hosts.inventory.get(current.host)
     weights = checkpoint_drift(t.d.name, current, t.model, entry, facts)
-    unit = t.hosts.unit(current.host, current.unit)
     found += weights or weights_written_drift(t.d.name, current, t.model, entry, facts, unit)
     found += group_drift(t, current)
     found += replica_key_drift(t.d.name, t.provider, current, facts, t.hosts.key_sent)

@@ -43,7 +43,7 @@ def replica_drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host:
         out.append(not_enabled(record.host, record.unit, fact.unit_file_state, name))
     if record.on_demand and fact.active_state == "failed":
         out.append(_cannot_start(name, record, fact))
-    if fact.active_state == "active" and fact.process_state in STOPPED_BY_SIGNAL:
+    if fact.stopped_by_signal:
         out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="stopped",
                          detail=f"{record.unit} runs on {record.host} but its engine (PID {fact.main_pid}) is stopped "
                          "by a signal (SIGSTOP): it answers nothing; apply restarts it"))  # fmt: skip
@@ -96,10 +96,6 @@ def checkpoint_drift(name: str, record: ReplicaRecord, model: Model | None, entr
     detail = (f"the checkpoint digest of {hf.repo}@{hf.commit[:12]} at {dest} changed: recorded "
               f"{record.checkpoint_digest[:12]}, measured {now[:12]}")  # fmt: skip
     return [Drift(host=record.host, unit=record.unit, deployment=name, kind="weights-changed", detail=detail)]
-
-
-STOPPED_BY_SIGNAL = ("T", "t")
-"""/proc/PID/stat's states of a process stopped by a signal (SIGSTOP, SIGTSTP) or by a tracer."""
 
 
 def weights_written_drift(name: str, record: ReplicaRecord, model: Model | None, entry: Host | None,

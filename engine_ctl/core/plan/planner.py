@@ -9,7 +9,7 @@ types are in changes.py.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from engine_ctl.core.collector import collector_held
 from engine_ctl.core.documents.inventory import Inventory
@@ -158,14 +158,14 @@ def finish_all(
 
 def held_by_operator(
     change: DeploymentChange, state: State, wanted: Mapping[str, LoadedDeployment], woken: Mapping[str, str],
-    rewrite: Mapping[tuple[str, str], str] | None = None,
+    drift: Sequence[Drift] = (),
 ) -> DeploymentChange:  # fmt: skip
     """A wanted deployment an operator's stop, park or delete holds: nothing of it runs or stops
     (core.plan.operator); `woken`: parked ones a request woke, and when (core.plan.wake), which serve and are left
-    serving; `rewrite`: units whose file drifted, written again (kept stopped)."""
+    serving; `drift`: the plan's, whose file drift a stopped one's repair writes back (kept stopped)."""
     record = state.deployments.get(change.name)
     if change.name in wanted and record is not None and record.operator is not None:
-        return hold(change, record, woken.get(change.name), rewrite)
+        return hold(change, record, woken.get(change.name), file_drift(drift))
     return change
 
 
@@ -214,7 +214,7 @@ def make_plan(
             plan.changes.append(held_back(record, hold_absent) if hold_absent else removed(record, hosts))
     plan.drift += finish_all(started, state, wanted, alloc, replace)
     woken = woken_parks(state.deployments, scaler_views_of(facts.values()))
-    plan.changes = [held_by_operator(c, state, wanted, woken, file_drift(plan.drift)) for c in plan.changes]
+    plan.changes = [held_by_operator(c, state, wanted, woken, plan.drift) for c in plan.changes]
     hold_back(plan, foreign)
     gateway_units = with_gateways(plan, desired, state, inventory, facts, scaler_lock)
     plan.drift.extend(unmanaged_units(state, facts, {(f.host, f.unit) for f in foreign} | gateway_units))

@@ -240,7 +240,7 @@ def _instance_status(r: ReplicaRecord, facts: HostFacts | None, loading: frozens
     if unit.last_crash:  # the unit's own record of its crashes (NRestarts starts again once it serves)
         error = f"crashed {len(unit.exits)} time(s), last {unit.last_crash}"
     refused = facts.key_checks.get(str(r.port))
-    if unit.active_state == "active" and unit.process_state in ("T", "t"):  # SIGSTOP: it answers nothing
+    if unit.stopped_by_signal:  # SIGSTOP: it answers nothing
         state = "failed"
         error = f"its engine (PID {unit.main_pid}) is stopped by a signal (SIGSTOP): engine-ctl apply restarts it"
     elif unit.active_state == "active" and health == "200" and refused in REFUSED:  # no request of a gateway gets in

@@ -998,14 +998,19 @@ def key_checks(checks: list[dict[str, Any]], address: str = "127.0.0.1") -> dict
     """port -> what a replica behind a gateway answers an authenticated GET sent with the key its host holds (the
     first key of its key file): 200 when it accepts it, 401 when not; nothing for a port whose key is not read."""
     out = {}
+    keys: dict[str, list[str] | None] = {}  # key file -> its words (None: not readable), each file read once
     for check in checks:
-        try:
-            text = read_secret(str(check["key_file"]))
-        except OSError:
+        path = str(check["key_file"])
+        if path not in keys:
+            try:
+                keys[path] = (read_secret(path) or "").split()
+            except OSError:
+                keys[path] = None
+        words = keys[path]
+        if words is None:
             continue
-        key = (text or "").split()
         out[str(check["port"])] = http_status(
-            int(check["port"]), str(check["path"]), address=address, key=key[0] if key else None
+            int(check["port"]), str(check["path"]), address=address, key=words[0] if words else None
         )
     return out
 
