@@ -296,3 +296,55 @@ def test_import_after_a_lost_state_adopts_the_group_whole_and_the_plan_is_empty(
     after = p.cli("plan", "--detailed-exitcode")
     assert after.returncode == 0 and "No changes." in after.stdout, after.stdout + after.stderr
     assert p.ask() == NAME
+
+
+def test_a_stopped_groups_hand_edited_worker_is_written_back_and_start_runs_engine_ctls_unit(
+    group: GroupProject,
+) -> None:
+    """`engine-ctl start` starts a stopped group's units as they are: a worker's file edited meanwhile would run.
+    Before, plan said "No changes" beside it (only the head's file was written back); now apply writes the worker's
+    file back, starts nothing, and the start then runs what engine-ctl wrote."""
+    p = group
+    r = p.replica()
+    (m,) = r["members"]
+    path = f"/etc/systemd/system/{m['unit']}"
+    parked = p.cli("park", "deployment", NAME, "--inventory", str(p.inventory))
+    assert parked.returncode == 1 and "[park_refused]" in parked.stderr, parked.stdout + parked.stderr
+    assert "is a replica group (spec.nodes): a group is not parked" in parked.stderr, parked.stderr
+    assert "operator" not in json.loads((p.path / "engine-ctl.state.json").read_text())["deployments"][NAME]
+    stopped = p.cli("stop", "deployment", NAME, "--inventory", str(p.inventory))
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert f"stop of group member 1 ({m['unit']}) on {m['host']} accepted, once its head has stopped" in stopped.stderr
+    deadline = time.monotonic() + 180
+    while p.ssh(m["host"], f"systemctl is-active {m['unit']} || true").strip() != "inactive":
+        assert time.monotonic() < deadline, "the worker still runs after the stop"
+        time.sleep(1)
+    head_stopped = int(p.ssh(r["host"], f"systemctl show -p InactiveEnterTimestampMonotonic --value {r['unit']}"))
+    worker_stopped = int(p.ssh(m["host"], f"systemctl show -p InactiveEnterTimestampMonotonic --value {m['unit']}"))
+    assert 0 < head_stopped < worker_stopped  # the worker after its head (one kernel clock for every fleet host)
+    status = p.cli("status", NAME)
+    assert re.search(rf"^{NAME}\s+stopped\s", status.stdout, re.MULTILINE), status.stdout
+    written = p.ssh(m["host"], f"sha256sum {path}").split()[0]
+    assert written == m["unit_sha256"]
+    p.ssh(m["host"], f"sed -i 's/^\\[Service\\]$/[Service]\\nEnvironment=ECTL_HELD_EDIT=1/' {path} && "
+                     "systemctl daemon-reload")  # fmt: skip
+    planned = p.cli("plan", "--detailed-exitcode")
+    said = planned.stdout + planned.stderr
+    assert planned.returncode == 2, said
+    assert "group member 1: unit file edited by hand" in said and "written again, kept stopped" in said, said
+    assert "Replicas: 1 to repair." in said, said
+    applied = p.cli("apply", "--auto-approve", check=True)
+    assert "written again" in applied.stdout, applied.stdout
+    assert p.ssh(m["host"], f"sha256sum {path}").split()[0] == written
+    for host, unit in ((m["host"], m["unit"]), (r["host"], r["unit"])):
+        assert p.ssh(host, f"systemctl is-active {unit} || true").strip() == "inactive"
+        assert p.ssh(host, f"systemctl is-enabled {unit} || true").strip() == "disabled"
+    again = p.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+    started = p.cli("start", "deployment", NAME, "--wait", "--inventory", str(p.inventory))
+    assert started.returncode == 0, started.stdout + started.stderr
+    pid = p.ssh(m["host"], f"systemctl show -p MainPID --value {m['unit']}").strip()
+    assert "ECTL_HELD_EDIT" not in p.ssh(m["host"], f"tr '\\0' '\\n' < /proc/{pid}/environ")
+    assert p.ask() == NAME
+    after = p.cli("plan", "--detailed-exitcode")
+    assert after.returncode == 0, after.stdout + after.stderr

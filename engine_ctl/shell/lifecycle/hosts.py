@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_ctl.core.documents.inventory import Host
-from engine_ctl.core.plan.operator import DRAIN_S, STOP_SETTLE_S
-from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord
+from engine_ctl.core.plan.operator import DRAIN_S, STOP_SETTLE_S, STOP_WAIT_S
+from engine_ctl.core.record.model import DeploymentRecord, MemberRecord, ReplicaRecord
 from engine_ctl.core.render.gateway import LOOPBACK, REPLICA_KEY
 from engine_ctl.core.render.units import bind_address, local_address
 from engine_ctl.providers import PROVIDERS, Provider
@@ -53,7 +53,43 @@ def in_flight():
         if m and m.group(1) == job["metric"]:
             total += float(m.group(3))
     return total
+def hexaddrs(name):
+    import socket, struct
+    out = set()
+    try:
+        found = {a[4][0] for a in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)}
+    except OSError:
+        return None
+    for ip in found:
+        if ":" in ip:
+            raw = socket.inet_pton(socket.AF_INET6, ip.split("%")[0])
+            out.add("".join("%08X" % struct.unpack("<I", raw[i:i + 4]) for i in range(0, 16, 4)))
+        else:
+            v4 = "%08X" % struct.unpack("<I", socket.inet_aton(ip))
+            out |= {v4, "0000000000000000FFFF0000" + v4}
+    return out
+def joined(w):
+    heads = hexaddrs(w["address"])
+    if not heads:
+        return True
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = open(path).read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            (_, lport), (raddr, rport) = f[1].split(":"), f[2].split(":")
+            if f[3] == "01" and raddr in heads and (int(lport, 16) == w["port"] or int(rport, 16) in w["peer_ports"]):
+                return True
+    return False
 time.sleep(job.get("settle_s", 0))
+w = job.get("wait_head")
+if w:
+    deadline = time.monotonic() + w["within_s"]
+    while joined(w) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    print("the head let go" if not joined(w) else "the head still holds on: stopped anyway", flush=True)
 if job.get("metric"):
     deadline = time.monotonic() + job.get("drain_s", 0)
     while in_flight() > 0 and time.monotonic() < deadline:
@@ -98,12 +134,14 @@ class Job:
     check: Mapping[str, Any] | None = None
     then: tuple[str, ...] = ()
     key_file: str | None = REPLICA_KEY
+    wait_head: Mapping[str, Any] | None = None
+    """A group worker's stop: first wait (bounded) until no TCP connection joins it to its head (member_stop_job)."""
 
     def as_json(self) -> str:
         doc = {
             "base": self.base, "metrics_path": self.metrics_path, "metric": self.metric, "settle_s": self.settle_s,
             "drain_s": self.drain_s, "calls": [c.__dict__ for c in self.calls], "check": self.check,
-            "then": list(self.then), "key_file": self.key_file,
+            "then": list(self.then), "key_file": self.key_file, "wait_head": self.wait_head,
         }  # fmt: skip
         return json.dumps(doc)
 
@@ -141,6 +179,21 @@ def stop_job(provider: Provider | None, host: Host, r: ReplicaRecord) -> Job:
     """Wait STOP_SETTLE_S, drain, then disable and stop the unit (it stays installed: `start` starts it again)."""
     then = tuple(stop_argv(r.unit))
     return _drain_job(provider, host, r, settle_s=STOP_SETTLE_S, then=then)
+
+
+WORKER_WAIT_S = STOP_WAIT_S - 10
+"""How long a group worker's stop waits for its head to let go (the head's own stop: settle, drain, exit) before it
+stops anyway: within the STOP_WAIT_S that `start --wait` and `delete --stop` wait for a stop."""
+
+
+def member_stop_job(head: Host, r: ReplicaRecord, m: MemberRecord) -> Job:
+    """A replica group's worker, stopped on its own host once its head has stopped (never under a request the head
+    still serves: the head drains first, on its host): it waits until no TCP connection joins it to the head's
+    address (the head dials the worker's port, or the worker dials the head's rendezvous or API port: each engine's
+    runtime does one or the other), at most WORKER_WAIT_S, then disables and stops the unit."""
+    wait = {"address": head.address, "port": m.port, "peer_ports": sorted({r.port, r.group_port or r.port}),
+            "within_s": WORKER_WAIT_S}  # fmt: skip
+    return Job(base="", key_file=None, wait_head=wait, then=tuple(stop_argv(m.unit)))
 
 
 def sleep_job(provider: Provider, host: Host, r: ReplicaRecord, level: int) -> Job:

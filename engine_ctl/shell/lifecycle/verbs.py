@@ -40,6 +40,7 @@ from engine_ctl.shell.lifecycle.hosts import (
     OperatorFailure,
     job_argv,
     job_unit,
+    member_stop_job,
     provider_of,
     run_checked,
     said,
@@ -144,10 +145,13 @@ class Verbs:
     # --- what the hosts say -----------------------------------------------------------------------------------
     def unit_states(self, rec: DeploymentRecord, verb: str = "stop") -> dict[str, str]:
         """(host/unit) -> ActiveState of each replica's unit and of its `verb` job."""
+        on: dict[str, list[str]] = {}
+        for r in rec.replicas:  # a replica group's workers with their head: stopped once every one is
+            for host, unit in ((r.host, r.unit), *((m.host, m.unit) for m in r.members)):
+                on.setdefault(host, []).extend((unit, job_unit(verb, unit)))
         out: dict[str, str] = {}
-        for host in sorted({r.host for r in rec.replicas}):
-            units = [u for r in rec.replicas if r.host == host for u in (r.unit, job_unit(verb, r.unit))]
-            out.update({f"{host}/{u}": s for u, s in unit_states(self._t(host), units).items()})
+        for host in sorted(on):
+            out.update({f"{host}/{u}": s for u, s in unit_states(self._t(host), on[host]).items()})
         return out
 
     def stop_phase(self, rec: DeploymentRecord) -> str:
@@ -318,6 +322,13 @@ class Verbs:
             if result.exit_code != 0:
                 raise OperatorFailure(f"{verb} of {r.unit} on {r.host} was not accepted: {said(result)}")
             self.progress(f"{rec.name}: {verb} of {r.unit} on {r.host} accepted ({job_unit(verb, r.unit)})")
+            for m in r.members:  # a group's workers stop once their head has (a group is never parked asleep)
+                member = job_argv(member_stop_job(self._host(r.host), r, m), detached_as=job_unit(verb, m.unit))
+                result = self._t(m.host).run(member, timeout=60)
+                if result.exit_code != 0:
+                    raise OperatorFailure(f"{verb} of {m.unit} on {m.host} was not accepted: {said(result)}")
+                self.progress(f"{rec.name}: {verb} of group member {m.rank} ({m.unit}) on {m.host} accepted, once "
+                              "its head has stopped")  # fmt: skip
 
     # --- start ------------------------------------------------------------------------------------------------
     def start(self, name: str, wait: bool, on_wait: Callable[[str], None] = lambda _verb: None) -> Outcome:
@@ -435,6 +446,9 @@ class Verbs:
                 run_checked(t, job_argv(wake_job(provider, self._host(r.host), r, held.level)),
                             f"waking {r.unit} on {r.host}", timeout=600)  # fmt: skip
             else:
+                for m in r.members:  # a group's workers first, each up before its head dials or awaits it
+                    run_checked(self._t(m.host), start_unit_argv(m.unit, True), f"starting {m.unit} on {m.host}",
+                                timeout=900)  # fmt: skip
                 run_checked(t, start_unit_argv(r.unit, wait or asleep), f"starting {r.unit} on {r.host}", timeout=900)
             self.progress(f"{name}: {r.unit} on {r.host} {'answers' if wait or asleep else 'start accepted'}")
         answered = wait or asleep or serving  # without --wait the engines were only started: starting until they answer
@@ -464,6 +478,10 @@ class Verbs:
             rec = self._held(state, name, allowed=("parked",))
             if rec.operator is not None and self.woken(state, rec) is None:
                 return Outcome(operation=rec.operator.operation, note=f"{name} is already parked")
+            if any(r.members for r in rec.replicas):
+                raise Refused(f"{name} is a replica group (spec.nodes): a group is not parked (a request could not "
+                              f"wake it whole); nothing was changed. Stop it instead: `engine-ctl stop deployment "
+                              f"{name}`", code="park_refused")  # fmt: skip
             provider = provider_of(rec)
             residency = rec.spec.residency if rec.spec and rec.spec.api == "chat" else "restart_only"
             controls = provider.sleep_controls if provider is not None else None
@@ -524,6 +542,8 @@ class Verbs:
         with self._locked("delete") as state:
             rec = state.deployments[name]
             for r in list(rec.replicas):
+                for m in r.members:  # a group's workers go with their head
+                    run_checked(self._t(m.host), remove_argv(m.unit), f"removing {UNIT_DIR}/{m.unit} on {m.host}")
                 run_checked(self._t(r.host), remove_argv(r.unit), f"removing {UNIT_DIR}/{r.unit} on {r.host}")
                 rec.replicas = [x for x in rec.replicas if x is not r]
                 state = self._write(state)
