@@ -51,7 +51,7 @@ from engine_ctl.shell.scaler.apply import (
     command_text,
     known_hosts_line,
 )
-from engine_ctl.shell.systemd import remove_argv, start_argv
+from engine_ctl.shell.systemd import remove_argv, rewrite_argv, start_argv
 from engine_ctl.shell.transport import SSHTransport
 from tests.fleet import Fleet, FleetHost
 from tests.test_guard import desired_with, render
@@ -283,6 +283,38 @@ def test_a_request_through_the_gateway_wakes_the_parked_engine_through_the_scale
     finally:
         gt.run(["sh", "-c", f"systemctl disable --now {SCALER_UNIT}"])
         gt.close()
+
+
+def test_an_asleep_replicas_hand_edited_unit_is_written_back_without_a_restart_and_it_sleeps_on(
+    guarded: Guarded, fleet_inventory: Inventory
+) -> None:
+    """A deployment parked asleep keeps its unit active; a hand edit of the unit file (and a drop-in) would run at
+    the unit's next start. Apply's held rewrite (engine_ctl.shell.systemd.rewrite_argv, what it runs for a step of
+    role `held` of a deployment parked at level 1 or 2) writes the file back, removes the drop-in and reloads:
+    the engine is not restarted and not woken, its guard runs on, and the unit stays enabled."""
+    record = ReplicaRecord(index=0, host=guarded.engine.name, unit=UNIT, port=PORT, unit_sha256="", revision=1)
+    slept = guarded.t.run(job_argv(sleep_job(PROVIDERS["vllm"], guarded.engine_host, record, 1)), timeout=120)
+    assert slept.exit_code == 0, slept.stderr
+    assert guarded.asleep()
+    path, drop_in = f"/etc/systemd/system/{UNIT}", f"/etc/systemd/system/{UNIT}.d/ectl-edit.conf"
+    text = the_unit(guarded.engine_host, fleet_inventory.hosts[0].model_copy(update={"roles": ("gateway",)}))
+    pids = {u: guarded.on(guarded.engine, f"systemctl show -p MainPID --value {u}").strip() for u in (UNIT, GUARD)}
+    guarded.on(guarded.engine, f"sed -i 's/^\\[Service\\]$/[Service]\\nEnvironment=ECTL_ASLEEP_EDIT=1/' {path} && "
+                               f"mkdir -p {os.path.dirname(drop_in)} && printf '[Service]\\nNice=5\\n' > {drop_in} && "
+                               "systemctl daemon-reload")  # fmt: skip
+    assert "ECTL_ASLEEP_EDIT" in guarded.on(guarded.engine, f"cat {path}")
+    written = guarded.t.run(rewrite_argv(UNIT), stdin=text, timeout=60)
+    assert written.exit_code == 0, written.stderr
+    assert guarded.on(guarded.engine, f"cat {path}") == text
+    assert guarded.on(guarded.engine, f"test -e {drop_in} && echo there || echo gone").strip() == "gone"
+    for u, pid in pids.items():  # neither the engine nor its guard restarted
+        assert guarded.on(guarded.engine, f"systemctl show -p MainPID --value {u}").strip() == pid, u
+        assert guarded.state(u) == "active"
+    assert guarded.on(guarded.engine, f"systemctl show -p NeedDaemonReload --value {UNIT}").strip() == "no"
+    assert guarded.on(guarded.engine, f"systemctl is-enabled {UNIT}").strip() == "enabled"
+    assert guarded.asleep()  # not woken
+    assert guarded.curl(guarded.engine, "POST", f"http://127.0.0.1:{PORT}/wake_up")[0] == 200
+    assert not guarded.asleep()
 
 
 def test_the_guard_goes_with_its_replica(guarded: Guarded) -> None:

@@ -116,6 +116,32 @@ def test_a_request_wakes_a_parked_llamacpp_deployment_once_and_engine_ctl_tells_
     assert pw.state()["deployments"]["lc"]["operator"]["verb"] == "parked"  # until start clears it
 
 
+def test_a_woken_deployments_hand_edited_unit_is_repaired_as_it_serves(pw: Lifecycle) -> None:
+    """A parked deployment a request woke serves: its unit file edited by hand is what its engine runs at its next
+    start. Before, plan listed the edit beside "No changes" (exit 0); now apply repairs it as any serving replica
+    (drained, written again, restarted) and leaves the park record and the scaler's wake as they were."""
+    path = f"/etc/systemd/system/{UNIT}"
+    written = pw.on_engine_host(f"sha256sum {path}").split()[0]
+    pw.on_engine_host(f"sed -i 's/^\\[Service\\]$/[Service]\\nEnvironment=ECTL_WOKEN_EDIT=1/' {path} && "
+                      "systemctl daemon-reload")  # fmt: skip
+    planned = pw.cli("plan", "--detailed-exitcode")
+    said = planned.stdout + planned.stderr
+    assert planned.returncode == 2, said
+    assert "unit file edited by hand" in said and "rewritten and restarted" in said, said
+    assert "woken by a request through the gateway" in said, said
+    pid = pw.main_pid()
+    applied = pw.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert pw.on_engine_host(f"sha256sum {path}").split()[0] == written
+    assert pw.unit_state() == "active" and pw.main_pid() != pid
+    assert "ECTL_WOKEN_EDIT" not in pw.on_engine_host(f"tr '\\0' '\\n' < /proc/{pw.main_pid()}/environ")
+    assert chat(pw) == "lc"
+    assert pw.state()["deployments"]["lc"]["operator"]["verb"] == "parked"  # still held by the park, woken
+    again = pw.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "woken by a request through the gateway" in again.stdout, again.stdout
+
+
 def test_a_woken_park_parks_again_and_a_request_right_after_waits_for_the_park_then_start_clears_it(
     pw: Lifecycle,
 ) -> None:

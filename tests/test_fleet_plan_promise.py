@@ -173,3 +173,45 @@ def test_an_engine_stopped_by_sigstop_is_drift_and_apply_restarts_it(project: Pr
     assert project.main_pid(after) != before and project.health(after) == 200
     again = project.cli("plan", "--detailed-exitcode")
     assert again.returncode == 0 and NO_CHANGES in again.stdout, again.stdout + again.stderr
+
+
+def test_a_port_another_process_took_while_the_replica_was_down_is_named_and_nothing_restarts_into_it(
+    project: Project,
+) -> None:
+    """The replica's unit stopped, another process listening on its port (here one that even answers GET /health
+    with 200, as a health gate would take for the engine). Before, plan offered a restart, whose health gate could
+    pass on that process; now plan names the port and exits 1, apply exits 1 and starts nothing, and once the port
+    is free again the repair runs and the next plan is empty."""
+    project.write("context_length: 512")
+    project.cli("apply", "--auto-approve", check=True)
+    (served,) = project.replicas()
+    host, unit, port = project.host_of(served), served["unit"], served["port"]
+    squatter = "ectl-test-squatter"
+    project.fleet.ssh(host, f"systemctl stop {unit} && mkdir -p /tmp/{squatter} && echo ok > /tmp/{squatter}/health && "
+                            f"systemd-run --quiet --collect --unit={squatter} python3 -m http.server {port} "
+                            f"--directory /tmp/{squatter}")  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while f":{port} " not in project.fleet.ssh(host, f"ss -Hltn 'sport = :{port}'", check=False).stdout + " ":
+            assert time.monotonic() < deadline, "the squatter never listened"
+            time.sleep(0.3)
+        planned = project.cli("plan", "--detailed-exitcode")
+        said = planned.stdout + planned.stderr
+        assert planned.returncode == 1, said
+        assert f"replica 0 cannot start: port {port} on {host.name} is taken by another process" in said, said
+        assert NO_CHANGES not in said and "rewritten and restarted" not in said, said
+        applied = project.cli("apply", "--auto-approve")
+        assert applied.returncode == 1, applied.stdout + applied.stderr
+        assert project.fleet.ssh(host, f"systemctl is-active {unit}", check=False).stdout.strip() == "inactive"
+        assert f"port {port} on {host.name} is taken by another process" in applied.stdout + applied.stderr
+        status = project.cli("status")
+        assert re.search(r"\bready\b", status.stdout.split("INSTANCE")[-1]) is None, status.stdout  # not serving
+    finally:
+        project.fleet.ssh(host, f"systemctl stop {squatter}", check=False)
+    planned = project.cli("plan", "--detailed-exitcode")
+    assert planned.returncode == 2, planned.stdout + planned.stderr
+    project.cli("apply", "--auto-approve", check=True)
+    (after,) = project.replicas()
+    assert project.health(after) == 200
+    again = project.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0 and NO_CHANGES in again.stdout, again.stdout + again.stderr

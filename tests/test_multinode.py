@@ -20,7 +20,7 @@ from engine_ctl.core.plan.engines import with_engines
 from engine_ctl.core.plan.planner import Plan, make_plan
 from engine_ctl.core.plan.savedplan import decode_plan, tampering
 from engine_ctl.core.plan.status import deployment_status
-from engine_ctl.core.record.model import DeploymentRecord, MemberRecord, ReplicaRecord, State
+from engine_ctl.core.record.model import DeploymentRecord, MemberRecord, OperatorAction, ReplicaRecord, State
 from tests.fleetfacts import cpu_host
 from tests.helpers import deployment, load, messages, write
 from tests.test_plan_core import SHAPE, desired
@@ -234,6 +234,36 @@ def test_an_edited_worker_unit_is_drift_of_the_replica() -> None:
     facts = {**facts, m.host: facts[m.host].model_copy(update={"units": edited})}
     (rc,) = _plan(state, inv, facts).changes[0].replicas
     assert rc.action == ["update"] and "group member 1: unit file edited by hand" in rc.reason
+
+
+def test_a_stopped_groups_edited_worker_unit_is_written_again_and_the_group_kept_stopped() -> None:
+    """A stopped group's units are stopped and disabled (the operator's doing, never drift); a worker's file edited
+    meanwhile would run at `engine-ctl start`. Before, plan said "No changes" beside it (only the head's file was
+    written back)."""
+    inv, facts = _world(cpu_host("c1"), cpu_host("c2"))
+    state, facts = _applied(_plan(State(), inv, facts), facts)
+    state.deployments["chat"].operator = OperatorAction(verb="stopped", when="2026-12-06T02:00:00+00:00", who="ops",
+                                                        operation="01KBJ0Q7ZP0000000000000000")  # fmt: skip
+    (m,) = state.deployments["chat"].replicas[0].members
+
+    def stopped(u: UnitFact) -> UnitFact:
+        edited = {"sha256": "0" * 64} if u.name == m.unit else {}
+        return u.model_copy(update={"active_state": "inactive", "sub_state": "dead", "unit_file_state": "disabled",
+                                    **edited})  # fmt: skip
+
+    held = {h: f.model_copy(update={"units": tuple(map(stopped, f.units))}) for h, f in facts.items()}
+    plan = _plan(state, inv, held)
+    (rc,) = plan.changes[0].replicas
+    assert plan.has_changes and rc.role == "held" and [x.unit for x in rc.members] == [m.unit]
+    assert rc.reason.startswith("group member 1: unit file edited by hand") and rc.reason.endswith("kept stopped")
+    assert "Replicas: 1 to repair." in plan_text(plan)
+
+    def unedited(h: str, f: HostFacts) -> HostFacts:
+        units = tuple(u.model_copy(update={"sha256": facts[h].units[i].sha256}) for i, u in enumerate(f.units))
+        return f.model_copy(update={"units": units})
+
+    back = {h: unedited(h, f) for h, f in held.items()}
+    assert not _plan(state, inv, back).has_changes, "stopped and disabled as the operator left it: no change"
 
 
 def test_destroying_a_group_removes_its_members_with_the_head() -> None:

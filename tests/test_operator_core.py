@@ -12,7 +12,7 @@ from engine_ctl.cli.views.plan import plan_markdown, plan_text
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.plan.gateway import stopped_map
-from engine_ctl.core.plan.operator import park_refusal, parking_phase, stop_phase
+from engine_ctl.core.plan.operator import hold, park_refusal, parking_phase, stop_phase
 from engine_ctl.core.plan.planner import make_plan
 from engine_ctl.core.record.model import OperatorAction, State, derived_id, parse_state
 from engine_ctl.core.render.gateway import GatewayBackend, render_gateway
@@ -89,7 +89,22 @@ def test_a_stopped_deployments_unit_file_edited_or_gone_is_written_again_and_kep
     awake = {"gpu-h100": facts["gpu-h100"].model_copy(update={"units": (edited.model_copy(update={
         "active_state": "active"}),)})}  # fmt: skip
     plan = make_plan(desired("gpus: 1"), asleep, world(*awake.values())[0], awake, {"m": SHAPE})
-    assert plan.changes[0].replicas == [], "a park asleep runs its engine: its unit is the park's, left as it is"
+    (step,) = plan.changes[0].replicas  # before, "No changes" beside the edit: the unit's next start would run it
+    assert step.role == "held" and plan.has_changes
+    assert step.reason.startswith("unit file edited by hand")
+    assert step.reason.endswith("its engine sleeps on as it runs")
+    assert "Replicas: 1 to repair." in plan_text(plan)
+    drift = {(d.host, d.unit): d.detail for d in plan.drift}
+    record = asleep.deployments["chat"]
+    repair = plan.changes[0].model_copy(update={"replicas": [step.model_copy(update={"role": None})]})
+    woken = hold(repair, record, "2026-12-03T12:00:00+00:00", drift)
+    (fixed,) = woken.replicas  # a woken one serves: repaired as a serving replica is (drained, restarted)
+    assert fixed.role is None and fixed.action == ["update"] and woken.changed
+    assert woken.operator and "woken by a request" in woken.operator
+    assert hold(repair, record, "2026-12-03T12:00:00+00:00", {}).replicas == [], "no file drift: left serving"
+    tomb = held(state, "deleted")
+    plan = make_plan(desired("gpus: 1"), tomb, world(*now.values())[0], now, {"m": SHAPE})
+    assert plan.changes[0].replicas == [] and not plan.has_changes, "a deleted one's units are gone: none written"
 
 
 def test_a_document_change_while_stopped_is_shown_and_not_applied() -> None:

@@ -305,3 +305,41 @@ def test_the_probe_reads_a_processs_state_letter() -> None:
         child.kill()
         child.wait()
     assert process_state("0") is None and process_state("") is None and process_state("999999999") is None
+
+
+def test_a_port_another_process_took_while_the_replica_is_down_is_named_and_nothing_restarts_into_it() -> None:
+    """A replica whose engine died (or that an operator stopped) while another process listens on its port: a
+    restart fails, or its health gate passes on that process (a false "serving"). Before, the plan offered a
+    restart that could not work; now it names the port and the process's listener, and exits 1 (blocked)."""
+    from engine_ctl.core.record.model import OperatorAction
+
+    d = desired("path: m/m.gguf")
+    hosts = {"h1": cpu_host("h1")}
+    state, hosts = applied(plan(d, State(), hosts, SHAPE), State(), hosts)
+    (unit,) = hosts["h1"].units
+    port = state.deployments["chat"].replicas[0].port
+    dead = unit.model_copy(update={"active_state": "failed", "sub_state": "failed", "exec_main_status": 1})
+    free = {"h1": hosts["h1"].model_copy(update={"units": (dead,), "ports_in_use": (22,)})}
+    restarted = plan(d, state, free, SHAPE)
+    assert restarted.changes[0].replicas[0].action == ["update"] and not restarted.problems  # the port is free
+    taken = {"h1": free["h1"].model_copy(update={"ports_in_use": (22, port)})}
+    p = plan(d, state, taken, SHAPE)
+    (c,) = p.changes
+    assert c.replicas == [] and any(x.kind == "port-taken" for x in p.drift)
+    (blocked,) = c.blocked
+    assert blocked.startswith(f"replica 0 cannot start: port {port} on h1 is taken by another process while ")
+    assert f"`ss -ltnp 'sport = :{port}'` on h1 names the process" in blocked
+    assert p.problems == [f"chat: {blocked}"]  # plan and apply exit 1; apply leaves it as it is
+    text = plan_text(p)
+    assert NO_CHANGES not in text and "No changes can be made; but the hosts do not match the documents" in text
+    running = {"h1": hosts["h1"].model_copy(update={"ports_in_use": (22, port)})}  # its own engine listens there
+    assert not plan(d, state, running, SHAPE).has_changes and not plan(d, state, running, SHAPE).drift
+    # stopped by an operator: nothing to do, and the plan says why `engine-ctl start` would fail
+    state.deployments["chat"].operator = OperatorAction(verb="stopped", when="2026-12-06T02:00:00+00:00",
+                                                        who="ops", operation="01KBJ0Q7ZP0000000000000000")  # fmt: skip
+    stopped = unit.model_copy(update={"active_state": "inactive", "sub_state": "dead", "unit_file_state": "disabled"})
+    held = plan(d, state, {"h1": taken["h1"].model_copy(update={"units": (stopped,)})}, SHAPE)
+    (c,) = held.changes
+    assert not held.has_changes and not held.problems and c.replicas == []
+    assert any(w.startswith("replica 0 cannot start: port") for w in c.warnings), c.warnings
+    assert held.drift == [], "said once, as the held deployment's warning"

@@ -59,6 +59,7 @@ from engine_ctl.shell.systemd import (
     prune_checkout,
     remove_argv,
     restart_argv,
+    rewrite_argv,
     start_argv,
     stop_argv,
 )
@@ -309,7 +310,7 @@ def _start_failed(state: State, name: str, step: ReplicaChange, error: str) -> N
 
 
 # --- executing ------------------------------------------------------------------------------------------
-def _uploaded(result: CommandResult, step: ReplicaChange) -> None:
+def _uploaded(result: CommandResult, step: ReplicaChange | MemberStep) -> None:
     """A unit file that could not be written is the host's failure (as an upload that broke off), not the
     engine's: nothing was started."""
     if result.exit_code == UPLOAD_FAILED:
@@ -529,8 +530,9 @@ class Executor:
             for step in self._ordered(change):
                 self._guarded(change, step)
             if change.replicas and all(step.role == "held" for step in change.replicas):
-                self.result.applied.append(name)  # its files written back; its record (held, stopped) stays
-                self.progress(f"{name}: its unit files written again; kept stopped")
+                self.result.applied.append(name)  # its files written back; its record (held) stays
+                kept = "its engine sleeps on" if self._asleep(name) else "kept stopped"
+                self.progress(f"{name}: its unit files written again; {kept}")
                 return
             if change.actions == DELETE:
                 self._record(lambda s: _forget(s, name), name)
@@ -961,17 +963,30 @@ class Executor:
                         revision=step.revision)  # fmt: skip
 
     def _rewrite_held(self, change: DeploymentChange, step: ReplicaChange) -> None:
-        """A stopped deployment's replica whose unit file drifted: written again (its drop-ins removed), kept
-        disabled and stopped. Its record does not change (the file is the recorded one again)."""
-        with self._on(step.host) as t:
-            assert step.unit_text is not None
-            result = t[step.host].run(install_argv(step.unit), stdin=step.unit_text)
-            _uploaded(result, step)
+        """A held deployment's replica whose unit files drifted (its head's or a group worker's): each written
+        again (drop-ins removed); a stopped one's kept disabled and stopped, a parked one's engine left asleep
+        as it runs (the unit is reloaded, never restarted). Its record does not change (the files are the
+        recorded ones again)."""
+        asleep = self._asleep(change.name)
+        units: list[MemberStep | ReplicaChange] = [*step.members, step]
+        for unit in units:
+            assert unit.unit_text is not None
+            with self._on(unit.host) as t:
+                argv = rewrite_argv(unit.unit) if asleep else install_argv(unit.unit)
+                result = t[unit.host].run(argv, stdin=unit.unit_text)
+            _uploaded(result, unit)
             if result.exit_code != 0:
                 said = (result.stderr or result.stdout).strip().splitlines()
-                raise StepFailed(f"writing {step.unit} on {step.host} failed" + (f": {said[-1]}" if said else ""))
-        self.progress(f"{change.name}: replica {step.index} on {step.host}: {step.unit} written again, kept stopped "
+                raise StepFailed(f"writing {unit.unit} on {unit.host} failed" + (f": {said[-1]}" if said else ""))
+        kept = "its engine sleeps on" if asleep else "kept stopped"
+        self.progress(f"{change.name}: replica {step.index} on {step.host}: {step.unit} written again, {kept} "
                       f"({step.reason})")  # fmt: skip
+
+    def _asleep(self, name: str) -> bool:
+        """The deployment is parked with its engine asleep (its units active): held rewrites reload, never stop."""
+        rec = self.recorder.state.deployments.get(name)
+        held = rec.operator if rec is not None else None
+        return held is not None and held.verb == "parked" and held.level > 0
 
     def _role(self, change: DeploymentChange, step: ReplicaChange) -> None:
         """`min` moved past the replica: always on (enable; start unless it runs: a no-op then) or on demand

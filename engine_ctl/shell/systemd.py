@@ -227,6 +227,12 @@ def install_argv(unit: str) -> list[str]:
     return ["sh", "-c", _upload(unit) + f"systemctl disable --no-reload {q} 2>/dev/null; systemctl daemon-reload"]
 
 
+def rewrite_argv(unit: str) -> list[str]:
+    """A parked replica's unit (its engine asleep, its unit active): write the file from stdin (its guard's with it,
+    its drop-ins removed) and load it; enabled and running as it was (a reload restarts nothing)."""
+    return ["sh", "-c", _upload(unit) + "systemctl daemon-reload"]
+
+
 def on_demand_argv(verb: str, unit: str, upload: bool = False) -> list[str]:
     """(Write the unit file from stdin,) keep it disabled, reload, then `verb` it: `start` (a roll of an on-demand
     replica the scaler runs) or `try-restart` (a repair: restarted only if it runs)."""

@@ -447,6 +447,10 @@ def keep_replica(t: Target, current: ReplicaRecord) -> bool:
     found += group_drift(t, current)
     found += replica_key_drift(t.d.name, t.provider, current, facts, t.hosts.key_sent)
     t.drift.extend(found)
+    taken = next((f for f in found if f.kind == "port-taken"), None)
+    if taken is not None:  # a start would fail, or its health gate pass on that process: left as it is
+        t.change.blocked.append(f"replica {current.index} cannot start: {taken.detail}")
+        return True
     if found:
         why = "; ".join(f.detail for f in found)
         rc = replica_change(list(UPDATE), unit_now, current.revision, same_place, reason=why)

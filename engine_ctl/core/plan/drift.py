@@ -47,6 +47,9 @@ def replica_drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host:
         out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="stopped",
                          detail=f"{record.unit} runs on {record.host} but its engine (PID {fact.main_pid}) is stopped "
                          "by a signal (SIGSTOP): it answers nothing; apply restarts it"))  # fmt: skip
+    taken = port_taken(name, record, fact, host)
+    if taken is not None:
+        out.append(taken)
     if fact.active_state != "active" and not record.on_demand:
         out.append(_not_running(name, record, fact))
         held = [g for g in host.gpus if g.uuid in record.gpus and (g.memory_used_bytes or 0) > BUSY_BYTES]
@@ -163,6 +166,23 @@ def _cannot_start(name: str, record: ReplicaRecord, fact: UnitFact) -> Drift:
         detail += f" (exit status {fact.exec_main_status})"
     detail += ": its last start failed and systemd will not start it again until it is reset; apply resets it"
     return Drift(host=record.host, unit=record.unit, deployment=name, kind="start-failed", detail=detail)
+
+
+def port_taken(name: str, record: ReplicaRecord, fact: UnitFact, host: HostFacts) -> Drift | None:
+    """A replica whose engine does not run (stopped by an operator, on demand, crashed) while something listens on
+    its port: not its engine, nor its guard (engine_ctl.core.render.guard), so another process. Its start then
+    fails, or its health gate reaches that process; apply cannot free the port, so the plan names it."""
+    if fact.active_state not in ("inactive", "failed") and fact.sub_state != "auto-restart":
+        return None
+    if record.port not in host.ports_in_use:
+        return None
+    guard = next((u for u in host.units if u.name == guard_name(record.unit)), None)
+    if guard is not None and guard.active_state == "active":
+        return None
+    return Drift(host=record.host, unit=record.unit, deployment=name, kind="port-taken",
+                 detail=f"port {record.port} on {record.host} is taken by another process while {record.unit} does "
+                 "not run: its start fails (or its health gate reaches that process) until the port is free (`ss "
+                 f"-ltnp 'sport = :{record.port}'` on {record.host} names the process)")  # fmt: skip
 
 
 def _not_running(name: str, record: ReplicaRecord, fact: UnitFact) -> Drift:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from engine_ctl.core.plan.changes import NO_OP, UPDATE, DeploymentChange, Drift
+from engine_ctl.core.plan.changes import NO_OP, UPDATE, DeploymentChange, Drift, ReplicaChange
 from engine_ctl.core.plan.gateway import stopped_map
 from engine_ctl.core.plan.wake import woken_note
 from engine_ctl.core.record.model import DeploymentRecord, OperatorAction, State
@@ -54,8 +54,9 @@ def note(action: OperatorAction, name: str) -> str:
 
 
 FILE_DRIFT = frozenset({"edited", "missing", "drop-in", "internal-key"})
-"""Drift of files that a held (stopped) deployment's repair writes back without starting anything: its unit's (and
-drop-ins), and the internal key's on its host (apply's gateway step writes them on every host of a change)."""
+"""Drift of files that a held (stopped or parked) deployment's repair writes back without starting or stopping
+anything: its units' (and drop-ins), and the internal key's on its hosts (apply's gateway step writes them on every
+host of a change)."""
 
 
 def file_drift(drift: Iterable[Drift]) -> dict[tuple[str, str], str]:
@@ -74,22 +75,18 @@ def hold(
 ) -> DeploymentChange:  # fmt: skip
     """The plan of a deployment an operator holds: nothing on its hosts runs or stops, and the plan says why;
     changes of its document are still listed (they roll in after start). `woken_at`: a parked one a request woke
-    then (core.plan.wake): it serves, and apply leaves it serving. `rewrite`: (host, unit) -> how the unit's file
-    drifted (FILE_DRIFT); a stopped deployment's are written again and kept stopped (role `held`), so that
-    `engine-ctl start` starts what engine-ctl wrote, never a hand edit."""
+    then (core.plan.wake): it serves, and apply leaves it serving (woken_repairs). `rewrite`: (host, unit) -> how
+    the unit's file drifted (FILE_DRIFT); they are written again (held_rewrites), so that `engine-ctl start` (or a
+    wake that starts the unit) starts what engine-ctl wrote, never a hand edit."""
     assert record.operator is not None
     why = note(record.operator, record.name)
     if woken_at is not None:
         why = f"{why}; {woken_note(woken_at, record.name)}"
     said = [*change.blocked, *([f"Failed: {change.failed_reason}"] if change.failed_reason else [])]
-    repairs = []
-    stopped = record.operator.verb == "stopped" or (record.operator.verb == "parked" and record.operator.level == 0)
-    if stopped and woken_at is None:  # (a park at level 0 stops and disables its units as a stop does)
-        for step in change.replicas:
-            drifted = (rewrite or {}).get((step.host, step.unit))
-            if step.actions == UPDATE and step.role is None and drifted is not None:
-                repairs.append(step.model_copy(update={"role": "held", "reason": f"{drifted}; written again, kept "
-                                                       "stopped"}))  # fmt: skip
+    if woken_at is None:
+        repairs = held_rewrites(change, record.operator, rewrite or {})
+    else:
+        repairs = woken_repairs(change, rewrite or {})
     held = change.model_copy(
         update={"action": list(UPDATE if repairs else NO_OP), "replicas": repairs, "fetches": [], "adopt": [],
                 "operator": why, "reasons": [], "blocked": [], "failed_reason": None,
@@ -102,11 +99,53 @@ def hold(
     return held
 
 
+def held_rewrites(
+    change: DeploymentChange, action: OperatorAction, rewrite: Mapping[tuple[str, str], str]
+) -> list[ReplicaChange]:
+    """The replicas of a held deployment whose unit files drifted (the head's or a group worker's), as steps that
+    write them again (role `held`) and start or stop nothing: a stopped deployment's (a park at level 0 stops and
+    disables its units as a stop does) stay stopped; a parked one's engine sleeps on as it runs (its unit stays
+    active and enabled), so that its next start or restart runs what engine-ctl wrote."""
+    if action.verb == "deleted":
+        return []
+    kept = "kept stopped" if action.verb == "stopped" or action.level == 0 else "its engine sleeps on as it runs"
+    out = []
+    for step in change.replicas:
+        places = [(step.host, step.unit), *((m.host, m.unit) for m in step.members)]
+        drifted = [rewrite[p] for p in places if p in rewrite]
+        if step.actions == UPDATE and step.role is None and drifted:
+            out.append(step.model_copy(update={"role": "held", "reason": f"{'; '.join(drifted)}; written again, "
+                                               f"{kept}"}))  # fmt: skip
+    return out
+
+
+def woken_repairs(change: DeploymentChange, rewrite: Mapping[tuple[str, str], str]) -> list[ReplicaChange]:
+    """A parked deployment a request woke serves: a replica of it whose unit files drifted (FILE_DRIFT) runs, or
+    would run at its next start, what engine-ctl did not write, so it is repaired as any serving replica is
+    (drained, written again, restarted, back behind the gateway); nothing else of it changes, and a change of its
+    documents still waits for `engine-ctl start`."""
+    if change.field_changes:
+        return []
+    out = []
+    for step in change.replicas:
+        places = [(step.host, step.unit), *((m.host, m.unit) for m in step.members)]
+        if step.actions == UPDATE and step.role is None and any(p in rewrite for p in places):
+            out.append(step)
+    return out
+
+
+HELD_WARNED = frozenset({"port-taken"})
+"""Drift of a held deployment that its plan says as a warning instead (nothing for apply to do now; what its start
+would meet): another process on a replica's port."""
+
+
 def without_held_drift(drift: Iterable[Drift], state: State) -> list[Drift]:
-    """Drift less the operator's doing: a held deployment's units stopped."""
+    """Drift less the operator's doing (a held deployment's units stopped), and less what a held deployment's plan
+    warns of instead (HELD_WARNED)."""
+    quiet = HELD_DRIFT | HELD_WARNED
     return [
         d for d in drift
-        if not (d.kind in HELD_DRIFT and d.deployment is not None and held_by(state, d.deployment) is not None)
+        if not (d.kind in quiet and d.deployment is not None and held_by(state, d.deployment) is not None)
     ]  # fmt: skip
 
 

@@ -90,7 +90,8 @@ def woken_status(status: Any, at: str) -> Any:
 
 def woken_note(at: str, name: str) -> str:
     """The plan's words for a parked deployment a request woke."""
-    return (f"woken by a request through the gateway at {at}: serving; apply leaves it serving, "
+    return (f"woken by a request through the gateway at {at}: serving; apply leaves it serving (a replica whose unit "
+            "was edited is repaired as any serving one), "
             f"`engine-ctl park deployment {name}` parks it again, `engine-ctl start deployment {name}` clears the "
             "park record")  # fmt: skip
 
