@@ -268,6 +268,57 @@ def test_an_always_on_replica_set_aside_over_the_admin_socket_is_drift_and_apply
     assert again.returncode == 0, again.stdout + again.stderr
 
 
+def test_a_route_deleted_and_a_weight_zeroed_in_the_running_gateway_are_drift_that_apply_sets_right(
+    truth: Truth,
+) -> None:
+    """`del map models.map tb` (every request for tb: 404 model_not_found) and `set weight d_tk/… 0` (every request
+    for tk: 503) on the admin socket: the files are right, what runs is not. Before, plan and apply said "No
+    changes" and both stayed broken (a probe of issue 24's kind, session 15)."""
+    state = json.loads((truth.path / "engine-ctl.state.json").read_text())["deployments"]
+    tk = state["tk"]["replicas"][0]
+    tk_server = f"d_tk/r{tk['index']}{tk['slot']}"
+    truth.stats_socket("del map models.map tb", f"set weight {tk_server} 0")
+    assert truth.ask("tb", KEY_ALL)[0] == 404
+    plan = truth.cli("plan", "--detailed-exitcode")
+    said = plan.stdout + plan.stderr
+    assert plan.returncode == 2, said
+    assert f"the running gateway on {truth.gateway.name} (models.map, in memory) lacks 'tb': apply reloads it" in said
+    assert f"the gateway on {truth.gateway.name} gives {tk_server} weight 0 (an admin command; its configuration " \
+           "gives 1): no request reaches it; apply puts it back" in said, said  # fmt: skip
+    applied = truth.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert f"{tk_server} weight 1 again (it was 0)" in applied.stdout + applied.stderr
+    assert truth.ask("tb", KEY_ALL)[0] == 200
+    status, _, took = truth.ask("tk", KEY_ALL)
+    assert status == 200 and took < 30, (status, took)
+    again = truth.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_a_configuration_edited_loaded_and_put_back_is_drift_that_apply_reloads(truth: Truth) -> None:
+    """haproxy.cfg edited (every request times out at once), the gateway reloaded on it, then the file put back
+    with its old time (`cp -p`): the file is engine-ctl's, what runs is not. Before, plan said "No changes". The
+    file's inode change time, after the running worker loaded its configuration, tells (`show info`)."""
+    cfg = "/etc/engine-ctl/gateway/haproxy.cfg"
+    quiet = truth.cli("plan", "--detailed-exitcode")  # an apply with nothing to change moved no file
+    assert quiet.returncode == 0, quiet.stdout + quiet.stderr
+    truth.fleet.ssh(truth.gateway, f"cp -p {cfg} /root/haproxy.cfg.kept && "
+                                   f"sed -i 's/timeout server 10m/timeout server 1ms/' {cfg} && "
+                                   "systemctl reload engine-ctl-gateway.service && sleep 2 && "
+                                   f"cp -p /root/haproxy.cfg.kept {cfg}")  # fmt: skip
+    assert truth.ask("tb", KEY_ALL)[0] == 504
+    plan = truth.cli("plan", "--detailed-exitcode")
+    said = plan.stdout + plan.stderr
+    assert plan.returncode == 2, said
+    assert f"the gateway on {truth.gateway.name} runs a configuration it loaded before haproxy.cfg last changed" in said
+    applied = truth.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert "(reloaded)" in applied.stdout + applied.stderr, applied.stdout + applied.stderr
+    assert truth.ask("tb", KEY_ALL)[0] == 200
+    again = truth.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
 def test_an_internal_key_a_replica_or_the_gateway_lacks_is_drift_and_apply_gives_it_back(truth: Truth) -> None:
     """The gateway -> replica key, wrong in the three places engine-ctl never looked: tb's engine restarted on
     another key and its host's file put back (every request for tb is refused now), tk's host's key file replaced

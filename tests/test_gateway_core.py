@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from engine_ctl.cli.views.plan import plan_markdown, plan_text
@@ -255,6 +256,50 @@ def test_an_always_on_replica_an_admin_command_set_aside_is_drift_not_no_changes
     parked = dict(after)
     parked["edge"] = after["edge"].model_copy(update={"gateway_servers": {"d_chat/r0a": "MAINT"}})
     assert not [d for d in make_plan(desired(), asleep, inv, parked, SHAPE).drift if d.kind == "set-aside"]
+
+
+def test_a_route_or_a_weight_changed_in_the_running_gateway_or_a_file_changed_since_it_loaded_is_drift() -> None:
+    """What runs is not what the files say though they are: `del map models.map` (404 for the deployment), `set
+    weight … 0` (503), or a file whose inode changed after the running worker loaded its configuration (edited,
+    reloaded, put back). Before, plan said "No changes" beside each."""
+    inv, facts = world()
+    state, after = applied(make_plan(desired(), State(), inv, facts, SHAPE), facts)
+    served = {"gateway_maps": {"models.map": {"chat": "d_chat"}}, "gateway_weights": {"d_chat/r0a": "1",
+              "d_chat/held": "1"}}  # fmt: skip
+    fine = {**after, "edge": after["edge"].model_copy(update=served)}
+    assert not make_plan(desired(), state, inv, fine, SHAPE).has_changes
+    cases = {
+        "gateway_maps": ({"models.map": {}}, "unloaded", "the running gateway on edge (models.map, in memory) lacks "
+                         "'chat': apply reloads it"),
+        "gateway_weights": ({"d_chat/r0a": "0"}, "set-aside", "the gateway on edge gives d_chat/r0a weight 0 (an "
+                            "admin command; its configuration gives 1): no request reaches it; apply puts it back"),
+        "gateway_unloaded": (("haproxy.cfg",), "unloaded", "the gateway on edge runs a configuration it loaded before "
+                             "haproxy.cfg last changed (a file edited, loaded, then put back): what it runs may not be "
+                             "its files; apply reloads it"),
+    }  # fmt: skip
+    for field, (value, kind, detail) in cases.items():
+        wrong = {**after, "edge": after["edge"].model_copy(update={**served, field: value})}
+        plan = make_plan(desired(), state, inv, wrong, SHAPE)
+        assert [(d.kind, d.detail) for d in plan.drift] == [(kind, detail)], field
+        assert plan.gateways[0].action == ["update"] and plan.has_changes, field
+    routed = {**after, "edge": after["edge"].model_copy(update={**served, "gateway_maps": {"models.map": {
+        "chat": "d_chat", "other": "d_chat"}}})}  # fmt: skip
+    (d,) = make_plan(desired(), state, inv, routed, SHAPE).drift
+    assert d.detail == "the running gateway on edge (models.map, in memory) holds 'other' → 'd_chat', not what the " \
+                       "documents give: apply reloads it"  # fmt: skip
+
+
+def test_the_probe_names_the_gateway_files_changed_after_the_running_worker_loaded_them(tmp_path: Path) -> None:
+    from engine_ctl.shell.remote.facts_probe import changed_since_load
+
+    for name in ("haproxy.cfg", "hold.lua", "models.map", "keys.map", "internal.key"):
+        (tmp_path / name).write_text(name)
+    now = time.time()
+    assert changed_since_load(str(tmp_path), "Name: HAProxy\nUptime_sec: 0\n", now + 30) == []  # loaded after
+    assert changed_since_load(str(tmp_path), "Uptime_sec: 60\n", now + 30) == ["haproxy.cfg", "hold.lua",
+                                                                              "models.map"]  # fmt: skip
+    assert changed_since_load(str(tmp_path), None, now) is None  # no answer: no verdict
+    assert changed_since_load(str(tmp_path), "Unknown command\n", now) is None
 
 
 def test_a_gateway_host_leaving_the_inventory_is_removed() -> None:

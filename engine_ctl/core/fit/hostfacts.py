@@ -162,6 +162,10 @@ class HostFacts(Fact):
     """backend/server -> its state as the host's gateway sees it (UP, DOWN, DRAIN, MAINT, ...)."""
     gateway_addresses: dict[str, str] = Field(default_factory=dict)
     """backend/server -> address:port the host's gateway sends its requests to now (`show stat`'s addr)."""
+    gateway_weights: dict[str, str] = Field(default_factory=dict)
+    """backend/server -> its weight in the running gateway (`show stat`'s weight; the configuration gives 1)."""
+    gateway_unloaded: tuple[str, ...] = ()
+    """The gateway's files (not its runtime maps) changed after the running gateway loaded its configuration."""
     gateway_maps: dict[str, dict[str, str]] | None = None
     """The running gateway's key maps in memory (map name -> key -> value), None when it does not answer."""
     gateway_key: dict[str, str | None] | None = None

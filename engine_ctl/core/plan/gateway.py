@@ -187,7 +187,17 @@ def set_aside_drift(host: str, state: State, hf: HostFacts | None) -> list[dict[
             detail = (f"the gateway on {host} holds {backend}/{server} in {status.split()[0]} (an admin command): "
                       "no request reaches it; apply puts it back")  # fmt: skip
             out.append({"host": host, "kind": "set-aside", "detail": detail})
+    for where, weight in sorted((hf.gateway_weights if hf is not None else {}).items()):
+        if weight not in ("", CONFIGURED_WEIGHT):
+            out.append({"host": host, "kind": "set-aside", "detail": f"the gateway on {host} gives {where} weight "
+                        f"{weight} (an admin command; its configuration gives {CONFIGURED_WEIGHT}): "
+                        f"{'no request reaches it' if weight == '0' else 'its share of requests changed'}; apply "
+                        "puts it back"})  # fmt: skip
     return out
+
+
+CONFIGURED_WEIGHT = "1"
+"""Every server's weight as the gateway's configuration gives it (HAProxy's default: the template sets none)."""
 
 
 def deleted(record: DeploymentRecord | None) -> bool:
@@ -321,6 +331,7 @@ def plan_gateways(
         found = _drift(host.name, record.files_sha256, record.unit_sha256, hf, record.installing)
         found += runtime_drift(host.name, final.maps, hf)
         found += address_drift(host.name, record.config, hf)
+        found += loaded_drift(host.name, final.maps, hf)
         found += set_aside_drift(host.name, state, hf)
         found += gateway_key_drift(host.name, hf, sent)
         drift.extend(found)
@@ -405,6 +416,28 @@ def runtime_drift(host: str, wanted: Mapping[str, Mapping[str, str]], hf: HostFa
         if now is not None:
             details = map_differences(name, now, wanted.get(name) or {}, host)
             out += [{"host": host, "kind": "edited", "detail": d} for d in details]
+    return out
+
+
+ROUTES_MAP = "models.map"
+"""The routes (deployment -> backend): only a reload changes them in a running gateway."""
+
+
+def loaded_drift(host: str, wanted: Mapping[str, Mapping[str, str]], hf: HostFacts | None) -> list[dict[str, str]]:
+    """Where the running gateway is not what its files say though the files are: its routes changed in memory
+    (`del map`, `add map` on its admin socket), or a file changed after it loaded its configuration (edited,
+    loaded, then put back). Drift that apply removes with a reload (`unloaded`)."""
+    if hf is None:
+        return []
+    out = []
+    routes = (hf.gateway_maps or {}).get(ROUTES_MAP)
+    if routes is not None:
+        details = map_differences(ROUTES_MAP, routes, wanted.get(ROUTES_MAP) or {}, host)
+        out += [{"host": host, "kind": "unloaded", "detail": f"{d}: apply reloads it"} for d in details]
+    if hf.gateway_unloaded:
+        out.append({"host": host, "kind": "unloaded", "detail": f"the gateway on {host} runs a configuration it "
+                    f"loaded before {', '.join(hf.gateway_unloaded)} last changed (a file edited, loaded, then put "
+                    "back): what it runs may not be its files; apply reloads it"})  # fmt: skip
     return out
 
 

@@ -12,6 +12,7 @@ from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.names import parse_unit_name
 from engine_ctl.core.plan.changes import Plan
 from engine_ctl.core.plan.gateway import (
+    CONFIGURED_WEIGHT,
     SET_ASIDE,
     GatewayChange,
     always_on_servers,
@@ -178,7 +179,8 @@ class GatewayApply:
             host = self.hosts[g.host]
             rendered = gateway_after_apply(host, self.state(), self.hosts, g)
             self._record_installing(g, rendered)
-            done = remote.install(self._t(g.host), rendered)
+            unloaded = any(d.kind == "unloaded" and d.host == g.host for d in self.plan.drift)
+            done = remote.install(self._t(g.host), rendered, reload=unloaded)
             self._record_installed(g, rendered)
             if any(d.kind == "set-aside" and d.host == g.host for d in self.plan.drift):
                 self._back_in_rotation(g.host)
@@ -196,3 +198,8 @@ class GatewayApply:
             if seen is not None and seen.status.startswith(SET_ASIDE):
                 remote.set_state(t, backend, server, "ready")
                 self.progress(f"gateway {host}: {backend}/{server} back in rotation (it was {seen.status.split()[0]})")
+        for (backend, server), seen in sorted(states.items()):  # any server's weight, as its configuration gives it
+            if seen.weight not in ("", CONFIGURED_WEIGHT):
+                remote.set_weight(t, backend, server, CONFIGURED_WEIGHT)
+                self.progress(f"gateway {host}: {backend}/{server} weight {CONFIGURED_WEIGHT} again (it was "
+                              f"{seen.weight})")  # fmt: skip

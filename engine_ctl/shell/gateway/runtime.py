@@ -52,6 +52,9 @@ class ServerState:
     in_flight: int
     address: str = ""
     """Where it sends requests now (`show stat`'s addr): the configuration's, unless a state file kept another."""
+    weight: str = ""
+    """Its weight now (`show stat`'s weight): the configuration's 1, unless an admin command set another (which
+    the server-state file keeps across reloads)."""
 
 
 RESTART_WAIT_S = 30
@@ -93,7 +96,7 @@ def parse_stat(csv_text: str) -> dict[tuple[str, str], ServerState]:
         if row.get("svname") in ("FRONTEND", "BACKEND", None):
             continue
         out[(row["pxname"], row["svname"])] = ServerState(
-            row.get("status", ""), int(row.get("scur") or 0), row.get("addr", "")
+            row.get("status", ""), int(row.get("scur") or 0), row.get("addr", ""), row.get("weight", "")
         )
     return out
 
@@ -152,6 +155,12 @@ def wait_drained(
             return False
         time.sleep(0.5)
     return True
+
+
+def set_weight(t: Transport, backend: str, server: str, weight: str, socket: str = ADMIN_SOCKET) -> None:
+    answer = runtime(t, [f"set weight {backend}/{server} {weight}"], socket)[0].strip()
+    if answer and "No such" in answer:
+        raise GatewayFailure(f"set weight {backend}/{server} {weight}: {answer}")
 
 
 def set_state(t: Transport, backend: str, server: str, state: str, socket: str = ADMIN_SOCKET) -> None:
@@ -267,11 +276,14 @@ def check_config(t: Transport, path: str, host: str, haproxy: str = HAPROXY) -> 
                          + (" | ".join(said[:8]) if said else "HAProxy printed nothing"))  # fmt: skip
 
 
-def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> str:
+def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY, reload: bool = False) -> str:
     """Put the files in place, checked first: the new set is written beside the old (GATEWAY_DIR.new), checked
-    with `haproxy -c` there, then moved in. Then start the unit, or reload it (master-worker: the listening
-    sockets stay open, requests in flight finish in the old worker) after saving the servers' states, and set
-    the key maps over the socket. Returns what was done: started, reloaded or maps."""
+    with `haproxy -c` there, then the files that changed moved in (one that did not is left untouched: its inode's
+    change time tells the plan whether the running gateway loaded it, facts_probe.changed_since_load). Then start
+    the unit, or reload it (master-worker: the listening sockets stay open, requests in flight finish in the old
+    worker) after saving the servers' states, and set the key maps over the socket. `reload`: reload even with no
+    file changed (the plan found the running gateway is not what its files say). Returns what was done: started,
+    reloaded or maps."""
     staging = GATEWAY_DIR + ".new"
     prepare = (
         f"rm -rf {staging} && mkdir -p {staging} {GATEWAY_DIR} && chmod 755 /etc/engine-ctl {GATEWAY_DIR} {staging}"
@@ -284,8 +296,9 @@ def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> 
     before = {
         line.split()[1].rsplit("/", 1)[-1]: line.split()[0] for line in old.splitlines() if len(line.split()) == 2
     }
-    moves = " && ".join(f"mv -f {staging}/{name} {GATEWAY_DIR}/{name}" for name in rendered.files)
-    _ok(t, ["sh", "-c", moves + f" && rmdir {staging}"], "installing the gateway's files")
+    moved = [n for n, sha in rendered.file_sha256.items() if before.get(n) != sha]
+    moves = "".join(f"mv -f {staging}/{name} {GATEWAY_DIR}/{name} && " for name in moved)
+    _ok(t, ["sh", "-c", moves + f"rm -rf {staging}"], "installing the gateway's files")
     unit_changed = before.get(GATEWAY_UNIT) != rendered.unit_sha256
     if unit_changed:
         t.put(f"{UNIT_DIR}/{GATEWAY_UNIT}", rendered.unit_text.encode(), 0o644)
@@ -305,7 +318,7 @@ def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY) -> 
         set_maps(t, rendered.maps, wait_s=15)
         return "restarted"
     changed = unit_changed or any(before.get(n) != s for n, s in rendered.file_sha256.items() if n in reload_files)
-    if changed or misrouted(rendered.files[CONFIG_FILE], live_addresses(t)):
+    if changed or reload or misrouted(rendered.files[CONFIG_FILE], live_addresses(t)):
         save_server_state(t, rendered.files[START_STATE_FILE])
         _ok(t, reload_then("reload", GATEWAY_UNIT), "reloading the gateway", unit=True)
         wait_reloaded(t)
