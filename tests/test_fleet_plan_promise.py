@@ -139,7 +139,10 @@ def test_weights_written_at_a_path_after_the_replica_started_are_drift_and_apply
     host, before = project.host_of(served), project.main_pid(served)
     time.sleep(1.5)  # past the second of slack either side of the replica's start
     path = f"{MODELS_DIR}/tiny/written.gguf"
-    project.fleet.ssh(host, f"cp {MODELS_DIR}/tiny/tiny.gguf {path}.new && mv {path}.new {path}")
+    # `cp -p` keeps the old file's mtime (as rsync -a does): only the inode's ctime says it was written now
+    project.fleet.ssh(host, f"cp -p {MODELS_DIR}/tiny/tiny.gguf {path}.new && mv {path}.new {path}")
+    stat = project.fleet.ssh(host, f"stat -c '%Y %Z' {path}").stdout.split()
+    assert int(stat[0]) < int(stat[1]), stat  # mtime before the replica's start, ctime after
     planned = project.cli("plan", "--detailed-exitcode")
     said = planned.stdout + planned.stderr
     assert planned.returncode == 2, said
@@ -213,5 +216,63 @@ def test_a_port_another_process_took_while_the_replica_was_down_is_named_and_not
     project.cli("apply", "--auto-approve", check=True)
     (after,) = project.replicas()
     assert project.health(after) == 200
+    again = project.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0 and NO_CHANGES in again.stdout, again.stdout + again.stderr
+
+
+def test_a_unit_file_that_outranks_engine_ctls_is_drift_and_apply_removes_it(project: Project) -> None:
+    """A copy of the replica's unit in /etc/systemd/system.control (read before /etc/systemd/system), its engine's
+    flags changed, and the unit restarted on it: systemd runs that copy and engine-ctl's file is ignored. Before,
+    plan and apply said "No changes" (a probe, session 15, ran a replica without its key this way)."""
+    project.write("context_length: 512")
+    project.cli("apply", "--auto-approve", check=True)
+    (served,) = project.replicas()
+    host, unit = project.host_of(served), served["unit"]
+    copy = f"/etc/systemd/system.control/{unit}"
+    project.fleet.ssh(host, f"mkdir -p /etc/systemd/system.control && sed 's/\"--parallel\" \"[0-9]*\"/\"--parallel\" "
+                            f"\"1\"/' /etc/systemd/system/{unit} > {copy} && systemctl daemon-reload && "
+                            f"systemctl restart {unit}")  # fmt: skip
+    fragment = project.fleet.ssh(host, f"systemctl show -p FragmentPath --value {unit}").stdout.strip()
+    assert fragment == copy
+    planned = project.cli("plan", "--detailed-exitcode")
+    said = planned.stdout + planned.stderr
+    assert planned.returncode == 2, said
+    assert f"{copy} replaces {unit} on {host.name} (systemd loads it, not engine-ctl's file" in said, said
+    applied = project.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert project.fleet.ssh(host, f"test -e {copy} && echo there || echo gone").stdout.strip() == "gone"
+    fragment = project.fleet.ssh(host, f"systemctl show -p FragmentPath --value {unit}").stdout.strip()
+    assert fragment == f"/etc/systemd/system/{unit}"
+    (after,) = project.replicas()
+    assert project.health(after) == 200
+    again = project.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0 and NO_CHANGES in again.stdout, again.stdout + again.stderr
+
+
+def test_a_state_rolled_back_to_before_the_deployment_never_writes_over_its_running_unit(project: Project) -> None:
+    """The same lineage's state from before the deployment existed (an old backup put back): before, apply wrote
+    over the running unit's file (another port), said it served there, and the next plan said "No changes" while
+    nothing listened on that port. Now plan and apply exit 1 naming the unit, and nothing on the host changes."""
+    project.write("context_length: 512")
+    project.cli("apply", "--auto-approve", check=True)
+    (served,) = project.replicas()
+    host, unit = project.host_of(served), served["unit"]
+    kept = project.state_file.read_text()
+    older = json.loads(kept)
+    older["deployments"], older["serial"] = {}, 1
+    project.state_file.write_text(json.dumps(older))
+    sha = project.fleet.ssh(host, f"sha256sum /etc/systemd/system/{unit}").stdout.split()[0]
+    pid = project.main_pid(served)
+    try:
+        planned = project.cli("plan", "--detailed-exitcode")
+        said = planned.stdout + planned.stderr
+        assert planned.returncode == 1, said
+        assert f"replica 0 would be {unit} on {host.name}, which is there already and not in this state" in said
+        applied = project.cli("apply", "--auto-approve")
+        assert applied.returncode == 1, applied.stdout + applied.stderr
+        assert project.fleet.ssh(host, f"sha256sum /etc/systemd/system/{unit}").stdout.split()[0] == sha
+        assert project.main_pid(served) == pid and project.health(served) == 200
+    finally:
+        project.state_file.write_text(kept)
     again = project.cli("plan", "--detailed-exitcode")
     assert again.returncode == 0 and NO_CHANGES in again.stdout, again.stdout + again.stderr

@@ -222,6 +222,26 @@ def test_a_deployment_named_like_another_states_never_touches_its_units() -> Non
     assert plan.problems and plan.drift == []
 
 
+def test_a_state_rolled_back_to_before_a_deployment_never_writes_over_its_running_unit() -> None:
+    """The same lineage's state from before the deployment existed (an old backup, a git copy): its unit runs and
+    is not recorded. Before, plan said it left the unit alone and, in the same plan, created a replica of that very
+    name; apply wrote over the file (another port), `systemctl start` of the active unit did nothing, apply said
+    it served on the new port, and the next plan said "No changes" while nothing listened there (a probe,
+    session 15). Now the replica is blocked, naming the unit and `engine-ctl import`."""
+    h = h100x8()
+    state, facts, _ = apply_and_read("gpus: 1", State(lineage="lineage-a"), h)
+    older = State(lineage="lineage-a")
+    plan = make_plan(desired("gpus: 1"), older, world(*facts.values())[0], facts, {"m": SHAPE})
+    (c,) = plan.changes
+    (unit,) = [r.unit for r in state.deployments["chat"].replicas]
+    assert c.replicas == [], "nothing is written over the running unit"
+    (blocked,) = c.blocked
+    assert blocked.startswith(f"replica 0 would be {unit} on {h.host}, which is there already and not in this state")
+    assert "`engine-ctl import` adopts it" in blocked
+    assert plan.problems == [f"chat: {blocked}"]  # plan and apply exit 1
+    assert [d.kind for d in plan.drift] == ["unmanaged"]  # "left alone", and now it is
+
+
 def test_a_recorded_unit_taken_over_by_another_state_is_held_back_not_repaired() -> None:
     a_state, facts = two_states()
     inv, _ = world(*facts.values())

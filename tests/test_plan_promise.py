@@ -244,6 +244,9 @@ def test_weights_written_after_the_replica_started_are_a_repair_and_exit_2() -> 
 
 
 def test_the_probe_reports_when_weights_were_written_never_a_time_ahead_of_its_clock(tmp_path: Path) -> None:
+    """The later of a file's mtime and its inode's ctime: a copy that keeps the old mtime (`cp -p`, `rsync -a`,
+    `touch -d`: here os.utime) still moves the ctime, which no program sets back (a probe, session 15: `cp -p` of
+    other weights over the path gave "No changes" while the engine served the deleted file)."""
     import os
     import time
 
@@ -251,14 +254,17 @@ def test_the_probe_reports_when_weights_were_written_never_a_time_ahead_of_its_c
 
     f = tmp_path / "m.gguf"
     f.write_bytes(b"GGUF")
-    os.utime(f, (1000, 1000))
-    assert newest_mtime(str(f)) == 1000.0
+    os.utime(f, (1000, 1000))  # the mtime set back, as cp -p does
+    assert newest_mtime(str(f)) == round(os.stat(f).st_ctime, 3) > 1000.0
     d = tmp_path / "ckpt"
     d.mkdir()
-    for name, at in (("a.safetensors", 2000), ("config.json", 3000), (".engine-ctl-checkpoint.json", 9000)):
+    for name in ("a.safetensors", "config.json"):
         (d / name).write_text("x")
-        os.utime(d / name, (at, at))
-    assert newest_mtime(str(d)) == 3000.0, "the newest weight file; engine-ctl's marker is none"
+        os.utime(d / name, (2000, 2000))
+    newest = max(os.stat(d / n).st_ctime for n in ("a.safetensors", "config.json"))
+    time.sleep(0.05)
+    (d / ".engine-ctl-checkpoint.json").write_text("{}")  # written last: engine-ctl's marker is no weight
+    assert newest_mtime(str(d)) == round(newest, 3) < os.stat(d / ".engine-ctl-checkpoint.json").st_ctime
     os.utime(f, (time.time() + 3600, time.time() + 3600))
     assert newest_mtime(str(f)) is None, "a file server's clock ahead of this host's"
     assert newest_mtime(str(tmp_path / "absent")) is None

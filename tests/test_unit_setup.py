@@ -17,7 +17,7 @@ from engine_ctl.core.plan.scaler import scaler_unit_drift
 from engine_ctl.core.record.model import State
 from engine_ctl.core.render.gateway import GATEWAY_UNIT
 from engine_ctl.core.render.scaler import SCALER_UNIT
-from engine_ctl.core.unitsetup import DROP_IN_ROOTS, drop_in_dirs, own_drop_ins
+from engine_ctl.core.unitsetup import DROP_IN_ROOTS, OUTRANKING_ROOTS, drop_in_dirs, outranking_files, own_drop_ins
 from engine_ctl.shell.systemd import DROPPED, drop_ins_removal
 from tests.fleetfacts import h100x8
 from tests.test_plan_core import SHAPE, applied, desired, plan_for, world
@@ -41,6 +41,28 @@ def test_only_drop_ins_written_for_engine_ctl_units_under_etc_and_run_are_drift(
         f"/usr/lib/systemd/system/{UNIT}.d/vendor.conf",  # no person writes there
     ]
     assert own_drop_ins(UNIT, paths) == tuple(sorted(paths[:3]))
+
+
+def test_a_unit_file_that_outranks_engine_ctls_is_drift_named_for_what_it_is() -> None:
+    """A file named as the unit in a directory systemd reads before /etc/systemd/system (system.control, transient,
+    generator.early) is the unit systemd loads (its FragmentPath): engine-ctl's file is ignored. Before, plan said
+    "No changes" while such a copy ran the engine without its key (a probe, session 15)."""
+    for root in OUTRANKING_ROOTS:
+        assert outranking_files(UNIT, f"{root}/{UNIT}") == (f"{root}/{UNIT}",)
+    for path in (f"/etc/systemd/system/{UNIT}", f"/run/systemd/system/{UNIT}", f"/usr/lib/systemd/system/{UNIT}",
+                 "/etc/systemd/system.control/other.service", "", None):  # fmt: skip
+        assert outranking_files(UNIT, path) == (), path
+    assert outranking_files("sshd.service", "/etc/systemd/system.control/sshd.service") == ()
+    h = h100x8()
+    state, facts = applied(plan_for("gpus: 1", State(), h), State(), {h.host: h})
+    (unit,) = facts[h.host].units
+    path = f"/etc/systemd/system.control/{unit.name}"
+    now = facts[h.host].model_copy(update={"units": (unit.model_copy(update={"drop_ins": (path,)}),)})
+    plan = make_plan(desired("gpus: 1"), state, world(now)[0], {h.host: now}, {"m": SHAPE})
+    (d,) = plan.drift
+    assert (d.kind, d.detail) == ("drop-in", f"{path} replaces {unit.name} on {h.host} (systemd loads it, not "
+                                  "engine-ctl's file in /etc/systemd/system): apply removes it")  # fmt: skip
+    assert plan.changes[0].replicas[0].action == ["update"] and plan.has_changes
 
 
 def test_a_replicas_drop_in_is_drift_and_an_always_on_one_not_enabled_is_too() -> None:
@@ -102,19 +124,22 @@ def test_the_gateways_and_the_scalers_units_with_drop_ins_or_not_enabled_are_dri
 def test_the_removal_deletes_what_the_plan_reports_and_nothing_else(tmp_path: Path) -> None:
     """The shell text, run by a real sh with the roots moved under tmp_path (the text names absolute paths)."""
     script = drop_ins_removal(UNIT).replace("systemctl daemon-reload", "echo reloaded")
-    for root in DROP_IN_ROOTS:
-        script = script.replace(root + "/", f"{tmp_path}{root}/")
+    for root in sorted({*DROP_IN_ROOTS, *OUTRANKING_ROOTS}, key=len, reverse=True):
+        script = script.replace(f" {root}/", f" {tmp_path}{root}/").replace(f"'{root}/", f"'{tmp_path}{root}/")
     mine = [tmp_path / "etc/systemd/system" / f"{UNIT}.d" / "override.conf",
             tmp_path / "run/systemd/system.control" / f"{UNIT}.d" / "50-CPUWeight.conf",
             tmp_path / "etc/systemd/system/engine-ctl-.service.d/all.conf"]  # fmt: skip
+    outranking = [tmp_path / "etc/systemd/system.control" / UNIT, tmp_path / "run/systemd/transient" / UNIT]
     others = [tmp_path / "etc/systemd/system/engine-ctl-other-0a.service.d/keep.conf",
               tmp_path / "run/systemd/system/service.d/zzz.conf",
               tmp_path / "etc/systemd/system/engine-.service.d/keep.conf"]  # fmt: skip
-    for path in mine + others:
+    others.append(tmp_path / "etc/systemd/system" / UNIT)  # engine-ctl's own file: never removed here
+    for path in mine + others + outranking:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("[Service]\n")
     ran = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
     assert ran.returncode == 0 and ran.stdout.splitlines() == [DROPPED, "reloaded"], ran
     assert not any(p.parent.exists() for p in mine) and all(p.exists() for p in others)
+    assert not any(p.exists() for p in outranking)
     again = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
     assert again.returncode == 0 and again.stdout == ""  # nothing there: nothing said, no reload

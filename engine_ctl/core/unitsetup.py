@@ -29,6 +29,25 @@ DROP_IN_ROOTS = (
 (system.control) write a unit's drop-ins."""
 
 
+OUTRANKING_ROOTS = (
+    "/etc/systemd/system.control",
+    "/run/systemd/system.control",
+    "/run/systemd/transient",
+    "/run/systemd/generator.early",
+)
+"""Unit directories systemd reads before /etc/systemd/system (systemd.unit(5), the unit load path): a file there
+named as an engine-ctl unit is the unit systemd loads (its FragmentPath), and engine-ctl's own file is ignored."""
+
+
+def outranking_files(unit: str, fragment_path: str | None) -> tuple[str, ...]:
+    """systemd's FragmentPath for `unit` when it is a file that outranks engine-ctl's (drift, which apply removes),
+    else nothing."""
+    if not fragment_path or not unit.startswith(UNIT_PREFIX):
+        return ()
+    where, _, name = fragment_path.rpartition("/")
+    return (fragment_path,) if where in OUTRANKING_ROOTS and name == unit else ()
+
+
 def drop_in_dirs(unit: str) -> tuple[str, ...]:
     """The drop-in directories systemd reads for `unit` that are named for engine-ctl's units: its dash-prefixes
     from `engine-ctl-` on (`engine-ctl-.service.d`, `engine-ctl-chat-.service.d`, ...), then its own."""
@@ -57,9 +76,25 @@ def not_enabled_detail(host: str, unit: str, unit_file_state: str | None) -> str
 
 
 def drop_ins_detail(unit: str, host: str, paths: Iterable[str]) -> str:
-    """The drift's words: which drop-ins change the unit, and what apply does."""
-    listed = ", ".join(paths)
-    return f"drop-in files change {unit} on {host} ({listed}): apply removes them"
+    """The drift's words: which drop-ins change the unit (or which file outranks its own), and what apply does."""
+    paths = list(paths)
+    whole = [p for p in paths if p.rpartition("/")[0] in OUTRANKING_ROOTS and p.rpartition("/")[2] == unit]
+    said = []
+    if whole:
+        said.append(f"{', '.join(whole)} replaces {unit} on {host} (systemd loads it, not engine-ctl's file in "
+                    "/etc/systemd/system)")  # fmt: skip
+    rest = [p for p in paths if p not in whole]
+    if rest:
+        said.append(f"drop-in files change {unit} on {host} ({', '.join(rest)})")
+    return "; ".join(said) + (": apply removes it" if whole and not rest else ": apply removes them")
 
 
-__all__ = ["DROP_IN_ROOTS", "drop_in_dirs", "drop_ins_detail", "not_enabled_detail", "own_drop_ins"]
+__all__ = [
+    "DROP_IN_ROOTS",
+    "OUTRANKING_ROOTS",
+    "drop_in_dirs",
+    "drop_ins_detail",
+    "not_enabled_detail",
+    "outranking_files",
+    "own_drop_ins",
+]

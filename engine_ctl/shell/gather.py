@@ -30,7 +30,7 @@ from engine_ctl.core.names import UNIT_PREFIX
 from engine_ctl.core.plan.internalkey import key_files
 from engine_ctl.core.plan.unitdiff import hide_secrets_in
 from engine_ctl.core.render.units import bind_address, local_address
-from engine_ctl.core.unitsetup import own_drop_ins
+from engine_ctl.core.unitsetup import outranking_files, own_drop_ins
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell import shipped
 from engine_ctl.shell.transport import (
@@ -168,7 +168,8 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
             main_pid=_int(u.get("MainPID")),
             exec_main_status=_int(u.get("ExecMainStatus")),
             unit_file_state=u.get("UnitFileState") or None,
-            drop_ins=own_drop_ins(u["Id"], str(u.get("DropInPaths") or "").split()),
+            drop_ins=own_drop_ins(u["Id"], str(u.get("DropInPaths") or "").split())
+            + outranking_files(u["Id"], u.get("FragmentPath")),
             text=hide_secrets_in(u["text"]) if isinstance(u.get("text"), str) else None,  # never a token kept
             header=parse_unit_header([str(x) for x in u.get("header") or []]),
             body_sha256=u.get("body_sha256"),
@@ -239,6 +240,8 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         gateway_servers=dict((doc.get("gateway") or {}).get("servers") or {}),
         gateway_addresses=dict((doc.get("gateway") or {}).get("addresses") or {}),
         gateway_maps=(doc.get("gateway") or {}).get("maps"),
+        gateway_weights=dict((doc.get("gateway") or {}).get("weights") or {}),
+        gateway_unloaded=tuple((doc.get("gateway") or {}).get("changed_since_load") or ()),
         gateway_key=(doc.get("gateway") or {}).get("internal_key"),
         replica_keys={
             str(k): None if v is None else tuple(str(x) for x in v) for k, v in (doc.get("replica_keys") or {}).items()

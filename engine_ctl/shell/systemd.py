@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from engine_ctl.core.fit.startup import measure_script, sampler
 from engine_ctl.core.render.guard import GUARD_LINE, guard_name
-from engine_ctl.core.unitsetup import DROP_IN_ROOTS, drop_in_dirs
+from engine_ctl.core.unitsetup import DROP_IN_ROOTS, OUTRANKING_ROOTS, drop_in_dirs
 
 UNIT_DIR = "/etc/systemd/system"
 
@@ -84,7 +84,8 @@ def remove_unit(unit: str, *paths: str, only_if_installed: bool = False) -> str:
         if only_if_installed
         else (f"systemctl disable --now {q} 2>/dev/null")
     )
-    own = " ".join(shlex.quote(f"{root}/{unit}.d") for root in DROP_IN_ROOTS)
+    own = " ".join(shlex.quote(p) for p in [*(f"{root}/{unit}.d" for root in DROP_IN_ROOTS),
+                                            *(f"{root}/{unit}" for root in OUTRANKING_ROOTS)])  # fmt: skip
     return f"{first}; rm -f {' '.join([path, *paths])}; rm -rf {own}; {daemon_reload()}"
 
 
@@ -94,9 +95,13 @@ DROPPED = "engine-ctl: drop-ins removed"
 
 def drop_ins_removal(*units: str) -> str:
     """Shell text: remove the drop-in directories that change these engine-ctl units (engine_ctl.core.unitsetup:
-    `systemctl edit`, `set-property`, a hand-written `<unit>.d`); if there was any, print DROPPED and reload systemd
+    `systemctl edit`, `set-property`, a hand-written `<unit>.d`) and the files named as them in a directory systemd
+    reads first (OUTRANKING_ROOTS); if there was any, print DROPPED and reload systemd
     (a guard's drop-in leaves its replica's unit with nothing to reload for)."""
-    paths = sorted({f"{root}/{d}" for unit in units for root in DROP_IN_ROOTS for d in drop_in_dirs(unit)})
+    paths = sorted(
+        {f"{root}/{d}" for unit in units for root in DROP_IN_ROOTS for d in drop_in_dirs(unit)}
+        | {f"{root}/{unit}" for unit in units for root in OUTRANKING_ROOTS}
+    )  # a file that outranks it
     listed = " ".join(shlex.quote(p) for p in paths)
     return (f"_ectl_dropped=; for d in {listed}; do [ -e \"$d\" ] && rm -rf \"$d\" && _ectl_dropped=1; done; "
             f"[ -z \"$_ectl_dropped\" ] || {{ echo {shlex.quote(DROPPED)}; {daemon_reload()}; }}; ")  # fmt: skip

@@ -45,7 +45,7 @@ from engine_ctl.core.plan.drift import (
     weights_written_drift,
 )
 from engine_ctl.core.plan.engines import member_engine_drift_detail
-from engine_ctl.core.plan.ownership import as_recorded
+from engine_ctl.core.plan.ownership import as_recorded, is_foreign
 from engine_ctl.core.plan.world import Allocation, Hosts, recorded_placement
 from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord
 from engine_ctl.core.render.guard import guard_refusals, needs_guard, residency_of
@@ -416,6 +416,15 @@ def create_replica(t: Target, index: int) -> bool:
     why += reserved_note(result)
     rc = replica_change(list(CREATE), t.render(p, t.revision, "a"), t.revision, p, reason=why)
     rc.on_demand = t.on_demand(index)
+    places = ((rc.host, rc.unit), *((m.host, m.unit) for m in rc.members))
+    there = [(h, u) for h, u in places if (f := t.hosts.unit(h, u)) is not None and not is_foreign(f, t.lineage or "")]
+    if there:  # a unit of this lineage the state does not record (an older copy of the state): never written over
+        # (another lineage's is ownership.hold_back's to report)
+        host, unit = there[0]
+        t.change.blocked.append(f"replica {index} would be {unit} on {host}, which is there already and not in "
+                                "this state (an older copy of the state, or another checkout's, recorded it): "
+                                "nothing is written over it; `engine-ctl import` adopts it, or remove it")  # fmt: skip
+        return True
     t.replicas.append(rc)
     return True
 

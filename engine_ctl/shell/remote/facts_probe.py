@@ -161,7 +161,7 @@ UNIT_DIR = "/etc/systemd/system"
 UNIT_TEXT_LIMIT = 256 * 1024  # engine_ctl.core.fit.hostfacts.UNIT_TEXT_LIMIT: a unit's text past it is not sent
 UNIT_PROPERTIES = (
     "Id", "ActiveState", "SubState", "NRestarts", "MainPID", "ExecMainStatus", "Result", "UnitFileState", "DropInPaths",
-    "ExecMainStartTimestampMonotonic",
+    "ExecMainStartTimestampMonotonic", "FragmentPath",
 )  # fmt: skip
 SYSTEMD_LIBRARY = "libsystemd-shared-"
 
@@ -857,16 +857,19 @@ def writable_by_others(path: str) -> str | None:
 
 
 def newest_mtime(path: str, limit: int = 5000) -> float | None:
-    """When the weights at `path` were last written: the file's mtime, or the newest of a checkpoint directory's
-    files (its top level, dot-files left out); None for a time ahead of this host's clock (a file server's skewed
-    clock, never a change seen after a start)."""
+    """When the weights at `path` were last written: the file's last change, or the newest of a checkpoint
+    directory's files (its top level, dot-files left out); None for a time ahead of this host's clock (a file
+    server's skewed clock, never a change seen after a start). A change is the later of the mtime and the inode's
+    ctime: a copy that keeps the old mtime (`cp -p`, `rsync -a`, `touch -d`) still moves the ctime, which no
+    program sets back."""
     try:
         if os.path.isdir(path):
             entries = itertools.islice(os.scandir(path), limit)  # a dot-file (engine-ctl's marker) is no weight
-            times = [e.stat().st_mtime for e in entries if e.is_file() and not e.name.startswith(".")]
-            newest = max(times) if times else None
+            stats = [e.stat() for e in entries if e.is_file() and not e.name.startswith(".")]
+            newest = max(max(st.st_mtime, st.st_ctime) for st in stats) if stats else None
         else:
-            newest = os.stat(path).st_mtime
+            st = os.stat(path)
+            newest = max(st.st_mtime, st.st_ctime)
     except OSError:
         return None
     return round(newest, 3) if newest is not None and newest <= time.time() else None
@@ -1097,6 +1100,8 @@ def gateway_ask(command: str, path: str = GATEWAY_SOCKET) -> str | None:
 
 RUNTIME_MAPS = ("keys.map", "expires.map", "scopes.map", "limits.map", "stopped.map")
 """The maps apply changes in a running gateway (engine_ctl.core.render.gateway.RUNTIME_MAPS)."""
+SHOWN_MAPS = (*RUNTIME_MAPS, "models.map")
+"""The maps read from the running gateway: those, and the routes (models.map), which only a reload changes."""
 
 
 def parse_show_map(data: str) -> dict[str, str] | None:
@@ -1115,7 +1120,7 @@ def gateway_maps(path: str = GATEWAY_SOCKET) -> dict[str, dict[str, str]] | None
     """The key maps as the running gateway holds them in memory (what requests are checked against): a map
     changed over the socket, never on disk, shows here. None when the gateway does not answer."""
     out = {}
-    for name in RUNTIME_MAPS:
+    for name in SHOWN_MAPS:
         data = gateway_ask("show map " + name, path)
         if data is None:
             return None
@@ -1174,7 +1179,35 @@ def gateway(directory: str = GATEWAY_DIR) -> dict[str, Any] | None:
         return None
     stat = gateway_ask("show stat") or ""
     return {"files": files, "servers": parse_show_stat(stat), "addresses": parse_show_stat(stat, "addr"),
-            "maps": gateway_maps(), "internal_key": gateway_key()}  # fmt: skip
+            "weights": parse_show_stat(stat, "weight"), "maps": gateway_maps(), "internal_key": gateway_key(),
+            "changed_since_load": changed_since_load(directory, gateway_ask("show info"))}  # fmt: skip
+
+
+LOAD_SLACK_S = 1.0
+"""`show info`'s Uptime_sec is whole seconds: a file changed within a second before the load counts as loaded."""
+
+
+def changed_since_load(directory: str, info: str | None, now: float | None = None) -> list[str] | None:
+    """The gateway's files (not the maps a running gateway takes over its socket) whose inode changed (ctime: a
+    write, a rename, a copy that keeps the mtime) after the running worker loaded its configuration (`show info`:
+    its Uptime_sec): what runs may not be what the files say (edited, reloaded, then put back). None when the
+    gateway does not answer."""
+    uptime = next((line.split(":", 1)[1].strip() for line in (info or "").splitlines()
+                   if line.startswith("Uptime_sec:")), None)  # fmt: skip
+    if uptime is None or not uptime.isdigit():
+        return None
+    loaded = (time.time() if now is None else now) - int(uptime) - LOAD_SLACK_S
+    out = []
+    try:
+        for entry in sorted(os.listdir(directory)):
+            path = os.path.join(directory, entry)
+            if entry in RUNTIME_MAPS or entry.endswith((".env", ".key")) or not os.path.isfile(path):
+                continue
+            if os.stat(path).st_ctime > loaded:
+                out.append(entry)
+    except OSError:
+        return None
+    return out
 
 
 # The probe ------------------------------------------------------------------------------------------------------
