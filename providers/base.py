@@ -328,6 +328,12 @@ class Provider:
     log_prefix: str = ""
     """A regular expression for what the engine writes before each log line (a timestamp, a level): dropped
     from the engine's words when a replica fails to start."""
+    keeps_argv: bool = False
+    """Its main process's command line (/proc/PID/cmdline) stays the argv it was started with (it sets no process
+    title): arguments there that its unit does not give (a wrapper at its executable's path) are drift."""
+    env_prefixes: tuple[str, ...] = ()
+    """Environment variables it reads as settings (each one a flag): one in its process that its unit does not set
+    came from elsewhere (systemd's manager environment, `systemctl set-environment`) and changes how it serves."""
     takes_flag_equals_value: bool = True
     """Whether the engine reads `--flag=value` as one word (argparse does: vLLM, SGLang). When not (llama.cpp's
     llama-server refuses `--seed=42`), the user's engine_args are passed as `--flag value`."""

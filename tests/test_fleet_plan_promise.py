@@ -276,3 +276,43 @@ def test_a_state_rolled_back_to_before_the_deployment_never_writes_over_its_runn
         project.state_file.write_text(kept)
     again = project.cli("plan", "--detailed-exitcode")
     assert again.returncode == 0 and NO_CHANGES in again.stdout, again.stdout + again.stderr
+
+
+def test_an_engine_started_with_settings_or_arguments_its_unit_does_not_give_is_drift(project: Project) -> None:
+    """What runs, not only what the unit file says. (1) `systemctl set-environment LLAMA_ARG_N_PREDICT=1` and a
+    restart: llama-server reads it as a flag (every answer one token long). (2) A wrapper put at the engine's path
+    that adds arguments. Before, plan said "No changes" after each (a probe, session 15); now each is drift, apply
+    unsets the manager's setting before the restart, and a wrapper keeps the plan from saying "No changes"."""
+    project.write("context_length: 512")
+    project.cli("apply", "--auto-approve", check=True)
+    (served,) = project.replicas()
+    host, unit = project.host_of(served), served["unit"]
+    project.fleet.ssh(host, f"systemctl set-environment LLAMA_ARG_N_PREDICT=1 && systemctl restart {unit}")
+    try:
+        planned = project.cli("plan", "--detailed-exitcode")
+        said = planned.stdout + planned.stderr
+        assert planned.returncode == 2, said
+        assert "its engine's environment sets LLAMA_ARG_N_PREDICT, which its unit does not" in said, said
+        project.cli("apply", "--auto-approve", check=True)
+        assert "LLAMA_ARG" not in project.fleet.ssh(host, "systemctl show-environment").stdout
+        pid = project.main_pid(served)
+        assert "LLAMA_ARG_N_PREDICT" not in project.fleet.ssh(host, f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout
+        again = project.cli("plan", "--detailed-exitcode")
+        assert again.returncode == 0 and NO_CHANGES in again.stdout, again.stdout + again.stderr
+    finally:
+        project.fleet.ssh(host, "systemctl unset-environment LLAMA_ARG_N_PREDICT", check=False)
+    exe = served["argv"][0]
+    wrapper = f'#!/bin/sh\\nexec {exe}.real "$@" --parallel 1\\n'
+    project.fleet.ssh(host, f"cp -p {exe} {exe}.real && printf '{wrapper}' > {exe}.new && chmod 755 {exe}.new && "
+                            f"mv {exe}.new {exe} && systemctl restart {unit}")  # fmt: skip
+    try:
+        project.cli("apply", "--auto-approve")  # the engine's new build is adopted (a restart onto it)
+        planned = project.cli("plan", "--detailed-exitcode")
+        said = planned.stdout + planned.stderr
+        assert planned.returncode == 2 and NO_CHANGES not in said, said
+        assert "runs with other arguments than its unit gives (a wrapper at its executable's path?)" in said, said
+    finally:
+        project.fleet.ssh(host, f"mv {exe}.real {exe}", check=False)
+    project.cli("apply", "--auto-approve", check=True)
+    again = project.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0 and NO_CHANGES in again.stdout, again.stdout + again.stderr

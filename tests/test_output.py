@@ -271,7 +271,12 @@ def test_destroy_plans_and_reports_in_its_own_words() -> None:
         outcome_line(plan, "destroy", 0, "destroyed")
         == "\nDestroy complete: destroyed. (1 deployment destroyed as planned)"
     )
-    assert outcome_line(plan, "destroy", 1, "failed: x").startswith("\nDestroy stopped: failed: x.")
+    assert (
+        outcome_line(plan, "destroy", 1, "failed: x")
+        == "\nDestroy stopped: failed: x. (planned: 1 deployment to destroy)"
+    )
+    stopped = outcome_line(plan, "apply", 1, "failed: x")  # never counts as if all of it had been done
+    assert stopped.startswith("\nApply stopped: failed: x. (planned: ") and "destroyed as planned" not in stopped
     assert outcome_line(plan, "apply", 0, "applied").startswith("\nApply complete: applied.")
     empty = for_destroy(
         make_plan(desired("gpus: 1").model_copy(update={"deployments": ()}), State(), *world(h100x8()), {})

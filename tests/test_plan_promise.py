@@ -349,3 +349,38 @@ def test_a_port_another_process_took_while_the_replica_is_down_is_named_and_noth
     assert not held.has_changes and not held.problems and c.replicas == []
     assert any(w.startswith("replica 0 cannot start: port") for w in c.warnings), c.warnings
     assert held.drift == [], "said once, as the held deployment's warning"
+
+
+def test_an_engine_started_with_arguments_or_settings_its_unit_does_not_give_is_drift() -> None:
+    """/proc/PID/cmdline and the names in /proc/PID/environ of the replica's engine (the facts keep no value):
+    a wrapper's added arguments, or a LLAMA_ARG_* from systemd's manager environment, are drift; the command line
+    as the unit gives it (a key flag's value hidden on both sides) and the unit's own Environment= are not."""
+    from engine_ctl.core.plan.unitdiff import hide_argv
+
+    d = desired("path: m/m.gguf")
+    hosts = {"h1": cpu_host("h1")}
+    state, hosts = applied(plan(d, State(), hosts, SHAPE), State(), hosts)
+    (unit,) = hosts["h1"].units
+    argv = state.deployments["chat"].replicas[0].argv
+    text = "[Service]\nEnvironment=LLAMA_ARG_THREADS_HTTP=2 OTHER=1\nExecStart=/x\n"
+    as_given = {"proc_argv": hide_argv(argv), "proc_env": ("LLAMA_ARG_THREADS_HTTP", "PATH"), "main_pid": 42,
+                "text": text}  # fmt: skip
+
+    def with_unit(**change: object) -> dict[str, HostFacts]:
+        return {"h1": hosts["h1"].model_copy(update={"units": (unit.model_copy(update={**as_given, **change}),)})}
+
+    assert not plan(d, state, with_unit(), SHAPE).has_changes
+    interpreted = with_unit(proc_argv=("/usr/bin/python3", *hide_argv(argv)))  # an interpreter before the script
+    assert not plan(d, state, interpreted, SHAPE).has_changes
+    assert not plan(d, state, with_unit(proc_argv=None, proc_env=None), SHAPE).has_changes  # not read: no verdict
+    wrapped = plan(d, state, with_unit(proc_argv=(*hide_argv(argv), "--parallel", "1", "--n-predict", "1")), SHAPE)
+    (drift,) = wrapped.drift
+    assert drift.kind == "launch" and wrapped.has_changes
+    assert "its engine (PID 42) runs with other arguments than its unit gives (--n-predict added) (a wrapper" in \
+        drift.detail  # fmt: skip
+    env = plan(d, state, with_unit(proc_env=("LLAMA_ARG_N_PREDICT", "LLAMA_ARG_THREADS_HTTP", "PATH")), SHAPE)
+    (drift,) = env.drift
+    assert "its engine's environment sets LLAMA_ARG_N_PREDICT, which its unit does not" in drift.detail
+    assert env.changes[0].replicas[0].action == ["update"]
+    assert hide_argv(["/x", "--api-key", "s3", "--api-key-file=/k", "--port", "1"]) == (
+        "/x", "--api-key", "(sensitive)", "--api-key-file=(sensitive)", "--port", "1")  # fmt: skip

@@ -258,16 +258,19 @@ class JsonEvents:
 
 
 def outcome_line(plan: Plan, command: str, code: int, result_text: str) -> str:
-    """The last line of apply or destroy: complete or stopped, and what was planned."""
+    """The last line of apply or destroy: complete, with what was planned (all of it done), or stopped, with what
+    was planned only (the lines above say what was done: never counts as if it all had been)."""
     s = plan.summary()
     if command == "destroy":
         n = s["destroy"]
-        done = f"{n} deployment{'s' if n != 1 else ''} destroyed as planned"
-        return f"\nDestroy {'complete' if code == 0 else 'stopped'}: {result_text}. ({done})"
-    return (
-        f"\nApply {'complete' if code == 0 else 'stopped'}: {result_text}. "
-        f"({s['add']} added, {s['change']} changed, {s['destroy']} destroyed as planned)"
-    )
+        if code != 0:
+            return f"\nDestroy stopped: {result_text}. (planned: {n} deployment{'s' if n != 1 else ''} to destroy)"
+        return f"\nDestroy complete: {result_text}. ({n} deployment{'s' if n != 1 else ''} destroyed as planned)"
+    if code != 0:
+        return (f"\nApply stopped: {result_text}. (planned: {s['add']} to add, {s['change']} to change, "
+                f"{s['destroy']} to destroy; what was done is above)")  # fmt: skip
+    done = f"{s['add']} added, {s['change']} changed, {s['destroy']} destroyed as planned"
+    return f"\nApply complete: {result_text}. ({done})"
 
 
 def execute(

@@ -62,6 +62,7 @@ from engine_ctl.shell.systemd import (
     rewrite_argv,
     start_argv,
     stop_argv,
+    unset_manager_env_argv,
 )
 from engine_ctl.shell.transport import (
     CommandResult,
@@ -942,6 +943,7 @@ class Executor:
                 self._gateway(self.gateway.drain, name, step.unit)
         if step.members:  # a replica group restarts whole: its workers (written again), then its head
             self._start_members(change, step, verb="restart")
+        self._unset_manager_settings(change, step)
         with self._on(step.host) as t:
             tr = t[step.host]
             assert step.unit_text is not None
@@ -961,6 +963,18 @@ class Executor:
             self.progress(f"{name}: replica {step.index} on {step.host}: {step.unit} repaired ({step.reason})")
             self._event("healthy", name, replica=step.index, host=step.host, unit=step.unit, port=step.port,
                         revision=step.revision)  # fmt: skip
+
+    def _unset_manager_settings(self, change: DeploymentChange, step: ReplicaChange) -> None:
+        """Where the plan found the replica's engine running with settings from systemd's manager environment
+        (`launch` drift), those the engine reads (provider.env_prefixes) are unset there before its restart: else
+        the restart would start it on them again."""
+        engine = PROVIDERS.get(change.fit.engine) if change.fit else None
+        found = any(d.kind == "launch" and (d.host, d.unit) == (step.host, step.unit) for d in self.plan.drift)
+        if engine is None or not engine.env_prefixes or not found:
+            return
+        with self._on(step.host) as t:
+            self._run(t[step.host], unset_manager_env_argv(engine.env_prefixes), f"unsetting {step.host}'s systemd "
+                      "manager environment")  # fmt: skip
 
     def _rewrite_held(self, change: DeploymentChange, step: ReplicaChange) -> None:
         """A held deployment's replica whose unit files drifted (its head's or a group worker's): each written

@@ -28,7 +28,7 @@ from engine_ctl.core.fit.modelfacts import ModelFacts, facts_from_gguf_fields, f
 from engine_ctl.core.fit.unitheader import parse_unit_header
 from engine_ctl.core.names import UNIT_PREFIX
 from engine_ctl.core.plan.internalkey import key_files
-from engine_ctl.core.plan.unitdiff import hide_secrets_in
+from engine_ctl.core.plan.unitdiff import hide_argv, hide_secrets_in
 from engine_ctl.core.render.units import bind_address, local_address
 from engine_ctl.core.unitsetup import outranking_files, own_drop_ins
 from engine_ctl.providers import PROVIDERS
@@ -176,6 +176,8 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
             exits=tuple(str(x) for x in u.get("exits") or []),
             started_at=u.get("started_at") if isinstance(u.get("started_at"), (int, float)) else None,
             process_state=str(u["process_state"]) if u.get("process_state") else None,
+            proc_argv=hide_argv([str(x) for x in u["proc_argv"]]) if isinstance(u.get("proc_argv"), list) else None,
+            proc_env=tuple(str(x) for x in u["proc_env"]) if isinstance(u.get("proc_env"), list) else None,
         )
         for u in doc.get("units") or []
     )

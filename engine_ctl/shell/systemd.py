@@ -5,6 +5,7 @@ them through a transport, and tests read them without a host. Nothing here runs 
 from __future__ import annotations
 
 import posixpath
+import re
 import shlex
 from collections.abc import Sequence
 
@@ -230,6 +231,14 @@ def install_argv(unit: str) -> list[str]:
     (the scaler starts it)."""
     q = shlex.quote(unit)
     return ["sh", "-c", _upload(unit) + f"systemctl disable --no-reload {q} 2>/dev/null; systemctl daemon-reload"]
+
+
+def unset_manager_env_argv(prefixes: Sequence[str]) -> list[str]:
+    """Unset the variables of systemd's manager environment (`systemctl set-environment`) whose names begin with
+    one of `prefixes` (an engine's settings), so that no unit it starts inherits them."""
+    pattern = "|".join(re.escape(p) for p in prefixes)
+    return ["sh", "-c", f"for v in $(systemctl show-environment | cut -d= -f1 | grep -E '^({pattern})'); do "
+            'systemctl unset-environment "$v" || exit 1; done']  # fmt: skip
 
 
 def rewrite_argv(unit: str) -> list[str]:

@@ -85,6 +85,10 @@ class UnitFact(Fact):
     started_at: float | None = None
     """When its main process started (Unix time, from systemd's ExecMainStartTimestampMonotonic); None: never, or
     an older probe."""
+    proc_argv: tuple[str, ...] | None = None
+    """Its main process's command line (/proc/PID/cmdline); None: no process, or not readable."""
+    proc_env: tuple[str, ...] | None = None
+    """The names (never the values) of its main process's environment variables; None: not read."""
     exits: tuple[str, ...] = ()
     """Its last exits other than a stop, oldest first, as its unit records them: `epoch result code status`
     (`1733312345 signal killed SEGV`: a crash by SIGSEGV). Kept until the host reboots."""
@@ -226,6 +230,8 @@ class HostFacts(Fact):
                         "exits",
                         "started_at",
                         "process_state",
+                        "proc_argv",
+                        "proc_env",
                     }
                 },
             },

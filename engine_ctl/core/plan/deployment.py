@@ -40,6 +40,7 @@ from engine_ctl.core.plan.diff import Names, changed_fields, spec_digest
 from engine_ctl.core.plan.drift import (
     checkpoint_drift,
     guard_drift,
+    launch_drift,
     replica_drift,
     replica_key_drift,
     weights_written_drift,
@@ -455,6 +456,7 @@ def keep_replica(t: Target, current: ReplicaRecord) -> bool:
     found += weights or weights_written_drift(t.d.name, current, t.model, entry, facts, unit)
     found += group_drift(t, current)
     found += replica_key_drift(t.d.name, t.provider, current, facts, t.hosts.key_sent)
+    found += launch_drift(t.d.name, t.provider, current, unit)
     t.drift.extend(found)
     taken = next((f for f in found if f.kind == "port-taken"), None)
     if taken is not None:  # a start would fail, or its health gate pass on that process: left as it is

@@ -13,6 +13,7 @@ from engine_ctl.core.names import UNIT_PREFIX
 from engine_ctl.core.plan.changes import Drift
 from engine_ctl.core.plan.engines import engine_drift_detail
 from engine_ctl.core.plan.internalkey import KEY_CHECK_PATH, REFUSED, internal_key_file, key_forms
+from engine_ctl.core.plan.unitdiff import ENV_ASSIGNMENT, hide_argv
 from engine_ctl.core.record.model import ReplicaRecord, State
 from engine_ctl.core.render.guard import guard_name, guard_text, guarded_by
 from engine_ctl.core.render.units import model_path_on_host
@@ -57,6 +58,38 @@ def replica_drift(name: str, record: ReplicaRecord, fact: UnitFact | None, host:
             out.append(Drift(host=record.host, unit=record.unit, deployment=name, kind="gpu-held",
                              detail=f"GPU {g.index} ({g.uuid}) is held by another process"))  # fmt: skip
     return out
+
+
+def launch_drift(name: str, provider: Provider, record: ReplicaRecord, fact: UnitFact | None) -> list[Drift]:
+    """What the replica's running engine was started with, against what its unit gives: its command line (an
+    engine that keeps it, provider.keeps_argv: other words there mean a wrapper at its executable's path added
+    them) and its environment's settings (provider.env_prefixes: one its unit does not set came from systemd's
+    manager environment). apply restarts it, with the manager's such settings unset first."""
+    if fact is None or fact.active_state != "active":
+        return []
+    said = []
+    want = hide_argv(record.argv)[1:]
+    got = fact.proc_argv
+    if provider.keeps_argv and got and want:
+        same = len(got) - len(want) in (1, 2) and tuple(got[len(got) - len(want) :]) == want
+        if not same:
+            known = {w.partition("=")[0] for w in want}
+            added = sorted({w.partition("=")[0] for w in got[1:] if w.startswith("--")} - known)
+            said.append(f"its engine (PID {fact.main_pid}) runs with other arguments than its unit gives"
+                        + (f" ({', '.join(added)} added)" if added else "")
+                        + " (a wrapper at its executable's path?)")  # fmt: skip
+    text = fact.text or ""
+    if provider.env_prefixes and fact.proc_env is not None and "\nEnvironmentFile=" not in text:
+        own = {m.group("quoted") or m.group("name") for line in text.splitlines() if line.startswith("Environment=")
+               for m in ENV_ASSIGNMENT.finditer(line.partition("=")[2])}  # fmt: skip
+        foreign = [n for n in fact.proc_env if n.startswith(provider.env_prefixes) and n not in own]
+        if foreign:
+            said.append(f"its engine's environment sets {', '.join(foreign)}, which its unit does not (systemd's "
+                        "manager environment: `systemctl set-environment`); each changes how it serves")  # fmt: skip
+    if not said:
+        return []
+    detail = f"{record.unit} on {record.host}: {'; '.join(said)}; apply restarts it on what its unit gives"
+    return [Drift(host=record.host, unit=record.unit, deployment=name, kind="launch", detail=detail)]
 
 
 def replica_key_drift(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from engine_ctl.core.fit.hostfacts import HostFacts
@@ -23,7 +23,7 @@ MAX_DIFF_LINES = 200
 """Past this the diff is cut with a line that says how many lines were left out."""
 HIDDEN = "(sensitive)"
 _SECRET_NAME = re.compile(r"key|token|secret|passw", re.IGNORECASE)
-_ENV_ASSIGNMENT = re.compile(r'"(?P<quoted>[A-Za-z_][A-Za-z0-9_]*)=[^"]*"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)=[^\s"]*')
+ENV_ASSIGNMENT = re.compile(r'"(?P<quoted>[A-Za-z_][A-Za-z0-9_]*)=[^"]*"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)=[^\s"]*')
 _SECRET_FLAG = re.compile(  # --api-key X, --api-key=X, and systemd's quoted words: "--api-key" "X"
     r'(?P<flag>--[\w-]*(?:key|token|secret|passw)[\w-]*)(?P<sep>"?[= ]"?)(?:[^\s"]|\\")+', re.IGNORECASE
 )
@@ -41,11 +41,26 @@ def hide_secrets(line: str) -> str:
                 return m.group(0)
             return f'"{name}={HIDDEN}"' if m.group("quoted") else f"{name}={HIDDEN}"
 
-        return f"{head}={_ENV_ASSIGNMENT.sub(hide, rest)}"
+        return f"{head}={ENV_ASSIGNMENT.sub(hide, rest)}"
     if eq and head.strip() in ("SetCredential", "SetCredentialEncrypted", "LoadCredential"):
         name, colon, _ = rest.partition(":")
         return f"{head}={name}:{HIDDEN}" if colon and _SECRET_NAME.search(name) else line
     return _SECRET_FLAG.sub(lambda m: f"{m.group('flag')}{m.group('sep')}{HIDDEN}", line)
+
+
+def hide_argv(words: Sequence[str]) -> tuple[str, ...]:
+    """An argv with the value of each flag whose name says secret hidden (`--api-key X` -> `--api-key
+    (sensitive)`, `--api-key=X` -> `--api-key=(sensitive)`): what the facts keep of a process's command line."""
+    out: list[str] = []
+    for i, word in enumerate(words):
+        flag, eq, _ = word.partition("=")
+        if eq and flag.startswith("--") and _SECRET_NAME.search(flag):
+            out.append(f"{flag}={HIDDEN}")
+        elif i > 0 and words[i - 1].startswith("--") and "=" not in words[i - 1] and _SECRET_NAME.search(words[i - 1]):
+            out.append(HIDDEN)
+        else:
+            out.append(word)
+    return tuple(out)
 
 
 def hide_secrets_in(text: str) -> str:

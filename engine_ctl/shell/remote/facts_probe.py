@@ -274,6 +274,23 @@ def process_state(pid: str) -> str | None:
     return rest[0] if rest else None
 
 
+def process_launch(pid: str) -> dict[str, Any]:
+    """What a unit's main process was started with: its command line (/proc/PID/cmdline) and the names of its
+    environment's variables (/proc/PID/environ; never a value: a key may be one). Left out where not readable."""
+    out: dict[str, Any] = {}
+    if not pid.isdigit() or pid == "0":
+        return out
+    for name, key in (("cmdline", "proc_argv"), ("environ", "proc_env")):
+        try:
+            with open("/proc/%s/%s" % (pid, name), "rb") as f:
+                raw = f.read().split(b"\0")
+        except OSError:
+            continue
+        words = [w.decode("utf-8", "replace") for w in raw if w]
+        out[key] = words if key == "proc_argv" else sorted({w.partition("=")[0] for w in words})
+    return out
+
+
 def units(prefix: str, unit_dir: str = UNIT_DIR) -> list[dict[str, Any]]:
     """engine-ctl's units: systemd's view of each (UNIT_PROPERTIES) and what its file says (unit_file); a file
     systemd does not report is listed with its file's facts alone."""
@@ -286,6 +303,7 @@ def units(prefix: str, unit_dir: str = UNIT_DIR) -> list[dict[str, Any]]:
     for u in out:
         u["exits"] = exits(u["Id"])
         u["process_state"] = process_state(u.get("MainPID", ""))
+        u.update(process_launch(u.get("MainPID", "")))
         started = u.get("ExecMainStartTimestampMonotonic", "")
         if started.isdigit() and int(started) > 0:
             u["started_at"] = round(wall_at_zero + int(started) / 1e6, 3)
