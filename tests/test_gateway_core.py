@@ -325,6 +325,15 @@ def test_status_gives_the_endpoint_and_members_as_the_gateway_sees_them() -> Non
     assert [m.ready for m in deployment_status(state.deployments["chat"], down, [("edge", "e:8800")]).members] == [
         False
     ]
+    # what an admin command takes away while the files stay right: the route, the weight, a stopped answer
+    for change in ({"gateway_maps": {"models.map": {}}}, {"gateway_weights": {"d_chat/r0a": "0"}},
+                   {"gateway_maps": {"models.map": {"chat": "d_chat"}, "stopped.map": {"chat": "01X"}}}):  # fmt: skip
+        aside = {**after, "edge": after["edge"].model_copy(update=change)}
+        (m,) = deployment_status(state.deployments["chat"], aside, [("edge", "e:8800")]).members
+        assert not m.ready, change
+    kept = {**after, "edge": after["edge"].model_copy(update={"gateway_maps": {"models.map": {"chat": "d_chat"}},
+                                                                "gateway_weights": {"d_chat/r0a": "1"}})}  # fmt: skip
+    assert [m.ready for m in deployment_status(state.deployments["chat"], kept, [("edge", "e:8800")]).members] == [True]
 
 
 def test_a_saved_plan_with_an_edited_gateway_is_refused() -> None:

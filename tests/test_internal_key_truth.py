@@ -211,6 +211,24 @@ def test_status_says_a_replica_that_refuses_the_key_serves_nothing() -> None:
                                    "host's key): engine-ctl apply restarts it")  # fmt: skip
 
 
+def test_status_says_a_replica_on_a_key_no_gateway_sends_serves_nothing() -> None:
+    """Its host's key file rotated by hand and the engine restarted on it: it answers its host's key (200), and
+    refuses the gateways' (every request through them: 401). Before, status said ready (a probe, session 15)."""
+    _, state, after, replica = served()
+    port = str(replica.port)
+    record = state.deployments["chat"]
+    after["cpu-1"] = after["cpu-1"].model_copy(update={"health": {port: "200"}, "replica_keys": {REPLICA_KEY: (ELSE,)}})
+    (instance,) = deployment_status(record, after, [("edge", "10.0.0.2:8800")]).instances
+    assert instance.state == "failed"
+    assert instance.last_error == (f"it accepts its host's internal key ({REPLICA_KEY}), which no running gateway "
+                                   "sends: every request through the gateway is refused (HTTP 401); engine-ctl apply "
+                                   "gives it the gateways' key and restarts it")  # fmt: skip
+    both = after["cpu-1"].model_copy(update={"replica_keys": {REPLICA_KEY: (ELSE, SENT)}})  # a rotation's overlap
+    assert [i.state for i in deployment_status(record, {**after, "cpu-1": both}, []).instances] == ["ready"]
+    unread = after["edge"].model_copy(update={"gateway_key": {"file": SENT}})  # no running map read: no verdict
+    assert [i.state for i in deployment_status(record, {**after, "edge": unread}, []).instances] == ["ready"]
+
+
 def test_a_stopped_deployments_host_without_the_key_gets_it_written_and_nothing_starts() -> None:
     """Held by an operator, its replica would refuse every request after `engine-ctl start`: the key files are
     written (apply's gateway step writes them on every host of a change) and the replica kept stopped."""

@@ -384,3 +384,22 @@ def test_an_engine_started_with_arguments_or_settings_its_unit_does_not_give_is_
     assert env.changes[0].replicas[0].action == ["update"]
     assert hide_argv(["/x", "--api-key", "s3", "--api-key-file=/k", "--port", "1"]) == (
         "/x", "--api-key", "(sensitive)", "--api-key-file=(sensitive)", "--port", "1")  # fmt: skip
+
+
+def test_status_calls_an_engine_systemd_keeps_restarting_failed_not_starting() -> None:
+    """activating/auto-restart: the engine exited and systemd starts it again (a port another process holds, a bad
+    flag). Before, status said `starting` ("a replica is starting") through the whole crash loop."""
+    from engine_ctl.core.plan.status import deployment_status
+
+    d = desired("path: m/m.gguf")
+    hosts = {"h1": cpu_host("h1")}
+    state, hosts = applied(plan(d, State(), hosts, SHAPE), State(), hosts)
+    (unit,) = hosts["h1"].units
+    looping = unit.model_copy(update={"active_state": "activating", "sub_state": "auto-restart", "n_restarts": 4,
+                                      "exec_main_status": 1})  # fmt: skip
+    found = {"h1": hosts["h1"].model_copy(update={"units": (looping,), "health": {}})}
+    (instance,) = deployment_status(state.deployments["chat"], found).instances
+    assert instance.state == "failed" and instance.last_error == "restarted 4 time(s), last: exit status 1"
+    starting = unit.model_copy(update={"active_state": "activating", "sub_state": "start-post"})
+    found = {"h1": hosts["h1"].model_copy(update={"units": (starting,), "health": {}})}
+    assert [i.state for i in deployment_status(state.deployments["chat"], found).instances] == ["starting"]

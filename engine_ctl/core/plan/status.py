@@ -13,7 +13,7 @@ from engine_ctl.core.plan.capabilities import capabilities, plan_extras
 from engine_ctl.core.plan.decisions import decided_facts
 from engine_ctl.core.plan.deploy import SAVED, is_saved
 from engine_ctl.core.plan.diff import spec_digest
-from engine_ctl.core.plan.internalkey import KEY_CHECK_PATH, REFUSED
+from engine_ctl.core.plan.internalkey import KEY_CHECK_PATH, REFUSED, internal_key_file
 from engine_ctl.core.plan.scaler import Decision, scales
 from engine_ctl.core.plan.wake import parked
 from engine_ctl.core.record.model import DeploymentRecord, FailedStart, ReplicaRecord
@@ -210,6 +210,22 @@ def group_problem(r: ReplicaRecord, facts: Mapping[str, HostFacts]) -> str | Non
     return None
 
 
+def key_not_sent(r: ReplicaRecord, facts: HostFacts | None, others: Mapping[str, HostFacts]) -> str | None:
+    """A replica that answers its own host's internal key while no running gateway sends that key (its host's
+    key file rotated by hand, and the engine restarted on it): every request through a gateway is refused."""
+    path = internal_key_file(r.argv)
+    if path is None or facts is None or facts.key_checks.get(str(r.port)) != "200":
+        return None
+    held = facts.replica_keys.get(path)
+    sent = {g.gateway_key.get("running") for g in others.values() if g.gateway_key} - {None}
+    if not held or not sent or sent & set(held):
+        return None
+    return (
+        f"it accepts its host's internal key ({path}), which no running gateway sends: every request through "
+        "the gateway is refused (HTTP 401); engine-ctl apply gives it the gateways' key and restarts it"
+    )
+
+
 def instance_status(
     r: ReplicaRecord, facts: HostFacts | None, loading: frozenset[str] = frozenset(),
     others: Mapping[str, HostFacts] | None = None,
@@ -218,6 +234,9 @@ def instance_status(
     loading_statuses): such an answer from an active unit is starting, with no error. `others`: every host's
     facts, for a replica group's workers (a worker down takes its group out of service)."""
     found = _instance_status(r, facts, loading)
+    refused = key_not_sent(r, facts, others or {}) if found.state == "ready" else None
+    if refused is not None:
+        return found.model_copy(update={"state": "failed", "last_error": refused})
     problem = group_problem(r, others or {}) if r.members and found.state != "unknown" else None
     if problem is None:
         return found
@@ -249,6 +268,10 @@ def _instance_status(r: ReplicaRecord, facts: HostFacts | None, loading: frozens
                  "host's key): engine-ctl apply restarts it")  # fmt: skip
     elif unit.active_state == "active" and health == "200":
         state = "ready"
+    elif unit.sub_state == "auto-restart":  # its engine exited; systemd starts it again: a crash loop, not a start
+        state = "failed"
+        how = f"exit status {unit.exec_main_status}" if unit.exec_main_status else "killed or exited"
+        error = error or f"its engine exited ({how}); systemd is restarting it"
     elif unit.active_state in ("activating", "reloading") or (unit.active_state == "active" and health in loading):
         state = "starting"
     elif unit.active_state == "failed":
@@ -353,15 +376,27 @@ def members(
     instances: Sequence[InstanceStatus],
     gateways: Sequence[HostFacts | None],
 ) -> list[Member]:
-    """Each replica as the gateways see it: ready when its engine answers and every gateway reached has it UP."""
+    """Each replica as the gateways see it: ready when its engine answers and every gateway reached sends it
+    requests (routed)."""
     out = []
     for r, i in zip(ordered, instances, strict=True):
         server = f"d_{name}/r{r.index}{r.slot}"
-        seen = [g.gateway_servers.get(server, "") for g in gateways if g is not None]
-        behind = bool(gateways) and bool(seen) and all(s.startswith("UP") for s in seen)
+        seen = [routed(g, name, server) for g in gateways if g is not None]
+        behind = bool(gateways) and bool(seen) and all(seen)
         out.append(Member(run=r.unit, machine=r.host, state=i.state, reason=i.last_error,
                           ready=i.state == "ready" and behind))  # fmt: skip
     return out
+
+
+def routed(gateway: HostFacts, name: str, server: str) -> bool:
+    """Whether the running gateway sends the deployment's requests to `server`: it has the server UP with a
+    weight, routes the deployment (its routes in memory, where read) and does not answer it deployment_stopped
+    itself. An admin command can take any of these away while the files stay right."""
+    maps = gateway.gateway_maps or {}
+    routes = maps.get("models.map")
+    if (routes is not None and name not in routes) or name in (maps.get("stopped.map") or {}):
+        return False
+    return gateway.gateway_weights.get(server) != "0" and gateway.gateway_servers.get(server, "").startswith("UP")
 
 
 def idle(r: ReplicaRecord, i: InstanceStatus) -> bool:
