@@ -277,7 +277,7 @@ def test_a_route_deleted_and_a_weight_zeroed_in_the_running_gateway_are_drift_th
     state = json.loads((truth.path / "engine-ctl.state.json").read_text())["deployments"]
     tk = state["tk"]["replicas"][0]
     tk_server = f"d_tk/r{tk['index']}{tk['slot']}"
-    truth.stats_socket("del map models.map tb", f"set weight {tk_server} 0")
+    truth.stats_socket("del map models.map tb", f"set weight {tk_server} 0", "set rate-limit sessions global 1")
     assert truth.ask("tb", KEY_ALL)[0] == 404
     plan = truth.cli("plan", "--detailed-exitcode")
     said = plan.stdout + plan.stderr
@@ -285,12 +285,34 @@ def test_a_route_deleted_and_a_weight_zeroed_in_the_running_gateway_are_drift_th
     assert f"the running gateway on {truth.gateway.name} (models.map, in memory) lacks 'tb': apply reloads it" in said
     assert f"the gateway on {truth.gateway.name} gives {tk_server} weight 0 (an admin command; its configuration " \
            "gives 1): no request reaches it; apply puts it back" in said, said  # fmt: skip
+    assert f"the gateway on {truth.gateway.name} runs with SessRateLimit 1 a second" in said, said
+    status = truth.cli("status", "tk")
+    assert "0 of 1 behind the gateway" in status.stdout, status.stdout  # weight 0: no request reaches it
     applied = truth.cli("apply", "--auto-approve")
     assert applied.returncode == 0, applied.stdout + applied.stderr
     assert f"{tk_server} weight 1 again (it was 0)" in applied.stdout + applied.stderr
     assert truth.ask("tb", KEY_ALL)[0] == 200
     status, _, took = truth.ask("tk", KEY_ALL)
     assert status == 200 and took < 30, (status, took)
+    again = truth.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_the_endpoint_paused_over_the_admin_socket_is_drift_and_status_says_nothing_is_behind_it(
+    truth: Truth,
+) -> None:
+    """`disable frontend api`: the endpoint takes no connection while the files and the servers are right. Before,
+    plan said "No changes" and status "1 of 1 behind the gateway" (a probe, session 15)."""
+    truth.stats_socket("disable frontend api")
+    plan = truth.cli("plan", "--detailed-exitcode")
+    said = plan.stdout + plan.stderr
+    assert plan.returncode == 2, said
+    assert f"the gateway on {truth.gateway.name} has its frontend api PAUSED (an admin command" in said, said
+    status = truth.cli("status", "tb")
+    assert "0 of 1 behind the gateway" in status.stdout, status.stdout
+    applied = truth.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert truth.ask("tb", KEY_ALL)[0] == 200
     again = truth.cli("plan", "--detailed-exitcode")
     assert again.returncode == 0, again.stdout + again.stderr
 

@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -302,6 +303,44 @@ def test_a_start_without_wait_records_starting_until_the_engine_answers_and_appl
     assert [r["status"] for r in lc.state()["deployments"]["lc"]["replicas"]] == ["serving"]
     assert lc.cli("plan", "--detailed-exitcode").returncode == 0
     assert lc.ask()[0] == 200
+
+
+def test_a_stopped_unit_started_by_hand_is_said_stopped_again_by_apply_and_start_wait_takes_it_back(
+    lc: Lifecycle,
+) -> None:
+    """`systemctl start` of a stopped deployment's unit, once its stop had its time (the state's stop time set
+    back 10 minutes: STOP_WAIT_S is 160 s). Before, plan said "No changes", status `stopping` for good, `start
+    --wait` exited 25 and `stop` said "already stopped" (a probe, session 15)."""
+    assert lc.cli("stop", "deployment", "lc").returncode == 0
+    lc.wait_for_unit("inactive")
+    path = lc.path / "engine-ctl.state.json"
+    doc = json.loads(path.read_text())
+    doc["deployments"]["lc"]["operator"]["when"] = (datetime.now(UTC) - timedelta(minutes=10)).isoformat()
+    path.write_text(json.dumps(doc))
+    lc.on_engine_host(f"systemctl start {UNIT}")
+    lc.wait_for_unit("active")
+    status = lc.cli("status", "lc")
+    assert re.search(r"^lc\s+stopped\s", status.stdout, re.MULTILINE), status.stdout
+    assert "runs again (started outside engine-ctl)" in status.stdout, status.stdout
+    plan = lc.cli("plan", "--detailed-exitcode")
+    said = plan.stdout + plan.stderr
+    assert plan.returncode == 2, said
+    assert f"{UNIT} runs on {lc.engine_host.name} though lc is stopped by an operator" in said, said
+    applied = lc.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert lc.unit_state() == "inactive" and lc.on_engine_host(f"systemctl is-enabled {UNIT}") == "disabled"
+    assert lc.cli("plan", "--detailed-exitcode").returncode == 0
+    lc.on_engine_host(f"systemctl start {UNIT}")  # once more by hand: the verbs take it from there
+    lc.wait_for_unit("active")
+    again = lc.cli("stop", "deployment", "lc")
+    assert again.returncode == 0 and "stopped again" in again.stdout, again.stdout + again.stderr
+    lc.wait_for_unit("inactive")
+    lc.on_engine_host(f"systemctl start {UNIT}")
+    lc.wait_for_unit("active")
+    started = lc.cli("start", "deployment", "lc", "--wait")
+    assert started.returncode == 0 and "Started lc: ready" in started.stdout, started.stdout + started.stderr
+    assert "operator" not in lc.state()["deployments"]["lc"] and lc.ask()[0] == 200
+    assert lc.cli("plan", "--detailed-exitcode").returncode == 0
 
 
 def test_delete_right_after_stop_is_refused_then_delete_stop_removes_the_units_and_keeps_the_weights(

@@ -265,7 +265,8 @@ def test_a_route_or_a_weight_changed_in_the_running_gateway_or_a_file_changed_si
     inv, facts = world()
     state, after = applied(make_plan(desired(), State(), inv, facts, SHAPE), facts)
     served = {"gateway_maps": {"models.map": {"chat": "d_chat"}}, "gateway_weights": {"d_chat/r0a": "1",
-              "d_chat/held": "1"}}  # fmt: skip
+              "d_chat/held": "1"}, "gateway_frontends": {"api": "OPEN", "metrics": "OPEN"},
+              "gateway_rate_limits": {"ConnRateLimit": "0", "SessRateLimit": "0", "SslRateLimit": "0"}}  # fmt: skip
     fine = {**after, "edge": after["edge"].model_copy(update=served)}
     assert not make_plan(desired(), state, inv, fine, SHAPE).has_changes
     cases = {
@@ -276,6 +277,12 @@ def test_a_route_or_a_weight_changed_in_the_running_gateway_or_a_file_changed_si
         "gateway_unloaded": (("haproxy.cfg",), "unloaded", "the gateway on edge runs a configuration it loaded before "
                              "haproxy.cfg last changed (a file edited, loaded, then put back): what it runs may not be "
                              "its files; apply reloads it"),
+        "gateway_frontends": ({"api": "PAUSED", "metrics": "OPEN"}, "unloaded", "the gateway on edge has its frontend "
+                              "api PAUSED (an admin command: `disable frontend`): it takes no connection there; apply "
+                              "reloads it"),
+        "gateway_rate_limits": ({"ConnRateLimit": "0", "SessRateLimit": "1"}, "unloaded", "the gateway on edge runs "
+                                "with SessRateLimit 1 a second (an admin command: `set rate-limit`; its configuration "
+                                "sets none): apply reloads it"),
     }  # fmt: skip
     for field, (value, kind, detail) in cases.items():
         wrong = {**after, "edge": after["edge"].model_copy(update={**served, field: value})}
@@ -334,6 +341,25 @@ def test_status_gives_the_endpoint_and_members_as_the_gateway_sees_them() -> Non
     kept = {**after, "edge": after["edge"].model_copy(update={"gateway_maps": {"models.map": {"chat": "d_chat"}},
                                                                 "gateway_weights": {"d_chat/r0a": "1"}})}  # fmt: skip
     assert [m.ready for m in deployment_status(state.deployments["chat"], kept, [("edge", "e:8800")]).members] == [True]
+
+
+def test_status_of_a_replica_whose_host_is_out_of_reach_asks_the_gateway() -> None:
+    """The engine host's SSH down, the engine serving: every gateway reached has its server UP and routes it, so
+    it serves as far as any client can tell. Before, status said Failed, "no replica serves" and 0 behind the
+    gateway (a probe, session 15). Where no gateway sees it, it stays unknown, and the reason says why."""
+    inv, facts = world()
+    state, after = applied(make_plan(desired(), State(), inv, facts, SHAPE), facts)
+    record = state.deployments["chat"]
+    cut = {h: f for h, f in after.items() if h != "cpu-1"}
+    status = deployment_status(record, cut, [("edge", "e:8800")])
+    (i,) = status.instances
+    assert i.state == "ready" and i.last_error == ("host cpu-1 unreachable; every gateway reached sends it requests "
+                                                   "(its health check passes there)")  # fmt: skip
+    assert status.state == "Ready" and [m.ready for m in status.members] == [True]
+    down = {**cut, "edge": cut["edge"].model_copy(update={"gateway_servers": {"d_chat/r0a": "DOWN"}})}
+    status = deployment_status(record, down, [("edge", "e:8800")])
+    assert [i.state for i in status.instances] == ["unknown"] and status.state == "Failed"
+    assert status.reason == "no replica is known to serve: their hosts could not be reached"
 
 
 def test_a_saved_plan_with_an_edited_gateway_is_refused() -> None:

@@ -107,6 +107,32 @@ def test_a_stopped_deployments_unit_file_edited_or_gone_is_written_again_and_kep
     assert plan.changes[0].replicas == [] and not plan.has_changes, "a deleted one's units are gone: none written"
 
 
+def test_a_stopped_deployments_unit_started_by_hand_is_stopped_again_once_its_stop_had_its_time() -> None:
+    """`systemctl start` of a stopped deployment's unit: before, plan said "Held … apply keeps it stopped" and "No
+    changes" while it ran, status said `stopping` for good and `start --wait` never started (a probe, session 15).
+    While the stop may still be under way (its drain, at most STOP_WAIT_S) an active unit is the stop's; after it,
+    the unit was started outside engine-ctl: apply stops it again, and status says so."""
+    from engine_ctl.core.plan.status import deployment_status
+
+    state, facts = running()  # its unit active
+    stopped = held(state, "stopped")  # at 11:00:00
+    during = make_plan(desired("gpus: 1"), stopped, world(*facts.values())[0], facts, {"m": SHAPE},
+                       created_at="2026-12-03T11:01:00+00:00")  # fmt: skip
+    assert not during.has_changes and during.changes[0].replicas == []
+    after = make_plan(desired("gpus: 1"), stopped, world(*facts.values())[0], facts, {"m": SHAPE},
+                      created_at="2026-12-03T11:10:00Z")  # fmt: skip
+    (step,) = after.changes[0].replicas
+    (unit,) = facts["gpu-h100"].units
+    assert step.role == "held" and after.has_changes and [d.kind for d in after.drift] == ["unstopped"]
+    assert step.reason == (f"{unit.name} runs on gpu-h100 though chat is stopped by an operator (started outside "
+                           "engine-ctl): apply stops it again; written again, kept stopped")  # fmt: skip
+    record = stopped.deployments["chat"]
+    assert deployment_status(record, facts, now="2026-12-03T11:01:00+00:00").state == "stopping"
+    late = deployment_status(record, facts, now="2026-12-03T11:10:00+00:00")
+    assert late.state == "stopped" and late.reason is not None and "runs again (started outside engine-ctl)" in \
+        late.reason  # fmt: skip
+
+
 def test_a_document_change_while_stopped_is_shown_and_not_applied() -> None:
     state, facts = running("gpus: 1, context_length: 4096")
     plan = make_plan(desired("gpus: 1, context_length: 8192"), held(state, "stopped"), world(*facts.values())[0],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -124,7 +125,7 @@ def _one_status(
     """One deployment's status; a parked one a request woke (core.plan.wake) as it serves, not as parked."""
     at = woken_at(rec, view.woken if view is not None else None)
     if at is None:
-        return with_scaler(deployment_status(rec, facts, gateways), view)
+        return with_scaler(deployment_status(rec, facts, gateways, datetime.now(UTC).isoformat()), view)
     awake = deployment_status(rec.model_copy(update={"operator": None}), facts, gateways)
     return woken_status(with_scaler(awake, view), at)
 

@@ -51,6 +51,7 @@ from engine_ctl.shell.systemd import (
     UPLOAD_FAILED,
     disable_argv,
     failure_argv,
+    held_stop_argv,
     install_argv,
     is_active,
     measured_argv,
@@ -983,10 +984,12 @@ class Executor:
         recorded ones again)."""
         asleep = self._asleep(change.name)
         units: list[MemberStep | ReplicaChange] = [*step.members, step]
-        for unit in units:
+        running = {(d.host, d.unit) for d in self.plan.drift if d.kind == "unstopped"}  # started outside engine-ctl
+        for unit in (*units[-1:], *units[:-1]) if running else units:  # the head first: it stops before its workers
             assert unit.unit_text is not None
             with self._on(unit.host) as t:
                 argv = rewrite_argv(unit.unit) if asleep else install_argv(unit.unit)
+                argv = held_stop_argv(unit.unit) if (unit.host, unit.unit) in running else argv
                 result = t[unit.host].run(argv, stdin=unit.unit_text)
             _uploaded(result, unit)
             if result.exit_code != 0:

@@ -241,6 +241,13 @@ def unset_manager_env_argv(prefixes: Sequence[str]) -> list[str]:
             'systemctl unset-environment "$v" || exit 1; done']  # fmt: skip
 
 
+def held_stop_argv(unit: str) -> list[str]:
+    """A stopped deployment's unit that runs again (started outside engine-ctl): written again from stdin, then
+    disabled and stopped as the operator's stop left it."""
+    q = shlex.quote(unit)
+    return ["sh", "-c", _upload(unit) + f"systemctl disable --now {q} 2>/dev/null; systemctl daemon-reload"]
+
+
 def rewrite_argv(unit: str) -> list[str]:
     """A parked replica's unit (its engine asleep, its unit active): write the file from stdin (its guard's with it,
     its drop-ins removed) and load it; enabled and running as it was (a reload restarts nothing)."""

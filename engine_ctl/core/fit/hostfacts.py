@@ -168,6 +168,10 @@ class HostFacts(Fact):
     """backend/server -> address:port the host's gateway sends its requests to now (`show stat`'s addr)."""
     gateway_weights: dict[str, str] = Field(default_factory=dict)
     """backend/server -> its weight in the running gateway (`show stat`'s weight; the configuration gives 1)."""
+    gateway_frontends: dict[str, str] = Field(default_factory=dict)
+    """frontend -> its status in the running gateway (OPEN; PAUSED once `disable frontend` paused it)."""
+    gateway_rate_limits: dict[str, str] = Field(default_factory=dict)
+    """`show info`'s ConnRateLimit, SessRateLimit, SslRateLimit (0: none, as the configuration sets)."""
     gateway_unloaded: tuple[str, ...] = ()
     """The gateway's files (not its runtime maps) changed after the running gateway loaded its configuration."""
     gateway_maps: dict[str, dict[str, str]] | None = None

@@ -220,7 +220,7 @@ class Drift(BaseModel):
     kind: Literal[
         "edited", "missing", "stopped", "crash-looping", "gpu-held", "unmanaged", "weights-changed", "engine-changed",
         "start-failed", "interrupted", "misrouted", "drop-in", "disabled", "set-aside", "internal-key",
-        "unanswered", "port-taken", "unloaded", "launch",
+        "unanswered", "port-taken", "unloaded", "launch", "unstopped",
     ]  # fmt: skip
     """drop-in: drop-in files (`systemctl edit`, `set-property`) change an engine-ctl unit: apply removes them.
     disabled: a unit engine-ctl enables is not enabled (it would not start at boot): apply enables it.
@@ -231,6 +231,7 @@ class Drift(BaseModel):
     file changed after it loaded them): apply reloads it.
     launch: a replica's engine runs with arguments or settings its unit does not give (a wrapper at its
     executable's path, systemd's manager environment): apply restarts it, the manager's settings unset first.
+    unstopped: a unit of a deployment an operator stopped runs again, started outside engine-ctl: apply stops it.
     port-taken: another process listens on the port of a replica whose engine does not run: its start fails until
     that process lets the port go (apply cannot free it; the plan names it).
     internal-key: a replica behind a gateway refuses the key the gateways send, or a host holds another one (its

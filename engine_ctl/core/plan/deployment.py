@@ -88,6 +88,8 @@ class Target:
     deployment_id: str | None = None
     """The deployment's ID (recorded, or the one its first apply records: changes.deployment_id_for), in each unit's
     header."""
+    keep_stopped: bool = False
+    """Stopped by an operator, its stop done (operator.keeps_stopped): a unit of it that runs is `unstopped`."""
     always_pending: bool = False
     """An always-on replica could not be placed (the change is Pending): no on-demand slot is placed."""
     placed: dict[int, Placement] = field(default_factory=dict)
@@ -457,6 +459,7 @@ def keep_replica(t: Target, current: ReplicaRecord) -> bool:
     found += group_drift(t, current)
     found += replica_key_drift(t.d.name, t.provider, current, facts, t.hosts.key_sent)
     found += launch_drift(t.d.name, t.provider, current, unit)
+    found += unstopped_drift(t, current) if t.keep_stopped else []
     t.drift.extend(found)
     taken = next((f for f in found if f.kind == "port-taken"), None)
     if taken is not None:  # a start would fail, or its health gate pass on that process: left as it is
@@ -474,6 +477,22 @@ def keep_replica(t: Target, current: ReplicaRecord) -> bool:
     rc.on_demand, rc.active = on_demand, on_demand and t.hosts.running(current.host, current.unit)
     t.replicas.append(rc)
     return True
+
+
+RUNNING = ("active", "activating", "reloading")
+
+
+def unstopped_drift(t: Target, current: ReplicaRecord) -> list[Drift]:
+    """The units of a replica (a group's workers too) of a deployment an operator stopped that run again, started
+    outside engine-ctl: apply stops them again (written again, disabled and stopped)."""
+    out = []
+    for host, unit in ((current.host, current.unit), *((m.host, m.unit) for m in current.members)):
+        fact = t.hosts.unit(host, unit)
+        if fact is not None and fact.active_state in RUNNING:
+            out.append(Drift(host=host, unit=unit, deployment=t.d.name, kind="unstopped",
+                             detail=f"{unit} runs on {host} though {t.d.name} is stopped by an operator (started "
+                             "outside engine-ctl): apply stops it again"))  # fmt: skip
+    return out
 
 
 def displaced(t: Target, current: ReplicaRecord) -> bool:
@@ -788,6 +807,7 @@ def start_deployment(
     names: Names | None = None,
     lineage: str | None = None,
     deployment_id: str | None = None,
+    keep_stopped: bool = False,
 ) -> tuple[DeploymentChange, Target | None]:
     """resolve → fit → leftovers → place the always-on replicas. `lineage`: the owning state's (unit headers).
     None for the target when there is no fit (the change says Failed or Pending)."""
@@ -807,7 +827,7 @@ def start_deployment(
         return change, None
     t = Target(d=sized, model=model, provider=provider, fitted=fitted, revision=change.revision, hosts=hosts,
                alloc=alloc, no_weights={**refused, **weights_missing(model, hosts)}, change=change,
-               lineage=lineage, deployment_id=deployment_id)  # fmt: skip
+               lineage=lineage, deployment_id=deployment_id, keep_stopped=keep_stopped)  # fmt: skip
     t.replicas, t.live = leftovers(list(record.replicas) if record else [], hosts, alloc)
     count_on_host(t, t.live)
     if place_replicas(t, t.live, range(t.always)) is not None:

@@ -8,7 +8,7 @@ an old one is drained before it stops; after the apply it runs what serves then 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -329,7 +329,8 @@ def plan_gateways(
             out.append(change)
             continue
         found = _drift(host.name, record.files_sha256, record.unit_sha256, hf, record.installing)
-        found += runtime_drift(host.name, final.maps, hf)
+        rewritten = {n for n, sha in final.file_sha256.items() if record.files_sha256.get(n) != sha}
+        found += runtime_drift(host.name, final.maps, hf, rewritten)
         found += address_drift(host.name, record.config, hf)
         found += loaded_drift(host.name, final.maps, hf)
         found += set_aside_drift(host.name, state, hf)
@@ -405,13 +406,17 @@ def _drift(host: str, files: Mapping[str, str], unit_sha: str, hf: HostFacts | N
     return out
 
 
-def runtime_drift(host: str, wanted: Mapping[str, Mapping[str, str]], hf: HostFacts | None) -> list[dict[str, str]]:
+def runtime_drift(
+    host: str, wanted: Mapping[str, Mapping[str, str]], hf: HostFacts | None, rewritten: Collection[str] = ()
+) -> list[dict[str, str]]:
     """Where the running gateway's key maps (in memory: what requests are checked against) are not the
     documents': a key, a scope or an expiry set over the stats socket and never on disk. Each is drift that apply
-    removes (it replaces the running maps). Keys are named, never their hashes."""
+    removes (it replaces the running maps). Keys are named, never their hashes. A map the documents changed since
+    the last apply (`rewritten`: its file is to be written again) is that change, listed as one, not drift: the
+    running map is what that apply left."""
     running = hf.gateway_maps if hf is not None else None
     out = []
-    for name in RUNTIME_MAPS:
+    for name in (n for n in RUNTIME_MAPS if n not in rewritten):
         now = (running or {}).get(name)
         if now is not None:
             details = map_differences(name, now, wanted.get(name) or {}, host)
@@ -434,6 +439,16 @@ def loaded_drift(host: str, wanted: Mapping[str, Mapping[str, str]], hf: HostFac
     if routes is not None:
         details = map_differences(ROUTES_MAP, routes, wanted.get(ROUTES_MAP) or {}, host)
         out += [{"host": host, "kind": "unloaded", "detail": f"{d}: apply reloads it"} for d in details]
+    for frontend, status in sorted(hf.gateway_frontends.items()):
+        if status and status != "OPEN":
+            out.append({"host": host, "kind": "unloaded", "detail": f"the gateway on {host} has its frontend "
+                        f"{frontend} {status} (an admin command: `disable frontend`): it takes no connection there; "
+                        "apply reloads it"})  # fmt: skip
+    for limit, value in sorted(hf.gateway_rate_limits.items()):
+        if value not in ("", "0"):
+            out.append({"host": host, "kind": "unloaded", "detail": f"the gateway on {host} runs with {limit} "
+                        f"{value} a second (an admin command: `set rate-limit`; its configuration sets none): "
+                        "apply reloads it"})  # fmt: skip
     if hf.gateway_unloaded:
         out.append({"host": host, "kind": "unloaded", "detail": f"the gateway on {host} runs a configuration it "
                     f"loaded before {', '.join(hf.gateway_unloaded)} last changed (a file edited, loaded, then put "

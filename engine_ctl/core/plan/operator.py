@@ -18,6 +18,7 @@ after `start`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 
 from engine_ctl.core.plan.changes import NO_OP, UPDATE, DeploymentChange, Drift, ReplicaChange
 from engine_ctl.core.plan.gateway import stopped_map
@@ -53,10 +54,24 @@ def note(action: OperatorAction, name: str) -> str:
             f"`engine-ctl start deployment {name}`")  # fmt: skip
 
 
-FILE_DRIFT = frozenset({"edited", "missing", "drop-in", "internal-key"})
+FILE_DRIFT = frozenset({"edited", "missing", "drop-in", "internal-key", "unstopped"})
 """Drift of files that a held (stopped or parked) deployment's repair writes back without starting or stopping
 anything: its units' (and drop-ins), and the internal key's on its hosts (apply's gateway step writes them on every
 host of a change)."""
+
+
+def keeps_stopped(record: DeploymentRecord | None, now: str) -> bool:
+    """A deployment an operator stopped (or parked at level 0, which stops its units as a stop does) whose stop
+    has had its time (STOP_WAIT_S: the drain, then the engine's own stop): a unit of it that runs was started
+    outside engine-ctl (`unstopped`), which apply stops again."""
+    held = record.operator if record is not None else None
+    if held is None or not now or not (held.verb == "stopped" or (held.verb == "parked" and held.level == 0)):
+        return False
+    try:
+        since = datetime.fromisoformat(now.replace("Z", "+00:00")) - datetime.fromisoformat(held.when)
+    except ValueError:
+        return False
+    return since.total_seconds() > STOP_WAIT_S
 
 
 def file_drift(drift: Iterable[Drift]) -> dict[tuple[str, str], str]:

@@ -41,7 +41,7 @@ from engine_ctl.core.plan.diff import Names
 from engine_ctl.core.plan.drift import unmanaged_units
 from engine_ctl.core.plan.envelope import envelopes
 from engine_ctl.core.plan.gateway import plan_gateways
-from engine_ctl.core.plan.operator import file_drift, hold, without_held_drift
+from engine_ctl.core.plan.operator import file_drift, hold, keeps_stopped, without_held_drift
 from engine_ctl.core.plan.ownership import foreign_units, hold_back, hold_foreign
 from engine_ctl.core.plan.prune import prunes
 from engine_ctl.core.plan.replace import forced, mark_replaced
@@ -126,7 +126,7 @@ def wanted_change(
     names = field_names(loaded)
     ident = deployment_id_for(record, lineage or "", d.name, serial, created_at)
     return start_deployment(d, model, provider, model_facts.get(model.name), record, hosts, alloc, names, lineage,
-                            ident)  # fmt: skip
+                            ident, keeps_stopped(record, created_at))  # fmt: skip
 
 
 def field_names(loaded: LoadedDeployment) -> Names:

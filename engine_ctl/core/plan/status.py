@@ -14,10 +14,11 @@ from engine_ctl.core.plan.decisions import decided_facts
 from engine_ctl.core.plan.deploy import SAVED, is_saved
 from engine_ctl.core.plan.diff import spec_digest
 from engine_ctl.core.plan.internalkey import KEY_CHECK_PATH, REFUSED, internal_key_file
+from engine_ctl.core.plan.operator import keeps_stopped
 from engine_ctl.core.plan.scaler import Decision, scales
 from engine_ctl.core.plan.wake import parked
 from engine_ctl.core.record.model import DeploymentRecord, FailedStart, ReplicaRecord
-from engine_ctl.core.render.gateway import internal_endpoint
+from engine_ctl.core.render.gateway import API_FRONTEND, internal_endpoint
 from engine_ctl.providers import PROVIDERS
 
 DeploymentState = Literal["Pending", "Starting", "Ready", "ScaledToZero", "Failed"]
@@ -312,6 +313,9 @@ def verdict(
             return Verdict(state="ScaledToZero", reason="no replica runs; the next request starts one")
         if not others:
             return Verdict(state="Pending", reason=pending)
+        if all(o == "unknown" for o in others):
+            return Verdict(state="Failed", reason=pending or "no replica is known to serve: their hosts could not "
+                           "be reached")  # fmt: skip
         return Verdict(state="Failed", reason=pending or "no replica serves")
     parts = ["1 replica serving" if ready == 1 and total == 1 else f"{ready} of {total} replicas serving"]
     at_target = sum(1 for r in serving if r == target)
@@ -392,11 +396,26 @@ def routed(gateway: HostFacts, name: str, server: str) -> bool:
     """Whether the running gateway sends the deployment's requests to `server`: it has the server UP with a
     weight, routes the deployment (its routes in memory, where read) and does not answer it deployment_stopped
     itself. An admin command can take any of these away while the files stay right."""
+    if gateway.gateway_frontends.get(API_FRONTEND, "OPEN") != "OPEN":  # `disable frontend`: no connection taken
+        return False
     maps = gateway.gateway_maps or {}
     routes = maps.get("models.map")
     if (routes is not None and name not in routes) or name in (maps.get("stopped.map") or {}):
         return False
     return gateway.gateway_weights.get(server) != "0" and gateway.gateway_servers.get(server, "").startswith("UP")
+
+
+def seen_by_gateways(
+    i: InstanceStatus, name: str, r: ReplicaRecord, gateways: Sequence[HostFacts | None]
+) -> InstanceStatus:
+    """An instance whose host could not be reached (unknown) that every gateway reached routes, its health check
+    passing there: it serves, as far as any client can tell; said so, with why its host is not asked."""
+    reached = [g for g in gateways if g is not None]
+    server = f"d_{name}/r{r.index}{r.slot}"
+    if i.state != "unknown" or not reached or not all(routed(g, name, server) for g in reached):
+        return i
+    return i.model_copy(update={"state": "ready", "last_error": f"{i.last_error}; every gateway reached sends it "
+                                "requests (its health check passes there)"})  # fmt: skip
 
 
 def idle(r: ReplicaRecord, i: InstanceStatus) -> bool:
@@ -406,14 +425,18 @@ def idle(r: ReplicaRecord, i: InstanceStatus) -> bool:
 
 
 def deployment_status(
-    rec: DeploymentRecord, facts: dict[str, HostFacts], gateways: Sequence[tuple[str, str]] = ()
+    rec: DeploymentRecord, facts: dict[str, HostFacts], gateways: Sequence[tuple[str, str]] = (), now: str = ""
 ) -> DeploymentStatus:
-    """`gateways`: (host, endpoint host:port) of each gateway host of the inventory."""
+    """`gateways`: (host, endpoint host:port) of each gateway host of the inventory; `now` (ISO time): a stopped
+    deployment's stop is done once its time passed (a unit that runs then was started outside engine-ctl)."""
     ordered = sorted(rec.replicas, key=lambda x: (x.index, x.slot))
     facts = decided_facts(rec, facts)  # a decisions replica is ready by its decision, not GET /health alone
     engine = PROVIDERS.get(rec.plan.engine) if rec.plan else None
     loading = engine.loading_statuses if engine else frozenset()
     instances = [with_records(instance_status(r, facts.get(r.host), loading, facts), r) for r in ordered]
+    if gateways:  # a replica whose host is out of reach, but which every gateway reached sends requests to
+        seen = [facts.get(h) for h, _ in gateways]
+        instances = [seen_by_gateways(i, rec.name, r, seen) for i, r in zip(instances, ordered, strict=True)]
     failed = failed_rows(rec)
     wanted = rec.spec.replicas_min if rec.spec else len({r.index for r in ordered} | {f.index for f in failed})
     slots = [Slot(index=r.index, state=i.state, revision=r.revision, idle=idle(r, i))
@@ -426,7 +449,7 @@ def deployment_status(
     pending = rec.reason if rec.state == "Pending" else None  # what it waits for, as apply recorded it
     found = by_hand(verdict(serving, others, wanted, rec.revision, failure=failure, pending=pending,
                             fit_failed=fit_failed), others)  # fmt: skip
-    held = held_state(rec, facts)
+    held = held_state(rec, facts, now)
     status = DeploymentStatus(
         id=rec.id,
         name=rec.name, state=held[0] if held else found.state, reason=held[1] if held else found.reason,
@@ -474,9 +497,11 @@ def by_hand(found: Verdict, others: Sequence[str]) -> Verdict:
                                     "it as drift; `engine-ctl apply` starts it)"})  # fmt: skip
 
 
-def held_state(rec: DeploymentRecord, facts: dict[str, HostFacts]) -> tuple[HeldState, str] | None:
+def held_state(rec: DeploymentRecord, facts: dict[str, HostFacts], now: str = "") -> tuple[HeldState, str] | None:
     """A deployment an operator holds (engine_ctl.core.plan.operator): stopping then stopped, parking then parked
-    (for a park that stops the engine, by its units' states), or deleted; None when no verb holds it."""
+    (for a park that stops the engine, by its units' states), or deleted; None when no verb holds it. A unit that
+    still runs once the stop had its time (keeps_stopped at `now`) was started outside engine-ctl: the verb's
+    phase is done, and the reason says what runs."""
     held = rec.operator
     if held is None:
         return None
@@ -488,6 +513,9 @@ def held_state(rec: DeploymentRecord, facts: dict[str, HostFacts]) -> tuple[Held
         unit = next((u for u in facts[r.host].units if u.name == r.unit), None) if r.host in facts else None
         states.append(unit.active_state if unit is not None else "inactive")
     going = any(s in ("active", "activating", "deactivating", "reloading") for s in states)
+    if going and keeps_stopped(rec, now):
+        reason += "; but a unit of it runs again (started outside engine-ctl): engine-ctl apply stops it"
+        return ("parked" if held.verb == "parked" else "stopped"), reason
     if held.verb == "parked":
         asleep = held.level > 0  # asleep, its unit active: parked once accepted
         return ("parking" if going and not asleep else "parked"), reason

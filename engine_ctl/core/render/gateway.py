@@ -190,6 +190,8 @@ DECISION_ACTIONS = ("up", "down", "zero", "wake", "woken", "preempt", "hold", "f
 """The scaler's actions (core.plan.scaler.Decision), each a label value of engine_ctl_scaler_decisions_total."""
 
 MAP_FILES = ("keys.map", "expires.map", "scopes.map", "limits.map", "models.map", "stopped.map")
+API_FRONTEND = "api"
+"""The frontend of the endpoint (and the internal endpoint) in templates/haproxy.cfg.j2."""
 RUNTIME_MAPS = ("keys.map", "expires.map", "scopes.map", "limits.map", "stopped.map")
 """Maps changed over the stats socket, with no reload (models.map changes only with the backends)."""
 

@@ -155,7 +155,12 @@ class Verbs:
         return out
 
     def stop_phase(self, rec: DeploymentRecord) -> str:
-        return stop_phase(self.unit_states(rec).values())
+        """`stopping` while a stop job runs (it drains, then stops the unit); `stopped` once none does, even where a
+        unit runs again (started outside engine-ctl: `start` takes it back, `stop` stops it again, apply stops it):
+        before, such a unit kept the deployment `stopping` for good, and `start --wait` never started."""
+        states = self.unit_states(rec)
+        jobs = [s for k, s in states.items() if "/" + job_unit("stop", "") in k]
+        return stop_phase(jobs)
 
     def phase(self, rec: DeploymentRecord) -> str | None:
         """`stopping`/`stopped` for a stopped deployment, `parking`/`parked` for a parked one, else None."""
@@ -164,7 +169,7 @@ class Verbs:
         if rec.operator.verb == "parked":
             asleep = rec.operator.level > 0  # its engine stays active: only the park job tells
             jobs = self.unit_states(rec, "park" if asleep else "stop")
-            return parking_phase("parked", [s for k, s in jobs.items() if not asleep or "/park-" in k])
+            return parking_phase("parked", [s for k, s in jobs.items() if "/park-" in k or "/stop-" in k])
         return self.stop_phase(rec) if rec.operator.verb == "stopped" else "deleted"
 
     def wait_stopped(self, rec: DeploymentRecord, within: float = STOP_WAIT_S) -> bool:
@@ -289,6 +294,10 @@ class Verbs:
             rec = self._held(state, name, allowed=("stopped", "parked"))
             operation = new_id()
             if rec.operator is not None and rec.operator.verb == "stopped":
+                if self.stop_phase(rec) == "stopped" and self._started_again(rec):  # its stop done, a unit runs
+                    self._detach(rec, "stop", lambda p, h, r: stop_job(p, h, r))
+                    return Outcome(operation=rec.operator.operation, note=f"{name} was stopped, and a unit of it "
+                                   "ran again (started outside engine-ctl): stopped again")  # fmt: skip
                 return Outcome(operation=rec.operator.operation, note=f"{name} is already stopped")
             was_parked = parked(rec)
             rec.operator = OperatorAction(verb="stopped", when=now(), who=getpass.getuser(), operation=operation)
@@ -302,6 +311,12 @@ class Verbs:
             self.refresh_scaler(state, name, parking=was_parked)
             self._detach(rec, "stop", lambda p, h, r: stop_job(p, h, r))
         return Outcome(operation=operation)
+
+    def _started_again(self, rec: DeploymentRecord) -> bool:
+        """A unit of the stopped deployment runs (its stop job is done)."""
+        states = self.unit_states(rec)
+        return any(s in ("active", "activating", "reloading") for k, s in states.items()
+                   if "/" + job_unit("stop", "") not in k)  # fmt: skip
 
     def _held(self, state: State, name: str, allowed: tuple[str, ...]) -> DeploymentRecord:
         rec = state.deployments.get(name)

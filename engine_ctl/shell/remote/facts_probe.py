@@ -1196,9 +1196,36 @@ def gateway(directory: str = GATEWAY_DIR) -> dict[str, Any] | None:
     except OSError:
         return None
     stat = gateway_ask("show stat") or ""
+    info = gateway_ask("show info")
     return {"files": files, "servers": parse_show_stat(stat), "addresses": parse_show_stat(stat, "addr"),
             "weights": parse_show_stat(stat, "weight"), "maps": gateway_maps(), "internal_key": gateway_key(),
-            "changed_since_load": changed_since_load(directory, gateway_ask("show info"))}  # fmt: skip
+            "changed_since_load": changed_since_load(directory, info), "frontends": frontends(stat),
+            "rate_limits": rate_limits(info)}  # fmt: skip
+
+
+def frontends(stat: str) -> dict[str, str]:
+    """`show stat`'s frontends -> their status (OPEN; PAUSED once an admin command disabled one)."""
+    lines = stat.splitlines()
+    header = lines[0].lstrip("# ").split(",") if lines else []
+    out = {}
+    for line in lines[1:]:
+        row = dict(zip(header, line.split(",")))  # noqa: B905 (the probe keeps to Python 3.7: no strict=)
+        if row.get("svname") == "FRONTEND" and "pxname" in row:
+            out[row["pxname"]] = row.get("status", "")
+    return out
+
+
+RATE_LIMITS = ("ConnRateLimit", "SessRateLimit", "SslRateLimit")
+"""`show info`'s process-wide rate limits (the configuration sets none: 0), which `set rate-limit` changes."""
+
+
+def rate_limits(info: str | None) -> dict[str, str]:
+    out = {}
+    for line in (info or "").splitlines():
+        key, _, value = line.partition(":")
+        if key in RATE_LIMITS:
+            out[key] = value.strip()
+    return out
 
 
 LOAD_SLACK_S = 1.0
