@@ -126,15 +126,20 @@ class LocalState:
         data = json.dumps(new.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with private(tmp) as f:  # hosts, addresses, ports, key names: its owner's only
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if self.path.exists():
-            backup_tmp = self.backup.with_name(f".{self.backup.name}.{os.getpid()}.tmp")
-            shutil.copyfile(self.path, backup_tmp)
-            os.chmod(backup_tmp, 0o600)
-            os.replace(backup_tmp, self.backup)
+        backup_tmp = self.backup.with_name(f".{self.backup.name}.{os.getpid()}.tmp")
+        try:
+            with private(tmp) as f:  # hosts, addresses, ports, key names: its owner's only
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            if self.path.exists():
+                shutil.copyfile(self.path, backup_tmp)
+                os.chmod(backup_tmp, 0o600)
+                os.replace(backup_tmp, self.backup)
+        except OSError as exc:  # a full disk: the state stays the last one written whole, and no half file is left
+            for left in (tmp, backup_tmp):
+                left.unlink(missing_ok=True)
+            raise OSError(exc.errno, exc.strerror, str(self.path.parent)) from exc
         os.replace(tmp, self.path)
         dir_fd = os.open(self.path.parent, os.O_RDONLY)
         try:
@@ -204,10 +209,14 @@ class LocalState:
         """Create the lock file with its content in one step (a hard link of a complete file), so nobody ever
         sees it empty; False when it exists already."""
         tmp = self.lock_path.with_name(f".{self.lock_path.name}.{os.getpid()}.{info.id[:8]}.tmp")
-        with open(tmp, "w") as f:
-            f.write(info.model_dump_json(exclude_none=True))
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(tmp, "w") as f:
+                f.write(info.model_dump_json(exclude_none=True))
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:  # a full disk: no half file left behind
+            tmp.unlink(missing_ok=True)
+            raise OSError(exc.errno, exc.strerror, str(self.path.parent)) from exc
         try:
             os.link(tmp, self.lock_path)
             return True

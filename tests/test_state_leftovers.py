@@ -115,3 +115,36 @@ def test_the_state_and_its_backup_are_their_owners_only(tmp_path: Path) -> None:
         os.umask(old)
     assert backend.path.stat().st_mode & 0o777 == 0o600
     assert backend.backup.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_full_disk_leaves_the_state_whole_no_half_file_and_a_clear_error(tmp_path: Path) -> None:
+    """A 64 KiB file system (a real tmpfs), filled: the write fails, the state on disk is the last one written whole,
+    no temporary file is left to eat what little space is left, and the CLI says where and what to do (before:
+    "internal error … this is a bug in engine-ctl", and a .tmp file left by each try; a probe, session 15)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], check=True)
+    try:
+        backend = LocalState(mount / "engine-ctl.state.json")
+        with backend.lock("apply"):
+            first = backend.write(State(lineage="full-disk"))
+        kept = (mount / "engine-ctl.state.json").read_bytes()
+        subprocess.run(["sh", "-c", f"head -c 10M /dev/zero > {mount}/filler"], check=False)  # fills it
+        bigger = first.model_copy(update={"operations": []})
+        try:
+            with backend.lock("apply"):
+                backend.write(bigger.model_copy(update={"serial": first.serial}))
+            raised = None
+        except OSError as exc:
+            raised = exc
+        assert raised is not None and raised.errno == 28, raised  # ENOSPC
+        assert (mount / "engine-ctl.state.json").read_bytes() == kept
+        assert sorted(p.name for p in mount.iterdir() if p.name.endswith(".tmp")) == []
+        state = str(mount / "engine-ctl.state.json")
+        listed = subprocess.run([sys.executable, "-m", "engine_ctl", "state", "rm", "nothing", "--state", state],
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert "Traceback" not in listed.stderr and "internal error" not in listed.stderr, listed.stderr
+        assert listed.returncode == 1 and f"error: {mount}: No space left on device; this command stopped there" in \
+            listed.stderr and "hint: free space there" in listed.stderr, listed.stderr  # fmt: skip
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)

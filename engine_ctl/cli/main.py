@@ -8,6 +8,7 @@ A command is one line of COMMANDS (tests/test_startup.py checks the help there a
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import os
 import sys
@@ -251,16 +252,39 @@ def main() -> None:
     except BrokenPipeError:  # `engine-ctl … | head`: the reader left; nothing more to say
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (kept open until the interpreter exits)
         sys.exit(EXIT_ERROR)
-    except Exception as exc:  # the last line of defence: report, never a traceback
-        if os.environ.get("ENGINE_CTL_DEBUG"):
-            raise
-        click.echo(
-            f"error: internal error: {type(exc).__name__}: {exc}\n"
-            "  hint: this is a bug in engine-ctl; rerun with ENGINE_CTL_DEBUG=1 and report the traceback",
-            err=True,
-        )
+    except OSError as exc:
+        if os.environ.get("ENGINE_CTL_DEBUG") or exc.errno not in LOCAL_FAILURES:
+            raise_or_report(exc)
+            return
+        where = f"{exc.filename}: " if exc.filename else ""
+        click.echo(f"error: {where}{exc.strerror}; this command stopped there\n"
+                   f"  hint: {LOCAL_FAILURES[exc.errno]}, then run the command again (what it did before is said "
+                   "above; the state is the last one written whole)", err=True)  # fmt: skip
         sys.exit(EXIT_ERROR)
+    except Exception as exc:  # the last line of defence: report, never a traceback
+        raise_or_report(exc)
     sys.exit(code if isinstance(code, int) else EXIT_OK)
+
+
+LOCAL_FAILURES = {
+    errno.ENOSPC: "free space there",
+    errno.EDQUOT: "free space there (a disk quota is full)",
+    errno.EROFS: "the file system is read-only: remount it, or keep the state elsewhere (--state)",
+    errno.EACCES: "give your user access there, or keep the state elsewhere (--state)",
+}
+"""This machine's own failures (its disk, its permissions), said as such rather than as a bug in engine-ctl."""
+
+
+def raise_or_report(exc: Exception) -> None:
+    """The last line of defence: report, never a traceback (ENGINE_CTL_DEBUG=1 raises it for developers)."""
+    if os.environ.get("ENGINE_CTL_DEBUG"):
+        raise exc
+    click.echo(
+        f"error: internal error: {type(exc).__name__}: {exc}\n"
+        "  hint: this is a bug in engine-ctl; rerun with ENGINE_CTL_DEBUG=1 and report the traceback",
+        err=True,
+    )
+    sys.exit(EXIT_ERROR)
 
 
 __all__ = [
