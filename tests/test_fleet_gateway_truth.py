@@ -326,7 +326,7 @@ def test_a_configuration_edited_loaded_and_put_back_is_drift_that_apply_reloads(
     assert quiet.returncode == 0, quiet.stdout + quiet.stderr
     truth.fleet.ssh(truth.gateway, f"cp -p {cfg} /root/haproxy.cfg.kept && "
                                    f"sed -i 's/timeout server 10m/timeout server 1ms/' {cfg} && "
-                                   "systemctl reload engine-ctl-gateway.service && sleep 2 && "
+                                   "systemctl reload engine-ctl-gateway.service && sleep 4 && "
                                    f"cp -p /root/haproxy.cfg.kept {cfg}")  # fmt: skip
     assert truth.ask("tb", KEY_ALL)[0] == 504
     plan = truth.cli("plan", "--detailed-exitcode")

@@ -303,6 +303,8 @@ def test_the_probe_names_the_gateway_files_changed_after_the_running_worker_load
         (tmp_path / name).write_text(name)
     now = time.time()
     assert changed_since_load(str(tmp_path), "Name: HAProxy\nUptime_sec: 0\n", now + 30) == []  # loaded after
+    # apply moves the files, then reloads: a worker up for 0 whole seconds, asked 0.9 s after the files changed
+    assert changed_since_load(str(tmp_path), "Uptime_sec: 0\n", now + 0.9) == []
     assert changed_since_load(str(tmp_path), "Uptime_sec: 60\n", now + 30) == ["haproxy.cfg", "hold.lua",
                                                                               "models.map"]  # fmt: skip
     assert changed_since_load(str(tmp_path), None, now) is None  # no answer: no verdict

@@ -1229,7 +1229,9 @@ def rate_limits(info: str | None) -> dict[str, str]:
 
 
 LOAD_SLACK_S = 1.0
-"""`show info`'s Uptime_sec is whole seconds: a file changed within a second before the load counts as loaded."""
+"""`show info`'s Uptime_sec is whole seconds, so the worker loaded its configuration within the second before
+now - Uptime_sec: only a file changed more than LOAD_SLACK_S after that latest load time is said changed since
+(one written just before a reload is never taken for one changed after it)."""
 
 
 def changed_since_load(directory: str, info: str | None, now: float | None = None) -> list[str] | None:
@@ -1241,7 +1243,7 @@ def changed_since_load(directory: str, info: str | None, now: float | None = Non
                    if line.startswith("Uptime_sec:")), None)  # fmt: skip
     if uptime is None or not uptime.isdigit():
         return None
-    loaded = (time.time() if now is None else now) - int(uptime) - LOAD_SLACK_S
+    loaded = (time.time() if now is None else now) - int(uptime) + LOAD_SLACK_S
     out = []
     try:
         for entry in sorted(os.listdir(directory)):
