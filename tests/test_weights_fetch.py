@@ -211,6 +211,28 @@ def test_a_checkpoint_changed_on_disk_is_drift_and_the_next_fetch_puts_it_right(
     assert [r.path for r in hub.requests if "/resolve/" in r.path] == [f"/{REPO}/resolve/{fetch.commit}/m.gguf"]
 
 
+def test_a_checkpoint_file_replaced_with_its_size_and_mtime_kept_is_measured_again(
+    hub: HubDouble, tmp_path: Path
+) -> None:
+    """Other bytes of the same size renamed over a checkout's file with its old mtime (`cp -p`, `rsync -a`): the
+    probe re-hashes a file whose inode changed too (before: only size and mtime, so the digest read "unchanged").
+    A file only hard-linked again (engine-ctl links shared files between checkouts) keeps its inode: not re-read."""
+    fetch, host = _fetch(hub, tmp_path / "models")
+    digest, _ = _run(hub, fetch, host)
+    gguf = Path(fetch.dest, "m.gguf")
+    os.link(gguf, tmp_path / "another-link")  # the link count moves, the inode does not
+    assert gather_one(LocalTransport(host), [str(gguf)]).checkpoints == {fetch.dest: digest}
+    before = gguf.stat()
+    changed = bytearray(gguf.read_bytes())
+    changed[10] ^= 0xFF
+    swap = gguf.with_name(".swap")
+    swap.write_bytes(bytes(changed))
+    os.utime(swap, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(swap, gguf)
+    assert (gguf.stat().st_size, gguf.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert gather_one(LocalTransport(host), [str(gguf)]).checkpoints[fetch.dest] != digest
+
+
 def test_a_model_directory_other_users_may_write_is_refused(tmp_path: Path) -> None:
     folder = tmp_path / "snapshot"
     folder.mkdir()

@@ -141,6 +141,8 @@ def weights_written_drift(name: str, record: ReplicaRecord, model: Model | None,
     time ahead of its host's clock is not reported by the probe (a file server's skew, not a change)."""
     if model is None or entry is None or host is None or fact is None or fact.active_state != "active":
         return []
+    if model.hf is not None and model.hf.commit and record.checkpoint_digest:  # its digest says (checkpoint_drift):
+        return []  # its files' inode times move when engine-ctl links or prunes checkouts, which changes no byte
     path = model_path_on_host(model, entry)
     written, started = host.model_mtimes.get(path), fact.started_at
     if written is None or started is None or written <= started + WRITTEN_SLACK_S:

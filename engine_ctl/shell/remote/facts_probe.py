@@ -848,7 +848,8 @@ def checkpoint_digest(path: str) -> dict[str, Any] | None:
                 digests[name] = "missing"
                 continue
             st = os.stat(full)
-            if (st.st_size, st.st_mtime_ns) == (entry["size"], entry["mtime_ns"]):
+            same = (st.st_size, st.st_mtime_ns) == (entry["size"], entry["mtime_ns"])
+            if same and entry.get("ino", st.st_ino) == st.st_ino:  # another file renamed over it: a new inode
                 digests[name] = entry["sha256"]
                 continue
             digests[name] = file_sha256(full) or "missing"

@@ -356,9 +356,9 @@ class Fetch:
         text = "".join("%s  %s\n" % (from_paths[p], p) for p in sorted(from_paths))
         digest = hashlib.sha256(text.encode()).hexdigest()
         files = {}
-        for name, sha in from_paths.items():  # the facts probe re-measures a file whose size or mtime moved
+        for name, sha in from_paths.items():  # the facts probe re-measures a file whose size, mtime or inode moved
             st = os.stat(os.path.join(self.stage, name))
-            files[name] = {"sha256": sha, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+            files[name] = {"sha256": sha, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
         marker = {"repo": self.args["repo"], "commit": self.args["commit"], "files": files, "digest": digest}
         with open(os.path.join(self.stage, MARKER), "w") as f:
             json.dump(marker, f, sort_keys=True)
@@ -378,6 +378,7 @@ class Fetch:
                 continue
             st = os.stat(full)
             same = (st.st_size, st.st_mtime_ns) == (entry["size"], entry["mtime_ns"])
+            same = same and entry.get("ino", st.st_ino) == st.st_ino  # another file renamed over it: a new inode
             digests[name] = entry["sha256"] if same else hash_file(full, st.st_size).sha256.hexdigest()
         text = "".join("%s  %s\n" % (digests[p], p) for p in sorted(digests))
         return hashlib.sha256(text.encode()).hexdigest()
