@@ -124,6 +124,14 @@ def test_the_plan_says_a_woken_park_serves_and_gives_apply_nothing_to_do() -> No
     assert f"woken by a request through the gateway at {WHEN}: serving; apply leaves it serving" in c.operator
     plain = make_plan(desired("gpus: 1"), asleep, world(*facts.values())[0], facts, {"m": SHAPE})
     assert "woken" not in (plain.changes[0].operator or "")
+    # parked at level 0 (its units stopped) long ago, then woken: its running unit is the wake's, never "unstopped"
+    asleep.deployments["chat"].operator.level = 0  # type: ignore[union-attr]
+    later = make_plan(desired("gpus: 1"), asleep, world(*found.values())[0], found, {"m": SHAPE},
+                      created_at="2026-12-04T11:00:00+00:00")  # fmt: skip
+    assert not later.has_changes and later.drift == [], later.drift
+    unwoken = make_plan(desired("gpus: 1"), asleep, world(*facts.values())[0], facts, {"m": SHAPE},
+                        created_at="2026-12-04T11:00:00+00:00")  # fmt: skip
+    assert [d.kind for d in unwoken.drift] == ["unstopped"]  # the same unit, no wake: started outside engine-ctl
 
 
 def test_start_wait_says_it_wakes_a_parked_deployment_and_keeps_the_seeds_words_for_a_stop() -> None:

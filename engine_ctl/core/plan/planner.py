@@ -116,9 +116,10 @@ def planning_order(desired: DesiredState, state: State, targets: list[str] | Non
 def wanted_change(
     loaded: LoadedDeployment, desired: DesiredState, record: DeploymentRecord | None,
     model_facts: Mapping[str, ModelFacts | None], hosts: Hosts, alloc: Allocation, lineage: str | None = None,
-    serial: int = 0, created_at: str = "",
+    serial: int = 0, created_at: str = "", held_down: bool = True,
 ) -> tuple[DeploymentChange, Target | None]:  # fmt: skip
-    """The deployment's first phase (its always-on replicas placed): deployment.start_deployment."""
+    """The deployment's first phase (its always-on replicas placed): deployment.start_deployment. `held_down`: a
+    stopped one is kept stopped (False for a parked one a request woke: it serves)."""
     d = loaded.deployment
     model = desired.model(d.model)
     provider = resolve_engine(d, model)
@@ -126,7 +127,7 @@ def wanted_change(
     names = field_names(loaded)
     ident = deployment_id_for(record, lineage or "", d.name, serial, created_at)
     return start_deployment(d, model, provider, model_facts.get(model.name), record, hosts, alloc, names, lineage,
-                            ident, keeps_stopped(record, created_at))  # fmt: skip
+                            ident, held_down and keeps_stopped(record, created_at))  # fmt: skip
 
 
 def field_names(loaded: LoadedDeployment) -> Names:
@@ -201,19 +202,19 @@ def make_plan(
     foreign = foreign_units(facts, state.lineage)
     hold_foreign(alloc.taken, foreign)
     started: list[tuple[str, DeploymentChange, Target | None]] = []
+    woken = woken_parks(state.deployments, scaler_views_of(facts.values()))
     for name in planning_order(desired, state, targets):  # always-on replicas first, every deployment
         record = state.deployments.get(name)
         if name in wanted:
             seen = forced(record) if record is not None and name in replace else record
             change, target = wanted_change(wanted[name], desired, seen, model_facts, hosts, alloc, state.lineage,
-                                           state.serial, created_at)  # fmt: skip
+                                           state.serial, created_at, name not in woken)  # fmt: skip
             started.append((name, change, target))
             plan.changes.append(change)
         else:
             assert record is not None
             plan.changes.append(held_back(record, hold_absent) if hold_absent else removed(record, hosts))
     plan.drift += finish_all(started, state, wanted, alloc, replace)
-    woken = woken_parks(state.deployments, scaler_views_of(facts.values()))
     plan.changes = [held_by_operator(c, state, wanted, woken, plan.drift) for c in plan.changes]
     hold_back(plan, foreign)
     gateway_units = with_gateways(plan, desired, state, inventory, facts, scaler_lock)
