@@ -106,6 +106,19 @@ class ScalerProject:
         assert all(r.status == "standby" for d in state.deployments.values() for r in d.replicas if r.on_demand)
         assert self.on_gateway(f"systemctl is-active {SCALER_UNIT}").stdout.strip() == "active"
 
+    def stop_scaler(self, within: float = 180) -> None:
+        """The scaler stopped and disabled. Under load its stop may wait for a start it runs (a replica's health
+        gate): the wait goes on past one SSH command's time, so that the deployments are destroyed after it
+        whatever it took (one slow stop once left another module's hosts full of this module's units)."""
+        try:
+            self.on_gateway(f"systemctl disable --now {SCALER_UNIT}", check=False)
+        except subprocess.TimeoutExpired:
+            deadline = time.monotonic() + within
+            while self.on_gateway(f"systemctl is-active {SCALER_UNIT}", check=False).stdout.strip() in (
+                "active", "deactivating"
+            ) and time.monotonic() < deadline:  # fmt: skip
+                time.sleep(2)
+
     @contextmanager
     def applied(self) -> Iterator[ScalerProject]:
         """Apply the documents written, check what it did for scaling, and afterwards take it all down: the
@@ -115,7 +128,7 @@ class ScalerProject:
         try:
             yield self
         finally:
-            self.on_gateway(f"systemctl disable --now {SCALER_UNIT}", check=False)
+            self.stop_scaler()
             if (self.path / "engine-ctl.state.json").exists():
                 self.cli("destroy", "--auto-approve")
             self.on_gateway("systemctl disable --now engine-ctl-gateway.service", check=False)
