@@ -132,6 +132,11 @@ class ReplicaChange(Step):
     old_members: list[MemberStep] = Field(default_factory=list)
     """The workers of the group this step replaces or deletes: removed with its head."""
 
+    @property
+    def units(self) -> list[tuple[str, str]]:
+        """(host, unit) of the replica's head and of each of its group's workers."""
+        return [(self.host, self.unit), *((m.host, m.unit) for m in self.members)]
+
     @model_serializer(mode="wrap")
     def _without_group(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """A replica on one machine is written as before groups existed (older plans read the same)."""

@@ -419,8 +419,9 @@ def create_replica(t: Target, index: int) -> bool:
     why += reserved_note(result)
     rc = replica_change(list(CREATE), t.render(p, t.revision, "a"), t.revision, p, reason=why)
     rc.on_demand = t.on_demand(index)
-    places = ((rc.host, rc.unit), *((m.host, m.unit) for m in rc.members))
-    there = [(h, u) for h, u in places if (f := t.hosts.unit(h, u)) is not None and not is_foreign(f, t.lineage or "")]
+    there = [
+        (h, u) for h, u in rc.units if (f := t.hosts.unit(h, u)) is not None and not is_foreign(f, t.lineage or "")
+    ]
     if there:  # a unit of this lineage the state does not record (an older copy of the state): never written over
         # (another lineage's is ownership.hold_back's to report)
         host, unit = there[0]

@@ -126,8 +126,7 @@ def held_rewrites(
     kept = "kept stopped" if action.verb == "stopped" or action.level == 0 else "its engine sleeps on as it runs"
     out = []
     for step in change.replicas:
-        places = [(step.host, step.unit), *((m.host, m.unit) for m in step.members)]
-        drifted = [rewrite[p] for p in places if p in rewrite]
+        drifted = [rewrite[p] for p in step.units if p in rewrite]
         if step.actions == UPDATE and step.role is None and drifted:
             out.append(step.model_copy(update={"role": "held", "reason": f"{'; '.join(drifted)}; written again, "
                                                f"{kept}"}))  # fmt: skip
@@ -143,8 +142,7 @@ def woken_repairs(change: DeploymentChange, rewrite: Mapping[tuple[str, str], st
         return []
     out = []
     for step in change.replicas:
-        places = [(step.host, step.unit), *((m.host, m.unit) for m in step.members)]
-        if step.actions == UPDATE and step.role is None and any(p in rewrite for p in places):
+        if step.actions == UPDATE and step.role is None and any(p in rewrite for p in step.units):
             out.append(step)
     return out
 

@@ -58,6 +58,18 @@ Transport = SSHTransport | LocalTransport
 KEY_MAPS = tuple(n for n in RUNTIME_MAPS if n != "stopped.map")
 """The gateway's key maps: rendered from the ApiKey documents, which the verbs do not read, so left as they are."""
 STILL_STOPPING = EXIT_STATUSES["still_stopping"]
+STOP_JOB = "/" + job_unit("stop", "")
+"""What names a stop job among unit_states' keys (`host/stop-<unit>`)."""
+
+
+def started_again(states: dict[str, str]) -> bool:
+    """From one read of unit_states: no stop job runs, and a unit of the stopped deployment runs (started outside
+    engine-ctl)."""
+    jobs = [s for k, s in states.items() if STOP_JOB in k]
+    units = [s for k, s in states.items() if STOP_JOB not in k]
+    return stop_phase(jobs) == "stopped" and any(s in ("active", "activating", "reloading") for s in units)
+
+
 """Seed 003: the exit status of a start (or a delete) refused while the stop is still under way."""
 
 
@@ -158,9 +170,7 @@ class Verbs:
         """`stopping` while a stop job runs (it drains, then stops the unit); `stopped` once none does, even where a
         unit runs again (started outside engine-ctl: `start` takes it back, `stop` stops it again, apply stops it):
         before, such a unit kept the deployment `stopping` for good, and `start --wait` never started."""
-        states = self.unit_states(rec)
-        jobs = [s for k, s in states.items() if "/" + job_unit("stop", "") in k]
-        return stop_phase(jobs)
+        return stop_phase(s for k, s in self.unit_states(rec).items() if STOP_JOB in k)
 
     def phase(self, rec: DeploymentRecord) -> str | None:
         """`stopping`/`stopped` for a stopped deployment, `parking`/`parked` for a parked one, else None."""
@@ -294,7 +304,7 @@ class Verbs:
             rec = self._held(state, name, allowed=("stopped", "parked"))
             operation = new_id()
             if rec.operator is not None and rec.operator.verb == "stopped":
-                if self.stop_phase(rec) == "stopped" and self._started_again(rec):  # its stop done, a unit runs
+                if started_again(self.unit_states(rec)):  # its stop done (no stop job runs), a unit runs again
                     self._detach(rec, "stop", lambda p, h, r: stop_job(p, h, r))
                     return Outcome(operation=rec.operator.operation, note=f"{name} was stopped, and a unit of it "
                                    "ran again (started outside engine-ctl): stopped again")  # fmt: skip
@@ -311,12 +321,6 @@ class Verbs:
             self.refresh_scaler(state, name, parking=was_parked)
             self._detach(rec, "stop", lambda p, h, r: stop_job(p, h, r))
         return Outcome(operation=operation)
-
-    def _started_again(self, rec: DeploymentRecord) -> bool:
-        """A unit of the stopped deployment runs (its stop job is done)."""
-        states = self.unit_states(rec)
-        return any(s in ("active", "activating", "reloading") for k, s in states.items()
-                   if "/" + job_unit("stop", "") not in k)  # fmt: skip
 
     def _held(self, state: State, name: str, allowed: tuple[str, ...]) -> DeploymentRecord:
         rec = state.deployments.get(name)
