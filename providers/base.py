@@ -26,6 +26,10 @@ CACHE_TYPE_BYTES = {
 }  # fmt: skip
 
 
+LOADER_ENV_PREFIXES = ("LD_",)
+"""What the dynamic loader reads in any program (LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT): code loaded into it."""
+
+
 # AMD GPU families as seed 001's "GPU vendors" table groups them, matched on the name the GPU tools print
 # (amd-smi's market_name, rocm-smi's card series). First match wins; a name that matches none is not refused.
 AMD_FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -332,8 +336,9 @@ class Provider:
     """Its main process's command line (/proc/PID/cmdline) stays the argv it was started with (it sets no process
     title): arguments there that its unit does not give (a wrapper at its executable's path) are drift."""
     env_prefixes: tuple[str, ...] = ()
-    """Environment variables it reads as settings (each one a flag): one in its process that its unit does not set
-    came from elsewhere (systemd's manager environment, `systemctl set-environment`) and changes how it serves."""
+    """Environment variables it reads as settings (each one a flag, a key, where it fetches from), and those any
+    program's loader reads (LOADER_ENV_PREFIXES): one in its process that its unit does not set came from elsewhere
+    (systemd's manager environment, `systemctl set-environment`) and changes how it serves, or whom it answers."""
     takes_flag_equals_value: bool = True
     """Whether the engine reads `--flag=value` as one word (argparse does: vLLM, SGLang). When not (llama.cpp's
     llama-server refuses `--seed=42`), the user's engine_args are passed as `--flag value`."""

@@ -10,6 +10,7 @@ from engine_ctl.providers.base import (
     FETCHES,
     GIB,
     KEYS,
+    LOADER_ENV_PREFIXES,
     OPENS,
     READS_FILE,
     ROCM_GFX_LLAMACPP,
@@ -238,7 +239,9 @@ LLAMACPP = LlamaCpp(
     loading_statuses=frozenset({"503"}),  # llama-server answers 503 "Loading model" until its model is loaded
     log_prefix=r"^[\d.:]+\s+[A-Z]\s+",  # llama-server's `0.00.014.738 E ` (time, level)
     keeps_argv=True,  # llama-server sets no process title
-    env_prefixes=("LLAMA_ARG_",),  # tools/server/README.md: each flag's LLAMA_ARG_* variable (a flag wins over it)
+    # tools/server/README.md: each flag's LLAMA_ARG_* variable (a flag wins over it), LLAMA_API_KEY (--api-key: a
+    # key it answers beside its key file's), LLAMA_CACHE and HF_* (where -hf fetches), GGML_* (the backends' own)
+    env_prefixes=("LLAMA_", "HF_", "GGML_", "CUDA_", *LOADER_ENV_PREFIXES),
     platforms=frozenset({"nvidia", "amd", "apple", "cpu"}),
     allowed_flags=ALLOWED,
     deployment_flags=SET_BY_DEPLOYMENT,

@@ -381,6 +381,10 @@ def test_an_engine_started_with_arguments_or_settings_its_unit_does_not_give_is_
     env = plan(d, state, with_unit(proc_env=("LLAMA_ARG_N_PREDICT", "LLAMA_ARG_THREADS_HTTP", "PATH")), SHAPE)
     (drift,) = env.drift
     assert "its engine's environment sets LLAMA_ARG_N_PREDICT, which its unit does not" in drift.detail
+    # a key it answers beside its key file's (llama-server's LLAMA_API_KEY), code loaded into it (LD_PRELOAD)
+    backdoor = plan(d, state, with_unit(proc_env=("LLAMA_API_KEY", "LD_PRELOAD", "LLAMA_ARG_THREADS_HTTP")), SHAPE)
+    (drift,) = backdoor.drift
+    assert "its engine's environment sets LLAMA_API_KEY, LD_PRELOAD, which its unit does not" in drift.detail
     assert env.changes[0].replicas[0].action == ["update"]
     assert hide_argv(["/x", "--api-key", "s3", "--api-key-file=/k", "--port", "1"]) == (
         "/x", "--api-key", "(sensitive)", "--api-key-file=(sensitive)", "--port", "1")  # fmt: skip

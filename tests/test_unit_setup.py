@@ -31,16 +31,21 @@ def test_the_drop_in_directories_of_a_unit_are_its_own_and_its_engine_ctl_prefix
     assert drop_in_dirs("sshd.service") == ()
 
 
-def test_only_drop_ins_written_for_engine_ctl_units_under_etc_and_run_are_drift() -> None:
+def test_only_drop_ins_written_for_engine_ctl_units_are_drift_in_every_unit_directory() -> None:
+    """A drop-in directory named for an engine-ctl unit is drift wherever systemd reads it: /etc and /run, and the
+    packages' directories too (a probe, session 16: CPUQuota=2% and an Environment= from /usr/lib/systemd/system/
+    <unit>.d, beside "No changes"). A directory every service reads (a container's service.d) is not engine-ctl's."""
     paths = [
         f"/etc/systemd/system/{UNIT}.d/override.conf",  # systemctl edit
         f"/run/systemd/system.control/{UNIT}.d/50-CPUWeight.conf",  # systemctl set-property --runtime
         "/etc/systemd/system/engine-ctl-.service.d/all.conf",  # every engine-ctl unit
+        f"/usr/lib/systemd/system/{UNIT}.d/vendor.conf",  # a package's directory
+        f"/usr/local/lib/systemd/system/{UNIT}.d/local.conf",
+        "/run/systemd/transient/engine-ctl-chat-.service.d/t.conf",
         "/run/systemd/system/service.d/zzz-lxc-service.conf",  # every service (a container's)
         "/etc/systemd/system/engine-.service.d/other.conf",  # a prefix outside engine-ctl's names
-        f"/usr/lib/systemd/system/{UNIT}.d/vendor.conf",  # no person writes there
     ]
-    assert own_drop_ins(UNIT, paths) == tuple(sorted(paths[:3]))
+    assert own_drop_ins(UNIT, paths) == tuple(sorted(paths[:6]))
 
 
 def test_a_unit_file_that_outranks_engine_ctls_is_drift_named_for_what_it_is() -> None:

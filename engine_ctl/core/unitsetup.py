@@ -24,9 +24,17 @@ DROP_IN_ROOTS = (
     "/etc/systemd/system.control",
     "/run/systemd/system",
     "/run/systemd/system.control",
+    "/run/systemd/transient",
+    "/run/systemd/generator.early",
+    "/run/systemd/generator",
+    "/run/systemd/generator.late",
+    "/usr/local/lib/systemd/system",
+    "/usr/lib/systemd/system",
+    "/lib/systemd/system",
 )
-"""Where `systemctl edit` (/etc), `systemctl edit --runtime` (/run) and `systemctl set-property [--runtime]`
-(system.control) write a unit's drop-ins."""
+"""Every unit directory systemd reads a unit's drop-ins from (systemd.unit(5), the unit load path): where
+`systemctl edit` (/etc), `systemctl edit --runtime` (/run) and `systemctl set-property [--runtime]`
+(system.control) write them, and the packages' and generators' directories, which change a unit as much."""
 
 
 OUTRANKING_ROOTS = (

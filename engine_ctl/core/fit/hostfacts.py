@@ -174,6 +174,10 @@ class HostFacts(Fact):
     """`show info`'s ConnRateLimit, SessRateLimit, SslRateLimit (0: none, as the configuration sets)."""
     gateway_unloaded: tuple[str, ...] = ()
     """The gateway's files (not its runtime maps) changed after the running gateway loaded its configuration."""
+    gateway_runtime: dict[str, Any] = Field(default_factory=dict)
+    """What admin commands can change in the running gateway beyond maps, weights and states (facts_probe.
+    gateway_runtime): "acls" ([line, fetch, entries] of each ACL its haproxy.cfg declares), "maxconn" (show info),
+    "slim" (each frontend's and server's connection limit), "checks" (each server's check port and address)."""
     gateway_maps: dict[str, dict[str, str]] | None = None
     """The running gateway's key maps in memory (map name -> key -> value), None when it does not answer."""
     gateway_key: dict[str, str | None] | None = None

@@ -18,6 +18,7 @@ from engine_ctl.core.documents.inventory import DEFAULT_GATEWAY_THREADS, Gateway
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.model import ApiKey
 from engine_ctl.core.names import deployment_name_ok
+from engine_ctl.core.plan.gatewayruntime import tampered_drift
 from engine_ctl.core.plan.internalkey import gateway_key_drift, key_sent
 from engine_ctl.core.record.model import DeploymentRecord, State
 from engine_ctl.core.render.gateway import (
@@ -332,6 +333,7 @@ def plan_gateways(
         rewritten = {n for n, sha in final.file_sha256.items() if record.files_sha256.get(n) != sha}
         found += runtime_drift(host.name, final.maps, hf, rewritten)
         found += address_drift(host.name, record.config, hf)
+        found += tampered_drift(host.name, record.config, hf)
         found += loaded_drift(host.name, final.maps, hf)
         found += set_aside_drift(host.name, state, hf)
         found += gateway_key_drift(host.name, hf, sent)

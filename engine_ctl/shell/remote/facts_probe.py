@@ -1124,12 +1124,14 @@ SHOWN_MAPS = (*RUNTIME_MAPS, "models.map")
 
 
 def parse_show_map(data: str) -> dict[str, str] | None:
-    """`show map NAME` -> {key: value} (each line `0x<ref> <key> <value>`); None for a map it does not know."""
-    entries = {}
+    """`show map NAME` -> {key: value} (each line `0x<ref> <key> <value>`); None for a map it does not know. A key
+    held twice (`add map` of a key already there) is taken with its first value, the one a lookup finds: what
+    requests are checked against."""
+    entries: dict[str, str] = {}
     for line in data.splitlines():
         words = line.split(" ", 2)
         if len(words) == 3 and words[0].startswith("0x"):
-            entries[words[1]] = words[2]
+            entries.setdefault(words[1], words[2])  # a key held twice: a lookup finds the first
         elif line.strip():
             return None  # "Unknown map identifier", or an answer that is not a map
     return entries
@@ -1201,7 +1203,72 @@ def gateway(directory: str = GATEWAY_DIR) -> dict[str, Any] | None:
     return {"files": files, "servers": parse_show_stat(stat), "addresses": parse_show_stat(stat, "addr"),
             "weights": parse_show_stat(stat, "weight"), "maps": gateway_maps(), "internal_key": gateway_key(),
             "changed_since_load": changed_since_load(directory, info), "frontends": frontends(stat),
-            "rate_limits": rate_limits(info)}  # fmt: skip
+            "rate_limits": rate_limits(info), "runtime": gateway_runtime(stat, info)}  # fmt: skip
+
+
+def gateway_runtime(stat: str, info: str | None, path: str = GATEWAY_SOCKET) -> dict[str, Any]:
+    """What an admin command can change in the running gateway beyond its maps, weights and states: each ACL's
+    entries (`add acl #N`), the connection limits (`set maxconn`) and where each server's check goes
+    (`set server ... check-port`). Compared with the configuration the gateway loaded (core.plan.gatewayruntime)."""
+    state = gateway_ask("show servers state", path) or ""
+    maxconn = next((line.split(":", 1)[1].strip() for line in (info or "").splitlines() if line.startswith("Maxconn:")),
+                   None)  # fmt: skip
+    return {"acls": gateway_acls(path), "maxconn": maxconn, "slim": show_stat_limits(stat),
+            "checks": check_targets(state)}  # fmt: skip
+
+
+ACL_ROW = r"^(\d+) \(.*?\) acl '([^']*)' file '([^']*)' line (\d+)\."
+"""A row of `show acl`: the ACL's id, its fetch, the file and line that declare it."""
+
+
+def gateway_acls(path: str = GATEWAY_SOCKET, config: str = "haproxy.cfg") -> list[list[Any]] | None:
+    """[line, fetch, entries] of each ACL the gateway's configuration file declares, in the order HAProxy numbered
+    them (`show acl`, then `show acl #<id>` for its entries); None when the gateway does not answer."""
+    import re
+
+    listing = gateway_ask("show acl", path)
+    if listing is None:
+        return None
+    out: list[list[Any]] = []
+    for row in listing.splitlines():
+        m = re.match(ACL_ROW, row)
+        if not m or os.path.basename(m.group(3)) != config:
+            continue
+        answer = gateway_ask("show acl #" + m.group(1), path)
+        if answer is None:
+            return None
+        entries = [line.partition(" ")[2] for line in answer.splitlines() if line.startswith("0x")]
+        out.append([int(m.group(4)), m.group(2), entries])
+    return out
+
+
+def show_stat_limits(stat: str) -> dict[str, str]:
+    """`show stat`'s slim (the connection limit in force) of each frontend ("<frontend>") and server
+    ("<backend>/<server>"), which `set maxconn frontend|server` changes."""
+    lines = stat.splitlines()
+    header = lines[0].lstrip("# ").split(",") if lines else []
+    out = {}
+    for line in lines[1:]:
+        row = dict(zip(header, line.split(",")))  # noqa: B905 (the probe keeps to Python 3.7: no strict=)
+        if "pxname" not in row or row.get("svname") == "BACKEND":
+            continue
+        name = row["pxname"] if row.get("svname") == "FRONTEND" else row["pxname"] + "/" + row.get("svname", "")
+        out[name] = row.get("slim", "")
+    return out
+
+
+def check_targets(state: str) -> dict[str, str]:
+    """`show servers state` -> {"backend/server": "<check port> <check address>"} ("0 -": the server's own, as the
+    configuration gives), which `set server ... check-port|check-addr` changes."""
+    lines = [line for line in state.splitlines() if line.strip()]
+    header = next((line.lstrip("# ").split() for line in lines if line.startswith("#")), [])
+    out = {}
+    for line in lines:
+        if line.startswith("#") or len(line.split()) != len(header):
+            continue
+        row = dict(zip(header, line.split()))  # noqa: B905
+        out[row["be_name"] + "/" + row["srv_name"]] = row["srv_check_port"] + " " + row["srv_check_addr"]
+    return out
 
 
 def frontends(stat: str) -> dict[str, str]:
