@@ -106,8 +106,9 @@ class Truth:
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"{}"), time.monotonic() - started
 
-    def stats_socket(self, *commands: str) -> None:
-        """Commands to the running gateway's stats socket, as anyone with root on the gateway host could send."""
+    def stats_socket(self, *commands: str) -> str:
+        """Commands to the running gateway's stats socket, as anyone with root on the gateway host could send: what
+        it answered."""
         script = (
             "import socket,sys\n"
             "for c in sys.argv[1:]:\n"
@@ -115,7 +116,7 @@ class Truth:
             "    print(s.recv(65536).decode()); s.close()\n"
         )
         quoted = " ".join("'" + c + "'" for c in commands)
-        self.fleet.ssh(self.gateway, f'python3 -c "{script}" {quoted}')
+        return self.fleet.ssh(self.gateway, f'python3 -c "{script}" {quoted}').stdout
 
 
 @pytest.fixture(scope="module")
@@ -295,6 +296,37 @@ def test_a_route_deleted_and_a_weight_zeroed_in_the_running_gateway_are_drift_th
     assert truth.ask("tb", KEY_ALL)[0] == 200
     status, _, took = truth.ask("tk", KEY_ALL)
     assert status == 200 and took < 30, (status, took)
+    again = truth.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_a_server_an_acl_a_limit_and_a_key_held_twice_in_the_running_gateway_are_drift_apply_removes(
+    truth: Truth,
+) -> None:
+    """What a probe (session 16) changed over the admin socket beside "No changes": a server added to tb's
+    backend (it got tb's requests, and the replicas' internal key with them), the odd-path guard cleared, tk's
+    server limited to 1 connection, and key `one` held twice in keys.map with `all` first (a lookup finds the
+    first: `one` called every deployment). A reload drops each; apply does it."""
+    listed = truth.stats_socket("show acl")
+    odd = next(row.split()[0] for row in listed.splitlines() if "'path_sub'" in row)
+    tk = json.loads((truth.path / "engine-ctl.state.json").read_text())["deployments"]["tk"]["replicas"][0]
+    tk_server = f"d_tk/r{tk['index']}{tk['slot']}"
+    one = key_sha256(KEY_ONE)
+    truth.stats_socket("add server d_tb/extra 198.18.0.254:9", f"clear acl #{odd}",
+                       f"set maxconn server {tk_server} 1", f"del map keys.map {one}", f"add map keys.map {one} all",
+                       f"add map keys.map {one} one")  # fmt: skip
+    assert truth.ask("tb", KEY_ONE)[0] == 200  # the hole is real: `one` is tk's only
+    plan = truth.cli("plan", "--detailed-exitcode")
+    said = plan.stdout + plan.stderr
+    assert plan.returncode == 2, said
+    g = truth.gateway.name
+    assert f"the running gateway on {g} has server d_tb/extra, which its configuration does not" in said, said
+    assert "matches path_sub on line" in said and "no more against '//'" in said, said
+    assert f"limits server {tk_server} to 1 connections, not its configuration's" in said, said
+    assert "lets key 'all' call" in said or "named 'all'" in said, said
+    applied = truth.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert truth.ask("tb", KEY_ONE)[0] == 404 and truth.ask("tk", KEY_ONE)[0] == 200
     again = truth.cli("plan", "--detailed-exitcode")
     assert again.returncode == 0, again.stdout + again.stderr
 

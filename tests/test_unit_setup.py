@@ -124,6 +124,10 @@ def test_the_gateways_and_the_scalers_units_with_drop_ins_or_not_enabled_are_dri
     off = scaler.model_copy(update={"unit_file_state": "disabled"})
     said = scaler_unit_drift("g1", h.model_copy(update={"units": (off,)}))
     assert said is not None and said.startswith(f"{SCALER_UNIT} is disabled on g1")
+    frozen = scaler.model_copy(update={"process_state": "T", "main_pid": 77})  # systemctl kill -s SIGSTOP
+    said = scaler_unit_drift("g1", h.model_copy(update={"units": (frozen,)}))
+    assert said == (f"{SCALER_UNIT} runs on g1 but its process (PID 77) is stopped by a signal (SIGSTOP): it wakes "
+                    "no deployment and scales none; apply restarts it")  # fmt: skip
 
 
 def test_the_removal_deletes_what_the_plan_reports_and_nothing_else(tmp_path: Path) -> None:

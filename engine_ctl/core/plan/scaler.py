@@ -228,12 +228,16 @@ def config_stale(host_facts: Any, deployments_sha256: str, settings: Mapping[str
 
 
 def scaler_unit_drift(host: str, host_facts: Any) -> str | None:
-    """How a host's running scaler unit differs from what apply leaves: drop-ins change it, or it is not enabled
-    (it would not start at boot). Apply removes the drop-ins (and restarts it) and enables it."""
+    """How a host's running scaler unit differs from what apply leaves: drop-ins change it, it is not enabled (it
+    would not start at boot), or its process is stopped by a signal (it wakes and scales nothing). Apply removes the
+    drop-ins, enables it and restarts it."""
     unit = next((u for u in getattr(host_facts, "units", ()) if u.name == SCALER_UNIT), None)
     if unit is None:
         return None
     said = []
+    if unit.stopped_by_signal:
+        said.append(f"{SCALER_UNIT} runs on {host} but its process (PID {unit.main_pid}) is stopped by a signal "
+                    "(SIGSTOP): it wakes no deployment and scales none; apply restarts it")  # fmt: skip
     if unit.drop_ins:
         said.append(drop_ins_detail(SCALER_UNIT, host, unit.drop_ins))
     if unit.sha256 is not None and unit.unit_file_state not in (None, "enabled"):

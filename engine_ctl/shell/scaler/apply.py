@@ -221,7 +221,8 @@ class ScalerApply:
         changed = [f for f, text in files.items() if old.get(f) != sha256(text)]
         for path in changed:
             t.put(path, files[path].encode(), 0o644)
-        verb = "restart" if changed or DROPPED in before else "start"
+        # a unit the plan found otherwise than apply leaves it (a process stopped by a signal, ...) starts anew
+        verb = "restart" if changed or DROPPED in before or host.name in p.unit_drift else "start"
         _ok(t, reload_then(verb, SCALER_UNIT, enable=True), f"starting the scaler on {host.name}")
         names = ", ".join(d.name for d in deployments)
         self.progress(f"scaler {host.name}: {'updated' if changed else 'running'}, scaling {names}")
