@@ -213,7 +213,8 @@ def test_the_probe_asks_each_decisions_replica_with_the_internal_key_behind_a_ga
     credential = "/run/credentials/engine-ctl-d-0a.service/replica-key"  # what units.py gives a replica behind one
     keyed = rec.replicas[0].model_copy(update={"argv": ["/bin/llama-server", "--api-key-file", credential]})
     (check,) = readiness_checks(rec.model_copy(update={"replicas": [keyed]}))["h"]
-    assert check == {"port": 8001, "path": "/v1/systemone", "body": readiness_body("d"), "key_file": REPLICA_KEY}
+    assert check == {"port": 8001, "path": "/v1/systemone", "body": readiness_body("d"), "key_file": REPLICA_KEY,
+                     "unit": "engine-ctl-d-0a.service"}  # the key goes only to that unit's process  # fmt: skip
     yaml = keyed.model_copy(update={"argv": ["python3", "--api-key-file", credential + ".yaml"]})  # SGLang's
     (check,) = readiness_checks(rec.model_copy(update={"replicas": [yaml]}))["h"]
     assert check["key_file"] == REPLICA_KEY  # the host keeps every engine's key, one a line, in one file

@@ -405,3 +405,42 @@ def test_an_engine_upgraded_in_its_environment_is_read_again_though_its_launcher
     install("0.31.0")
     assert launcher.stat().st_mtime_ns == before.st_mtime_ns and launcher.stat().st_ino == before.st_ino
     assert read(known)["version"] == "0.31.0"
+
+
+def test_the_internal_key_goes_only_to_the_port_its_units_process_holds(tmp_path: Path) -> None:
+    """A probe (session 16): with an on-demand replica scaled to zero, any local user bound its port, and every
+    plan sent that listener the fleet's internal key. The key check now names its unit, and the probe sends the
+    key only where that unit's MainPID (or a child of it) holds the listening socket (/proc/net/tcp's inode among
+    /proc/PID/fd). Here a real listener in another process, then in this one."""
+    seen: list[str] = []
+
+    class Catch(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            seen.append(self.headers.get("Authorization") or "")
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    key_file = tmp_path / "replica-key"
+    key_file.write_text("ek-" + "a" * 40 + "\n")
+    server = http.server.HTTPServer(("127.0.0.1", 0), Catch)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    check = {"port": port, "path": "/v1/models", "key_file": str(key_file), "unit": "engine-ctl-tz-0a.service"}
+    try:
+        other = subprocess.Popen(["sleep", "30"])  # a unit whose process is not the listener
+        try:
+            got = probe.key_checks([check], main_pids={"engine-ctl-tz-0a.service": str(other.pid)})
+        finally:
+            other.kill()
+        assert got == {str(port): probe.NOT_ITS_UNIT} and seen == []
+        assert probe.key_checks([check], main_pids={}) == {str(port): probe.NOT_ITS_UNIT} and seen == []  # not running
+        mine = probe.key_checks([check], main_pids={"engine-ctl-tz-0a.service": str(os.getpid())})
+        assert mine == {str(port): "200"} and seen == ["Bearer ek-" + "a" * 40]
+        decided = probe.decisions([{**check, "body": "{}"}], main_pids={"engine-ctl-tz-0a.service": "0"})
+        assert decided == {str(port): {"status": probe.NOT_ITS_UNIT, "body": ""}} and len(seen) == 1
+    finally:
+        server.shutdown()
+        server.server_close()

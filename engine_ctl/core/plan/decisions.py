@@ -55,8 +55,8 @@ def readiness_checks(rec: DeploymentRecord) -> dict[str, list[dict[str, object]]
     for r in rec.replicas:
         check = {"port": r.port, "path": READINESS_PATH, "body": readiness_body(rec.name)}
         key_file = internal_key_file(r.argv)
-        if key_file is not None:  # behind a gateway the replica requires the internal key
-            check["key_file"] = key_file
+        if key_file is not None:  # behind a gateway the replica requires the internal key: only its unit's process
+            check["key_file"], check["unit"] = key_file, r.unit
         out.setdefault(r.host, []).append(check)
     return out
 

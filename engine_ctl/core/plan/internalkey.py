@@ -56,7 +56,8 @@ def key_checks(records: Iterable[DeploymentRecord]) -> dict[str, list[dict[str, 
         for r in record.replicas:
             key_file = internal_key_file(r.argv)
             if key_file is not None:
-                out.setdefault(r.host, []).append({"port": r.port, "path": KEY_CHECK_PATH, "key_file": key_file})
+                out.setdefault(r.host, []).append({"port": r.port, "path": KEY_CHECK_PATH, "key_file": key_file,
+                                                   "unit": r.unit})  # sent only to the unit's own process  # fmt: skip
     return out
 
 

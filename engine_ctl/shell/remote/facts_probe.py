@@ -335,6 +335,43 @@ def listening_ports() -> list[int]:
     return sorted(ports)
 
 
+def listening_inodes(port: int, texts: Iterable[str] | None = None) -> set[str]:
+    """The socket inodes listening on `port` (/proc/net/tcp{,6}: `inode` is the tenth column)."""
+    out = set()
+    for text in texts if texts is not None else (read(p) or "" for p in PROC_NET_TCP):
+        for line in text.splitlines()[1:]:
+            parts = line.split()
+            if len(parts) > 9 and parts[3] == TCP_LISTEN and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                out.add(parts[9])
+    return out
+
+
+def owns_port(pid: str | None, port: int) -> bool:
+    """Whether the process `pid` (a unit's MainPID) or a child of it holds the socket listening on `port`: only then
+    is the internal key sent there (any local user may bind a replica's port while its engine does not run)."""
+    if not pid or pid == "0":
+        return False
+    wanted = {"socket:[%s]" % inode for inode in listening_inodes(port)}
+    pids = [pid]
+    try:
+        for task in os.listdir("/proc/%s/task" % pid):
+            pids += (read("/proc/%s/task/%s/children" % (pid, task)) or "").split()
+    except OSError:
+        return False
+    for p in pids:
+        try:
+            for fd in os.listdir("/proc/%s/fd" % p):
+                if os.readlink("/proc/%s/fd/%s" % (p, fd)) in wanted:
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+NOT_ITS_UNIT = "down: its port is not held by its unit's process (the key is not sent)"
+"""A key-bearing check's answer when the process listening on the replica's port is not its unit's."""
+
+
 # GPUs: raw output, parsed locally by engine_ctl.core.fit.hostfacts (tests/recordings/ has real output of each) ---
 
 NVIDIA_SMI_QUERY = "index,uuid,name,memory.total,memory.used,driver_version"
@@ -1016,12 +1053,18 @@ def replica_keys(paths: Iterable[str]) -> dict[str, list[str] | None]:
     return out
 
 
-def key_checks(checks: list[dict[str, Any]], address: str = "127.0.0.1") -> dict[str, str]:
+def key_checks(
+    checks: list[dict[str, Any]], address: str = "127.0.0.1", main_pids: dict[str, str] | None = None
+) -> dict[str, str]:
     """port -> what a replica behind a gateway answers an authenticated GET sent with the key its host holds (the
-    first key of its key file): 200 when it accepts it, 401 when not; nothing for a port whose key is not read."""
+    first key of its key file): 200 when it accepts it, 401 when not; nothing for a port whose key is not read. A
+    check that names its unit is sent only where that unit's process (`main_pids`) holds the port (NOT_ITS_UNIT)."""
     out = {}
     keys: dict[str, list[str] | None] = {}  # key file -> its words (None: not readable), each file read once
     for check in checks:
+        if check.get("unit") and not owns_port((main_pids or {}).get(str(check["unit"])), int(check["port"])):
+            out[str(check["port"])] = NOT_ITS_UNIT
+            continue
         path = str(check["key_file"])
         if path not in keys:
             try:
@@ -1086,8 +1129,17 @@ def decision_answer(
     return {"status": parse_status_line(head), "body": body.decode("utf-8", "replace")}
 
 
-def decisions(checks: list[dict[str, Any]], address: str = "127.0.0.1") -> dict[str, dict[str, str]]:
-    return {str(c["port"]): decision_answer(c, address) for c in checks}
+def decisions(
+    checks: list[dict[str, Any]], address: str = "127.0.0.1", main_pids: dict[str, str] | None = None
+) -> dict[str, dict[str, str]]:
+    """port -> each decisions replica's answer; one that would carry the key goes only to its unit's process."""
+    out = {}
+    for c in checks:
+        if c.get("key_file") and c.get("unit") and not owns_port((main_pids or {}).get(str(c["unit"])), int(c["port"])):
+            out[str(c["port"])] = {"status": NOT_ITS_UNIT, "body": ""}
+        else:
+            out[str(c["port"])] = decision_answer(c, address)
+    return out
 
 
 # The gateway ----------------------------------------------------------------------------------------------------
@@ -1391,6 +1443,8 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
     gpu_started = {key: start(argv) for key, argv in gpu_commands(system=uname.sysname).items()}
     haproxy = shutil.which("haproxy")
     haproxy_started = start([haproxy, "-v"]) if haproxy else None
+    unit_facts = units(args.get("unit_prefix", "engine-ctl-"))
+    main_pids = {str(u.get("Id")): str(u.get("MainPID") or "") for u in unit_facts}
     doc: dict[str, Any] = {
         "probe_version": PROBE_VERSION,
         "hostname": uname.nodename,
@@ -1401,7 +1455,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "cpu": cpu(),
         "memory": parse_meminfo(read(MEMINFO) or ""),
         "disks": {"models_dir": disk(args["models_dir"]), "cache_dir": disk(args["cache_dir"])},
-        "units": units(args.get("unit_prefix", "engine-ctl-")),
+        "units": unit_facts,
         "ports": listening_ports(),
         "model_files": model_files(args["models_dir"]),
         "checkouts": checkouts(args["models_dir"]),
@@ -1410,8 +1464,8 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "python": "%d.%d.%d" % sys.version_info[:3],
         "models": {p: model_entry(p) for p in args.get("model_paths", [])},
         "health": health(args.get("health", []), args.get("bind") or "127.0.0.1"),
-        "decisions": decisions(args.get("decisions", []), args.get("bind") or "127.0.0.1"),
-        "key_checks": key_checks(args.get("key_checks", []), args.get("bind") or "127.0.0.1"),
+        "decisions": decisions(args.get("decisions", []), args.get("bind") or "127.0.0.1", main_pids),
+        "key_checks": key_checks(args.get("key_checks", []), args.get("bind") or "127.0.0.1", main_pids),
         "replica_keys": replica_keys(args.get("key_files", [])),
         "gateway": gateway(),
         "scaler": scaler_state(),
