@@ -415,7 +415,7 @@ def test_the_internal_key_goes_only_to_the_port_its_units_process_holds(tmp_path
     seen: list[str] = []
 
     class Catch(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             seen.append(self.headers.get("Authorization") or "")
             self.send_response(200)
             self.end_headers()
