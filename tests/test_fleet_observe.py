@@ -158,6 +158,11 @@ def test_request_log_has_every_request_and_never_the_key(ob: ObserveProject) -> 
     assert only_b.returncode == 0, only_b.stdout + only_b.stderr
     assert only_b.stdout and all(" 200 gw-b " in x for x in only_b.stdout.splitlines()), only_b.stdout
     assert made in only_b.stdout and "obs-given-1" not in only_b.stdout
+    # --lines counts requests, not journal lines (HAProxy's own messages are in the same journal; before, 10 lines
+    # could give 1 request: a probe, session 16)
+    newest = ob.cli("logs", "--gateway", "--json", "--lines", "2", "--inventory", str(ob.inventory))
+    assert newest.returncode == 0, newest.stdout + newest.stderr
+    assert [json.loads(x)["id"] for x in newest.stdout.splitlines()] == [x["id"] for x in lines[-2:]], newest.stdout
 
     # --follow: a request sent while following arrives as its line; Ctrl-C ends it (130)
     follow = subprocess.Popen(

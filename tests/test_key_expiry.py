@@ -27,6 +27,8 @@ def test_a_later_date_makes_a_key_that_expires_then() -> None:
     result = run("key", "new", "ci-bot", "--expires", later)
     assert result.exit_code == 0, result.output
     assert f'expires: "{later}"' in result.stdout
+    # a date is its first moment: said so, since the key is refused all that day (a probe, session 16)
+    assert f"It works until {later} 00:00:00 UTC, and is refused from then on." in result.output, result.output
 
 
 def test_a_malformed_date_says_the_forms() -> None:

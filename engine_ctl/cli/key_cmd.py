@@ -6,6 +6,7 @@ import json
 import secrets
 import sys
 import time
+from datetime import UTC, datetime
 
 import click
 
@@ -17,6 +18,7 @@ from engine_ctl.core.documents.apikey import (
     key_document,
     key_sha256,
     new_expiry_problem,
+    parse_expiry,
 )
 from engine_ctl.core.names import NAME_MESSAGE, deployment_name_ok
 
@@ -68,6 +70,9 @@ def new(name: str, deployments: tuple[str, ...], expires: str | None, rate: int 
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return
     click.echo(f"API key {name} (shown once, never stored; give it to its user):\n\n  {value}\n", err=True)
+    if expires is not None:  # a date is its first moment (UTC midnight): the key is refused all that day
+        until = datetime.fromtimestamp(parse_expiry(expires) or 0, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        click.echo(f"It works until {until}, and is refused from then on.\n", err=True)
     click.echo("Add this document to your documents, then `engine-ctl apply` (no reload, no dropped request):\n",
                err=True)  # fmt: skip
     sys.stdout.write(document)

@@ -268,10 +268,16 @@ def _follow(by_host: dict[str, list[Replica]], hosts: list[Host], since: str | N
     return failures
 
 
+REQUEST_LINE = '^\\{"ts":'
+"""A request line of the gateway's journal (engine_ctl.core.render.gateway.ACCESS_LOG_FIELDS: `ts` first), as a
+grep pattern of the journal: HAProxy's own messages (a server down, a reload) are not requests."""
+
+
 def gateway_journal_argv(deployment: str | None, since: str | None, lines: int | None, follow: bool) -> list[str]:
-    """journalctl for the gateway's unit: its MESSAGE only; for one deployment, only the lines that name it (a
-    request line holds `"deployment":"<name>"`: a deployment's name needs no escaping in JSON)."""
-    grep = f'"deployment":"{deployment}"' if deployment is not None else None
+    """journalctl for the gateway's unit: its MESSAGE only, its request lines only; for one deployment, only those
+    that name it (a request line holds `"deployment":"<name>"`: a deployment's name needs no escaping in JSON).
+    `lines` counts requests (systemd.journal_argv)."""
+    grep = REQUEST_LINE + (f'.*"deployment":"{deployment}"' if deployment is not None else "")
     return systemd.journal_argv([GATEWAY_UNIT], "MESSAGE", since, lines, follow, grep=grep)
 
 

@@ -129,13 +129,17 @@ def journal_argv(
     units: Sequence[str], fields: str, since: str | None, lines: int | None, follow: bool, grep: str | None = None
 ) -> list[str]:
     """journalctl for these units, one JSON entry a line (so each line is known to be the unit's, and when), cut to
-    some fields; `grep`: only the entries whose MESSAGE matches (a PCRE2 pattern)."""
+    some fields; `grep`: only the entries whose MESSAGE matches (a PCRE2 pattern), and then `lines` counts those:
+    systemd 252's journalctl applies --lines before --grep (the last N entries, matching or not), so the newest
+    first, cut by head (which stops journalctl there)."""
     argv = ["journalctl", "--no-pager", "--output=json", f"--output-fields={fields}"]
     argv += [f"--unit={u}" for u in units]
     if grep is not None:
         argv.append(f"--grep={grep}")
     if since is not None:
         argv.append(f"--since={since}")
+    if grep is not None and lines is not None and not follow:
+        return ["sh", "-c", f"{shlex.join([*argv, '--reverse'])} | head -n {int(lines)}"]
     if lines is not None:
         argv.append(f"--lines={lines}")
     if follow:
