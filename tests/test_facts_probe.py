@@ -444,3 +444,14 @@ def test_the_internal_key_goes_only_to_the_port_its_units_process_holds(tmp_path
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_gateways_lineage_is_read_from_its_configurations_header() -> None:
+    from engine_ctl.core.documents.inventory import Host as GatewayHost
+    from engine_ctl.core.render.gateway import render_gateway
+
+    host = GatewayHost(name="edge", address="127.0.0.1", transport="local")
+    config = render_gateway(host, [], [], lineage="3f2c-lineage").files["haproxy.cfg"]
+    assert probe.config_lineage(config.encode()) == "3f2c-lineage"
+    assert probe.config_lineage(render_gateway(host, [], []).files["haproxy.cfg"].encode()) is None  # before lineages
+    assert probe.config_lineage(b"global\n# lineage: late\n" + b"\n" * 20) == "late"

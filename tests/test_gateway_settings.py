@@ -45,10 +45,10 @@ def test_a_plan_renders_them_and_apply_keeps_them() -> None:
     assert after.files["hold.lua"] == g.files["hold.lua"] and after.files["haproxy.cfg"] == g.files["haproxy.cfg"]
     default, _ = world()
     forged = plan.model_copy(deep=True)
-    assert gateway_tampering(forged.gateways, forged.changes, State(), inv) == []
+    assert gateway_tampering(forged.gateways, forged.changes, State(lineage=plan.state_lineage), inv) == []
     forged.gateways[0].hold_s = 3600
     assert "gateway edge: its hold or thread settings are not the inventory's" in gateway_tampering(
-        forged.gateways, forged.changes, State(), inv
+        forged.gateways, forged.changes, State(lineage=forged.state_lineage), inv
     )
     assert make_plan(desired(), State(), default, facts, SHAPE).gateways[0].hold_s == 120
 
@@ -69,7 +69,7 @@ def test_the_gateway_runs_one_haproxy_thread_unless_the_inventory_says_more(tmp_
     forged = plan.model_copy(deep=True)
     forged.gateways[0].threads = 64
     assert "gateway edge: its hold or thread settings are not the inventory's" in gateway_tampering(
-        forged.gateways, forged.changes, State(), inv
+        forged.gateways, forged.changes, State(lineage=forged.state_lineage), inv
     )
 
 

@@ -46,11 +46,11 @@ def test_a_widened_scope_in_the_running_maps_is_refused() -> None:
     scoped = desired().model_copy(update={"api_keys": (ApiKey(name="k", sha256=key_sha256("ak-example"),
                                                               deployments=("other",)),)})  # fmt: skip
     plan = make_plan(scoped, State(), inv, world()[1], SHAPE)
-    assert gateway_tampering(plan.gateways, plan.changes, State(), inv) == []
+    assert gateway_tampering(plan.gateways, plan.changes, State(lineage=plan.state_lineage), inv) == []
     assert "k/chat" not in plan.gateways[0].maps["scopes.map"]
     forged = plan.model_copy(deep=True)
     forged.gateways[0].maps["scopes.map"]["k/chat"] = "1"
-    assert gateway_tampering(forged.gateways, forged.changes, State(), inv) == [
+    assert gateway_tampering(forged.gateways, forged.changes, State(lineage=forged.state_lineage), inv) == [
         "gateway edge: the maps it sends to the running gateway (scopes.map) differ from what engine-ctl renders "
         "from the plan's ApiKey documents"
     ]
@@ -112,3 +112,25 @@ def test_a_key_that_runs_only_in_memory_is_drift_named_without_its_hash() -> Non
         "allows",
     ]
     assert not any(EVIL[:8] in d for d in details)
+
+
+def test_a_gateway_another_state_made_is_never_taken_over() -> None:
+    """A probe (session 16): a second checkout with its own state and the same inventory planned "+ gateway" over
+    the first state's running gateway, exit 0; its apply dropped every route and key of the first (401 to all),
+    and its destroy removed that gateway. haproxy.cfg now names its state's lineage, and a plan that would create
+    a gateway where another lineage's runs is refused (exit 1), naming both."""
+    inv, facts = world()
+    first = make_plan(desired(), State(), inv, facts, SHAPE)
+    (g,) = first.gateways
+    assert f"\n# lineage: {first.state_lineage}\n" in g.files["haproxy.cfg"]
+    host = g.host
+    theirs = {**facts, host: facts[host].model_copy(update={"gateway_files": {"haproxy.cfg": "a" * 64},
+                                                            "gateway_lineage": first.state_lineage})}  # fmt: skip
+    other = State()
+    refused = make_plan(desired(), other, inv, theirs, SHAPE).refused
+    said = f"the gateway on {host} is another state's (lineage {first.state_lineage}; this state's is {other.lineage})"
+    assert refused and refused[0].startswith(said), refused
+    mine = State(lineage=first.state_lineage)  # this state's own gateway, its record lost (a kill before recording)
+    assert make_plan(desired(), mine, inv, theirs, SHAPE).refused == []
+    legacy = {**facts, host: theirs[host].model_copy(update={"gateway_lineage": None})}  # made before lineages
+    assert make_plan(desired(), other, inv, legacy, SHAPE).refused == []

@@ -118,7 +118,7 @@ def test_every_place_holding_the_key_is_no_changes_and_the_probe_is_asked_for_th
     plan = make_plan(desired(), state, inv, after, SHAPE)
     assert not plan.has_changes and not plan.drift, plan_text(plan)
     assert key_checks(state.deployments.values()) == {
-        "cpu-1": [{"port": replica.port, "path": KEY_CHECK_PATH, "key_file": REPLICA_KEY}]
+        "cpu-1": [{"port": replica.port, "path": KEY_CHECK_PATH, "key_file": REPLICA_KEY, "unit": replica.unit}]
     }
 
 

@@ -88,7 +88,7 @@ def test_the_plan_renders_the_metrics_port_and_apply_keeps_it(tmp_path: Path) ->
     forged = plan.model_copy(deep=True)
     forged.gateways[0].metrics_allow = ["0.0.0.0/0"]
     assert f"gateway {g.host}: its metrics port or monitoring hosts are not the inventory's" in gateway_tampering(
-        forged.gateways, forged.changes, State(), inv
+        forged.gateways, forged.changes, State(lineage=forged.state_lineage), inv
     )
     # the real HAProxy reads it (the Lua's metrics service included)
     folder = tmp_path / "gw"

@@ -247,6 +247,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         gateway_frontends=dict((doc.get("gateway") or {}).get("frontends") or {}),
         gateway_rate_limits=dict((doc.get("gateway") or {}).get("rate_limits") or {}),
         gateway_runtime=dict((doc.get("gateway") or {}).get("runtime") or {}),
+        gateway_lineage=(doc.get("gateway") or {}).get("lineage"),
         gateway_key=(doc.get("gateway") or {}).get("internal_key"),
         replica_keys={
             str(k): None if v is None else tuple(str(x) for x in v) for k, v in (doc.get("replica_keys") or {}).items()

@@ -174,6 +174,8 @@ class HostFacts(Fact):
     """`show info`'s ConnRateLimit, SessRateLimit, SslRateLimit (0: none, as the configuration sets)."""
     gateway_unloaded: tuple[str, ...] = ()
     """The gateway's files (not its runtime maps) changed after the running gateway loaded its configuration."""
+    gateway_lineage: str | None = None
+    """The state lineage the gateway's haproxy.cfg names (whose gateway it is); None where it names none."""
     gateway_runtime: dict[str, Any] = Field(default_factory=dict)
     """What admin commands can change in the running gateway beyond maps, weights and states (facts_probe.
     gateway_runtime): "acls" ([line, fetch, entries] of each ACL its haproxy.cfg declares), "maxconn" (show info),

@@ -561,7 +561,7 @@ def adopt_gateways(state: State, inventory: Inventory, facts: Mapping[str, HostF
             continue
 
         def render(replicas: Replicas, host: Host = host) -> RenderedGateway:
-            return render_for(host, replicas, sizing, keys, hosts, inventory.gateway, stopped)
+            return render_for(host, replicas, sizing, keys, hosts, inventory.gateway, stopped, (), state.lineage)
 
         record, note = _gateway_record(unit.sha256, hf.gateway_files, _renderings(after, render))
         records[host.name] = record

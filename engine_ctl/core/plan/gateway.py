@@ -275,8 +275,10 @@ def render_for(
     host: Host, replicas: Mapping[str, Mapping[Any, Replica]], sizing: Mapping[str, Any], keys: Iterable[ApiKey],
     hosts: Mapping[str, Host], settings: GatewaySettings, stopped: Mapping[str, str] | None = None,
     held: Iterable[str] = (),
+    lineage: str = "",
 ) -> RenderedGateway:  # fmt: skip
-    """`held`: deployments an operator deleted (not routed; an unscoped key's scope still names them)."""
+    """`held`: deployments an operator deleted (not routed; an unscoped key's scope still names them); `lineage`:
+    the state's (haproxy.cfg says whose gateway it is)."""
     backends = [
         deployment_backend(name, reps.values(), *_engine(sizing[name]), hosts, *_route(sizing[name]))
         for name, reps in sorted(replicas.items())
@@ -286,7 +288,7 @@ def render_for(
                           wake_addresses=wake_addresses_for(host, hosts.values()), scope_names=held,
                           requests_per_minute=settings.requests_per_minute,
                           metrics_port=settings.metrics_port, metrics_allow=settings.metrics_allow,
-                          internal_allow=internal_sources(hosts.values()))  # fmt: skip
+                          internal_allow=internal_sources(hosts.values()), lineage=lineage)  # fmt: skip
 
 
 def config_diff(old: str, new: str) -> list[str]:
@@ -312,8 +314,8 @@ def plan_gateways(
     drift: list[dict[str, str]] = []
     sent = key_sent(inventory.gateways(), facts)
     for host in inventory.gateways():
-        final = render_for(host, after, sizing, keys, hosts, inventory.gateway, stopped, held)
-        interim = render_for(host, union, sizing, keys, hosts, inventory.gateway, stopped, held)
+        final = render_for(host, after, sizing, keys, hosts, inventory.gateway, stopped, held, state.lineage)
+        interim = render_for(host, union, sizing, keys, hosts, inventory.gateway, stopped, held, state.lineage)
         change = GatewayChange(
             host=host.name, action=["no-op"], endpoint=final.endpoint, files=final.files, unit_text=final.unit_text,
             maps=final.maps, interim_files=None if interim.files == final.files else interim.files, keys=keys,
@@ -340,7 +342,7 @@ def plan_gateways(
         drift.extend(found)
         # on-demand servers as the recorded configuration had them: whether the scaler runs them is not a change
         was = render_for(host, as_recorded(after, record.config), sizing, keys, hosts, inventory.gateway, stopped,
-                         held)  # fmt: skip
+                         held, state.lineage)  # fmt: skip
         changed = [n for n, s in was.file_sha256.items() if record.files_sha256.get(n) != s]
         if record.unit_sha256 != final.unit_sha256:
             changed.append(GATEWAY_UNIT)
@@ -512,6 +514,7 @@ def gateway_after_apply(host: Host, state: State, hosts: Mapping[str, Host], cha
         metrics_port=change.metrics_port,
         metrics_allow=change.metrics_allow,
         internal_allow=internal_sources(hosts.values()),
+        lineage=state.lineage,
     )
     files = {**rendered.files, **{n: t for n, t in change.files.items() if n in RUNTIME_MAPS}}
     maps = {**rendered.maps, **{n: m for n, m in change.maps.items() if n in RUNTIME_MAPS}}

@@ -55,6 +55,28 @@ from engine_ctl.core.render.scaler import GATEWAY_HOST_UNITS
 from engine_ctl.core.render.scalerlock import ScalerLock
 
 
+def refusals(plan: Plan, state: State, facts: Mapping[str, HostFacts]) -> list[str]:
+    """Why the plan cannot be applied as it is (exit 1)."""
+    return [*destroy_refusals(plan, state), *lock_refusals(plan.scaler, facts), *others_gateways(plan, state, facts)]
+
+
+def others_gateways(plan: Plan, state: State, facts: Mapping[str, HostFacts]) -> list[str]:
+    """A gateway this state would create on a host where another state's gateway runs (its haproxy.cfg names
+    another lineage): one gateway serves one state's deployments, so the plan is refused, never a take-over that
+    would drop that state's routes and keys (a probe, session 16: a second checkout's apply answered every request
+    of the first one's deployments 401, and its destroy removed that gateway)."""
+    out = []
+    for g in plan.gateways:
+        found = facts[g.host].gateway_lineage if g.host in facts else None
+        if g.action == ["create"] and found and found != state.lineage:
+            out.append(f"the gateway on {g.host} is another state's (lineage {found}; this state's is "
+                       f"{state.lineage}): one gateway serves one state's deployments. Apply from the state that "
+                       f"made it, or give this inventory another gateway host; if that state is gone for good, "
+                       f"remove its gateway from {g.host} (systemctl disable --now engine-ctl-gateway.service; rm -r "
+                       "/etc/engine-ctl/gateway) or adopt it with `engine-ctl import`")  # fmt: skip
+    return out
+
+
 def destroy_refusals(plan: Plan, state: State) -> list[str]:
     """prevent_destroy: true (recorded from the deployment's document) refuses every plan that destroys it."""
     out = []
@@ -227,7 +249,7 @@ def make_plan(
         for g in plan.gateways:
             g.action = ["no-op"]
     plan.absent = [c.name for c in plan.changes if c.actions == DELETE]
-    plan.refused = destroy_refusals(plan, state) + lock_refusals(plan.scaler, facts)
+    plan.refused = refusals(plan, state, facts)
     plan.prunes = [] if refresh_only else prunes(desired, plan.changes, facts)
     return plan
 

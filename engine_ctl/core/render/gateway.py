@@ -436,6 +436,7 @@ def render_gateway(
     metrics_allow: Sequence[str] = (),
     internal_allow: Sequence[str] = (),
     internal_port: int = INTERNAL_PORT,
+    lineage: str = "",
 ) -> RenderedGateway:
     """Everything one gateway host runs, rendered from templates/ (haproxy.cfg.j2, hold.lua, gateway.service.j2).
     `stopped`: deployment -> ID of those an operator stopped (stopped.map: answered deployment_stopped).
@@ -448,10 +449,11 @@ def render_gateway(
     `metrics_port`: the inventory's monitoring.port (None: no metrics frontend); `metrics_allow`: the monitoring
     hosts' addresses and networks, which may connect to it besides loopback; `internal_allow`: the inventory's
     hosts' addresses (internal_sources), which may call the internal endpoint (`internal_port`) without a key
-    (none: no internal endpoint)."""
+    (none: no internal endpoint); `lineage`: the state's, in haproxy.cfg's header (whose gateway this is: another
+    state's plan never takes it over)."""
     ordered = sorted(backends, key=lambda b: b.deployment)
     listen = f"{'[::]' if ':' in host.address else '*'}:{host.gateway_port}"
-    common = {"host": host.name, "listen": listen, "internal_key": internal_key}
+    common = {"host": host.name, "listen": listen, "internal_key": internal_key, "lineage": lineage}
     config = _haproxy_cfg(host, common, ordered, run_dir, (hold_s, hold_cap, threads), (metrics_port, metrics_allow),
                           (internal_allow, internal_port))  # fmt: skip
     wakes = list(wake_addresses) or list(dict.fromkeys([LOOPBACK, wake_address]))

@@ -218,7 +218,7 @@ class Verbs:
                 hold_s=settings.hold_s, hold_cap=settings.hold_cap, threads=settings.threads,
                 wake_addresses=wake_addresses_for(g, hosts.values()),
                 metrics_port=settings.metrics_port, metrics_allow=settings.metrics_allow,
-                internal_allow=internal_sources(hosts.values()),
+                internal_allow=internal_sources(hosts.values()), lineage=state.lineage,
             )  # fmt: skip
             kept = {n: t.run(["cat", f"{GATEWAY_DIR}/{n}"]).stdout for n in KEY_MAPS}
             files = {**rendered.files, **kept}

@@ -1242,12 +1242,16 @@ def gateway(directory: str = GATEWAY_DIR) -> dict[str, Any] | None:
     import hashlib
 
     files = {}
+    lineage = None
     try:
         for entry in sorted(os.listdir(directory)):
             path = os.path.join(directory, entry)
             if os.path.isfile(path) and not entry.endswith((".env", ".key")):  # the internal key is no drift
                 with open(path, "rb") as f:
-                    files[entry] = hashlib.sha256(f.read()).hexdigest()
+                    data = f.read()
+                files[entry] = hashlib.sha256(data).hexdigest()
+                if entry == "haproxy.cfg":
+                    lineage = config_lineage(data)
     except OSError:
         return None
     stat = gateway_ask("show stat") or ""
@@ -1255,7 +1259,15 @@ def gateway(directory: str = GATEWAY_DIR) -> dict[str, Any] | None:
     return {"files": files, "servers": parse_show_stat(stat), "addresses": parse_show_stat(stat, "addr"),
             "weights": parse_show_stat(stat, "weight"), "maps": gateway_maps(), "internal_key": gateway_key(),
             "changed_since_load": changed_since_load(directory, info), "frontends": frontends(stat),
-            "rate_limits": rate_limits(info), "runtime": gateway_runtime(stat, info)}  # fmt: skip
+            "rate_limits": rate_limits(info), "runtime": gateway_runtime(stat, info), "lineage": lineage}  # fmt: skip
+
+
+def config_lineage(data: bytes) -> str | None:
+    """The state lineage in haproxy.cfg's header (`# lineage: …`): whose gateway it is; None where it names none."""
+    for line in data.split(b"\n", 12)[:12]:
+        if line.startswith(b"# lineage: "):
+            return line[len(b"# lineage: ") :].decode("utf-8", "replace").strip()
+    return None
 
 
 def gateway_runtime(stat: str, info: str | None, path: str = GATEWAY_SOCKET) -> dict[str, Any]:
