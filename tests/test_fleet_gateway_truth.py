@@ -331,6 +331,45 @@ def test_a_server_an_acl_a_limit_and_a_key_held_twice_in_the_running_gateway_are
     assert again.returncode == 0, again.stdout + again.stderr
 
 
+def test_a_second_state_on_the_same_inventory_never_takes_the_gateway_over(
+    truth: Truth, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A probe (session 16): a second checkout (its own state, the same inventory) planned "+ gateway" over the
+    running one, exit 0, and its apply answered every request of the first state's deployments 401. Its plan is
+    now refused, naming the other state's lineage, and the first state's gateway serves on."""
+    second = Truth(tmp_path_factory.mktemp("second"), truth.fleet)
+    plan = second.cli("plan")
+    said = plan.stdout + plan.stderr
+    assert plan.returncode == 1, said
+    lineage = json.loads((truth.path / "engine-ctl.state.json").read_text())["lineage"]
+    assert f"the gateway on {truth.gateway.name} is another state's (lineage {lineage};" in said, said
+    applied = second.cli("apply", "--auto-approve")
+    assert applied.returncode == 1, applied.stdout + applied.stderr
+    assert truth.ask("tk", KEY_ALL)[0] == 200
+    again = truth.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_a_key_file_made_readable_by_others_is_drift_and_apply_writes_it_root_only(truth: Truth) -> None:
+    """A probe (session 16): `chmod 644` on a replica host's /etc/engine-ctl/replica-key and on the gateway's
+    internal.key, and any local user read the key that opens every replica, beside "No changes"."""
+    truth.fleet.ssh(truth.other, "chmod 644 /etc/engine-ctl/replica-key")
+    truth.fleet.ssh(truth.gateway, "chmod 640 /etc/engine-ctl/gateway/internal.key")
+    plan = truth.cli("plan", "--detailed-exitcode")
+    said = plan.stdout + plan.stderr
+    assert plan.returncode == 2, said
+    assert f"/etc/engine-ctl/replica-key on {truth.other.name} holds the internal key with mode 0644" in said, said
+    assert f"/etc/engine-ctl/gateway/internal.key on {truth.gateway.name} holds the internal key with mode 0640" in \
+        said, said  # fmt: skip
+    applied = truth.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert truth.fleet.ssh(truth.other, "stat -c %a /etc/engine-ctl/replica-key").stdout.strip() == "600"
+    assert truth.fleet.ssh(truth.gateway, "stat -c %a /etc/engine-ctl/gateway/internal.key").stdout.strip() == "600"
+    assert truth.ask("tb", KEY_ALL)[0] == 200
+    again = truth.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
 def test_the_endpoint_paused_over_the_admin_socket_is_drift_and_status_says_nothing_is_behind_it(
     truth: Truth,
 ) -> None:

@@ -256,6 +256,13 @@ def test_an_always_on_replica_an_admin_command_set_aside_is_drift_not_no_changes
     parked = dict(after)
     parked["edge"] = after["edge"].model_copy(update={"gateway_servers": {"d_chat/r0a": "MAINT"}})
     assert not [d for d in make_plan(desired(), asleep, inv, parked, SHAPE).drift if d.kind == "set-aside"]
+    # the hold's backup server set aside (a probe, session 16): a request finding no replica got 503 at once
+    hold = dict(after)
+    hold["edge"] = after["edge"].model_copy(update={"gateway_servers": {"d_chat/r0a": "UP", "d_chat/held": "MAINT"}})
+    (drift,) = make_plan(desired(), state, inv, hold, SHAPE).drift
+    assert drift.detail == ("the gateway on edge holds d_chat/held in MAINT (an admin command): a request that finds "
+                            "no replica is answered 503 at once, never held (nor its deployment woken); apply puts it "
+                            "back")  # fmt: skip
 
 
 def test_a_route_or_a_weight_changed_in_the_running_gateway_or_a_file_changed_since_it_loaded_is_drift() -> None:

@@ -134,3 +134,14 @@ def test_a_gateway_another_state_made_is_never_taken_over() -> None:
     assert make_plan(desired(), mine, inv, theirs, SHAPE).refused == []
     legacy = {**facts, host: theirs[host].model_copy(update={"gateway_lineage": None})}  # made before lineages
     assert make_plan(desired(), other, inv, legacy, SHAPE).refused == []
+
+
+def test_a_key_scoped_to_a_deployment_no_document_defines_is_warned_of() -> None:
+    """A probe (session 16): `deployments: [nonexistent]` (a typo) validated and planned without a word, leaving
+    its user a key that answers 404 everywhere. The plan now says so, once."""
+    inv, facts = world()
+    typo = ApiKey(name="typo", sha256=key_sha256("ak-typo"), deployments=("chta", "chat"))
+    plan = make_plan(desired().model_copy(update={"api_keys": (typo,)}), State(), inv, facts, SHAPE)
+    warned = [w for g in plan.gateways for w in g.warnings if "ApiKey" in w]
+    assert warned == ["ApiKey typo names 'chta' in its deployments, which no document defines: requests with it for "
+                      "that name are answered 404 model_not_found"]  # fmt: skip

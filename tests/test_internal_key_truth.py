@@ -247,3 +247,26 @@ def test_a_stopped_deployments_host_without_the_key_gets_it_written_and_nothing_
     said = "holds another key; apply writes the key; a running replica restarts on it, drained first"
     assert step.role == "held" and step.reason.endswith(f"{said}; written again, kept stopped"), step.reason
     assert plan.has_changes
+
+
+def test_a_key_file_others_may_read_is_drift_on_any_host(tmp_path: Path) -> None:
+    """A probe (session 16): `chmod 644` on the replica hosts' and the gateway's key files left the fleet's key
+    readable by every local user (and any engine's DynamicUser), beside "No changes". The probe reads each file's
+    mode and owner; one others may read is drift on the gateway's change (apply writes the key to every host,
+    root-only), listed once."""
+    key = tmp_path / "replica-key"
+    key.write_text("ek-x\n")
+    key.chmod(0o600)
+    assert facts_probe.loose_secrets([str(key), str(tmp_path / "absent")]) == {}
+    key.chmod(0o644)
+    assert facts_probe.loose_secrets([str(key)]) == {str(key): "mode 0644, owner uid 0"}
+    inv, state, after, _ = served()
+    assert not make_plan(desired(), state, inv, after, SHAPE).has_changes
+    after["cpu-1"] = after["cpu-1"].model_copy(update={"loose_secrets": {REPLICA_KEY: "mode 0644, owner uid 0"}})
+    plan = make_plan(desired(), state, inv, after, SHAPE)
+    (drift,) = plan.drift
+    assert drift.host == "cpu-1" and drift.detail == (
+        f"{REPLICA_KEY} on cpu-1 holds the internal key with mode 0644, owner uid 0: others may read it (the key "
+        "opens every replica); apply writes it again, root-only (0600)"
+    )
+    assert plan.gateways[0].action == ["update"]

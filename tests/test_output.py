@@ -405,3 +405,17 @@ def test_the_status_tables_fit_80_columns_and_show_each_slot() -> None:
     assert "engine-ctl-qwen-coder-32b-instruct-0b.service" in "".join(text.split())  # the unit, whole
     assert "Units: engine-ctl-qwen-coder-32b-instruct-<INSTANCE><SLOT>.service on each HOST" in text
     assert "tensor data out of bounds" in " ".join(text.split())  # the error wraps, whole
+
+
+def test_a_hosts_unit_text_reaches_the_reader_with_its_control_characters_escaped() -> None:
+    """A probe (session 16): a line appended to a unit on a host, `# ESC[2K ESC[1A ESC[2K No changes. … ESC[8m`,
+    reached the terminal (and the pull request) raw: it erased the line above, printed a fake "No changes" and hid
+    the rest of the plan. The diff shows each control character, and the bidirectional overrides, escaped."""
+    from engine_ctl.core.plan.unitdiff import unit_diff
+
+    edited = "[Service]\n# \x1b[2K\x1b[1A\x1b[2KNo changes. The hosts match the documents.\x1b[8m\nA=\u202eevil\n"
+    lines = unit_diff("h1", "engine-ctl-x-0a.service", edited, "[Service]\n")
+    removed = [ln for ln in lines if ln.startswith("-") and not ln.startswith("---")]
+    assert removed == ["-# \\x1b[2K\\x1b[1A\\x1b[2KNo changes. The hosts match the documents.\\x1b[8m",
+                       "-A=\\u202eevil"]  # fmt: skip
+    assert not any(c in "".join(lines) for c in "\x1b\u202e")

@@ -6,6 +6,8 @@ the drop-in roots."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 import subprocess
 from pathlib import Path
 
@@ -124,6 +126,24 @@ def test_the_gateways_and_the_scalers_units_with_drop_ins_or_not_enabled_are_dri
     off = scaler.model_copy(update={"unit_file_state": "disabled"})
     said = scaler_unit_drift("g1", h.model_copy(update={"units": (off,)}))
     assert said is not None and said.startswith(f"{SCALER_UNIT} is disabled on g1")
+    # its file or its program edited (a probe, session 16: ExecStart=/bin/sleep infinity; a decide() that never
+    # acts): the header's content-sha256 and program-sha256 say what engine-ctl wrote
+    from engine_ctl.core.render.scaler import render_unit
+
+    text = render_unit("g1", "c" * 64)
+    body = hashlib.sha256(re.sub(r"(?m)^# content-sha256: [0-9a-f]{64}$", "# content-sha256: ", text).encode())
+    written = scaler.model_copy(update={"text": text, "body_sha256": body.hexdigest()})
+    same = h.model_copy(update={"units": (written,), "scaler_program_sha256": "c" * 64})
+    assert scaler_unit_drift("g1", same) is None
+    edited = written.model_copy(update={"body_sha256": "e" * 64})
+    said = scaler_unit_drift("g1", h.model_copy(update={"units": (edited,)}))
+    assert said == (f"{SCALER_UNIT} edited by hand on g1 (its content-sha256 is not its text's): apply writes it again "
+                    "and restarts it")  # fmt: skip
+    said = scaler_unit_drift("g1", h.model_copy(update={"units": (written,), "scaler_program_sha256": "d" * 64}))
+    assert said is not None and said.startswith(
+        "the scaler's program on g1 (/etc/engine-ctl/scaler/scaler.py) is not the one its unit was written for "
+        "(sha256 dddddddddddd… ≠ cccc"
+    )
     frozen = scaler.model_copy(update={"process_state": "T", "main_pid": 77})  # systemctl kill -s SIGSTOP
     said = scaler_unit_drift("g1", h.model_copy(update={"units": (frozen,)}))
     assert said == (f"{SCALER_UNIT} runs on g1 but its process (PID 77) is stopped by a signal (SIGSTOP): it wakes "
@@ -152,3 +172,36 @@ def test_the_removal_deletes_what_the_plan_reports_and_nothing_else(tmp_path: Pa
     assert not any(p.exists() for p in outranking)
     again = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
     assert again.returncode == 0 and again.stdout == ""  # nothing there: nothing said, no reload
+
+
+def test_the_scalers_key_authorized_without_its_forced_command_is_drift(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A probe (session 16): the `restrict,command="…"` of the scalers' key on a replica host removed, and its
+    forced command edited: the key (kept on the gateway host) was a root shell there, beside "No changes". The
+    probe reads the host's authorized_keys lines of a scaler's key (not the key) and the forced command's sha256,
+    and the plan says what apply writes again."""
+    from engine_ctl.core.plan.scaler import authorization_drift
+    from engine_ctl.shell.gather import scaler_authorization
+    from engine_ctl.shell.remote import facts_probe
+    from engine_ctl.shell.scaler.apply import authorized_line
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".ssh").mkdir()
+    keys = tmp_path / ".ssh" / "authorized_keys"
+    wanted = scaler_authorization()
+    keys.write_text("ssh-ed25519 AAAAother admin@laptop\n" + authorized_line("ssh-ed25519 AAAAscaler") + "\n")
+    monkeypatch.setattr(facts_probe, "SCALER_COMMAND", str(tmp_path / "scaler-command"))
+    assert facts_probe.scaler_authorization(wanted) == {"loose": [], "command": "missing"}
+    (tmp_path / "scaler-command").write_text("print('not engine-ctl')\n")
+    assert facts_probe.scaler_authorization(wanted) == {"loose": [], "command": "changed"}
+    keys.write_text("ssh-ed25519 AAAAscaler engine-ctl-scaler@g1\n")  # the options taken away
+    found = facts_probe.scaler_authorization(wanted)
+    assert found == {"loose": [""], "command": "changed"}, found  # no options (the key itself is never said)
+    h = h100x8()
+    said = authorization_drift({"r1": h.model_copy(update={"scaler_authorization": found})})
+    assert said == [
+        "the scalers' key is authorized on r1 without its forced command (authorized_keys: ''): it opens a shell "
+        "there; apply writes its line again",
+        "the scalers' forced command on r1 (/usr/local/lib/engine-ctl/scaler-command) is changed: apply writes it "
+        "again",
+    ]
+    assert authorization_drift({"r1": h}) == []

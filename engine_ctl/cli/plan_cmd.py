@@ -262,10 +262,13 @@ def outcome_line(plan: Plan, command: str, code: int, result_text: str) -> str:
     was planned only (the lines above say what was done: never counts as if it all had been)."""
     s = plan.summary()
     if command == "destroy":
-        n = s["destroy"]
+        n = sum(1 for c in plan.changes if c.actions == DELETE)  # deployments; the gateways are said apart
+        gateways = sum(1 for g in plan.gateways if g.action == ["delete"])
+        what = f"{n} deployment{'s' if n != 1 else ''}" + (f" and {gateways} gateway{'s' if gateways != 1 else ''}"
+                                                          if gateways else "")  # fmt: skip
         if code != 0:
-            return f"\nDestroy stopped: {result_text}. (planned: {n} deployment{'s' if n != 1 else ''} to destroy)"
-        return f"\nDestroy complete: {result_text}. ({n} deployment{'s' if n != 1 else ''} destroyed as planned)"
+            return f"\nDestroy stopped: {result_text}. (planned: {what} to destroy)"
+        return f"\nDestroy complete: {result_text}. ({what} destroyed as planned)"
     if code != 0:
         return (f"\nApply stopped: {result_text}. (planned: {s['add']} to add, {s['change']} to change, "
                 f"{s['destroy']} to destroy; what was done is above)")  # fmt: skip

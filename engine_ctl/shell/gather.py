@@ -78,7 +78,19 @@ def probe_args(
             for name, p in PROVIDERS.items()
         },
         "workers": worker_binaries(host),
+        "scaler_authorization": scaler_authorization(),
     }
+
+
+def scaler_authorization() -> dict[str, str]:
+    """What a replica host's authorization of the scaler's key must be: each of its authorized_keys lines starts
+    with these options (the forced command), and the forced command is this program (its sha256)."""
+    import hashlib
+
+    from engine_ctl.shell.scaler.apply import authorized_line, command_text  # the shipped program
+
+    digest = hashlib.sha256(command_text().encode()).hexdigest()
+    return {"options": authorized_line("KEY").split(" KEY ")[0] + " ", "command_sha256": digest}
 
 
 def worker_binaries(host: Host) -> dict[str, dict[str, Any]]:
@@ -248,6 +260,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         gateway_rate_limits=dict((doc.get("gateway") or {}).get("rate_limits") or {}),
         gateway_runtime=dict((doc.get("gateway") or {}).get("runtime") or {}),
         gateway_lineage=(doc.get("gateway") or {}).get("lineage"),
+        loose_secrets={str(k): str(v) for k, v in (doc.get("loose_secrets") or {}).items()},
         gateway_key=(doc.get("gateway") or {}).get("internal_key"),
         replica_keys={
             str(k): None if v is None else tuple(str(x) for x in v) for k, v in (doc.get("replica_keys") or {}).items()
@@ -255,6 +268,10 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         key_checks={str(k): str(v) for k, v in (doc.get("key_checks") or {}).items()},
         scaler_state=doc["scaler"] if isinstance(doc.get("scaler"), dict) else None,
         scaler_config_sha256=scaler_config.get("deployments_sha256"),
+        scaler_program_sha256=doc.get("scaler_program_sha256"),
+        scaler_authorization=doc.get("scaler_authorization")
+        if isinstance(doc.get("scaler_authorization"), dict)
+        else None,
         scaler_settings=scaler_config.get("settings") if isinstance(scaler_config.get("settings"), dict) else None,
         scaler_config_unreadable=bool(scaler_config.get("unreadable")),
         psql=doc.get("psql", ""),

@@ -174,6 +174,9 @@ class HostFacts(Fact):
     """`show info`'s ConnRateLimit, SessRateLimit, SslRateLimit (0: none, as the configuration sets)."""
     gateway_unloaded: tuple[str, ...] = ()
     """The gateway's files (not its runtime maps) changed after the running gateway loaded its configuration."""
+    loose_secrets: dict[str, str] = Field(default_factory=dict)
+    """path -> its mode and owner, for each file holding the internal key that others may read (facts_probe.
+    loose_secrets): none, as apply writes them (0600, root's)."""
     gateway_lineage: str | None = None
     """The state lineage the gateway's haproxy.cfg names (whose gateway it is); None where it names none."""
     gateway_runtime: dict[str, Any] = Field(default_factory=dict)
@@ -193,6 +196,12 @@ class HostFacts(Fact):
     """port -> the HTTP status a replica behind a gateway answers GET core.internalkey.KEY_CHECK_PATH sent with the
     key its host holds, or 'down: why' (for the ports asked for)."""
     scaler_state: dict[str, Any] | None = None
+    scaler_authorization: dict[str, Any] | None = None
+    """On a host that authorizes the scaler's key (facts_probe.scaler_authorization): "loose", the options of its
+    authorized_keys lines that are not the forced command engine-ctl writes; "command", whether the forced command
+    is engine-ctl's ("ok", "changed", "missing"). None: no such line and no command there."""
+    scaler_program_sha256: str | None = None
+    """The sha256 of the scaler's program on this host (core.render.scaler.SCALER_PROGRAM); None: none there."""
     scaler_config_sha256: str | None = None
     """sha256 of the deployments in the scaler's scaler.json on this host (render.scaler.deployments_digest); None
     where there is none or it was not read."""

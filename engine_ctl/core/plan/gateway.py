@@ -19,8 +19,8 @@ from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.model import ApiKey
 from engine_ctl.core.names import deployment_name_ok
 from engine_ctl.core.plan.gatewayruntime import tampered_drift
-from engine_ctl.core.plan.internalkey import gateway_key_drift, key_sent
-from engine_ctl.core.record.model import DeploymentRecord, State
+from engine_ctl.core.plan.internalkey import gateway_key_drift, key_sent, loose_secret_drift
+from engine_ctl.core.record.model import DeploymentRecord, GatewayRecord, State
 from engine_ctl.core.render.gateway import (
     ADMIN_SOCKET,
     CONFIG_FILE,
@@ -172,6 +172,14 @@ def always_on_servers(state: State) -> list[tuple[str, str]]:
     return out
 
 
+def hold_servers(state: State) -> list[tuple[str, str]]:
+    """(backend, "held") of every recorded deployment: the backup server through which a request that finds no
+    replica is held (and a deployment scaled to zero woken), which always takes requests."""
+    return [(backend_name(name), HELD_SERVER) for name in sorted(state.deployments)]
+
+
+HELD_SERVER = "held"
+"""The backup server of each deployment's backend (templates/haproxy.cfg.j2): its hold."""
 SET_ASIDE = ("MAINT", "DRAIN")
 """A server's `show stat` status set aside by an admin command (`disable server`, `set server ... state maint` or
 `drain`): no new request reaches it."""
@@ -182,11 +190,13 @@ def set_aside_drift(host: str, state: State, hf: HostFacts | None) -> list[dict[
     keeps it across reloads, from its server-state file): drift, which apply puts back (state ready)."""
     seen = hf.gateway_servers if hf is not None else {}
     out = []
-    for backend, server in always_on_servers(state):
+    for backend, server in [*always_on_servers(state), *hold_servers(state)]:
         status = seen.get(f"{backend}/{server}", "")
         if status.startswith(SET_ASIDE):
+            what = ("a request that finds no replica is answered 503 at once, never held (nor its deployment "
+                    "woken)" if server == HELD_SERVER else "no request reaches it")  # fmt: skip
             detail = (f"the gateway on {host} holds {backend}/{server} in {status.split()[0]} (an admin command): "
-                      "no request reaches it; apply puts it back")  # fmt: skip
+                      f"{what}; apply puts it back")  # fmt: skip
             out.append({"host": host, "kind": "set-aside", "detail": detail})
     for where, weight in sorted((hf.gateway_weights if hf is not None else {}).items()):
         if weight not in ("", CONFIGURED_WEIGHT):
@@ -324,6 +334,8 @@ def plan_gateways(
         )  # fmt: skip
         hf = facts.get(host.name)
         change.warnings += _warnings(host.name, hf)
+        if host.name == inventory.gateways()[0].name:  # the documents' keys: said once
+            change.warnings += unknown_scopes(keys, {*after, *held, *state.deployments})
         record = state.gateways.get(host.name)
         change.diff = config_diff(record.config if record else "", final.files[CONFIG_FILE])
         if record is None:
@@ -331,14 +343,9 @@ def plan_gateways(
             change.reasons.append(f"new gateway on {host.name}: http://{final.endpoint}/v1")
             out.append(change)
             continue
-        found = _drift(host.name, record.files_sha256, record.unit_sha256, hf, record.installing)
-        rewritten = {n for n, sha in final.file_sha256.items() if record.files_sha256.get(n) != sha}
-        found += runtime_drift(host.name, final.maps, hf, rewritten)
-        found += address_drift(host.name, record.config, hf)
-        found += tampered_drift(host.name, record.config, hf)
-        found += loaded_drift(host.name, final.maps, hf)
-        found += set_aside_drift(host.name, state, hf)
-        found += gateway_key_drift(host.name, hf, sent)
+        found = recorded_drift(host.name, record, final, hf, state, sent)
+        if host.name == inventory.gateways()[0].name:  # the key's files on every host: listed once
+            found += loose_secret_drift(facts)
         drift.extend(found)
         # on-demand servers as the recorded configuration had them: whether the scaler runs them is not a change
         was = render_for(host, as_recorded(after, record.config), sizing, keys, hosts, inventory.gateway, stopped,
@@ -356,6 +363,32 @@ def plan_gateways(
             out.append(GatewayChange(host=name, action=["delete"], endpoint=record.endpoint,
                                      reasons=[f"{name} is no longer a gateway host in the inventory"]))  # fmt: skip
     return out, drift
+
+
+def recorded_drift(host: str, record: GatewayRecord, final: RenderedGateway, hf: HostFacts | None, state: State,
+                   sent: str | None) -> list[dict[str, str]]:  # fmt: skip
+    """Each way a recorded gateway's host differs from its record and from what runs should be: its files and
+    unit, its running maps, routes, servers, ACLs, limits and states, and its internal key."""
+    found = _drift(host, record.files_sha256, record.unit_sha256, hf, record.installing)
+    rewritten = {n for n, sha in final.file_sha256.items() if record.files_sha256.get(n) != sha}
+    found += runtime_drift(host, final.maps, hf, rewritten)
+    found += address_drift(host, record.config, hf)
+    found += tampered_drift(host, record.config, hf)
+    found += loaded_drift(host, final.maps, hf)
+    found += set_aside_drift(host, state, hf)
+    return found + gateway_key_drift(host, hf, sent)
+
+
+def unknown_scopes(keys: Iterable[ApiKey], deployments: Collection[str]) -> list[str]:
+    """An ApiKey whose `deployments` names one that no document defines (a typo leaves its user a key that answers
+    404 model_not_found there)."""
+    out = []
+    for k in keys:
+        unknown = sorted(set(k.deployments or ()) - set(deployments))
+        if unknown:
+            out.append(f"ApiKey {k.name} names {', '.join(repr(d) for d in unknown)} in its deployments, which no "
+                       "document defines: requests with it for that name are answered 404 model_not_found")  # fmt: skip
+    return out
 
 
 def _warnings(host: str, hf: HostFacts | None) -> list[str]:

@@ -98,6 +98,16 @@ def gateway_key_drift(host: str, hf: HostFacts | None, sent: str | None) -> list
     return [{"host": host, "kind": "internal-key", "detail": detail}]
 
 
+def loose_secret_drift(facts: Mapping[str, HostFacts]) -> list[dict[str, str]]:
+    """Each file holding the internal key, on any host, that others may read (or that is not root's): drift that
+    apply repairs by writing it again, root-only (0600), as it writes the key to every host."""
+    return [
+        {"host": host, "kind": "internal-key", "detail": f"{path} on {host} holds the internal key with {how}: others "
+         "may read it (the key opens every replica); apply writes it again, root-only (0600)"}
+        for host, hf in sorted(facts.items()) for path, how in sorted(hf.loose_secrets.items())
+    ]  # fmt: skip
+
+
 def key_forms(provider: Provider) -> list[str]:
     """The key files a replica of this engine depends on: REPLICA_KEY (what the probe's key check sends, and
     llama-server's own form) and the engine's form."""

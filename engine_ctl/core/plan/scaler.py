@@ -3,6 +3,7 @@ the plan's "N running of min..max, by the scaler, <time>: <reason>"). Pure."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -12,6 +13,8 @@ from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.plan.wake import Woken, parked, wake_steps
 from engine_ctl.core.record.model import DeploymentRecord, State
 from engine_ctl.core.render.scaler import (
+    COMMAND_PATH,
+    SCALER_PROGRAM,
     SCALER_UNIT,
     ScalerDeployment,
     SlotInput,
@@ -206,6 +209,9 @@ def plan_scaler(
     unit_drift = {
         n: d for n in runs_on if n in facts and n not in stopped for d in [scaler_unit_drift(n, facts[n])] if d
     }
+    loose = authorization_drift(facts)
+    if loose:  # apply authorizes the scalers' key on every host it reaches again (its install)
+        unit_drift[host.name] = "; ".join([*([unit_drift[host.name]] if host.name in unit_drift else []), *loose])
     return ScalerPlan(host=host.name, poll_s=s.poll_s, decide_every_s=s.decide_every_s, hold_s=inventory.gateway.hold_s,
                       deployments=names, running=running, lock=lock, stopped=stopped, stale=stale,
                       unit_drift=unit_drift)  # fmt: skip
@@ -227,14 +233,41 @@ def config_stale(host_facts: Any, deployments_sha256: str, settings: Mapping[str
     return now is not None and any(now.get(key) != value for key, value in settings.items())
 
 
+def authorization_drift(facts: Mapping[str, Any]) -> list[str]:
+    """Hosts whose authorization of the scalers' key is not what apply writes: a line without the forced command
+    (the key is then a shell there), or a forced command that is not engine-ctl's program."""
+    out = []
+    for name, hf in sorted(facts.items()):
+        found = getattr(hf, "scaler_authorization", None) or {}
+        if found.get("loose"):
+            out.append(f"the scalers' key is authorized on {name} without its forced command (authorized_keys: "
+                       f"{', '.join(repr(o) for o in found['loose'][:2])}): it opens a shell there; apply writes "
+                       "its line again")  # fmt: skip
+        if found.get("command") in ("changed", "missing"):
+            out.append(f"the scalers' forced command on {name} ({COMMAND_PATH}) is {found['command']}: apply writes "
+                       "it again")  # fmt: skip
+    return out
+
+
 def scaler_unit_drift(host: str, host_facts: Any) -> str | None:
     """How a host's running scaler unit differs from what apply leaves: drop-ins change it, it is not enabled (it
-    would not start at boot), or its process is stopped by a signal (it wakes and scales nothing). Apply removes the
-    drop-ins, enables it and restarts it."""
+    would not start at boot), its file or its program was edited (the file's content-sha256 and program-sha256
+    header lines say what engine-ctl wrote), or its process is stopped by a signal (it wakes and scales nothing).
+    Apply removes the drop-ins, writes its files again, enables it and restarts it."""
     unit = next((u for u in getattr(host_facts, "units", ()) if u.name == SCALER_UNIT), None)
     if unit is None:
         return None
     said = []
+    claimed = re.search(r"(?m)^# content-sha256: ([0-9a-f]{64})$", unit.text or "")
+    if claimed and unit.body_sha256 and claimed.group(1) != unit.body_sha256:
+        said.append(f"{SCALER_UNIT} edited by hand on {host} (its content-sha256 is not its text's): apply writes it "
+                    "again and restarts it")  # fmt: skip
+    program = re.search(r"(?m)^# program-sha256: ([0-9a-f]{64})$", unit.text or "")
+    found = getattr(host_facts, "scaler_program_sha256", None)
+    if program and found and found != program.group(1):
+        wanted = program.group(1)
+        said.append(f"the scaler's program on {host} ({SCALER_PROGRAM}) is not the one its unit was written for "
+                    f"(sha256 {found[:12]}… ≠ {wanted[:12]}…): apply writes it again and restarts it")  # fmt: skip
     if unit.stopped_by_signal:
         said.append(f"{SCALER_UNIT} runs on {host} but its process (PID {unit.main_pid}) is stopped by a signal "
                     "(SIGSTOP): it wakes no deployment and scales none; apply restarts it")  # fmt: skip

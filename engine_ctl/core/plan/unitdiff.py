@@ -70,10 +70,22 @@ def hide_secrets_in(text: str) -> str:
     )
 
 
+UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+"""Control characters (a terminal's escape sequences: a line erased, text hidden) and the bidirectional overrides
+that reorder what a reviewer reads: shown as escapes wherever a host's text is printed."""
+
+
+def printable(line: str) -> str:
+    """A line of a host's text as the plan shows it: each UNPRINTABLE character as its escape (\\x1b, \\u202e)."""
+    return UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else
+                           f"\\u{ord(m.group()):04x}", line)  # fmt: skip
+
+
 def unit_diff(host: str, unit: str, on_host: str, rendered: str) -> list[str]:
-    """The unified diff from the file on the host to engine-ctl's unit: `-` lines are what the hand edit wrote,
-    `+` lines what apply writes back."""
-    before = [hide_secrets(line) for line in on_host.splitlines()]
+    """The unified diff from the file on the host to engine-ctl's unit: `-` lines are what the hand edit wrote
+    (printable: no escape sequence of the host's reaches the reader's terminal or the pull request), `+` lines
+    what apply writes back."""
+    before = [printable(hide_secrets(line)) for line in on_host.splitlines()]
     after = [hide_secrets(line) for line in rendered.splitlines()]
     lines = list(
         difflib.unified_diff(

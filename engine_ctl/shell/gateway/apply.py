@@ -17,6 +17,7 @@ from engine_ctl.core.plan.gateway import (
     GatewayChange,
     always_on_servers,
     gateway_after_apply,
+    hold_servers,
     planned_gateway,
 )
 from engine_ctl.core.record.model import GatewayRecord, State
@@ -193,7 +194,7 @@ class GatewayApply:
         host where the plan found one: no `show stat` round trip on every apply."""
         t = self._t(host)
         states = remote.server_states(t)
-        for backend, server in always_on_servers(self.state()):
+        for backend, server in [*always_on_servers(self.state()), *hold_servers(self.state())]:
             seen = states.get((backend, server))
             if seen is not None and seen.status.startswith(SET_ASIDE):
                 remote.set_state(t, backend, server, "ready")

@@ -1040,6 +1040,31 @@ def read_secret(path: str) -> str | None:
         return None
 
 
+def loose_secrets(paths: Iterable[str], owned: Iterable[str] = ()) -> dict[str, str]:
+    """path -> its mode and owner, for each file holding the internal key that others may read or write (group or
+    other bits), or that is not root's (`owned` files are their folder owner's: only their mode counts). Files
+    that are not there are left out."""
+    import stat
+
+    out = {}
+    owned = set(owned)
+    for path in paths:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        loose = (
+            stat.S_IMODE(st.st_mode) & 0o077 or (path not in owned and st.st_uid != 0) or not stat.S_ISREG(st.st_mode)
+        )
+        if loose:
+            out[path] = "mode %04o, owner uid %d%s" % (
+                stat.S_IMODE(st.st_mode),
+                st.st_uid,
+                "" if stat.S_ISREG(st.st_mode) else ", not a plain file",
+            )
+    return out
+
+
 def replica_keys(paths: Iterable[str]) -> dict[str, list[str] | None]:
     """path -> the fingerprints of the keys in each form of the internal key on this host (None: no such file); a
     file this user may not read is left out."""
@@ -1419,7 +1444,34 @@ def scaler_state(path: str = SCALER_STATE) -> Any:
         return None
 
 
+SCALER_COMMAND = "/usr/local/lib/engine-ctl/scaler-command"  # engine_ctl.core.render.scaler.COMMAND_PATH
+SCALER_KEY_LINE = r" engine-ctl-scaler(@[A-Za-z0-9_.-]+)?$"  # an authorized_keys line of a scaler's key
+
+
+def scaler_authorization(wanted: dict[str, Any] | None) -> dict[str, Any] | None:
+    """How this host authorizes the scalers' keys against `wanted` (gather.scaler_authorization): the options of
+    each authorized_keys line of a scaler's key that does not start with the forced command (its key material
+    left out), and whether the forced command's program is engine-ctl's. None: no such line and no program."""
+    import re
+
+    if not wanted:
+        return None
+    text = read(os.path.expanduser("~/.ssh/authorized_keys")) or ""
+    lines = [line for line in text.splitlines() if re.search(SCALER_KEY_LINE, line)]
+    found = file_sha256(SCALER_COMMAND)
+    if not lines and found is None:
+        return None
+    loose = []
+    for line in lines:
+        if not line.startswith(wanted["options"] + "ssh-"):
+            kind = re.search(r"(?:^|\s)(?:ssh-|ecdsa-|sk-)", line)  # where the key begins: only its options are said
+            loose.append(line[: kind.start()].strip()[:200] if kind else "")
+    command = "missing" if found is None else "ok" if found == wanted.get("command_sha256") else "changed"
+    return {"loose": loose, "command": command}
+
+
 SCALER_CONFIG = "/etc/engine-ctl/scaler/scaler.json"
+SCALER_PROGRAM = "/etc/engine-ctl/scaler/scaler.py"  # engine_ctl.core.render.scaler.SCALER_PROGRAM
 
 
 SCALER_SETTINGS = ("poll_s", "decide_every_s", "hold_s")  # engine_ctl.core.render.scaler.render_config's keys
@@ -1479,9 +1531,15 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "decisions": decisions(args.get("decisions", []), args.get("bind") or "127.0.0.1", main_pids),
         "key_checks": key_checks(args.get("key_checks", []), args.get("bind") or "127.0.0.1", main_pids),
         "replica_keys": replica_keys(args.get("key_files", [])),
+        "loose_secrets": loose_secrets(
+            [*args.get("key_files", []), *GATEWAY_KEY_FILES[:2], GATEWAY_RUN_DIR + "/internal.map"],
+            [GATEWAY_RUN_DIR + "/internal.map"],
+        ),
         "gateway": gateway(),
         "scaler": scaler_state(),
         "scaler_config": scaler_config(),
+        "scaler_program_sha256": file_sha256(SCALER_PROGRAM),
+        "scaler_authorization": scaler_authorization(args.get("scaler_authorization")),
         "cgroup2": os.path.exists("/sys/fs/cgroup/cgroup.controllers"),
     }
     doc["gpus"] = {key: finish(proc) for key, proc in gpu_started.items()}
