@@ -251,6 +251,10 @@ def plan_no_changes() -> Plan:
     h = h100x8()
     first = plan_create()
     state, facts = applied(first, State(lineage=LINEAGE), {h.host: h})
+    # the engine its replica runs is on the host (else the plan warns that the replica would not start again)
+    argv0 = state.deployments["chat"].replicas[0].argv[0]
+    engines = {"llama.cpp": EngineInstall(path=argv0, version="0.5.0", sha256="e" * 64)}
+    facts = {n: f.model_copy(update={"engines": engines}) for n, f in facts.items()}
     return make_plan(desired(chat="gpus: 1"), state, *world(*facts.values()), {"m": SHAPE})
 
 

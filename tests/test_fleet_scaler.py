@@ -349,3 +349,18 @@ def test_the_scalers_settings_file_and_unit_are_what_plan_checks(sp: ScalerProje
     sp.on_gateway(f"systemctl set-property --runtime {SCALER_UNIT} CPUWeight=9")
     changed(f"drop-in files change {SCALER_UNIT} on {sp.gateway.name}")
     assert sp.on_gateway(f"systemctl show -p DropInPaths --value {SCALER_UNIT}").stdout.strip() == ""
+    # a probe (session 16): each of these left scale-from-zero dead (or the key a shell) beside "No changes"
+    sp.on_gateway(f"systemctl kill -s SIGSTOP {SCALER_UNIT}")
+    changed("is stopped by a signal (SIGSTOP): it wakes no deployment and scales none")
+    pid = sp.on_gateway(f"systemctl show -p MainPID --value {SCALER_UNIT}").stdout.strip()
+    assert sp.on_gateway(f"cut -d' ' -f3 /proc/{pid}/stat").stdout.strip() in ("S", "R")
+    sp.on_gateway(f"sed -i 's|^ExecStart=.*|ExecStart=/bin/sleep infinity|' /etc/systemd/system/{SCALER_UNIT} && "
+                  f"systemctl daemon-reload && systemctl restart {SCALER_UNIT}")  # fmt: skip
+    changed(f"{SCALER_UNIT} edited by hand on {sp.gateway.name}")
+    sp.on_gateway(f"echo 'raise SystemExit(0)' >> /etc/engine-ctl/scaler/scaler.py && systemctl restart {SCALER_UNIT}")
+    changed(f"the scaler's program on {sp.gateway.name} (/etc/engine-ctl/scaler/scaler.py) is not the one")
+    replica = sp.fleet.hosts[1]
+    sp.fleet.ssh(replica, "sed -i 's|^restrict,command=\"[^\"]*\" ssh-ed25519|ssh-ed25519|' /root/.ssh/authorized_keys"
+                 " && echo '# edited' >> /usr/local/lib/engine-ctl/scaler-command")  # fmt: skip
+    changed(f"the scalers' key is authorized on {replica.name} without its forced command")
+    assert "restrict,command=" in sp.fleet.ssh(replica, "grep engine-ctl-scaler /root/.ssh/authorized_keys").stdout

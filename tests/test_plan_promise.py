@@ -407,3 +407,35 @@ def test_status_calls_an_engine_systemd_keeps_restarting_failed_not_starting() -
     starting = unit.model_copy(update={"active_state": "activating", "sub_state": "start-post"})
     found = {"h1": hosts["h1"].model_copy(update={"units": (starting,), "health": {}})}
     assert [i.state for i in deployment_status(state.deployments["chat"], found).instances] == ["starting"]
+
+
+def test_a_serving_replica_whose_engine_or_weights_are_gone_is_warned_of() -> None:
+    """A probe (session 16): `chmod -x` of the engine, or its weights moved away, under a serving replica: the
+    plan said "No changes" with no word, and the next crash or reboot left the replica down. apply cannot put
+    them back; the plan says it (no change to make, a warning)."""
+    from engine_ctl.core.fit.hostfacts import EngineInstall
+
+    d = desired("path: m/m.gguf")
+    hosts = {"h1": cpu_host("h1")}
+    state, hosts = applied(plan(d, State(), hosts, SHAPE), State(), hosts)
+    argv0 = state.deployments["chat"].replicas[0].argv[0]
+    there = hosts["h1"].model_copy(update={"engines": {"llama.cpp": EngineInstall(path=argv0)}})
+
+    def warned(h: HostFacts) -> list[str]:
+        p = plan(d, state, {"h1": h}, SHAPE)
+        assert not p.has_changes
+        return [w for c in p.changes for w in c.warnings if "serves" in w]
+
+    assert warned(there) == []
+    assert warned(hosts["h1"]) == [f"replica 0 on h1 serves, but its engine {argv0} is not there (or not executable): "
+                                   "it would not start again (a crash, a reboot); install it"]  # fmt: skip
+    argv = state.deployments["chat"].replicas[0].argv
+    path = argv[argv.index("--model") + 1]  # where its inventory's models_dir puts them
+    moved = there.model_copy(update={"model_problems": {path: "not found"}})
+    # gone from every host, the deployment is Failed ("the model is gone"); gone from its host only: this
+    p = plan(d, state, {"h1": moved, "h2": cpu_host("h2")}, SHAPE)
+    assert not p.has_changes
+    assert [w for c in p.changes for w in c.warnings if "serves" in w] == [
+        f"replica 0 on h1 serves what it loaded, but the weights of m are not at {path} (not found): it would not "
+        "start again; put them back"
+    ]

@@ -629,6 +629,28 @@ def host_warnings(t: Target) -> list[str]:
         path = model_path_on_host(t.model, t.hosts.inventory[host])
         if path in hf.model_problems and not fetched_at_apply(t.model, hf.model_problems[path]):
             out.append(f"the weights of {t.model.name} are not on {host} at {path} ({hf.model_problems[path]})")
+    return out + serving_warnings(t, {r.host for r in steps})
+
+
+def serving_warnings(t: Target, planned: set[str]) -> list[str]:
+    """Replicas that serve now (and that this plan leaves running) whose executable or weights are gone from their
+    host: each serves what it loaded, but would not start again (a crash, a reboot, a roll). Apply cannot put
+    them back; the plan says so (a probe, session 16: `chmod -x` of the engine, the weights moved away, beside
+    "No changes")."""
+    out = []
+    for r in t.live:
+        hf = t.hosts.facts.get(r.host)
+        if hf is None or r.host in planned or r.status != "serving" or not r.argv:
+            continue
+        found = {e.path for e in [*hf.engines.values(), *hf.engine_builds.get(t.provider.name, {}).values()]}
+        if r.argv[0] not in found and t.provider.name not in hf.engines:
+            out.append(f"replica {r.index} on {r.host} serves, but its engine {r.argv[0]} is not there (or not "
+                       "executable): it would not start again (a crash, a reboot); install it")  # fmt: skip
+        path = model_path_on_host(t.model, t.hosts.inventory[r.host]) if r.host in t.hosts.inventory else None
+        if path in hf.model_problems and not fetched_at_apply(t.model, hf.model_problems[path]):
+            why = hf.model_problems[path]
+            out.append(f"replica {r.index} on {r.host} serves what it loaded, but the weights of {t.model.name} are "
+                       f"not at {path} ({why}): it would not start again; put them back")  # fmt: skip
     return out
 
 

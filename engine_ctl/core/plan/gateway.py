@@ -20,6 +20,7 @@ from engine_ctl.core.model import ApiKey
 from engine_ctl.core.names import deployment_name_ok
 from engine_ctl.core.plan.gatewayruntime import tampered_drift
 from engine_ctl.core.plan.internalkey import gateway_key_drift, key_sent, loose_secret_drift
+from engine_ctl.core.plan.keychanges import key_changes
 from engine_ctl.core.record.model import DeploymentRecord, GatewayRecord, State
 from engine_ctl.core.render.gateway import (
     ADMIN_SOCKET,
@@ -356,6 +357,7 @@ def plan_gateways(
         if changed or found or interim.files != final.files:
             change.action = ["update"]
             change.reasons.append("changes: " + ", ".join(changed) if changed else "the replicas roll")
+            change.reasons += key_changes(hf.gateway_maps if hf is not None else None, final.maps, changed)
             change.reasons += [d["detail"] for d in found]
         out.append(change)
     for name, record in sorted(state.gateways.items()):
