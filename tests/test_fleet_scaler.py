@@ -329,6 +329,7 @@ def test_the_scalers_settings_file_and_unit_are_what_plan_checks(sp: ScalerProje
         planned = sp.cli("plan", "--detailed-exitcode")
         said = planned.stdout + planned.stderr
         assert planned.returncode == 2 and needle in said, said
+        assert "No changes. The hosts match the documents." not in said, said  # never beside a change
         sp.cli("apply", "--auto-approve", check=True)
         again = sp.cli("plan", "--detailed-exitcode")
         assert again.returncode == 0, again.stdout + again.stderr

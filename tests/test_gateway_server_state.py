@@ -51,6 +51,13 @@ def test_a_server_moved_to_another_port_starts_down_there_and_the_others_keep_th
     assert kept["r0b"][5] == "0" and kept["r0b"][18] == "8001"  # moved: DOWN at the new port until its check passes
     assert kept["r2a"][5] == "0" and kept["r2a"][4] == "10.0.0.4"
     assert state_across_reload(dumped, start_state(new)).startswith("1\n# be_id ")
+    # a check moved at runtime (`set server … check-port 9`, check-addr) is not carried across the reload that
+    # apply does to undo it (a probe, session 16: the reload loaded it back, and the replica stayed DOWN)
+    moved = _servers(dumped)["r0a"]
+    moved[21], moved[22] = "9", "10.9.9.9"
+    tampered = "\n".join(" ".join(moved) if ln.split()[3:4] == ["r0a"] else ln for ln in dumped.splitlines())
+    kept = _servers(state_across_reload(tampered, start_state(new)))
+    assert kept["r0a"][5] == "2" and (kept["r0a"][21], kept["r0a"][22]) == ("0", "-")
 
 
 def test_a_host_name_is_compared_by_its_port_only_and_a_unix_socket_not_at_all() -> None:

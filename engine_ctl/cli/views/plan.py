@@ -270,7 +270,7 @@ def render_plan(plan: Plan, command: str = "apply", verbose: bool = False) -> li
     out += _scaler_lines(plan)
     out += _prune_lines(plan)
     out.append(("", ""))
-    return out + _render_end(plan, command, bool(changed or gateways or plan.prunes))
+    return out + _render_end(plan, command, bool(changed or gateways or plan.prunes) or plan.has_changes)
 
 
 def _prune_lines(plan: Plan) -> list[tuple[str, str]]:

@@ -356,7 +356,8 @@ def plan_gateways(
             changed.append(GATEWAY_UNIT)
         if changed or found or interim.files != final.files:
             change.action = ["update"]
-            change.reasons.append("changes: " + ", ".join(changed) if changed else "the replicas roll")
+            if changed or interim.files != final.files:
+                change.reasons.append("changes: " + ", ".join(changed) if changed else "the replicas roll")
             change.reasons += key_changes(hf.gateway_maps if hf is not None else None, final.maps, changed)
             change.reasons += [d["detail"] for d in found]
         out.append(change)

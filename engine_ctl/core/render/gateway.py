@@ -564,8 +564,19 @@ def state_across_reload(dumped: str, start: str) -> str:
             continue
         old = kept.get((fields[1], fields[3]))
         same = old is not None and (old[addr], old[port]) == (fields[addr], fields[port])
+        if same and old is not None:
+            # where its checks go is the configuration's, never a runtime `set server … check-port|check-addr`
+            # (or agent-*) carried over: a reload is what apply does to undo those
+            names = STATE_COLUMNS.split()
+            old = [fields[i] if i < len(names) and names[i] in CONFIGURED_COLUMNS and i < len(fields) else value
+                   for i, value in enumerate(old)]  # fmt: skip
         out.append(" ".join(old) if same and old is not None else line)
     return "\n".join(out) + "\n"
+
+
+CONFIGURED_COLUMNS = frozenset({"srv_check_port", "srv_check_addr", "srv_agent_addr", "srv_agent_port"})
+"""Columns of `show servers state` a reload takes from the configuration (the start state), not from the running
+worker."""
 
 
 def server_lines(config: str) -> list[tuple[str, str, str, bool]]:

@@ -76,6 +76,7 @@ class GatewayApply:
         key, following = self._internal_key()
         accepted = [key, following] if following else [key]  # during a rotation, replicas learn the next key too
         replica_hosts = {r.host for c in self.plan.changes for r in c.replicas if r.action != ["delete"]}
+        replica_hosts |= {d.host for d in self.plan.drift if d.kind == "internal-key"}  # a key file others may read
         for host in sorted(replica_hosts | {g.host for g in self.live}):
             if host in self.hosts:
                 remote.write_secrets(self._t(host), replica_key_files(accepted))
