@@ -312,9 +312,11 @@ def test_a_server_an_acl_a_limit_and_a_key_held_twice_in_the_running_gateway_are
     tk = json.loads((truth.path / "engine-ctl.state.json").read_text())["deployments"]["tk"]["replicas"][0]
     tk_server = f"d_tk/r{tk['index']}{tk['slot']}"
     one = key_sha256(KEY_ONE)
+    tb = json.loads((truth.path / "engine-ctl.state.json").read_text())["deployments"]["tb"]["replicas"][0]
+    tb_server = f"d_tb/r{tb['index']}{tb['slot']}"
     truth.stats_socket("add server d_tb/extra 198.18.0.254:9", f"clear acl #{odd}",
                        f"set maxconn server {tk_server} 1", f"del map keys.map {one}", f"add map keys.map {one} all",
-                       f"add map keys.map {one} one")  # fmt: skip
+                       f"add map keys.map {one} one", f"set server {tb_server} check-port 9")  # fmt: skip
     assert truth.ask("tb", KEY_ONE)[0] == 200  # the hole is real: `one` is tk's only
     plan = truth.cli("plan", "--detailed-exitcode")
     said = plan.stdout + plan.stderr
@@ -324,9 +326,14 @@ def test_a_server_an_acl_a_limit_and_a_key_held_twice_in_the_running_gateway_are
     assert "matches path_sub on line" in said and "no more against '//'" in said, said
     assert f"limits server {tk_server} to 1 connections, not its configuration's" in said, said
     assert "lets key 'all' call" in said or "named 'all'" in said, said
+    assert f"checks server {tb_server}'s health at 9, not at the server itself" in said, said
     applied = truth.cli("apply", "--auto-approve")
     assert applied.returncode == 0, applied.stdout + applied.stderr
     assert truth.ask("tb", KEY_ONE)[0] == 404 and truth.ask("tk", KEY_ONE)[0] == 200
+    # the reload does not carry the moved check over (it did: the replica stayed DOWN behind the gateway)
+    assert truth.stats_socket(f"show servers state {tb_server.split('/')[0]}").count(" 9 - ") == 0
+    status, _, took = truth.ask("tb", KEY_ALL)
+    assert status == 200 and took < 30, (status, took)
     again = truth.cli("plan", "--detailed-exitcode")
     assert again.returncode == 0, again.stdout + again.stderr
 
