@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -82,6 +83,7 @@ def probe_args(
     }
 
 
+@functools.cache  # the shipped program is read and hashed once a process, not once a host
 def scaler_authorization() -> dict[str, str]:
     """What a replica host's authorization of the scaler's key must be: each of its authorized_keys lines starts
     with these options (the forced command), and the forced command is this program (its sha256)."""
