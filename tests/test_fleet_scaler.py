@@ -78,6 +78,23 @@ class ScalerProject:
     def on_gateway(self, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.fleet.ssh(self.gateway, command, check=check)
 
+    def scaler_journal(self) -> str:
+        return self.on_gateway(f"journalctl -u {SCALER_UNIT} -n 40 --no-pager", check=False).stdout
+
+    def settled_scaler(self) -> str:
+        """The scaler's MainPID once it has held for 3 s (an apply just restarted it; Restart=always would start
+        a crashed one again after RestartSec=2, so a pid that holds 3 s is one that runs)."""
+        query = f"systemctl show -p MainPID -p NRestarts -p ActiveState {SCALER_UNIT}"
+        deadline = time.monotonic() + 30
+        last: dict[str, str] = {}
+        while True:
+            now = dict(line.split("=", 1) for line in self.on_gateway(query).stdout.split())
+            if now == last and now["MainPID"] != "0" and now["ActiveState"] == "active":
+                return now["MainPID"]
+            assert time.monotonic() < deadline, f"the scaler never settled ({now}):\n" + self.scaler_journal()
+            last = now
+            time.sleep(3)
+
     def scaler_state(self) -> dict:  # type: ignore[type-arg]
         out = self.on_gateway(f"cat {SCALER_STATE} 2>/dev/null || echo '{{}}'").stdout
         return json.loads(out)
@@ -351,7 +368,10 @@ def test_the_scalers_settings_file_and_unit_are_what_plan_checks(sp: ScalerProje
     changed(f"drop-in files change {SCALER_UNIT} on {sp.gateway.name}")
     assert sp.on_gateway(f"systemctl show -p DropInPaths --value {SCALER_UNIT}").stdout.strip() == ""
     # a probe (session 16): each of these left scale-from-zero dead (or the key a shell) beside "No changes"
-    sp.on_gateway(f"systemctl kill -s SIGSTOP {SCALER_UNIT}")
+    settled_pid = sp.settled_scaler()
+    stopped = sp.on_gateway(f"systemctl kill --kill-whom=main -s SIGSTOP {SCALER_UNIT}", check=False)
+    assert stopped.returncode == 0, stopped.stderr + sp.scaler_journal()
+    assert sp.on_gateway(f"cut -d' ' -f3 /proc/{settled_pid}/stat").stdout.strip() == "T"
     changed("is stopped by a signal (SIGSTOP): it wakes no deployment and scales none")
     pid = sp.on_gateway(f"systemctl show -p MainPID --value {SCALER_UNIT}").stdout.strip()
     assert sp.on_gateway(f"cut -d' ' -f3 /proc/{pid}/stat").stdout.strip() in ("S", "R")
