@@ -487,6 +487,27 @@ def test_a_gateway_without_its_admin_socket_is_drift_and_apply_restarts_it(truth
     assert again.returncode == 0, again.stdout + again.stderr
 
 
+def test_a_gateway_without_a_held_socket_is_drift_and_apply_restarts_it(truth: Truth) -> None:
+    """tb's hold socket removed (a cleaner of /run): the gateway serves on, but a request it holds for tb (no
+    replica up, or scaled to zero) is answered 503 at once instead of held, and wakes nothing. A reload would take
+    the old listener over, file-less; apply restarts the gateway. Before, plan said "No changes"."""
+    held = "/run/engine-ctl-gateway/held-tb.sock"
+    assert truth.fleet.ssh(truth.gateway, f"test -S {held} && rm {held}", check=False).returncode == 0
+    assert truth.ask("tb", KEY_ALL)[0] == 200
+    plan = truth.cli("plan", "--detailed-exitcode")
+    said = plan.stdout + plan.stderr
+    assert plan.returncode == 2, said
+    assert f"the gateway on {truth.gateway.name} runs without its socket held-tb.sock (deleted under it)" in said, said
+    assert "No changes" not in said, said
+    applied = truth.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert f"gateway {truth.gateway.name}: restarted" in applied.stdout, applied.stdout + applied.stderr
+    assert truth.fleet.ssh(truth.gateway, f"test -S {held}", check=False).returncode == 0
+    assert truth.ask("tb", KEY_ALL)[0] == 200
+    again = truth.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
 def killed_in_the_roll(truth: Truth, needle: str = "no room for a surge", nth: int = 2) -> str:
     """apply, killed with SIGKILL right after its `nth` line that says `needle`; what it printed."""
     proc = subprocess.Popen(truth.argv("apply", "--auto-approve"), stdout=subprocess.PIPE,

@@ -26,6 +26,7 @@ from engine_ctl.core.render.gateway import (
     GatewayServer,
     key_maps,
     render_gateway,
+    unix_sockets,
 )
 from tests.fleetfacts import gpu_host
 from tests.helpers import run
@@ -290,6 +291,11 @@ def test_a_route_or_a_weight_changed_in_the_running_gateway_or_a_file_changed_si
         "gateway_rate_limits": ({"ConnRateLimit": "0", "SessRateLimit": "1"}, "unloaded", "the gateway on edge runs "
                                 "with SessRateLimit 1 a second (an admin command: `set rate-limit`; its configuration "
                                 "sets none): apply reloads it"),
+        # a /run cleaner took the hold's socket (a probe, session 16): a held request got 503 at once
+        "gateway_missing_sockets": (("/run/engine-ctl-gateway/held-chat.sock",), "unanswered", "the gateway on edge "
+                                    "runs without its socket held-chat.sock (deleted under it): a request it holds "
+                                    "gets 503 at once, and one for a deployment scaled to zero wakes nothing; apply "
+                                    "restarts it"),
     }  # fmt: skip
     for field, (value, kind, detail) in cases.items():
         wrong = {**after, "edge": after["edge"].model_copy(update={**served, field: value})}
@@ -301,6 +307,26 @@ def test_a_route_or_a_weight_changed_in_the_running_gateway_or_a_file_changed_si
     (d,) = make_plan(desired(), state, inv, routed, SHAPE).drift
     assert d.detail == "the running gateway on edge (models.map, in memory) holds 'other' → 'd_chat', not what the " \
                        "documents give: apply reloads it"  # fmt: skip
+
+
+def test_the_probe_names_the_unix_sockets_the_configuration_binds_that_are_no_socket(tmp_path: Path) -> None:
+    """The probe reads haproxy.cfg's `bind unix@` lines as the renderer writes them (each hold frontend's socket),
+    and names those that are no socket on disk: deleted, or a plain file in their place."""
+    import socket
+
+    from engine_ctl.shell.remote.facts_probe import config_sockets, is_socket
+
+    server = GatewayServer(name="r0a", address="10.0.0.5", port=8000, maxconn=2)
+    backends = [GatewayBackend(deployment=name, servers=(server,)) for name in ("chat", "embed")]
+    config = render_gateway(gateway_host(), backends, []).files["haproxy.cfg"]
+    bound = unix_sockets(config)
+    assert bound == ("/run/engine-ctl-gateway/held-chat.sock", "/run/engine-ctl-gateway/held-embed.sock")
+    assert tuple(config_sockets(config.encode())) == bound
+    live, plain = tmp_path / "held-a.sock", tmp_path / "held-b.sock"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(live))
+        plain.write_text("")
+        assert is_socket(str(live)) and not is_socket(str(plain)) and not is_socket(str(tmp_path / "gone.sock"))
 
 
 def test_the_probe_names_the_gateway_files_changed_after_the_running_worker_loaded_them(tmp_path: Path) -> None:

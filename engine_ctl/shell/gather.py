@@ -258,6 +258,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         gateway_maps=(doc.get("gateway") or {}).get("maps"),
         gateway_weights=dict((doc.get("gateway") or {}).get("weights") or {}),
         gateway_unloaded=tuple((doc.get("gateway") or {}).get("changed_since_load") or ()),
+        gateway_missing_sockets=tuple(str(p) for p in (doc.get("gateway") or {}).get("missing_sockets") or ()),
         gateway_frontends=dict((doc.get("gateway") or {}).get("frontends") or {}),
         gateway_rate_limits=dict((doc.get("gateway") or {}).get("rate_limits") or {}),
         gateway_runtime=dict((doc.get("gateway") or {}).get("runtime") or {}),

@@ -112,16 +112,19 @@ NO_SOCKET = "engine-ctl: no socket"
 """What unit_setup_argv prints when the unit runs without the socket it was asked about."""
 
 
-def unit_setup_argv(unit: str, socket: str | None = None) -> list[str]:
+def unit_setup_argv(unit: str, sockets: Sequence[str] = ()) -> list[str]:
     """What the unit says is what runs: the drop-ins that change it removed (drop_ins_removal: DROPPED printed if
     there were any) and, once its file is installed, enabled (it starts at boot; with systemd's reload, only when it
     was not, so that systemd's own UnitFileState says so). Its exit status is whether the unit runs (is_active),
-    asked in the same exec; where it runs, NO_SOCKET is printed if `socket` (its admin socket) is not there."""
+    asked in the same exec; where it runs, NO_SOCKET is printed if any of `sockets` (its admin socket, the ones it
+    listens on) is not there."""
     q, path = shlex.quote(unit), shlex.quote(f"{UNIT_DIR}/{unit}")
     enable = f'[ ! -f {path} ] || [ "$(systemctl is-enabled {q})" = enabled ] || systemctl enable --quiet {q}'
     running = f"systemctl is-active --quiet {q}"
-    if socket is not None:
-        running = f"if {running}; then [ -S {shlex.quote(socket)} ] || echo '{NO_SOCKET}'; else exit 3; fi"
+    if sockets:
+        listed = " ".join(shlex.quote(s) for s in sockets)
+        check = f"for s in {listed}; do [ -S \"$s\" ] || {{ echo '{NO_SOCKET}'; break; }}; done"
+        running = f"if {running}; then {check}; else exit 3; fi"
     return ["sh", "-c", drop_ins_removal(unit) + enable + "; " + running]
 
 

@@ -173,6 +173,8 @@ class HostFacts(Fact):
     gateway_rate_limits: dict[str, str] = Field(default_factory=dict)
     """`show info`'s ConnRateLimit, SessRateLimit, SslRateLimit (0: none, as the configuration sets)."""
     gateway_unloaded: tuple[str, ...] = ()
+    gateway_missing_sockets: tuple[str, ...] = ()
+    """The UNIX sockets the gateway's haproxy.cfg binds that are no file (deleted under the running gateway)."""
     """The gateway's files (not its runtime maps) changed after the running gateway loaded its configuration."""
     loose_secrets: dict[str, str] = Field(default_factory=dict)
     """path -> its mode and owner, for each file holding the internal key that others may read (facts_probe.

@@ -438,6 +438,11 @@ def _drift(host: str, files: Mapping[str, str], unit_sha: str, hf: HostFacts | N
         out.append({"host": host, "kind": "unanswered", "detail": f"the gateway on {host} runs but does not answer "
                     f"on its admin socket ({ADMIN_SOCKET}): its keys in memory cannot be checked, and no roll can "
                     "drain a replica through it; apply restarts it"})  # fmt: skip
+    elif hf.gateway_missing_sockets:
+        names = ", ".join(path.rpartition("/")[2] for path in hf.gateway_missing_sockets)
+        out.append({"host": host, "kind": "unanswered", "detail": f"the gateway on {host} runs without its socket "
+                    f"{names} (deleted under it): a request it holds gets 503 at once, and one for a deployment "
+                    "scaled to zero wakes nothing; apply restarts it"})  # fmt: skip
     if unit is not None and unit.drop_ins:
         out.append({"host": host, "kind": "drop-in", "detail": drop_ins_detail(GATEWAY_UNIT, host, unit.drop_ins)})
     if unit is not None and unit.sha256 is not None and unit.unit_file_state not in (None, "enabled"):

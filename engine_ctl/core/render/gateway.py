@@ -13,6 +13,7 @@ import hashlib
 import ipaddress
 import json
 import posixpath
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -251,6 +252,13 @@ class RenderedGateway(BaseModel):
         """What a reload is for: the configuration, the Lua, models.map and the unit (not the key maps)."""
         parts = [self.files[CONFIG_FILE], self.files[LUA_FILE], self.files["models.map"], self.unit_text]
         return sha256("\0".join(parts))
+
+
+def unix_sockets(config: str) -> tuple[str, ...]:
+    """The UNIX sockets a gateway configuration listens on (`bind unix@PATH`: the hold frontends' held-<name>.sock),
+    in order. A running gateway whose socket file was deleted keeps listening on an inode nothing reaches; only a
+    restart makes the file again (a reload takes the old listener over as it is)."""
+    return tuple(m.group(1) for m in re.finditer(r"^\s*bind\s+unix@(\S+)", config, re.MULTILINE))
 
 
 def sha256(text: str) -> str:

@@ -33,6 +33,7 @@ from engine_ctl.core.render.gateway import (
     misrouted,
     parse_gateway_key,
     state_across_reload,
+    unix_sockets,
 )
 from engine_ctl.shell import shipped
 from engine_ctl.shell.systemd import DROPPED, NO_SOCKET, UNIT_DIR, is_active, last_words, reload_then, unit_setup_argv
@@ -304,13 +305,14 @@ def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY, rel
         t.put(f"{UNIT_DIR}/{GATEWAY_UNIT}", rendered.unit_text.encode(), 0o644)
     # what the unit says is what runs: drop-ins that change it removed (then a restart: a reload keeps the
     # process's environment and command line), and enabled, so that it starts at boot
-    setup = t.run(unit_setup_argv(GATEWAY_UNIT, ADMIN_SOCKET))  # one exec: set up, then whether it runs
+    sockets = (ADMIN_SOCKET, *unix_sockets(rendered.files[CONFIG_FILE]))
+    setup = t.run(unit_setup_argv(GATEWAY_UNIT, sockets))  # one exec: set up, then whether it runs
     dropped, active = DROPPED in setup.stdout, setup.exit_code == 0
     reload_files = [n for n in rendered.files if n not in RUNTIME_MAPS]
     if not active:
         start_gateway(t)
         return "started"
-    deaf = NO_SOCKET in setup.stdout  # a running gateway with no admin socket: only a restart makes one
+    deaf = NO_SOCKET in setup.stdout  # a running gateway without its admin or held sockets: only a restart makes them
     if dropped or deaf:
         if not deaf:  # (a deaf one has no states to save: it starts from the start state)
             save_server_state(t, rendered.files[START_STATE_FILE])

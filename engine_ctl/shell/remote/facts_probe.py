@@ -13,11 +13,13 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
 import sys
 import time
+from stat import S_ISSOCK
 
 from engine_ctl.shell.remote.haproxy_admin import haproxy_ask  # shipped: this line becomes haproxy_admin.py
 
@@ -1268,6 +1270,7 @@ def gateway(directory: str = GATEWAY_DIR) -> dict[str, Any] | None:
 
     files = {}
     lineage = None
+    sockets: list[str] = []
     try:
         for entry in sorted(os.listdir(directory)):
             path = os.path.join(directory, entry)
@@ -1277,6 +1280,7 @@ def gateway(directory: str = GATEWAY_DIR) -> dict[str, Any] | None:
                 files[entry] = hashlib.sha256(data).hexdigest()
                 if entry == "haproxy.cfg":
                     lineage = config_lineage(data)
+                    sockets = config_sockets(data)
     except OSError:
         return None
     stat = gateway_ask("show stat") or ""
@@ -1284,7 +1288,21 @@ def gateway(directory: str = GATEWAY_DIR) -> dict[str, Any] | None:
     return {"files": files, "servers": parse_show_stat(stat), "addresses": parse_show_stat(stat, "addr"),
             "weights": parse_show_stat(stat, "weight"), "maps": gateway_maps(), "internal_key": gateway_key(),
             "changed_since_load": changed_since_load(directory, info), "frontends": frontends(stat),
-            "rate_limits": rate_limits(info), "runtime": gateway_runtime(stat, info), "lineage": lineage}  # fmt: skip
+            "rate_limits": rate_limits(info), "runtime": gateway_runtime(stat, info), "lineage": lineage,
+            "missing_sockets": [p for p in sockets if not is_socket(p)]}  # fmt: skip
+
+
+def config_sockets(data: bytes) -> list[str]:
+    """The UNIX sockets haproxy.cfg binds (`bind unix@PATH`), as engine_ctl.core.render.gateway.unix_sockets."""
+    text = data.decode("utf-8", "replace")
+    return [m.group(1) for m in re.finditer(r"^\s*bind\s+unix@(\S+)", text, re.MULTILINE)]
+
+
+def is_socket(path: str) -> bool:
+    try:
+        return S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def config_lineage(data: bytes) -> str | None:
