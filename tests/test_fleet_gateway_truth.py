@@ -245,6 +245,22 @@ def test_drop_ins_and_a_disabled_unit_are_drift_and_apply_sets_them_right(truth:
     assert truth.ask("tb", KEY_ALL)[0] == 200 and truth.ask("tk", KEY_ALL)[0] == 200
     again = truth.cli("plan", "--detailed-exitcode")
     assert again.returncode == 0, again.stdout + again.stderr
+    # a drop-in every service reads (systemd's service.d/): not engine-ctl's to remove, but never passed over
+    shared = "/etc/systemd/system/service.d/50-probe.conf"
+    for host in (tb_host, truth.gateway):
+        truth.fleet.ssh(host, f"mkdir -p {os.path.dirname(shared)} && printf '[Service]\\nNice=5\\n' > {shared} && "
+                              "systemctl daemon-reload")  # fmt: skip
+    try:
+        assert shared in truth.fleet.ssh(tb_host, f"{shown} {tb['unit']}").stdout
+        warned = truth.cli("plan", "--detailed-exitcode")
+        said = warned.stdout + warned.stderr
+        assert warned.returncode == 0, said
+        assert f"replica 0 on {tb_host.name}: {shared} changes {tb['unit']} though it is no drop-in of engine-ctl's" \
+               in said, said  # fmt: skip
+        assert f"the gateway on {truth.gateway.name}: {shared} changes engine-ctl-gateway.service though" in said, said
+    finally:
+        for host in (tb_host, truth.gateway):
+            truth.fleet.ssh(host, f"rm -rf {os.path.dirname(shared)} && systemctl daemon-reload")
 
 
 def test_an_always_on_replica_set_aside_over_the_admin_socket_is_drift_and_apply_puts_it_back(truth: Truth) -> None:

@@ -19,7 +19,14 @@ from engine_ctl.core.plan.scaler import scaler_unit_drift
 from engine_ctl.core.record.model import State
 from engine_ctl.core.render.gateway import GATEWAY_UNIT
 from engine_ctl.core.render.scaler import SCALER_UNIT
-from engine_ctl.core.unitsetup import DROP_IN_ROOTS, OUTRANKING_ROOTS, drop_in_dirs, outranking_files, own_drop_ins
+from engine_ctl.core.unitsetup import (
+    DROP_IN_ROOTS,
+    OUTRANKING_ROOTS,
+    drop_in_dirs,
+    outranking_files,
+    own_drop_ins,
+    shared_drop_ins,
+)
 from engine_ctl.shell.systemd import DROPPED, drop_ins_removal
 from tests.fleetfacts import h100x8
 from tests.test_plan_core import SHAPE, applied, desired, plan_for, world
@@ -48,6 +55,29 @@ def test_only_drop_ins_written_for_engine_ctl_units_are_drift_in_every_unit_dire
         "/etc/systemd/system/engine-.service.d/other.conf",  # a prefix outside engine-ctl's names
     ]
     assert own_drop_ins(UNIT, paths) == tuple(sorted(paths[:6]))
+
+
+def test_a_drop_in_shared_with_other_units_is_a_warning_beside_no_changes_never_passed_over() -> None:
+    """`service.d/` and `engine-.service.d/` change engine-ctl's units too, and every other service (or `engine-…`
+    unit) alike: apply may not remove them, but the plan names each for the replica it changes (a probe, session
+    16: `Nice=19` and an Environment= there beside a bare "No changes")."""
+    paths = [
+        "/etc/systemd/system/service.d/50-probe.conf",
+        f"/etc/systemd/system/{UNIT}.d/override.conf",
+        "/etc/systemd/system/engine-.service.d/nice.conf",
+        "/run/systemd/system/service.d/zzz-lxc-service.conf",
+    ]  # fmt: skip  (a container's: every host has it)
+    assert shared_drop_ins(UNIT, paths) == (paths[2], paths[0])
+    h = h100x8()
+    state, facts = applied(plan_for("gpus: 1", State(), h), State(), {h.host: h})
+    (unit,) = facts[h.host].units
+    now = facts[h.host].model_copy(update={"units": (unit.model_copy(update={"shared_drop_ins": (paths[0],)}),)})
+    plan = make_plan(desired("gpus: 1"), state, world(now)[0], {h.host: now}, {"m": SHAPE})
+    assert not plan.has_changes and not plan.drift
+    assert (
+        f"replica 0 on {h.host}: {paths[0]} changes {unit.name} though it is no drop-in of engine-ctl's (it "
+        "changes other units alike): apply leaves it; remove it unless it is meant" in plan.changes[0].warnings
+    )
 
 
 def test_a_unit_file_that_outranks_engine_ctls_is_drift_named_for_what_it_is() -> None:

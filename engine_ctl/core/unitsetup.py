@@ -78,6 +78,24 @@ def own_drop_ins(unit: str, paths: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(p for p in paths if p.rpartition("/")[0] in dirs))
 
 
+def shared_drop_ins(unit: str, paths: Iterable[str]) -> tuple[str, ...]:
+    """Of systemd's DropInPaths for `unit`, the ones an administrator wrote (under /etc) that change it from a
+    directory not named for it (`service.d/`, `engine-.service.d/`: every service, or every unit named `engine-…`,
+    alike). Not engine-ctl's, so apply removes none of them; the plan warns of each (shared_drop_in_warning), never
+    passes one over in silence. Those a package or a container ships (/usr/lib, /run: LXC's service.d) are not
+    named: every host of that kind has them."""
+    ours = set(own_drop_ins(unit, paths))
+    return tuple(sorted(p for p in paths if p not in ours and p.startswith("/etc/") and p.endswith(".conf")))
+
+
+def shared_drop_in_warning(what: str, host: str, unit: str, paths: Iterable[str]) -> str:
+    listed = ", ".join(paths)
+    return (
+        f"{what} on {host}: {listed} changes {unit} though it is no drop-in of engine-ctl's (it changes other "
+        "units alike): apply leaves it; remove it unless it is meant"
+    )
+
+
 def not_enabled_detail(host: str, unit: str, unit_file_state: str | None) -> str:
     """The drift's words for a unit engine-ctl enables that is not enabled."""
     return f"{unit} is {unit_file_state} on {host}, not enabled: it would not start at boot; apply enables it"
@@ -105,4 +123,6 @@ __all__ = [
     "not_enabled_detail",
     "outranking_files",
     "own_drop_ins",
+    "shared_drop_in_warning",
+    "shared_drop_ins",
 ]

@@ -31,7 +31,7 @@ from engine_ctl.core.names import UNIT_PREFIX
 from engine_ctl.core.plan.internalkey import key_files
 from engine_ctl.core.plan.unitdiff import hide_argv, hide_secrets_in
 from engine_ctl.core.render.units import bind_address, local_address
-from engine_ctl.core.unitsetup import outranking_files, own_drop_ins
+from engine_ctl.core.unitsetup import outranking_files, own_drop_ins, shared_drop_ins
 from engine_ctl.providers import PROVIDERS
 from engine_ctl.shell import shipped
 from engine_ctl.shell.transport import (
@@ -184,6 +184,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
             unit_file_state=u.get("UnitFileState") or None,
             drop_ins=own_drop_ins(u["Id"], str(u.get("DropInPaths") or "").split())
             + outranking_files(u["Id"], u.get("FragmentPath")),
+            shared_drop_ins=shared_drop_ins(u["Id"], str(u.get("DropInPaths") or "").split()),
             text=hide_secrets_in(u["text"]) if isinstance(u.get("text"), str) else None,  # never a token kept
             header=parse_unit_header([str(x) for x in u.get("header") or []]),
             body_sha256=u.get("body_sha256"),

@@ -74,6 +74,8 @@ class UnitFact(Fact):
     never enabled), None from an older probe."""
     drop_ins: tuple[str, ...] = ()
     """The drop-in files under /etc or /run that change this engine-ctl unit (engine_ctl.core.dropins): drift."""
+    shared_drop_ins: tuple[str, ...] = ()
+    """The drop-in files that change it from a directory shared with other units (`service.d/`): a warning."""
     text: str | None = None
     """The unit file's text (up to UNIT_TEXT_LIMIT bytes), so a hand edit is shown as a diff; values that look
     secret are hidden in it (engine_ctl.core.plan.unitdiff.hide_secrets). sha256 is the file's own."""

@@ -60,6 +60,7 @@ from engine_ctl.core.render.units import (
     replica_run,
 )
 from engine_ctl.core.sizes import gib_down, gib_up
+from engine_ctl.core.unitsetup import shared_drop_in_warning
 from engine_ctl.providers import Provider
 from engine_ctl.providers.base import at_least_2gib
 
@@ -651,6 +652,9 @@ def serving_warnings(t: Target, planned: set[str]) -> list[str]:
             why = hf.model_problems[path]
             out.append(f"replica {r.index} on {r.host} serves what it loaded, but the weights of {t.model.name} are "
                        f"not at {path} ({why}): it would not start again; put them back")  # fmt: skip
+        unit = next((u for u in hf.units if u.name == r.unit), None)
+        if unit is not None and unit.shared_drop_ins:
+            out.append(shared_drop_in_warning(f"replica {r.index}", r.host, r.unit, unit.shared_drop_ins))
     return out
 
 

@@ -42,7 +42,7 @@ from engine_ctl.core.render.gateway import (
     server_name,
     wake_addresses_for,
 )
-from engine_ctl.core.unitsetup import drop_ins_detail, not_enabled_detail
+from engine_ctl.core.unitsetup import drop_ins_detail, not_enabled_detail, shared_drop_in_warning
 from engine_ctl.providers import PROVIDERS
 
 
@@ -403,6 +403,9 @@ def _warnings(host: str, hf: HostFacts | None) -> list[str]:
     if hf is not None and hf.ip_filtering is False:
         out.append(f"{host}'s systemd does not enforce IPAddressAllow= (cgroup v1): replicas there are guarded by the "
                    "gateway's internal key only")  # fmt: skip
+    unit = next((u for u in hf.units if u.name == GATEWAY_UNIT), None) if hf is not None else None
+    if unit is not None and unit.shared_drop_ins:
+        out.append(shared_drop_in_warning("the gateway", host, GATEWAY_UNIT, unit.shared_drop_ins))
     return out
 
 
