@@ -221,6 +221,27 @@ def test_a_killed_worker_is_named_by_status_and_apply_restarts_the_group(group: 
     assert again.returncode == 0, again.stdout + again.stderr
 
 
+def test_a_frozen_worker_puts_the_group_out_of_service_in_status_and_apply_restarts_it(group: GroupProject) -> None:
+    """SIGSTOP of the worker (what a hung worker looks like): the head's /health still answers 200, while its
+    requests hang on the worker. Status said "ready 1/1" beside a plan naming the worker (a probe, session 17)."""
+    p = group
+    (m,) = p.replica()["members"]
+    p.ssh(m["host"], f"systemctl kill --kill-whom=main -s STOP {m['unit']}")
+    shown = json.loads(p.cli("status", NAME, "--json").stdout)
+    (dep,) = shown["deployments"]
+    text = json.dumps(dep)
+    assert f"group member 1 ({m['unit']}) on {m['host']}: its process" in text and "SIGSTOP" in text, text
+    assert dep["state"] != "Ready", dep
+    planned = p.cli("plan", "--detailed-exitcode")
+    assert planned.returncode == 2, planned.stdout + planned.stderr
+    p.cli("apply", "--auto-approve", check=True)
+    pid = p.ssh(m["host"], f"systemctl show -p MainPID --value {m['unit']}").strip()
+    assert p.ssh(m["host"], f"cut -d' ' -f3 /proc/{pid}/stat").strip() in ("S", "R")
+    assert p.ask() == NAME
+    again = p.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
 def test_a_workers_binary_changed_under_the_group_is_drift_and_apply_restarts_the_group(group: GroupProject) -> None:
     """Another ggml-rpc-server at the worker's recorded path, installed as package managers do (a new file renamed
     over it): the plan names the member, apply restarts the group onto it, and the worker runs the new file."""

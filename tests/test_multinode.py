@@ -226,6 +226,25 @@ def test_a_stopped_worker_is_drift_of_the_replica_and_status_names_the_member() 
     assert any(d.unit == m.unit and d.host == m.host for d in again.drift)
 
 
+def test_a_worker_stopped_by_a_signal_puts_the_group_out_of_service_in_status() -> None:
+    """SIGSTOP of a worker (what a hung worker looks like): the head's /health still answers 200, and every request
+    to the group hangs on the worker. Status said "ready" beside a plan that named the worker (a probe, session 17)."""
+    inv, facts = _world(cpu_host("c1"), cpu_host("c2"), cpu_host("c3"))
+    state, facts = _applied(_plan(State(), inv, facts), facts)
+    (r,) = state.deployments["chat"].replicas
+    (m,) = r.members
+    frozen = tuple(u.model_copy(update={"process_state": "T", "main_pid": 4242}) if u.name == m.unit else u
+                   for u in facts[m.host].units)  # fmt: skip
+    facts = {**facts, m.host: facts[m.host].model_copy(update={"units": frozen})}
+    status = deployment_status(state.deployments["chat"], _served(facts, state))
+    (inst,) = status.instances
+    assert inst.state == "failed" and status.state != "Ready"
+    assert inst.last_error == (f"group member 1 ({m.unit}) on {m.host}: its process (PID 4242) is stopped by a signal "
+                               "(SIGSTOP): it answers nothing, and the group's requests wait on it; engine-ctl apply "
+                               "restarts the group")  # fmt: skip
+    assert _plan(state, inv, facts).has_changes
+
+
 def test_an_edited_worker_unit_is_drift_of_the_replica() -> None:
     inv, facts = _world(cpu_host("c1"), cpu_host("c2"))
     state, facts = _applied(_plan(State(), inv, facts), facts)

@@ -208,6 +208,9 @@ def group_problem(r: ReplicaRecord, facts: Mapping[str, HostFacts]) -> str | Non
         if unit.active_state != "active":
             status = f" (exit status {unit.exec_main_status})" if unit.exec_main_status else ""
             return f"{where} is {unit.active_state}/{unit.sub_state}{status}: the group is out of service"
+        if unit.stopped_by_signal:  # the head's /health still says 200: its requests to the member hang
+            return (f"{where}: its process (PID {unit.main_pid}) is stopped by a signal (SIGSTOP): it answers "
+                    "nothing, and the group's requests wait on it; engine-ctl apply restarts the group")  # fmt: skip
     return None
 
 
