@@ -244,3 +244,21 @@ def test_the_gpu_sampler_and_the_measurement_on_a_host_with_an_nvidia_smi_double
         fleet.ssh(h, f"systemctl stop {unit}; rm -f /usr/local/bin/nvidia-smi /run/smi-double-calls", check=False)
     assert found.device_peak_bytes == {"GPU-5f2b0c1e-0000-4000-8000-00000000000a": 700 * MIB}, found
     assert found.device_source == DEVICE_SOURCE and found.host_peak_bytes and found.host_peak_bytes > 0
+
+
+def test_removing_a_unit_says_whether_the_host_had_it(fleet: Fleet) -> None:
+    """apply's removal of a replica says "stopped and removed" only where the host had that unit: a host name whose
+    address now reaches another machine has nothing to stop, and apply says so (a probe, session 17: it said
+    "stopped and removed" while the replica ran on, forgotten, on the machine it was on)."""
+    from engine_ctl.shell.systemd import NOT_THERE, remove_argv
+
+    h = fleet.hosts[-1]
+    unit = "engine-ctl-gone-0a.service"
+    absent = fleet.ssh(h, shlex.join(remove_argv(unit)))
+    assert absent.returncode == 0 and NOT_THERE in absent.stdout, absent.stdout + absent.stderr
+    fleet.ssh(h, f"printf '[Service]\\nExecStart=/bin/sleep 300\\n' > /etc/systemd/system/{unit} && "
+                 f"systemctl daemon-reload && systemctl start {unit}")  # fmt: skip
+    removed = fleet.ssh(h, shlex.join(remove_argv(unit)))
+    assert removed.returncode == 0 and NOT_THERE not in removed.stdout, removed.stdout + removed.stderr
+    assert fleet.ssh(h, f"systemctl is-active {unit}", check=False).stdout.strip() != "active"
+    assert fleet.ssh(h, f"test -e /etc/systemd/system/{unit}", check=False).returncode != 0

@@ -242,6 +242,27 @@ def test_a_state_rolled_back_to_before_a_deployment_never_writes_over_its_runnin
     assert [d.kind for d in plan.drift] == ["unmanaged"]  # "left alone", and now it is
 
 
+def test_a_roll_never_writes_over_a_unit_of_this_lineage_that_runs_in_its_other_slot_unrecorded() -> None:
+    """The unit a roll would surge into (the replica's other slot) runs already, of this lineage, and the state
+    does not record it there: two inventory addresses swapped brought it under this host's name (a probe, session
+    17). Before, the plan picked that very name; apply wrote its file, `systemctl start` of the active unit did
+    nothing, apply said "serving on port 8002 (healthy)" and the deployment served nothing. Now it is blocked."""
+    h = h100x8()
+    state, facts, _ = apply_and_read("gpus: 1", State(lineage="lineage-a"), h)
+    (r,) = state.deployments["chat"].replicas
+    (recorded,) = [u for u in facts[h.host].units if u.name == r.unit]
+    other = r.unit.replace("-0a.", "-0b.")
+    swapped = recorded.model_copy(update={"name": other})
+    here = facts[h.host].model_copy(update={"units": (*facts[h.host].units, swapped)})
+    plan = make_plan(desired("gpus: 1, parallel: 2"), state, world(here)[0], {h.host: here},
+                     {"m": SHAPE})  # fmt: skip
+    (c,) = plan.changes
+    assert not any(rc.unit == other for rc in c.replicas), "nothing is written over the running unit"
+    (blocked,) = c.blocked
+    assert blocked.startswith(f"replica 0 would be {other} on {h.host}, which is there already and not in this state")
+    assert plan.problems == [f"chat: {blocked}"]  # plan and apply exit 1
+
+
 def test_a_recorded_unit_taken_over_by_another_state_is_held_back_not_repaired() -> None:
     a_state, facts = two_states()
     inv, _ = world(*facts.values())

@@ -46,6 +46,7 @@ from engine_ctl.shell.gateway.runtime import GatewayFailure
 from engine_ctl.shell.scaler.apply import ScalerApply, ScalerFailure
 from engine_ctl.shell.scaler.lock import operator_dsn
 from engine_ctl.shell.systemd import (
+    NOT_THERE,
     PRUNE_NAMED,
     UNIT_DIR,
     UPLOAD_FAILED,
@@ -717,12 +718,13 @@ class Executor:
         found = next((r for r in rec.replicas if r.unit == unit and r.host == host), None) if rec else None
         return [MemberStep(rank=m.rank, host=m.host, unit=m.unit, port=m.port) for m in found.members] if found else []
 
-    def _run(self, t: Transport, argv: list[str], what: str, timeout: float = 120) -> None:
-        """A command that must succeed; its failure, with its own stderr, halts the deployment."""
+    def _run(self, t: Transport, argv: list[str], what: str, timeout: float = 120) -> str:
+        """A command that must succeed (its output); its failure, with its own stderr, halts the deployment."""
         result = t.run(argv, timeout=timeout)
         if result.exit_code != 0:
             said = (result.stderr or result.stdout).strip().splitlines()
             raise StepFailed(f"{what} failed (exit status {result.exit_code})" + (f": {said[-1]}" if said else ""))
+        return result.stdout
 
     def _install(self, t: Transport, change: DeploymentChange, step: ReplicaChange) -> None:
         """An on-demand replica: record (pending), write its unit and load it, record it standby. Not started. A
@@ -873,10 +875,14 @@ class Executor:
             self._gateway(self.gateway.drain, name, unit)
         members = self._members_of(name, host, unit)
         self._record(lambda s: _set_status(s, name, host, unit, "removing"), name)
-        self._run(t, remove_argv(unit), f"removing {unit} on {host}")
+        said = self._run(t, remove_argv(unit), f"removing {unit} on {host}")
         self._remove_members(members)  # a replica group's workers go with its head
         self._record(lambda s: _drop_replica(s, name, host, unit), name)
-        self.progress(f"{name}: {unit} on {host} stopped and removed")
+        if NOT_THERE in said:  # never "stopped" where nothing ran: the machine at this address is not the one
+            self.progress(f"{name}: {unit} was not on {host} (nothing there to stop: is {host} the machine the "
+                          "state recorded?); forgotten")  # fmt: skip
+        else:
+            self.progress(f"{name}: {unit} on {host} stopped and removed")
         self._event("removed", name, host=host, unit=unit)
 
     def _check_names(self, change: DeploymentChange, step: ReplicaChange) -> None:

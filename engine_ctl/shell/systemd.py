@@ -276,13 +276,20 @@ def stop_argv(unit: str) -> list[str]:
     return ["systemctl", "disable", "--no-reload", "--now", unit]
 
 
+NOT_THERE = "engine-ctl: no such unit"
+"""What remove_argv prints when the host had neither the unit's file nor a loaded unit of that name."""
+
+
 def remove_argv(unit: str) -> list[str]:
-    """Stop, disable and delete the unit; fails (non-zero, with why on stderr) if it is still there afterwards."""
+    """Stop, disable and delete the unit; fails (non-zero, with why on stderr) if it is still there afterwards.
+    Prints NOT_THERE where there was no such unit to remove (the host is not the one that had it)."""
     q = shlex.quote(unit)
     path = shlex.quote(f"{UNIT_DIR}/{unit}")
     guard = shlex.quote(guard_name(unit))
     gpath = shlex.quote(f"{UNIT_DIR}/{guard_name(unit)}")
-    return ["sh", "-c", f"systemctl disable --no-reload --now {q} 2>/dev/null; systemctl stop {guard} 2>/dev/null; "
+    absent = f"[ -e {path} ] || [ \"$(systemctl show -p LoadState --value {q})\" != not-found ] || echo '{NOT_THERE}'; "
+    return ["sh", "-c", absent + f"systemctl disable --no-reload --now {q} 2>/dev/null; "
+            f"systemctl stop {guard} 2>/dev/null; "
             f"rm -f {path} {gpath} || exit 1; "
             f"systemctl daemon-reload || exit 1; systemctl reset-failed {q} 2>/dev/null; "
             f"if systemctl is-active --quiet {q}; then echo '{unit} is still active' >&2; exit 1; fi"]  # fmt: skip

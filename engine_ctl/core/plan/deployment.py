@@ -420,17 +420,31 @@ def create_replica(t: Target, index: int) -> bool:
     why += reserved_note(result)
     rc = replica_change(list(CREATE), t.render(p, t.revision, "a"), t.revision, p, reason=why)
     rc.on_demand = t.on_demand(index)
-    there = [
-        (h, u) for h, u in rc.units if (f := t.hosts.unit(h, u)) is not None and not is_foreign(f, t.lineage or "")
-    ]
-    if there:  # a unit of this lineage the state does not record (an older copy of the state): never written over
-        # (another lineage's is ownership.hold_back's to report)
-        host, unit = there[0]
-        t.change.blocked.append(f"replica {index} would be {unit} on {host}, which is there already and not in "
-                                "this state (an older copy of the state, or another checkout's, recorded it): "
-                                "nothing is written over it; `engine-ctl import` adopts it, or remove it")  # fmt: skip
+    if written_over(t, rc, index):
         return True
     t.replicas.append(rc)
+    return True
+
+
+def written_over(t: Target, rc: ReplicaChange, index: int) -> bool:
+    """True (the change blocked, and why) where a unit the change writes is on its host already, of this lineage,
+    and not the state's there: an older copy of the state, or an inventory name that now reaches another machine
+    (its addresses swapped). `systemctl start` of a unit that runs does nothing, so apply would call the old engine
+    the new one. Another lineage's is ownership.hold_back's to report."""
+    recorded = {(r.host, r.unit) for r in t.live} | {(m.host, m.unit) for r in t.live for m in r.members}
+    recorded |= {(r.host, r.unit) for r in t.replicas if r.cleanup}  # an interrupted roll's slot, removed first
+    there = [
+        (h, u)
+        for h, u in rc.units
+        if (f := t.hosts.unit(h, u)) is not None and not is_foreign(f, t.lineage or "") and (h, u) not in recorded
+    ]
+    if not there:
+        return False
+    host, unit = there[0]
+    t.change.blocked.append(f"replica {index} would be {unit} on {host}, which is there already and not in this state "
+                            f"on {host} (an older copy of the state or another checkout's recorded it, or the "
+                            f"inventory's address for {host} now reaches another machine): nothing is written over "
+                            "it; `engine-ctl import` adopts it, or remove it")  # fmt: skip
     return True
 
 
@@ -535,6 +549,8 @@ def replace_replica(t: Target, current: ReplicaRecord, index: int) -> bool:
     why = replace_reason(t, current)
     rc = replica_change(replace_actions(strategy), t.render(p, t.revision, other_slot(current.slot)), t.revision, p,
                         reason=why)  # fmt: skip
+    if written_over(t, rc, index):
+        return True
     rc.old_unit, rc.old_host, rc.old_slot, rc.old_argv = current.unit, current.host, current.slot, current.argv
     rc.old_members = member_steps_of(current)
     rc.strategy = strategy
