@@ -16,6 +16,7 @@ import hashlib
 import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -314,5 +315,37 @@ def test_an_engine_started_with_settings_or_arguments_its_unit_does_not_give_is_
     finally:
         project.fleet.ssh(host, f"mv {exe}.real {exe}", check=False)
     project.cli("apply", "--auto-approve", check=True)
+    again = project.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0 and NO_CHANGES in again.stdout, again.stdout + again.stderr
+
+
+def test_two_hosts_addresses_swapped_in_the_inventory_refuse_the_plan_and_nothing_moves(project: Project) -> None:
+    """Each name reaches the other's machine (its /etc/machine-id, recorded at apply). Before, apply "stopped and
+    removed" the replica at the other address, where nothing ran, while the replica ran on, forgotten, and the next
+    plan said "No changes" (a probe, session 17). Now plan and apply exit 1 naming both machines, and nothing on
+    either host changes; with the addresses put back the plan is empty."""
+    project.write("context_length: 512")
+    project.cli("apply", "--auto-approve", check=True)
+    (served,) = project.replicas()
+    host = project.host_of(served)
+    other = next(h for h in project.fleet.hosts if h.name != host.name)
+    machine = project.fleet.ssh(host, "cat /etc/machine-id").stdout.strip()
+    assert project.state()["hosts"][host.name]["machine_id"] == machine
+    text = Path(project.fleet.inventory).read_text()
+    swapped = project.path / "swapped.yaml"
+    swapped.write_text(text.replace(f"address: {host.address}}}", "address: @A@}")
+                       .replace(f"address: {other.address}}}", f"address: {host.address}}}")
+                       .replace("address: @A@}", f"address: {other.address}}}"))  # fmt: skip
+    pid = project.main_pid(served)
+    for verb in (("plan", "--detailed-exitcode"), ("apply", "--auto-approve")):
+        done = project.cli(*verb, str(project.path), "--inventory", str(swapped), docs=False)
+        said = done.stdout + done.stderr
+        assert done.returncode == 1, said
+        assert f"{host.name} is not the machine this state recorded under that name" in said, said
+        assert f"it is the machine this state knows as {other.name}" in said, said
+        assert "stopped and removed" not in said and NO_CHANGES not in said, said
+    assert project.main_pid(served) == pid and project.health(served) == 200
+    mine = f"'engine-ctl-{project.name}-*'"
+    assert project.fleet.ssh(other, f"systemctl list-units --all --plain --no-legend {mine}").stdout == ""
     again = project.cli("plan", "--detailed-exitcode")
     assert again.returncode == 0 and NO_CHANGES in again.stdout, again.stdout + again.stderr

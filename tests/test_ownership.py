@@ -417,3 +417,34 @@ def test_import_of_units_above_min_that_are_not_enabled_records_them_on_demand()
     assert [(r.index, r.on_demand, r.status) for r in always.replicas] == [
         (0, False, "serving"), (1, False, "stopped"), (2, False, "serving"),
     ]  # fmt: skip
+
+
+def test_a_host_name_that_now_reaches_another_machine_refuses_the_plan_and_says_which() -> None:
+    """The state records each host's /etc/machine-id at apply. Two inventory addresses swapped: each name now
+    reaches the other's machine. Before, apply "stopped and removed" a replica that ran on, forgotten, and the next
+    plan said "No changes" (a probe, session 17). Now nothing is applied, and the plan names the machine; a
+    reinstalled host (an unknown machine-id) is accepted by --refresh-only."""
+    from engine_ctl.core.record.model import HostRecord
+
+    a, b = cpu_host("c1"), cpu_host("c2")
+    state, _, first = apply_and_read(CPU, State(lineage="lineage-a"), a, b)
+    assert first.host_machines == {}  # the fleet facts double has no machine-id: nothing to record
+    ids = {"c1": "1" * 32, "c2": "2" * 32}
+    state.hosts = {h: HostRecord(facts_fingerprint="f", machine_id=m) for h, m in ids.items()}
+    same = {h.host: h.model_copy(update={"machine_id": ids[h.host]}) for h in (a, b)}
+    plan = make_plan(desired(CPU), state, world(*same.values())[0], same, {"m": SHAPE})
+    assert plan.refused == [] and plan.host_machines == ids
+    swapped = {h.host: h.model_copy(update={"machine_id": ids["c2" if h.host == "c1" else "c1"]}) for h in (a, b)}
+    plan = make_plan(desired(CPU), state, world(*swapped.values())[0], swapped, {"m": SHAPE})
+    assert plan.refused[0] == (
+        f"c1 is not the machine this state recorded under that name (machine-id {'2' * 12}…, recorded {'1' * 12}…): "
+        "it is the machine this state knows as c2. Its address in the inventory changed, or it was reinstalled: "
+        "nothing is applied. Put its address back; for the same host reinstalled, `engine-ctl apply --refresh-only` "
+        "records the new machine"
+    )
+    assert len(plan.refused) == 2 and plan.problems[:2] == plan.refused
+    new = {**same, "c1": a.model_copy(update={"machine_id": "3" * 32})}
+    reinstalled = make_plan(desired(CPU), state, world(*new.values())[0], new, {"m": SHAPE})
+    assert "c1 is not the machine" in reinstalled.refused[0] and "knows as" not in reinstalled.refused[0]
+    refresh = make_plan(desired(CPU), state, world(*new.values())[0], new, {"m": SHAPE}, refresh_only=True)
+    assert refresh.refused == [] and refresh.host_machines["c1"] == "3" * 32

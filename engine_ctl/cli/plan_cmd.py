@@ -338,7 +338,7 @@ def execute(
 
     def log(s: State) -> None:
         for host, fp in plan.host_fingerprints.items():
-            s.hosts[host] = HostRecord(facts_fingerprint=fp)
+            s.hosts[host] = HostRecord(facts_fingerprint=fp, machine_id=plan.host_machines.get(host))
         s.operations.append(
             Operation(
                 id=deploy.operation if deploy else str(uuid.uuid4()),

@@ -281,6 +281,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         psql=doc.get("psql", ""),
         ip_filtering=doc.get("cgroup2"),
         warnings=tuple(warnings),
+        machine_id=str(doc["machine_id"]) if doc.get("machine_id") else None,
     )
 
 

@@ -232,6 +232,9 @@ class HostFacts(Fact):
     """port -> a decisions replica's answer to the readiness request: {"status": HTTP status or 'down: why',
     "body": …}, judged by engine_ctl.core.decisions (for the ports asked for)."""
     warnings: tuple[str, ...] = ()
+    machine_id: str | None = None
+    """/etc/machine-id: which machine answered at the host's address (the state records it at each apply); None
+    from an older probe."""
 
     @property
     def gpu_vendor(self) -> str | None:

@@ -321,6 +321,8 @@ class Plan(BaseModel):
     state_serial: int
     state_lineage: str
     host_fingerprints: dict[str, str] = Field(default_factory=dict)
+    host_machines: dict[str, str] = Field(default_factory=dict)
+    """Each host's /etc/machine-id as the plan found it: apply records it (HostRecord.machine_id)."""
     unreachable: dict[str, str] = Field(default_factory=dict)
     targets: list[str] = Field(default_factory=list)
     refresh_only: bool = False

@@ -57,7 +57,30 @@ from engine_ctl.core.render.scalerlock import ScalerLock
 
 def refusals(plan: Plan, state: State, facts: Mapping[str, HostFacts]) -> list[str]:
     """Why the plan cannot be applied as it is (exit 1)."""
-    return [*destroy_refusals(plan, state), *lock_refusals(plan.scaler, facts), *others_gateways(plan, state, facts)]
+    moved = [] if plan.refresh_only else other_machines(state, facts)
+    return [*moved, *destroy_refusals(plan, state), *lock_refusals(plan.scaler, facts),
+            *others_gateways(plan, state, facts)]  # fmt: skip
+
+
+def other_machines(state: State, facts: Mapping[str, HostFacts]) -> list[str]:
+    """Hosts whose address now reaches another machine than the one this state recorded under that name (its
+    /etc/machine-id): addresses swapped or moved in the inventory, or the host reinstalled. Nothing is applied then:
+    the replicas recorded there run on the machine they were on, so a removal there would stop nothing and a start
+    would write over whatever that machine runs (a probe, session 17: apply said "stopped and removed" while the
+    replica ran on, forgotten, and the next plan said "No changes")."""
+    recorded = {h: r.machine_id for h, r in state.hosts.items() if r.machine_id}
+    out = []
+    for host, f in sorted(facts.items()):
+        was = recorded.get(host)
+        if was is None or f.machine_id is None or f.machine_id == was:
+            continue
+        known = [h for h, m in sorted(recorded.items()) if m == f.machine_id and h != host]
+        which = f": it is the machine this state knows as {known[0]}" if known else ""
+        out.append(f"{host} is not the machine this state recorded under that name (machine-id {f.machine_id[:12]}…, "
+                   f"recorded {was[:12]}…){which}. Its address in the inventory changed, or it was reinstalled: "
+                   "nothing is applied. Put its address back; for the same host reinstalled, `engine-ctl apply "
+                   "--refresh-only` records the new machine")  # fmt: skip
+    return out
 
 
 def others_gateways(plan: Plan, state: State, facts: Mapping[str, HostFacts]) -> list[str]:
@@ -216,6 +239,7 @@ def make_plan(
     plan = Plan(
         created_at=created_at, state_serial=state.serial, state_lineage=state.lineage,
         host_fingerprints={name: f.fingerprint() for name, f in sorted(facts.items())},
+        host_machines={name: f.machine_id for name, f in sorted(facts.items()) if f.machine_id},
         unreachable=dict(unreachable or {}), targets=sorted(targets or []), refresh_only=refresh_only,
     )  # fmt: skip
     hosts = Hosts.of(inventory, facts)

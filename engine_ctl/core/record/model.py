@@ -410,6 +410,9 @@ class GatewayRecord(Record):
 
 class HostRecord(Record):
     facts_fingerprint: str
+    machine_id: str | None = None
+    """The machine that answered at the host's address when this state last applied (/etc/machine-id): a plan
+    that finds another one there is refused (planner.other_machines); None: recorded by an older engine-ctl."""
 
 
 class Operation(Record):

@@ -1530,6 +1530,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "probe_version": PROBE_VERSION,
         "hostname": uname.nodename,
+        "machine_id": (read("/etc/machine-id") or "").strip() or None,
         "os": parse_os_release(read(OS_RELEASE) or ""),
         "kernel": uname.release,
         "arch": uname.machine,
