@@ -110,15 +110,25 @@ def test_a_stopped_deployments_unit_file_edited_or_gone_is_written_again_and_kep
 def test_a_stopped_deployments_unit_started_by_hand_is_stopped_again_once_its_stop_had_its_time() -> None:
     """`systemctl start` of a stopped deployment's unit: before, plan said "Held … apply keeps it stopped" and "No
     changes" while it ran, status said `stopping` for good and `start --wait` never started (a probe, session 15).
-    While the stop may still be under way (its drain, at most STOP_WAIT_S) an active unit is the stop's; after it,
-    the unit was started outside engine-ctl: apply stops it again, and status says so."""
+    While the stop is under way (its job on the host drains, then stops the unit; at most STOP_WAIT_S) an active
+    unit is the stop's; once its job is gone, or after STOP_WAIT_S, the unit was started outside engine-ctl: apply
+    stops it again, and status says so (before, only the 160 s told: a probe, session 17)."""
     from engine_ctl.core.plan.status import deployment_status
 
     state, facts = running()  # its unit active
     stopped = held(state, "stopped")  # at 11:00:00
-    during = make_plan(desired("gpus: 1"), stopped, world(*facts.values())[0], facts, {"m": SHAPE},
+    busy = {h: f.model_copy(update={"units": tuple(u.model_copy(update={"stop_job": True}) for u in f.units)})
+            for h, f in facts.items()}  # fmt: skip
+    during = make_plan(desired("gpus: 1"), stopped, world(*busy.values())[0], busy, {"m": SHAPE},
                        created_at="2026-12-03T11:01:00+00:00")  # fmt: skip
     assert not during.has_changes and during.changes[0].replicas == []
+    assert deployment_status(stopped.deployments["chat"], busy, now="2026-12-03T11:01:00+00:00").state == "stopping"
+    just = make_plan(desired("gpus: 1"), stopped, world(*facts.values())[0], facts, {"m": SHAPE},
+                     created_at="2026-12-03T11:00:05+00:00")  # fmt: skip
+    assert not just.has_changes  # its job may not have started yet
+    done = make_plan(desired("gpus: 1"), stopped, world(*facts.values())[0], facts, {"m": SHAPE},
+                     created_at="2026-12-03T11:01:00+00:00")  # fmt: skip
+    assert [d.kind for d in done.drift] == ["unstopped"] and done.has_changes  # no job: the stop is over
     after = make_plan(desired("gpus: 1"), stopped, world(*facts.values())[0], facts, {"m": SHAPE},
                       created_at="2026-12-03T11:10:00Z")  # fmt: skip
     (step,) = after.changes[0].replicas
@@ -127,10 +137,33 @@ def test_a_stopped_deployments_unit_started_by_hand_is_stopped_again_once_its_st
     assert step.reason == (f"{unit.name} runs on gpu-h100 though chat is stopped by an operator (started outside "
                            "engine-ctl): apply stops it again; written again, kept stopped")  # fmt: skip
     record = stopped.deployments["chat"]
-    assert deployment_status(record, facts, now="2026-12-03T11:01:00+00:00").state == "stopping"
+    assert deployment_status(record, facts, now="2026-12-03T11:00:05+00:00").state == "stopping"
     late = deployment_status(record, facts, now="2026-12-03T11:10:00+00:00")
     assert late.state == "stopped" and late.reason is not None and "runs again (started outside engine-ctl)" in \
         late.reason  # fmt: skip
+
+
+def test_a_stopped_deployments_unit_enabled_by_hand_is_disabled_again() -> None:
+    """`systemctl enable` of a stopped deployment's unit: it would start at the next boot. Before, plan said "No
+    changes" (a probe, session 17); the opposite edit on a serving deployment was drift already."""
+    state, facts = running()
+    stopped = held(state, "stopped")
+    off = {h: f.model_copy(update={"units": tuple(u.model_copy(update={"active_state": "inactive", "sub_state": "dead",
+                                                                         "unit_file_state": "disabled"})
+                                                  for u in f.units)}) for h, f in facts.items()}  # fmt: skip
+    quiet = make_plan(desired("gpus: 1"), stopped, world(*off.values())[0], off, {"m": SHAPE},
+                      created_at="2026-12-03T11:10:00+00:00")  # fmt: skip
+    assert not quiet.has_changes and quiet.drift == []
+    on = {h: f.model_copy(update={"units": tuple(u.model_copy(update={"unit_file_state": "enabled"}) for u in f.units)})
+          for h, f in off.items()}  # fmt: skip
+    plan = make_plan(desired("gpus: 1"), stopped, world(*on.values())[0], on, {"m": SHAPE},
+                     created_at="2026-12-03T11:10:00+00:00")  # fmt: skip
+    (d,) = plan.drift
+    (unit,) = on["gpu-h100"].units
+    assert (d.kind, d.detail) == ("unstopped", f"{unit.name} is enabled on gpu-h100 though chat is stopped by an "
+                                  "operator: it would start at the next boot; apply disables it again")  # fmt: skip
+    (step,) = plan.changes[0].replicas
+    assert step.role == "held" and plan.has_changes
 
 
 def test_a_document_change_while_stopped_is_shown_and_not_applied() -> None:

@@ -191,6 +191,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
             exits=tuple(str(x) for x in u.get("exits") or []),
             started_at=u.get("started_at") if isinstance(u.get("started_at"), (int, float)) else None,
             process_state=str(u["process_state"]) if u.get("process_state") else None,
+            stop_job=bool(u.get("stop_job")),
             proc_argv=hide_argv([str(x) for x in u["proc_argv"]]) if isinstance(u.get("proc_argv"), list) else None,
             proc_env=tuple(str(x) for x in u["proc_env"]) if isinstance(u.get("proc_env"), list) else None,
         )

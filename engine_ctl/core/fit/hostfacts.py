@@ -81,6 +81,8 @@ class UnitFact(Fact):
     secret are hidden in it (engine_ctl.core.plan.unitdiff.hide_secrets). sha256 is the file's own."""
     header: UnitHeader | None = None
     """What the unit's engine-ctl header says (deployment, revision, lineage, …); None without one."""
+    stop_job: bool = False
+    """A stop verb's job for it is loaded on the host (queued or running: it drains, then stops the unit)."""
     process_state: str | None = None
     """The state letter of its main process in /proc/PID/stat (R, S, D; T: stopped by a signal); None: no process,
     or an older probe."""

@@ -508,6 +508,10 @@ def unstopped_drift(t: Target, current: ReplicaRecord) -> list[Drift]:
             out.append(Drift(host=host, unit=unit, deployment=t.d.name, kind="unstopped",
                              detail=f"{unit} runs on {host} though {t.d.name} is stopped by an operator (started "
                              "outside engine-ctl): apply stops it again"))  # fmt: skip
+        elif fact is not None and fact.unit_file_state == "enabled":  # `systemctl enable`: it starts at boot
+            out.append(Drift(host=host, unit=unit, deployment=t.d.name, kind="unstopped",
+                             detail=f"{unit} is enabled on {host} though {t.d.name} is stopped by an operator: it "
+                             "would start at the next boot; apply disables it again"))  # fmt: skip
     return out
 
 

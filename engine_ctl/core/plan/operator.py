@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
+from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.plan.changes import NO_OP, UPDATE, DeploymentChange, Drift, ReplicaChange
 from engine_ctl.core.plan.gateway import stopped_map
 from engine_ctl.core.plan.wake import woken_note
@@ -60,18 +61,38 @@ anything: its units' (and drop-ins), and the internal key's on its hosts (apply'
 host of a change)."""
 
 
-def keeps_stopped(record: DeploymentRecord | None, now: str) -> bool:
+def keeps_stopped(record: DeploymentRecord | None, now: str, facts: Mapping[str, HostFacts] | None = None) -> bool:
     """A deployment an operator stopped (or parked at level 0, which stops its units as a stop does) whose stop
-    has had its time (STOP_WAIT_S: the drain, then the engine's own stop): a unit of it that runs was started
-    outside engine-ctl (`unstopped`), which apply stops again."""
+    is over: its stop jobs are gone from its hosts (`facts`: each unit's stop_job), or it has had its time
+    (STOP_WAIT_S: the drain, then the engine's own stop). A unit of it that runs then was started outside
+    engine-ctl (`unstopped`), which apply stops again (a probe, session 17: the 160 s alone said "stopping" and
+    "No changes" for minutes after the stop was done)."""
     held = record.operator if record is not None else None
-    if held is None or not now or not (held.verb == "stopped" or (held.verb == "parked" and held.level == 0)):
+    if (
+        record is None
+        or held is None
+        or not now
+        or not (held.verb == "stopped" or (held.verb == "parked" and held.level == 0))
+    ):
         return False
     try:
-        since = datetime.fromisoformat(now.replace("Z", "+00:00")) - datetime.fromisoformat(held.when)
+        since = (datetime.fromisoformat(now.replace("Z", "+00:00")) - datetime.fromisoformat(held.when)).total_seconds()
     except ValueError:
         return False
-    return since.total_seconds() > STOP_WAIT_S
+    if since > STOP_WAIT_S:
+        return True
+    if facts is None or since < STOP_JOB_START_S:
+        return False
+    places = [(r.host, r.unit) for r in record.replicas] + [
+        (m.host, m.unit) for r in record.replicas for m in r.members
+    ]
+    if any(host not in facts for host, _ in places):
+        return False  # a host not read: its job may still run
+    return not any(u.stop_job for host, unit in places for u in facts[host].units if u.name == unit)
+
+
+STOP_JOB_START_S = 10
+"""A stop verb records the stop, then starts its jobs: a plan this soon after may find none yet."""
 
 
 def file_drift(drift: Iterable[Drift]) -> dict[tuple[str, str], str]:

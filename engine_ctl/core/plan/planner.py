@@ -55,6 +55,12 @@ from engine_ctl.core.render.scaler import GATEWAY_HOST_UNITS
 from engine_ctl.core.render.scalerlock import ScalerLock
 
 
+def host_identity(facts: Mapping[str, HostFacts]) -> dict[str, dict[str, str]]:
+    """What a plan records of each host: its facts' fingerprint, and which machine answered (its machine-id)."""
+    return {"host_fingerprints": {name: f.fingerprint() for name, f in sorted(facts.items())},
+            "host_machines": {name: f.machine_id for name, f in sorted(facts.items()) if f.machine_id}}  # fmt: skip
+
+
 def refusals(plan: Plan, state: State, facts: Mapping[str, HostFacts]) -> list[str]:
     """Why the plan cannot be applied as it is (exit 1)."""
     moved = [] if plan.refresh_only else other_machines(state, facts)
@@ -172,7 +178,7 @@ def wanted_change(
     names = field_names(loaded)
     ident = deployment_id_for(record, lineage or "", d.name, serial, created_at)
     return start_deployment(d, model, provider, model_facts.get(model.name), record, hosts, alloc, names, lineage,
-                            ident, held_down and keeps_stopped(record, created_at))  # fmt: skip
+                            ident, held_down and keeps_stopped(record, created_at, hosts.facts))  # fmt: skip
 
 
 def field_names(loaded: LoadedDeployment) -> Names:
@@ -236,12 +242,9 @@ def make_plan(
     names deployments whose replicas are all replaced (a rolling restart: engine_ctl.core.plan.replace).
     `scaler_lock`: with PostgreSQL state, the lock that lets a scaler run on every gateway host
     (engine_ctl.core.render.scalerlock)."""
-    plan = Plan(
-        created_at=created_at, state_serial=state.serial, state_lineage=state.lineage,
-        host_fingerprints={name: f.fingerprint() for name, f in sorted(facts.items())},
-        host_machines={name: f.machine_id for name, f in sorted(facts.items()) if f.machine_id},
-        unreachable=dict(unreachable or {}), targets=sorted(targets or []), refresh_only=refresh_only,
-    )  # fmt: skip
+    plan = Plan(created_at=created_at, state_serial=state.serial, state_lineage=state.lineage, **host_identity(facts),
+                unreachable=dict(unreachable or {}), targets=sorted(targets or []),
+                refresh_only=refresh_only)  # fmt: skip
     hosts = Hosts.of(inventory, facts)
     wanted = {ld.deployment.name: ld for ld in desired.deployments}
     alloc = Allocation(state, hosts.reached, {n: ld.deployment.replicas_min for n, ld in wanted.items()})

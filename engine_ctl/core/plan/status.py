@@ -516,7 +516,7 @@ def held_state(rec: DeploymentRecord, facts: dict[str, HostFacts], now: str = ""
         unit = next((u for u in facts[r.host].units if u.name == r.unit), None) if r.host in facts else None
         states.append(unit.active_state if unit is not None else "inactive")
     going = any(s in ("active", "activating", "deactivating", "reloading") for s in states)
-    if going and keeps_stopped(rec, now):
+    if going and keeps_stopped(rec, now, facts):
         reason += "; but a unit of it runs again (started outside engine-ctl): engine-ctl apply stops it"
         return ("parked" if held.verb == "parked" else "stopped"), reason
     if held.verb == "parked":

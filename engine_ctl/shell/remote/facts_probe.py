@@ -293,6 +293,9 @@ def process_launch(pid: str) -> dict[str, Any]:
     return out
 
 
+TRANSIENT_DIR = "/run/systemd/transient"
+
+
 def units(prefix: str, unit_dir: str = UNIT_DIR) -> list[dict[str, Any]]:
     """engine-ctl's units: systemd's view of each (UNIT_PROPERTIES) and what its file says (unit_file); a file
     systemd does not report is listed with its file's facts alone."""
@@ -305,6 +308,8 @@ def units(prefix: str, unit_dir: str = UNIT_DIR) -> list[dict[str, Any]]:
     for u in out:
         u["exits"] = exits(u["Id"])
         u["process_state"] = process_state(u.get("MainPID", ""))
+        # a stop verb's detached job (systemd-run --collect: its transient file goes once it is done)
+        u["stop_job"] = os.path.exists(TRANSIENT_DIR + "/stop-" + str(u["Id"]))
         u.update(process_launch(u.get("MainPID", "")))
         started = u.get("ExecMainStartTimestampMonotonic", "")
         if started.isdigit() and int(started) > 0:
