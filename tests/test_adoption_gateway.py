@@ -64,3 +64,26 @@ def test_a_revision_recorded_in_place_comes_back_from_the_scalers_state_with_its
     assert recorded_revision(with_scaler, "chat", "01M9078CDWXZCD1YQ3XM5FVG4Z") == 0
     assert recorded_revision(with_scaler, "chat", "") == 0
     assert recorded_revision(with_scaler, "old", ID) == 0  # not a number: none
+
+
+def test_a_stop_the_running_gateway_says_is_adopted_only_where_no_unit_of_it_runs() -> None:
+    """The stop is on no unit's header; a gateway's running stopped.map (deployment -> ID) says it, and the units
+    say no unit runs. Both, and import records it stopped; a listed deployment whose unit runs is not (a stop by
+    hand in the map is no operator's stop); without a time (a dry run of the core) nothing is adopted."""
+    from engine_ctl.core.plan.adoption import held_stops
+
+    inv, facts = world()
+    state, after = applied(make_plan(desired(), State(), inv, facts, SHAPE), facts)
+    edge = after["edge"].model_copy(update={"gateway_maps": {"stopped.map": {"chat": "01J0000000000000000000000A"}}})
+    (r,) = state.deployments["chat"].replicas
+    host = after[r.host]
+    down = host.model_copy(update={"units": tuple(u.model_copy(update={"active_state": "inactive"})
+                                                  if u.name == r.unit else u for u in host.units)})  # fmt: skip
+    stopped = {**after, "edge": edge, r.host: down} if r.host != "edge" else {**after, "edge": edge}
+    records = {"chat": state.deployments["chat"].model_copy(deep=True)}
+    assert held_stops(records, stopped, "2026-12-06T09:00:00+00:00") == {"chat": "edge"}
+    assert records["chat"].operator is not None and records["chat"].operator.verb == "stopped"
+    assert [x.status for x in records["chat"].replicas] == ["stopped"]
+    running = {**after, "edge": edge}
+    assert held_stops({"chat": state.deployments["chat"].model_copy(deep=True)}, running, "2026-12-06T09:00:00Z") == {}
+    assert held_stops({"chat": state.deployments["chat"].model_copy(deep=True)}, stopped, "") == {}

@@ -127,3 +127,33 @@ def test_import_keeps_the_id_of_a_fleet_with_only_always_on_deployments(ip: Scal
     assert _kept(rebuilt) == _kept(lost)
     after = ip.cli("plan", "--detailed-exitcode")
     assert after.returncode == 0 and "No changes." in after.stdout, after.stdout + after.stderr
+
+
+def test_import_after_a_stop_keeps_the_deployment_stopped(ip: ScalerProject) -> None:
+    """`engine-ctl stop`, then the state lost and imported: the stop is on no unit's header, but the running
+    gateway answers the deployment deployment_stopped (its stopped.map) and no unit of it runs. Before, import
+    forgot the stop, and the next apply started the deployment and opened it in the gateway again (a probe, session
+    17). Now import records it stopped, the plan holds it, and `start` brings it back."""
+    ip.write("""
+        metadata: {name: halted}
+        spec: {model: tiny, accelerator: cpu, cpu_cores: 1, context_length: 512, replicas: {min: 1, max: 1}}
+        """)
+    ip.cli("apply", "--auto-approve", check=True)
+    state_file = ip.path / "engine-ctl.state.json"
+    (replica,) = json.loads(state_file.read_text())["deployments"]["halted"]["replicas"]
+    host = ip.host_of(replica["host"])
+    ip.cli("stop", "deployment", "halted", "--inventory", str(ip.inventory), check=True)
+    ip.wait("the stop done", lambda: ip.fleet.ssh(host, f"systemctl is-active {replica['unit']}",
+                                                   check=False).stdout.strip() == "inactive", 180)  # fmt: skip
+    state_file.unlink()
+    state_file.with_name(state_file.name + ".backup").unlink(missing_ok=True)
+    imported = ip.cli("import", str(ip.docs), "--inventory", str(ip.inventory), check=True)
+    assert f"halted: stopped by an operator (the gateway on {ip.gateway.name} answers it deployment_stopped" \
+           in imported.stdout, imported.stdout  # fmt: skip
+    assert json.loads(state_file.read_text())["deployments"]["halted"]["operator"]["verb"] == "stopped"
+    after = ip.cli("plan", "--detailed-exitcode")
+    assert after.returncode == 0 and "apply keeps it stopped" in after.stdout, after.stdout + after.stderr
+    ip.cli("apply", "--auto-approve", check=True)
+    assert ip.fleet.ssh(host, f"systemctl is-active {replica['unit']}", check=False).stdout.strip() == "inactive"
+    ip.cli("start", "deployment", "halted", "--wait", "--inventory", str(ip.inventory), check=True)
+    assert ask(ip.client(), "halted") == "halted"

@@ -29,6 +29,7 @@ from engine_ctl.core.plan.adoption import Adoption, AdoptionError, adopt
 from engine_ctl.core.record.model import HostRecord, State, StateError
 from engine_ctl.shell.world import gather_world
 from engine_ctl.state import StateBackend
+from engine_ctl.state.base import now
 
 FORMAT_VERSION = 1
 
@@ -63,6 +64,9 @@ def _show(adoption: Adoption, location: str) -> None:
             out.print(line + (f": {m.note}" if m.note else ""), style="yellow" if m.status == "missing" else "green")
     for g in adoption.adopted_gateways:
         out.print(f"  + gateway on {g.host}: http://{g.endpoint}/v1" + (f": {g.note}" if g.note else ""), style="green")
+    for name, gateway in sorted(adoption.stopped.items()):
+        out.print(f"  · {name}: stopped by an operator (the gateway on {gateway} answers it deployment_stopped, and no "
+                  f"unit of it runs): recorded stopped; `engine-ctl start deployment {name}` starts it")  # fmt: skip
     for name in sorted(set(adoption.deployments) - set(adoption.ids)):
         out.print(f"  · {name}: no host carries its ID (a scaler's state carries those it acts on); the next apply "
                   "gives it a new one")  # fmt: skip
@@ -133,7 +137,7 @@ def import_cmd(
                 "make every host of the inventory reachable, then run import again",
             )
         try:
-            adoption = adopt(loaded.desired, inventory, facts, model_facts, state, lineage)
+            adoption = adopt(loaded.desired, inventory, facts, model_facts, state, lineage, now=now())
         except AdoptionError as exc:
             raise _refuse(backend, str(exc)) from None
         write = bool(adoption.adopted) and not dry_run
@@ -154,6 +158,7 @@ def import_cmd(
                 "skipped": [s.model_dump(mode="json") for s in adoption.skipped],
                 "gateways": [g.model_dump(mode="json") for g in adoption.adopted_gateways],
                 "ids": adoption.ids,
+                "stopped": adoption.stopped,
             }
         )
         sys.exit(0)

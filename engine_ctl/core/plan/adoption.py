@@ -40,7 +40,15 @@ from engine_ctl.core.plan.gateway import Replica, recorded_replicas, render_for,
 from engine_ctl.core.plan.planner import make_plan, render_replica
 from engine_ctl.core.plan.status import recorded_verdict
 from engine_ctl.core.plan.world import recorded_placement
-from engine_ctl.core.record.model import ULID, DeploymentRecord, GatewayRecord, MemberRecord, ReplicaRecord, State
+from engine_ctl.core.record.model import (
+    ULID,
+    DeploymentRecord,
+    GatewayRecord,
+    MemberRecord,
+    OperatorAction,
+    ReplicaRecord,
+    State,
+)
 from engine_ctl.core.render.gateway import CONFIG_FILE, GATEWAY_UNIT, RenderedGateway, created_of
 from engine_ctl.core.render.guard import guarded_by
 from engine_ctl.core.render.scaler import GATEWAY_HOST_UNITS
@@ -104,6 +112,8 @@ class Adoption(BaseModel):
     adopted_gateways: list[AdoptedGateway] = []
     ids: dict[str, str] = {}
     """Where each deployment's ID came from (the scaler's state on a gateway host), or why it has none."""
+    stopped: dict[str, str] = {}
+    """Deployments recorded as stopped by an operator, and which gateway says so (its running stopped.map)."""
 
 
 Found = tuple[str, UnitFact, UnitHeader]
@@ -330,8 +340,10 @@ def adopt(
     model_facts: Mapping[str, ModelFacts | None],
     state: State,
     lineage: str | None = None,
+    now: str = "",
 ) -> Adoption:
-    """The records of every deployment of the documents that runs on the hosts, as the state would have them."""
+    """The records of every deployment of the documents that runs on the hosts, as the state would have them.
+    `now`: when the import runs, the time a stop found on the hosts is recorded with (none: no stop adopted)."""
     found, workers, skipped = _candidates(desired, inventory, facts)
     heads = found or [(host, u, h) for host, u, h, _head, _rank in workers]  # only workers: theirs
     chosen, reason = choose_lineage(heads, state, lineage)
@@ -344,6 +356,7 @@ def adopt(
     for name, rec in records.items():
         rec.id = ids.get(name, "")
         rec.revision = max(rec.revision, recorded_revision(facts, name, rec.id))
+    stopped = held_stops(records, facts, now)
     draft = State(lineage=chosen, deployments=records)
     plan = make_plan(desired, draft, inventory, facts, model_facts, targets=sorted(records))
     adopted: list[AdoptedReplica] = []
@@ -377,7 +390,28 @@ def adopt(
             )
     gateways, seen = adopt_gateways(State(lineage=chosen, deployments=records), inventory, facts, desired.api_keys)
     return Adoption(lineage=chosen, lineage_reason=reason, deployments=records, adopted=adopted, skipped=skipped,
-                    gateways=gateways, adopted_gateways=seen, ids=ids)  # fmt: skip
+                    gateways=gateways, adopted_gateways=seen, ids=ids, stopped=stopped)  # fmt: skip
+
+
+def held_stops(records: Mapping[str, DeploymentRecord], facts: Mapping[str, HostFacts], now: str) -> dict[str, str]:
+    """The deployments an operator stopped, as the hosts still say it: a running gateway's stopped.map names them
+    (it answers them deployment_stopped), and no unit of theirs runs. Recorded stopped (at `now`: the stop's own
+    time is on no host), so that the next plan keeps them stopped: before, an import forgot the stop, and the next
+    apply started them and opened them in the gateway again (a probe, session 17). Returns name -> which gateway."""
+    out: dict[str, str] = {}
+    if not now:
+        return out
+    for host, f in sorted(facts.items()):
+        listed = (f.gateway_maps or {}).get("stopped.map") or {}
+        for name, rec in records.items():
+            runs = any(u.active_state in ("active", "activating") for r in rec.replicas
+                       for u in facts[r.host].units if u.name == r.unit) if rec.replicas else False  # fmt: skip
+            if name in listed and name not in out and not runs:
+                rec.operator = OperatorAction(verb="stopped", when=now)
+                for r in rec.replicas:
+                    r.status = "stopped"
+                out[name] = host
+    return out
 
 
 def _compare(
