@@ -524,6 +524,22 @@ def test_a_gateway_without_a_held_socket_is_drift_and_apply_restarts_it(truth: T
     assert again.returncode == 0, again.stdout + again.stderr
 
 
+def test_status_says_a_stopped_gateway_answers_nothing_and_apply_starts_it(truth: Truth) -> None:
+    """The gateway stopped (`systemctl stop`): the replicas serve, the endpoint answers nothing. Before, status said
+    "ready" with only "0 of 1 behind the gateway" to hint at it (a probe, session 17)."""
+    truth.fleet.ssh(truth.gateway, "systemctl stop engine-ctl-gateway.service")
+    status = truth.cli("status", "tb")
+    said = (
+        f"but the gateway on {truth.gateway.name} is inactive: its endpoint answers nothing; engine-ctl apply starts it"
+    )
+    assert said in status.stdout, status.stdout
+    plan = truth.cli("plan", "--detailed-exitcode")
+    assert plan.returncode == 2, plan.stdout + plan.stderr
+    assert truth.cli("apply", "--auto-approve").returncode == 0
+    assert truth.ask("tb", KEY_ALL)[0] == 200
+    assert "answers nothing" not in truth.cli("status", "tb").stdout
+
+
 def killed_in_the_roll(truth: Truth, needle: str = "no room for a surge", nth: int = 2) -> str:
     """apply, killed with SIGKILL right after its `nth` line that says `needle`; what it printed."""
     proc = subprocess.Popen(truth.argv("apply", "--auto-approve"), stdout=subprocess.PIPE,

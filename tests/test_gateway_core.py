@@ -376,6 +376,14 @@ def test_status_gives_the_endpoint_and_members_as_the_gateway_sees_them() -> Non
     kept = {**after, "edge": after["edge"].model_copy(update={"gateway_maps": {"models.map": {"chat": "d_chat"}},
                                                                 "gateway_weights": {"d_chat/r0a": "1"}})}  # fmt: skip
     assert [m.ready for m in deployment_status(state.deployments["chat"], kept, [("edge", "e:8800")]).members] == [True]
+    assert status.gateways_down == [] and "gateways_down" not in status.model_dump(mode="json", exclude_defaults=False)
+    # the gateway stopped (a probe, session 17: "ready 1/1" and nothing more said it)
+    stopped = tuple(u.model_copy(update={"active_state": "inactive"}) if u.name == GATEWAY_UNIT else u
+                    for u in after["edge"].units)  # fmt: skip
+    off = {**after, "edge": after["edge"].model_copy(update={"units": stopped})}
+    assert deployment_status(state.deployments["chat"], off, [("edge", "e:8800")]).gateways_down == [
+        "the gateway on edge is inactive: its endpoint answers nothing; engine-ctl apply starts it"
+    ]
 
 
 def test_status_of_a_replica_whose_host_is_out_of_reach_asks_the_gateway() -> None:

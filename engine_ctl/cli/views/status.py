@@ -25,6 +25,8 @@ def show_statuses(out: Console, statuses: list[DeploymentStatus], decisions: boo
             behind = sum(1 for m in s.members if m.ready)
             out.print(f"endpoint: {', '.join(g + '/v1' for g in s.gateways)} (model: {s.served_model_name}; "
                       f"{behind} of {len(s.members)} behind the gateway)", markup=False, highlight=False)  # fmt: skip
+            for down in s.gateways_down:
+                out.print(f"  but {down}", style="red", markup=False, highlight=False)
         out.print("")
         out.print(instance_table(s))
         if s.instances:

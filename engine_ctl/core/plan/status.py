@@ -18,7 +18,7 @@ from engine_ctl.core.plan.operator import keeps_stopped
 from engine_ctl.core.plan.scaler import Decision, scales
 from engine_ctl.core.plan.wake import parked
 from engine_ctl.core.record.model import DeploymentRecord, FailedStart, ReplicaRecord
-from engine_ctl.core.render.gateway import API_FRONTEND, internal_endpoint
+from engine_ctl.core.render.gateway import API_FRONTEND, GATEWAY_UNIT, internal_endpoint
 from engine_ctl.providers import PROVIDERS
 
 DeploymentState = Literal["Pending", "Starting", "Ready", "ScaledToZero", "Failed"]
@@ -82,6 +82,8 @@ class DeploymentStatus(BaseModel):
     endpoint: Endpoint | None = None
     gateways: list[str] = Field(default_factory=list)
     """The base URLs (without /v1) where programs call it with an API key; empty without a gateway host."""
+    gateways_down: list[str] = Field(default_factory=list, exclude_if=lambda v: not v)
+    """Gateway hosts whose gateway does not run, in words: their endpoint answers nothing, whatever the replicas."""
     members: list[Member] = Field(default_factory=list)
     id: str = ""
     """The deployment's stable ID (a ULID; empty for a record written before IDs)."""
@@ -471,7 +473,21 @@ def deployment_status(
         + [Member(run=f.unit, machine=f.host, state="failed", reason=f.error, ready=False) for f in failed],
         ready_replicas=len(serving), **record_fields(rec, facts),
     )  # fmt: skip
+    status.gateways_down = gateways_down(gateways, facts)
     return held_view(status, held[0], facts, rec) if held else status
+
+
+def gateways_down(gateways: Sequence[tuple[str, str]], facts: Mapping[str, HostFacts]) -> list[str]:
+    """Each gateway host (read) whose engine-ctl-gateway.service is not active: its endpoint answers nothing (a
+    probe, session 17: status said "ready" with only "0 of 1 behind the gateway" beside a stopped gateway)."""
+    out = []
+    for host, _ in gateways:
+        f = facts.get(host)
+        unit = next((u for u in f.units if u.name == GATEWAY_UNIT), None) if f is not None else None
+        if f is not None and (unit is None or unit.active_state != "active"):
+            state = unit.active_state if unit is not None and unit.sha256 is not None else "not installed"
+            out.append(f"the gateway on {host} is {state}: its endpoint answers nothing; engine-ctl apply starts it")
+    return out
 
 
 def failed_rows(rec: DeploymentRecord) -> list[FailedStart]:
