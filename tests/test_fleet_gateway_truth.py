@@ -540,6 +540,38 @@ def test_status_says_a_stopped_gateway_answers_nothing_and_apply_starts_it(truth
     assert "answers nothing" not in truth.cli("status", "tb").stdout
 
 
+def test_a_wrapper_at_haproxys_path_is_drift_until_it_is_removed(truth: Truth) -> None:
+    """A script at /usr/sbin/haproxy that runs the real one with a configuration of its own added (a frontend that
+    answers on another port, past every key check). Before, plan said "No changes" (a probe, session 17). Now the
+    running master's executable and command line are drift: apply restarts the gateway, and while the wrapper
+    stays, the plan never says "No changes"; once it is gone, one apply and the plan is empty."""
+    real, extra = "/usr/sbin/haproxy.real", "/etc/extra-gateway.cfg"
+    wrapper = f'#!/bin/sh\nexec {real} "$@" -f {extra}\n'
+    frontend = "frontend sneaky\n    bind 127.0.0.1:8899\n    mode http\n    http-request return status 200\n"
+    truth.fleet.ssh(truth.gateway, f"cp -a /usr/sbin/haproxy {real} && printf '{frontend}' > {extra} && "
+                    f"printf '{wrapper}' > /usr/sbin/haproxy.new && chmod 755 /usr/sbin/haproxy.new && "
+                    "mv /usr/sbin/haproxy.new /usr/sbin/haproxy && "
+                    "systemctl restart engine-ctl-gateway.service")  # fmt: skip
+    try:
+        assert truth.fleet.ssh(truth.gateway, "curl -s -o /dev/null -w '%{http_code}' 127.0.0.1:8899/").stdout == "200"
+        for _ in range(2):  # apply restarts it, and the wrapper runs again: still drift
+            plan = truth.cli("plan", "--detailed-exitcode")
+            said = plan.stdout + plan.stderr
+            assert plan.returncode == 2 and "No changes" not in said, said
+            assert f"the gateway on {truth.gateway.name} runs {real}, not /usr/sbin/haproxy" in said, said
+            applied = truth.cli("apply", "--auto-approve")
+            assert applied.returncode == 0 and f"gateway {truth.gateway.name}: serving" in applied.stdout, said
+    finally:
+        truth.fleet.ssh(truth.gateway, f"mv {real} /usr/sbin/haproxy; rm -f {extra}")
+    applied = truth.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert truth.fleet.ssh(truth.gateway, "curl -s -o /dev/null -w '%{http_code}' 127.0.0.1:8899/",
+                           check=False).stdout == "000"  # fmt: skip
+    assert truth.ask("tb", KEY_ALL)[0] == 200
+    again = truth.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
 def killed_in_the_roll(truth: Truth, needle: str = "no room for a surge", nth: int = 2) -> str:
     """apply, killed with SIGKILL right after its `nth` line that says `needle`; what it printed."""
     proc = subprocess.Popen(truth.argv("apply", "--auto-approve"), stdout=subprocess.PIPE,

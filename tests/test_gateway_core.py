@@ -473,3 +473,33 @@ def test_show_of_a_saved_plan_has_the_summary_and_its_configuration_with_verbose
     assert short.exit_code == 0 and "routes:   chat" in short.stdout and "balance leastconn" not in short.stdout
     whole = run("show", str(saved), "--verbose")
     assert whole.exit_code == 0 and "+    balance leastconn" in whole.stdout, whole.output
+
+
+def test_the_gateway_running_another_executable_or_command_line_than_its_unit_gives_is_drift() -> None:
+    """A wrapper at HAProxy's path that adds `-f /etc/extra/extra.cfg` (a frontend with no key check, on a port of
+    its own): before, plan said "No changes" (a probe, session 17). The master's /proc command line and executable
+    are compared with what the unit starts (gateway_argv, checked here against the rendered ExecStart)."""
+    from engine_ctl.core.render.gateway import gateway_argv
+
+    unit = render_gateway(gateway_host(), [], []).unit_text
+    config = next(line.split("=", 2)[2] for line in unit.splitlines() if line.startswith("Environment=CONFIG="))
+    start = next(line.partition("=")[2] for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert tuple(start.replace("${CONFIG}", config).split()) == gateway_argv()
+    inv, facts = world()
+    state, after = applied(make_plan(desired(), State(), inv, facts, SHAPE), facts)
+
+    def running(**update: object) -> dict[str, HostFacts]:
+        units = tuple(u.model_copy(update=update) if u.name == GATEWAY_UNIT else u for u in after["edge"].units)
+        return {**after, "edge": after["edge"].model_copy(update={"units": units})}
+
+    assert not make_plan(desired(), state, inv, running(proc_argv=gateway_argv(), proc_exe=gateway_argv()[0]),
+                         SHAPE).has_changes  # fmt: skip
+    wrapped = running(proc_argv=(*gateway_argv(), "-f", "/etc/extra/extra.cfg"), proc_exe="/usr/sbin/haproxy")
+    (d,) = make_plan(desired(), state, inv, wrapped, SHAPE).drift
+    assert (d.kind, d.unit, d.detail) == ("launch", GATEWAY_UNIT, "the gateway on edge runs with other arguments "
+                                          "than its unit gives (-f /etc/extra/extra.cfg): what it serves may not be "
+                                          "its configuration; apply restarts it (a wrapper stays until it is "
+                                          "removed)")  # fmt: skip
+    other = make_plan(desired(), state, inv, running(proc_argv=gateway_argv(), proc_exe="/usr/sbin/haproxy.real"),
+                      SHAPE)  # fmt: skip
+    assert other.has_changes and "runs /usr/sbin/haproxy.real, not /usr/sbin/haproxy" in other.drift[0].detail

@@ -194,6 +194,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
             stop_job=bool(u.get("stop_job")),
             proc_argv=hide_argv([str(x) for x in u["proc_argv"]]) if isinstance(u.get("proc_argv"), list) else None,
             proc_env=tuple(str(x) for x in u["proc_env"]) if isinstance(u.get("proc_env"), list) else None,
+            proc_exe=str(u["proc_exe"]) if u.get("proc_exe") else None,
         )
         for u in doc.get("units") or []
     )

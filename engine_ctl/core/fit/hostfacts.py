@@ -92,6 +92,8 @@ class UnitFact(Fact):
     proc_argv: tuple[str, ...] | None = None
     """Its main process's command line (/proc/PID/cmdline); None: no process, or not readable."""
     proc_env: tuple[str, ...] | None = None
+    proc_exe: str | None = None
+    """The executable its main process runs (/proc/PID/exe): a wrapper at the unit's path exec'd another one."""
     """The names (never the values) of its main process's environment variables; None: not read."""
     exits: tuple[str, ...] = ()
     """Its last exits other than a stop, oldest first, as its unit records them: `epoch result code status`

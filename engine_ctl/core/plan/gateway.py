@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine_ctl.core.documents.apikey import RATE_RANGE, SHA256_HEX
 from engine_ctl.core.documents.inventory import DEFAULT_GATEWAY_THREADS, GatewaySettings, Host, Inventory
-from engine_ctl.core.fit.hostfacts import HostFacts
+from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
 from engine_ctl.core.model import ApiKey
 from engine_ctl.core.names import deployment_name_ok
 from engine_ctl.core.plan.gatewayruntime import tampered_drift
@@ -35,6 +35,7 @@ from engine_ctl.core.render.gateway import (
     RenderedGateway,
     backend_name,
     created_of,
+    gateway_argv,
     internal_sources,
     misrouted,
     render_gateway,
@@ -448,10 +449,36 @@ def _drift(host: str, files: Mapping[str, str], unit_sha: str, hf: HostFacts | N
                     "scaled to zero wakes nothing; apply restarts it"})  # fmt: skip
     if unit is not None and unit.drop_ins:
         out.append({"host": host, "kind": "drop-in", "detail": drop_ins_detail(GATEWAY_UNIT, host, unit.drop_ins)})
+    launched = launch_words(unit) if unit is not None else None
+    if launched is not None:
+        out.append(
+            {
+                "host": host,
+                "kind": "launch",
+                "detail": f"the gateway on {host} {launched}: what it serves "
+                "may not be its configuration; apply restarts it (a wrapper stays until it is removed)",
+            }
+        )
     if unit is not None and unit.sha256 is not None and unit.unit_file_state not in (None, "enabled"):
         out.append({"host": host, "kind": "disabled",
                     "detail": not_enabled_detail(host, GATEWAY_UNIT, unit.unit_file_state)})  # fmt: skip
     return out
+
+
+def launch_words(unit: UnitFact) -> str | None:
+    """How the gateway's running master differs from what its unit starts (a wrapper at HAProxy's path that adds a
+    configuration: a frontend with no key check, beside "No changes" before; a probe, session 17): its executable
+    and its command line. None: as its unit gives, or not read."""
+    if unit.active_state != "active" or unit.proc_argv is None:
+        return None
+    want = gateway_argv()
+    if unit.proc_exe is not None and unit.proc_exe != want[0]:
+        return f"runs {unit.proc_exe}, not {want[0]}"
+    if tuple(unit.proc_argv) != want:
+        got = tuple(unit.proc_argv)
+        added = got[len(want) :] if got[: len(want)] == want else [w for w in got[1:] if w not in want]
+        return "runs with other arguments than its unit gives" + (f" ({' '.join(added[:6])})" if added else "")
+    return None
 
 
 def runtime_drift(

@@ -479,6 +479,14 @@ def render_gateway(
     )
 
 
+def gateway_argv(haproxy: str = HAPROXY, run_dir: str = RUN_DIR) -> tuple[str, ...]:
+    """The command line the gateway's master runs with, as its unit's ExecStart gives it (${CONFIG} expanded;
+    tests/test_gateway_core.py checks the two agree). HAProxy's master keeps it across its reloads (re-executed
+    with the same words)."""
+    return (haproxy, "-Ws", "-f", f"{GATEWAY_DIR}/{CONFIG_FILE}", "-p", f"{run_dir}/haproxy.pid", "-S",
+            f"{run_dir}/master.sock")  # fmt: skip
+
+
 def _gateway_unit(common: Mapping[str, object], haproxy: str, run_dir: str, internal_key: bool) -> str:
     """The gateway's systemd unit (templates/gateway.service.j2)."""
     return _with_hash(

@@ -182,7 +182,8 @@ class GatewayApply:
             rendered = gateway_after_apply(host, self.state(), self.hosts, g)
             self._record_installing(g, rendered)
             unloaded = any(d.kind == "unloaded" and d.host == g.host for d in self.plan.drift)
-            done = remote.install(self._t(g.host), rendered, reload=unloaded)
+            relaunch = any(d.kind == "launch" and d.host == g.host and d.unit == GATEWAY_UNIT for d in self.plan.drift)
+            done = remote.install(self._t(g.host), rendered, reload=unloaded, restart=relaunch)
             self._record_installed(g, rendered)
             if any(d.kind == "set-aside" and d.host == g.host for d in self.plan.drift):
                 self._back_in_rotation(g.host)

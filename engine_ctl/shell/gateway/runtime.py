@@ -277,14 +277,17 @@ def check_config(t: Transport, path: str, host: str, haproxy: str = HAPROXY) -> 
                          + (" | ".join(said[:8]) if said else "HAProxy printed nothing"))  # fmt: skip
 
 
-def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY, reload: bool = False) -> str:
+def install(
+    t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY, reload: bool = False, restart: bool = False
+) -> str:
     """Put the files in place, checked first: the new set is written beside the old (GATEWAY_DIR.new), checked
     with `haproxy -c` there, then the files that changed moved in (one that did not is left untouched: its inode's
     change time tells the plan whether the running gateway loaded it, facts_probe.changed_since_load). Then start
     the unit, or reload it (master-worker: the listening sockets stay open, requests in flight finish in the old
     worker) after saving the servers' states, and set the key maps over the socket. `reload`: reload even with no
-    file changed (the plan found the running gateway is not what its files say). Returns what was done: started,
-    reloaded or maps."""
+    file changed (the plan found the running gateway is not what its files say); `restart`: restart it (it runs
+    another executable or command line than its unit gives: a reload keeps them). Returns what was done: started,
+    restarted, reloaded or maps."""
     staging = GATEWAY_DIR + ".new"
     prepare = (
         f"rm -rf {staging} && mkdir -p {staging} {GATEWAY_DIR} && chmod 755 /etc/engine-ctl {GATEWAY_DIR} {staging}"
@@ -313,7 +316,7 @@ def install(t: Transport, rendered: RenderedGateway, haproxy: str = HAPROXY, rel
         start_gateway(t)
         return "started"
     deaf = NO_SOCKET in setup.stdout  # a running gateway without its admin or held sockets: only a restart makes them
-    if dropped or deaf:
+    if dropped or deaf or restart:
         if not deaf:  # (a deaf one has no states to save: it starts from the start state)
             save_server_state(t, rendered.files[START_STATE_FILE])
         _ok(t, reload_then("restart", GATEWAY_UNIT), "restarting the gateway", unit=True)

@@ -9,6 +9,7 @@ Hosts may run an older Python than engine-ctl: this file keeps to Python 3.7's g
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -290,6 +291,8 @@ def process_launch(pid: str) -> dict[str, Any]:
             continue
         words = [w.decode("utf-8", "replace") for w in raw if w]
         out[key] = words if key == "proc_argv" else sorted({w.partition("=")[0] for w in words})
+    with contextlib.suppress(OSError):
+        out["proc_exe"] = os.readlink("/proc/%s/exe" % pid)
     return out
 
 
