@@ -559,6 +559,7 @@ def test_a_wrapper_at_haproxys_path_is_drift_until_it_is_removed(truth: Truth) -
             said = plan.stdout + plan.stderr
             assert plan.returncode == 2 and "No changes" not in said, said
             assert f"the gateway on {truth.gateway.name} runs {real}, not /usr/sbin/haproxy" in said, said
+            assert "has frontend sneaky, which its configuration does not" in said, said
             applied = truth.cli("apply", "--auto-approve")
             assert applied.returncode == 0 and f"gateway {truth.gateway.name}: serving" in applied.stdout, said
     finally:

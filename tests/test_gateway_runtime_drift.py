@@ -21,7 +21,7 @@ from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.hostfacts import Cpu, HostFacts, Memory
 from engine_ctl.core.model import ApiKey
 from engine_ctl.core.plan.gateway import map_differences
-from engine_ctl.core.plan.gatewayruntime import declared_acls, haproxy_words, tampered_drift
+from engine_ctl.core.plan.gatewayruntime import added_frontends, declared_acls, haproxy_words, tampered_drift
 from engine_ctl.core.render.gateway import GatewayBackend, GatewayServer, render_gateway
 from engine_ctl.shell.remote import facts_probe
 from engine_ctl.shell.remote.haproxy_admin import haproxy_ask
@@ -72,7 +72,7 @@ def facts(sock: str) -> HostFacts:
     stat = facts_probe.gateway_ask("show stat", sock) or ""
     info = facts_probe.gateway_ask("show info", sock)
     return HostFacts(host="edge", cpu=Cpu(cores=2), memory=Memory(total_bytes=8 << 30, available_bytes=4 << 30),
-                     gateway_servers=facts_probe.parse_show_stat(stat),
+                     gateway_servers=facts_probe.parse_show_stat(stat), gateway_frontends=facts_probe.frontends(stat),
                      gateway_runtime=facts_probe.gateway_runtime(stat, info, sock))  # fmt: skip
 
 
@@ -96,6 +96,18 @@ def test_a_gateway_as_rendered_has_no_runtime_drift_and_every_acl_is_matched(gat
     declared = declared_acls(config)
     assert {n: [f for f, _ in acls] for n, acls in declared.items()} == by_line
     assert len(running["acls"]) > 40
+
+
+def test_a_frontend_the_configuration_does_not_declare_is_drift(gateway: tuple[Path, str]) -> None:
+    """Every frontend of the rendered configuration, as the real HAProxy lists them, is declared (no drift above);
+    one loaded from another file beside it (a wrapper's `-f`, a probe of session 17) is named."""
+    folder, config = gateway
+    running = facts(str(folder / "admin.sock")).gateway_frontends
+    assert {"api", "h_chat", "h_route"} <= set(running) and added_frontends(config, running) == []
+    assert added_frontends(config, [*running, "sneaky"]) == [
+        "has frontend sneaky, which its configuration does not (another configuration loaded beside it): it answers "
+        "on a port of its own, past every key check"
+    ]
 
 
 def test_an_acl_entry_added_at_run_time_is_drift(gateway: tuple[Path, str]) -> None:

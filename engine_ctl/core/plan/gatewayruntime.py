@@ -8,6 +8,7 @@ with one (`unloaded`). Pure: the configuration's text and the facts probe's read
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -221,6 +222,14 @@ def added_servers(config: str, running: Iterable[str]) -> list[str]:
             "and the replicas' internal key with them" for s in sorted(set(running) - configured)]  # fmt: skip
 
 
+def added_frontends(config: str, running: Iterable[str]) -> list[str]:
+    """Frontends the running gateway has that `config` does not declare: a configuration loaded beside it (a
+    wrapper's `-f`), which answers on ports of its own, past every key check (a probe, session 17)."""
+    declared = {m.group(1) for m in re.finditer(r"^(?:frontend|listen)\s+(\S+)", config, re.MULTILINE)}
+    return [f"has frontend {f}, which its configuration does not (another configuration loaded beside it): it "
+            "answers on a port of its own, past every key check" for f in sorted(set(running) - declared)]  # fmt: skip
+
+
 def tampered_drift(host: str, config: str, hf: HostFacts | None) -> list[dict[str, str]]:
     """Each way the running gateway on `host` differs from `config` (what it loaded) in what an admin command
     changes, beyond its maps, weights and states: drift that apply removes with a reload."""
@@ -228,6 +237,7 @@ def tampered_drift(host: str, config: str, hf: HostFacts | None) -> list[dict[st
         return []
     runtime = hf.gateway_runtime
     found = added_servers(config, hf.gateway_servers)
+    found += added_frontends(config, hf.gateway_frontends)
     found += acl_differences(config, runtime.get("acls"))
     found += limit_differences(config, runtime)
     found += check_differences(config, runtime.get("checks"))
