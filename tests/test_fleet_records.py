@@ -257,8 +257,11 @@ def test_removing_a_unit_says_whether_the_host_had_it(fleet: Fleet) -> None:
     absent = fleet.ssh(h, shlex.join(remove_argv(unit)))
     assert absent.returncode == 0 and NOT_THERE in absent.stdout, absent.stdout + absent.stderr
     fleet.ssh(h, f"printf '[Service]\\nExecStart=/bin/sleep 300\\n' > /etc/systemd/system/{unit} && "
-                 f"systemctl daemon-reload && systemctl start {unit}")  # fmt: skip
+                 f"systemctl daemon-reload && systemctl start {unit} && mkdir -p /run/engine-ctl/exits && "
+                 f"echo '1733312345 signal killed SEGV' > /run/engine-ctl/exits/{unit}")  # fmt: skip
     removed = fleet.ssh(h, shlex.join(remove_argv(unit)))
     assert removed.returncode == 0 and NOT_THERE not in removed.stdout, removed.stdout + removed.stderr
     assert fleet.ssh(h, f"systemctl is-active {unit}", check=False).stdout.strip() != "active"
     assert fleet.ssh(h, f"test -e /etc/systemd/system/{unit}", check=False).returncode != 0
+    # its crashes go with it (a probe, session 17: a new unit of the same name showed its predecessor's)
+    assert fleet.ssh(h, f"test -e /run/engine-ctl/exits/{unit}", check=False).returncode != 0

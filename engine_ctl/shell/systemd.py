@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from engine_ctl.core.fit.startup import measure_script, sampler
 from engine_ctl.core.render.guard import GUARD_LINE, guard_name
+from engine_ctl.core.render.units import EXITS_DIR
 from engine_ctl.core.unitsetup import DROP_IN_ROOTS, OUTRANKING_ROOTS, drop_in_dirs
 
 UNIT_DIR = "/etc/systemd/system"
@@ -288,9 +289,10 @@ def remove_argv(unit: str) -> list[str]:
     guard = shlex.quote(guard_name(unit))
     gpath = shlex.quote(f"{UNIT_DIR}/{guard_name(unit)}")
     absent = f"[ -e {path} ] || [ \"$(systemctl show -p LoadState --value {q})\" != not-found ] || echo '{NOT_THERE}'; "
+    exits = shlex.quote(f"{EXITS_DIR}/{unit}")  # its crashes go with it: a new unit of that name starts clean
     return ["sh", "-c", absent + f"systemctl disable --no-reload --now {q} 2>/dev/null; "
             f"systemctl stop {guard} 2>/dev/null; "
-            f"rm -f {path} {gpath} || exit 1; "
+            f"rm -f {path} {gpath} {exits} || exit 1; "
             f"systemctl daemon-reload || exit 1; systemctl reset-failed {q} 2>/dev/null; "
             f"if systemctl is-active --quiet {q}; then echo '{unit} is still active' >&2; exit 1; fi"]  # fmt: skip
 
