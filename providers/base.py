@@ -339,6 +339,10 @@ class Provider:
     """Environment variables it reads as settings (each one a flag, a key, where it fetches from), and those any
     program's loader reads (LOADER_ENV_PREFIXES): one in its process that its unit does not set came from elsewhere
     (systemd's manager environment, `systemctl set-environment`) and changes how it serves, or whom it answers."""
+    head_dials_members: bool = False
+    """A replica group's head connects to each worker's port (llama.cpp's RPC backend): the facts probe opens that
+    connection from the head's host, and a worker it cannot reach puts the group out of service in `status` (its
+    /health answers without its workers, while its requests wait on them)."""
     takes_flag_equals_value: bool = True
     """Whether the engine reads `--flag=value` as one word (argparse does: vLLM, SGLang). When not (llama.cpp's
     llama-server refuses `--seed=42`), the user's engine_args are passed as `--flag value`."""

@@ -239,6 +239,7 @@ LLAMACPP = LlamaCpp(
     loading_statuses=frozenset({"503"}),  # llama-server answers 503 "Loading model" until its model is loaded
     log_prefix=r"^[\d.:]+\s+[A-Z]\s+",  # llama-server's `0.00.014.738 E ` (time, level)
     keeps_argv=True,  # llama-server sets no process title
+    head_dials_members=True,  # llama-server dials each worker's rpc-server (--rpc host:port)
     # tools/server/README.md: each flag's LLAMA_ARG_* variable (a flag wins over it), LLAMA_API_KEY (--api-key: a
     # key it answers beside its key file's), LLAMA_CACHE and HF_* (where -hf fetches), GGML_* (the backends' own)
     env_prefixes=("LLAMA_", "HF_", "GGML_", "CUDA_", *LOADER_ENV_PREFIXES),

@@ -242,6 +242,31 @@ def test_a_frozen_worker_puts_the_group_out_of_service_in_status_and_apply_resta
     assert again.returncode == 0, again.stdout + again.stderr
 
 
+def test_a_worker_its_head_cannot_reach_puts_the_group_out_of_service_in_status(group: GroupProject) -> None:
+    """The network between head and worker cut (a blackhole route in the head's namespace; SSH reaches both):
+    llama-server's /health still answers 200, while its requests wait on the worker. Before, status said "ready
+    1/1" and plan "No changes" (a probe, session 17). The facts probe opens a connection from the head's host to
+    the worker's port: status says the group is out of service, and the plan warns (apply cannot mend a network)."""
+    p = group
+    r = p.replica()
+    (m,) = r["members"]
+    worker = p.host(m["host"]).address
+    route = ["ip", "netns", "exec", r["host"], "ip", "route"]
+    subprocess.run([*route, "add", "blackhole", f"{worker}/32"], check=True)
+    try:
+        shown = json.loads(p.cli("status", NAME, "--json").stdout)
+        (dep,) = shown["deployments"]
+        text = json.dumps(dep)
+        assert f"group member 1 ({m['unit']}) on {m['host']} cannot be reached from its head on {r['host']}" in text
+        assert dep["state"] != "Ready", dep
+        planned = p.cli("plan", "--detailed-exitcode")
+        assert "it serves nothing until the network between them is back" in planned.stdout + planned.stderr
+    finally:
+        subprocess.run([*route, "del", "blackhole", f"{worker}/32"], check=True)
+    assert json.loads(p.cli("status", NAME, "--json").stdout)["deployments"][0]["state"] == "Ready"
+    assert p.ask() == NAME
+
+
 def test_a_workers_binary_changed_under_the_group_is_drift_and_apply_restarts_the_group(group: GroupProject) -> None:
     """Another ggml-rpc-server at the worker's recorded path, installed as package managers do (a new file renamed
     over it): the plan names the member, apply restarts the group onto it, and the worker runs the new file."""

@@ -245,6 +245,32 @@ def test_a_worker_stopped_by_a_signal_puts_the_group_out_of_service_in_status() 
     assert _plan(state, inv, facts).has_changes
 
 
+def test_a_worker_its_head_cannot_reach_puts_the_group_out_of_service_and_the_plan_says_so() -> None:
+    """The network between head and worker cut: llama-server's /health answers without its RPC workers, and every
+    request waits on the worker. Status said "ready" and plan "No changes" (a probe, session 17). The facts probe
+    opens a connection from the head's host to each worker's port (member_links says which)."""
+    from engine_ctl.core.plan.grouplinks import member_links
+
+    inv, facts = _world(cpu_host("c1"), cpu_host("c2"), cpu_host("c3"))
+    state, facts = _applied(_plan(State(), inv, facts), facts)
+    (r,) = state.deployments["chat"].replicas
+    (m,) = r.members
+    links = member_links(state.deployments.values(), {h.name: h.address for h in inv.hosts})
+    assert links == {r.host: [{"member": m.unit, "address": next(h.address for h in inv.hosts if h.name == m.host),
+                                "port": m.port}]}  # fmt: skip
+    fine = {**facts, r.host: facts[r.host].model_copy(update={"member_links": {m.unit: "ok"}})}
+    assert deployment_status(state.deployments["chat"], _served(fine, state)).state == "Ready"
+    cut = {**facts, r.host: facts[r.host].model_copy(update={"member_links": {m.unit: "no answer within 2 s"}})}
+    (inst,) = deployment_status(state.deployments["chat"], _served(cut, state)).instances
+    said = (f"group member 1 ({m.unit}) on {m.host} cannot be reached from its head on {r.host} (port {m.port}: no "
+            "answer within 2 s): the group's requests wait on it")  # fmt: skip
+    assert inst.state == "failed" and inst.last_error == said + ": the group is out of service until the network " \
+        "between them is back"  # fmt: skip
+    plan = _plan(state, inv, _served(cut, state))
+    assert f"replica 0: {said}: it serves nothing until the network between them is back (apply cannot mend a " \
+           "network)" in plan.changes[0].warnings, plan.changes[0].warnings  # fmt: skip
+
+
 def test_an_edited_worker_unit_is_drift_of_the_replica() -> None:
     inv, facts = _world(cpu_host("c1"), cpu_host("c2"))
     state, facts = _applied(_plan(State(), inv, facts), facts)

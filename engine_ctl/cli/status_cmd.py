@@ -30,6 +30,7 @@ from engine_ctl.core.diagnostics import Diagnostic, InputError, Location
 from engine_ctl.core.documents.loader import LoadResult, load_paths
 from engine_ctl.core.fit.hostfacts import HostFacts
 from engine_ctl.core.plan.decisions import readiness_checks
+from engine_ctl.core.plan.grouplinks import member_links
 from engine_ctl.core.plan.internalkey import key_checks
 from engine_ctl.core.plan.scaler import ScalerView, scaler_views_of, with_scaler
 from engine_ctl.core.plan.status import (
@@ -99,7 +100,8 @@ def _live(
         for host, asked in readiness_checks(d).items():
             decisions.setdefault(host, []).extend(asked)
     keys = key_checks(records)  # a replica behind a gateway is asked with the internal key too: it may refuse it
-    return gather(hosts, options, parallel, health=checks, decisions=decisions, key_checks=keys)
+    links = member_links(records, {h.name: h.address for h in inventory.hosts})  # a group's head to its workers
+    return gather(hosts, options, parallel, health=checks, decisions=decisions, key_checks=keys, links=links)
 
 
 def _statuses(

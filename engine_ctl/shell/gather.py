@@ -56,10 +56,12 @@ def probe_args(
     known_versions: Mapping[str, Any] | None = None,
     decisions: Sequence[Mapping[str, Any]] = (),
     key_checks: Sequence[Mapping[str, Any]] = (),
+    links: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     return {
         "decisions": [dict(d) for d in decisions],
         "key_checks": [dict(c) for c in key_checks],
+        "links": [dict(link) for link in links],
         "key_files": key_files(),
         "known_versions": dict(known_versions or {}),
         "model_paths": list(model_paths),
@@ -272,6 +274,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
             str(k): None if v is None else tuple(str(x) for x in v) for k, v in (doc.get("replica_keys") or {}).items()
         },
         key_checks={str(k): str(v) for k, v in (doc.get("key_checks") or {}).items()},
+        member_links={str(k): str(v) for k, v in (doc.get("links") or {}).items()},
         scaler_state=doc["scaler"] if isinstance(doc.get("scaler"), dict) else None,
         scaler_config_sha256=scaler_config.get("deployments_sha256"),
         scaler_program_sha256=doc.get("scaler_program_sha256"),
@@ -293,10 +296,11 @@ def gather_one(
     health: Sequence[tuple[int, str]] = (),
     decisions: Sequence[Mapping[str, Any]] = (),
     key_checks: Sequence[Mapping[str, Any]] = (),
+    links: Sequence[Mapping[str, Any]] = (),
 ) -> HostFacts:
     host = transport.host
     cache = VersionCache.for_host(host.name)
-    args = probe_args(host, model_paths, health, cache.known, decisions, key_checks)
+    args = probe_args(host, model_paths, health, cache.known, decisions, key_checks, links)
     argv = python_argv("-I", "-S", "-", json.dumps(args, separators=(",", ":")))
     result = transport.run(argv, stdin=probe_source())
     if result.exit_code != 0:
@@ -357,6 +361,7 @@ def gather(
     decisions: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     keep: Kept | None = None,
     key_checks: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    links: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> tuple[dict[str, HostFacts], dict[str, HostFailure]]:
     """Facts of every host in parallel (and the metadata of the model files asked for, per host, in the same
     round trip), over the connections `ahead` began (transport.connect_ahead) or new ones, left open in `keep`
@@ -371,6 +376,7 @@ def gather(
             checks.get(t.host.name, ()),
             (decisions or {}).get(t.host.name, ()),
             (key_checks or {}).get(t.host.name, ()),
+            (links or {}).get(t.host.name, ()),
         ),
         options=options,
         parallel=parallel,

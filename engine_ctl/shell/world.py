@@ -14,6 +14,7 @@ from engine_ctl.core.names import unknown_targets
 from engine_ctl.core.plan.changes import Plan, PlanContext
 from engine_ctl.core.plan.engines import with_engines
 from engine_ctl.core.plan.fetching import plan_fetches
+from engine_ctl.core.plan.grouplinks import member_links
 from engine_ctl.core.plan.internalkey import key_checks
 from engine_ctl.core.plan.planner import make_plan
 from engine_ctl.core.record.model import State
@@ -99,6 +100,7 @@ def plan_world(
         ahead=ahead,
         keep=keep,
         key_checks=key_checks(state.deployments.values()),
+        links=member_links(state.deployments.values(), {h.name: h.address for h in inventory.hosts}),
     )
     mfacts, _notes = model_facts_by_name(desired, inventory, facts)
     plan = make_plan(

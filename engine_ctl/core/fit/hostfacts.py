@@ -236,6 +236,9 @@ class HostFacts(Fact):
     """port -> a decisions replica's answer to the readiness request: {"status": HTTP status or 'down: why',
     "body": …}, judged by engine_ctl.core.decisions (for the ports asked for)."""
     warnings: tuple[str, ...] = ()
+    member_links: dict[str, str] = Field(default_factory=dict)
+    """From this host (a replica group's head's), each worker's unit -> whether a connection to its port opened
+    (`ok`, else why not); only for engines whose head dials its workers (provider.head_dials_members)."""
     machine_id: str | None = None
     """/etc/machine-id: which machine answered at the host's address (the state records it at each apply); None
     from an older probe."""

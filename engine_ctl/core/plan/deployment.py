@@ -46,6 +46,7 @@ from engine_ctl.core.plan.drift import (
     weights_written_drift,
 )
 from engine_ctl.core.plan.engines import member_engine_drift_detail
+from engine_ctl.core.plan.grouplinks import link_problem
 from engine_ctl.core.plan.ownership import as_recorded, is_foreign
 from engine_ctl.core.plan.world import Allocation, Hosts, recorded_placement
 from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord
@@ -672,6 +673,8 @@ def serving_warnings(t: Target, planned: set[str]) -> list[str]:
             why = hf.model_problems[path]
             out.append(f"replica {r.index} on {r.host} serves what it loaded, but the weights of {t.model.name} are "
                        f"not at {path} ({why}): it would not start again; put them back")  # fmt: skip
+        out += [f"replica {r.index}: {cut}: it serves nothing until the network between them is back (apply "
+                "cannot mend a network)" for m in r.members if (cut := link_problem(r, m, hf)) is not None]  # fmt: skip
         unit = next((u for u in hf.units if u.name == r.unit), None)
         if unit is not None and unit.shared_drop_ins:
             out.append(shared_drop_in_warning(f"replica {r.index}", r.host, r.unit, unit.shared_drop_ins))

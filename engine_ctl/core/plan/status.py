@@ -13,6 +13,7 @@ from engine_ctl.core.plan.capabilities import capabilities, plan_extras
 from engine_ctl.core.plan.decisions import decided_facts
 from engine_ctl.core.plan.deploy import SAVED, is_saved
 from engine_ctl.core.plan.diff import spec_digest
+from engine_ctl.core.plan.grouplinks import link_problem
 from engine_ctl.core.plan.internalkey import KEY_CHECK_PATH, REFUSED, internal_key_file
 from engine_ctl.core.plan.operator import keeps_stopped
 from engine_ctl.core.plan.scaler import Decision, scales
@@ -213,6 +214,9 @@ def group_problem(r: ReplicaRecord, facts: Mapping[str, HostFacts]) -> str | Non
         if unit.stopped_by_signal:  # the head's /health still says 200: its requests to the member hang
             return (f"{where}: its process (PID {unit.main_pid}) is stopped by a signal (SIGSTOP): it answers "
                     "nothing, and the group's requests wait on it; engine-ctl apply restarts the group")  # fmt: skip
+        cut = link_problem(r, m, facts.get(r.host))
+        if cut is not None:
+            return f"{cut}: the group is out of service until the network between them is back"
     return None
 
 

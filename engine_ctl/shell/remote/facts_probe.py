@@ -1088,6 +1088,31 @@ def replica_keys(paths: Iterable[str]) -> dict[str, list[str] | None]:
     return out
 
 
+def member_links(links: list[dict[str, Any]], timeout: float = 2.0) -> dict[str, str]:
+    """A replica group's worker unit -> whether a TCP connection from this host (its head's) to its port opens:
+    "ok", else why not (a route cut, a firewall: the head's requests would wait on it). Opened and closed at once,
+    all at the same time (each waits at most `timeout`)."""
+    import socket
+    import threading
+
+    out: dict[str, str] = {}
+
+    def one(link: dict[str, Any]) -> None:
+        try:
+            socket.create_connection((str(link["address"]), int(link["port"])), timeout=timeout).close()
+            out[str(link["member"])] = "ok"
+        except OSError as exc:
+            out[str(link["member"])] = (exc.strerror or type(exc).__name__) if not isinstance(exc, socket.timeout) \
+                else "no answer within %g s" % timeout  # fmt: skip
+
+    threads = [threading.Thread(target=one, args=(link,)) for link in links]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 1)
+    return out
+
+
 def key_checks(
     checks: list[dict[str, Any]], address: str = "127.0.0.1", main_pids: dict[str, str] | None = None
 ) -> dict[str, str]:
@@ -1557,6 +1582,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "health": health(args.get("health", []), args.get("bind") or "127.0.0.1"),
         "decisions": decisions(args.get("decisions", []), args.get("bind") or "127.0.0.1", main_pids),
         "key_checks": key_checks(args.get("key_checks", []), args.get("bind") or "127.0.0.1", main_pids),
+        "links": member_links(args.get("links", [])),
         "replica_keys": replica_keys(args.get("key_files", [])),
         "loose_secrets": loose_secrets(
             [*args.get("key_files", []), *GATEWAY_KEY_FILES[:2], GATEWAY_RUN_DIR + "/internal.map"],
