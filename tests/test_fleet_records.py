@@ -19,7 +19,7 @@ from engine_ctl.providers.base import at_least_2gib
 
 from engine_ctl.core.fit.startup import SOURCES
 from tests.fleet import Fleet
-from tests.fleetproject import ROOT, Project
+from tests.fleetproject import MODELS_DIR, ROOT, Project
 from tests.llama import llama_server_dir
 
 pytestmark = pytest.mark.fleet
@@ -205,6 +205,19 @@ def test_a_failed_first_start_says_so_in_last_operation(project: Project) -> Non
     assert dep["plan"]["image"]["sha256"] == hashlib.sha256(binary.read_bytes()).hexdigest(), dep["plan"]
     assert dep["plan"]["cpu_burst"] is True and dep["plan"]["port"] == dep["members"][0]["port"], dep["plan"]
     assert dep["capabilities"]["engine"] == "llama.cpp" and dep["capabilities"]["chat"] is True, dep["capabilities"]
+    # a repair that restarts the replica and fails (its weights replaced under it by a file the engine refuses) is a
+    # start that failed: LAST OPERATION says so (a probe, session 17: "initialize succeeded" after it)
+    (served,) = record(project)["replicas"]
+    where = next(h for h in project.fleet.hosts if h.name == served["host"])
+    weights = f"{MODELS_DIR}/tiny/tiny.gguf"
+    project.fleet.ssh(where, f"cp -p {weights} {weights}.kept && cp {MODELS_DIR}/tiny/corrupt.gguf {weights}")
+    try:
+        broken = project.cli("apply", "--auto-approve")
+        assert broken.returncode == 1, broken.stdout + broken.stderr
+        assert record(project)["last_operation"] == "initialize failed (launch_failed)", record(project)
+    finally:
+        project.fleet.ssh(where, f"mv {weights}.kept {weights}")
+    project.cli("apply", "--auto-approve", check=True)
 
 
 # The double speaks nvidia-smi's per-process query as NVIDIA's manual gives it (`nvidia-smi

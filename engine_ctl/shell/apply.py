@@ -961,6 +961,8 @@ class Executor:
             reason = reason or self._not_ready(tr, change, step.host, step.port, step.argv)
             if reason:
                 self._record(lambda s: _set_status(s, name, step.host, step.unit, "failed", reason), name)
+                # seed 003: when a start fails, LAST OPERATION says so (a probe, session 17: "initialize succeeded")
+                self._record(lambda s: _initialized(s, name, None, 0.0, reason), name)
                 raise StepFailed(reason)
             digest = self._digests.get((name, step.host), "")
             status = "standby" if step.on_demand and tr.run(is_active(step.unit)).exit_code != 0 else "serving"
