@@ -305,3 +305,10 @@ def test_refresh_only_accepts_what_drifted_into_the_state() -> None:
     refresh_state(state, plan)
     (kept,) = state.deployments["chat"].replicas
     assert kept.unit == a.unit and kept.unit_sha256 == "" and "accepted by refresh-only" in (kept.reason or "")
+    # the next plan puts the unit back as the documents give it, and says that is what its roll undoes (a probe,
+    # session 17: it said only "units changed")
+    again = make_plan(desired(CPU + ", replicas: {min: 2, max: 2}"), state, world(drifted)[0], {h.host: drifted},
+                      {"m": SHAPE})  # fmt: skip
+    undo = [r for r in again.changes[0].replicas if r.old_unit == a.unit or r.unit == a.unit]
+    assert undo and any("its unit as edited by hand (accepted by refresh-only) is written again" in r.reason
+                        for r in undo), [r.reason for r in again.changes[0].replicas]  # fmt: skip

@@ -48,6 +48,7 @@ from engine_ctl.core.plan.drift import (
 from engine_ctl.core.plan.engines import member_engine_drift_detail
 from engine_ctl.core.plan.grouplinks import link_problem
 from engine_ctl.core.plan.ownership import as_recorded, is_foreign
+from engine_ctl.core.plan.refresh import ACCEPTED_EDIT
 from engine_ctl.core.plan.world import Allocation, Hosts, recorded_placement
 from engine_ctl.core.record.model import DeploymentRecord, ReplicaRecord
 from engine_ctl.core.render.guard import guard_refusals, needs_guard, residency_of
@@ -614,7 +615,11 @@ def replace_reason(t: Target, current: ReplicaRecord) -> str:
     moved = t.alloc.moves.get(current.unit)
     if moved:
         return f"moved: {moved}"
-    return ", ".join(c.path for c in t.change.field_changes) or "the unit's content changed"
+    fields = ", ".join(c.path for c in t.change.field_changes)
+    if current.reason == ACCEPTED_EDIT:  # a probe, session 17: the roll that undoes it said only "units changed"
+        return (f"{fields}; " if fields else "") + ("its unit as edited by hand (accepted by refresh-only) is "
+                                                     "written again as the documents give it")  # fmt: skip
+    return fields or "the unit's content changed"
 
 
 def other_slot(slot: str) -> str:

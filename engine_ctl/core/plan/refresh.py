@@ -6,6 +6,9 @@ from __future__ import annotations
 from engine_ctl.core.plan.changes import Plan
 from engine_ctl.core.record.model import State
 
+ACCEPTED_EDIT = "unit file edited by hand (accepted by refresh-only)"
+"""A replica's reason once --refresh-only accepted its hand-edited unit (its recorded sha256 emptied)."""
+
 
 def refresh_state(state: State, plan: Plan) -> None:
     """--refresh-only: accept into the state what drifted on the hosts."""
@@ -19,7 +22,7 @@ def refresh_state(state: State, plan: Plan) -> None:
             if d.kind == "missing":
                 rec.replicas.remove(r)
             elif d.kind == "edited":
-                r.reason = "unit file edited by hand (accepted by refresh-only)"
+                r.reason = ACCEPTED_EDIT
                 r.unit_sha256 = ""
             elif d.kind in ("stopped", "crash-looping"):
                 r.status = "failed" if d.kind == "crash-looping" else "stopped"
