@@ -503,3 +503,21 @@ def test_the_gateway_running_another_executable_or_command_line_than_its_unit_gi
     other = make_plan(desired(), state, inv, running(proc_argv=gateway_argv(), proc_exe="/usr/sbin/haproxy.real"),
                       SHAPE)  # fmt: skip
     assert other.has_changes and "runs /usr/sbin/haproxy.real, not /usr/sbin/haproxy" in other.drift[0].detail
+
+
+def test_a_gateway_of_this_state_on_a_host_that_is_no_gateway_host_is_removed() -> None:
+    """A gateway whose haproxy.cfg names this state's lineage, on a host the inventory does not make a gateway and
+    the state does not record: it answers this state's keys as they were (a key revoked since too). Before, no plan
+    named it (a probe, session 17). Another lineage's is that state's, and left alone."""
+    inv, facts = world()
+    state, after = applied(make_plan(desired(), State(), inv, facts, SHAPE), facts)
+    assert state.lineage
+    stray = {**after, "cpu-1": after["cpu-1"].model_copy(update={"gateway_lineage": state.lineage})}
+    plan = make_plan(desired(), state, inv, stray, SHAPE)
+    (gone,) = [g for g in plan.gateways if g.host == "cpu-1"]
+    assert gone.action == ["delete"] and plan.has_changes
+    assert gone.reasons == [f"cpu-1 runs a gateway of this state (lineage {state.lineage}) though it is no gateway "
+                            "host in the inventory, nor recorded: it answers this state's keys as they were (revoked "
+                            "ones too); apply removes it"]  # fmt: skip
+    others = {**after, "cpu-1": after["cpu-1"].model_copy(update={"gateway_lineage": "another-state"})}
+    assert not [g for g in make_plan(desired(), state, inv, others, SHAPE).gateways if g.host == "cpu-1"]

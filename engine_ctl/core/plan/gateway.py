@@ -35,6 +35,7 @@ from engine_ctl.core.render.gateway import (
     RenderedGateway,
     backend_name,
     created_of,
+    endpoint_of,
     gateway_argv,
     internal_sources,
     misrouted,
@@ -366,7 +367,25 @@ def plan_gateways(
         if name not in {h.name for h in inventory.gateways()}:
             out.append(GatewayChange(host=name, action=["delete"], endpoint=record.endpoint,
                                      reasons=[f"{name} is no longer a gateway host in the inventory"]))  # fmt: skip
-    return out, drift
+    return out + strays(state, inventory, facts), drift
+
+
+def strays(state: State, inventory: Inventory, facts: Mapping[str, HostFacts]) -> list[GatewayChange]:
+    """A gateway of this state (its haproxy.cfg names this lineage) on a host that is no gateway host and that the
+    state does not record: it serves this state's keys as they were when it was written (a key revoked since is
+    answered there), and nothing else reaches it. apply removes it (a probe, session 17: such a gateway served on,
+    forgotten, beside "No changes")."""
+    out = []
+    gateways = {h.name for h in inventory.gateways()} | set(state.gateways)
+    for host in inventory.hosts:
+        hf = facts.get(host.name)
+        if host.name in gateways or hf is None or not state.lineage or hf.gateway_lineage != state.lineage:
+            continue
+        out.append(GatewayChange(host=host.name, action=["delete"], endpoint=endpoint_of(host), reasons=[
+            f"{host.name} runs a gateway of this state (lineage {state.lineage}) though it is no gateway host in the "
+            "inventory, nor recorded: it answers this state's keys as they were (revoked ones too); apply removes it"
+        ]))  # fmt: skip
+    return out
 
 
 def recorded_drift(host: str, record: GatewayRecord, final: RenderedGateway, hf: HostFacts | None, state: State,
