@@ -19,6 +19,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from engine_ctl.core.documents.apikey import key_sha256
 from engine_ctl.core.render.scaler import COMMAND_PATH, SCALER_KEY, SCALER_UNIT
 from engine_ctl.shell.remote.scaler import parse_stat
 from tests.fleet import Fleet, FleetHost
@@ -161,6 +162,44 @@ def test_the_forced_command_on_a_gateway_host_sets_one_engine_ctl_server_and_not
     unknown = gp.on_gateway(f"{ssh} 'gateway-set d_nothing r0a maint'", check=False)
     assert unknown.returncode == 1 and "No such backend" in unknown.stderr, unknown.stderr
     assert gp.on_gateway(f"{ssh} 'gateway-set d_zero r0a maint'", check=False).returncode == 0
+
+
+def test_a_key_revoked_while_a_gateway_host_is_out_of_reach_is_revoked_on_the_other(gp: TwoGateways) -> None:
+    """The second gateway host's SSH out of reach (its HAProxy still serves clients), and a key revoked: apply
+    revokes it on the gateway it reaches, names the one it left, and exits 1 (a host was not checked); once that
+    host is back, the next apply revokes it there too. Before, apply revoked it nowhere (a probe, session 17)."""
+    spare = "ak-spare-" + "e7" * 24
+    text = (gp.docs / "d.yaml").read_text()
+    gp.write(zero_on(gp.fleet.hosts[1]))
+    with_spare = (gp.docs / "d.yaml").read_text() + f"---\nkind: ApiKey\nmetadata: {{name: spare}}\nspec:\n  sha256: " \
+        f"{key_sha256(spare)}\n"  # fmt: skip
+    (gp.docs / "d.yaml").write_text(with_spare)
+    gp.cli("apply", "--auto-approve", check=True)
+
+    def status(host: FleetHost) -> int:
+        client = openai.OpenAI(base_url=f"http://{host.address}:8800/v1", api_key=spare, max_retries=0, timeout=30)
+        try:
+            client.models.list()
+            return 200
+        except openai.APIStatusError as exc:
+            return exc.status_code
+
+    assert status(gp.gateway) == 200 and status(gp.second) == 200
+    inventory = gp.inventory.read_text()
+    cut = f"  - {{name: {gp.second.name}, address: {gp.second.address}, port: 2222, roles: [gateway]}}"
+    gp.inventory.write_text(inventory.replace(f"  - {{name: {gp.second.name}, address: {gp.second.address}, "
+                                              "roles: [gateway]}", cut))  # fmt: skip
+    (gp.docs / "d.yaml").write_text(text)  # the spare key revoked
+    try:
+        applied = gp.cli("apply", "--auto-approve")
+        said = applied.stdout + applied.stderr
+        assert applied.returncode == 1, said
+        assert f"gateway {gp.second.name}: not reached, left as it is" in said, said
+        assert status(gp.gateway) == 401 and status(gp.second) == 200
+    finally:
+        gp.inventory.write_text(inventory)
+    gp.cli("apply", "--auto-approve", check=True)
+    assert status(gp.gateway) == 401 and status(gp.second) == 401
 
 
 def test_destroyed_the_scalers_key_and_forced_command_are_gone_from_every_host_it_reached(gp: TwoGateways) -> None:

@@ -521,3 +521,21 @@ def test_a_gateway_of_this_state_on_a_host_that_is_no_gateway_host_is_removed() 
                             "ones too); apply removes it"]  # fmt: skip
     others = {**after, "cpu-1": after["cpu-1"].model_copy(update={"gateway_lineage": "another-state"})}
     assert not [g for g in make_plan(desired(), state, inv, others, SHAPE).gateways if g.host == "cpu-1"]
+
+
+def test_a_gateway_out_of_reach_is_left_as_it_is_when_no_replica_rolls() -> None:
+    """A key revoked while one gateway host cannot be reached: apply revokes it on the gateways it reaches and says
+    which one still answers it (a probe, session 17: it revoked none). Where replicas roll, every gateway must drain
+    them, so apply fails there as before (out_of_reach is empty)."""
+    from engine_ctl.shell.gateway.apply import out_of_reach
+
+    inv, facts = world()
+    state, after = applied(make_plan(desired(), State(), inv, facts, SHAPE), facts)
+    cut = {h: f for h, f in after.items() if h != "edge"}
+    revoked = load(MODEL + "---\nmetadata: {name: chat}\nspec: {model: m, accelerator: cpu, host: cpu-1, "
+                   "context_length: 512}\n").desired  # fmt: skip
+    keys_only = make_plan(revoked, state, inv, cut, SHAPE, unreachable={"edge": "connection refused"})
+    assert [g.host for g in keys_only.gateways] == ["edge"] and not any(c.replicas for c in keys_only.changes)
+    assert out_of_reach(keys_only) == ["edge"]
+    rolls = make_plan(desired(4096), state, inv, cut, SHAPE, unreachable={"edge": "connection refused"})
+    assert any(c.replicas for c in rolls.changes) and out_of_reach(rolls) == []

@@ -38,6 +38,16 @@ ENTER_TIMEOUT_S = 60
 """How long a new replica may take to pass the gateway's own check (every second while it is down)."""
 
 
+def out_of_reach(plan: Plan) -> list[str]:
+    """The gateway hosts the plan could not reach that apply leaves as they are, so that the others still get the
+    keys' changes (a key revoked on every gateway it can reach: a probe, session 17, found none revoked while one
+    gateway host was down). Only where no replica changes: a roll needs every gateway to drain its replicas, and
+    one that cannot be told would send requests to a replica that stops (apply fails there, as before)."""
+    if any(c.replicas for c in plan.changes):
+        return []
+    return sorted(g.host for g in plan.gateways if g.host in plan.unreachable and g.action != ["delete"])
+
+
 class GatewayApply:
     def __init__(
         self,
@@ -51,7 +61,8 @@ class GatewayApply:
         self.plan, self.hosts, self.record, self.state = plan, hosts, record, state
         self.options, self.progress = options, progress
         self.changes = [g for g in plan.gateways if g.host in hosts or g.action == ["delete"]]
-        self.live = [g for g in self.changes if g.action != ["delete"]]
+        self.unreached = out_of_reach(plan)
+        self.live = [g for g in self.changes if g.action != ["delete"] and g.host not in self.unreached]
         self._transports: dict[str, SSHTransport | LocalTransport] = {}
         self._lock = threading.Lock()
 
@@ -69,6 +80,9 @@ class GatewayApply:
     def before(self) -> None:
         """The internal key everywhere it is needed, then each gateway's interim configuration. Raises
         GatewayFailure (nothing of the deployments is touched then)."""
+        for host in self.unreached:
+            self.progress(f"gateway {host}: not reached, left as it is: it answers the keys it had (one this apply "
+                          "revokes too) until an apply reaches it; stop it, or take its gateway role away")  # fmt: skip
         if not self.live:
             for g in self.changes:
                 self._remove(g)
