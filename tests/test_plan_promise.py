@@ -171,7 +171,10 @@ def test_a_changed_checkpoint_digest_is_a_repair_with_a_fetch_and_exit_2() -> No
                          State())  # fmt: skip
     state, hosts = applied(first, State(), hosts)
     state.deployments["chat"].replicas[0].checkpoint_digest = "d" * 64
-    same = {"h1": hosts["h1"].model_copy(update={"checkpoints": {DEST: "d" * 64}})}
+    from engine_ctl.core.fit.hostfacts import EngineInstall
+
+    engine = {"llama.cpp": EngineInstall(path=state.deployments["chat"].replicas[0].argv[0])}  # (else: a warning)
+    same = {"h1": hosts["h1"].model_copy(update={"checkpoints": {DEST: "d" * 64}, "engines": engine})}
     quiet = plan_fetches(plan(d, state, same, SHAPE), d, inventory(*same.values()), same, {"m": checkout}, state)
     assert not quiet.has_changes and not quiet.drift and NO_CHANGES in plan_text(quiet)
     tampered = {"h1": hosts["h1"].model_copy(update={"checkpoints": {DEST: "e" * 64}})}

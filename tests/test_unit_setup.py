@@ -11,7 +11,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from engine_ctl.cli.views.plan import replicas_line
+from engine_ctl.cli.views.plan import plan_text, replicas_line
 from engine_ctl.core.fit.hostfacts import UnitFact
 from engine_ctl.core.plan.gateway import _drift as gateway_drift
 from engine_ctl.core.plan.planner import make_plan
@@ -78,6 +78,9 @@ def test_a_drop_in_shared_with_other_units_is_a_warning_beside_no_changes_never_
         f"replica 0 on {h.host}: {paths[0]} changes {unit.name} though it is no drop-in of engine-ctl's (it "
         "changes other units alike): apply leaves it; remove it unless it is meant" in plan.changes[0].warnings
     )
+    text = plan_text(plan)  # never "The hosts match the documents" beside it
+    assert "No changes apply can make; but not everything runs as the documents say, and apply cannot mend it" in text
+    assert "The hosts match the documents" not in text and not plan.has_changes
 
 
 def test_a_unit_file_that_outranks_engine_ctls_is_drift_named_for_what_it_is() -> None:

@@ -398,6 +398,9 @@ def envelope_lines(c: DeploymentChange) -> list[str]:
     return out
 
 
+UNMENDABLE = "but not everything runs as the documents say, and apply cannot mend it: see the warnings above."
+
+
 def _render_end(plan: Plan, command: str, changed: bool) -> list[tuple[str, str]]:
     """The closing lines: why nothing changes (in destroy's words for destroy), then the counts."""
     out: list[tuple[str, str]] = []
@@ -405,6 +408,8 @@ def _render_end(plan: Plan, command: str, changed: bool) -> list[tuple[str, str]
         which = "no deployment of the state is named by --target." if plan.targets else "the state has no deployments."
         out.append(("bold", f"Nothing to destroy: {which}"))
         out += [("destroy", f"  {p}") for p in plan.problems]
+    elif not changed and not plan.problems and any(c.unmendable for c in plan.changes):
+        out.append(("warn", f"No changes apply can make; {UNMENDABLE}"))
     elif not changed and not plan.problems:
         out.append(("bold", "No changes. The hosts match the documents."))
     elif not changed:
@@ -537,6 +542,8 @@ def _md_head(plan: Plan) -> str:
         head += replicas_line(plan) + "\n\n"
     if plan.refresh_only:
         head += "Refresh only: apply records what drifted into the state; nothing on the hosts changes.\n\n"
+    elif not plan.has_changes and not plan.problems and any(c.unmendable for c in plan.changes):
+        head += f"No changes apply can make; {UNMENDABLE}\n\n"
     elif not plan.has_changes and not plan.problems:
         head += "No changes. The hosts match the documents.\n\n"
     elif not plan.has_changes:

@@ -187,6 +187,10 @@ class DeploymentChange(Step):
     field_changes: list[FieldChange] = Field(default_factory=list)
     strategy: Strategy | None = None
     warnings: list[str] = Field(default_factory=list)
+    unmendable: list[str] = Field(default_factory=list, exclude_if=lambda v: not v)
+    """Of the warnings, what runs otherwise than the documents say and apply cannot mend (an engine or weights gone
+    under a serving replica, a drop-in not engine-ctl's, a group worker its head cannot reach): a plan with no
+    change then says so instead of "The hosts match the documents"."""
     pending_reason: str | None = None
     failed_reason: str | None = None
     waiting: dict[str, str] = Field(default_factory=dict)

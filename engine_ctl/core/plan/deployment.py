@@ -656,7 +656,9 @@ def host_warnings(t: Target) -> list[str]:
         path = model_path_on_host(t.model, t.hosts.inventory[host])
         if path in hf.model_problems and not fetched_at_apply(t.model, hf.model_problems[path]):
             out.append(f"the weights of {t.model.name} are not on {host} at {path} ({hf.model_problems[path]})")
-    return out + serving_warnings(t, {r.host for r in steps})
+    unmendable = serving_warnings(t, {r.host for r in steps})
+    t.change.unmendable += unmendable
+    return out + unmendable
 
 
 def serving_warnings(t: Target, planned: set[str]) -> list[str]:
