@@ -11,7 +11,7 @@ import pytest
 
 from engine_ctl.cli.views.plan import plan_markdown, plan_text
 from engine_ctl.core.documents.rules import resolve_engine
-from engine_ctl.core.fit.hostfacts import HostFacts, UnitFact
+from engine_ctl.core.fit.hostfacts import EngineInstall, HostFacts, UnitFact
 from engine_ctl.core.fit.runspec import FitPlan
 from engine_ctl.core.fit.unitheader import parse_unit_header
 from engine_ctl.core.model import Deployment, Model
@@ -37,15 +37,19 @@ def unit_fact(name: str, text: str, active: str = "active") -> UnitFact:
 
 
 def hosts_after(plan: Plan, facts: dict[str, HostFacts]) -> dict[str, HostFacts]:
-    """The hosts once `plan` is applied: each new unit's file as rendered, read back with its header."""
+    """The hosts once `plan` is applied: each new unit's file as rendered, read back with its header, and the
+    engine it runs installed there (else the plan warns that a serving replica's engine is gone)."""
     units: dict[str, list[UnitFact]] = {h: list(f.units) for h, f in facts.items()}
+    engines = {h: dict(f.engines) for h, f in facts.items()}
     for c in plan.changes:
         for r in c.replicas:
             if r.old_unit:
                 units[r.old_host or r.host] = [u for u in units[r.old_host or r.host] if u.name != r.old_unit]
             if r.action != ["delete"] and r.unit_text is not None:
                 units[r.host] = [u for u in units[r.host] if u.name != r.unit] + [unit_fact(r.unit, r.unit_text)]
-    return {h: f.model_copy(update={"units": tuple(units[h])}) for h, f in facts.items()}
+                if c.fit is not None and r.argv:
+                    engines[r.host].setdefault(c.fit.engine, EngineInstall(path=r.argv[0]))
+    return {h: f.model_copy(update={"units": tuple(units[h]), "engines": engines[h]}) for h, f in facts.items()}
 
 
 def apply_and_read(spec: str, state: State, *facts: HostFacts) -> tuple[State, dict[str, HostFacts], Plan]:
