@@ -83,9 +83,10 @@ class GatewayApply:
         for host in self.unreached:
             self.progress(f"gateway {host}: not reached, left as it is: it answers the keys it had (one this apply "
                           "revokes too) until an apply reaches it; stop it, or take its gateway role away")  # fmt: skip
-        if not self.live:
+        if not self.live:  # no gateway host left (or none reached): only the removals of those no longer one
             for g in self.changes:
-                self._remove(g)
+                if g.action == ["delete"]:
+                    self._remove(g)
             return
         key, following = self._internal_key()
         accepted = [key, following] if following else [key]  # during a rotation, replicas learn the next key too
