@@ -401,16 +401,17 @@ def held_stops(records: Mapping[str, DeploymentRecord], facts: Mapping[str, Host
     out: dict[str, str] = {}
     if not now:
         return out
-    for host, f in sorted(facts.items()):
-        listed = (f.gateway_maps or {}).get("stopped.map") or {}
-        for name, rec in records.items():
-            runs = any(u.active_state in ("active", "activating") for r in rec.replicas
-                       for u in facts[r.host].units if u.name == r.unit) if rec.replicas else False  # fmt: skip
-            if name in listed and name not in out and not runs:
-                rec.operator = OperatorAction(verb="stopped", when=now)
-                for r in rec.replicas:
-                    r.status = "stopped"
-                out[name] = host
+    for name, rec in records.items():
+        gateway = next((h for h, f in sorted(facts.items())
+                        if name in ((f.gateway_maps or {}).get("stopped.map") or {})), None)  # fmt: skip
+        runs = any(u.name == r.unit and u.active_state in ("active", "activating") for r in rec.replicas
+                   for u in facts[r.host].units)  # fmt: skip
+        if gateway is None or runs:
+            continue
+        rec.operator = OperatorAction(verb="stopped", when=now)
+        for r in rec.replicas:
+            r.status = "stopped"
+        out[name] = gateway
     return out
 
 
