@@ -136,7 +136,15 @@ def variants(config: str) -> dict[str, str]:
         return "".join(ln for ln in lines if not any(n in ln for n in needles))
 
     no_body = without(
-        "wait-for-body", "req.body", "json_query", "must provide a model", "models.map", "scopes.map", "ectl_stream"
+        "wait-for-body",
+        "req.body",
+        "res.body",
+        "unset-var(txn.tokens)",
+        "json_query",
+        "must provide a model",
+        "models.map",
+        "scopes.map",
+        "ectl_stream",
     )
     no_body = no_body.replace("use_backend %[var(txn.backend)]", "use_backend d_bench")
     return {
@@ -159,7 +167,8 @@ def variants(config: str) -> dict[str, str]:
 def per_request_as_before(config: str) -> str:
     """What engine-ctl rendered before 5 December 2026 (afternoon): the key's sha256 taken on every request (not
     once a connection), HAProxy's JSON reader deciding whether a request is a stream (not a regex), the usage
-    counts read with two passes each (without 'int'), and the key, the ID and the deployment escaped in the log."""
+    counts read by HAProxy's JSON reader, each in two passes (not one regex in one pass), and the key, the ID and
+    the deployment escaped in the log."""
     lines = []
     for ln in config.splitlines(keepends=True):
         if "acl ectl_key_hashed" in ln or "set-var(sess.key_sha256)" in ln:
@@ -168,10 +177,17 @@ def per_request_as_before(config: str) -> str:
                         "req.fhdr(authorization),word(2,' '),sha2(256),hex,lower,map(keys.map) if ectl_bearer "
                         "ectl_bearer_form")  # fmt: skip
         ln = ln.replace(f"req.body -m reg '{STREAM_SET}'", "req.body,json_query('$.stream') -m bool")
-        ln = ln.replace("_tokens','int')", "_tokens')")
+        if "unset-var(txn.tokens)" in ln:
+            continue
+        if "set-var(txn.tokens)" in ln:  # the usage counts: HAProxy's JSON reader, twice, each in two passes
+            ln = "".join(f"    http-response set-var(txn.{v}) res.body,json_query('$.usage.{count}') if "
+                         "{ res.hdr(content-type) -m beg application/json }\n"
+                         for v, count in (("ptok", "prompt_tokens"), ("gtok", "completion_tokens")))  # fmt: skip
         if ln.lstrip().startswith("log-format"):
             for field in ("rid", "key", "deployment"):
                 ln = ln.replace(f"%[var(txn.{field})]", f"%[var(txn.{field}),json(utf8s)]")
+            ln = ln.replace("%[var(txn.tokens),field(1,/)]", "%[var(txn.ptok)]")
+            ln = ln.replace("%[var(txn.tokens),field(2,/)]", "%[var(txn.gtok)]")
         lines.append(ln)
     return "".join(lines)
 

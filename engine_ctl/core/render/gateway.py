@@ -86,6 +86,18 @@ counts more bodies as streams than an engine does (a nested key, a value an engi
 only a new connection to the replica. A regex (PCRE2, JIT-compiled) and not HAProxy's json_query: the JSON reader
 takes tens of instructions a byte of the body and reads all of it when `stream` is absent, as in most requests
 (docs/benchmarks.md)."""
+USAGE_COUNTS = (
+    r'^(?:(?s:.*?)"usage"\s*+:\s*+\{'
+    r'(?:(?=(?:[^{}]|\{[^{}]*+\})*?"prompt_tokens"\s*+:\s*+([0-9]{1,12})[^0-9]))?'
+    r'(?:(?=(?:[^{}]|\{[^{}]*+\})*?"completion_tokens"\s*+:\s*+([0-9]{1,12})[^0-9]))?)?(?s:.*)'
+)
+"""A whole JSON answer's `usage` counts, as `<prompt>/<completion>` (regsub's `\\1/\\2`; a count not given is
+empty, and an answer without `usage` gives "/"; the log writes "-" for either). It always matches the whole answer,
+so nothing of the answer but the two numbers is ever kept; the rule after it drops any value other than digits, a
+slash and digits. The first `"usage"` key written without escapes is the answer's (inside a JSON string every quote
+is escaped, so a text that spells `"usage": {...}` never matches); its counts are read in either order, beside one
+level of nested objects (`prompt_tokens_details`). One regex, in one pass: HAProxy's JSON reader (json_query) read
+the answer from its start once for each count, a tenth of HAProxy's CPU a request (bench/gateway.py)."""
 STREAM_AMBIGUOUS = r'^(?:[^"]++|"(?:[^"\\]++|\\[^u])*+"|"(?:[^"\\]++|\\.)*+"(?!\s*:))*+"(?:[^"\\]++|\\.)*+"\s*+:'
 """A request body whose `stream` an engine's JSON parser may read otherwise than STREAM_SET does, which the
 gateway then treats as a stream too: one with a key written with a \\u escape (STREAM_SET reads keys as written, an
@@ -160,8 +172,8 @@ ACCESS_LOG_FIELDS = (
     ("total_ms", "%Ta", False),
     ("term", "%ts", True),
     ("retries", "%rc", True),
-    ("prompt_tokens", "%[var(txn.ptok)]", True),
-    ("completion_tokens", "%[var(txn.gtok)]", True),
+    ("prompt_tokens", "%[var(txn.tokens),field(1,/)]", True),
+    ("completion_tokens", "%[var(txn.tokens),field(2,/)]", True),
 )
 """The gateway's access log, one JSON object a line (HAProxy 2.6 has no JSON log encoding: strings are quoted here, and
 the path, the only value a client writes as it likes, is escaped by the json converter; the ID, the key's name and
@@ -170,8 +182,9 @@ epoch seconds; key: the key's name (keys.map's value, never the key or its hash)
 (r<index><slot>) and its address; status, bytes in and out (headers included); queue_ms, connect_ms, ttfb_ms (the
 replica's response headers), total_ms (HAProxy's %Ta, to the last byte); -1 for a step never reached; retries, the
 connection retries, quoted since HAProxy writes "+1" when it sent the request on to another replica (a redispatch);
-prompt_tokens and completion_tokens, the `usage` of a whole JSON answer (a number, quoted; "-" for a stream or an
-answer past the buffer). An absent value is "-". Read by engine_ctl.core.accesslog."""
+prompt_tokens and completion_tokens, the `usage` of a whole JSON answer (a number, quoted; "-" for a stream, an
+answer past the buffer or a count the answer does not give: USAGE_COUNTS). An absent value is "-". Read by
+engine_ctl.core.accesslog."""
 
 
 def access_log_format(host: str) -> str:
@@ -404,6 +417,7 @@ def _haproxy_cfg(
             "depth_precheck": DEPTH_PRECHECK,
             "stream_set": STREAM_SET,
             "stream_ambiguous": STREAM_AMBIGUOUS,
+            "usage_counts": _haproxy_double_quoted(USAGE_COUNTS),
             "maxconn": MAXCONN,
             "run_dir": run_dir,
             "hold_503": HOLD_503,
@@ -704,6 +718,15 @@ def decisions_context(backends: list[GatewayBackend], internal_key: bool) -> dic
         "decisions_checks": {b.backend: _haproxy_quoted(readiness_body(b.deployment)) for b in decisions},
         "decisions_auth": internal_key,
     }
+
+
+def _haproxy_double_quoted(text: str) -> str:
+    """A converter's argument inside a double-quoted word (`"fetch,conv('<text>')"`): HAProxy reads \\\\ and \\" there
+    (and nothing else is escaped); the argument's own single quotes take the text as it is. A text with a single
+    quote or a `$` (HAProxy expands variables inside double quotes) cannot be written so."""
+    if "'" in text or "$" in text:
+        raise ValueError(f"cannot be written in HAProxy's double quotes: {text!r}")
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _haproxy_quoted(text: str) -> str:
