@@ -157,11 +157,29 @@ def variants(config: str) -> dict[str, str]:
         "no request log": without("log-format", "log stdout format raw"),
         "L7 retry (before)": config.replace("retry-on conn-failure\n", "retry-on conn-failure empty-response\n"),
         "per request, as before": per_request_as_before(config),
+        "usage by JSON reader (before)": usage_by_json_reader(config),
         "Lua depth scan always": config.replace(
             f"lua.depth if {{ req.body -m reg {DEPTH_PRECHECK} }}", "lua.depth if { req.body_size gt 0 }"
         ),
         "plain proxy": plain_proxy(config),
     }
+
+
+def usage_by_json_reader(config: str, passes: str = ",'int'") -> str:
+    """The usage counts as engine-ctl rendered them before 6 December 2026: HAProxy's JSON reader (json_query) read
+    the answer from its start once for each count (`passes` "": twice for each, as before 5 December), not one
+    regex in one pass (USAGE_COUNTS)."""
+    lines = []
+    for ln in config.splitlines(keepends=True):
+        if "unset-var(txn.tokens)" in ln:
+            continue
+        if "set-var(txn.tokens)" in ln:
+            ln = "".join(f"    http-response set-var(txn.{v}) res.body,json_query('$.usage.{count}'{passes}) if "
+                         "{ res.hdr(content-type) -m beg application/json }\n"
+                         for v, count in (("ptok", "prompt_tokens"), ("gtok", "completion_tokens")))  # fmt: skip
+        ln = ln.replace("%[var(txn.tokens),field(1,/)]", "%[var(txn.ptok)]")
+        lines.append(ln.replace("%[var(txn.tokens),field(2,/)]", "%[var(txn.gtok)]"))
+    return "".join(lines)
 
 
 def per_request_as_before(config: str) -> str:
@@ -170,24 +188,16 @@ def per_request_as_before(config: str) -> str:
     counts read by HAProxy's JSON reader, each in two passes (not one regex in one pass), and the key, the ID and
     the deployment escaped in the log."""
     lines = []
-    for ln in config.splitlines(keepends=True):
+    for ln in usage_by_json_reader(config, passes="").splitlines(keepends=True):
         if "acl ectl_key_hashed" in ln or "set-var(sess.key_sha256)" in ln:
             continue
         ln = ln.replace("var(sess.key_sha256),map(keys.map) if ectl_bearer ectl_key_hashed",
                         "req.fhdr(authorization),word(2,' '),sha2(256),hex,lower,map(keys.map) if ectl_bearer "
                         "ectl_bearer_form")  # fmt: skip
         ln = ln.replace(f"req.body -m reg '{STREAM_SET}'", "req.body,json_query('$.stream') -m bool")
-        if "unset-var(txn.tokens)" in ln:
-            continue
-        if "set-var(txn.tokens)" in ln:  # the usage counts: HAProxy's JSON reader, twice, each in two passes
-            ln = "".join(f"    http-response set-var(txn.{v}) res.body,json_query('$.usage.{count}') if "
-                         "{ res.hdr(content-type) -m beg application/json }\n"
-                         for v, count in (("ptok", "prompt_tokens"), ("gtok", "completion_tokens")))  # fmt: skip
         if ln.lstrip().startswith("log-format"):
             for field in ("rid", "key", "deployment"):
                 ln = ln.replace(f"%[var(txn.{field})]", f"%[var(txn.{field}),json(utf8s)]")
-            ln = ln.replace("%[var(txn.tokens),field(1,/)]", "%[var(txn.ptok)]")
-            ln = ln.replace("%[var(txn.tokens),field(2,/)]", "%[var(txn.gtok)]")
         lines.append(ln)
     return "".join(lines)
 
@@ -234,6 +244,23 @@ def start_engine(cpus: set[int] | None) -> tuple[int, subprocess.Popen[bytes]]:
     return port, engine
 
 
+def write_gateway(folder: Path, replica: int, name: str) -> int:
+    """The rendered gateway's files in `folder`, its configuration the variant `name`, in front of the replica on
+    port `replica`; its port."""
+    folder.mkdir()
+    port = free_port()
+    host = Host(name="bench", address="127.0.0.1", gateway_port=port)
+    server = GatewayServer(name="r0a", address="127.0.0.1", port=replica, maxconn=8)
+    keys = [ApiKey(name="bench", sha256=key_sha256(KEY))]
+    rendered = render_gateway(host, [GatewayBackend(deployment="bench", servers=(server,))], keys,
+                              internal_key=False, run_dir=str(folder), metrics_port=free_port())  # fmt: skip
+    for file, text in rendered.files.items():
+        (folder / file).write_text(text)
+    (folder / "haproxy.cfg").write_text(variants(rendered.files["haproxy.cfg"])[name])
+    (folder / "server-state").write_text("")
+    return port
+
+
 def start_gateways(
     tmp: str, replica: int, chosen: list[str], cpus: set[int] | None
 ) -> tuple[dict[str, int], list[subprocess.Popen[bytes]]]:
@@ -243,24 +270,13 @@ def start_gateways(
     procs = []
     for i, name in enumerate(chosen):
         folder = Path(tmp) / f"v{i}"
-        folder.mkdir()
-        port = free_port()
-        host = Host(name="bench", address="127.0.0.1", gateway_port=port)
-        server = GatewayServer(name="r0a", address="127.0.0.1", port=replica, maxconn=8)
-        keys = [ApiKey(name="bench", sha256=key_sha256(KEY))]
-        rendered = render_gateway(host, [GatewayBackend(deployment="bench", servers=(server,))], keys,
-                                  internal_key=False, run_dir=str(folder), metrics_port=free_port())  # fmt: skip
-        for file, text in rendered.files.items():
-            (folder / file).write_text(text)
-        (folder / "haproxy.cfg").write_text(variants(rendered.files["haproxy.cfg"])[name])
-        (folder / "server-state").write_text("")
+        ports[name] = write_gateway(folder, replica, name)
         # the environment the gateway's unit gives HAProxy (its allocator settings); its stdout, where the request
         # log goes (the journal, in the unit), to a file: one write per request, as to journald's pipe
         log = (folder / "stdout.log").open("wb")
         env = {**os.environ, **ALLOCATOR_ENV}
         procs.append(subprocess.Popen(["haproxy", "-f", f"{folder}/haproxy.cfg"], env=env, stdout=log,
                                       stderr=subprocess.DEVNULL, preexec_fn=pinned(cpus)))  # fmt: skip
-        ports[name] = port
     return ports, procs
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.gateway import KEY, order_of, paired_ratio, variants
+from bench.gateway_instructions import dumped_total
 from engine_ctl.core.documents.apikey import key_sha256
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.model import ApiKey
@@ -73,3 +74,12 @@ def test_the_paired_ratio_cancels_each_cores_speed_and_the_drift_of_the_machine(
     assert control == pytest.approx(1.0)
     if cores[0] != cores[1]:
         assert first[0] / first[1] != pytest.approx(x / y)
+
+
+def test_the_instructions_are_read_from_callgrinds_summary_line() -> None:
+    """bench/gateway_instructions.py's figure: a dump's `summary:` line (valgrind 3.19's), or `totals:`."""
+    dump = "version: 1\ncreator: callgrind-3.19.0\nevents: Ir\nfl=(1) x.c\nfn=(1) main\n3 17\nsummary: 26124223\n"
+    assert dumped_total(dump) == 26124223
+    assert dumped_total(dump.replace("summary:", "totals:")) == 26124223
+    with pytest.raises(ValueError):
+        dumped_total("events: Ir\n3 17\n")
