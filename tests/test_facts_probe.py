@@ -128,6 +128,11 @@ def test_unit_files_say_what_they_are(tmp_path: Path) -> None:
     assert a["body_sha256"] == hashlib.sha256(b"# engine-ctl: chat r3\n# content-sha256: \n[Unit]\n").hexdigest()
     assert found["engine-ctl-big.service"]["text"] is None
     assert probe.unit_files("engine-ctl-", str(tmp_path / "none")) == {}
+    # when the file last changed: a copy back that keeps an old mtime (`cp -p`) still moves its inode's ctime
+    os.utime(tmp_path / "engine-ctl-a.service", (1_000_000_000, 1_000_000_000))
+    ctime = os.stat(tmp_path / "engine-ctl-a.service").st_ctime
+    changed = probe.unit_files("engine-ctl-", str(tmp_path))["engine-ctl-a.service"]["file_changed_at"]
+    assert changed == round(ctime, 3) and changed > 1_000_000_000
     from engine_ctl.core.fit.hostfacts import UNIT_TEXT_LIMIT
 
     assert probe.UNIT_TEXT_LIMIT == UNIT_TEXT_LIMIT

@@ -158,6 +158,38 @@ def test_weights_written_at_a_path_after_the_replica_started_are_drift_and_apply
     assert again.returncode == 0 and NO_CHANGES in again.stdout, again.stdout + again.stderr
 
 
+def test_a_unit_edited_restarted_then_put_back_is_drift_and_apply_restarts_it(project: Project) -> None:
+    """A person adds settings to a replica's unit, restarts it on them, then copies the file back (`cp -p`,
+    daemon-reload): the file is as recorded, but the engine runs at Nice=19 (the probe, session 16, F16: plan said
+    "No changes"). The file's change after the engine's start is drift; apply restarts it on its file, and the
+    next plan is empty."""
+    project.write("context_length: 512")
+    project.cli("apply", "--auto-approve", check=True)
+    assert project.cli("plan", "--detailed-exitcode").returncode == 0
+    (served,) = project.replicas()
+    host, unit = project.host_of(served), served["unit"]
+    path = f"/etc/systemd/system/{unit}"
+    time.sleep(1.5)  # past the second of slack either side of the engine's start
+    project.fleet.ssh(host, f"cp -p {path} /root/unit.kept && sed -i 's/^\\[Service\\]$/[Service]\\nNice=19/' {path} "
+                            f"&& systemctl daemon-reload && systemctl restart {unit} && sleep 1.5 && "
+                            f"cp -p /root/unit.kept {path} && systemctl daemon-reload")  # fmt: skip
+    edited = project.main_pid(served)
+    assert project.fleet.ssh(host, f"ps -o ni= -p {edited}").stdout.strip() == "19"
+    planned = project.cli("plan", "--detailed-exitcode")
+    said = planned.stdout + planned.stderr
+    assert planned.returncode == 2, said
+    assert f"{unit} on {host.name}: its unit file changed after its engine started (changed " in said, said
+    assert NO_CHANGES not in said
+    applied = project.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    (after,) = project.replicas()
+    now = project.main_pid(after)
+    assert after["unit"] == unit and now != edited and project.health(after) == 200
+    assert project.fleet.ssh(host, f"ps -o ni= -p {now}").stdout.strip() == "0"
+    again = project.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0 and NO_CHANGES in again.stdout, again.stdout + again.stderr
+
+
 def test_an_engine_stopped_by_sigstop_is_drift_and_apply_restarts_it(project: Project) -> None:
     """The unit stays active and its port open while the engine answers nothing. Before, plan said "No changes"."""
     project.write("context_length: 512")

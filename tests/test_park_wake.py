@@ -134,6 +134,23 @@ def test_the_plan_says_a_woken_park_serves_and_gives_apply_nothing_to_do() -> No
     assert [d.kind for d in unwoken.drift] == ["unstopped"]  # the same unit, no wake: started outside engine-ctl
 
 
+def test_a_parked_units_file_written_while_its_engine_sleeps_is_not_drift() -> None:
+    """Apply writes a parked deployment's drifted unit files again while their engines sleep on (held rewrites):
+    a file newer than its engine is then engine-ctl's own doing, so the plan after such a rewrite is empty (not
+    a restart of a sleeping engine, drift.unit_written_drift). The same replica not parked is restarted."""
+    state, facts = running()
+    asleep = parked(state, "vllm", 1)
+    asleep.deployments["chat"].operator = OperatorAction(verb="parked", when="2026-12-03T11:00:00+00:00", who="ops",
+                                                         operation=ULID, level=1)  # fmt: skip
+    newer = {h: f.model_copy(update={"units": tuple(u.model_copy(update={"started_at": 1_796_400_000.0,
+                                                                          "file_changed_at": 1_796_500_000.0})
+                                                    for u in f.units)}) for h, f in facts.items()}  # fmt: skip
+    held = make_plan(desired("gpus: 1"), asleep, world(*newer.values())[0], newer, {"m": SHAPE})
+    assert "launch" not in [d.kind for d in held.drift] and not held.has_changes, held.drift
+    serving = make_plan(desired("gpus: 1"), state, world(*newer.values())[0], newer, {"m": SHAPE})
+    assert [d.kind for d in serving.drift] == ["launch"] and serving.has_changes, serving.drift
+
+
 def test_start_wait_says_it_wakes_a_parked_deployment_and_keeps_the_seeds_words_for_a_stop() -> None:
     assert waiting_line("stop", "my-model") == "Waiting for the stop of my-model to finish (at most 160s)"
     line = waiting_line("park", "my-model")

@@ -246,6 +246,37 @@ def test_weights_written_after_the_replica_started_are_a_repair_and_exit_2() -> 
     assert "weights-changed" not in [x.kind for x in stopped.drift], "a stopped replica loads them when it starts"
 
 
+def test_a_unit_file_changed_after_its_engine_started_is_a_restart_and_exit_2() -> None:
+    """A unit edited, restarted on the edit, then put back (`cp -p`, daemon-reload): the file is as recorded, but
+    the engine runs what the edit said (a probe, session 16: plan said "No changes"). The file's change time
+    after the engine's start is drift, which apply repairs by a restart; a second of slack either side, and
+    nothing without both times, for a unit that does not run, or for a file whose edit is still there (`edited`)."""
+    d = desired("path: m/m.gguf")
+    hosts = {"h1": cpu_host("h1")}
+    state, hosts = applied(plan(d, State(), hosts, SHAPE), State(), hosts)
+    (unit,) = hosts["h1"].units
+
+    def at(changed: float | None, started: float | None, **more: object) -> Plan:
+        now = unit.model_copy(update={"file_changed_at": changed, "started_at": started, **more})
+        return plan(d, state, {"h1": hosts["h1"].model_copy(update={"units": (now,)})}, SHAPE)
+
+    for quiet in (at(900.0, 1000.0), at(1000.9, 1000.0), at(None, 1000.0), at(2000.0, None)):
+        assert not quiet.has_changes and not quiet.drift, plan_text(quiet)
+    inactive = at(2000.0, 1000.0, active_state="inactive")  # it starts on its file (its own drift: not running)
+    assert "launch" not in [x.kind for x in inactive.drift], inactive.drift
+    p = at(1_796_500_000.0, 1_796_400_000.0)
+    (drift,) = p.drift
+    assert (drift.kind, drift.unit) == ("launch", unit.name)
+    assert drift.detail == (f"{unit.name} on h1: its unit file changed after its engine started (changed 2026-12-05 "
+                            "19:46:40 UTC, started 2026-12-04 16:00:00 UTC: edited, restarted, then put back?), so "
+                            "the engine may run settings its file does not give; apply restarts it on what its unit "
+                            "gives")  # fmt: skip
+    (repair,) = p.changes[0].replicas
+    assert repair.action == ["update"] and p.has_changes and not p.problems
+    edited = at(1_796_500_000.0, 1_796_400_000.0, sha256="0" * 64)
+    assert [x.kind for x in edited.drift] == ["edited"], "the edit is named, not twice"
+
+
 def test_the_probe_reports_when_weights_were_written_never_a_time_ahead_of_its_clock(tmp_path: Path) -> None:
     """The later of a file's mtime and its inode's ctime: a copy that keeps the old mtime (`cp -p`, `rsync -a`,
     `touch -d`: here os.utime) still moves the ctime, which no program sets back (a probe, session 15: `cp -p` of

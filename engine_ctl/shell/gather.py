@@ -192,6 +192,7 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
             body_sha256=u.get("body_sha256"),
             exits=tuple(str(x) for x in u.get("exits") or []),
             started_at=u.get("started_at") if isinstance(u.get("started_at"), (int, float)) else None,
+            file_changed_at=u["file_changed_at"] if isinstance(u.get("file_changed_at"), (int, float)) else None,
             process_state=str(u["process_state"]) if u.get("process_state") else None,
             stop_job=bool(u.get("stop_job")),
             proc_argv=hide_argv([str(x) for x in u["proc_argv"]]) if isinstance(u.get("proc_argv"), list) else None,

@@ -89,6 +89,9 @@ class UnitFact(Fact):
     started_at: float | None = None
     """When its main process started (Unix time, from systemd's ExecMainStartTimestampMonotonic); None: never, or
     an older probe."""
+    file_changed_at: float | None = None
+    """When its unit file last changed (Unix time: the later of its mtime and its ctime, which a copy that keeps
+    the old mtime still moves); None: no file, or an older probe."""
     proc_argv: tuple[str, ...] | None = None
     """Its main process's command line (/proc/PID/cmdline); None: no process, or not readable."""
     proc_env: tuple[str, ...] | None = None

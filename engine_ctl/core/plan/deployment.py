@@ -43,6 +43,7 @@ from engine_ctl.core.plan.drift import (
     launch_drift,
     replica_drift,
     replica_key_drift,
+    unit_written_drift,
     weights_written_drift,
 )
 from engine_ctl.core.plan.engines import member_engine_drift_detail
@@ -93,6 +94,9 @@ class Target:
     header."""
     keep_stopped: bool = False
     """Stopped by an operator, its stop done (operator.keeps_stopped): a unit of it that runs is `unstopped`."""
+    parked: bool = False
+    """Parked by an operator: apply writes its units again while their engines sleep on (held rewrites), so a
+    unit file newer than its engine is engine-ctl's own doing, not drift."""
     always_pending: bool = False
     """An always-on replica could not be placed (the change is Pending): no on-demand slot is placed."""
     placed: dict[int, Placement] = field(default_factory=dict)
@@ -477,6 +481,7 @@ def keep_replica(t: Target, current: ReplicaRecord) -> bool:
     found += group_drift(t, current)
     found += replica_key_drift(t.d.name, t.provider, current, facts, t.hosts.key_sent)
     found += launch_drift(t.d.name, t.provider, current, unit)
+    found += [] if t.parked else unit_written_drift(t.d.name, current, unit)
     found += unstopped_drift(t, current) if t.keep_stopped else []
     t.drift.extend(found)
     taken = next((f for f in found if f.kind == "port-taken"), None)
@@ -882,9 +887,11 @@ def start_deployment(
     }
     if change.failed_reason:
         return change, None
+    held = record.operator if record is not None else None
     t = Target(d=sized, model=model, provider=provider, fitted=fitted, revision=change.revision, hosts=hosts,
                alloc=alloc, no_weights={**refused, **weights_missing(model, hosts)}, change=change,
-               lineage=lineage, deployment_id=deployment_id, keep_stopped=keep_stopped)  # fmt: skip
+               lineage=lineage, deployment_id=deployment_id, keep_stopped=keep_stopped,
+               parked=held is not None and held.verb == "parked")  # fmt: skip
     t.replicas, t.live = leftovers(list(record.replicas) if record else [], hosts, alloc)
     count_on_host(t, t.live)
     if place_replicas(t, t.live, range(t.always)) is not None:

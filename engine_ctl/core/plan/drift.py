@@ -152,6 +152,23 @@ def weights_written_drift(name: str, record: ReplicaRecord, model: Model | None,
     return [Drift(host=record.host, unit=record.unit, deployment=name, kind="weights-changed", detail=detail)]
 
 
+def unit_written_drift(name: str, record: ReplicaRecord, fact: UnitFact | None) -> list[Drift]:
+    """The replica's unit file changed after its engine started, its content now as recorded: the engine runs
+    what the file said when it started (a unit edited, restarted, then put back with `cp -p`: other limits, another
+    user, an address filter gone), not what it says now. Apply restarts it on its file. An edit the file still
+    holds is `edited` drift already; a parked deployment's units, which apply writes while their engines sleep on,
+    are not asked (deployment.keep_replica)."""
+    if fact is None or fact.active_state != "active" or fact.sha256 != record.unit_sha256:
+        return []
+    changed, started = fact.file_changed_at, fact.started_at
+    if changed is None or started is None or changed <= started + WRITTEN_SLACK_S:
+        return []
+    detail = (f"{record.unit} on {record.host}: its unit file changed after its engine started (changed "
+              f"{_utc(changed)}, started {_utc(started)}: edited, restarted, then put back?), so the engine may run "
+              "settings its file does not give; apply restarts it on what its unit gives")  # fmt: skip
+    return [Drift(host=record.host, unit=record.unit, deployment=name, kind="launch", detail=detail)]
+
+
 WRITTEN_SLACK_S = 1.0
 """The start time is systemd's monotonic stamp made wall-clock time by the probe: a second either way is noise."""
 

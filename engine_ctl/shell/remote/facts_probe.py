@@ -238,8 +238,11 @@ def unit_files(prefix: str, unit_dir: str = UNIT_DIR) -> dict[str, dict[str, Any
         try:
             with open(os.path.join(unit_dir, name), "rb") as f:
                 found[name] = unit_file(f.read())
+                st = os.fstat(f.fileno())
         except OSError:
             continue
+        # when its file last changed, content or inode (a copy back with `cp -p` keeps the mtime, not the ctime)
+        found[name]["file_changed_at"] = round(max(st.st_mtime, st.st_ctime), 3)
     return found
 
 
