@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import shutil
+import socket
 import socketserver
 import subprocess
 import threading
@@ -47,20 +48,29 @@ class Replica(socketserver.ThreadingMixIn, socketserver.TCPServer):
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
 
+def read_request(sock: socket.socket) -> tuple[str, dict[str, str], bytes] | None:
+    """One HTTP/1.1 request off `sock`: its request line, its header fields (names in lower case) and its body
+    (Content-Length bytes); None if the client closed first."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None
+        head += chunk
+    header, _, rest = head.partition(b"\r\n\r\n")
+    lines = header.decode().split("\r\n")
+    fields = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    while len(rest) < int(fields.get("content-length", "0")):
+        rest += sock.recv(65536)
+    return lines[0], fields, rest
+
+
 class _Handler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
-        head = b""
-        while b"\r\n\r\n" not in head:
-            chunk = self.request.recv(65536)
-            if not chunk:
-                return
-            head += chunk
-        header, _, rest = head.partition(b"\r\n\r\n")
-        lines = header.decode().split("\r\n")
-        fields = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
-        length = int(fields.get("content-length", "0"))
-        while len(rest) < length:
-            rest += self.request.recv(65536)
+        got = read_request(self.request)
+        if got is None:
+            return
+        _, fields, _ = got
         body = json.dumps({"replica": self.server.name, "authorization": fields.get("authorization")}).encode()  # type: ignore[attr-defined]
         self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n")
         self.wfile.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)

@@ -24,7 +24,7 @@ from engine_ctl.core.accesslog import parse_request
 from engine_ctl.core.render.gateway import USAGE_COUNTS, _haproxy_double_quoted
 from tests.ports import free_port
 from tests.test_gateway_accesslog import start_gateway
-from tests.test_gateway_loopback import KEY_ALL
+from tests.test_gateway_loopback import KEY_ALL, read_request
 
 LLAMA_SERVER_ANSWER = (
     '{"choices":[{"finish_reason":"length","index":0,"message":{"role":"assistant","content":" diss"}}],'
@@ -52,20 +52,11 @@ class AnsweringReplica(socketserver.ThreadingMixIn, socketserver.TCPServer):
 
 class _Answer(socketserver.StreamRequestHandler):
     def handle(self) -> None:
-        head = b""
-        while b"\r\n\r\n" not in head:
-            chunk = self.request.recv(65536)
-            if not chunk:
-                return
-            head += chunk
-        header, _, rest = head.partition(b"\r\n\r\n")
-        fields = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in header.decode().split("\r\n")[1:])}
-        while len(rest) < int(fields.get("content-length", "0")):
-            rest += self.request.recv(65536)
-        if header.startswith(b"GET "):
-            asked = {"answer": "ok", "content_type": "text/plain"}
-        else:
-            asked = json.loads(rest)
+        got = read_request(self.request)
+        if got is None:
+            return
+        line, _, body = got
+        asked = {"answer": "ok", "content_type": "text/plain"} if line.startswith("GET ") else json.loads(body)
         body = str(asked["answer"]).encode()
         self.wfile.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nConnection: close\r\n" % asked["content_type"].encode()
