@@ -573,6 +573,33 @@ def test_a_wrapper_at_haproxys_path_is_drift_until_it_is_removed(truth: Truth) -
     assert again.returncode == 0, again.stdout + again.stderr
 
 
+def test_a_gateway_unit_edited_restarted_then_put_back_is_drift_and_apply_restarts_it(truth: Truth) -> None:
+    """The gateway's unit edited (an environment variable; as well its sandbox or its credentials), the gateway
+    restarted on it, the file copied back with `cp -p` and daemon-reload: the file is engine-ctl's, the gateway runs
+    the edit, and a reload keeps it. The unit's change after the master's start is drift: apply restarts the
+    gateway (not a reload), and the next plan is empty. Before, plan said "No changes"."""
+    unit, g = "/etc/systemd/system/engine-ctl-gateway.service", truth.gateway
+    time.sleep(1.5)  # past the second of slack either side of the gateway's start
+    edit = f"sed -i 's/^\\[Service\\]$/[Service]\\nEnvironment=ECTL_GATEWAY_EDIT=1/' {unit}"
+    truth.fleet.ssh(g, f"cp -p {unit} /root/gateway.kept && {edit} && systemctl daemon-reload && systemctl restart "
+                       f"engine-ctl-gateway.service && sleep 1.5 && cp -p /root/gateway.kept {unit} && "
+                       "systemctl daemon-reload")  # fmt: skip
+    main = "systemctl show -p MainPID --value engine-ctl-gateway.service"
+    pid = truth.fleet.ssh(g, main).stdout.strip()
+    assert "ECTL_GATEWAY_EDIT=1" in truth.fleet.ssh(g, f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout
+    plan = truth.cli("plan", "--detailed-exitcode")
+    said = plan.stdout + plan.stderr
+    assert plan.returncode == 2 and "No changes" not in said, said
+    assert f"the gateway on {g.name}: engine-ctl-gateway.service changed after it started (changed " in said, said
+    applied = truth.cli("apply", "--auto-approve")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    now = truth.fleet.ssh(g, main).stdout.strip()
+    assert now != pid and "ECTL_GATEWAY_EDIT" not in truth.fleet.ssh(g, f"tr '\\0' '\\n' < /proc/{now}/environ").stdout
+    assert truth.ask("tb", KEY_ALL)[0] == 200
+    again = truth.cli("plan", "--detailed-exitcode")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
 def test_a_gateway_of_this_state_on_no_gateway_host_is_removed_by_apply(truth: Truth) -> None:
     """The gateway host's role taken out of the inventory while the state had lost its record of that gateway (an
     older copy of the state put back): the gateway runs on, with this state's lineage and the keys it had. Before,

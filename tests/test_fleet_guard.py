@@ -12,6 +12,7 @@ is given here rather than fitted, since the fleet's hosts have none."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -27,6 +28,7 @@ from engine_ctl.core.documents.apikey import key_sha256
 from engine_ctl.core.documents.inventory import Host, Inventory
 from engine_ctl.core.fit.runspec import Placement
 from engine_ctl.core.model import ApiKey
+from engine_ctl.core.plan.drift import guard_drift
 from engine_ctl.core.plan.scaler import ScalerPlan, scaler_deployments
 from engine_ctl.core.record.model import DeploymentRecord, OperatorAction, ReplicaRecord, State
 from engine_ctl.core.render.gateway import (
@@ -41,6 +43,7 @@ from engine_ctl.core.render.guard import guard_name
 from engine_ctl.core.render.scaler import COMMAND_PATH, SCALER_UNIT, ssh_target
 from engine_ctl.core.render.units import render_unit, replica_run
 from engine_ctl.shell.gateway import runtime as gateway_shell
+from engine_ctl.shell.gather import gather
 from engine_ctl.shell.lifecycle.hosts import job_argv, sleep_job
 from engine_ctl.shell.remote.scaler import Scaler
 from engine_ctl.shell.scaler.apply import (
@@ -51,7 +54,7 @@ from engine_ctl.shell.scaler.apply import (
     command_text,
     known_hosts_line,
 )
-from engine_ctl.shell.systemd import remove_argv, rewrite_argv, start_argv
+from engine_ctl.shell.systemd import remove_argv, restart_argv, rewrite_argv, start_argv
 from engine_ctl.shell.transport import SSHTransport
 from tests.fleet import Fleet, FleetHost
 from tests.test_guard import desired_with, render
@@ -117,7 +120,7 @@ def gateway_up(g: Guarded, gateway: Host) -> None:
         server = GatewayServer(name="r0a", address=g.engine_host.address, port=PORT, maxconn=256)
         rendered = render_gateway(gateway, [GatewayBackend(deployment="chat", servers=(server,))],
                                   [ApiKey(name="all", sha256=key_sha256(CLIENT))])  # fmt: skip
-        assert gateway_shell.install(t, rendered) in ("started", "reloaded")
+        assert gateway_shell.install(t, rendered) in ("started", "reloaded", "restarted")
     finally:
         t.close()
 
@@ -315,6 +318,47 @@ def test_an_asleep_replicas_hand_edited_unit_is_written_back_without_a_restart_a
     assert guarded.asleep()  # not woken
     assert guarded.curl(guarded.engine, "POST", f"http://127.0.0.1:{PORT}/wake_up")[0] == 200
     assert not guarded.asleep()
+
+
+def guard_said(guarded: Guarded, text: str) -> list[tuple[str, str]]:
+    """What the plan's guard check says of the engine host's guard, from the real probe's facts."""
+    found, failures = gather([guarded.engine_host])
+    assert not failures, failures
+    facts = found[guarded.engine_host.name]
+    record = ReplicaRecord(index=0, host=guarded.engine_host.name, unit=UNIT, port=PORT,
+                           unit_sha256=hashlib.sha256(text.encode()).hexdigest(), revision=1)  # fmt: skip
+    return [(d.kind, d.detail) for d in guard_drift("chat", record, text, facts)]
+
+
+def test_a_guard_edited_restarted_then_put_back_is_drift_until_its_replica_restarts(
+    guarded: Guarded, fleet_inventory: Inventory
+) -> None:
+    """The guard's file edited (here an environment variable; as well an address filter dropped), the guard
+    restarted on it, the file copied back with `cp -p` and daemon-reload: the file is engine-ctl's, the guard runs
+    the edit. The real probe's times say so (drift.guard_drift: `launch`); apply's repair, the replica's restart
+    with its unit written again, restarts the guard with it (PartOf=), after which nothing is said."""
+    text = the_unit(guarded.engine_host, fleet_inventory.hosts[0].model_copy(update={"roles": ("gateway",)}))
+    restarted = guarded.t.run(restart_argv(UNIT, upload=True), stdin=text, timeout=120)  # apply's repair step
+    assert restarted.exit_code == 0, restarted.stderr
+    wait_for(lambda: guarded.state(GUARD) == "active")
+    assert guard_said(guarded, text) == []
+    path = f"/etc/systemd/system/{GUARD}"
+    time.sleep(1.5)  # past the second of slack either side of the guard's start
+    edit = f"sed -i 's/^\\[Service\\]$/[Service]\\nEnvironment=ECTL_GUARD_EDIT=1/' {path}"
+    guarded.on(guarded.engine, f"cp -p {path} /root/guard.kept && {edit} && systemctl daemon-reload && "
+                               f"systemctl restart {GUARD} && sleep 1.5 && cp -p /root/guard.kept {path} && "
+                               "systemctl daemon-reload")  # fmt: skip
+    pid = guarded.on(guarded.engine, f"systemctl show -p MainPID --value {GUARD}").strip()
+    assert "ECTL_GUARD_EDIT=1" in guarded.on(guarded.engine, f"tr '\\0' '\\n' < /proc/{pid}/environ")
+    ((kind, detail),) = guard_said(guarded, text)
+    assert kind == "launch" and detail.startswith(f"the guard {GUARD} on {guarded.engine_host.name}: its unit file "
+                                                  "changed after it started (changed "), detail  # fmt: skip
+    repaired = guarded.t.run(restart_argv(UNIT, upload=True), stdin=text, timeout=120)
+    assert repaired.exit_code == 0, repaired.stderr
+    wait_for(lambda: guarded.state(GUARD) == "active")
+    now = guarded.on(guarded.engine, f"systemctl show -p MainPID --value {GUARD}").strip()
+    assert now != pid and "ECTL_GUARD_EDIT" not in guarded.on(guarded.engine, f"tr '\\0' '\\n' < /proc/{now}/environ")
+    assert guard_said(guarded, text) == []
 
 
 def test_the_guard_goes_with_its_replica(guarded: Guarded) -> None:

@@ -339,8 +339,8 @@ def test_the_credential_cannot_run_an_arbitrary_command(sp: ScalerProject) -> No
 def test_the_scalers_settings_file_and_unit_are_what_plan_checks(sp: ScalerProject) -> None:
     """The scaler runs what apply wrote, or plan says it does not: the inventory's `scaling.poll_s` changed alone,
     its scaler.json deleted (the scaler restarts again and again: `activating`, which counts as running), a
-    drop-in on its unit. Each is a change (exit 2) that apply sets right, and the next plan is empty. Before,
-    plan said "No changes" for all three. Last in the module: it rewrites the scaler."""
+    drop-in on its unit; and (session 19) its unit edited, restarted on, then put back. Each is a change (exit 2)
+    that apply sets right, and the next plan is empty. Before, plan said "No changes" for each. Last in the module: it rewrites the scaler."""
 
     def changed(needle: str) -> None:
         planned = sp.cli("plan", "--detailed-exitcode")
@@ -385,3 +385,14 @@ def test_the_scalers_settings_file_and_unit_are_what_plan_checks(sp: ScalerProje
                  " && echo '# edited' >> /usr/local/lib/engine-ctl/scaler-command")  # fmt: skip
     changed(f"the scalers' key is authorized on {replica.name} without its forced command")
     assert "restrict,command=" in sp.fleet.ssh(replica, "grep engine-ctl-scaler /root/.ssh/authorized_keys").stdout
+    # its unit edited, the scaler restarted on it, the file copied back (`cp -p`, daemon-reload): it runs the edit
+    unit = f"/etc/systemd/system/{SCALER_UNIT}"
+    time.sleep(1.5)  # past the second of slack either side of its start
+    sp.on_gateway(f"cp -p {unit} /root/scaler.kept && sed -i 's/^\\[Service\\]$/[Service]\\nNice=19/' {unit} && "
+                  f"systemctl daemon-reload && systemctl restart {SCALER_UNIT} && sleep 1.5 && "
+                  f"cp -p /root/scaler.kept {unit} && systemctl daemon-reload")  # fmt: skip
+    pid = sp.on_gateway(f"systemctl show -p MainPID --value {SCALER_UNIT}").stdout.strip()
+    assert sp.on_gateway(f"ps -o ni= -p {pid}").stdout.strip() == "19"
+    changed(f"{SCALER_UNIT} on {sp.gateway.name} changed after it started (changed ")
+    pid = sp.on_gateway(f"systemctl show -p MainPID --value {SCALER_UNIT}").stdout.strip()
+    assert sp.on_gateway(f"ps -o ni= -p {pid}").stdout.strip() == "0"

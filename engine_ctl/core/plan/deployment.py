@@ -474,7 +474,7 @@ def keep_replica(t: Target, current: ReplicaRecord) -> bool:
     seen = current.model_copy(update={"on_demand": True}) if on_demand else current  # its activity: not drift
     unit = t.hosts.unit(current.host, current.unit)
     found = replica_drift(t.d.name, seen, unit, facts)
-    found += guard_drift(t.d.name, seen, unit_now.text, facts)
+    found += guard_drift(t.d.name, seen, unit_now.text, facts, t.parked)
     entry = t.hosts.inventory.get(current.host)
     weights = checkpoint_drift(t.d.name, current, t.model, entry, facts)
     found += weights or weights_written_drift(t.d.name, current, t.model, entry, facts, unit)
@@ -820,7 +820,8 @@ def member_steps_of(r: ReplicaRecord) -> list[MemberStep]:
 
 def group_drift(t: Target, current: ReplicaRecord) -> list[Drift]:
     """Drift on any worker of a replica group is drift of the replica: its unit missing, edited, stopped or
-    crash-looping (replica_drift's words, naming the member's unit and host), the binary it runs changed under it
+    crash-looping (replica_drift's words, naming the member's unit and host), running what its file said before it
+    last changed (unit_written_drift; not asked while parked), the binary it runs changed under it
     (engine-changed: the group restarts onto it), or its host out of reach."""
     out: list[Drift] = []
     for m in current.members:
@@ -839,7 +840,9 @@ def group_drift(t: Target, current: ReplicaRecord) -> list[Drift]:
         seen = ReplicaRecord.model_construct(**{**current.model_dump(), "host": m.host, "unit": m.unit,
                                                 "port": m.port, "gpus": m.gpus, "unit_sha256": m.unit_sha256,
                                                 "engine_sha256": "", "members": []})  # fmt: skip
-        for found in replica_drift(t.d.name, seen, t.hosts.unit(m.host, m.unit), facts):
+        unit = t.hosts.unit(m.host, m.unit)
+        written = [] if t.parked else unit_written_drift(t.d.name, seen, unit)
+        for found in replica_drift(t.d.name, seen, unit, facts) + written:
             out.append(found.model_copy(update={"detail": f"group member {m.rank}: {found.detail}"}))
         engine = member_engine_drift_detail(t.d.name, current, m, facts)
         if engine:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from datetime import UTC, datetime
 
 from engine_ctl.core.documents.inventory import Host
 from engine_ctl.core.fit.hostfacts import BUSY_BYTES, HostFacts, UnitFact
@@ -13,6 +12,7 @@ from engine_ctl.core.names import UNIT_PREFIX
 from engine_ctl.core.plan.changes import Drift
 from engine_ctl.core.plan.engines import engine_drift_detail
 from engine_ctl.core.plan.internalkey import KEY_CHECK_PATH, REFUSED, internal_key_file, key_forms
+from engine_ctl.core.plan.unitage import WRITTEN_SLACK_S, utc, written_after_start
 from engine_ctl.core.plan.unitdiff import ENV_ASSIGNMENT, hide_argv
 from engine_ctl.core.record.model import ReplicaRecord, State
 from engine_ctl.core.render.guard import guard_name, guard_text, guarded_by
@@ -147,8 +147,8 @@ def weights_written_drift(name: str, record: ReplicaRecord, model: Model | None,
     written, started = host.model_mtimes.get(path), fact.started_at
     if written is None or started is None or written <= started + WRITTEN_SLACK_S:
         return []
-    detail = (f"the weights at {path} were written after the replica started (written {_utc(written)}, started "
-              f"{_utc(started)}): it serves what it loaded; apply restarts it on them")  # fmt: skip
+    detail = (f"the weights at {path} were written after the replica started (written {utc(written)}, started "
+              f"{utc(started)}): it serves what it loaded; apply restarts it on them")  # fmt: skip
     return [Drift(host=record.host, unit=record.unit, deployment=name, kind="weights-changed", detail=detail)]
 
 
@@ -158,29 +158,23 @@ def unit_written_drift(name: str, record: ReplicaRecord, fact: UnitFact | None) 
     user, an address filter gone), not what it says now. Apply restarts it on its file. An edit the file still
     holds is `edited` drift already; a parked deployment's units, which apply writes while their engines sleep on,
     are not asked (deployment.keep_replica)."""
-    if fact is None or fact.active_state != "active" or fact.sha256 != record.unit_sha256:
+    if fact is None or fact.sha256 != record.unit_sha256:
         return []
-    changed, started = fact.file_changed_at, fact.started_at
-    if changed is None or started is None or changed <= started + WRITTEN_SLACK_S:
+    when = written_after_start(fact)
+    if when is None:
         return []
-    detail = (f"{record.unit} on {record.host}: its unit file changed after its engine started (changed "
-              f"{_utc(changed)}, started {_utc(started)}: edited, restarted, then put back?), so the engine may run "
-              "settings its file does not give; apply restarts it on what its unit gives")  # fmt: skip
+    detail = (f"{record.unit} on {record.host}: its unit file changed after its engine started ({when}: edited, "
+              "restarted, then put back?), so the engine may run settings its file does not give; apply restarts it "
+              "on what its unit gives")  # fmt: skip
     return [Drift(host=record.host, unit=record.unit, deployment=name, kind="launch", detail=detail)]
 
 
-WRITTEN_SLACK_S = 1.0
-"""The start time is systemd's monotonic stamp made wall-clock time by the probe: a second either way is noise."""
-
-
-def _utc(at: float) -> str:
-    return datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def guard_drift(name: str, record: ReplicaRecord, unit_text: str, host: HostFacts) -> list[Drift]:
+def guard_drift(name: str, record: ReplicaRecord, unit_text: str, host: HostFacts, parked: bool = False) -> list[Drift]:
     """The replica's guard (engine_ctl.core.render.guard) as its host has it, against what its unit carries:
-    missing, edited by hand, or not running beside its running replica. Named after the guard's unit; the repair
-    rewrites and restarts the replica, which writes the guard again."""
+    missing, edited by hand, not running beside its running replica, or running what its file said before it last
+    changed (edited, restarted, put back: an address filter gone; not asked while `parked`, whose held rewrites
+    write the guard too). Named after the guard's unit; the repair rewrites and restarts the replica, which writes
+    the guard again and restarts it with it (PartOf=)."""
     expected = guard_text(unit_text)
     if expected is None:
         return []
@@ -200,6 +194,12 @@ def guard_drift(name: str, record: ReplicaRecord, unit_text: str, host: HostFact
     if replica is not None and replica.active_state == "active" and fact.active_state != "active":
         detail = f"{guard} is {fact.active_state}/{fact.sub_state} beside its running replica"
         return [Drift(host=record.host, unit=guard, deployment=name, kind="stopped", detail=detail)]
+    when = None if parked else written_after_start(fact)
+    if when is not None:
+        detail = (f"the guard {guard} on {record.host}: its unit file changed after it started ({when}: edited, "
+                  "restarted, then put back?), so it may let through what its file does not; apply restarts the "
+                  "replica, and its guard with it")  # fmt: skip
+        return [Drift(host=record.host, unit=guard, deployment=name, kind="launch", detail=detail)]
     return []
 
 

@@ -21,6 +21,7 @@ from engine_ctl.core.names import deployment_name_ok
 from engine_ctl.core.plan.gatewayruntime import tampered_drift
 from engine_ctl.core.plan.internalkey import gateway_key_drift, key_sent, loose_secret_drift
 from engine_ctl.core.plan.keychanges import key_changes
+from engine_ctl.core.plan.unitage import written_after_start
 from engine_ctl.core.record.model import DeploymentRecord, GatewayRecord, State
 from engine_ctl.core.render.gateway import (
     ADMIN_SOCKET,
@@ -468,6 +469,11 @@ def _drift(host: str, files: Mapping[str, str], unit_sha: str, hf: HostFacts | N
                     "scaled to zero wakes nothing; apply restarts it"})  # fmt: skip
     if unit is not None and unit.drop_ins:
         out.append({"host": host, "kind": "drop-in", "detail": drop_ins_detail(GATEWAY_UNIT, host, unit.drop_ins)})
+    when = written_after_start(unit) if unit is not None and unit.sha256 == unit_sha else None
+    if when is not None:
+        out.append({"host": host, "kind": "launch", "detail": f"the gateway on {host}: {GATEWAY_UNIT} changed after "
+                    f"it started ({when}: edited, restarted, then put back?), so it may run settings its unit does "
+                    "not give (a reload keeps them); apply restarts it"})  # fmt: skip
     launched = launch_words(unit) if unit is not None else None
     if launched is not None:
         out.append(

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from engine_ctl.core.documents.inventory import Host, Inventory
+from engine_ctl.core.plan.unitage import written_after_start
 from engine_ctl.core.plan.wake import Woken, parked, wake_steps
 from engine_ctl.core.record.model import DeploymentRecord, State
 from engine_ctl.core.render.scaler import (
@@ -268,6 +269,10 @@ def scaler_unit_drift(host: str, host_facts: Any) -> str | None:
         wanted = program.group(1)
         said.append(f"the scaler's program on {host} ({SCALER_PROGRAM}) is not the one its unit was written for "
                     f"(sha256 {found[:12]}… ≠ {wanted[:12]}…): apply writes it again and restarts it")  # fmt: skip
+    when = written_after_start(unit)
+    if when is not None and not said:
+        said.append(f"{SCALER_UNIT} on {host} changed after it started ({when}: edited, restarted, then put back?), "
+                    "so it may run settings its unit does not give: apply restarts it")  # fmt: skip
     if unit.stopped_by_signal:
         said.append(f"{SCALER_UNIT} runs on {host} but its process (PID {unit.main_pid}) is stopped by a signal "
                     "(SIGSTOP): it wakes no deployment and scales none; apply restarts it")  # fmt: skip

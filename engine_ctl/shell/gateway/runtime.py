@@ -286,8 +286,8 @@ def install(
     the unit, or reload it (master-worker: the listening sockets stay open, requests in flight finish in the old
     worker) after saving the servers' states, and set the key maps over the socket. `reload`: reload even with no
     file changed (the plan found the running gateway is not what its files say); `restart`: restart it (it runs
-    another executable or command line than its unit gives: a reload keeps them). Returns what was done: started,
-    restarted, reloaded or maps."""
+    another executable or command line than its unit gives: a reload keeps them); a changed unit file restarts it
+    too (its settings apply at a start only). Returns what was done: started, restarted, reloaded or maps."""
     staging = GATEWAY_DIR + ".new"
     prepare = (
         f"rm -rf {staging} && mkdir -p {staging} {GATEWAY_DIR} && chmod 755 /etc/engine-ctl {GATEWAY_DIR} {staging}"
@@ -316,13 +316,15 @@ def install(
         start_gateway(t)
         return "started"
     deaf = NO_SOCKET in setup.stdout  # a running gateway without its admin or held sockets: only a restart makes them
-    if dropped or deaf or restart:
+    # a changed unit takes effect at a start only: a reload keeps the master's environment, credentials and
+    # sandbox (the next plan would find the gateway started before its unit file changed)
+    if dropped or deaf or restart or unit_changed:
         if not deaf:  # (a deaf one has no states to save: it starts from the start state)
             save_server_state(t, rendered.files[START_STATE_FILE])
         _ok(t, reload_then("restart", GATEWAY_UNIT), "restarting the gateway", unit=True)
         set_maps(t, rendered.maps, wait_s=15)
         return "restarted"
-    changed = unit_changed or any(before.get(n) != s for n, s in rendered.file_sha256.items() if n in reload_files)
+    changed = any(before.get(n) != s for n, s in rendered.file_sha256.items() if n in reload_files)
     if changed or reload or misrouted(rendered.files[CONFIG_FILE], live_addresses(t)):
         save_server_state(t, rendered.files[START_STATE_FILE])
         _ok(t, reload_then("reload", GATEWAY_UNIT), "reloading the gateway", unit=True)
