@@ -340,7 +340,8 @@ def test_the_scalers_settings_file_and_unit_are_what_plan_checks(sp: ScalerProje
     """The scaler runs what apply wrote, or plan says it does not: the inventory's `scaling.poll_s` changed alone,
     its scaler.json deleted (the scaler restarts again and again: `activating`, which counts as running), a
     drop-in on its unit; and (session 19) its unit edited, restarted on, then put back. Each is a change (exit 2)
-    that apply sets right, and the next plan is empty. Before, plan said "No changes" for each. Last in the module: it rewrites the scaler."""
+    that apply sets right, and the next plan is empty. Before, plan said "No changes" for each. Last in the module:
+    it rewrites the scaler."""
 
     def changed(needle: str) -> None:
         planned = sp.cli("plan", "--detailed-exitcode")
