@@ -397,3 +397,12 @@ def test_the_scalers_settings_file_and_unit_are_what_plan_checks(sp: ScalerProje
     changed(f"{SCALER_UNIT} on {sp.gateway.name} changed after it started (changed ")
     pid = sp.on_gateway(f"systemctl show -p MainPID --value {SCALER_UNIT}").stdout.strip()
     assert sp.on_gateway(f"ps -o ni= -p {pid}").stdout.strip() == "0"
+    # the same with its configuration, which it reads at its start only: it polls every 9 s, not every POLL_S
+    time.sleep(1.5)
+    sp.on_gateway(f"cp -p {SCALER_CONFIG} /root/scaler.json.kept && "
+                  f"sed -i -E 's/\"poll_s\": {POLL_S},/\"poll_s\": 9,/' {SCALER_CONFIG} && "
+                  f"grep -q '\"poll_s\": 9,' {SCALER_CONFIG} && systemctl restart {SCALER_UNIT} && sleep 1.5 && "
+                  f"cp -p /root/scaler.json.kept {SCALER_CONFIG}")  # fmt: skip
+    edited = sp.on_gateway(f"systemctl show -p MainPID --value {SCALER_UNIT}").stdout.strip()
+    changed(f"the scaler's configuration or program on {sp.gateway.name} ({SCALER_CONFIG}, ")
+    assert sp.on_gateway(f"systemctl show -p MainPID --value {SCALER_UNIT}").stdout.strip() != edited

@@ -116,3 +116,21 @@ def test_the_scaler_started_before_its_unit_file_changed_is_drift_that_apply_res
                     "may run settings its unit does not give: apply restarts it")  # fmt: skip
     fresh = scaler.model_copy(update={"file_changed_at": STARTED})
     assert scaler_unit_drift("g1", h.model_copy(update={"units": (fresh,)})) is None
+
+
+def test_the_scaler_started_before_its_configuration_or_program_changed_is_drift_that_apply_restarts() -> None:
+    """scaler.json (its deployments, settings, who may wake) and scaler.py are read at the scaler's start only: one
+    edited, the scaler restarted on it, the file put back, and the scaler runs the edit beside "No changes"."""
+    h = h100x8()
+    scaler = UnitFact(name=SCALER_UNIT, sha256="b" * 64, active_state="active", unit_file_state="enabled",
+                      started_at=STARTED, file_changed_at=STARTED - 60)  # fmt: skip
+    facts = h.model_copy(update={"units": (scaler,), "scaler_files_changed_at": CHANGED})
+    assert scaler_unit_drift("g1", facts) == (
+        "the scaler's configuration or program on g1 (/etc/engine-ctl/scaler/scaler.json, "
+        f"/etc/engine-ctl/scaler/scaler.py) changed after it started ({WHEN}: edited, restarted, then put back?), so "
+        "it may run what they do not say: apply restarts it"
+    )
+    written_first = h.model_copy(update={"units": (scaler,), "scaler_files_changed_at": STARTED - 30})
+    assert scaler_unit_drift("g1", written_first) is None
+    stopped = scaler.model_copy(update={"active_state": "inactive"})
+    assert scaler_unit_drift("g1", facts.model_copy(update={"units": (stopped,)})) is None

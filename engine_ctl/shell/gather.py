@@ -284,6 +284,9 @@ def facts_from_probe(host: str, doc: dict[str, Any]) -> HostFacts:
         else None,
         scaler_settings=scaler_config.get("settings") if isinstance(scaler_config.get("settings"), dict) else None,
         scaler_config_unreadable=bool(scaler_config.get("unreadable")),
+        scaler_files_changed_at=doc["scaler_files_changed_at"]
+        if isinstance(doc.get("scaler_files_changed_at"), (int, float))
+        else None,
         psql=doc.get("psql", ""),
         ip_filtering=doc.get("cgroup2"),
         warnings=tuple(warnings),

@@ -220,6 +220,9 @@ class HostFacts(Fact):
     """scaler.json's poll_s, decide_every_s and hold_s on this host; None where there is none."""
     scaler_config_unreadable: bool = False
     """The host has a scaler.json that is not the scaler's JSON (edited, cut short): its scaler cannot run."""
+    scaler_files_changed_at: float | None = None
+    """When scaler.json or scaler.py last changed (the later of the two files' mtime and ctime, epoch seconds): the
+    scaler reads both at its start only. None: neither there, or a time ahead of the host's clock."""
     psql: str | None = ""
     """psql's path (the scaler's PostgreSQL lock needs it on a gateway host); None: not installed; "": not asked."""
     """The scaler's state.json, on the gateway host that runs it (engine_ctl.core.plan.scaler reads it)."""

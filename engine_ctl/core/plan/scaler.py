@@ -10,11 +10,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from engine_ctl.core.documents.inventory import Host, Inventory
-from engine_ctl.core.plan.unitage import written_after_start
+from engine_ctl.core.plan.unitage import changed_after_start, written_after_start
 from engine_ctl.core.plan.wake import Woken, parked, wake_steps
 from engine_ctl.core.record.model import DeploymentRecord, State
 from engine_ctl.core.render.scaler import (
     COMMAND_PATH,
+    SCALER_CONFIG,
     SCALER_PROGRAM,
     SCALER_UNIT,
     ScalerDeployment,
@@ -253,7 +254,8 @@ def authorization_drift(facts: Mapping[str, Any]) -> list[str]:
 def scaler_unit_drift(host: str, host_facts: Any) -> str | None:
     """How a host's running scaler unit differs from what apply leaves: drop-ins change it, it is not enabled (it
     would not start at boot), its file or its program was edited (the file's content-sha256 and program-sha256
-    header lines say what engine-ctl wrote), or its process is stopped by a signal (it wakes and scales nothing).
+    header lines say what engine-ctl wrote), its process started before its unit, configuration or program last
+    changed (edited, restarted, then put back), or its process is stopped by a signal (it wakes and scales nothing).
     Apply removes the drop-ins, writes its files again, enables it and restarts it."""
     unit = next((u for u in getattr(host_facts, "units", ()) if u.name == SCALER_UNIT), None)
     if unit is None:
@@ -273,6 +275,11 @@ def scaler_unit_drift(host: str, host_facts: Any) -> str | None:
     if when is not None and not said:
         said.append(f"{SCALER_UNIT} on {host} changed after it started ({when}: edited, restarted, then put back?), "
                     "so it may run settings its unit does not give: apply restarts it")  # fmt: skip
+    files = changed_after_start(unit, getattr(host_facts, "scaler_files_changed_at", None))
+    if files is not None and not said:
+        said.append(f"the scaler's configuration or program on {host} ({SCALER_CONFIG}, {SCALER_PROGRAM}) changed "
+                    f"after it started ({files}: edited, restarted, then put back?), so it may run what they do not "
+                    "say: apply restarts it")  # fmt: skip
     if unit.stopped_by_signal:
         said.append(f"{SCALER_UNIT} runs on {host} but its process (PID {unit.main_pid}) is stopped by a signal "
                     "(SIGSTOP): it wakes no deployment and scales none; apply restarts it")  # fmt: skip

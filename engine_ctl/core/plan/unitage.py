@@ -18,9 +18,15 @@ def written_after_start(fact: UnitFact | None) -> str | None:
     does not run, or either time is unknown. Every unit engine-ctl writes and runs is checked so (replicas, their
     guards and group workers, the gateway, the scaler): apply starts or restarts each after writing it, except a
     parked replica's (held rewrites: its engine sleeps on), which its callers leave out."""
+    return changed_after_start(fact, fact.file_changed_at if fact is not None else None)
+
+
+def changed_after_start(fact: UnitFact | None, changed: float | None) -> str | None:
+    """written_after_start for a file the unit's process reads once, at its start (the scaler's configuration and
+    program): `changed` is when that file last changed."""
     if fact is None or fact.active_state != "active":
         return None
-    changed, started = fact.file_changed_at, fact.started_at
+    started = fact.started_at
     if changed is None or started is None or changed <= started + WRITTEN_SLACK_S:
         return None
     return f"changed {utc(changed)}, started {utc(started)}"

@@ -1595,6 +1595,10 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         "scaler": scaler_state(),
         "scaler_config": scaler_config(),
         "scaler_program_sha256": file_sha256(SCALER_PROGRAM),
+        # when the files the scaler reads once, at its start, last changed (a copy back with `cp -p` moves the ctime)
+        "scaler_files_changed_at": max(
+            (t for t in map(newest_mtime, (SCALER_CONFIG, SCALER_PROGRAM)) if t), default=None
+        ),
         "scaler_authorization": scaler_authorization(args.get("scaler_authorization")),
         "cgroup2": os.path.exists("/sys/fs/cgroup/cgroup.controllers"),
     }
