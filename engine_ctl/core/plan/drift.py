@@ -12,7 +12,7 @@ from engine_ctl.core.names import UNIT_PREFIX
 from engine_ctl.core.plan.changes import Drift
 from engine_ctl.core.plan.engines import engine_drift_detail
 from engine_ctl.core.plan.internalkey import KEY_CHECK_PATH, REFUSED, internal_key_file, key_forms
-from engine_ctl.core.plan.unitage import WRITTEN_SLACK_S, utc, written_after_start
+from engine_ctl.core.plan.unitage import changed_after_start, written_after_start
 from engine_ctl.core.plan.unitdiff import ENV_ASSIGNMENT, hide_argv
 from engine_ctl.core.record.model import ReplicaRecord, State
 from engine_ctl.core.render.guard import guard_name, guard_text, guarded_by
@@ -139,16 +139,16 @@ def weights_written_drift(name: str, record: ReplicaRecord, model: Model | None,
     """Weights written at the model's path after the replica's engine started (a file replaced in place, a
     checkpoint updated): the engine serves what it loaded, not what the path holds now. Apply restarts it. A file
     time ahead of its host's clock is not reported by the probe (a file server's skew, not a change)."""
-    if model is None or entry is None or host is None or fact is None or fact.active_state != "active":
+    if model is None or entry is None or host is None:
         return []
     if model.hf is not None and model.hf.commit and record.checkpoint_digest:  # its digest says (checkpoint_drift):
         return []  # its files' inode times move when engine-ctl links or prunes checkouts, which changes no byte
     path = model_path_on_host(model, entry)
-    written, started = host.model_mtimes.get(path), fact.started_at
-    if written is None or started is None or written <= started + WRITTEN_SLACK_S:
+    when = changed_after_start(fact, host.model_mtimes.get(path), "written")
+    if when is None:
         return []
-    detail = (f"the weights at {path} were written after the replica started (written {utc(written)}, started "
-              f"{utc(started)}): it serves what it loaded; apply restarts it on them")  # fmt: skip
+    detail = (f"the weights at {path} were written after the replica started ({when}): it serves what it loaded; "
+              "apply restarts it on them")  # fmt: skip
     return [Drift(host=record.host, unit=record.unit, deployment=name, kind="weights-changed", detail=detail)]
 
 

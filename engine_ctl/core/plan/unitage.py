@@ -21,15 +21,15 @@ def written_after_start(fact: UnitFact | None) -> str | None:
     return changed_after_start(fact, fact.file_changed_at if fact is not None else None)
 
 
-def changed_after_start(fact: UnitFact | None, changed: float | None) -> str | None:
+def changed_after_start(fact: UnitFact | None, changed: float | None, verb: str = "changed") -> str | None:
     """written_after_start for a file the unit's process reads once, at its start (the scaler's configuration and
-    program): `changed` is when that file last changed."""
+    program, a replica's weights): `changed` is when that file last changed, `verb` how the words name it."""
     if fact is None or fact.active_state != "active":
         return None
     started = fact.started_at
     if changed is None or started is None or changed <= started + WRITTEN_SLACK_S:
         return None
-    return f"changed {utc(changed)}, started {utc(started)}"
+    return f"{verb} {utc(changed)}, started {utc(started)}"
 
 
 def utc(at: float) -> str:
